@@ -1,0 +1,186 @@
+/**
+ * @file aio.h
+ * @brief Asynchronous file I/O: files opened for O_DIRECT where possible,
+ *        and an engine (io_uring rings, or a pread/pwrite thread pool) that
+ *        splits requests into blocks, keeps a queue depth per thread, and
+ *        checks every completion.
+ *
+ * Files (zo_file)
+ *   Opened with O_DIRECT when the filesystem allows it; alignment comes
+ *   from statx(STATX_DIOALIGN) with a block-size fallback, never below 4096
+ *   for offsets and lengths. Where O_DIRECT is refused the file is opened
+ *   buffered and the fallback is reported (log + zo_file_info). Requests of
+ *   any length, at any offset, from any buffer address are exact: parts
+ *   that cannot go direct are handled inside the engine (see docs/aio.md).
+ *   Files created are mode 0600, opened O_CLOEXEC.
+ *
+ * Engine (zo_aio)
+ *   A request (file, buffer, length, offset) is split into block_size
+ *   chunks spread over the engine's I/O threads; each thread owns one ring
+ *   with queue_depth entries in flight. Buffers inside a region registered
+ *   with zo_aio_register_region() use fixed-buffer I/O. Short transfers are
+ *   resumed, -EAGAIN retried (bounded), other errors fail that request with
+ *   their code while other requests carry on. Errors of requests nobody
+ *   waits for individually are reported by zo_aio_wait_all().
+ *
+ * Thread safety: a zo_aio may be used from any number of threads. A zo_file
+ * may be used by several engines and threads at once.
+ */
+#ifndef ZOFFLOAD_AIO_H
+#define ZOFFLOAD_AIO_H
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct zo_file zo_file;
+typedef struct zo_aio zo_aio;
+typedef struct zo_aio_req zo_aio_req;
+
+/* ---- files ------------------------------------------------------------------ */
+/** Flags for zo_file_open(). */
+#define ZO_FILE_READ (1u << 0)
+#define ZO_FILE_WRITE (1u << 1)
+#define ZO_FILE_CREATE (1u << 2)   /**< create if missing (mode 0600) */
+#define ZO_FILE_TRUNC (1u << 3)    /**< truncate to 0 on open */
+#define ZO_FILE_EXCL (1u << 4)     /**< with CREATE: fail if it exists */
+#define ZO_FILE_BUFFERED (1u << 5) /**< do not try O_DIRECT */
+#define ZO_FILE_REQUIRE_DIRECT (1u << 6) /**< fail (ZO_ENOTSUP) if O_DIRECT is refused */
+#define ZO_FILE_NOFOLLOW (1u << 7) /**< refuse a symlink as the last component */
+
+typedef struct zo_file_info {
+    int direct;             /**< 1 if opened with O_DIRECT */
+    uint32_t offset_align;  /**< alignment of direct offsets and lengths (>= 4096) */
+    uint32_t mem_align;     /**< alignment of direct buffer addresses */
+    uint64_t size;          /**< current size in bytes */
+    char fallback[128];     /**< why O_DIRECT was not used ("" if it is) */
+} zo_file_info;
+
+/**
+ * Open a file.
+ * @return 0; -EINVAL (no READ/WRITE, NULL path); -ENOENT, -EACCES, -EROFS,
+ *         -EISDIR, -ELOOP (NOFOLLOW on a symlink) and other -errno from
+ *         open(2); ZO_ENOTSUP (REQUIRE_DIRECT and O_DIRECT refused).
+ */
+ZO_API int zo_file_open(zo_file **out, const char *path, unsigned flags);
+/** Close (NULL ok; clears *f). The caller must not have requests in flight on it. */
+ZO_API void zo_file_close(zo_file **f);
+ZO_API int zo_file_get_info(zo_file *f, zo_file_info *info);
+ZO_API const char *zo_file_path(const zo_file *f);
+/**
+ * Reserve [offset, offset+len) on disk with fallocate(), so a full disk is
+ * found now rather than mid-write. Extends the file size if needed.
+ * @return 0, -ENOSPC, -EOPNOTSUPP (filesystem cannot; nothing reserved), -errno.
+ */
+ZO_API int zo_file_allocate(zo_file *f, uint64_t offset, uint64_t len);
+/** Set the file size (ftruncate). */
+ZO_API int zo_file_truncate(zo_file *f, uint64_t size);
+/** Flush data to stable storage (fdatasync). */
+ZO_API int zo_file_sync(zo_file *f);
+
+/* ---- engine ----------------------------------------------------------------- */
+typedef enum zo_aio_backend {
+    ZO_AIO_AUTO = 0,    /**< io_uring when usable, else threads */
+    ZO_AIO_URING = 1,   /**< io_uring only (create fails with ZO_ENODEV if unusable) */
+    ZO_AIO_THREADS = 2, /**< pread/pwrite on a thread pool */
+} zo_aio_backend;
+
+typedef struct zo_aio_config {
+    size_t struct_size;      /**< sizeof(zo_aio_config), set by the defaults function */
+    zo_aio_backend backend;  /**< default ZO_AIO_AUTO */
+    unsigned threads;        /**< I/O threads, one ring each; default 1 */
+    unsigned queue_depth;    /**< chunks in flight per thread; default 32, max 4096 */
+    size_t block_size;       /**< chunk size: power of two >= 4096; default 1 MiB */
+    int sqpoll;              /**< io_uring SQPOLL (kernel polling thread); default 0 */
+    unsigned sqpoll_idle_ms; /**< SQPOLL idle time before it sleeps; default 1000 */
+    int register_files;      /**< io_uring registered files; default 1 */
+    int register_buffers;    /**< fixed buffers for registered regions; default 1 */
+    unsigned eagain_retries; /**< bound on -EAGAIN resubmissions per chunk; default 64 */
+} zo_aio_config;
+
+ZO_API void zo_aio_config_default(zo_aio_config *cfg);
+
+/**
+ * Create an engine. cfg NULL = defaults.
+ * @return 0; ZO_ECONFIG (zero/absurd queue depth, block size not a power of
+ *         two, zero threads...: detail names the field); ZO_ENODEV
+ *         (ZO_AIO_URING and io_uring unusable: detail says why); -ENOMEM.
+ */
+ZO_API int zo_aio_create(zo_aio **out, const zo_aio_config *cfg);
+
+/** Cancel what is in flight, wait for it to drain, free everything. NULL ok. */
+ZO_API void zo_aio_destroy(zo_aio **a);
+
+/** The backend in use: ZO_AIO_URING or ZO_AIO_THREADS. */
+ZO_API zo_aio_backend zo_aio_get_backend(const zo_aio *a);
+ZO_API const char *zo_aio_backend_name(zo_aio_backend b);
+/** The engine's last error detail ("" if none). */
+ZO_API const char *zo_aio_errmsg(const zo_aio *a);
+
+/**
+ * Register [p, p+n) with the engine: later requests whose buffer lies inside
+ * it use fixed-buffer I/O (no per-I/O page pinning). If the kernel refuses
+ * (RLIMIT_MEMLOCK), the region is still recorded, I/O uses plain read/write,
+ * and *registered (if not NULL) is 0; the reason is logged once.
+ * @return 0, -EINVAL, -EEXIST (overlaps a region), -ENOSPC (too many regions).
+ */
+ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered);
+/** Forget a region (waits for requests using it). -ENOENT if unknown. */
+ZO_API int zo_aio_unregister_region(zo_aio *a, void *p);
+
+/** Completion callback: runs on an engine thread; result is the byte count
+ *  (== len) or a negative error. It must not block or call zo_aio_wait*. */
+typedef void (*zo_aio_cb)(void *user, int64_t result);
+
+/**
+ * Queue a read of len bytes at offset into buf, or a write from buf.
+ * len 0 is invalid (-EINVAL). A read that reaches past end of file fails
+ * with ZO_ETRUNC (nothing is silently short).
+ *
+ * Completion, one of:
+ *  - out != NULL: the request is returned; the caller must zo_aio_wait()
+ *    or zo_aio_test() it to completion (which releases it);
+ *  - cb != NULL: cb(user, result) is called once, then the request is
+ *    released by the engine (out may be NULL);
+ *  - neither: fire and forget; a failure is reported by zo_aio_wait_all().
+ * @return 0 (queued), -EINVAL, -EBADF (file not open for that direction).
+ */
+ZO_API int zo_aio_read(zo_aio *a, zo_file *f, void *buf, size_t len, uint64_t offset, zo_aio_cb cb, void *user,
+                       zo_aio_req **out);
+ZO_API int zo_aio_write(zo_aio *a, zo_file *f, const void *buf, size_t len, uint64_t offset, zo_aio_cb cb,
+                        void *user, zo_aio_req **out);
+
+/** Block until r completes; releases r. Returns 0 or r's error; *result (if
+ *  not NULL) gets the byte count or the error. */
+ZO_API int zo_aio_wait(zo_aio *a, zo_aio_req *r, int64_t *result);
+/** -EBUSY if r is in flight; else as zo_aio_wait() (releasing r). */
+ZO_API int zo_aio_test(zo_aio *a, zo_aio_req *r, int64_t *result);
+/** Ask to cancel r (best effort); still wait for it. Completes with
+ *  -ECANCELED if the cancellation won. */
+ZO_API int zo_aio_cancel(zo_aio *a, zo_aio_req *r);
+/**
+ * Wait until every request submitted so far has completed. Returns 0, or
+ * the first error of a fire-and-forget request since the last call (the
+ * detail names file, offset and length).
+ */
+ZO_API int zo_aio_wait_all(zo_aio *a);
+
+typedef struct zo_aio_stats {
+    uint64_t reads, writes;           /**< requests completed */
+    uint64_t bytes_read, bytes_written;
+    uint64_t chunks;                  /**< block-size pieces submitted */
+    uint64_t fixed_chunks;            /**< of which used registered buffers */
+    uint64_t short_resumed;           /**< short transfers resumed */
+    uint64_t eagain_retried;          /**< -EAGAIN resubmissions */
+    uint64_t errors;                  /**< requests that failed */
+} zo_aio_stats;
+
+ZO_API void zo_aio_get_stats(zo_aio *a, zo_aio_stats *st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZOFFLOAD_AIO_H */

@@ -1,0 +1,186 @@
+/* Error codes, per-thread failure detail, element types, version. */
+#define ZO_MODULE "core"
+#include "core/internal.h"
+
+#include <ctype.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include <zoffload/common.h>
+
+static _Thread_local char tls_detail[ZO_ERRMSG_LEN];
+static _Thread_local char tls_strerror[96];
+
+static const char *const lib_errors[] = {
+    [0] = "internal error (a zoffload bug)",
+    [1] = "not supported by this build or machine",
+    [2] = "device or backend unavailable",
+    [3] = "data corrupted (checksum mismatch)",
+    [4] = "byte budget exceeded",
+    [5] = "invalid configuration",
+    [6] = "malformed file or string",
+    [7] = "incompatible version",
+    [8] = "invalid in the object's current state",
+    [9] = "CUDA runtime error",
+    [10] = "inf or NaN found",
+    [11] = "data ended before the expected length",
+};
+
+ZO_API const char *zo_strerror(int err)
+{
+    if (err == 0)
+        return "success";
+    if (err <= ZO_ERR_BASE && err >= ZO_ERR_LAST)
+        return lib_errors[ZO_ERR_BASE - err];
+    if (err < 0 && err > ZO_ERR_BASE) {
+        /* strerrordesc_np is static and thread-safe (glibc >= 2.32). */
+        const char *d = strerrordesc_np(-err);
+        if (d)
+            return d;
+    }
+    snprintf(tls_strerror, sizeof(tls_strerror), "unknown error %d", err);
+    return tls_strerror;
+}
+
+ZO_API const char *zo_last_error_detail(void)
+{
+    return tls_detail;
+}
+
+int zo__fail(zo_errbuf *eb, int err, const char *module, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tls_detail, sizeof(tls_detail), fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        tls_detail[0] = '\0';
+    if (eb)
+        memcpy(eb->msg, tls_detail, sizeof(eb->msg));
+    if (zo__log_enabled(ZO_LOG_DEBUG))
+        zo__log(ZO_LOG_DEBUG, module, "%s (%s)", tls_detail, zo_strerror(err));
+    return err;
+}
+
+/* ---- dtypes ------------------------------------------------------------- */
+static const struct {
+    const char *name;
+    size_t size;
+} dtypes[ZO_DTYPE_COUNT] = {
+    [ZO_DTYPE_F32] = {"f32", 4}, [ZO_DTYPE_F16] = {"f16", 2}, [ZO_DTYPE_BF16] = {"bf16", 2},
+    [ZO_DTYPE_F64] = {"f64", 8}, [ZO_DTYPE_U8] = {"u8", 1},   [ZO_DTYPE_I32] = {"i32", 4},
+};
+
+ZO_API size_t zo_dtype_size(zo_dtype t)
+{
+    return ((unsigned)t < ZO_DTYPE_COUNT) ? dtypes[t].size : 0;
+}
+
+ZO_API const char *zo_dtype_name(zo_dtype t)
+{
+    return ((unsigned)t < ZO_DTYPE_COUNT) ? dtypes[t].name : "?";
+}
+
+ZO_API int zo_dtype_parse(const char *s, zo_dtype *out)
+{
+    static const struct {
+        const char *alias;
+        zo_dtype t;
+    } aliases[] = {
+        {"fp32", ZO_DTYPE_F32},     {"float32", ZO_DTYPE_F32}, {"float", ZO_DTYPE_F32},
+        {"fp16", ZO_DTYPE_F16},     {"float16", ZO_DTYPE_F16}, {"half", ZO_DTYPE_F16},
+        {"bfloat16", ZO_DTYPE_BF16}, {"fp64", ZO_DTYPE_F64},   {"float64", ZO_DTYPE_F64},
+        {"double", ZO_DTYPE_F64},   {"uint8", ZO_DTYPE_U8},    {"int32", ZO_DTYPE_I32},
+    };
+    if (!s || !out)
+        return -EINVAL;
+    for (int i = 0; i < ZO_DTYPE_COUNT; i++) {
+        if (!strcasecmp(s, dtypes[i].name)) {
+            *out = (zo_dtype)i;
+            return 0;
+        }
+    }
+    for (size_t i = 0; i < ZO_ARRAY_LEN(aliases); i++) {
+        if (!strcasecmp(s, aliases[i].alias)) {
+            *out = aliases[i].t;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+/* ---- sizes ---------------------------------------------------------------- */
+ZO_API int zo_parse_size(const char *s, uint64_t *out)
+{
+    if (!s || !out || !isdigit((unsigned char)s[0]))
+        return -EINVAL;
+    uint64_t v = 0;
+    const char *p = s;
+    while (isdigit((unsigned char)*p)) {
+        unsigned d = (unsigned)(*p - '0');
+        if (v > (UINT64_MAX - d) / 10)
+            return -ERANGE;
+        v = v * 10 + d;
+        p++;
+    }
+    static const struct {
+        const char *suffix;
+        uint64_t mult;
+    } suffixes[] = {
+        {"", 1},
+        {"K", 1ull << 10}, {"KiB", 1ull << 10}, {"k", 1ull << 10},
+        {"M", 1ull << 20}, {"MiB", 1ull << 20}, {"m", 1ull << 20},
+        {"G", 1ull << 30}, {"GiB", 1ull << 30}, {"g", 1ull << 30},
+        {"T", 1ull << 40}, {"TiB", 1ull << 40}, {"t", 1ull << 40},
+        {"KB", 1000ull}, {"MB", 1000000ull}, {"GB", 1000000000ull}, {"TB", 1000000000000ull},
+        {"B", 1},
+    };
+    for (size_t i = 0; i < ZO_ARRAY_LEN(suffixes); i++) {
+        if (!strcmp(p, suffixes[i].suffix)) {
+            uint64_t r;
+            if (__builtin_mul_overflow(v, suffixes[i].mult, &r))
+                return -ERANGE;
+            *out = r;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+/* ---- version and build ---------------------------------------------------- */
+#define ZO_STR_(x) #x
+#define ZO_STR(x) ZO_STR_(x)
+
+ZO_API unsigned zo_version(void)
+{
+    return ZO_VERSION_NUMBER;
+}
+
+ZO_API const char *zo_version_string(void)
+{
+    return ZO_STR(ZO_VERSION_MAJOR) "." ZO_STR(ZO_VERSION_MINOR) "." ZO_STR(ZO_VERSION_PATCH);
+}
+
+ZO_API unsigned zo_build_features(void)
+{
+    return (ZO_HAVE_CUDA ? ZO_BUILD_CUDA : 0) | (ZO_HAVE_NCCL ? ZO_BUILD_NCCL : 0) |
+           (ZO_HAVE_LIBURING ? ZO_BUILD_LIBURING : 0) | (ZO_HAVE_NUMA ? ZO_BUILD_NUMA : 0) |
+           (ZO_HAVE_HWLOC ? ZO_BUILD_HWLOC : 0) | (ZO_HAVE_OPENMP ? ZO_BUILD_OPENMP : 0) |
+           (ZO_HAVE_CJSON ? ZO_BUILD_CJSON : 0) | (ZO_HAVE_XXHASH ? ZO_BUILD_XXHASH : 0);
+}
+
+/* ZO_HAVE_* are literal 0/1, so the answer can be pasted at compile time. */
+#define YN_0 "no"
+#define YN_1 "yes"
+#define YN_(x) YN_##x
+#define YN(x) YN_(x)
+ZO_API const char *zo_build_string(void)
+{
+    static const char s[] = "cuda=" YN(ZO_HAVE_CUDA) " nccl=" YN(ZO_HAVE_NCCL)
+        " liburing=" YN(ZO_HAVE_LIBURING) " numa=" YN(ZO_HAVE_NUMA) " hwloc=" YN(ZO_HAVE_HWLOC)
+        " openmp=" YN(ZO_HAVE_OPENMP) " cjson=" YN(ZO_HAVE_CJSON) " xxhash=" YN(ZO_HAVE_XXHASH)
+        " cuda_archs=" ZO_CUDA_ARCHS;
+    return s;
+}

@@ -1,0 +1,106 @@
+/*
+ * Internal helpers shared by every module: logging, error detail, checks,
+ * time. Not installed. Include after defining ZO_MODULE to a short name.
+ */
+#ifndef ZO_CORE_INTERNAL_H
+#define ZO_CORE_INTERNAL_H
+
+#include "zo_config.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <time.h>
+
+#include <zoffload/common.h>
+
+#ifndef ZO_MODULE
+#define ZO_MODULE "core"
+#endif
+
+#define ZO_LIKELY(x) __builtin_expect(!!(x), 1)
+#define ZO_UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define ZO_ARRAY_LEN(a) (sizeof(a) / sizeof((a)[0]))
+#define ZO_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define ZO_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define ZO_ALIGN_UP(x, a) (((x) + ((a) - 1)) & ~((__typeof__(x))(a) - 1))
+#define ZO_IS_POW2(x) ((x) != 0 && (((x) & ((x) - 1)) == 0))
+#define ZO_PRINTF(f, a) __attribute__((format(printf, f, a)))
+
+/* ---- logging ------------------------------------------------------------ */
+int zo__log_enabled(zo_log_level lvl);
+void zo__log(zo_log_level lvl, const char *module, const char *fmt, ...) ZO_PRINTF(3, 4);
+void zo__vlog(zo_log_level lvl, const char *module, const char *fmt, va_list ap);
+
+#define ZO_LOG_AT(lvl, ...)                                  \
+    do {                                                     \
+        if (ZO_UNLIKELY(zo__log_enabled(lvl)))               \
+            zo__log((lvl), ZO_MODULE, __VA_ARGS__);          \
+    } while (0)
+#define ZO_LOGE(...) ZO_LOG_AT(ZO_LOG_ERROR, __VA_ARGS__)
+#define ZO_LOGW(...) ZO_LOG_AT(ZO_LOG_WARN, __VA_ARGS__)
+#define ZO_LOGI(...) ZO_LOG_AT(ZO_LOG_INFO, __VA_ARGS__)
+#define ZO_LOGD(...) ZO_LOG_AT(ZO_LOG_DEBUG, __VA_ARGS__)
+#define ZO_LOGT(...) ZO_LOG_AT(ZO_LOG_TRACE, __VA_ARGS__)
+
+/* ---- error detail --------------------------------------------------------- */
+#define ZO_ERRMSG_LEN 256
+
+/* Per-object last-error buffer. Written under no lock: last writer wins, and
+ * a reader racing a writer may see a mix; zo_last_error_detail() (thread
+ * local) is the race-free source. */
+typedef struct zo_errbuf {
+    char msg[ZO_ERRMSG_LEN];
+} zo_errbuf;
+
+/* Record a failure: formats the detail into the calling thread's buffer and
+ * into `eb` (if not NULL), logs it at debug level, and returns `err` so a
+ * function can `return zo__fail(...)`. */
+int zo__fail(zo_errbuf *eb, int err, const char *module, const char *fmt, ...) ZO_PRINTF(4, 5);
+#define ZO_FAIL(eb, err, ...) zo__fail((eb), (err), ZO_MODULE, __VA_ARGS__)
+
+/* Propagate a negative result, logging where it passed at trace level. */
+#define ZO_CHECK(expr)                                                          \
+    do {                                                                        \
+        int zo__r_ = (expr);                                                    \
+        if (ZO_UNLIKELY(zo__r_ < 0)) {                                          \
+            ZO_LOGT("%s:%d: %s -> %s", __FILE__, __LINE__, #expr,               \
+                    zo_strerror(zo__r_));                                       \
+            return zo__r_;                                                      \
+        }                                                                       \
+    } while (0)
+#define ZO_CHECK_GOTO(expr, ret, label)                                         \
+    do {                                                                        \
+        (ret) = (expr);                                                         \
+        if (ZO_UNLIKELY((ret) < 0)) {                                           \
+            ZO_LOGT("%s:%d: %s -> %s", __FILE__, __LINE__, #expr,               \
+                    zo_strerror(ret));                                          \
+            goto label;                                                         \
+        }                                                                       \
+    } while (0)
+
+/* ---- time ----------------------------------------------------------------- */
+static inline uint64_t zo__now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- misc ----------------------------------------------------------------- */
+/* Read a whole small text file (sysfs) into buf, NUL-terminated, trailing
+ * newline stripped. Returns length or -errno. */
+int zo__read_text(const char *path, char *buf, size_t len);
+
+/* Parse a Linux cpulist ("0-3,8,10-11") into a bitmap-free list of ids.
+ * Returns the number of ids (may exceed max) or -EINVAL. */
+int zo__parse_cpulist(const char *s, int *ids, int max);
+
+/* Checked size arithmetic: returns 0 and sets *out, or -EOVERFLOW. */
+static inline int zo__mul_size(size_t a, size_t b, size_t *out)
+{
+    return __builtin_mul_overflow(a, b, out) ? -EOVERFLOW : 0;
+}
+
+#endif /* ZO_CORE_INTERNAL_H */

@@ -1,0 +1,154 @@
+// CUDA kernels of the device layer: casts, sum of squares, inf/NaN check.
+// Conversions are done in integer arithmetic so they give exactly the bits
+// of the host reference (lib/core/vec_ref.h): round to nearest even, NaN
+// quieted with its payload kept (the CUDA intrinsics return one canonical
+// NaN instead).
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "cuda_kernels.h"
+
+namespace {
+
+__device__ __forceinline__ uint16_t f32_to_bf16(float f)
+{
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float bf16_to_f32(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+__device__ __forceinline__ uint16_t f32_to_f16(float f)
+{
+    uint32_t x = __float_as_uint(f);
+    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u)
+        return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
+    if (x >= 0x477ff000u)
+        return (uint16_t)(sign | 0x7c00u);
+    if (x >= 0x38800000u) {
+        uint32_t r = x - 0x38000000u;
+        r += 0xfffu + ((r >> 13) & 1u);
+        return (uint16_t)(sign | (r >> 13));
+    }
+    uint32_t e = x >> 23;
+    if (e < 102)
+        return sign;
+    uint32_t m = (x & 0x7fffffu) | 0x800000u;
+    uint32_t shift = 126 - e;
+    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (q & 1u)))
+        q++;
+    return (uint16_t)(sign | q);
+}
+
+__device__ __forceinline__ float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) {
+        float v = (float)m * 5.9604644775390625e-8f; // 2^-24
+        return sign ? -v : v;
+    }
+    if (e == 31)
+        return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+__device__ __forceinline__ float load_as_f32(const void *src, int type, size_t i)
+{
+    if (type == 0)
+        return static_cast<const float *>(src)[i];
+    uint16_t h = static_cast<const uint16_t *>(src)[i];
+    return type == 1 ? f16_to_f32(h) : bf16_to_f32(h);
+}
+
+__global__ void cast_kernel(void *dst, int dt, const void *src, int st, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if (st == 0) {
+            float v = static_cast<const float *>(src)[i];
+            static_cast<uint16_t *>(dst)[i] = dt == 1 ? f32_to_f16(v) : f32_to_bf16(v);
+        } else {
+            static_cast<float *>(dst)[i] = load_as_f32(src, st, i);
+        }
+    }
+}
+
+__global__ void sumsq_kernel(const void *src, int type, size_t n, double *acc)
+{
+    __shared__ double warp_sums[32];
+    double s = 0;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        double v = load_as_f32(src, type, i);
+        s += v * v;
+    }
+    for (int off = 16; off > 0; off >>= 1)
+        s += __shfl_down_sync(0xffffffffu, s, off);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0)
+        warp_sums[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        int nw = (blockDim.x + 31) / 32;
+        s = lane < nw ? warp_sums[lane] : 0.0;
+        for (int off = 16; off > 0; off >>= 1)
+            s += __shfl_down_sync(0xffffffffu, s, off);
+        if (lane == 0)
+            atomicAdd(acc, s);
+    }
+}
+
+__global__ void nonfinite_kernel(const void *src, int type, size_t n, int *flag)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    int found = 0;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        if (type == 0)
+            found |= (__float_as_uint(static_cast<const float *>(src)[i]) & 0x7f800000u) == 0x7f800000u;
+        else {
+            uint16_t h = static_cast<const uint16_t *>(src)[i], m = type == 1 ? 0x7c00 : 0x7f80;
+            found |= (h & m) == m;
+        }
+    }
+    if (__syncthreads_or(found) && threadIdx.x == 0)
+        *flag = 1;
+}
+
+constexpr int kThreads = 256;
+
+unsigned grid_for(size_t n)
+{
+    size_t blocks = (n + kThreads - 1) / kThreads;
+    // A grid-stride loop needs no more blocks than keep every SM busy.
+    return (unsigned)(blocks < 4096 ? (blocks ? blocks : 1) : 4096);
+}
+
+} // namespace
+
+extern "C" int zo__cuda_cast(void *stream, void *dst, int dst_type, const void *src, int src_type, size_t n)
+{
+    cast_kernel<<<grid_for(n), kThreads, 0, (cudaStream_t)stream>>>(dst, dst_type, src, src_type, n);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int zo__cuda_sumsq(void *stream, const void *src, int type, size_t n, double *acc)
+{
+    sumsq_kernel<<<grid_for(n), kThreads, 0, (cudaStream_t)stream>>>(src, type, n, acc);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int zo__cuda_nonfinite(void *stream, const void *src, int type, size_t n, int *flag)
+{
+    nonfinite_kernel<<<grid_for(n), kThreads, 0, (cudaStream_t)stream>>>(src, type, n, flag);
+    return (int)cudaGetLastError();
+}

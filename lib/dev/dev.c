@@ -1,0 +1,427 @@
+/* Device layer front end: argument checks shared by every backend, the
+ * registered-range book, then a call through the backend's vtable. */
+#define ZO_MODULE "dev"
+#include "dev/dev_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+static const zo_dev_ops *backend(zo_dev_kind kind)
+{
+    switch (kind) {
+    case ZO_DEV_HOST: return &zo__dev_host_ops;
+#if ZO_HAVE_CUDA
+    case ZO_DEV_CUDA: return &zo__dev_cuda_ops;
+#endif
+    default: return NULL;
+    }
+}
+
+ZO_API const char *zo_dev_kind_name(zo_dev_kind kind)
+{
+    switch (kind) {
+    case ZO_DEV_HOST: return "host";
+    case ZO_DEV_CUDA: return "cuda";
+    default: return "?";
+    }
+}
+
+ZO_API int zo_dev_kind_parse(const char *s, zo_dev_kind *out)
+{
+    if (!s || !out)
+        return -EINVAL;
+    if (!strcasecmp(s, "host") || !strcasecmp(s, "cpu")) {
+        *out = ZO_DEV_HOST;
+        return 0;
+    }
+    if (!strcasecmp(s, "cuda") || !strcasecmp(s, "gpu")) {
+        *out = ZO_DEV_CUDA;
+        return 0;
+    }
+    return -EINVAL;
+}
+
+ZO_API int zo_dev_probe(zo_dev_kind kind, int *ndev, char *why, size_t why_len)
+{
+    if (ndev)
+        *ndev = 0;
+    if (why && why_len)
+        why[0] = '\0';
+    if ((unsigned)kind >= ZO_DEV_KIND_COUNT)
+        return -EINVAL;
+    const zo_dev_ops *ops = backend(kind);
+    if (!ops) {
+        if (why && why_len)
+            snprintf(why, why_len, "the %s backend is not built into this library", zo_dev_kind_name(kind));
+        return ZO_ENOTSUP;
+    }
+    int n = 0;
+    char tmp[256] = "";
+    int r = ops->probe(&n, tmp, sizeof(tmp));
+    if (ndev)
+        *ndev = r == 0 ? n : 0;
+    if (why && why_len)
+        snprintf(why, why_len, "%s", tmp);
+    return r;
+}
+
+ZO_API void zo_dev_config_default(zo_dev_config *cfg)
+{
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->struct_size = sizeof(*cfg);
+    cfg->kind = ZO_DEV_HOST;
+}
+
+ZO_API int zo_dev_open(zo_dev **out, const zo_dev_config *cfg)
+{
+    if (!out)
+        return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: out is NULL");
+    *out = NULL;
+    zo_dev_config c;
+    zo_dev_config_default(&c);
+    if (cfg) {
+        if (cfg->struct_size < offsetof(zo_dev_config, host_mem_limit) + sizeof(size_t))
+            return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: cfg.struct_size %zu too small (use zo_dev_config_default)",
+                           cfg->struct_size);
+        c = *cfg;
+    }
+    if ((unsigned)c.kind >= ZO_DEV_KIND_COUNT)
+        return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: unknown device kind %d", (int)c.kind);
+    const zo_dev_ops *ops = backend(c.kind);
+    if (!ops)
+        return ZO_FAIL(NULL, ZO_ENOTSUP, "zo_dev_open: the %s backend is not built into this library",
+                       zo_dev_kind_name(c.kind));
+    if (c.ordinal < 0)
+        return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: negative ordinal %d", c.ordinal);
+    zo_dev *d = calloc(1, sizeof(*d));
+    if (!d)
+        return -ENOMEM;
+    d->ops = ops;
+    d->kind = c.kind;
+    d->ordinal = c.ordinal;
+    pthread_mutex_init(&d->lock, NULL);
+    int r = ops->open(d, &c);
+    if (r < 0) {
+        pthread_mutex_destroy(&d->lock);
+        free(d);
+        return r; /* the backend set the detail */
+    }
+    *out = d;
+    return 0;
+}
+
+ZO_API void zo_dev_close(zo_dev **dp)
+{
+    if (!dp || !*dp)
+        return;
+    zo_dev *d = *dp;
+    int ns = atomic_load(&d->nstreams), ne = atomic_load(&d->nevents);
+    if (ns || ne)
+        ZO_LOGE("zo_dev_close: %d stream(s) and %d event(s) still alive; they are now invalid", ns, ne);
+    pthread_mutex_lock(&d->lock);
+    zo_reg_range *r = d->regs;
+    d->regs = NULL;
+    pthread_mutex_unlock(&d->lock);
+    while (r) {
+        zo_reg_range *next = r->next;
+        ZO_LOGW("zo_dev_close: host range %p (+%zu) still registered; unregistering", (void *)r->p, r->n);
+        d->ops->host_unregister(d, r->p);
+        free(r);
+        r = next;
+    }
+    d->ops->close(d);
+    pthread_mutex_destroy(&d->lock);
+    free(d);
+    *dp = NULL;
+}
+
+ZO_API int zo_dev_get_info(zo_dev *d, zo_dev_info *info)
+{
+    if (!d || !info)
+        return -EINVAL;
+    memset(info, 0, sizeof(*info));
+    info->kind = d->kind;
+    info->ordinal = d->ordinal;
+    info->numa_node = -1;
+    return d->ops->info(d, info);
+}
+
+ZO_API zo_dev_kind zo_dev_get_kind(const zo_dev *d)
+{
+    return d ? d->kind : ZO_DEV_KIND_COUNT;
+}
+
+ZO_API const char *zo_dev_errmsg(const zo_dev *d)
+{
+    return d ? d->err.msg : "";
+}
+
+ZO_API int zo_dev_malloc(zo_dev *d, void **out, size_t n)
+{
+    if (!d || !out)
+        return ZO_FAIL(d ? &d->err : NULL, -EINVAL, "zo_dev_malloc: NULL argument");
+    *out = NULL;
+    if (n == 0)
+        return ZO_FAIL(&d->err, -EINVAL, "zo_dev_malloc: size 0");
+    return d->ops->malloc(d, out, n);
+}
+
+ZO_API int zo_dev_free(zo_dev *d, void *p)
+{
+    if (!d)
+        return -EINVAL;
+    if (!p)
+        return 0;
+    return d->ops->free(d, p);
+}
+
+ZO_API int zo_dev_host_register(zo_dev *d, void *p, size_t n)
+{
+    if (!d || !p || n == 0)
+        return ZO_FAIL(d ? &d->err : NULL, -EINVAL, "zo_dev_host_register: NULL pointer or size 0");
+    zo_reg_range *rr = calloc(1, sizeof(*rr));
+    if (!rr)
+        return -ENOMEM;
+    rr->p = p;
+    rr->n = n;
+    pthread_mutex_lock(&d->lock);
+    for (zo_reg_range *q = d->regs; q; q = q->next) {
+        if ((uint8_t *)p < q->p + q->n && q->p < (uint8_t *)p + n) {
+            pthread_mutex_unlock(&d->lock);
+            free(rr);
+            return ZO_FAIL(&d->err, -EEXIST, "zo_dev_host_register: [%p, +%zu) overlaps registered [%p, +%zu)", p, n,
+                           (void *)q->p, q->n);
+        }
+    }
+    /* Book the range first so a racing overlapping call is refused. */
+    rr->next = d->regs;
+    d->regs = rr;
+    pthread_mutex_unlock(&d->lock);
+    int r = d->ops->host_register(d, p, n);
+    if (r < 0) {
+        pthread_mutex_lock(&d->lock);
+        for (zo_reg_range **pp = &d->regs; *pp; pp = &(*pp)->next) {
+            if (*pp == rr) {
+                *pp = rr->next;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&d->lock);
+        free(rr);
+    }
+    return r;
+}
+
+ZO_API int zo_dev_host_unregister(zo_dev *d, void *p)
+{
+    if (!d || !p)
+        return -EINVAL;
+    zo_reg_range *found = NULL;
+    pthread_mutex_lock(&d->lock);
+    for (zo_reg_range **pp = &d->regs; *pp; pp = &(*pp)->next) {
+        if ((*pp)->p == p) {
+            found = *pp;
+            *pp = found->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (!found)
+        return ZO_FAIL(&d->err, -ENOENT, "zo_dev_host_unregister: %p is not the start of a registered range", p);
+    free(found);
+    return d->ops->host_unregister(d, p);
+}
+
+/* ---- streams ------------------------------------------------------------- */
+ZO_API int zo_stream_create(zo_dev *d, zo_stream **out)
+{
+    if (!d || !out)
+        return ZO_FAIL(d ? &d->err : NULL, -EINVAL, "zo_stream_create: NULL argument");
+    *out = NULL;
+    zo_stream *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->dev = d;
+    int r = d->ops->stream_create(d, s);
+    if (r < 0) {
+        free(s);
+        return r;
+    }
+    atomic_fetch_add(&d->nstreams, 1);
+    *out = s;
+    return 0;
+}
+
+ZO_API void zo_stream_destroy(zo_stream **sp)
+{
+    if (!sp || !*sp)
+        return;
+    zo_stream *s = *sp;
+    s->dev->ops->stream_destroy(s);
+    atomic_fetch_sub(&s->dev->nstreams, 1);
+    free(s);
+    *sp = NULL;
+}
+
+ZO_API int zo_stream_sync(zo_stream *s)
+{
+    return s ? s->dev->ops->stream_sync(s) : -EINVAL;
+}
+
+ZO_API int zo_stream_query(zo_stream *s)
+{
+    return s ? s->dev->ops->stream_query(s) : -EINVAL;
+}
+
+ZO_API int zo_memcpy_async(zo_stream *s, void *dst, const void *src, size_t n, zo_copy_kind kind)
+{
+    if (!s)
+        return ZO_FAIL(NULL, -EINVAL, "zo_memcpy_async: stream is NULL");
+    if ((unsigned)kind > ZO_COPY_H2H)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_memcpy_async: unknown copy kind %d", (int)kind);
+    if (n == 0)
+        return 0;
+    if (!dst || !src)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_memcpy_async: NULL pointer with n=%zu", n);
+    if ((const uint8_t *)dst < (const uint8_t *)src + n && (const uint8_t *)src < (const uint8_t *)dst + n)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_memcpy_async: source and destination overlap");
+    return s->dev->ops->memcpy_async(s, dst, src, n, kind);
+}
+
+ZO_API int zo_memset_async(zo_stream *s, void *dst, int value, size_t n)
+{
+    if (!s)
+        return -EINVAL;
+    if (n == 0)
+        return 0;
+    if (!dst)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_memset_async: NULL pointer with n=%zu", n);
+    return s->dev->ops->memset_async(s, dst, value, n);
+}
+
+ZO_API int zo_stream_host_fn(zo_stream *s, zo_host_fn fn, void *arg)
+{
+    if (!s || !fn)
+        return ZO_FAIL(s ? &s->dev->err : NULL, -EINVAL, "zo_stream_host_fn: NULL argument");
+    return s->dev->ops->host_fn(s, fn, arg);
+}
+
+/* ---- events --------------------------------------------------------------- */
+ZO_API int zo_event_create(zo_dev *d, zo_event **out)
+{
+    if (!d || !out)
+        return -EINVAL;
+    *out = NULL;
+    zo_event *e = calloc(1, sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    e->dev = d;
+    int r = d->ops->event_create(d, e);
+    if (r < 0) {
+        free(e);
+        return r;
+    }
+    atomic_fetch_add(&d->nevents, 1);
+    *out = e;
+    return 0;
+}
+
+ZO_API void zo_event_destroy(zo_event **ep)
+{
+    if (!ep || !*ep)
+        return;
+    zo_event *e = *ep;
+    e->dev->ops->event_destroy(e);
+    atomic_fetch_sub(&e->dev->nevents, 1);
+    free(e);
+    *ep = NULL;
+}
+
+static int same_dev(zo_event *e, zo_stream *s, const char *fn)
+{
+    if (!e || !s)
+        return ZO_FAIL(NULL, -EINVAL, "%s: NULL argument", fn);
+    if (e->dev != s->dev)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "%s: event and stream belong to different devices", fn);
+    return 0;
+}
+
+ZO_API int zo_event_record(zo_event *e, zo_stream *s)
+{
+    ZO_CHECK(same_dev(e, s, "zo_event_record"));
+    return s->dev->ops->event_record(e, s);
+}
+
+ZO_API int zo_event_sync(zo_event *e)
+{
+    return e ? e->dev->ops->event_sync(e) : -EINVAL;
+}
+
+ZO_API int zo_event_query(zo_event *e)
+{
+    return e ? e->dev->ops->event_query(e) : -EINVAL;
+}
+
+ZO_API int zo_stream_wait_event(zo_stream *s, zo_event *e)
+{
+    ZO_CHECK(same_dev(e, s, "zo_stream_wait_event"));
+    return s->dev->ops->stream_wait_event(s, e);
+}
+
+ZO_API int zo_event_elapsed_ms(zo_event *a, zo_event *b, float *ms)
+{
+    if (!a || !b || !ms || a->dev != b->dev)
+        return -EINVAL;
+    return a->dev->ops->event_elapsed_ms(a, b, ms);
+}
+
+/* ---- kernels ---------------------------------------------------------------- */
+static int float_type(zo_dtype t)
+{
+    return t == ZO_DTYPE_F32 || t == ZO_DTYPE_F16 || t == ZO_DTYPE_BF16;
+}
+
+ZO_API int zo_dev_cast(zo_stream *s, void *dst, zo_dtype dst_type, const void *src, zo_dtype src_type, size_t n)
+{
+    if (!s)
+        return -EINVAL;
+    if (zo_dtype_size(dst_type) == 0 || zo_dtype_size(src_type) == 0)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_dev_cast: invalid dtype");
+    int ok = dst_type == src_type || (src_type == ZO_DTYPE_F32 && float_type(dst_type)) ||
+             (dst_type == ZO_DTYPE_F32 && float_type(src_type));
+    if (!ok)
+        return ZO_FAIL(&s->dev->err, ZO_ENOTSUP, "zo_dev_cast: %s -> %s not supported", zo_dtype_name(src_type),
+                       zo_dtype_name(dst_type));
+    if (n == 0)
+        return 0;
+    if (!dst || !src)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_dev_cast: NULL pointer with n=%zu", n);
+    if (dst_type == src_type)
+        return dst == src ? 0 : s->dev->ops->memcpy_async(s, dst, src, n * zo_dtype_size(src_type), ZO_COPY_D2D);
+    return s->dev->ops->cast(s, dst, dst_type, src, src_type, n);
+}
+
+ZO_API int zo_dev_sumsq(zo_stream *s, const void *src, zo_dtype type, size_t n, double *acc)
+{
+    if (!s || !acc || (n && !src))
+        return ZO_FAIL(s ? &s->dev->err : NULL, -EINVAL, "zo_dev_sumsq: NULL argument");
+    if (!float_type(type))
+        return ZO_FAIL(&s->dev->err, ZO_ENOTSUP, "zo_dev_sumsq: dtype %s not supported", zo_dtype_name(type));
+    if (n == 0)
+        return 0;
+    return s->dev->ops->sumsq(s, src, type, n, acc);
+}
+
+ZO_API int zo_dev_nonfinite(zo_stream *s, const void *src, zo_dtype type, size_t n, int *flag)
+{
+    if (!s || !flag || (n && !src))
+        return ZO_FAIL(s ? &s->dev->err : NULL, -EINVAL, "zo_dev_nonfinite: NULL argument");
+    if (!float_type(type))
+        return ZO_FAIL(&s->dev->err, ZO_ENOTSUP, "zo_dev_nonfinite: dtype %s not supported", zo_dtype_name(type));
+    if (n == 0)
+        return 0;
+    return s->dev->ops->nonfinite(s, src, type, n, flag);
+}

@@ -1,0 +1,77 @@
+/*
+ * Device layer internals: the backend vtable and the handle layouts shared
+ * by the wrapper (dev.c) and the backends (host.c, cuda.c).
+ */
+#ifndef ZO_DEV_INTERNAL_H
+#define ZO_DEV_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "core/internal.h"
+
+#include <zoffload/dev.h>
+
+typedef struct zo_dev_ops {
+    zo_dev_kind kind;
+    const char *name;
+    int (*probe)(int *ndev, char *why, size_t why_len);
+    int (*open)(zo_dev *d, const zo_dev_config *cfg);
+    void (*close)(zo_dev *d);
+    int (*info)(zo_dev *d, zo_dev_info *info);
+    int (*malloc)(zo_dev *d, void **out, size_t n);
+    int (*free)(zo_dev *d, void *p);
+    int (*host_register)(zo_dev *d, void *p, size_t n);
+    int (*host_unregister)(zo_dev *d, void *p);
+    int (*stream_create)(zo_dev *d, zo_stream *s);
+    void (*stream_destroy)(zo_stream *s);
+    int (*stream_sync)(zo_stream *s);
+    int (*stream_query)(zo_stream *s);
+    int (*memcpy_async)(zo_stream *s, void *dst, const void *src, size_t n, zo_copy_kind kind);
+    int (*memset_async)(zo_stream *s, void *dst, int value, size_t n);
+    int (*host_fn)(zo_stream *s, zo_host_fn fn, void *arg);
+    int (*event_create)(zo_dev *d, zo_event *e);
+    void (*event_destroy)(zo_event *e);
+    int (*event_record)(zo_event *e, zo_stream *s);
+    int (*event_sync)(zo_event *e);
+    int (*event_query)(zo_event *e);
+    int (*stream_wait_event)(zo_stream *s, zo_event *e);
+    int (*event_elapsed_ms)(zo_event *a, zo_event *b, float *ms);
+    int (*cast)(zo_stream *s, void *dst, zo_dtype dt, const void *src, zo_dtype st, size_t n);
+    int (*sumsq)(zo_stream *s, const void *src, zo_dtype t, size_t n, double *acc);
+    int (*nonfinite)(zo_stream *s, const void *src, zo_dtype t, size_t n, int *flag);
+} zo_dev_ops;
+
+typedef struct zo_reg_range {
+    uint8_t *p;
+    size_t n;
+    struct zo_reg_range *next;
+} zo_reg_range;
+
+struct zo_dev {
+    const zo_dev_ops *ops;
+    zo_dev_kind kind;
+    int ordinal;
+    zo_errbuf err;
+    pthread_mutex_t lock;     /* guards regs and the counters below */
+    zo_reg_range *regs;       /* host ranges registered through the wrapper */
+    atomic_int nstreams, nevents;
+    void *impl;               /* backend state */
+};
+
+struct zo_stream {
+    zo_dev *dev;
+    void *impl;
+};
+
+struct zo_event {
+    zo_dev *dev;
+    void *impl;
+};
+
+extern const zo_dev_ops zo__dev_host_ops;
+#if ZO_HAVE_CUDA
+extern const zo_dev_ops zo__dev_cuda_ops;
+#endif
+
+#endif /* ZO_DEV_INTERNAL_H */

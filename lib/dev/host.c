@@ -1,0 +1,510 @@
+/* The host backend: the reference every other backend is tested against.
+ * "Device memory" is host memory. Each stream owns a worker thread that runs
+ * its queue in order, so asynchronous copies and kernels really are
+ * asynchronous and two streams really overlap. Events carry a generation
+ * number: recording bumps it, the worker publishes it when it reaches the
+ * mark, and waiting compares the two. */
+#define ZO_MODULE "dev.host"
+#include "dev/dev_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <zoffload/vec.h>
+
+typedef struct host_alloc {
+    void *p;
+    size_t n;
+    struct host_alloc *next;
+} host_alloc;
+
+typedef struct host_dev {
+    size_t limit, used;
+    host_alloc *allocs;        /* guarded by zo_dev.lock */
+    pthread_mutex_t ev_lock;   /* guards every event's gen_done / t_ns */
+    pthread_cond_t ev_cond;
+    pthread_mutex_t streams_lock;
+    struct host_stream *streams; /* for zo_dev_free's device-wide sync */
+} host_dev;
+
+typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT } op_kind;
+
+typedef struct host_event {
+    uint64_t gen_recorded; /* written by the recording thread under ev_lock */
+    uint64_t gen_done;     /* written by the worker under ev_lock */
+    uint64_t t_ns;
+} host_event;
+
+typedef struct host_op {
+    op_kind kind;
+    void *dst;
+    const void *src;
+    size_t n;
+    int value;
+    zo_dtype dt, st;
+    zo_host_fn fn;
+    void *arg;
+    host_event *ev;
+    uint64_t gen;
+    struct host_op *next;
+} host_op;
+
+typedef struct host_stream {
+    zo_stream *pub;
+    host_dev *hd;
+    pthread_t thread;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;  /* work queued, work finished, or stop */
+    host_op *head, *tail;
+    uint64_t submitted, completed;
+    int stop;
+    int err; /* first error since the last sync */
+    struct host_stream *next;
+} host_stream;
+
+/* ---- device ----------------------------------------------------------------- */
+static int host_probe(int *ndev, char *why, size_t why_len)
+{
+    (void)why, (void)why_len;
+    *ndev = 1;
+    return 0;
+}
+
+static int host_open(zo_dev *d, const zo_dev_config *cfg)
+{
+    if (cfg->ordinal != 0)
+        return ZO_FAIL(&d->err, ZO_ENODEV, "host backend has one device (ordinal 0), asked for %d", cfg->ordinal);
+    host_dev *hd = calloc(1, sizeof(*hd));
+    if (!hd)
+        return -ENOMEM;
+    hd->limit = cfg->host_mem_limit;
+    pthread_mutex_init(&hd->ev_lock, NULL);
+    pthread_cond_init(&hd->ev_cond, NULL);
+    pthread_mutex_init(&hd->streams_lock, NULL);
+    d->impl = hd;
+    return 0;
+}
+
+static void host_close(zo_dev *d)
+{
+    host_dev *hd = d->impl;
+    while (hd->allocs) {
+        host_alloc *a = hd->allocs;
+        hd->allocs = a->next;
+        ZO_LOGW("zo_dev_close: %zu bytes at %p were not freed; freeing", a->n, a->p);
+        free(a->p);
+        free(a);
+    }
+    pthread_mutex_destroy(&hd->ev_lock);
+    pthread_cond_destroy(&hd->ev_cond);
+    pthread_mutex_destroy(&hd->streams_lock);
+    free(hd);
+}
+
+static int host_info(zo_dev *d, zo_dev_info *info)
+{
+    host_dev *hd = d->impl;
+    snprintf(info->name, sizeof(info->name), "host");
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    size_t phys = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz : 0;
+    pthread_mutex_lock(&d->lock);
+    size_t used = hd->used;
+    pthread_mutex_unlock(&d->lock);
+    info->total_mem = hd->limit ? hd->limit : phys;
+    info->free_mem = info->total_mem > used ? info->total_mem - used : 0;
+    info->copy_engines = 1;
+    return 0;
+}
+
+static int host_malloc(zo_dev *d, void **out, size_t n)
+{
+    host_dev *hd = d->impl;
+    host_alloc *a = calloc(1, sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    pthread_mutex_lock(&d->lock);
+    if (hd->limit && (hd->used + n > hd->limit || hd->used + n < hd->used)) {
+        size_t used = hd->used;
+        pthread_mutex_unlock(&d->lock);
+        free(a);
+        return ZO_FAIL(&d->err, -ENOMEM, "host device: %zu bytes requested, %zu of %zu in use", n, used, hd->limit);
+    }
+    hd->used += n; /* reserve */
+    pthread_mutex_unlock(&d->lock);
+    /* 4 KiB alignment for large buffers keeps O_DIRECT usable on them. */
+    if (posix_memalign(&a->p, n >= 4096 ? 4096 : 256, n) != 0) {
+        pthread_mutex_lock(&d->lock);
+        hd->used -= n;
+        pthread_mutex_unlock(&d->lock);
+        free(a);
+        return ZO_FAIL(&d->err, -ENOMEM, "host device: out of memory for %zu bytes", n);
+    }
+    a->n = n;
+    pthread_mutex_lock(&d->lock);
+    a->next = hd->allocs;
+    hd->allocs = a;
+    pthread_mutex_unlock(&d->lock);
+    *out = a->p;
+    return 0;
+}
+
+static int host_stream_sync(zo_stream *s);
+
+static int host_free(zo_dev *d, void *p)
+{
+    host_dev *hd = d->impl;
+    /* Like cudaFree: wait for every stream, so queued work never touches
+     * freed memory. Errors stay with their streams for their own sync. */
+    pthread_mutex_lock(&hd->streams_lock);
+    for (host_stream *hs = hd->streams; hs; hs = hs->next) {
+        pthread_mutex_lock(&hs->lock);
+        while (hs->completed < hs->submitted)
+            pthread_cond_wait(&hs->cond, &hs->lock);
+        pthread_mutex_unlock(&hs->lock);
+    }
+    pthread_mutex_unlock(&hd->streams_lock);
+    pthread_mutex_lock(&d->lock);
+    host_alloc **pp = &hd->allocs, *a = NULL;
+    for (; *pp; pp = &(*pp)->next) {
+        if ((*pp)->p == p) {
+            a = *pp;
+            *pp = a->next;
+            hd->used -= a->n;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&d->lock);
+    if (!a)
+        return ZO_FAIL(&d->err, -EINVAL, "zo_dev_free: %p is not an allocation of this device", p);
+    free(a->p);
+    free(a);
+    return 0;
+}
+
+static int host_register(zo_dev *d, void *p, size_t n)
+{
+    (void)d, (void)p, (void)n; /* host memory is already "device" memory */
+    return 0;
+}
+
+static int host_unregister(zo_dev *d, void *p)
+{
+    (void)d, (void)p;
+    return 0;
+}
+
+/* ---- the worker ------------------------------------------------------------- */
+static void run_op(host_stream *hs, host_op *op)
+{
+    host_dev *hd = hs->hd;
+    switch (op->kind) {
+    case OP_COPY: memcpy(op->dst, op->src, op->n); break;
+    case OP_SET: memset(op->dst, op->value, op->n); break;
+    case OP_HOSTFN: op->fn(op->arg); break;
+    case OP_CAST: {
+        int r = zo_vec_cast(op->dst, op->dt, op->src, op->st, op->n);
+        if (r < 0 && !hs->err)
+            hs->err = r;
+        break;
+    }
+    case OP_SUMSQ: {
+        double v = 0;
+        int r = zo_vec_sumsq(op->src, op->st, op->n, &v);
+        if (r < 0 && !hs->err)
+            hs->err = r;
+        else
+            *(double *)op->dst += v;
+        break;
+    }
+    case OP_NONFINITE: {
+        size_t c = 0;
+        int r = zo_vec_nonfinite(op->src, op->st, op->n, &c);
+        if (r < 0 && !hs->err)
+            hs->err = r;
+        else if (c)
+            *(int *)op->dst = 1;
+        break;
+    }
+    case OP_RECORD:
+        pthread_mutex_lock(&hd->ev_lock);
+        if (op->gen > op->ev->gen_done) {
+            op->ev->gen_done = op->gen;
+            op->ev->t_ns = zo__now_ns();
+        }
+        pthread_cond_broadcast(&hd->ev_cond);
+        pthread_mutex_unlock(&hd->ev_lock);
+        break;
+    case OP_WAIT:
+        pthread_mutex_lock(&hd->ev_lock);
+        while (op->ev->gen_done < op->gen)
+            pthread_cond_wait(&hd->ev_cond, &hd->ev_lock);
+        pthread_mutex_unlock(&hd->ev_lock);
+        break;
+    }
+}
+
+static void *worker(void *arg)
+{
+    host_stream *hs = arg;
+    pthread_mutex_lock(&hs->lock);
+    for (;;) {
+        while (!hs->head && !hs->stop)
+            pthread_cond_wait(&hs->cond, &hs->lock);
+        if (!hs->head && hs->stop)
+            break;
+        host_op *op = hs->head;
+        hs->head = op->next;
+        if (!hs->head)
+            hs->tail = NULL;
+        pthread_mutex_unlock(&hs->lock);
+        run_op(hs, op);
+        free(op);
+        pthread_mutex_lock(&hs->lock);
+        hs->completed++;
+        pthread_cond_broadcast(&hs->cond);
+    }
+    pthread_mutex_unlock(&hs->lock);
+    return NULL;
+}
+
+static int enqueue(host_stream *hs, host_op *tmpl)
+{
+    host_op *op = malloc(sizeof(*op));
+    if (!op)
+        return ZO_FAIL(&hs->pub->dev->err, -ENOMEM, "host stream: out of memory queueing work");
+    *op = *tmpl;
+    op->next = NULL;
+    pthread_mutex_lock(&hs->lock);
+    if (hs->tail)
+        hs->tail->next = op;
+    else
+        hs->head = op;
+    hs->tail = op;
+    hs->submitted++;
+    pthread_cond_broadcast(&hs->cond);
+    pthread_mutex_unlock(&hs->lock);
+    return 0;
+}
+
+/* ---- streams ------------------------------------------------------------------- */
+static int host_stream_create(zo_dev *d, zo_stream *s)
+{
+    host_dev *hd = d->impl;
+    host_stream *hs = calloc(1, sizeof(*hs));
+    if (!hs)
+        return -ENOMEM;
+    hs->pub = s;
+    hs->hd = hd;
+    pthread_mutex_init(&hs->lock, NULL);
+    pthread_cond_init(&hs->cond, NULL);
+    int r = pthread_create(&hs->thread, NULL, worker, hs);
+    if (r) {
+        pthread_mutex_destroy(&hs->lock);
+        pthread_cond_destroy(&hs->cond);
+        free(hs);
+        return ZO_FAIL(&d->err, -r, "host stream: cannot start its worker thread");
+    }
+    pthread_setname_np(hs->thread, "zo-stream");
+    pthread_mutex_lock(&hd->streams_lock);
+    hs->next = hd->streams;
+    hd->streams = hs;
+    pthread_mutex_unlock(&hd->streams_lock);
+    s->impl = hs;
+    return 0;
+}
+
+static void host_stream_destroy(zo_stream *s)
+{
+    host_stream *hs = s->impl;
+    host_dev *hd = hs->hd;
+    pthread_mutex_lock(&hs->lock);
+    hs->stop = 1; /* the worker drains the queue before it exits */
+    pthread_cond_broadcast(&hs->cond);
+    pthread_mutex_unlock(&hs->lock);
+    pthread_join(hs->thread, NULL);
+    if (hs->err)
+        ZO_LOGW("stream destroyed with an unreported error: %s", zo_strerror(hs->err));
+    pthread_mutex_lock(&hd->streams_lock);
+    for (host_stream **pp = &hd->streams; *pp; pp = &(*pp)->next) {
+        if (*pp == hs) {
+            *pp = hs->next;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&hd->streams_lock);
+    pthread_mutex_destroy(&hs->lock);
+    pthread_cond_destroy(&hs->cond);
+    free(hs);
+}
+
+static int host_stream_sync(zo_stream *s)
+{
+    host_stream *hs = s->impl;
+    pthread_mutex_lock(&hs->lock);
+    while (hs->completed < hs->submitted)
+        pthread_cond_wait(&hs->cond, &hs->lock);
+    int err = hs->err;
+    hs->err = 0;
+    pthread_mutex_unlock(&hs->lock);
+    return err;
+}
+
+static int host_stream_query(zo_stream *s)
+{
+    host_stream *hs = s->impl;
+    pthread_mutex_lock(&hs->lock);
+    int busy = hs->completed < hs->submitted;
+    pthread_mutex_unlock(&hs->lock);
+    return busy ? -EBUSY : 0;
+}
+
+static int host_memcpy_async(zo_stream *s, void *dst, const void *src, size_t n, zo_copy_kind kind)
+{
+    (void)kind; /* all host memory */
+    host_op op = {.kind = OP_COPY, .dst = dst, .src = src, .n = n};
+    return enqueue(s->impl, &op);
+}
+
+static int host_memset_async(zo_stream *s, void *dst, int value, size_t n)
+{
+    host_op op = {.kind = OP_SET, .dst = dst, .value = value, .n = n};
+    return enqueue(s->impl, &op);
+}
+
+static int host_host_fn(zo_stream *s, zo_host_fn fn, void *arg)
+{
+    host_op op = {.kind = OP_HOSTFN, .fn = fn, .arg = arg};
+    return enqueue(s->impl, &op);
+}
+
+/* ---- events ------------------------------------------------------------------ */
+static int host_event_create(zo_dev *d, zo_event *e)
+{
+    (void)d;
+    host_event *he = calloc(1, sizeof(*he));
+    if (!he)
+        return -ENOMEM;
+    e->impl = he;
+    return 0;
+}
+
+static int host_event_sync(zo_event *e);
+
+static void host_event_destroy(zo_event *e)
+{
+    /* A record still queued would write into freed memory: wait for it. */
+    host_event_sync(e);
+    free(e->impl);
+}
+
+static int host_event_record(zo_event *e, zo_stream *s)
+{
+    host_dev *hd = s->dev->impl;
+    host_event *he = e->impl;
+    pthread_mutex_lock(&hd->ev_lock);
+    uint64_t gen = ++he->gen_recorded;
+    pthread_mutex_unlock(&hd->ev_lock);
+    host_op op = {.kind = OP_RECORD, .ev = he, .gen = gen};
+    return enqueue(s->impl, &op);
+}
+
+static int host_event_sync(zo_event *e)
+{
+    host_dev *hd = e->dev->impl;
+    host_event *he = e->impl;
+    pthread_mutex_lock(&hd->ev_lock);
+    while (he->gen_done < he->gen_recorded)
+        pthread_cond_wait(&hd->ev_cond, &hd->ev_lock);
+    pthread_mutex_unlock(&hd->ev_lock);
+    return 0;
+}
+
+static int host_event_query(zo_event *e)
+{
+    host_dev *hd = e->dev->impl;
+    host_event *he = e->impl;
+    pthread_mutex_lock(&hd->ev_lock);
+    int busy = he->gen_done < he->gen_recorded;
+    pthread_mutex_unlock(&hd->ev_lock);
+    return busy ? -EBUSY : 0;
+}
+
+static int host_stream_wait_event(zo_stream *s, zo_event *e)
+{
+    host_dev *hd = s->dev->impl;
+    host_event *he = e->impl;
+    pthread_mutex_lock(&hd->ev_lock);
+    uint64_t gen = he->gen_recorded;
+    pthread_mutex_unlock(&hd->ev_lock);
+    if (gen == 0)
+        return 0; /* never recorded: complete, nothing to wait for */
+    host_op op = {.kind = OP_WAIT, .ev = he, .gen = gen};
+    return enqueue(s->impl, &op);
+}
+
+static int host_event_elapsed_ms(zo_event *a, zo_event *b, float *ms)
+{
+    host_dev *hd = a->dev->impl;
+    host_event *ha = a->impl, *hb = b->impl;
+    pthread_mutex_lock(&hd->ev_lock);
+    int never = ha->gen_recorded == 0 || hb->gen_recorded == 0;
+    int busy = ha->gen_done < ha->gen_recorded || hb->gen_done < hb->gen_recorded;
+    double d = ((double)hb->t_ns - (double)ha->t_ns) / 1e6;
+    pthread_mutex_unlock(&hd->ev_lock);
+    if (never)
+        return ZO_FAIL(&a->dev->err, -EINVAL, "zo_event_elapsed_ms: an event was never recorded");
+    if (busy)
+        return -EBUSY;
+    *ms = (float)d;
+    return 0;
+}
+
+/* ---- kernels ------------------------------------------------------------------ */
+static int host_cast(zo_stream *s, void *dst, zo_dtype dt, const void *src, zo_dtype st, size_t n)
+{
+    host_op op = {.kind = OP_CAST, .dst = dst, .src = src, .dt = dt, .st = st, .n = n};
+    return enqueue(s->impl, &op);
+}
+
+static int host_sumsq(zo_stream *s, const void *src, zo_dtype t, size_t n, double *acc)
+{
+    host_op op = {.kind = OP_SUMSQ, .dst = acc, .src = src, .st = t, .n = n};
+    return enqueue(s->impl, &op);
+}
+
+static int host_nonfinite(zo_stream *s, const void *src, zo_dtype t, size_t n, int *flag)
+{
+    host_op op = {.kind = OP_NONFINITE, .dst = flag, .src = src, .st = t, .n = n};
+    return enqueue(s->impl, &op);
+}
+
+const zo_dev_ops zo__dev_host_ops = {
+    .kind = ZO_DEV_HOST,
+    .name = "host",
+    .probe = host_probe,
+    .open = host_open,
+    .close = host_close,
+    .info = host_info,
+    .malloc = host_malloc,
+    .free = host_free,
+    .host_register = host_register,
+    .host_unregister = host_unregister,
+    .stream_create = host_stream_create,
+    .stream_destroy = host_stream_destroy,
+    .stream_sync = host_stream_sync,
+    .stream_query = host_stream_query,
+    .memcpy_async = host_memcpy_async,
+    .memset_async = host_memset_async,
+    .host_fn = host_host_fn,
+    .event_create = host_event_create,
+    .event_destroy = host_event_destroy,
+    .event_record = host_event_record,
+    .event_sync = host_event_sync,
+    .event_query = host_event_query,
+    .stream_wait_event = host_stream_wait_event,
+    .event_elapsed_ms = host_event_elapsed_ms,
+    .cast = host_cast,
+    .sumsq = host_sumsq,
+    .nonfinite = host_nonfinite,
+};

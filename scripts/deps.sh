@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install the Debian packages zoffload builds and tests with, if missing.
+# The CUDA toolkit is expected in /usr/local/cuda (or $CUDA_PATH); without
+# it the build simply has no CUDA backend.
+set -euo pipefail
+pkgs=(meson ninja-build pkg-config gcc g++ liburing-dev libnuma-dev libhwloc-dev check fio
+      libcjson-dev libxxhash-dev util-linux binutils)
+missing=()
+for p in "${pkgs[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "installing: ${missing[*]}"
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo=sudo
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi

@@ -1,0 +1,460 @@
+/* Platform core: error codes, logging, dtypes, sizes, CPU features and mask,
+ * and the vec kernels, every variant against the C reference (checkasm
+ * style). */
+#include <math.h>
+#include <pthread.h>
+
+#include "zo_test.h"
+
+#include "core/internal.h"
+#include "core/vec_ref.h"
+
+#include <zoffload/zoffload.h>
+
+/* ---- errors ---------------------------------------------------------------- */
+START_TEST(test_strerror)
+{
+    ck_assert_str_eq(zo_strerror(0), "success");
+    ck_assert_str_eq(zo_strerror(-ENOENT), "No such file or directory");
+    ck_assert_ptr_nonnull(strstr(zo_strerror(ZO_ECORRUPT), "checksum"));
+    for (int e = ZO_ERR_LAST; e <= ZO_ERR_BASE; e++) {
+        const char *s = zo_strerror(e);
+        ck_assert_ptr_nonnull(s);
+        ck_assert_ptr_null(strstr(s, "unknown"));
+    }
+    ck_assert_ptr_nonnull(strstr(zo_strerror(-99999), "unknown"));
+    ck_assert_ptr_nonnull(strstr(zo_strerror(12345), "unknown"));
+    /* library codes never collide with errno */
+    ck_assert_int_lt(ZO_ERR_BASE, -4095);
+}
+END_TEST
+
+START_TEST(test_detail_thread_local)
+{
+    void *p;
+    ck_assert_int_eq(zo_aligned_alloc(&p, 0, 64), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "size 0"));
+    ck_assert_int_eq(zo_aligned_alloc(&p, 64, 3), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "alignment 3"));
+}
+END_TEST
+
+/* ---- logging ------------------------------------------------------------------ */
+typedef struct {
+    int calls;
+    zo_log_level last_level;
+    char last[256];
+} log_capture;
+
+static void capture(void *user, zo_log_level level, const char *module, const char *msg)
+{
+    log_capture *c = user;
+    c->calls++;
+    c->last_level = level;
+    snprintf(c->last, sizeof(c->last), "%s: %s", module, msg);
+}
+
+START_TEST(test_log_callback_and_level)
+{
+    log_capture c = {0};
+    zo_log_level old = zo_log_get_level();
+    zo_log_set_callback(capture, &c);
+    zo_log_set_level(ZO_LOG_WARN);
+    zo__log(ZO_LOG_WARN, "test", "hello %d", 42);
+    ck_assert_int_eq(c.calls, 1);
+    ck_assert_str_eq(c.last, "test: hello 42");
+    ck_assert_int_eq(c.last_level, ZO_LOG_WARN);
+    /* below the level: not delivered */
+    ZO_LOG_AT(ZO_LOG_DEBUG, "invisible");
+    ck_assert_int_eq(c.calls, 1);
+    zo_log_set_level(ZO_LOG_DEBUG);
+    ZO_LOG_AT(ZO_LOG_DEBUG, "visible");
+    ck_assert_int_eq(c.calls, 2);
+    /* a failing call logs its detail at debug level */
+    void *p;
+    zo_aligned_alloc(&p, 0, 64);
+    ck_assert_int_eq(c.calls, 3);
+    ck_assert_ptr_nonnull(strstr(c.last, "size 0"));
+    zo_log_set_level(ZO_LOG_OFF);
+    ZO_LOGE("nothing at off");
+    ck_assert_int_eq(c.calls, 3);
+    zo_log_set_callback(NULL, NULL);
+    zo_log_set_level(old);
+}
+END_TEST
+
+START_TEST(test_log_parse)
+{
+    zo_log_level l;
+    ck_assert_int_eq(zo_log_parse_level("debug", &l), 0);
+    ck_assert_int_eq(l, ZO_LOG_DEBUG);
+    ck_assert_int_eq(zo_log_parse_level("WARNING", &l), 0);
+    ck_assert_int_eq(l, ZO_LOG_WARN);
+    ck_assert_int_eq(zo_log_parse_level("0", &l), 0);
+    ck_assert_int_eq(l, ZO_LOG_OFF);
+    ck_assert_int_eq(zo_log_parse_level("verbose", &l), -EINVAL);
+    ck_assert_int_eq(zo_log_parse_level("6", &l), -EINVAL);
+    ck_assert_int_eq(zo_log_parse_level(NULL, &l), -EINVAL);
+}
+END_TEST
+
+/* ---- dtypes, sizes, version -------------------------------------------------- */
+START_TEST(test_dtype)
+{
+    zo_dtype t;
+    ck_assert_uint_eq(zo_dtype_size(ZO_DTYPE_F32), 4);
+    ck_assert_uint_eq(zo_dtype_size(ZO_DTYPE_BF16), 2);
+    ck_assert_uint_eq(zo_dtype_size((zo_dtype)99), 0);
+    ck_assert_str_eq(zo_dtype_name((zo_dtype)-1), "?");
+    ck_assert_int_eq(zo_dtype_parse("bfloat16", &t), 0);
+    ck_assert_int_eq(t, ZO_DTYPE_BF16);
+    ck_assert_int_eq(zo_dtype_parse("FP16", &t), 0);
+    ck_assert_int_eq(t, ZO_DTYPE_F16);
+    ck_assert_int_eq(zo_dtype_parse("f8", &t), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_parse_size)
+{
+    uint64_t v;
+    ck_assert_int_eq(zo_parse_size("13522", &v), 0);
+    ck_assert_uint_eq(v, 13522);
+    ck_assert_int_eq(zo_parse_size("1G", &v), 0);
+    ck_assert_uint_eq(v, 1ull << 30);
+    ck_assert_int_eq(zo_parse_size("1GB", &v), 0);
+    ck_assert_uint_eq(v, 1000000000ull);
+    ck_assert_int_eq(zo_parse_size("64MiB", &v), 0);
+    ck_assert_uint_eq(v, 64ull << 20);
+    ck_assert_int_eq(zo_parse_size("0", &v), 0);
+    ck_assert_uint_eq(v, 0);
+    ck_assert_int_eq(zo_parse_size("", &v), -EINVAL);
+    ck_assert_int_eq(zo_parse_size("-1", &v), -EINVAL);
+    ck_assert_int_eq(zo_parse_size("1X", &v), -EINVAL);
+    ck_assert_int_eq(zo_parse_size("1 G", &v), -EINVAL);
+    ck_assert_int_eq(zo_parse_size("99999999999999999999", &v), -ERANGE);
+    ck_assert_int_eq(zo_parse_size("17179869184G", &v), -ERANGE);
+}
+END_TEST
+
+START_TEST(test_version_build)
+{
+    ck_assert_uint_eq(zo_version(), ZO_VERSION_NUMBER);
+    char want[32];
+    snprintf(want, sizeof(want), "%d.%d.%d", ZO_VERSION_MAJOR, ZO_VERSION_MINOR, ZO_VERSION_PATCH);
+    ck_assert_str_eq(zo_version_string(), want);
+    const char *b = zo_build_string();
+    ck_assert_ptr_nonnull(strstr(b, "cuda="));
+    ck_assert_ptr_nonnull(strstr(b, "liburing="));
+    ck_assert_int_eq(!!(zo_build_features() & ZO_BUILD_CUDA), ZO_HAVE_CUDA);
+}
+END_TEST
+
+/* ---- CPU ----------------------------------------------------------------------- */
+START_TEST(test_cpu_parse_mask)
+{
+    unsigned m;
+    ck_assert_int_eq(zo_cpu_parse_mask("scalar", &m), 0);
+    ck_assert_uint_eq(m, 0);
+    ck_assert_int_eq(zo_cpu_parse_mask("avx2", &m), 0);
+    ck_assert_uint_eq(m, ZO_CPU_LEVEL_AVX2);
+    ck_assert_int_eq(zo_cpu_parse_mask("avx512", &m), 0);
+    ck_assert_uint_eq(m, ZO_CPU_LEVEL_AVX512);
+    ck_assert_int_eq(zo_cpu_parse_mask("all", &m), 0);
+    ck_assert_uint_eq(m, ZO_CPU_ALL);
+    ck_assert_int_eq(zo_cpu_parse_mask("-avx512bf16", &m), 0);
+    ck_assert_uint_eq(m, ZO_CPU_ALL & ~ZO_CPU_AVX512BF16);
+    ck_assert_int_eq(zo_cpu_parse_mask("sse4.2,fma", &m), 0);
+    ck_assert_uint_eq(m, ZO_CPU_SSE42 | ZO_CPU_FMA);
+    ck_assert_int_eq(zo_cpu_parse_mask("0x3", &m), 0);
+    ck_assert_uint_eq(m, 3);
+    ck_assert_int_eq(zo_cpu_parse_mask("avx1024", &m), -EINVAL);
+    ck_assert_int_eq(zo_cpu_parse_mask("", &m), -EINVAL);
+    ck_assert_int_eq(zo_cpu_parse_mask("12abc", &m), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_cpu_flags_consistent)
+{
+    unsigned d = zo_cpu_detected();
+    /* extensions imply the foundation */
+    if (d & (ZO_CPU_AVX512BW | ZO_CPU_AVX512BF16))
+        ck_assert(d & ZO_CPU_AVX512F);
+    char buf[256];
+    ck_assert_int_ge(zo_cpu_flags_string(d, buf, sizeof(buf)), 0);
+    ck_assert_str_eq(zo_cpu_flag_name(ZO_CPU_AVX512BW), "avx512bw");
+    ck_assert_ptr_null(zo_cpu_flag_name(3));
+    ck_assert_str_eq(zo_cpu_level_name(0), "scalar");
+    ck_assert_str_eq(zo_cpu_level_name(ZO_CPU_LEVEL_AVX2), "avx2");
+}
+END_TEST
+
+/* The mask from ZO_CPU_MASK (meson runs this program under several values)
+ * must bound what dispatch picks. */
+START_TEST(test_cpu_mask_env_bounds_dispatch)
+{
+    const char *env = getenv("ZO_CPU_MASK");
+    unsigned want = ZO_CPU_ALL;
+    if (env)
+        ck_assert_int_eq(zo_cpu_parse_mask(env, &want), 0);
+    ck_assert_uint_eq(zo_cpu_get_mask(), want);
+    ck_assert_uint_eq(zo_cpu_flags(), zo_cpu_detected() & want);
+    const char *v = zo_vec_variant();
+    if (!(want & ZO_CPU_AVX2))
+        ck_assert_str_eq(v, "scalar");
+    if (!(want & ZO_CPU_AVX512F))
+        ck_assert_ptr_null(strstr(v, "avx512"));
+}
+END_TEST
+
+START_TEST(test_cpu_set_mask_lowers_dispatch)
+{
+    unsigned old = zo_cpu_get_mask();
+    zo_cpu_set_mask(0);
+    ck_assert_str_eq(zo_vec_variant(), "scalar");
+    ck_assert_uint_eq(zo_cpu_flags(), 0);
+    zo_cpu_set_mask(ZO_CPU_LEVEL_AVX2);
+    if ((zo_cpu_detected() & ZO_CPU_LEVEL_AVX2) == ZO_CPU_LEVEL_AVX2)
+        ck_assert_str_eq(zo_vec_variant(), "avx2");
+    zo_cpu_set_mask(old);
+}
+END_TEST
+
+/* ---- vec: every variant against the reference ---------------------------------- */
+static const unsigned variant_flags[] = {
+    0,
+    ZO_CPU_LEVEL_AVX2,
+    ZO_CPU_LEVEL_AVX512,
+    ZO_CPU_LEVEL_AVX512 | ZO_CPU_AVX512BF16,
+};
+
+/* Fill with values that exercise rounding: random bit patterns (all
+ * classes), plus planted edges. */
+static void fill_f32_edges(zo_test_rng *r, float *x, size_t n)
+{
+    static const uint32_t edges[] = {
+        0x00000000, 0x80000000, 0x00000001, 0x807fffff, 0x00800000, /* zero, -0, subnormals, min normal */
+        0x7f800000, 0xff800000, 0x7fc00000, 0x7f800001, 0xffbfffff, /* inf, qnan, snan, neg nan */
+        0x7f7fffff, 0x477fe000, 0x477ff000, 0x477fefff, 0x38800000, /* max, f16 max, f16 tie to inf, f16 min normal */
+        0x33000000, 0x33000001, 0x337fffff, 0x387fc000, 0x3f808000, /* f16 subnormal edges, bf16 tie */
+        0x3f818000, 0x3f807fff, 0x3f800001, 0xbf808000,
+    };
+    for (size_t i = 0; i < n; i++) {
+        uint64_t k = zo_test_next(r);
+        uint32_t u;
+        switch (k % 4) {
+        case 0: u = edges[(k >> 8) % (sizeof(edges) / 4)]; break;
+        case 1: u = (uint32_t)(k >> 32); break; /* any bit pattern */
+        default: {
+            float f = (float)((zo_test_uniform(r) - 0.5) * ldexp(1.0, (int)((k >> 16) % 60) - 30));
+            memcpy(&u, &f, 4);
+        }
+        }
+        memcpy(&x[i], &u, 4);
+    }
+}
+
+static int is_f32_subnormal(float f)
+{
+    uint32_t u = zo__f32_bits(f);
+    return (u & 0x7f800000u) == 0 && (u & 0x7fffffu) != 0;
+}
+
+START_TEST(test_vec_casts_all_variants)
+{
+    zo_test_rng r = {zo_test_seed()};
+    size_t cap = 100003 + 8;
+    float *src = malloc(cap * 4), *back = malloc(cap * 4), *back_ref = malloc(cap * 4);
+    uint16_t *h = malloc(cap * 2), *h_ref = malloc(cap * 2);
+    ck_assert(src && back && h && h_ref && back_ref);
+    unsigned detected = zo_cpu_detected();
+    for (size_t v = 0; v < sizeof(variant_flags) / sizeof(variant_flags[0]); v++) {
+        unsigned flags = variant_flags[v];
+        if ((detected & flags) != flags)
+            continue;
+        const zo_vec_dsp *d = zo__vec_dsp_for(flags);
+        int bf16_ftz = !strcmp(d->name, "avx512bf16");
+        for (size_t n = 1; n <= 100003; n = (n < 257) ? n + 1 : n * 7 + 3) {
+            for (int off = 0; off < 2; off++) { /* unaligned by one element */
+                float *s = src + off;
+                fill_f32_edges(&r, s, n);
+                /* bf16 */
+                d->f32_to_bf16(h + off, s, n);
+                for (size_t i = 0; i < n; i++) {
+                    uint16_t want = zo__ref_f32_to_bf16(s[i]);
+                    if (bf16_ftz && is_f32_subnormal(s[i]))
+                        want = (uint16_t)((zo__f32_bits(s[i]) >> 16) & 0x8000u);
+                    ck_assert_msg(h[off + i] == want, "%s f32->bf16 n=%zu i=%zu x=0x%08x got 0x%04x want 0x%04x",
+                                  d->name, n, i, zo__f32_bits(s[i]), h[off + i], want);
+                }
+                d->bf16_to_f32(back + off, h + off, n);
+                for (size_t i = 0; i < n; i++)
+                    ck_assert_uint_eq(zo__f32_bits(back[off + i]), (uint32_t)h[off + i] << 16);
+                /* f16 */
+                d->f32_to_f16(h + off, s, n);
+                for (size_t i = 0; i < n; i++) {
+                    uint16_t want = zo__ref_f32_to_f16(s[i]);
+                    ck_assert_msg(h[off + i] == want, "%s f32->f16 n=%zu i=%zu x=0x%08x got 0x%04x want 0x%04x",
+                                  d->name, n, i, zo__f32_bits(s[i]), h[off + i], want);
+                }
+                d->f16_to_f32(back + off, h + off, n);
+                for (size_t i = 0; i < n; i++) {
+                    float want = zo__ref_f16_to_f32(h[off + i]);
+                    ck_assert_msg(zo__f32_bits(back[off + i]) == zo__f32_bits(want),
+                                  "%s f16->f32 h=0x%04x got 0x%08x want 0x%08x", d->name, h[off + i],
+                                  zo__f32_bits(back[off + i]), zo__f32_bits(want));
+                }
+            }
+        }
+    }
+    free(src);
+    free(back);
+    free(back_ref);
+    free(h);
+    free(h_ref);
+}
+END_TEST
+
+/* Every 16-bit pattern through f16 -> f32 -> f16 is the identity, except
+ * that NaNs come back quiet. Pins the reference itself. */
+START_TEST(test_vec_f16_exhaustive_roundtrip)
+{
+    for (uint32_t u = 0; u < 65536; u++) {
+        uint16_t hv = (uint16_t)u;
+        float f = zo__ref_f16_to_f32(hv);
+        uint16_t back = zo__ref_f32_to_f16(f);
+        int is_nan = (hv & 0x7c00) == 0x7c00 && (hv & 0x3ff);
+        if (is_nan)
+            ck_assert_uint_eq(back, hv | 0x200);
+        else
+            ck_assert_uint_eq(back, hv);
+        /* and the bf16 reference against a plain rounding formula */
+        float g = zo__ref_bf16_to_f32(hv);
+        uint16_t bb = zo__ref_f32_to_bf16(g);
+        if ((hv & 0x7f80) == 0x7f80 && (hv & 0x7f))
+            ck_assert_uint_eq(bb, hv | 0x40);
+        else
+            ck_assert_uint_eq(bb, hv);
+    }
+    /* values checked by hand */
+    ck_assert_uint_eq(zo__ref_f32_to_f16(1.0f), 0x3c00);
+    ck_assert_uint_eq(zo__ref_f32_to_f16(65504.0f), 0x7bff);
+    ck_assert_uint_eq(zo__ref_f32_to_f16(65520.0f), 0x7c00);
+    ck_assert_uint_eq(zo__ref_f32_to_f16(0x1p-24f), 0x0001);
+    ck_assert_uint_eq(zo__ref_f32_to_f16(0x1p-25f), 0x0000);  /* tie to even */
+    ck_assert_uint_eq(zo__ref_f32_to_f16(0x1.8p-24f), 0x0002); /* tie to even, up */
+    ck_assert_uint_eq(zo__ref_f32_to_bf16(1.00390625f), 0x3f80); /* tie to even, down */
+    ck_assert_uint_eq(zo__ref_f32_to_bf16(1.01171875f), 0x3f82); /* tie to even, up */
+}
+END_TEST
+
+START_TEST(test_vec_sumsq_nonfinite_all_variants)
+{
+    zo_test_rng r = {zo_test_seed() ^ 7};
+    size_t cap = 70001 + 4;
+    float *x = malloc(cap * 4);
+    uint16_t *hb = malloc(cap * 2), *hf = malloc(cap * 2);
+    ck_assert(x && hb && hf);
+    unsigned detected = zo_cpu_detected();
+    for (size_t n = 1; n <= 70001; n = (n < 257) ? n + 1 : n * 9 + 1) {
+        for (size_t i = 0; i < n + 1; i++)
+            x[i] = (float)((zo_test_uniform(&r) - 0.5) * 8.0);
+        float *s = x + (n & 1); /* alternate alignment */
+        zo__vec_dsp_for(0)->f32_to_bf16(hb, s, n);
+        zo__vec_dsp_for(0)->f32_to_f16(hf, s, n);
+        long double ref32 = 0, refb = 0, reff = 0;
+        for (size_t i = 0; i < n; i++) {
+            ref32 += (long double)s[i] * s[i];
+            long double b = zo__ref_bf16_to_f32(hb[i]), f = zo__ref_f16_to_f32(hf[i]);
+            refb += b * b;
+            reff += f * f;
+        }
+        for (size_t v = 0; v < sizeof(variant_flags) / sizeof(variant_flags[0]); v++) {
+            unsigned flags = variant_flags[v];
+            if ((detected & flags) != flags)
+                continue;
+            const zo_vec_dsp *d = zo__vec_dsp_for(flags);
+            double tol = (double)n * 0x1p-52;
+            ck_assert_double_le(fabs(d->sumsq_f32(s, n) - (double)ref32), tol * (double)ref32 + 1e-300);
+            ck_assert_double_le(fabs(d->sumsq_bf16(hb, n) - (double)refb), tol * (double)refb + 1e-300);
+            ck_assert_double_le(fabs(d->sumsq_f16(hf, n) - (double)reff), tol * (double)reff + 1e-300);
+            ck_assert_uint_eq(d->nonfinite_f32(s, n), 0);
+            ck_assert_uint_eq(d->nonfinite_16(hb, n, 0x7f80), 0);
+        }
+    }
+    /* plant inf/nan at edges and in the middle */
+    size_t n = 1031;
+    for (size_t i = 0; i < n; i++)
+        x[i] = 1.0f;
+    size_t where[] = {0, 15, 16, 517, 1030};
+    for (size_t k = 0; k < 5; k++)
+        x[where[k]] = (k & 1) ? INFINITY : NAN;
+    zo__vec_dsp_for(0)->f32_to_bf16(hb, x, n);
+    zo__vec_dsp_for(0)->f32_to_f16(hf, x, n);
+    for (size_t v = 0; v < sizeof(variant_flags) / sizeof(variant_flags[0]); v++) {
+        unsigned flags = variant_flags[v];
+        if ((detected & flags) != flags)
+            continue;
+        const zo_vec_dsp *d = zo__vec_dsp_for(flags);
+        ck_assert_uint_eq(d->nonfinite_f32(x, n), 5);
+        ck_assert_uint_eq(d->nonfinite_16(hb, n, 0x7f80), 5);
+        ck_assert_uint_eq(d->nonfinite_16(hf, n, 0x7c00), 5);
+        ck_assert(!isfinite(d->sumsq_f32(x, n)));
+    }
+    free(x);
+    free(hb);
+    free(hf);
+}
+END_TEST
+
+START_TEST(test_vec_public_api_errors)
+{
+    float f[4] = {1, 2, 3, 4};
+    uint16_t h[4];
+    double s;
+    size_t c;
+    ck_assert_int_eq(zo_vec_cast(h, ZO_DTYPE_BF16, f, ZO_DTYPE_F32, 4), 0);
+    ck_assert_int_eq(zo_vec_cast(h, ZO_DTYPE_BF16, NULL, ZO_DTYPE_F32, 4), -EINVAL);
+    ck_assert_int_eq(zo_vec_cast(h, ZO_DTYPE_BF16, NULL, ZO_DTYPE_F32, 0), 0);
+    ck_assert_int_eq(zo_vec_cast(h, ZO_DTYPE_F16, h, ZO_DTYPE_BF16, 4), ZO_ENOTSUP);
+    ck_assert_int_eq(zo_vec_cast(h, (zo_dtype)42, f, ZO_DTYPE_F32, 4), -EINVAL);
+    ck_assert_int_eq(zo_vec_sumsq(f, ZO_DTYPE_F32, 4, &s), 0);
+    ck_assert_double_eq(s, 30.0);
+    ck_assert_int_eq(zo_vec_sumsq(f, ZO_DTYPE_U8, 4, &s), ZO_ENOTSUP);
+    ck_assert_int_eq(zo_vec_nonfinite(f, ZO_DTYPE_F32, 4, NULL), -EINVAL);
+    ck_assert_int_eq(zo_vec_nonfinite(f, ZO_DTYPE_F32, 4, &c), 0);
+    ck_assert_uint_eq(c, 0);
+}
+END_TEST
+
+static Suite *core_suite(void)
+{
+    Suite *s = suite_create("core");
+    TCase *tc = tcase_create("errors");
+    tcase_add_test(tc, test_strerror);
+    tcase_add_test(tc, test_detail_thread_local);
+    tcase_add_test(tc, test_log_callback_and_level);
+    tcase_add_test(tc, test_log_parse);
+    tcase_add_test(tc, test_dtype);
+    tcase_add_test(tc, test_parse_size);
+    tcase_add_test(tc, test_version_build);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("cpu");
+    tcase_add_test(tc, test_cpu_parse_mask);
+    tcase_add_test(tc, test_cpu_flags_consistent);
+    tcase_add_test(tc, test_cpu_mask_env_bounds_dispatch);
+    tcase_add_test(tc, test_cpu_set_mask_lowers_dispatch);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("vec");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_vec_casts_all_variants);
+    tcase_add_test(tc, test_vec_f16_exhaustive_roundtrip);
+    tcase_add_test(tc, test_vec_sumsq_nonfinite_all_variants);
+    tcase_add_test(tc, test_vec_public_api_errors);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    return zo_test_run(core_suite());
+}

@@ -5,7 +5,8 @@
  *
  * Read with hwloc when the build has it, otherwise from sysfs
  * (/sys/devices/system/{cpu,node}); a machine without NUMA information is
- * one node 0 holding every CPU this process may run on. A zo_topo is
+ * one node 0 holding every CPU this process may run on. The environment
+ * variable ZO_TOPO=sysfs skips hwloc. A zo_topo is
  * immutable after creation and may be shared by any number of threads.
  */
 #ifndef ZOFFLOAD_TOPO_H

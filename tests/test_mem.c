@@ -1,0 +1,251 @@
+/* Host memory: aligned allocation, pinned allocation (locking, NUMA
+ * binding, huge pages, MADV_DONTFORK, device registration), the budget and
+ * the fallback to pageable memory. The memlock-limited variant of this
+ * program (test_mem_memlock.c) covers refusal by the OS. */
+#include <pthread.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "zo_test.h"
+
+#include <zoffload/zoffload.h>
+
+START_TEST(test_aligned)
+{
+    void *p = NULL;
+    size_t aligns[] = {8, 64, 4096, 1 << 21};
+    for (size_t i = 0; i < 4; i++) {
+        ck_assert_int_eq(zo_aligned_alloc(&p, 12345, aligns[i]), 0);
+        ck_assert_uint_eq((uintptr_t)p % aligns[i], 0);
+        memset(p, 0xab, 12345);
+        zo_aligned_free(p);
+    }
+    ck_assert_int_eq(zo_aligned_alloc(NULL, 16, 64), -EINVAL);
+    ck_assert_int_eq(zo_aligned_alloc(&p, 0, 64), -EINVAL);
+    ck_assert_ptr_null(p);
+    ck_assert_int_eq(zo_aligned_alloc(&p, 16, 48), -EINVAL);
+    ck_assert_int_eq(zo_aligned_alloc(&p, 16, 2), -EINVAL);
+    ck_assert_int_eq(zo_aligned_alloc(&p, SIZE_MAX - 4096, 4096), -ENOMEM);
+    zo_aligned_free(NULL);
+}
+END_TEST
+
+static int have_ipc_lock(void)
+{
+    zo_pinned_stats st;
+    zo_pinned_stats_get(&st);
+    return st.can_lock_unlimited || st.memlock_limit == UINT64_MAX;
+}
+
+START_TEST(test_pinned_basic)
+{
+    size_t sizes[] = {1, 4096, 4097, (3u << 20) + 5, 8u << 20};
+    for (size_t i = 0; i < 5; i++) {
+        void *p = NULL;
+        ck_assert_int_eq(zo_pinned_alloc(&p, sizes[i], NULL), 0);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_uint_eq((uintptr_t)p % zo_page_size(), 0);
+        if (sizes[i] >= (2u << 20))
+            ck_assert_uint_eq((uintptr_t)p % zo_huge_page_size(), 0);
+        /* contents are zero and the whole range is usable */
+        const uint8_t *b = p;
+        for (size_t k = 0; k < sizes[i]; k += 997)
+            ck_assert_uint_eq(b[k], 0);
+        memset(p, 0x5a, sizes[i]);
+        zo_pinned_info info;
+        ck_assert_int_eq(zo_pinned_query((uint8_t *)p + sizes[i] - 1, &info), 0);
+        ck_assert_uint_eq(info.size, sizes[i]);
+        ck_assert_uint_ge(info.mapped, sizes[i]);
+        ck_assert_int_eq(info.numa_node, -1);
+        if (have_ipc_lock())
+            ck_assert_msg(info.flags & ZO_PIN_LOCKED, "root/unlimited memlock should lock");
+        zo_pinned_free(p);
+        ck_assert_int_eq(zo_pinned_query(p, &info), -ENOENT);
+    }
+}
+END_TEST
+
+START_TEST(test_pinned_bad_args)
+{
+    void *p = (void *)1;
+    zo_pin_opts o;
+    zo_pin_opts_default(&o);
+    ck_assert_int_eq(zo_pinned_alloc(NULL, 10, NULL), -EINVAL);
+    ck_assert_int_eq(zo_pinned_alloc(&p, 0, NULL), -EINVAL);
+    ck_assert_ptr_null(p);
+    o.numa_node = 4095;
+    ck_assert_int_eq(zo_pinned_alloc(&p, 4096, &o), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "node 4095"));
+    o.numa_node = -7;
+    ck_assert_int_eq(zo_pinned_alloc(&p, 4096, &o), -EINVAL);
+    zo_pin_opts_default(&o);
+    o.struct_size = 4;
+    ck_assert_int_eq(zo_pinned_alloc(&p, 4096, &o), -EINVAL);
+    zo_pinned_free(NULL);
+    int stack_var;
+    zo_pinned_free(&stack_var); /* not ours: logged and ignored, no crash */
+    zo_pinned_info info;
+    ck_assert_int_eq(zo_pinned_query(&stack_var, &info), -ENOENT);
+}
+END_TEST
+
+START_TEST(test_pinned_numa_node0)
+{
+    zo_pin_opts o;
+    zo_pin_opts_default(&o);
+    o.numa_node = 0;
+    void *p;
+    ck_assert_int_eq(zo_pinned_alloc(&p, 1u << 20, &o), 0);
+    zo_pinned_info info;
+    ck_assert_int_eq(zo_pinned_query(p, &info), 0);
+    ck_assert_msg(info.flags & ZO_PIN_NUMA_BOUND, "binding to node 0 should work on any Linux");
+    ck_assert_int_eq(info.numa_node, 0);
+    zo_pinned_free(p);
+}
+END_TEST
+
+START_TEST(test_pinned_budget)
+{
+    zo_pinned_stats st0, st;
+    zo_pinned_stats_get(&st0);
+    size_t old = zo_pinned_set_budget(st0.locked_bytes + (1u << 20));
+    void *a, *b;
+    ck_assert_int_eq(zo_pinned_alloc(&a, 1u << 20, NULL), 0); /* fits */
+    ck_assert_int_eq(zo_pinned_alloc(&b, 1u << 20, NULL), 0); /* over: falls back */
+    zo_pinned_info ia, ib;
+    zo_pinned_query(a, &ia);
+    zo_pinned_query(b, &ib);
+    if (have_ipc_lock())
+        ck_assert(ia.flags & ZO_PIN_LOCKED);
+    ck_assert(!(ib.flags & ZO_PIN_LOCKED));
+    zo_pinned_stats_get(&st);
+    ck_assert_uint_le(st.locked_bytes, st.budget);
+    ck_assert_uint_eq(st.fallbacks, st0.fallbacks + 1);
+    ck_assert_ptr_nonnull(strstr(st.last_fallback, "budget"));
+    /* the fallback memory is fully usable */
+    memset(b, 1, 1u << 20);
+    /* strict callers get an error instead */
+    zo_pin_opts o;
+    zo_pin_opts_default(&o);
+    o.flags |= ZO_PIN_REQUIRE;
+    void *c = (void *)1;
+    ck_assert_int_eq(zo_pinned_alloc(&c, 1u << 20, &o), ZO_EBUDGET);
+    ck_assert_ptr_null(c);
+    zo_pinned_free(a);
+    zo_pinned_free(b);
+    zo_pinned_stats_get(&st);
+    ck_assert_uint_eq(st.locked_bytes, st0.locked_bytes);
+    ck_assert_uint_eq(st.unlocked_bytes, st0.unlocked_bytes);
+    zo_pinned_set_budget(old);
+}
+END_TEST
+
+START_TEST(test_pinned_no_lock_flag)
+{
+    zo_pin_opts o;
+    zo_pin_opts_default(&o);
+    o.flags = ZO_PIN_NO_LOCK;
+    zo_pinned_stats st0, st;
+    zo_pinned_stats_get(&st0);
+    void *p;
+    ck_assert_int_eq(zo_pinned_alloc(&p, 65536, &o), 0);
+    zo_pinned_info info;
+    zo_pinned_query(p, &info);
+    ck_assert(!(info.flags & ZO_PIN_LOCKED));
+    zo_pinned_stats_get(&st);
+    ck_assert_uint_eq(st.fallbacks, st0.fallbacks); /* not asked to lock: not a fallback */
+    zo_pinned_free(p);
+}
+END_TEST
+
+/* MADV_DONTFORK: a forked child does not get the pinned range at all, so a
+ * child touching it faults instead of copy-on-writing DMA targets. */
+START_TEST(test_pinned_dontfork)
+{
+    void *p;
+    ck_assert_int_eq(zo_pinned_alloc(&p, 1u << 16, NULL), 0);
+    memset(p, 7, 1u << 16);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        volatile uint8_t *b = p;
+        b[0] = 1; /* must fault */
+        _exit(0);
+    }
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert_msg(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV, "child status 0x%x", status);
+    ck_assert_uint_eq(((uint8_t *)p)[0], 7);
+    zo_pinned_free(p);
+}
+END_TEST
+
+START_TEST(test_pinned_dev_register)
+{
+    zo_dev *d;
+    ck_assert_int_eq(zo_dev_open(&d, NULL), 0);
+    zo_pin_opts o;
+    zo_pin_opts_default(&o);
+    o.dev = d;
+    void *p;
+    ck_assert_int_eq(zo_pinned_alloc(&p, 1u << 20, &o), 0);
+    zo_pinned_info info;
+    zo_pinned_query(p, &info);
+    ck_assert(info.flags & ZO_PIN_DEV_REGISTERED);
+    /* registered: a second registration of an overlapping range is refused */
+    ck_assert_int_eq(zo_dev_host_register(d, (uint8_t *)p + 4096, 4096), -EEXIST);
+    zo_pinned_free(p); /* unregisters */
+    void *q;
+    ck_assert_int_eq(zo_pinned_alloc(&q, 1u << 20, &o), 0);
+    zo_pinned_free(q);
+    zo_dev_close(&d);
+}
+END_TEST
+
+static void *alloc_worker(void *arg)
+{
+    (void)arg;
+    for (int i = 0; i < 50; i++) {
+        void *p;
+        if (zo_pinned_alloc(&p, 4096u * (size_t)(1 + i % 7), NULL) != 0)
+            return (void *)1;
+        ((uint8_t *)p)[0] = (uint8_t)i;
+        zo_pinned_free(p);
+    }
+    return NULL;
+}
+
+START_TEST(test_pinned_threads)
+{
+    zo_pinned_stats st0, st;
+    zo_pinned_stats_get(&st0);
+    pthread_t th[4];
+    for (int i = 0; i < 4; i++)
+        pthread_create(&th[i], NULL, alloc_worker, NULL);
+    for (int i = 0; i < 4; i++) {
+        void *r;
+        pthread_join(th[i], &r);
+        ck_assert_ptr_null(r);
+    }
+    zo_pinned_stats_get(&st);
+    ck_assert_uint_eq(st.allocations, st0.allocations);
+    ck_assert_uint_eq(st.locked_bytes, st0.locked_bytes);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("mem");
+    TCase *tc = tcase_create("mem");
+    tcase_add_test(tc, test_aligned);
+    tcase_add_test(tc, test_pinned_basic);
+    tcase_add_test(tc, test_pinned_bad_args);
+    tcase_add_test(tc, test_pinned_numa_node0);
+    tcase_add_test(tc, test_pinned_budget);
+    tcase_add_test(tc, test_pinned_no_lock_flag);
+    tcase_add_test(tc, test_pinned_dontfork);
+    tcase_add_test(tc, test_pinned_dev_register);
+    tcase_add_test(tc, test_pinned_threads);
+    suite_add_tcase(s, tc);
+    return zo_test_run(s);
+}

@@ -29,7 +29,7 @@
 /* A thread is worth forking only with at least this many elements: below
  * it the fork/join costs more than the work (measured on Zen 4: see
  * docs/cpuadam.md, "Threads"). */
-#define MIN_PER_THREAD 16384u
+#define MIN_PER_THREAD 32768u
 #define DEFAULT_TILE 16384u
 #define MAX_THREADS 1024
 /* Streaming stores for the out copy pay off once the copy is larger than

@@ -622,9 +622,7 @@ int main(int argc, char **argv)
         zj_obj_end(&j);
         zj_end(&j);
     } else {
-        printf("machine: ");
         zo_machine_print(&mach, stdout);
-        printf("\n");
         printf("%s, grad %s, states %s, out %s, n %zu, %d threads%s, variant %s, %d pairs\n", kind_str(kind),
                zo_dtype_name((zo_dtype)gt), zo_dtype_name((zo_dtype)st), ot >= 0 ? zo_dtype_name((zo_dtype)ot) : "none",
                n, threads, pin ? " (pinned)" : "", vname, pairs);

@@ -21,6 +21,7 @@ typedef struct {
 /* One line per run-time-dispatched module. */
 static const kernel_entry kernels[] = {
     {"vec", zo_vec_variant},
+    {"cpuadam", zo_cpuadam_variant},
 };
 
 static void usage(FILE *f)

@@ -222,6 +222,21 @@ def agreement(zo, DeepSpeedCPUAdam, torch, threads):
 
 
 def main_in_venv(a):
+    # DeepSpeed's C++ code prints to file descriptor 1: send everything to
+    # stderr while it runs, and print the results on the real stdout.
+    sys.stdout.flush()
+    real_stdout = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        res, info = measure(a)
+    finally:
+        sys.stdout.flush()
+        os.dup2(real_stdout, 1)
+        os.close(real_stdout)
+    report(a, res, info)
+
+
+def measure(a):
     import torch
     torch.set_num_threads(a.threads)
     deepspeed, DeepSpeedCPUAdam, CPUAdamBuilder = load_deepspeed()
@@ -292,6 +307,11 @@ def main_in_venv(a):
                 deepspeed_cxx_flags=" ".join(b.cxx_args()), zoffload_variant=zo.lib.zo_cpuadam_variant().decode(),
                 machine="%s, %d CPUs, %.1f GiB RAM, Linux %s" % (cpu_model(), os.cpu_count(), mem_gib(),
                                                                  platform.release()))
+    return res, info
+
+
+def report(a, res, info):
+    n, T = info["n"], info["threads"]
     if a.json:
         print(json.dumps(dict(info, results=res), indent=2))
         return

@@ -28,13 +28,13 @@
 #define SPLIT_ALIGN 64u
 /* A thread is worth forking only with at least this many elements: below
  * it the fork/join costs more than the work (measured on Zen 4: see
- * docs/cpuadam.md, "Threads"). */
+ * docs/benchmarks.md, "cpuadam"). */
 #define MIN_PER_THREAD 32768u
 #define DEFAULT_TILE 16384u
 #define MAX_THREADS 1024
-/* Streaming stores for the out copy pay off once the copy is larger than
- * a core's L2 (measured: docs/benchmarks.md, "cpuadam"). Below that the
- * copy is likely still cached when the device copy reads it. */
+/* Streaming stores for the out copy: measured +3-8% at n = 1e8, no
+ * difference at 1e5 (docs/benchmarks.md, "cpuadam"); below 2 MiB the copy
+ * is likely still cached when the device copy reads it, so leave it there. */
 #define NT_MIN_OUT_BYTES (2u << 20)
 
 /* ---- hyperparameters and tensors --------------------------------------- */

@@ -40,11 +40,25 @@ static double ulp32(double s)
     return ldexp(1.0, e - 24);
 }
 
+/* Distance in ulps between two finite floats (0 for +0 and -0). */
+static uint64_t ulp_distance(float a, float b)
+{
+    int64_t x = (int32_t)zo__f32_bits(a), y = (int32_t)zo__f32_bits(b);
+    if (x < 0)
+        x = INT32_MIN - x;
+    if (y < 0)
+        y = INT32_MIN - y;
+    return (uint64_t)(x > y ? x - y : y - x);
+}
+
 /* Same value: identical bits, or both NaN (NaN payloads may differ: C and
- * SIMD may pick a different operand's NaN). */
+ * SIMD may pick a different operand's NaN), or within the stated bound
+ * (which is 0: the variants are bit-identical to the reference). */
 static int same_f32(float a, float b)
 {
-    return zo__f32_bits(a) == zo__f32_bits(b) || (isnan(a) && isnan(b));
+    if (zo__f32_bits(a) == zo__f32_bits(b) || (isnan(a) && isnan(b)))
+        return 1;
+    return ZO_CPUADAM_ULP_BOUND > 0 && isfinite(a) && isfinite(b) && ulp_distance(a, b) <= ZO_CPUADAM_ULP_BOUND;
 }
 
 static int same_16(uint16_t a, uint16_t b, int t)

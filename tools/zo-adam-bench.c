@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -30,6 +31,7 @@ static void usage(FILE *f)
             "  --variant V        auto (default), scalar, avx2, avx512, avx512bf16\n"
             "  --pairs P          timed (bound, step) pairs, median reported (default 7, >= 1)\n"
             "  --nt M             streaming stores for the out copy: auto (default), on, off\n"
+            "  --tile N           elements per tile (team setting; default the library's)\n"
             "  --pin              pin the OpenMP threads to CPUs\n"
             "  --vs-torch         also time torch.optim (same n, threads), alternating\n"
             "  --python PATH      interpreter for --vs-torch (default $ZO_PYTHON, /usr/bin/python3)\n"
@@ -312,7 +314,7 @@ static int torch_start(torch_child *c, const char *python, size_t n, int threads
     c->to = fdopen(in[1], "w");
     c->from = fdopen(out[0], "r");
     if (!c->to || !c->from || !fgets(c->ready, sizeof(c->ready), c->from)) {
-        snprintf(c->skip, sizeof(c->skip), "%s exited before it was ready (out of memory?)", python);
+        snprintf(c->skip, sizeof(c->skip), "%s exited without answering (crashed, killed, or out of memory?)", python);
         return -1;
     }
     c->ready[strcspn(c->ready, "\n")] = 0;
@@ -373,11 +375,12 @@ typedef struct {
 
 int main(int argc, char **argv)
 {
-    size_t n = 100000000;
+    size_t n = 100000000, tile = 0;
     int kind = ZO_OPTIM_ADAMW, gt = ZO_DTYPE_F32, ot = -1, st = ZO_DTYPE_F32, nt = ZO_CPUADAM_NT_AUTO;
     int threads = 0, pairs = 7, pin = 0, json = 0, verbose = 0, vs_torch = 0, small = 0;
     const char *variant = "auto";
     const char *python = getenv("ZO_PYTHON");
+    signal(SIGPIPE, SIG_IGN); /* a torch child that died is reported, not fatal */
     if (!python || !*python)
         python = access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "python3";
 
@@ -390,6 +393,7 @@ int main(int argc, char **argv)
         {"vs-torch", no_argument, 0, 'T'},       {"python", required_argument, 0, 'y'},
         {"small", no_argument, 0, 'S'},          {"json", no_argument, 0, 'j'},
         {"verbose", no_argument, 0, 'v'},        {"help", no_argument, 0, 'h'},
+        {"tile", required_argument, 0, 'L'},
         {0, 0, 0, 0},
     };
     int c;
@@ -411,6 +415,7 @@ int main(int argc, char **argv)
         case 'S': small = 1; break;
         case 'j': json = 1; break;
         case 'v': verbose = 1; break;
+        case 'L': bad = parse_count(optarg, &tile); break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -445,6 +450,8 @@ int main(int argc, char **argv)
     cfg.pin = pin;
     cfg.variant = variant;
     cfg.nt_stores = (zo_cpuadam_nt)nt;
+    if (tile)
+        cfg.tile_elems = tile;
     zo_cpuadam_team *team = NULL, *bteam = NULL;
     int rc = zo_cpuadam_team_create(&team, &cfg);
     if (rc < 0) {
@@ -462,6 +469,15 @@ int main(int argc, char **argv)
         return 1;
     }
 
+    /* the torch child first: it forks before our arrays exist */
+    torch_child tc;
+    int have_torch = 0;
+    if (vs_torch) {
+        have_torch = torch_start(&tc, python, n, threads, kind_str(kind)) == 0;
+        if (!have_torch && !json)
+            fprintf(stderr, "zo-adam-bench: torch comparison skipped: %s\n", tc.skip);
+    }
+
     zo_machine mach;
     zo_machine_get(&mach);
     arrays a;
@@ -474,14 +490,6 @@ int main(int argc, char **argv)
     zo_cpuadam_tensors t;
     tensors_for(&t, &a, n, (zo_dtype)gt, ot, (zo_dtype)st);
     double bpp = step_bytes(kind, (zo_dtype)gt, ot, (zo_dtype)st);
-
-    torch_child tc;
-    int have_torch = 0;
-    if (vs_torch) {
-        have_torch = torch_start(&tc, python, n, threads, kind_str(kind)) == 0;
-        if (!have_torch && !json)
-            fprintf(stderr, "zo-adam-bench: torch comparison skipped: %s\n", tc.skip);
-    }
 
     /* warm up: page faults, OpenMP team start, pinning */
     int64_t step = 1;
@@ -581,6 +589,8 @@ int main(int argc, char **argv)
         zj_uint(&j, "n", n);
         zj_int(&j, "threads", threads);
         zj_int(&j, "pairs", pairs);
+        if (tile)
+            zj_uint(&j, "tile", tile);
         zj_num(&j, "bytes_per_param", bpp);
         zj_num(&j, "seconds", sec);
         zj_num(&j, "params_per_s", (double)n / sec);

@@ -517,8 +517,13 @@ static void req_complete(zo_aio *a, zo_aio_req *r)
     zo__aio_region *reg = r->region;
     if (reg && atomic_fetch_sub(&reg->refs, 1) == 1)
         zo__futex_wake(&reg->refs, INT_MAX);
-    if (r->cb)
+    if (r->cb) {
+        /* a failing callback can read the detail (file, offset, length)
+         * from zo_last_error_detail() or zo_aio_errmsg() */
+        if (err)
+            ZO_FAIL(&a->eb, err, "%s", r->detail);
         r->cb(r->user, result);
+    }
     if (r->waitable) {
         r->result = result;
         uint32_t old = atomic_exchange(&r->state, ZO__REQ_DONE);

@@ -196,8 +196,10 @@ ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered)
 ZO_API int zo_aio_unregister_region(zo_aio *a, void *p);
 
 /** Completion callback: runs on an engine thread; result is the byte count
- *  (== len) or a negative error. It must not block or call zo_aio_wait*;
- *  it may submit new requests. */
+ *  (== len) or a negative error, whose detail (file, offset, length) the
+ *  callback can read with zo_last_error_detail(). It must not block or call
+ *  zo_aio_wait*, zo_aio_register_region or zo_aio_destroy; it may submit new
+ *  requests. */
 typedef void (*zo_aio_cb)(void *user, int64_t result);
 
 /**

@@ -224,7 +224,6 @@ struct zo_aio {
 
     zo_errbuf eb;
     zo__aio_counters st;
-    int memlock_warned;
 
     zo__aio_fault_fn fault;
     void *fault_user;

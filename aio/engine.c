@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
 static zo_aio *live_head;
 static char forced_unusable[128];
+static _Atomic int memlock_warned; /* the registration fallback is a warning once per process */
 
 void zo__aio_force_uring_unusable(const char *reason)
 {
@@ -113,6 +115,11 @@ static int check_config(const zo_aio_config *in, zo_aio_config *cfg, zo_errbuf *
 }
 
 /* ---- I/O thread helpers --------------------------------------------------------- */
+static int on_io_thread(zo_aio *a)
+{
+    return a->ops->is_io_thread && a->ops->is_io_thread(a);
+}
+
 void zo__aio_thread_setup(zo_aio *a, unsigned idx, const char *kind)
 {
     char name[16];
@@ -235,6 +242,10 @@ ZO_API void zo_aio_destroy(zo_aio **pa)
     if (!pa || !*pa)
         return;
     zo_aio *a = *pa;
+    if (on_io_thread(a)) { /* it would join itself */
+        ZO_LOGE("zo_aio_destroy called from an I/O thread (a completion callback): refused");
+        return;
+    }
     *pa = NULL;
 
     pthread_mutex_lock(&live_lock);
@@ -317,11 +328,6 @@ static zo__aio_region *region_find(zo_aio *a, const uint8_t *p, size_t n)
     return NULL;
 }
 
-static int on_io_thread(zo_aio *a)
-{
-    return a->ops->is_io_thread && a->ops->is_io_thread(a);
-}
-
 ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered)
 {
     if (registered)
@@ -400,8 +406,7 @@ ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered)
                     "fixed-buffer registration of %zu bytes refused by %u of %u rings (%s; RLIMIT_MEMLOCK %s): "
                     "the region uses unregistered I/O",
                     n, a->cfg.threads - r->rings_ok, a->cfg.threads, zo_strerror(err ? err : -ENOMEM), lim);
-            if (!a->memlock_warned) {
-                a->memlock_warned = 1;
+            if (!atomic_exchange(&memlock_warned, 1)) {
                 ZO_LOGW("%s (raise ulimit -l for fixed buffers)", a->eb.msg);
             } else {
                 ZO_LOGI("%s", a->eb.msg);
@@ -684,7 +689,13 @@ int zo__aio_piece_result(zo_aio *a, zo__aio_piece *p, int64_t res)
     }
     if (res == 0) {
         if (r->op == ZO__OP_READ) {
-            zo__aio_piece_fail(a, p, ZO_ETRUNC, "end of file");
+            struct stat st;
+            char why[96];
+            if (fstat(r->f->bfd, &st) == 0)
+                snprintf(why, sizeof(why), "end of file (the file has %lld bytes) reading", (long long)st.st_size);
+            else
+                snprintf(why, sizeof(why), "end of file reading");
+            zo__aio_piece_fail(a, p, ZO_ETRUNC, why);
             return 0;
         }
         if (++p->zero > a->cfg.eagain_retries) {

@@ -573,6 +573,7 @@ typedef struct run_res {
     zo_aio_info info;
     zo_aio_stats st;
     int registered;
+    double segs_per_block; /* physical memory segments per block of the buffers; 0 = unknown */
 } run_res;
 
 struct run;
@@ -704,6 +705,41 @@ static void on_done(void *user, int64_t result)
     count_completion(r, t1);
 }
 
+/* How many physically contiguous runs a block of the buffers has, on
+ * average (from /proc/self/pagemap; page frame numbers need
+ * CAP_SYS_ADMIN, else 0 = unknown). Devices take a limited number of
+ * segments per request (virtio-blk: often 254), so this explains much of
+ * the difference between huge-page and 4 KiB-page buffers. */
+static double buffer_segments(const uint8_t *p, size_t bytes, size_t block)
+{
+    int fd = open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    size_t pg = (size_t)sysconf(_SC_PAGESIZE), segs = 0, blocks = 0;
+    if (block > bytes)
+        block = bytes;
+    for (size_t b = 0; b + block <= bytes && blocks < 64; b += block, blocks++) {
+        uint64_t prev = 0;
+        for (size_t o = 0; o < block; o += pg) {
+            uint64_t e = 0;
+            if (pread(fd, &e, 8, (off_t)(((uintptr_t)(p + b + o) / pg) * 8)) != 8 || !(e & (1ull << 63))) {
+                close(fd);
+                return 0;
+            }
+            uint64_t frame = e & ((1ull << 55) - 1);
+            if (!frame) { /* no permission to see frames */
+                close(fd);
+                return 0;
+            }
+            if (o == 0 || frame != prev + 1)
+                segs++;
+            prev = frame;
+        }
+    }
+    close(fd);
+    return blocks ? (double)segs / (double)blocks : 0;
+}
+
 static double cpu_now(void)
 {
     struct rusage ru;
@@ -801,6 +837,7 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
         if (rc)
             fprintf(stderr, "zo-aio-bench: note: buffers not registered: %s\n", zo_strerror(rc));
     }
+    res->segs_per_block = buffer_segments(pool, pool_bytes, pp->bs);
     for (uint64_t i = 0; i < window; i++) {
         slots[i].run = &r;
         slots[i].buf = (uint8_t *)pool + i * stride;
@@ -943,6 +980,11 @@ static void json_config(zo_json *j, const opts *o, const params *pp, const run_r
     zj_bool(j, "direct", o->direct);
     zj_bool(j, "registered", r->registered);
     zj_bool(j, "sqpoll", r->info.sqpoll);
+    zj_str(j, "buffers", o->plain_buffers ? "plain" : "pinned");
+    if (r->segs_per_block > 0)
+        zj_num(j, "buffer_segments_per_block", r->segs_per_block);
+    else
+        zj_null(j, "buffer_segments_per_block");
     zj_arr_begin(j, "paths");
     for (int i = 0; i < o->npaths; i++) {
         char sto[512];
@@ -985,6 +1027,11 @@ static void print_engine(const opts *o, const params *pp, const run_res *r)
            r->registered ? "registered buffers" : o->registered ? "buffers NOT registered" : "unregistered buffers");
     printf("data:    %d file%s x %s, %u loop%s\n", o->npaths, o->npaths > 1 ? "s" : "", sz, o->loops,
            o->loops > 1 ? "s" : "");
+    if (r->segs_per_block > 0)
+        printf("buffers: %s, %.1f physical segments per block on average\n",
+               o->plain_buffers ? "plain (4 KiB pages)" : "pinned", r->segs_per_block);
+    else
+        printf("buffers: %s\n", o->plain_buffers ? "plain (4 KiB pages)" : "pinned");
     if (r->info.fallback[0])
         printf("note:    %s\n", r->info.fallback);
 }
@@ -1386,6 +1433,7 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
         return EXIT_RUN;
     zo_aio_info info = {0};
     int registered = 0;
+    double seg_sum = 0;
     if (!o->json) {
         printf("zo-aio-bench %s vs fio\n", zo_version_string());
         zo_machine_print(m, stdout);
@@ -1427,6 +1475,7 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
             }
             info = rr.info;
             registered = rr.registered;
+            seg_sum += rr.segs_per_block;
             double zb = 0, fb = 0;
             for (int op = 0; op < 2; op++) {
                 double z = rr.seconds > 0 ? (double)rr.op[op].bytes / rr.seconds : 0;
@@ -1483,7 +1532,7 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
         zj_str(&j, "mode", "vs-fio");
         zj_str(&j, "version", zo_version_string());
         zo_machine_json(m, &j, "machine");
-        run_res cfgres = {.info = info, .registered = registered};
+        run_res cfgres = {.info = info, .registered = registered, .segs_per_block = seg_sum / (P * nm)};
         json_config(&j, o, &pp, &cfgres, tg);
         zj_uint(&j, "pairs", P);
         zj_str(&j, "fio_options", o->registered ? "--ioengine=io_uring --fixedbufs --registerfiles --thread"
@@ -1527,6 +1576,10 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
                    cr->fcpu, cr->zcpu);
         }
         printf("ratio: zoffload / fio in each pair, then the median of the ratios\n");
+        if (seg_sum > 0)
+            printf("zoffload buffers: %s, %.1f physical segments per block on average (fio's own buffers: "
+                   "4 KiB pages)\n",
+                   o->plain_buffers ? "plain" : "pinned", seg_sum / (P * nm));
     }
     free(rows);
 out:

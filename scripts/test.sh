@@ -10,9 +10,34 @@ meson setup build -Dwerror=true --reconfigure >/dev/null 2>&1 || meson setup bui
 meson compile -C build -j "$jobs"
 meson test -C build --print-errorlogs --num-processes "$jobs"
 
+# The installed headers and zoffload.pc are enough to build a program, both
+# against the shared library and against the static one.
+# shellcheck disable=SC2046
+dest=$(mktemp -d)
+trap 'rm -rf "$dest"' EXIT
+meson install -C build --destdir "$dest" >/dev/null
+pc=$(dirname "$(find "$dest" -name zoffload.pc | head -n1)")
+prefix=$(sed -n 's/^prefix=//p' "$pc/zoffload.pc")
+pcflags=(--define-variable=prefix="$dest$prefix")
+export PKG_CONFIG_PATH="$pc"
+cc docs/examples/platform_example.c -o "$dest/example" $(pkg-config "${pcflags[@]}" --cflags --libs zoffload)
+LD_LIBRARY_PATH="$(pkg-config "${pcflags[@]}" --variable=libdir zoffload)" "$dest/example" host
+# static libzoffload, its dependencies shared (Libs.private + Requires.private)
+privlibs=$(sed -n 's/^Libs.private: //p' "$pc/zoffload.pc")
+reqs=$(sed -n 's/^Requires.private: //p' "$pc/zoffload.pc" | tr ',' ' ')
+# shellcheck disable=SC2086
+cc docs/examples/platform_example.c -o "$dest/example-static" $(pkg-config "${pcflags[@]}" --cflags zoffload) \
+    "$(pkg-config "${pcflags[@]}" --variable=libdir zoffload)/libzoffload.a" $privlibs $(pkg-config --libs $reqs)
+"$dest/example-static" host
+unset PKG_CONFIG_PATH
+
 meson setup build-san -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false --reconfigure >/dev/null 2>&1 ||
     meson setup build-san -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false
 meson compile -C build-san -j "$jobs"
-ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+# allocator_may_return_null: tests check that absurd sizes give -ENOMEM.
+# fast_unwind_on_malloc=0: full stacks, so the suppressions can match.
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1:fast_unwind_on_malloc=0 \
+LSAN_OPTIONS=suppressions=$PWD/tests/lsan.supp:print_suppressions=0 \
+UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     meson test -C build-san --print-errorlogs --num-processes "$jobs" --timeout-multiplier 3
 echo "all tests passed (werror build and sanitizer build)"

@@ -283,23 +283,24 @@ START_TEST(test_vec_casts_all_variants)
                     uint16_t want = zo__ref_f32_to_bf16(s[i]);
                     if (bf16_ftz && is_f32_subnormal(s[i]))
                         want = (uint16_t)((zo__f32_bits(s[i]) >> 16) & 0x8000u);
-                    ck_assert_msg(h[off + i] == want, "%s f32->bf16 n=%zu i=%zu x=0x%08x got 0x%04x want 0x%04x",
+                    ZO_EXPECT(h[off + i] == want, "%s f32->bf16 n=%zu i=%zu x=0x%08x got 0x%04x want 0x%04x",
                                   d->name, n, i, zo__f32_bits(s[i]), h[off + i], want);
                 }
                 d->bf16_to_f32(back + off, h + off, n);
                 for (size_t i = 0; i < n; i++)
-                    ck_assert_uint_eq(zo__f32_bits(back[off + i]), (uint32_t)h[off + i] << 16);
+                    ZO_EXPECT(zo__f32_bits(back[off + i]) == (uint32_t)h[off + i] << 16, "%s bf16->f32 i=%zu",
+                              d->name, i);
                 /* f16 */
                 d->f32_to_f16(h + off, s, n);
                 for (size_t i = 0; i < n; i++) {
                     uint16_t want = zo__ref_f32_to_f16(s[i]);
-                    ck_assert_msg(h[off + i] == want, "%s f32->f16 n=%zu i=%zu x=0x%08x got 0x%04x want 0x%04x",
+                    ZO_EXPECT(h[off + i] == want, "%s f32->f16 n=%zu i=%zu x=0x%08x got 0x%04x want 0x%04x",
                                   d->name, n, i, zo__f32_bits(s[i]), h[off + i], want);
                 }
                 d->f16_to_f32(back + off, h + off, n);
                 for (size_t i = 0; i < n; i++) {
                     float want = zo__ref_f16_to_f32(h[off + i]);
-                    ck_assert_msg(zo__f32_bits(back[off + i]) == zo__f32_bits(want),
+                    ZO_EXPECT(zo__f32_bits(back[off + i]) == zo__f32_bits(want),
                                   "%s f16->f32 h=0x%04x got 0x%08x want 0x%08x", d->name, h[off + i],
                                   zo__f32_bits(back[off + i]), zo__f32_bits(want));
                 }
@@ -323,17 +324,12 @@ START_TEST(test_vec_f16_exhaustive_roundtrip)
         float f = zo__ref_f16_to_f32(hv);
         uint16_t back = zo__ref_f32_to_f16(f);
         int is_nan = (hv & 0x7c00) == 0x7c00 && (hv & 0x3ff);
-        if (is_nan)
-            ck_assert_uint_eq(back, hv | 0x200);
-        else
-            ck_assert_uint_eq(back, hv);
+        ZO_EXPECT(back == (is_nan ? (hv | 0x200) : hv), "f16 0x%04x -> 0x%04x", hv, back);
         /* and the bf16 reference against a plain rounding formula */
         float g = zo__ref_bf16_to_f32(hv);
         uint16_t bb = zo__ref_f32_to_bf16(g);
-        if ((hv & 0x7f80) == 0x7f80 && (hv & 0x7f))
-            ck_assert_uint_eq(bb, hv | 0x40);
-        else
-            ck_assert_uint_eq(bb, hv);
+        int bnan = (hv & 0x7f80) == 0x7f80 && (hv & 0x7f);
+        ZO_EXPECT(bb == (bnan ? (hv | 0x40) : hv), "bf16 0x%04x -> 0x%04x", hv, bb);
     }
     /* values checked by hand */
     ck_assert_uint_eq(zo__ref_f32_to_f16(1.0f), 0x3c00);

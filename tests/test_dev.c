@@ -194,6 +194,7 @@ START_TEST(test_event_orders_streams)
     ck_assert_int_eq(zo_stream_sync(b), 0);
     ck_assert_int_eq(atomic_load(&f.seen), 11);
     ck_assert_int_eq(zo_event_query(e), 0);
+    ck_assert_int_eq(zo_stream_sync(a), 0);
     ck_assert_int_eq(zo_stream_query(a), 0);
     zo_event_destroy(&e);
     zo_stream_destroy(&a);
@@ -337,7 +338,7 @@ END_TEST
 START_TEST(test_kernels)
 {
     zo_test_rng r = {zo_test_seed() ^ 3};
-    size_t n = 1000003;
+    size_t n = 300007;
     float *x = host_buf(n * 4), *back = host_buf(n * 4);
     uint16_t *h16 = host_buf(n * 2);
     double *acc_h = host_buf(sizeof(double));
@@ -370,10 +371,10 @@ START_TEST(test_kernels)
             uint16_t want = t == 0 ? zo__ref_f32_to_bf16(x[i]) : zo__ref_f32_to_f16(x[i]);
             int ftz_ok = t == 0 && (zo__f32_bits(x[i]) & 0x7f800000u) == 0 &&
                          h16[i] == ((zo__f32_bits(x[i]) >> 16) & 0x8000u); /* avx512bf16 host variant */
-            ck_assert_msg(h16[i] == want || ftz_ok, "%s i=%zu x=0x%08x got 0x%04x want 0x%04x",
+            ZO_EXPECT(h16[i] == want || ftz_ok, "%s i=%zu x=0x%08x got 0x%04x want 0x%04x",
                           zo_dtype_name(types[t]), i, zo__f32_bits(x[i]), h16[i], want);
             float wb = t == 0 ? zo__ref_bf16_to_f32(h16[i]) : zo__ref_f16_to_f32(h16[i]);
-            ck_assert_uint_eq(zo__f32_bits(back[i]), zo__f32_bits(wb));
+            ZO_EXPECT(zo__f32_bits(back[i]) == zo__f32_bits(wb), "i=%zu", i);
         }
         /* sum of squares accumulates across calls */
         zo_memset_async(s, dacc, 0, sizeof(double));

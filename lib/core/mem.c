@@ -259,7 +259,9 @@ ZO_API int zo_pinned_alloc(void **out, size_t size, const zo_pin_opts *opts)
             err = ZO_EBUDGET;
             note_fallback(WARN_BUDGET, "locking %zu more bytes would exceed the pinned budget (%zu of %zu in use)", len,
                           locked, budget);
-        } else if (mlock(p, len) != 0) {
+        } else if (syscall(SYS_mlock, p, len) != 0) {
+            /* The raw system call: sanitizer runtimes intercept mlock() as a
+             * no-op, which would report memory as locked that is not. */
             err = -errno;
             pthread_mutex_lock(&pin_lock);
             pin_locked -= len;

@@ -180,6 +180,12 @@ static int load_hwloc(zo_topo *t)
     if (hwloc_topology_init(&t->hw) != 0)
         return -ENOMEM;
     hwloc_topology_set_io_types_filter(t->hw, HWLOC_TYPE_FILTER_KEEP_IMPORTANT);
+    /* The OpenCL and GL plugins start an OpenCL runtime / probe X displays
+     * at load: slow, leaky, and nothing we need (GPUs are found by PCI). */
+#if HWLOC_API_VERSION >= 0x00020100
+    hwloc_topology_set_components(t->hw, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "opencl");
+    hwloc_topology_set_components(t->hw, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST, "gl");
+#endif
     if (hwloc_topology_load(t->hw) != 0) {
         int e = errno ? -errno : -EIO;
         hwloc_topology_destroy(t->hw);

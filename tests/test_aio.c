@@ -1314,9 +1314,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: test_aio uring|threads\n");
         return 2;
     }
-    /* NUMA binding reads the topology; hwloc's plugins leak a little at
-     * teardown (LeakSanitizer), and the sysfs reader is what this suite needs */
-    setenv("ZO_TOPO", "sysfs", 0);
     zo_test_mkdtemp(g_dir_direct, sizeof(g_dir_direct));
     snprintf(g_dir_buffered, sizeof(g_dir_buffered), "%s/ramfs", g_dir_direct);
     g_ramfs = mount_ramfs(g_dir_buffered);

@@ -18,5 +18,6 @@
 #include "vec.h"
 #include "dev.h"
 #include "aio.h"
+#include "swap.h"
 
 #endif /* ZOFFLOAD_H */

@@ -19,5 +19,6 @@
 #include "dev.h"
 #include "aio.h"
 #include "swap.h"
+#include "store.h"
 
 #endif /* ZOFFLOAD_H */

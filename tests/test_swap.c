@@ -191,10 +191,24 @@ START_TEST(test_extent_random)
 END_TEST
 
 /* ---- swap store helpers -------------------------------------------------------- */
+/* ZO_TEST_AIO_BACKEND=threads runs the swap store on the thread-pool
+ * engine (the io_uring one is the default). */
+static zo_aio_config test_aio_cfg;
+
+static void set_backend(zo_swap_config *c)
+{
+    zo_aio_config_default(&test_aio_cfg);
+    const char *b = getenv("ZO_TEST_AIO_BACKEND");
+    if (b && !strcmp(b, "threads"))
+        test_aio_cfg.backend = ZO_AIO_THREADS;
+    c->aio_cfg = &test_aio_cfg;
+}
+
 static zo_swap *make_swap(const char *const *dirs, unsigned n, size_t chunk, uint64_t arena, zo_csum_kind ck)
 {
     zo_swap_config c;
     zo_swap_config_default(&c);
+    set_backend(&c);
     c.dirs = dirs;
     c.ndirs = n;
     c.chunk_size = chunk;
@@ -203,6 +217,8 @@ static zo_swap *make_swap(const char *const *dirs, unsigned n, size_t chunk, uin
     zo_swap *s = NULL;
     int r = zo_swap_create(&s, &c);
     ck_assert_msg(r == 0, "zo_swap_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    if (c.aio_cfg->backend == ZO_AIO_THREADS)
+        ck_assert_int_eq(zo_aio_get_backend(zo_swap_get_aio(s)), ZO_AIO_THREADS);
     return s;
 }
 

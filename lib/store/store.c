@@ -352,6 +352,10 @@ int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uin
     j->dst = x;
     j->ver = t->cur_ver;
     j->prefetch = prefetch;
+    if (prefetch) {
+        j->pf_bytes = c->len;
+        s->tier[x].prefetch_inflight += c->len;
+    }
     set_job_path(s, j);
     zo__job_pump(s, j);
     return 0;
@@ -510,6 +514,7 @@ void zo__store_job_done(zo_store *s, zo__job *j)
     zo_tensor *t = j->t;
     zo__copy *src = &t->c[j->src], *dst = &t->c[j->dst];
     src->readers--;
+    s->tier[j->dst].prefetch_inflight -= j->pf_bytes;
     if (j->kind == JOB_LOAD) {
         if (j->err) {
             ZO_FAIL(&s->err, j->err, "store: loading '%s' into the %s tier from %s failed: %s", t->name,

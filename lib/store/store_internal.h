@@ -31,6 +31,9 @@
 #define ZO__DIRECT_PIECE (16u << 20) /* piece of a transfer that needs no slot */
 #define ZO__DIRECT_INFLIGHT 4u       /* such pieces in flight per transfer */
 #define ZO__DIST_INF UINT64_MAX
+/* Prefetch loads in flight per tier: the nearest entry first gets the
+ * disk's bandwidth, the next one queued behind it keeps the device busy. */
+#define ZO__PREFETCH_INFLIGHT (8u << 20)
 
 typedef struct zo__job zo__job;
 typedef struct zo__piece zo__piece;
@@ -112,6 +115,7 @@ struct zo__job {
     unsigned inflight, max_inflight;
     int via_slot;        /* two stages through a pool slot */
     int prefetch;
+    uint64_t pf_bytes;   /* counted in the tier's prefetch_inflight */
     int err;
     char detail[ZO_ERRMSG_LEN];
     struct zo_store_stream *stream; /* JOB_STREAM */
@@ -168,6 +172,7 @@ typedef struct zo__tier {
     zo_store_req *parked; /* acquires waiting for space (FIFO) */
     uint64_t home_bytes;  /* held by home copies */
     uint64_t prefetched_bytes; /* copies loaded/loading by prefetch, unused */
+    uint64_t prefetch_inflight; /* bytes of prefetch loads in flight */
 } zo__tier;
 
 typedef struct zo__trace_ent {

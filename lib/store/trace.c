@@ -120,6 +120,8 @@ void zo__trace_pump(zo_store *s)
         zo__tier *tr = &s->tier[e->tier];
         if (tr->prefetched_bytes + zo__ext_round(&tr->ext, t->bytes) > prefetch_cap(s, e->tier))
             break;
+        if (tr->prefetch_inflight >= ZO__PREFETCH_INFLIGHT)
+            break; /* nearest first: the rest when these land */
         zo__store_start_load(s, t, e->tier, 1, k);
     }
 }

@@ -1150,7 +1150,7 @@ ZO_API int zo_store_release(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
     for (zo_store_req *q = c->waiters; q; q = q->next)
         waiting++;
     for (zo_store_req *q = s->tier[x].parked; q; q = q->next)
-        waiting += q->t == t;
+        waiting += q->t == t && q->tier == x;
     if (c->refs <= waiting) {
         pthread_mutex_unlock(&s->lock);
         return ZO_FAIL(&s->err, ZO_ESTATE, "zo_store_release: '%s' holds no completed reference in the %s tier",

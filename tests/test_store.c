@@ -241,6 +241,20 @@ START_TEST(test_store_big_through_pool)
     ck_assert_uint_ge(st.moved[ZO_TIER_DEVICE][ZO_TIER_NVME], n);
     ck_assert_uint_le(st.pool_peak, 4);
     ck_assert_uint_eq(st.pinned_bytes, 4 * 128 * KiB);
+    /* the pool is registered with the device and, as fixed buffers, with
+     * io_uring (root or a large enough RLIMIT_MEMLOCK), and used as such */
+    ck_assert_int_eq(st.pool_dev_registered, 1);
+    zo_aio *aio = zo_swap_get_aio(e.swap);
+    if (st.pool_locked && zo_aio_get_backend(aio) == ZO_AIO_URING) {
+        zo_aio_info ai;
+        zo_aio_get_info(aio, &ai);
+        if (ai.fixed_buffers) {
+            ck_assert_int_eq(st.pool_aio_fixed, 1);
+            zo_aio_stats as;
+            zo_aio_get_stats(aio, &as);
+            ck_assert_uint_gt(as.fixed_chunks, 0);
+        }
+    }
     zo_pinned_stats ps;
     zo_pinned_stats_get(&ps);
     ck_assert_uint_le(ps.locked_bytes + ps.unlocked_bytes, 4 * 128 * KiB + 2 * MiB); /* pool only (page-rounded) */

@@ -333,6 +333,9 @@ typedef struct zo_store_stats {
     size_t pool_slots, pool_slot_size;
     size_t pool_in_use, pool_peak;   /**< slots */
     uint64_t pinned_bytes;           /**< pinned memory the store holds (host tier + pool) */
+    int pool_locked;                 /**< 1 if the pool is page-locked (else the OS refused: see zo_pinned_stats) */
+    int pool_aio_fixed;              /**< 1 if the pool is registered with the aio engine as fixed buffers */
+    int pool_dev_registered;         /**< 1 if the pool is registered with the device backend */
     uint64_t frag_failures;          /**< acquires refused although the bytes fit (fragmentation) */
 } zo_store_stats;
 

@@ -631,7 +631,8 @@ ZO_API void zo_store_destroy(zo_store **sp)
     *sp = NULL;
 }
 
-static int pinned_region(zo_store *s, size_t n, uint8_t **out, const char *what)
+static int pinned_region(zo_store *s, size_t n, uint8_t **out, const char *what, int *locked, int *fixed,
+                         int *devreg)
 {
     zo_pin_opts o;
     zo_pin_opts_default(&o);
@@ -644,12 +645,17 @@ static int pinned_region(zo_store *s, size_t n, uint8_t **out, const char *what)
         return ZO_FAIL(&s->err, r, "store: cannot allocate %zu bytes of pinned memory for the %s: %s", n, what,
                        zo_last_error_detail());
     zo_pinned_info pi;
-    if (zo_pinned_query(p, &pi) == 0 && !(pi.flags & ZO_PIN_LOCKED))
+    if (zo_pinned_query(p, &pi) == 0) {
+        *locked = (pi.flags & ZO_PIN_LOCKED) != 0;
+        *devreg = (pi.flags & ZO_PIN_DEV_REGISTERED) != 0;
+    }
+    if (!*locked)
         ZO_LOGW("store: the %s (%zu bytes) is not page-locked (see zo_pinned_stats): transfers will be slower", what,
                 n);
     if (s->swap) {
         int reg = 0;
         r = zo_swap_register_memory(s->swap, p, n, &reg);
+        *fixed = reg;
         if (r < 0) {
             zo_pinned_free(p);
             return ZO_FAIL(&s->err, r, "store: registering the %s with the aio engine failed: %s", what,
@@ -739,7 +745,8 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
     }
     if (cfg.host_bytes) {
         uint8_t *p;
-        if ((r = pinned_region(s, (size_t)cfg.host_bytes, &p, "host tier")) < 0)
+        int lk = 0, fx = 0, dr = 0;
+        if ((r = pinned_region(s, (size_t)cfg.host_bytes, &p, "host tier", &lk, &fx, &dr)) < 0)
             goto fail;
         s->tier[ZO_TIER_HOST].base = p;
         zo__ext_fini(&s->tier[ZO_TIER_HOST].ext);
@@ -755,7 +762,8 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
     if (cfg.slots) {
         s->slot_size = cfg.slot_size;
         s->nslots = cfg.slots;
-        if ((r = pinned_region(s, cfg.slot_size * (size_t)cfg.slots, &s->pool, "slot pool")) < 0)
+        if ((r = pinned_region(s, cfg.slot_size * (size_t)cfg.slots, &s->pool, "slot pool", &s->st.pool_locked,
+                               &s->st.pool_aio_fixed, &s->st.pool_dev_registered)) < 0)
             goto fail;
         s->free_slots = malloc(cfg.slots * sizeof(unsigned));
         if (!s->free_slots) {
@@ -1273,9 +1281,12 @@ ZO_API void zo_store_reset_stats(zo_store *s)
     if (!s)
         return;
     pthread_mutex_lock(&s->lock);
-    uint64_t pinned = s->st.pinned_bytes;
+    zo_store_stats keep = s->st;
     memset(&s->st, 0, sizeof(s->st));
-    s->st.pinned_bytes = pinned;
+    s->st.pinned_bytes = keep.pinned_bytes;
+    s->st.pool_locked = keep.pool_locked;
+    s->st.pool_aio_fixed = keep.pool_aio_fixed;
+    s->st.pool_dev_registered = keep.pool_dev_registered;
     s->pool_peak = s->pool_in_use;
     for (int x = 0; x < ZO__NTIERS; x++)
         s->tier[x].peak = s->tier[x].used;

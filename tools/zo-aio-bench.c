@@ -244,18 +244,12 @@ static int parse_opts(int argc, char **argv, opts *o)
                 return bad("--request-size %s: must be a size from 1 byte to 4G", optarg);
             break;
         case OPT_QD:
-            if (parse_uint(optarg, ~0ull, &v) != 0)
-                return bad("--queue-depth %s: not a number", optarg);
-            if ((rc = check_qd(v)))
-                return rc;
-            o->qd = (unsigned)v;
-            break;
         case OPT_THREADS:
             if (parse_uint(optarg, ~0ull, &v) != 0)
-                return bad("--threads %s: not a number", optarg);
-            if ((rc = check_threads(v)))
+                return bad("--%s %s: not a number", c == OPT_QD ? "queue-depth" : "threads", optarg);
+            if ((rc = c == OPT_QD ? check_qd(v) : check_threads(v)))
                 return rc;
-            o->threads = (unsigned)v;
+            *(c == OPT_QD ? &o->qd : &o->threads) = (unsigned)v;
             break;
         case OPT_PATH:
             if (o->npaths == MAX_PATHS)
@@ -754,6 +748,14 @@ static void progress_line(const char *what, double frac, double gbps, double eta
     fflush(stderr);
 }
 
+static void pool_free(const opts *o, void *pool)
+{
+    if (o->plain_buffers)
+        zo_aligned_free(pool);
+    else
+        zo_pinned_free(pool);
+}
+
 static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
 {
     memset(res, 0, sizeof(*res));
@@ -816,10 +818,7 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
     uint8_t *scratch = pp->verify ? malloc(stride * (size_t)window) : NULL;
     slot *slots = calloc((size_t)window, sizeof(slot));
     if (rc || !slots || (pp->verify && !scratch)) {
-        if (o->plain_buffers)
-            zo_aligned_free(pool);
-        else
-            zo_pinned_free(pool);
+        pool_free(o, pool);
         free(scratch);
         free(slots);
         zo_aio_destroy(&a);
@@ -894,10 +893,7 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
         res->verified = res->op[OP_READ].bytes;
     zo_aio_get_stats(a, &res->st);
     zo_aio_destroy(&a);
-    if (o->plain_buffers)
-        zo_aligned_free(pool);
-    else
-        zo_pinned_free(pool);
+    pool_free(o, pool);
     free(scratch);
     free(slots);
     pthread_cond_destroy(&r.cv);
@@ -1042,6 +1038,34 @@ static int report_failure(const char *what, const run_res *r)
     return EXIT_RUN;
 }
 
+/* The report's head: tool, what it runs, machine, and each data file with
+ * the filesystem and device behind it. */
+static void print_banner(const opts *o, const target *tg, const zo_machine *m, const char *what)
+{
+    printf("zo-aio-bench %s%s%s\n", zo_version_string(), what[0] ? " " : "", what);
+    zo_machine_print(m, stdout);
+    for (int i = 0; i < o->npaths; i++) {
+        char sto[512];
+        zo_path_storage(tg[i].path, sto, sizeof(sto));
+        printf("file:    %s (%s)\n", tg[i].path, sto);
+    }
+}
+
+/* The passes a run makes, in order: -1 for a mixed run. Returns how many. */
+static int run_modes(const opts *o, int modes[2])
+{
+    int n = 0;
+    if (o->mix_r) {
+        modes[n++] = -1;
+    } else {
+        if (o->do_write)
+            modes[n++] = OP_WRITE;
+        if (o->do_read)
+            modes[n++] = OP_READ;
+    }
+    return n;
+}
+
 /* ---- plain runs ---------------------------------------------------------------------------- */
 static params base_params(const opts *o)
 {
@@ -1053,15 +1077,8 @@ static int cmd_run(const opts *o, target *tg, const zo_machine *m)
 {
     params pp = base_params(o);
     run_res rr[2];
-    int nres = 0, modes[2];
-    if (o->mix_r) {
-        modes[nres++] = -1;
-    } else {
-        if (o->do_write)
-            modes[nres++] = OP_WRITE;
-        if (o->do_read)
-            modes[nres++] = OP_READ;
-    }
+    int modes[2];
+    int nres = run_modes(o, modes);
     int rc = 0;
     for (int i = 0; i < nres; i++) {
         pp.mode = modes[i];
@@ -1108,13 +1125,7 @@ static int cmd_run(const opts *o, target *tg, const zo_machine *m)
         zj_obj_end(&j);
         zj_end(&j);
     } else {
-        printf("zo-aio-bench %s\n", zo_version_string());
-        zo_machine_print(m, stdout);
-        for (int i = 0; i < o->npaths; i++) {
-            char sto[512];
-            zo_path_storage(tg[i].path, sto, sizeof(sto));
-            printf("file:    %s (%s)\n", tg[i].path, sto);
-        }
+        print_banner(o, tg, m, "");
         print_engine(o, &pp, &rr[0]);
         printf("\n");
         print_header();
@@ -1185,13 +1196,7 @@ static int cmd_sweep(const opts *o, target *tg, const zo_machine *m)
     if (o->do_read || o->mix_r)
         ops[nops++] = OP_READ;
     if (!o->json) {
-        printf("zo-aio-bench %s sweep\n", zo_version_string());
-        zo_machine_print(m, stdout);
-        for (int i = 0; i < o->npaths; i++) {
-            char sto[512];
-            zo_path_storage(tg[i].path, sto, sizeof(sto));
-            printf("file:    %s (%s)\n", tg[i].path, sto);
-        }
+        print_banner(o, tg, m, "sweep");
         char sz[32];
         fmt_bytes(sz, sizeof(sz), o->size);
         printf("data:    %s per file, %s, %s buffers, request = block size\n\n", sz,
@@ -1417,15 +1422,8 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
     params pp = base_params(o);
     if (pp.req != pp.bs)
         return bad("--vs-fio compares requests of one block (fio's bs): drop --request-size");
-    int modes[2], nm = 0;
-    if (o->mix_r) {
-        modes[nm++] = -1;
-    } else {
-        if (o->do_write)
-            modes[nm++] = OP_WRITE;
-        if (o->do_read)
-            modes[nm++] = OP_READ;
-    }
+    int modes[2];
+    int nm = run_modes(o, modes);
     unsigned P = o->pairs;
     double *zo_bw = calloc(2 * P * 2, sizeof(double)), *fio_bw = calloc(2 * P * 2, sizeof(double));
     double *zo_cpu = calloc(2 * P, sizeof(double)), *fio_cpu = calloc(2 * P, sizeof(double));
@@ -1435,13 +1433,7 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
     int registered = 0;
     double seg_sum = 0;
     if (!o->json) {
-        printf("zo-aio-bench %s vs fio\n", zo_version_string());
-        zo_machine_print(m, stdout);
-        for (int i = 0; i < o->npaths; i++) {
-            char sto[512];
-            zo_path_storage(tg[i].path, sto, sizeof(sto));
-            printf("file:    %s (%s)\n", tg[i].path, sto);
-        }
+        print_banner(o, tg, m, "vs fio");
         char bs[32], sz[32];
         fmt_bytes(bs, sizeof(bs), pp.bs);
         fmt_bytes(sz, sizeof(sz), o->size);

@@ -17,5 +17,6 @@
 #include "topo.h"
 #include "vec.h"
 #include "dev.h"
+#include "aio.h"
 
 #endif /* ZOFFLOAD_H */

@@ -53,6 +53,7 @@ typedef struct opts {
     int json, sweep, vs_fio;
     unsigned pairs;
     const char *fio;
+    const char *fio_iomem; /* fio --iomem= (e.g. shmhuge for huge-page buffers) */
     int keep;
     int progress; /* -1 auto (a terminal), 0 off, 1 on */
     uint64_t grid_bs[MAX_GRID];
@@ -93,6 +94,8 @@ static void usage(FILE *f)
             "                         bs/QD/jobs/size/file) with this tool; prints both and the median ratio\n"
             "  --pairs N              pairs for --vs-fio (default 5)\n"
             "  --fio PATH             the fio binary (default: fio in PATH)\n"
+            "  --fio-iomem MODE       fio's buffer memory (--iomem=MODE), e.g. shmhuge for huge pages\n"
+            "                         (needs /proc/sys/vm/nr_hugepages); like-for-like with --buffers pinned\n"
             "output:\n"
             "  --json                 one JSON object on stdout\n"
             "  --progress | --no-progress   progress line on stderr (default: when stderr is a terminal)\n"
@@ -176,7 +179,7 @@ static int check_threads(unsigned long long t)
 enum {
     OPT_READ = 256, OPT_WRITE, OPT_MIXED, OPT_SIZE, OPT_BS, OPT_QD, OPT_THREADS, OPT_REQ, OPT_PATH, OPT_DIRECT, OPT_BUFFERED,
     OPT_REG, OPT_UNREG, OPT_SQPOLL, OPT_BACKEND, OPT_VERIFY, OPT_LOOPS, OPT_JSON, OPT_SWEEP, OPT_SWEEP_BS, OPT_SWEEP_QD,
-    OPT_SWEEP_T, OPT_VSFIO, OPT_PAIRS, OPT_FIO, OPT_KEEP, OPT_PROGRESS, OPT_NOPROGRESS, OPT_HELP, OPT_BUFFERS,
+    OPT_SWEEP_T, OPT_VSFIO, OPT_PAIRS, OPT_FIO, OPT_KEEP, OPT_PROGRESS, OPT_NOPROGRESS, OPT_HELP, OPT_BUFFERS, OPT_FIO_IOMEM,
 };
 
 static int parse_opts(int argc, char **argv, opts *o)
@@ -194,7 +197,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"sweep", no_argument, 0, OPT_SWEEP},         {"sweep-bs", required_argument, 0, OPT_SWEEP_BS},
         {"sweep-qd", required_argument, 0, OPT_SWEEP_QD}, {"sweep-threads", required_argument, 0, OPT_SWEEP_T},
         {"vs-fio", no_argument, 0, OPT_VSFIO},        {"pairs", required_argument, 0, OPT_PAIRS},
-        {"fio", required_argument, 0, OPT_FIO},       {"keep", no_argument, 0, OPT_KEEP},
+        {"fio", required_argument, 0, OPT_FIO},       {"fio-iomem", required_argument, 0, OPT_FIO_IOMEM},       {"keep", no_argument, 0, OPT_KEEP},
         {"progress", no_argument, 0, OPT_PROGRESS},   {"no-progress", no_argument, 0, OPT_NOPROGRESS},
         {"help", no_argument, 0, OPT_HELP},         {"buffers", required_argument, 0, OPT_BUFFERS},           {0, 0, 0, 0},
     };
@@ -311,6 +314,7 @@ static int parse_opts(int argc, char **argv, opts *o)
             o->pairs = (unsigned)v;
             break;
         case OPT_FIO: o->fio = optarg; break;
+        case OPT_FIO_IOMEM: o->fio_iomem = optarg; break;
         case OPT_KEEP: o->keep = 1; break;
         case OPT_PROGRESS: o->progress = 1; break;
         case OPT_NOPROGRESS: o->progress = 0; break;
@@ -1312,7 +1316,7 @@ static int run_fio(const opts *o, const target *tg, const params *pp, int mode, 
     uint64_t total = o->size * (uint64_t)o->npaths;
     uint64_t per_job = total / pp->threads;
     char a_name[] = "--name=zo-vs-fio", a_file[sizeof(filenames) + 16], a_size[64], a_bs[64], a_qd[64], a_jobs[64],
-         a_rw[64], a_mix[64], a_loops[64], a_direct[32], a_inc[64];
+         a_rw[64], a_mix[64], a_loops[64], a_direct[32], a_inc[64], a_iomem[80];
     snprintf(a_file, sizeof(a_file), "--filename=%s", filenames);
     snprintf(a_size, sizeof(a_size), "--size=%llu", (unsigned long long)per_job);
     snprintf(a_bs, sizeof(a_bs), "--bs=%llu", (unsigned long long)pp->bs);
@@ -1344,6 +1348,10 @@ static int run_fio(const opts *o, const target *tg, const params *pp, int mode, 
     argv[n++] = "--registerfiles";
     if (o->sqpoll)
         argv[n++] = "--sqthread_poll=1";
+    if (o->fio_iomem) {
+        snprintf(a_iomem, sizeof(a_iomem), "--iomem=%s", o->fio_iomem);
+        argv[n++] = a_iomem;
+    }
     argv[n++] = "--thread";
     argv[n++] = "--group_reporting";
     argv[n++] = "--output-format=terse";
@@ -1437,9 +1445,10 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
         char bs[32], sz[32];
         fmt_bytes(bs, sizeof(bs), pp.bs);
         fmt_bytes(sz, sizeof(sz), o->size);
-        printf("both:    bs %s, QD %u, %u job%s/thread%s, %s per file, %s, loops %u; fio: io_uring%s --registerfiles\n",
+        printf("both:    bs %s, QD %u, %u job%s/thread%s, %s per file, %s, loops %u; fio: io_uring%s --registerfiles%s%s\n",
                bs, pp.qd, pp.threads, pp.threads > 1 ? "s" : "", pp.threads > 1 ? "s" : "", sz,
-               o->direct ? "direct" : "buffered", o->loops, o->registered ? " --fixedbufs" : "");
+               o->direct ? "direct" : "buffered", o->loops, o->registered ? " --fixedbufs" : "",
+               o->fio_iomem ? " --iomem=" : "", o->fio_iomem ? o->fio_iomem : "");
         printf("pairs:   %u, alternating fio, zoffload (GB/s, GB = 10^9 bytes)\n\n", P);
     }
     int rc = 0;
@@ -1529,6 +1538,7 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
         zj_uint(&j, "pairs", P);
         zj_str(&j, "fio_options", o->registered ? "--ioengine=io_uring --fixedbufs --registerfiles --thread"
                                                 : "--ioengine=io_uring --registerfiles --thread");
+        zj_str(&j, "fio_iomem", o->fio_iomem ? o->fio_iomem : "malloc (fio's default)");
         zj_arr_begin(&j, "comparisons");
         for (int i = 0; i < nrows; i++) {
             cmp_row *cr = &rows[i];
@@ -1569,9 +1579,9 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
         }
         printf("ratio: zoffload / fio in each pair, then the median of the ratios\n");
         if (seg_sum > 0)
-            printf("zoffload buffers: %s, %.1f physical segments per block on average (fio's own buffers: "
-                   "4 KiB pages)\n",
-                   o->plain_buffers ? "plain" : "pinned", seg_sum / (P * nm));
+            printf("zoffload buffers: %s, %.1f physical segments per block on average (fio's buffers: %s)\n",
+                   o->plain_buffers ? "plain" : "pinned", seg_sum / (P * nm),
+                   o->fio_iomem ? o->fio_iomem : "malloc, 4 KiB pages");
     }
     free(rows);
 out:

@@ -841,6 +841,8 @@ ZO_API int zo_aio_wait(zo_aio *a, zo_aio_req *r, int64_t *result)
     if (!a || !r || r->a != a || !r->waitable)
         return ZO_FAIL(a ? &a->eb : NULL, -EINVAL, "zo_aio_wait: NULL or foreign request");
     uint32_t s = atomic_load(&r->state);
+    if (s != ZO__REQ_DONE && on_io_thread(a)) /* it could wait for itself */
+        return ZO_FAIL(&a->eb, ZO_ESTATE, "zo_aio_wait: called from an I/O thread (a callback) on a request in flight");
     while (s != ZO__REQ_DONE) {
         if (s == ZO__REQ_INFLIGHT) {
             uint32_t exp = ZO__REQ_INFLIGHT;

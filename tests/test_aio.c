@@ -736,7 +736,8 @@ static void chain_cb(void *user, int64_t result)
 
 typedef struct {
     zo_aio *a;
-    int rc_wait, rc_reg;
+    zo_aio_req *other; /* in flight, held at the gate */
+    int rc_wait, rc_reg, rc_wait_one;
 } waiting_cb_state;
 
 static void waiting_cb(void *user, int64_t result)
@@ -745,6 +746,8 @@ static void waiting_cb(void *user, int64_t result)
     static uint8_t region[4096];
     w->rc_wait = zo_aio_wait_all(w->a);
     w->rc_reg = zo_aio_register_region(w->a, region, sizeof(region), NULL);
+    if (w->other)
+        w->rc_wait_one = zo_aio_wait(w->a, w->other, NULL);
 }
 
 START_TEST(test_callback_chain)
@@ -916,6 +919,9 @@ static int64_t fault_hook(void *user, const zo__aio_fault_site *s)
         }
         return 0;
     case F_GATE:
+        if (fc->target_off != UINT64_MAX && s->req_off != fc->target_off)
+            return 0;
+        atomic_fetch_add(&fc->hits, 1);
         pthread_mutex_lock(&fc->gate_m);
         while (!fc->gate_open)
             pthread_cond_wait(&fc->gate_cv, &fc->gate_m);
@@ -929,8 +935,17 @@ static void fault_init(fault_ctl *fc, int mode)
 {
     memset(fc, 0, sizeof(*fc));
     fc->mode = mode;
+    fc->target_off = mode == F_GATE ? UINT64_MAX : 0;
     pthread_mutex_init(&fc->gate_m, NULL);
     pthread_cond_init(&fc->gate_cv, NULL);
+}
+
+static void gate_open(fault_ctl *fc)
+{
+    pthread_mutex_lock(&fc->gate_m);
+    fc->gate_open = 1;
+    pthread_cond_broadcast(&fc->gate_cv);
+    pthread_mutex_unlock(&fc->gate_m);
 }
 
 /* Short and EAGAIN results are resumed with exact bytes. loop: mode x direct */
@@ -1129,10 +1144,7 @@ START_TEST(test_test_and_cancel)
     ck_assert_int_eq(res, 1);
     /* cancel: 4096 pieces, at most a few started; the rest are dropped */
     ck_assert_int_eq(zo_aio_cancel(a, r), 0);
-    pthread_mutex_lock(&fc.gate_m);
-    fc.gate_open = 1;
-    pthread_cond_broadcast(&fc.gate_cv);
-    pthread_mutex_unlock(&fc.gate_m);
+    gate_open(&fc);
     ck_assert_int_eq(zo_aio_wait(a, r, &res), -ECANCELED);
     ck_assert_int_eq(res, -ECANCELED);
     ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "cancelled"));
@@ -1149,6 +1161,37 @@ START_TEST(test_test_and_cancel)
     zo_aio_wait_all(a);
     ck_assert_int_eq(zo_aio_cancel(a, r), 0);
     ck_assert_int_eq(wait_ok(a, r), 8192);
+    tb_free(&b);
+    fx_end(&x);
+}
+END_TEST
+
+START_TEST(test_wait_from_callback)
+{
+    /* a callback that waits for a request still in flight is refused
+     * (ZO_ESTATE) instead of blocking an I/O thread, perhaps on itself */
+    fixture x;
+    fx_begin(&x, g_dir_direct, "cbwait", ZO_FILE_TRUNC, mk_engine(2, 4, 65536));
+    zo_aio *a = x.a;
+    zo_file *f = x.f;
+    ck_assert_int_eq(zo_file_truncate(f, 2u << 20), 0);
+    fault_ctl fc;
+    fault_init(&fc, F_GATE);
+    fc.target_off = 1u << 20; /* only this request waits at the gate */
+    zo__aio_set_fault(a, fault_hook, &fc);
+    tbuf b = tb_alloc(2u << 20, 0);
+    waiting_cb_state w = {.a = a, .rc_wait = 1, .rc_reg = 1, .rc_wait_one = 1};
+    ck_assert_int_eq(zo_aio_read(a, f, b.p + (1u << 20), 4096, 1u << 20, NULL, NULL, &w.other), 0);
+    /* one I/O thread now holds it at the gate; the other runs the next */
+    while (atomic_load(&fc.hits) == 0)
+        usleep(100);
+    zo_aio_req *r;
+    ck_assert_int_eq(zo_aio_read(a, f, b.p, 4096, 0, waiting_cb, &w, &r), 0);
+    wait_ok(a, r);
+    ck_assert_int_eq(w.rc_wait_one, ZO_ESTATE);
+    ck_assert_int_eq(w.rc_wait, ZO_ESTATE);
+    gate_open(&fc);
+    ck_assert_int_eq(wait_ok(a, w.other), 4096);
     tb_free(&b);
     fx_end(&x);
 }
@@ -1269,6 +1312,7 @@ static Suite *aio_suite(void)
     tcase_add_test(tc, test_regions);
     tcase_add_test(tc, test_region_unregister_waits);
     tcase_add_test(tc, test_test_and_cancel);
+    tcase_add_test(tc, test_wait_from_callback);
     tcase_add_test(tc, test_destroy_in_flight);
     tcase_add_test(tc, test_file_reuse);
     tcase_add_test(tc, test_sqpoll);

@@ -53,6 +53,7 @@ typedef struct opts {
     int json, sweep, vs_fio;
     unsigned pairs;
     const char *fio;
+    const char *fio_iomem; /* fio --iomem= (e.g. shmhuge for huge-page buffers) */
     int keep;
     int progress; /* -1 auto (a terminal), 0 off, 1 on */
     uint64_t grid_bs[MAX_GRID];
@@ -98,6 +99,8 @@ static void usage(FILE *f)
             "                         bs/QD/jobs/size/file) with this tool; prints both and the median ratio\n"
             "  --pairs N              pairs for --vs-fio (default 5)\n"
             "  --fio PATH             the fio binary (default: fio in PATH)\n"
+            "  --fio-iomem MODE       fio's buffer memory (--iomem=MODE), e.g. shmhuge for huge pages\n"
+            "                         (needs /proc/sys/vm/nr_hugepages); like-for-like with --buffers pinned\n"
             "through the swap store:\n"
             "  --through-store        move tensors out to and back in from a zo_swap in the --path\n"
             "                         directories (striped over several): swap-out, then swap-in, with a\n"
@@ -189,7 +192,7 @@ static int check_threads(unsigned long long t)
 enum {
     OPT_READ = 256, OPT_WRITE, OPT_MIXED, OPT_SIZE, OPT_BS, OPT_QD, OPT_THREADS, OPT_REQ, OPT_PATH, OPT_DIRECT, OPT_BUFFERED,
     OPT_REG, OPT_UNREG, OPT_SQPOLL, OPT_BACKEND, OPT_VERIFY, OPT_LOOPS, OPT_JSON, OPT_SWEEP, OPT_SWEEP_BS, OPT_SWEEP_QD,
-    OPT_SWEEP_T, OPT_VSFIO, OPT_PAIRS, OPT_FIO, OPT_KEEP, OPT_PROGRESS, OPT_NOPROGRESS, OPT_HELP, OPT_BUFFERS,
+    OPT_SWEEP_T, OPT_VSFIO, OPT_PAIRS, OPT_FIO, OPT_KEEP, OPT_PROGRESS, OPT_NOPROGRESS, OPT_HELP, OPT_BUFFERS, OPT_FIO_IOMEM,
     OPT_STORE, OPT_TENSORS, OPT_TSIZE, OPT_CSUM, OPT_NOCSUM,
 };
 
@@ -208,7 +211,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"sweep", no_argument, 0, OPT_SWEEP},         {"sweep-bs", required_argument, 0, OPT_SWEEP_BS},
         {"sweep-qd", required_argument, 0, OPT_SWEEP_QD}, {"sweep-threads", required_argument, 0, OPT_SWEEP_T},
         {"vs-fio", no_argument, 0, OPT_VSFIO},        {"pairs", required_argument, 0, OPT_PAIRS},
-        {"fio", required_argument, 0, OPT_FIO},       {"keep", no_argument, 0, OPT_KEEP},
+        {"fio", required_argument, 0, OPT_FIO},       {"fio-iomem", required_argument, 0, OPT_FIO_IOMEM},       {"keep", no_argument, 0, OPT_KEEP},
         {"progress", no_argument, 0, OPT_PROGRESS},   {"no-progress", no_argument, 0, OPT_NOPROGRESS},
         {"help", no_argument, 0, OPT_HELP},         {"buffers", required_argument, 0, OPT_BUFFERS},
         {"through-store", no_argument, 0, OPT_STORE}, {"tensors", required_argument, 0, OPT_TENSORS},
@@ -266,18 +269,12 @@ static int parse_opts(int argc, char **argv, opts *o)
                 return bad("--request-size %s: must be a size from 1 byte to 4G", optarg);
             break;
         case OPT_QD:
-            if (parse_uint(optarg, ~0ull, &v) != 0)
-                return bad("--queue-depth %s: not a number", optarg);
-            if ((rc = check_qd(v)))
-                return rc;
-            o->qd = (unsigned)v;
-            break;
         case OPT_THREADS:
             if (parse_uint(optarg, ~0ull, &v) != 0)
-                return bad("--threads %s: not a number", optarg);
-            if ((rc = check_threads(v)))
+                return bad("--%s %s: not a number", c == OPT_QD ? "queue-depth" : "threads", optarg);
+            if ((rc = c == OPT_QD ? check_qd(v) : check_threads(v)))
                 return rc;
-            o->threads = (unsigned)v;
+            *(c == OPT_QD ? &o->qd : &o->threads) = (unsigned)v;
             break;
         case OPT_PATH:
             if (o->npaths == MAX_PATHS)
@@ -339,6 +336,7 @@ static int parse_opts(int argc, char **argv, opts *o)
             o->pairs = (unsigned)v;
             break;
         case OPT_FIO: o->fio = optarg; break;
+        case OPT_FIO_IOMEM: o->fio_iomem = optarg; break;
         case OPT_KEEP: o->keep = 1; break;
         case OPT_STORE: o->through_store = 1; break;
         case OPT_TENSORS:
@@ -886,6 +884,14 @@ static void progress_line(const char *what, double frac, double gbps, double eta
     fflush(stderr);
 }
 
+static void pool_free(const opts *o, void *pool)
+{
+    if (o->plain_buffers)
+        zo_aligned_free(pool);
+    else
+        zo_pinned_free(pool);
+}
+
 static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
 {
     memset(res, 0, sizeof(*res));
@@ -957,10 +963,7 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
     uint8_t *scratch = pp->verify ? malloc(stride * (size_t)window) : NULL;
     slot *slots = calloc((size_t)window, sizeof(slot));
     if (rc || !slots || (pp->verify && !scratch)) {
-        if (o->plain_buffers)
-            zo_aligned_free(pool);
-        else
-            zo_pinned_free(pool);
+        pool_free(o, pool);
         free(scratch);
         free(slots);
         if (!o->through_store)
@@ -1045,10 +1048,7 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
     } else {
         zo_aio_destroy(&a);
     }
-    if (o->plain_buffers)
-        zo_aligned_free(pool);
-    else
-        zo_pinned_free(pool);
+    pool_free(o, pool);
     free(scratch);
     free(slots);
     pthread_cond_destroy(&r.cv);
@@ -1216,6 +1216,36 @@ static int report_failure(const char *what, const run_res *r)
     return EXIT_RUN;
 }
 
+/* The report's head: tool, what it runs, machine, and each data file with
+ * the filesystem and device behind it. */
+static void print_banner(const opts *o, const target *tg, const zo_machine *m, const char *what)
+{
+    printf("zo-aio-bench %s%s%s%s\n", zo_version_string(), what[0] ? " " : "", what,
+           o->through_store ? " (zoffload through the swap store)" : "");
+    zo_machine_print(m, stdout);
+    for (int i = 0; i < o->npaths; i++) {
+        char sto[512];
+        zo_path_storage(tg[i].path, sto, sizeof(sto));
+        /* through the store without fio: the swap directories */
+        printf("%s %s (%s)\n", o->through_store && !o->vs_fio ? "dir:    " : "file:   ", tg[i].path, sto);
+    }
+}
+
+/* The passes a run makes, in order: -1 for a mixed run. Returns how many. */
+static int run_modes(const opts *o, int modes[2])
+{
+    int n = 0;
+    if (o->mix_r) {
+        modes[n++] = -1;
+    } else {
+        if (o->do_write)
+            modes[n++] = OP_WRITE;
+        if (o->do_read)
+            modes[n++] = OP_READ;
+    }
+    return n;
+}
+
 /* ---- plain runs ---------------------------------------------------------------------------- */
 static params base_params(const opts *o)
 {
@@ -1227,15 +1257,8 @@ static int cmd_run(const opts *o, target *tg, const zo_machine *m)
 {
     params pp = base_params(o);
     run_res rr[2];
-    int nres = 0, modes[2];
-    if (o->mix_r) {
-        modes[nres++] = -1;
-    } else {
-        if (o->do_write)
-            modes[nres++] = OP_WRITE;
-        if (o->do_read)
-            modes[nres++] = OP_READ;
-    }
+    int modes[2];
+    int nres = run_modes(o, modes);
     int rc = 0;
     for (int i = 0; i < nres; i++) {
         pp.mode = modes[i];
@@ -1282,13 +1305,7 @@ static int cmd_run(const opts *o, target *tg, const zo_machine *m)
         zj_obj_end(&j);
         zj_end(&j);
     } else {
-        printf("zo-aio-bench %s%s\n", zo_version_string(), o->through_store ? " through the swap store" : "");
-        zo_machine_print(m, stdout);
-        for (int i = 0; i < o->npaths; i++) {
-            char sto[512];
-            zo_path_storage(tg[i].path, sto, sizeof(sto));
-            printf("%s %s (%s)\n", o->through_store ? "dir:    " : "file:   ", tg[i].path, sto);
-        }
+        print_banner(o, tg, m, "");
         print_engine(o, &pp, &rr[0]);
         printf("\n");
         print_header();
@@ -1365,13 +1382,7 @@ static int cmd_sweep(const opts *o, target *tg, const zo_machine *m)
     if (o->do_read || o->mix_r)
         ops[nops++] = OP_READ;
     if (!o->json) {
-        printf("zo-aio-bench %s sweep\n", zo_version_string());
-        zo_machine_print(m, stdout);
-        for (int i = 0; i < o->npaths; i++) {
-            char sto[512];
-            zo_path_storage(tg[i].path, sto, sizeof(sto));
-            printf("file:    %s (%s)\n", tg[i].path, sto);
-        }
+        print_banner(o, tg, m, "sweep");
         char sz[32];
         fmt_bytes(sz, sizeof(sz), o->size);
         printf("data:    %s per file, %s, %s buffers, request = block size\n\n", sz,
@@ -1487,7 +1498,7 @@ static int run_fio(const opts *o, const target *tg, const params *pp, int mode, 
     uint64_t total = o->size * (uint64_t)o->npaths;
     uint64_t per_job = total / pp->threads;
     char a_name[] = "--name=zo-vs-fio", a_file[sizeof(filenames) + 16], a_size[64], a_bs[64], a_qd[64], a_jobs[64],
-         a_rw[64], a_mix[64], a_loops[64], a_direct[32], a_inc[64];
+         a_rw[64], a_mix[64], a_loops[64], a_direct[32], a_inc[64], a_iomem[80];
     snprintf(a_file, sizeof(a_file), "--filename=%s", filenames);
     snprintf(a_size, sizeof(a_size), "--size=%llu", (unsigned long long)per_job);
     snprintf(a_bs, sizeof(a_bs), "--bs=%llu", (unsigned long long)pp->bs);
@@ -1519,6 +1530,10 @@ static int run_fio(const opts *o, const target *tg, const params *pp, int mode, 
     argv[n++] = "--registerfiles";
     if (o->sqpoll)
         argv[n++] = "--sqthread_poll=1";
+    if (o->fio_iomem) {
+        snprintf(a_iomem, sizeof(a_iomem), "--iomem=%s", o->fio_iomem);
+        argv[n++] = a_iomem;
+    }
     argv[n++] = "--thread";
     argv[n++] = "--group_reporting";
     argv[n++] = "--output-format=terse";
@@ -1597,15 +1612,8 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
     params pp = base_params(o);
     if (pp.req != pp.bs)
         return bad("--vs-fio compares requests of one block (fio's bs): drop --request-size");
-    int modes[2], nm = 0;
-    if (o->mix_r) {
-        modes[nm++] = -1;
-    } else {
-        if (o->do_write)
-            modes[nm++] = OP_WRITE;
-        if (o->do_read)
-            modes[nm++] = OP_READ;
-    }
+    int modes[2];
+    int nm = run_modes(o, modes);
     unsigned P = o->pairs;
     double *zo_bw = calloc(2 * P * 2, sizeof(double)), *fio_bw = calloc(2 * P * 2, sizeof(double));
     double *zo_cpu = calloc(2 * P, sizeof(double)), *fio_cpu = calloc(2 * P, sizeof(double));
@@ -1615,19 +1623,14 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
     int registered = 0;
     double seg_sum = 0;
     if (!o->json) {
-        printf("zo-aio-bench %s vs fio%s\n", zo_version_string(), o->through_store ? " (zoffload through the swap store)" : "");
-        zo_machine_print(m, stdout);
-        for (int i = 0; i < o->npaths; i++) {
-            char sto[512];
-            zo_path_storage(tg[i].path, sto, sizeof(sto));
-            printf("file:    %s (%s)\n", tg[i].path, sto);
-        }
+        print_banner(o, tg, m, "vs fio");
         char bs[32], sz[32];
         fmt_bytes(bs, sizeof(bs), pp.bs);
         fmt_bytes(sz, sizeof(sz), o->size);
-        printf("both:    bs %s, QD %u, %u job%s/thread%s, %s per file, %s, loops %u; fio: io_uring%s --registerfiles\n",
+        printf("both:    bs %s, QD %u, %u job%s/thread%s, %s per file, %s, loops %u; fio: io_uring%s --registerfiles%s%s\n",
                bs, pp.qd, pp.threads, pp.threads > 1 ? "s" : "", pp.threads > 1 ? "s" : "", sz,
-               o->direct ? "direct" : "buffered", o->loops, o->registered ? " --fixedbufs" : "");
+               o->direct ? "direct" : "buffered", o->loops, o->registered ? " --fixedbufs" : "",
+               o->fio_iomem ? " --iomem=" : "", o->fio_iomem ? o->fio_iomem : "");
         if (o->through_store) {
             char ts[32];
             fmt_bytes(ts, sizeof(ts), o->tensor_size);
@@ -1724,6 +1727,7 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
         zj_uint(&j, "pairs", P);
         zj_str(&j, "fio_options", o->registered ? "--ioengine=io_uring --fixedbufs --registerfiles --thread"
                                                 : "--ioengine=io_uring --registerfiles --thread");
+        zj_str(&j, "fio_iomem", o->fio_iomem ? o->fio_iomem : "malloc (fio's default)");
         zj_arr_begin(&j, "comparisons");
         for (int i = 0; i < nrows; i++) {
             cmp_row *cr = &rows[i];
@@ -1764,9 +1768,9 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
         }
         printf("ratio: zoffload / fio in each pair, then the median of the ratios\n");
         if (seg_sum > 0)
-            printf("zoffload buffers: %s, %.1f physical segments per block on average (fio's own buffers: "
-                   "4 KiB pages)\n",
-                   o->plain_buffers ? "plain" : "pinned", seg_sum / (P * nm));
+            printf("zoffload buffers: %s, %.1f physical segments per block on average (fio's buffers: %s)\n",
+                   o->plain_buffers ? "plain" : "pinned", seg_sum / (P * nm),
+                   o->fio_iomem ? o->fio_iomem : "malloc, 4 KiB pages");
     }
     free(rows);
 out:

@@ -230,7 +230,9 @@ ZO_API int zo_aio_write(zo_aio *a, zo_file *f, const void *buf, size_t len, uint
 /** Block until r completes; releases r. Returns 0 or r's error (the detail,
  *  naming file, offset and length, is in zo_aio_errmsg() and
  *  zo_last_error_detail()); *result (if not NULL) gets the byte count or the
- *  error. -EINVAL for NULL. Only one thread may wait for a given r. */
+ *  error. -EINVAL for NULL; ZO_ESTATE (r not released) when called from a
+ *  completion callback while r is still in flight. Only one thread may wait
+ *  for a given r. */
 ZO_API int zo_aio_wait(zo_aio *a, zo_aio_req *r, int64_t *result);
 /** -EBUSY if r is in flight (r stays valid); else as zo_aio_wait()
  *  (releasing r). Never blocks. */

@@ -64,6 +64,9 @@ typedef struct chunk_ctx {
     uint64_t foff;
     uint8_t *buf;
     uint32_t len;
+    _Atomic int parts; /* write: the I/O and the checksum, each finishing once */
+    int64_t res;       /* the I/O's result */
+    struct chunk_ctx *vnext; /* checksum-thread queue */
 } chunk_ctx;
 
 enum { IO_READ = 0, IO_WRITE = 1 };
@@ -106,6 +109,14 @@ struct zo_swap {
     int async_err;           /* first error of an unwaited io since wait_all */
     char async_detail[ZO_ERRMSG_LEN];
 
+    /* checksum threads: verify reads off the engine threads */
+    pthread_t *vthr;
+    unsigned nvthr;
+    pthread_mutex_t vlock;
+    pthread_cond_t vcond;
+    chunk_ctx *vhead, *vtail;
+    int vstop;
+
     uint64_t arena_bytes, arena_files, allocated, nallocs;
     _Atomic uint64_t bytes_written, bytes_read, chunks_written, chunks_read, chunks_verified, chunks_zero;
     _Atomic uint64_t corrupt, csum_ns, io_errors;
@@ -123,6 +134,7 @@ ZO_API void zo_swap_config_default(zo_swap_config *cfg)
     cfg->arena_size = 1ull << 30;
     cfg->chunk_size = 1u << 20;
     cfg->checksum = ZO_CSUM_CRC32C;
+    cfg->csum_threads = 1;
 }
 
 ZO_API const char *zo_swap_errmsg(const zo_swap *s)
@@ -377,6 +389,17 @@ ZO_API void zo_swap_destroy(zo_swap **sp)
         return;
     zo_swap *s = *sp;
     zo_swap_wait_all(s);
+    if (s->nvthr) {
+        pthread_mutex_lock(&s->vlock);
+        s->vstop = 1;
+        pthread_cond_broadcast(&s->vcond);
+        pthread_mutex_unlock(&s->vlock);
+        for (unsigned i = 0; i < s->nvthr; i++)
+            pthread_join(s->vthr[i], NULL);
+    }
+    free(s->vthr);
+    pthread_mutex_destroy(&s->vlock);
+    pthread_cond_destroy(&s->vcond);
     for (size_t i = 0; i < s->ntab; i++)
         salloc_free(s, s->tab[i]);
     for (unsigned d = 0; d < s->ndirs; d++) {
@@ -395,6 +418,8 @@ ZO_API void zo_swap_destroy(zo_swap **sp)
     free(s);
     *sp = NULL;
 }
+
+static void *csum_main(void *arg);
 
 ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
 {
@@ -422,6 +447,8 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
     if (!zo_csum_available(cfg.checksum))
         return ZO_FAIL(NULL, ZO_ENOTSUP, "zo_swap_create: checksum %s not built in (libxxhash missing)",
                        zo_csum_name(cfg.checksum));
+    if (cfg.csum_threads > 64)
+        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_swap_create: csum_threads %u is absurd (at most 64)", cfg.csum_threads);
     if (cfg.arena_size < cfg.chunk_size)
         return ZO_FAIL(NULL, ZO_ECONFIG, "zo_swap_create: arena_size %llu is below chunk_size %zu",
                        (unsigned long long)cfg.arena_size, cfg.chunk_size);
@@ -440,6 +467,8 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
         return -ENOMEM;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
+    pthread_mutex_init(&s->vlock, NULL);
+    pthread_cond_init(&s->vcond, NULL);
     s->cfg = cfg;
     s->cfg.dirs = NULL;
     s->ndirs = cfg.ndirs;
@@ -466,6 +495,20 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
         size_t l = strlen(s->dirs[i].path);
         while (l > 1 && s->dirs[i].path[l - 1] == '/')
             s->dirs[i].path[--l] = 0;
+    }
+    if (cfg.checksum != ZO_CSUM_NONE && cfg.csum_threads) {
+        s->vthr = calloc(cfg.csum_threads, sizeof(*s->vthr));
+        if (!s->vthr) {
+            r = -ENOMEM;
+            goto fail;
+        }
+        for (; s->nvthr < cfg.csum_threads; s->nvthr++) {
+            int e = pthread_create(&s->vthr[s->nvthr], NULL, csum_main, s);
+            if (e) {
+                r = ZO_FAIL(NULL, -e, "zo_swap_create: cannot start a checksum thread: %s", strerror(e));
+                goto fail;
+            }
+        }
     }
     if (cfg.aio) {
         s->aio = cfg.aio;
@@ -679,45 +722,131 @@ static void io_put(zo_swap_io *io, uint64_t n)
         io_complete(io);
 }
 
+static void chunk_failed(chunk_ctx *c, int e)
+{
+    zo_swap_io *io = c->io;
+    zo_swap *s = io->s;
+    atomic_fetch_add(&s->io_errors, 1);
+    io_set_error(io, e, "swap %s of '%s' offset %llu (%u bytes; arena %s offset %llu) failed: %s",
+                 io->op == IO_WRITE ? "write" : "read", io->al->name,
+                 (unsigned long long)(c->idx * s->cfg.chunk_size), c->len, c->ar->path, (unsigned long long)c->foff,
+                 zo_strerror(e));
+}
+
+/* A write chunk is done when both its I/O and its checksum are: only then
+ * may a read trust the stored checksum. */
+static void write_part_done(chunk_ctx *c)
+{
+    if (atomic_fetch_sub(&c->parts, 1) != 1)
+        return;
+    zo_swap_io *io = c->io;
+    zo_swap *s = io->s;
+    if (c->res < 0 || (uint64_t)c->res != c->len) {
+        chunk_failed(c, c->res < 0 ? (int)c->res : -EIO);
+        atomic_store(&io->al->cstate[c->idx], CH_FAILED);
+    } else {
+        atomic_store(&io->al->cstate[c->idx], CH_VALID);
+        atomic_fetch_add(&s->bytes_written, c->len);
+        atomic_fetch_add(&s->chunks_written, 1);
+    }
+    io_put(io, 1);
+}
+
+static void verify_chunk(chunk_ctx *c)
+{
+    zo_swap_io *io = c->io;
+    zo_swap *s = io->s;
+    salloc *al = io->al;
+    uint64_t t0 = zo__now_ns();
+    uint64_t got = zo__csum(s->cfg.checksum, c->buf, c->len);
+    atomic_fetch_add(&s->csum_ns, zo__now_ns() - t0);
+    atomic_fetch_add(&s->chunks_verified, 1);
+    if (got != al->csum[c->idx]) {
+        atomic_fetch_add(&s->corrupt, 1);
+        io_set_error(io, ZO_ECORRUPT,
+                     "swap: '%s' corrupt at byte offset %llu (chunk %llu, %u bytes; arena %s offset "
+                     "%llu): %s 0x%llx, stored 0x%llx",
+                     al->name, (unsigned long long)(c->idx * s->cfg.chunk_size), (unsigned long long)c->idx, c->len,
+                     c->ar->path, (unsigned long long)c->foff, zo_csum_name(s->cfg.checksum), (unsigned long long)got,
+                     (unsigned long long)al->csum[c->idx]);
+    }
+    io_put(io, 1);
+}
+
+/* The checksum of a chunk being written (its I/O is in flight). */
+static void write_csum(chunk_ctx *c)
+{
+    zo_swap *s = c->io->s;
+    uint64_t t0 = zo__now_ns();
+    c->io->al->csum[c->idx] = zo__csum(s->cfg.checksum, c->buf, c->len);
+    atomic_fetch_add(&s->csum_ns, zo__now_ns() - t0);
+    write_part_done(c);
+}
+
+static void *csum_main(void *arg)
+{
+    zo_swap *s = arg;
+    pthread_mutex_lock(&s->vlock);
+    for (;;) {
+        while (!s->vhead && !s->vstop)
+            pthread_cond_wait(&s->vcond, &s->vlock);
+        chunk_ctx *c = s->vhead;
+        if (!c)
+            break;
+        s->vhead = c->vnext;
+        if (!s->vhead)
+            s->vtail = NULL;
+        pthread_mutex_unlock(&s->vlock);
+        if (c->io->op == IO_WRITE)
+            write_csum(c);
+        else
+            verify_chunk(c);
+        pthread_mutex_lock(&s->vlock);
+    }
+    pthread_mutex_unlock(&s->vlock);
+    return NULL;
+}
+
+/* Hand a chunk to the checksum threads. */
+static void csum_queue(zo_swap *s, chunk_ctx *c)
+{
+    c->vnext = NULL;
+    pthread_mutex_lock(&s->vlock);
+    if (s->vtail)
+        s->vtail->vnext = c;
+    else
+        s->vhead = c;
+    s->vtail = c;
+    pthread_cond_signal(&s->vcond);
+    pthread_mutex_unlock(&s->vlock);
+}
+
 static void chunk_done(void *user, int64_t res)
 {
     chunk_ctx *c = user;
     zo_swap_io *io = c->io;
     zo_swap *s = io->s;
-    salloc *al = io->al;
-    uint64_t toff = c->idx * s->cfg.chunk_size;
-    if (res < 0 || (uint64_t)res != c->len) {
-        int e = res < 0 ? (int)res : -EIO;
-        atomic_fetch_add(&s->io_errors, 1);
-        io_set_error(io, e, "swap %s of '%s' offset %llu (%u bytes; arena %s offset %llu) failed: %s",
-                     io->op == IO_WRITE ? "write" : "read", al->name, (unsigned long long)toff, c->len,
-                     c->ar->path, (unsigned long long)c->foff, zo_strerror(e));
-        if (io->op == IO_WRITE)
-            atomic_store(&al->cstate[c->idx], CH_FAILED);
-    } else if (io->op == IO_WRITE) {
-        atomic_store(&al->cstate[c->idx], CH_VALID);
-        atomic_fetch_add(&s->bytes_written, c->len);
-        atomic_fetch_add(&s->chunks_written, 1);
-    } else {
-        atomic_fetch_add(&s->bytes_read, c->len);
-        atomic_fetch_add(&s->chunks_read, 1);
-        if (s->cfg.checksum != ZO_CSUM_NONE) {
-            uint64_t t0 = zo__now_ns();
-            uint64_t got = zo__csum(s->cfg.checksum, c->buf, c->len);
-            atomic_fetch_add(&s->csum_ns, zo__now_ns() - t0);
-            atomic_fetch_add(&s->chunks_verified, 1);
-            if (got != al->csum[c->idx]) {
-                atomic_fetch_add(&s->corrupt, 1);
-                io_set_error(io, ZO_ECORRUPT,
-                             "swap: '%s' corrupt at byte offset %llu (chunk %llu, %u bytes; arena %s offset "
-                             "%llu): %s 0x%llx, stored 0x%llx",
-                             al->name, (unsigned long long)toff, (unsigned long long)c->idx, c->len, c->ar->path,
-                             (unsigned long long)c->foff, zo_csum_name(s->cfg.checksum), (unsigned long long)got,
-                             (unsigned long long)al->csum[c->idx]);
-            }
-        }
+    c->res = res;
+    if (io->op == IO_WRITE) {
+        write_part_done(c);
+        return;
     }
-    io_put(io, 1);
+    if (res < 0 || (uint64_t)res != c->len) {
+        chunk_failed(c, res < 0 ? (int)res : -EIO);
+        io_put(io, 1);
+        return;
+    }
+    atomic_fetch_add(&s->bytes_read, c->len);
+    atomic_fetch_add(&s->chunks_read, 1);
+    if (s->cfg.checksum == ZO_CSUM_NONE) {
+        io_put(io, 1);
+    } else if (s->nvthr) {
+        /* verify off the engine thread: it goes back to reaping and
+         * submitting while a checksum thread reads the chunk */
+        csum_queue(s, c);
+    } else {
+        verify_chunk(c);
+    }
 }
 
 static int io_start(zo_swap *s, int op, zo_swap_id id, uint64_t off, void *buf, size_t len, zo_swap_cb cb,
@@ -779,15 +908,22 @@ static int io_start(zo_swap *s, int op, zo_swap_id id, uint64_t off, void *buf, 
         chunk_ctx *c = &io->ctx[i];
         int r;
         if (op == IO_WRITE) {
-            if (s->cfg.checksum != ZO_CSUM_NONE) {
-                uint64_t t0 = zo__now_ns();
-                al->csum[c->idx] = zo__csum(s->cfg.checksum, c->buf, c->len);
-                atomic_fetch_add(&s->csum_ns, zo__now_ns() - t0);
-            }
+            /* queue the write first and checksum the buffer while it is in
+             * flight (it may not change until completion), on a checksum
+             * thread when there is one: neither the device nor the caller
+             * (often an engine thread, from a callback) waits for the CPU;
+             * the chunk is valid once both are done */
             atomic_store(&al->cstate[c->idx], CH_PENDING);
+            atomic_init(&c->parts, 2);
             r = zo_aio_write(s->aio, c->ar->f, c->buf, c->len, c->foff, chunk_done, c, NULL);
             if (r < 0)
                 atomic_store(&al->cstate[c->idx], CH_FAILED);
+            else if (s->cfg.checksum == ZO_CSUM_NONE)
+                write_part_done(c);
+            else if (s->nvthr)
+                csum_queue(s, c);
+            else
+                write_csum(c);
         } else {
             uint8_t st = atomic_load(&al->cstate[c->idx]);
             if (st == CH_UNWRITTEN) {

@@ -13,9 +13,9 @@
  *   (zo_swap_alloc()) is cut into chunks of `chunk_size` bytes; with several
  *   directories chunk i goes to directory (i mod ndirs), so one tensor is
  *   striped across every drive. Every chunk written gets a checksum,
- *   computed on the source buffer just before the write is queued; every
+ *   computed on the source buffer while its write is in flight; every
  *   chunk read is verified in the destination buffer as soon as its read
- *   completes, and a mismatch fails the read with ZO_ECORRUPT whose detail
+ *   completes (on a checksum thread, off the I/O threads), and a mismatch fails the read with ZO_ECORRUPT whose detail
  *   names the tensor, the byte offset, the arena file and both checksums.
  *   Arena files are removed by zo_swap_destroy() unless `keep_files` is set.
  *
@@ -106,6 +106,7 @@ typedef struct zo_swap_config {
     int buffered;             /**< open arenas without O_DIRECT; default 0 */
     struct zo_aio *aio;       /**< engine to use (not owned); NULL: create one from aio_cfg */
     const struct zo_aio_config *aio_cfg; /**< config of the engine created when aio is NULL (NULL = defaults) */
+    unsigned csum_threads;    /**< threads computing and verifying checksums off the I/O and calling threads (0: inline); default 1, max 64 */
 } zo_swap_config;
 
 /** Fill *cfg with the defaults above (dirs NULL). NULL is ignored. */
@@ -155,16 +156,20 @@ ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_i
  */
 ZO_API int zo_swap_free(zo_swap *s, zo_swap_id id);
 
-/** Completion callback of a swap I/O: runs on an aio engine thread once
- *  every chunk has completed (and, for reads, been verified); err is 0 or
- *  the first error. It must not block; it may queue more swap I/O. */
+/** Completion callback of a swap I/O: runs on an aio engine thread or one
+ *  of the store's checksum threads once every chunk has completed (and, for
+ *  reads, been verified); err is 0 or the first error. It must not block;
+ *  it may queue more swap I/O. */
 typedef void (*zo_swap_cb)(void *user, int err);
 
 /**
  * Queue a write of [off, off+len) of allocation `id` from buf ("swap out").
  * off must be a multiple of the chunk size, and off+len a multiple of it
  * or the allocation's end, so each chunk's checksum covers the whole chunk.
- * Each chunk's checksum is computed just before its write is queued. buf
+ * Each chunk's checksum is computed from buf right after its write is
+ * queued, while the device works, on a checksum thread (in the calling
+ * thread if csum_threads is 0); a chunk counts as written once both are
+ * done. buf
  * may be any address; buffers aligned to 4096 inside a registered region
  * (zo_swap_register_memory()) are fastest. buf must stay unchanged until
  * completion.

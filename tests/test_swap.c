@@ -214,6 +214,9 @@ static zo_swap *make_swap(const char *const *dirs, unsigned n, size_t chunk, uin
     c.chunk_size = chunk;
     c.arena_size = arena;
     c.checksum = ck;
+    const char *ct = getenv("ZO_TEST_CSUM_THREADS"); /* 0: checksums inline */
+    if (ct)
+        c.csum_threads = (unsigned)atoi(ct);
     zo_swap *s = NULL;
     int r = zo_swap_create(&s, &c);
     ck_assert_msg(r == 0, "zo_swap_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
@@ -478,6 +481,9 @@ START_TEST(test_swap_dirs)
     c.checksum = (zo_csum_kind)7;
     ck_assert_int_eq(zo_swap_create(&s, &c), ZO_ECONFIG);
     c.checksum = ZO_CSUM_CRC32C;
+    c.csum_threads = 65;
+    ck_assert_int_eq(zo_swap_create(&s, &c), ZO_ECONFIG);
+    c.csum_threads = 1;
     c.ndirs = 0;
     ck_assert_int_eq(zo_swap_create(&s, &c), -EINVAL);
     ck_assert_int_eq(zo_swap_create(&s, NULL), -EINVAL);

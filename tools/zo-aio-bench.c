@@ -59,6 +59,11 @@ typedef struct opts {
     uint64_t grid_bs[MAX_GRID];
     unsigned grid_qd[MAX_GRID], grid_threads[MAX_GRID];
     int n_bs, n_qd, n_threads;
+    /* --through-store: the swap store (nvme/) on the same engine */
+    int through_store;
+    unsigned tensors;
+    uint64_t tensor_size;
+    zo_csum_kind csum;
 } opts;
 
 static void usage(FILE *f)
@@ -96,6 +101,14 @@ static void usage(FILE *f)
             "  --fio PATH             the fio binary (default: fio in PATH)\n"
             "  --fio-iomem MODE       fio's buffer memory (--iomem=MODE), e.g. shmhuge for huge pages\n"
             "                         (needs /proc/sys/vm/nr_hugepages); like-for-like with --buffers pinned\n"
+            "through the swap store:\n"
+            "  --through-store        move tensors out to and back in from a zo_swap in the --path\n"
+            "                         directories (striped over several): swap-out, then swap-in, with a\n"
+            "                         checksum per block computed on the way out and verified on the way in;\n"
+            "                         --size is then the size of fio's file per path for --vs-fio\n"
+            "  --tensors N            tensors (default 4)\n"
+            "  --tensor-size SIZE     bytes per tensor (default 256M)\n"
+            "  --checksum crc32c|xxh3|none   (default crc32c); --no-checksum is --checksum none\n"
             "output:\n"
             "  --json                 one JSON object on stdout\n"
             "  --progress | --no-progress   progress line on stderr (default: when stderr is a terminal)\n"
@@ -180,6 +193,7 @@ enum {
     OPT_READ = 256, OPT_WRITE, OPT_MIXED, OPT_SIZE, OPT_BS, OPT_QD, OPT_THREADS, OPT_REQ, OPT_PATH, OPT_DIRECT, OPT_BUFFERED,
     OPT_REG, OPT_UNREG, OPT_SQPOLL, OPT_BACKEND, OPT_VERIFY, OPT_LOOPS, OPT_JSON, OPT_SWEEP, OPT_SWEEP_BS, OPT_SWEEP_QD,
     OPT_SWEEP_T, OPT_VSFIO, OPT_PAIRS, OPT_FIO, OPT_KEEP, OPT_PROGRESS, OPT_NOPROGRESS, OPT_HELP, OPT_BUFFERS, OPT_FIO_IOMEM,
+    OPT_STORE, OPT_TENSORS, OPT_TSIZE, OPT_CSUM, OPT_NOCSUM,
 };
 
 static int parse_opts(int argc, char **argv, opts *o)
@@ -199,7 +213,10 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"vs-fio", no_argument, 0, OPT_VSFIO},        {"pairs", required_argument, 0, OPT_PAIRS},
         {"fio", required_argument, 0, OPT_FIO},       {"fio-iomem", required_argument, 0, OPT_FIO_IOMEM},       {"keep", no_argument, 0, OPT_KEEP},
         {"progress", no_argument, 0, OPT_PROGRESS},   {"no-progress", no_argument, 0, OPT_NOPROGRESS},
-        {"help", no_argument, 0, OPT_HELP},         {"buffers", required_argument, 0, OPT_BUFFERS},           {0, 0, 0, 0},
+        {"help", no_argument, 0, OPT_HELP},         {"buffers", required_argument, 0, OPT_BUFFERS},
+        {"through-store", no_argument, 0, OPT_STORE}, {"tensors", required_argument, 0, OPT_TENSORS},
+        {"tensor-size", required_argument, 0, OPT_TSIZE}, {"checksum", required_argument, 0, OPT_CSUM},
+        {"no-checksum", no_argument, 0, OPT_NOCSUM},  {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
     o->size = 1ull << 30;
@@ -212,6 +229,10 @@ static int parse_opts(int argc, char **argv, opts *o)
     o->loops = 1;
     o->pairs = 5;
     o->progress = -1;
+    o->tensors = 4;
+    o->tensor_size = 256ull << 20;
+    o->csum = ZO_CSUM_CRC32C;
+    int size_given = 0;
     int c, rc;
     unsigned long long v;
     opterr = 0;
@@ -235,6 +256,7 @@ static int parse_opts(int argc, char **argv, opts *o)
                 return bad("--size 0: nothing to do; give a positive byte count");
             if (o->size > (1ull << 50))
                 return bad("--size %s: more than 1 PiB per path", optarg);
+            size_given = 1;
             break;
         case OPT_BS:
             if (zo_parse_size(optarg, &o->bs) != 0)
@@ -316,6 +338,23 @@ static int parse_opts(int argc, char **argv, opts *o)
         case OPT_FIO: o->fio = optarg; break;
         case OPT_FIO_IOMEM: o->fio_iomem = optarg; break;
         case OPT_KEEP: o->keep = 1; break;
+        case OPT_STORE: o->through_store = 1; break;
+        case OPT_TENSORS:
+            if (parse_uint(optarg, 1u << 20, &v) != 0 || v == 0)
+                return bad("--tensors %s: must be 1..1048576", optarg);
+            o->tensors = (unsigned)v;
+            break;
+        case OPT_TSIZE:
+            if (zo_parse_size(optarg, &o->tensor_size) != 0 || o->tensor_size == 0 || o->tensor_size > (1ull << 46))
+                return bad("--tensor-size %s: must be a size from 1 byte to 64T", optarg);
+            break;
+        case OPT_CSUM:
+            if (zo_csum_parse(optarg, &o->csum) != 0)
+                return bad("--checksum %s: expected crc32c, xxh3 or none", optarg);
+            if (!zo_csum_available(o->csum))
+                return bad("--checksum %s: not built in (libxxhash missing)", optarg);
+            break;
+        case OPT_NOCSUM: o->csum = ZO_CSUM_NONE; break;
         case OPT_PROGRESS: o->progress = 1; break;
         case OPT_NOPROGRESS: o->progress = 0; break;
         case 'h':
@@ -357,6 +396,21 @@ static int parse_opts(int argc, char **argv, opts *o)
     }
     if (o->progress < 0)
         o->progress = isatty(2) && !o->json;
+    if (o->through_store) {
+        if (o->mix_r || o->sweep)
+            return bad("--through-store runs swap-out then swap-in: no --mixed or --sweep");
+        if (o->req && o->req != o->bs)
+            return bad("--through-store moves one block per request: drop --request-size");
+        if (o->tensors * o->tensor_size / o->tensors != o->tensor_size)
+            return bad("--tensors x --tensor-size overflows");
+        /* swap-in needs what swap-out wrote */
+        o->do_read = o->do_write = 1;
+        /* fio's file per path (for --vs-fio) holds the same bytes in all */
+        if (!size_given) {
+            uint64_t total = (uint64_t)o->tensors * o->tensor_size;
+            o->size = (total / (uint64_t)o->npaths + o->bs - 1) / o->bs * o->bs;
+        }
+    }
     return 0;
 }
 
@@ -608,6 +662,65 @@ typedef struct run {
     int finished;
 } run;
 
+/* ---- --through-store: one swap store and its engine for the whole
+ * program, since swap-in reads what swap-out wrote ----------------------------- */
+typedef struct store_ctx {
+    zo_aio *a;
+    zo_swap *sw;
+    zo_swap_id *ids;
+} store_ctx;
+static store_ctx g_store;
+
+static unsigned ntargets(const opts *o)
+{
+    return o->through_store ? o->tensors : (unsigned)o->npaths;
+}
+
+static uint64_t target_size(const opts *o)
+{
+    return o->through_store ? o->tensor_size : o->size;
+}
+
+static void store_close(void)
+{
+    zo_swap_destroy(&g_store.sw);
+    zo_aio_destroy(&g_store.a);
+    free(g_store.ids);
+    g_store.ids = NULL;
+}
+
+static int store_open(const opts *o, const zo_aio_config *cfg)
+{
+    if (g_store.sw)
+        return 0;
+    int rc = zo_aio_create(&g_store.a, cfg);
+    if (rc)
+        return rc;
+    zo_swap_config sc;
+    zo_swap_config_default(&sc);
+    sc.dirs = o->paths;
+    sc.ndirs = (unsigned)o->npaths;
+    sc.chunk_size = o->bs;
+    sc.checksum = o->csum;
+    sc.keep_files = o->keep;
+    sc.buffered = !o->direct;
+    sc.aio = g_store.a;
+    g_store.ids = calloc(o->tensors, sizeof(*g_store.ids));
+    if (!g_store.ids || (rc = zo_swap_create(&g_store.sw, &sc)) != 0) {
+        store_close();
+        return rc ? rc : -ENOMEM;
+    }
+    for (unsigned i = 0; i < o->tensors; i++) {
+        char name[32];
+        snprintf(name, sizeof(name), "tensor%u", i);
+        if ((rc = zo_swap_alloc(g_store.sw, o->tensor_size, name, &g_store.ids[i])) != 0) {
+            store_close();
+            return rc;
+        }
+    }
+    return 0;
+}
+
 static int op_of(const run *r, uint64_t k)
 {
     if (r->pp->mode >= 0)
@@ -626,6 +739,13 @@ static void finish(run *r)
 }
 
 static void on_done(void *user, int64_t result);
+
+/* A swap store I/O completed (every chunk verified on the way in). */
+static void on_swap_done(void *user, int err)
+{
+    slot *s = user;
+    on_done(user, err < 0 ? (int64_t)err : (int64_t)s->len);
+}
 
 /* The run is over when every request handed out has completed: each
  * completion hands out its successor (issued++) before it counts itself
@@ -652,19 +772,27 @@ static void issue(slot *s, uint64_t k)
 {
     run *r = s->run;
     const opts *o = r->o;
-    uint64_t in_loop = k % (r->per_file * (uint64_t)o->npaths);
+    uint64_t nt = ntargets(o), tsize = target_size(o);
+    uint64_t in_loop = k % (r->per_file * nt);
     s->k = k;
-    s->tgt = (unsigned)(in_loop % (uint64_t)o->npaths);
-    uint64_t j = in_loop / (uint64_t)o->npaths;
+    s->tgt = (unsigned)(in_loop % nt);
+    uint64_t j = in_loop / nt;
     s->off = j * r->pp->req;
-    s->len = (size_t)(o->size - s->off < r->pp->req ? o->size - s->off : r->pp->req);
+    s->len = (size_t)(tsize - s->off < r->pp->req ? tsize - s->off : r->pp->req);
     s->op = op_of(r, k);
     if (s->op == OP_WRITE && r->pp->verify)
         pattern_fill(s->buf, s->len, s->tgt, s->off);
     s->t0 = now_ns();
-    zo_file *f = r->tg[s->tgt].f;
-    int rc = s->op == OP_READ ? zo_aio_read(r->a, f, s->buf, s->len, s->off, on_done, s, NULL)
+    int rc;
+    if (o->through_store) {
+        zo_swap_id id = g_store.ids[s->tgt];
+        rc = s->op == OP_READ ? zo_swap_read(g_store.sw, id, s->off, s->buf, s->len, on_swap_done, s, NULL)
+                              : zo_swap_write(g_store.sw, id, s->off, s->buf, s->len, on_swap_done, s, NULL);
+    } else {
+        zo_file *f = r->tg[s->tgt].f;
+        rc = s->op == OP_READ ? zo_aio_read(r->a, f, s->buf, s->len, s->off, on_done, s, NULL)
                               : zo_aio_write(r->a, f, s->buf, s->len, s->off, on_done, s, NULL);
+    }
     if (rc) {
         fail_run(r, rc, zo_last_error_detail());
         count_completion(r, now_ns());
@@ -686,8 +814,12 @@ static void on_done(void *user, int64_t result)
             int64_t badoff = pattern_check(s->buf, s->len, s->tgt, s->off, s->scratch);
             if (badoff >= 0) {
                 char msg[320];
-                snprintf(msg, sizeof(msg), "verify: %s byte %llu differs from what was written",
-                         r->tg[s->tgt].path, (unsigned long long)(s->off + (uint64_t)badoff));
+                if (r->o->through_store)
+                    snprintf(msg, sizeof(msg), "verify: tensor%u byte %llu differs from what was swapped out", s->tgt,
+                             (unsigned long long)(s->off + (uint64_t)badoff));
+                else
+                    snprintf(msg, sizeof(msg), "verify: %s byte %llu differs from what was written",
+                             r->tg[s->tgt].path, (unsigned long long)(s->off + (uint64_t)badoff));
                 fail_run(r, -EIO, msg);
             }
         }
@@ -782,10 +914,18 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
     cfg.sqpoll = o->sqpoll;
     cfg.register_buffers = o->registered;
     zo_aio *a = NULL;
-    int rc = zo_aio_create(&a, &cfg);
+    int rc = o->through_store ? store_open(o, &cfg) : zo_aio_create(&a, &cfg);
     if (rc) {
-        fprintf(stderr, "zo-aio-bench: cannot create the engine: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+        fprintf(stderr, "zo-aio-bench: cannot create the engine%s: %s (%s)\n",
+                o->through_store ? " or the swap store" : "", zo_strerror(rc), zo_last_error_detail());
+        free(h[0]);
+        free(h[1]);
         return rc == ZO_ECONFIG ? EXIT_USAGE : EXIT_RUN;
+    }
+    zo_aio_stats st0 = {0};
+    if (o->through_store) { /* the engine lives on: count this run only */
+        a = g_store.a;
+        zo_aio_get_stats(a, &st0);
     }
     zo_aio_get_info(a, &res->info);
 
@@ -796,8 +936,8 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
     r.tg = tg;
     r.a = a;
     r.res = res;
-    r.per_file = (o->size + pp->req - 1) / pp->req;
-    r.total = r.per_file * (uint64_t)o->npaths * o->loops;
+    r.per_file = (target_size(o) + pp->req - 1) / pp->req;
+    r.total = r.per_file * (uint64_t)ntargets(o) * o->loops;
     pthread_mutex_init(&r.m, NULL);
     pthread_cond_init(&r.cv, NULL);
 
@@ -811,7 +951,8 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
     size_t stride = (size_t)((pp->req + 4095) & ~4095ull);
     size_t pool_bytes = stride * (size_t)window;
     if (pool_bytes > (8ull << 30)) {
-        zo_aio_destroy(&a);
+        if (!o->through_store)
+            zo_aio_destroy(&a);
         free(h[0]);
         free(h[1]);
         return bad("buffers for %llu requests of %llu bytes exceed 8 GiB: lower --queue-depth/--threads/--request-size",
@@ -825,7 +966,8 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
         pool_free(o, pool);
         free(scratch);
         free(slots);
-        zo_aio_destroy(&a);
+        if (!o->through_store)
+            zo_aio_destroy(&a);
         free(h[0]);
         free(h[1]);
         return fprintf(stderr, "zo-aio-bench: cannot allocate %zu bytes of buffers\n", pool_bytes), EXIT_RUN;
@@ -855,7 +997,7 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
         issue(&slots[i], i);
 
     const char *what = pp->mode < 0 ? "mixed" : op_names[pp->mode];
-    uint64_t total_bytes = o->size * (uint64_t)o->npaths * o->loops;
+    uint64_t total_bytes = target_size(o) * (uint64_t)ntargets(o) * o->loops;
     int shown = 0;
     pthread_mutex_lock(&r.m);
     while (!r.finished) {
@@ -896,7 +1038,16 @@ static int run_one(const opts *o, target *tg, const params *pp, run_res *res)
     if (!res->rc && pp->verify && pp->mode == OP_READ)
         res->verified = res->op[OP_READ].bytes;
     zo_aio_get_stats(a, &res->st);
-    zo_aio_destroy(&a);
+    if (o->through_store) {
+        uint64_t *now = (uint64_t *)&res->st;
+        const uint64_t *before = (const uint64_t *)&st0;
+        for (size_t i = 0; i < sizeof(zo_aio_stats) / sizeof(uint64_t); i++)
+            now[i] -= before[i];
+        if (o->registered)
+            zo_aio_unregister_region(a, pool);
+    } else {
+        zo_aio_destroy(&a);
+    }
     pool_free(o, pool);
     free(scratch);
     free(slots);
@@ -995,6 +1146,20 @@ static void json_config(zo_json *j, const opts *o, const params *pp, const run_r
         zj_obj_end(j);
     }
     zj_arr_end(j);
+    if (o->through_store) {
+        zj_obj_begin(j, "through_store");
+        zj_uint(j, "tensors", o->tensors);
+        zj_uint(j, "tensor_size", o->tensor_size);
+        zj_uint(j, "chunk_size", o->bs);
+        zj_str(j, "checksum", zo_csum_name(o->csum));
+        zj_str(j, "crc32c_variant", zo_crc32c_variant());
+        zo_swap_stats ss;
+        zo_swap_get_stats(g_store.sw, &ss);
+        zj_uint(j, "chunks_verified", ss.chunks_verified);
+        zj_uint(j, "corrupt", ss.corrupt);
+        zj_num(j, "checksum_cpu_s", (double)ss.csum_ns * 1e-9);
+        zj_obj_end(j);
+    }
     zj_obj_end(j);
 }
 
@@ -1025,8 +1190,17 @@ static void print_engine(const opts *o, const params *pp, const run_res *r)
     printf(", %u thread%s, QD %u, block %s, request %s, %s, %s\n", pp->threads, pp->threads > 1 ? "s" : "", pp->qd,
            bs, rq, o->direct ? "O_DIRECT" : "buffered",
            r->registered ? "registered buffers" : o->registered ? "buffers NOT registered" : "unregistered buffers");
-    printf("data:    %d file%s x %s, %u loop%s\n", o->npaths, o->npaths > 1 ? "s" : "", sz, o->loops,
-           o->loops > 1 ? "s" : "");
+    if (o->through_store) {
+        char ts[32];
+        fmt_bytes(ts, sizeof(ts), o->tensor_size);
+        printf("store:   %u tensor%s x %s through zo_swap over %d director%s, chunk %s, checksum %s%s%s, %u loop%s\n",
+               o->tensors, o->tensors > 1 ? "s" : "", ts, o->npaths, o->npaths > 1 ? "ies" : "y", bs,
+               zo_csum_name(o->csum), o->csum == ZO_CSUM_CRC32C ? " " : "",
+               o->csum == ZO_CSUM_CRC32C ? zo_crc32c_variant() : "", o->loops, o->loops > 1 ? "s" : "");
+    } else {
+        printf("data:    %d file%s x %s, %u loop%s\n", o->npaths, o->npaths > 1 ? "s" : "", sz, o->loops,
+               o->loops > 1 ? "s" : "");
+    }
     if (r->segs_per_block > 0)
         printf("buffers: %s, %.1f physical segments per block on average\n",
                o->plain_buffers ? "plain (4 KiB pages)" : "pinned", r->segs_per_block);
@@ -1046,12 +1220,14 @@ static int report_failure(const char *what, const run_res *r)
  * the filesystem and device behind it. */
 static void print_banner(const opts *o, const target *tg, const zo_machine *m, const char *what)
 {
-    printf("zo-aio-bench %s%s%s\n", zo_version_string(), what[0] ? " " : "", what);
+    printf("zo-aio-bench %s%s%s%s\n", zo_version_string(), what[0] ? " " : "", what,
+           o->through_store ? " (zoffload through the swap store)" : "");
     zo_machine_print(m, stdout);
     for (int i = 0; i < o->npaths; i++) {
         char sto[512];
         zo_path_storage(tg[i].path, sto, sizeof(sto));
-        printf("file:    %s (%s)\n", tg[i].path, sto);
+        /* through the store without fio: the swap directories */
+        printf("%s %s (%s)\n", o->through_store && !o->vs_fio ? "dir:    " : "file:   ", tg[i].path, sto);
     }
 }
 
@@ -1153,6 +1329,12 @@ static int cmd_run(const opts *o, target *tg, const zo_machine *m)
             char b[32];
             fmt_bytes(b, sizeof(b), rr[nres - 1].verified);
             printf("verify:  OK, %s read back and checked byte for byte\n", b);
+        }
+        if (o->through_store) {
+            zo_swap_stats ss;
+            zo_swap_get_stats(g_store.sw, &ss);
+            printf("store:   %llu chunks verified on swap-in, %llu corrupt, %.3f s of CPU computing checksums\n",
+                   (unsigned long long)ss.chunks_verified, (unsigned long long)ss.corrupt, (double)ss.csum_ns * 1e-9);
         }
     }
     for (int i = 0; i < nres; i++)
@@ -1449,6 +1631,13 @@ static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
                bs, pp.qd, pp.threads, pp.threads > 1 ? "s" : "", pp.threads > 1 ? "s" : "", sz,
                o->direct ? "direct" : "buffered", o->loops, o->registered ? " --fixedbufs" : "",
                o->fio_iomem ? " --iomem=" : "", o->fio_iomem ? o->fio_iomem : "");
+        if (o->through_store) {
+            char ts[32];
+            fmt_bytes(ts, sizeof(ts), o->tensor_size);
+            printf("store:   %u tensors x %s in swap arenas in the same director%s, checksum %s%s%s\n", o->tensors, ts,
+                   o->npaths > 1 ? "ies" : "y", zo_csum_name(o->csum), o->csum == ZO_CSUM_CRC32C ? " " : "",
+                   o->csum == ZO_CSUM_CRC32C ? zo_crc32c_variant() : "");
+        }
         printf("pairs:   %u, alternating fio, zoffload (GB/s, GB = 10^9 bytes)\n\n", P);
     }
     int rc = 0;
@@ -1616,6 +1805,8 @@ int main(int argc, char **argv)
             snprintf(dir, sizeof(dir), ".");
         if (!is_dir(dir))
             return bad("--path %s: directory %s does not exist", o.paths[i], dir);
+        if (o.through_store)
+            return bad("--path %s: --through-store needs existing directories (for the swap arenas)", o.paths[i]);
         if (o.do_read && !o.do_write && !o.mix_r)
             return bad("--path %s: no such file to read (write it first, or give a directory)", o.paths[i]);
     }
@@ -1625,7 +1816,18 @@ int main(int argc, char **argv)
     memset(tg, 0, sizeof(tg));
     /* read passes need data on disk; a write-only run on a fresh file still
      * wants the extents allocated and written, as a swap file would be */
-    rc = open_targets(&o, tg, 1);
+    if (o.through_store) {
+        for (int i = 0; i < o.npaths; i++)
+            if (!is_dir(o.paths[i]))
+                return bad("--path %s: --through-store needs directories (for the swap arenas)", o.paths[i]);
+    }
+    if (o.through_store && !o.vs_fio) { /* no data file: only the swap arenas */
+        for (int i = 0; i < o.npaths; i++)
+            snprintf(tg[i].path, sizeof(tg[i].path), "%s", o.paths[i]);
+        rc = 0;
+    } else {
+        rc = open_targets(&o, tg, 1);
+    }
     if (!rc) {
         if (o.sweep)
             rc = cmd_sweep(&o, tg, &m);
@@ -1635,5 +1837,6 @@ int main(int argc, char **argv)
             rc = cmd_run(&o, tg, &m);
     }
     close_targets(&o, tg);
+    store_close();
     return rc;
 }

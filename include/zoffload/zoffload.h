@@ -18,5 +18,7 @@
 #include "vec.h"
 #include "dev.h"
 #include "aio.h"
+#include "swap.h"
+#include "store.h"
 
 #endif /* ZOFFLOAD_H */

@@ -519,9 +519,11 @@ static void req_complete(zo_aio *a, zo_aio_req *r)
         if (err == -ECANCELED)
             atomic_fetch_add_explicit(&a->st.cancelled, 1, memory_order_relaxed);
     }
+    /* r may be freed by its waiter (or below) the moment it is marked done,
+     * so keep the region; its reference is dropped only after completion is
+     * published, so a zo_aio_unregister_region() that returns guarantees the
+     * requests that used the region are complete, not merely off the disk. */
     zo__aio_region *reg = r->region;
-    if (reg && atomic_fetch_sub(&reg->refs, 1) == 1)
-        zo__futex_wake(&reg->refs, INT_MAX);
     if (r->cb) {
         /* a failing callback can read the detail (file, offset, length)
          * from zo_last_error_detail() or zo_aio_errmsg() */
@@ -546,6 +548,8 @@ static void req_complete(zo_aio *a, zo_aio_req *r)
         }
         free(r);
     }
+    if (reg && atomic_fetch_sub(&reg->refs, 1) == 1)
+        zo__futex_wake(&reg->refs, INT_MAX);
     if (atomic_fetch_sub(&a->outstanding, 1) == 1 && atomic_load(&a->all_waiters))
         zo__futex_wake(&a->outstanding, INT_MAX);
 }

@@ -191,7 +191,8 @@ ZO_API int zo_aio_get_info(const zo_aio *a, zo_aio_info *info);
  *         answered.
  */
 ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered);
-/** Forget the region that starts at p (waits for requests using it).
+/** Forget the region that starts at p. Waits until every request using it
+ *  has completed (when it returns, zo_aio_test() of those reports done).
  *  @return 0, -EINVAL, -ENOENT if no region starts at p. */
 ZO_API int zo_aio_unregister_region(zo_aio *a, void *p);
 

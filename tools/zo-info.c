@@ -21,6 +21,7 @@ typedef struct {
 /* One line per run-time-dispatched module. */
 static const kernel_entry kernels[] = {
     {"vec", zo_vec_variant},
+    {"crc32c", zo_crc32c_variant},
     {"cpuadam", zo_cpuadam_variant},
 };
 

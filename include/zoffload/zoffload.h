@@ -17,6 +17,9 @@
 #include "topo.h"
 #include "vec.h"
 #include "dev.h"
+#include "aio.h"
+#include "swap.h"
+#include "store.h"
 #include "cpuadam.h"
 
 #endif /* ZOFFLOAD_H */

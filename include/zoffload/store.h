@@ -1,0 +1,350 @@
+/**
+ * @file store.h
+ * @brief The tiered store: decides where every tensor lives (device, pinned
+ *        host, NVMe), moves copies between tiers ahead of need, and keeps
+ *        each tier within its byte budget.
+ *
+ * Tiers and copies
+ *   Every registered tensor has a home tier, where its space is reserved
+ *   for its whole life (the home copy). zo_store_acquire() makes a copy
+ *   resident in the device or host tier and returns its address; the copy
+ *   stays cached after zo_store_release() until the space is needed again,
+ *   when it is evicted (written back home first if it was modified). A copy
+ *   is *absent*, *in flight* (being loaded, or written back) or *resident*;
+ *   zo_store_tensor_info() reports each tier's state and reference count.
+ *
+ * Budgets
+ *   Each tier has a byte budget that is never exceeded: the device and host
+ *   tiers are one allocation each (device memory from zo_dev_malloc(), pinned
+ *   host memory from zo_pinned_alloc()), made at create and carved up by an
+ *   extent allocator; the NVMe tier is a zo_swap. Traffic between NVMe and
+ *   the device flows through a pool of fixed-size pinned slots, allocated
+ *   once, NUMA-local, registered with the aio engine (fixed buffers) and
+ *   the device backend: a tensor larger than the pool streams through it in
+ *   slot-sized pieces, so pinned memory in use never exceeds
+ *   host_bytes + slots * slot_size, whatever the tensor sizes.
+ *
+ * Prefetch
+ *   With trace mode ZO_TRACE_AUTO the store records the order of acquires
+ *   in the first iteration (iterations are delimited by zo_store_step()),
+ *   then keeps fetching ahead of the recorded order, up to `lookahead`
+ *   entries and `prefetch_bytes` bytes not yet used; an iteration whose order
+ *   differs from the trace is recorded and replaces it. Eviction picks the
+ *   copy whose next use in the trace is farthest (LRU without a trace), and
+ *   prefetch never evicts a copy needed sooner than the one it fetches.
+ *   zo_store_prefetch() is an explicit hint with the same rules.
+ *
+ * Streams
+ *   zo_store_stream_open() walks a tensor in slot-sized pieces through
+ *   reserved pool slots with read-ahead and write-behind: the building
+ *   block of an optimizer step that reads (master, m, v) of sub-group i+1
+ *   and i+2 while it updates i and writes i-1 back.
+ *
+ * Thread safety: a zo_store may be used from any number of threads. One
+ * mover thread runs every transfer; completion callbacks only queue events
+ * for it. A stream belongs to one thread at a time.
+ */
+#ifndef ZOFFLOAD_STORE_H
+#define ZOFFLOAD_STORE_H
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct zo_dev;
+struct zo_swap;
+
+typedef enum zo_tier {
+    ZO_TIER_DEVICE = 0, /**< device memory (zo_dev) */
+    ZO_TIER_HOST = 1,   /**< pinned host memory */
+    ZO_TIER_NVME = 2,   /**< the swap store */
+    ZO_TIER_COUNT = 3
+} zo_tier;
+
+/** "device", "host", "nvme"; "?" if invalid. */
+ZO_API const char *zo_tier_name(zo_tier t);
+/** Parse a tier name. -EINVAL if unknown. */
+ZO_API int zo_tier_parse(const char *s, zo_tier *out);
+
+typedef struct zo_store zo_store;
+typedef struct zo_tensor zo_tensor;
+typedef struct zo_store_req zo_store_req;
+typedef struct zo_store_stream zo_store_stream;
+
+/** Trace modes. */
+typedef enum zo_trace_mode {
+    ZO_TRACE_OFF = 0,  /**< no trace: LRU eviction, explicit prefetch only */
+    ZO_TRACE_AUTO = 1, /**< record, replay with prefetch, re-record on change */
+} zo_trace_mode;
+
+typedef struct zo_store_config {
+    size_t struct_size;      /**< sizeof(zo_store_config), set by the defaults function */
+    struct zo_dev *dev;      /**< device backend (not owned); NULL: no device tier */
+    uint64_t device_bytes;   /**< device tier budget (0: no device tier) */
+    uint64_t host_bytes;     /**< pinned host tier budget (0: no host tier) */
+    struct zo_swap *swap;    /**< NVMe tier (not owned); NULL: no NVMe tier */
+    uint64_t nvme_bytes;     /**< NVMe tier budget (0: as much as the swap store gives) */
+    size_t slot_size;        /**< pinned pool slot, a multiple of the swap chunk size; default 4 MiB */
+    unsigned slots;          /**< pool slots; default 8 (0 with no NVMe tier and no device tier is allowed) */
+    int numa_node;           /**< node for pinned memory; -1 (default): the device's node, else none */
+    unsigned pin_flags;      /**< ZO_PIN_* flags for the host tier and the pool; default ZO_PIN_HUGE */
+    zo_trace_mode trace;     /**< default ZO_TRACE_AUTO */
+    unsigned lookahead;      /**< trace entries fetched ahead; default 4 */
+    uint64_t prefetch_bytes; /**< cap on prefetched bytes not yet used, per tier; default: half the tier budget */
+} zo_store_config;
+
+/** Fill *cfg with the defaults above. NULL is ignored. */
+ZO_API void zo_store_config_default(zo_store_config *cfg);
+
+/**
+ * Create a store: allocates the device and host tier arenas and the slot
+ * pool, registers pinned memory with the swap store's aio engine and the
+ * device, starts the mover thread.
+ * @return 0; -EINVAL (out NULL); ZO_ECONFIG (device_bytes without dev,
+ *         slot_size not a multiple of the swap chunk size, no tier at all,
+ *         NVMe without slots...: detail names the field); -ENOMEM
+ *         (pinned or device memory could not be had); ZO_ECUDA; -EAGAIN
+ *         (thread). Blocks (allocates and pins memory).
+ */
+ZO_API int zo_store_create(zo_store **out, const zo_store_config *cfg);
+
+/**
+ * Wait for every transfer, free the tiers, the pool and every tensor
+ * (their handles become invalid). Dirty copies are not written back (call
+ * zo_store_flush() first to keep them in their home tier). Outstanding
+ * requests and streams must have been waited for / closed. NULL ok; clears *s.
+ */
+ZO_API void zo_store_destroy(zo_store **s);
+
+/** The store's last error detail ("" if none). */
+ZO_API const char *zo_store_errmsg(const zo_store *s);
+
+/* ---- tensors ------------------------------------------------------------------ */
+#define ZO_TENSOR_MAX_DIMS 8
+#define ZO_TENSOR_NAME_MAX 255
+
+typedef struct zo_tensor_desc {
+    size_t struct_size;  /**< sizeof(zo_tensor_desc), set by the defaults function */
+    const char *name;    /**< unique, 1..ZO_TENSOR_NAME_MAX bytes; copied */
+    zo_dtype dtype;      /**< default ZO_DTYPE_F32 */
+    unsigned ndim;       /**< 0..ZO_TENSOR_MAX_DIMS */
+    uint64_t shape[ZO_TENSOR_MAX_DIMS];
+    uint64_t bytes;      /**< payload bytes; 0: product of shape x dtype size */
+    zo_tier home;        /**< where its space lives for good; default ZO_TIER_NVME */
+} zo_tensor_desc;
+
+ZO_API void zo_tensor_desc_default(zo_tensor_desc *d);
+
+/**
+ * Register a tensor: reserves its space in the home tier (contents zero).
+ * @return 0; -EINVAL (bad name, bytes 0, shape/bytes mismatch); -EEXIST
+ *         (name taken); ZO_ECONFIG (home tier not configured); ZO_EBUDGET
+ *         (home tier full of home copies and referenced copies); -ENOSPC
+ *         (disk full); -ENOMEM. Blocks (may wait for evictions).
+ */
+ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *d, zo_tensor **out);
+
+/**
+ * Unregister a tensor and free all its copies. *t is cleared. Blocks while
+ * transfers of it (a prefetch, a write-back) finish.
+ * @return 0; -EINVAL; -EBUSY (referenced, being acquired, or streamed).
+ */
+ZO_API int zo_store_unregister(zo_store *s, zo_tensor **t);
+
+/** Find a tensor by name. -ENOENT if none. */
+ZO_API int zo_store_find(zo_store *s, const char *name, zo_tensor **out);
+
+typedef enum zo_copy_state {
+    ZO_COPY_ABSENT = 0,   /**< no copy in that tier */
+    ZO_COPY_INFLIGHT = 1, /**< being loaded or written back */
+    ZO_COPY_RESIDENT = 2, /**< present and current */
+} zo_copy_state;
+
+typedef struct zo_tensor_info {
+    const char *name;    /**< valid while the tensor is registered */
+    zo_dtype dtype;
+    unsigned ndim;
+    uint64_t shape[ZO_TENSOR_MAX_DIMS];
+    uint64_t bytes;
+    zo_tier home;
+    zo_copy_state state[ZO_TIER_COUNT]; /**< per tier */
+    unsigned refs[ZO_TIER_COUNT];       /**< references held per tier */
+    int dirty[ZO_TIER_COUNT];           /**< copy newer than the home copy */
+} zo_tensor_info;
+
+ZO_API int zo_store_tensor_info(zo_store *s, const zo_tensor *t, zo_tensor_info *info);
+
+/* ---- acquire / release ---------------------------------------------------------- */
+#define ZO_ACQ_WRITE (1u << 0)   /**< the caller will modify the copy (it becomes the only current one) */
+#define ZO_ACQ_DISCARD (1u << 1) /**< contents not needed: no load (implies WRITE) */
+
+/**
+ * Make t resident in `tier` (device or host) and take a reference on that
+ * copy. The returned request is a future: wait for it with
+ * zo_store_wait() (which yields the address) or poll with zo_store_test().
+ * The copy cannot be evicted while referenced.
+ *
+ * With ZO_ACQ_WRITE, the other tiers must not hold references (they would
+ * read stale data): -EBUSY otherwise; copies in other tiers become stale
+ * and are dropped. A WRITE future completes once no transfer still reads
+ * the copy (e.g. a write-back).
+ * @return 0 (queued; *out set); -EINVAL (NVMe tier has no address, NULL);
+ *         ZO_ECONFIG (tier not configured); ZO_EBUDGET (the tensor cannot
+ *         fit: referenced and home copies fill the tier); -EBUSY (see
+ *         WRITE; or held for writing in another tier; or a stream is open
+ *         on it); -ENOMEM. Does not block on I/O. Thread-safe.
+ */
+ZO_API int zo_store_acquire(zo_store *s, zo_tensor *t, zo_tier tier, unsigned flags, zo_store_req **out);
+
+/**
+ * Block until the request completes and release it. On success *ptr (may
+ * be NULL) is the copy's address (device pointer for the device tier).
+ * Time blocked is counted as stall time. On failure no reference is held.
+ * @return 0, or the transfer's error (ZO_ECORRUPT, -EIO, ZO_EBUDGET...).
+ */
+ZO_API int zo_store_wait(zo_store *s, zo_store_req *r, void **ptr);
+/** -EBUSY if r is not complete (r stays valid); else as zo_store_wait(). */
+ZO_API int zo_store_test(zo_store *s, zo_store_req *r, void **ptr);
+
+/** Flags for zo_store_release(). */
+#define ZO_REL_WRITEBACK (1u << 0) /**< start writing a modified copy back home now */
+#define ZO_REL_DROP (1u << 1)      /**< free the copy once unreferenced (after write-back) */
+
+/**
+ * Drop a reference taken by a completed acquire.
+ * @return 0; -EINVAL; ZO_ESTATE (no reference held in that tier).
+ */
+ZO_API int zo_store_release(zo_store *s, zo_tensor *t, zo_tier tier, unsigned flags);
+
+/**
+ * Hint that t will be acquired in `tier` soon: loads it in the background
+ * if that fits without evicting anything needed sooner. Never fails for
+ * lack of room (the hint is dropped and counted).
+ * @return 0; -EINVAL; ZO_ECONFIG.
+ */
+ZO_API int zo_store_prefetch(zo_store *s, zo_tensor *t, zo_tier tier);
+
+/**
+ * Write modified copies back to their home tier (t NULL: every tensor) and
+ * wait. Copies stay resident and clean.
+ * @return 0 or the first write-back error. Blocks.
+ */
+ZO_API int zo_store_flush(zo_store *s, zo_tensor *t);
+
+/* ---- trace ------------------------------------------------------------------------ */
+/**
+ * Mark an iteration boundary. The first call ends the recording of the
+ * trace; later calls compare the iteration that ended with the trace and
+ * adopt it if its order differed.
+ * @return 0, -EINVAL.
+ */
+ZO_API int zo_store_step(zo_store *s);
+/** Forget the trace and start recording again (also switches mode). */
+ZO_API int zo_store_set_trace(zo_store *s, zo_trace_mode mode);
+
+/* ---- streams ------------------------------------------------------------------------ */
+#define ZO_STREAM_READ (1u << 0)  /**< load each piece before it is handed out (read-ahead) */
+#define ZO_STREAM_WRITE (1u << 1) /**< write each piece home after zo_store_stream_done() (write-behind) */
+
+/** One slot-sized piece of a stream. */
+typedef struct zo_store_piece {
+    void *host;     /**< pinned slot memory holding the piece */
+    uint64_t off;   /**< offset in the tensor */
+    size_t len;     /**< bytes (0: end of the tensor) */
+    unsigned index; /**< piece number */
+} zo_store_piece;
+
+/**
+ * Open a stream over t: pieces of slot_size bytes, `depth` (>= 1) of them
+ * loaded ahead. Reserves depth+1 slots (depth+2 with WRITE) for its life.
+ * READ loads from the freshest copy wherever it is; WRITE writes each piece
+ * to the home copy and drops cached copies (they would be stale); WRITE
+ * without READ hands out pieces with undefined contents, to be filled.
+ * @return 0; -EINVAL (mode 0, depth 0); ZO_ECONFIG (no pool); -EBUSY (not
+ *         enough unreserved slots; or t referenced / held for writing when
+ *         WRITE); -ENOMEM. Does not block.
+ */
+ZO_API int zo_store_stream_open(zo_store *s, zo_tensor *t, unsigned mode, unsigned depth, zo_store_stream **out);
+/**
+ * Next piece, in order; blocks until it is loaded (stall time counted).
+ * At the end p->len is 0.
+ * @return 0; a load error (ZO_ECORRUPT...); ZO_ESTATE (more pieces held
+ *         than depth: call zo_store_stream_done() first).
+ */
+ZO_API int zo_store_stream_next(zo_store_stream *st, zo_store_piece *p);
+/** Done with a piece: WRITE queues its write-back; the slot is reused after. */
+ZO_API int zo_store_stream_done(zo_store_stream *st, const zo_store_piece *p);
+/** Wait for write-behind, release the slots, free. Returns the first error
+ *  of the stream's transfers. NULL ok; clears *st. */
+ZO_API int zo_store_stream_close(zo_store_stream **st);
+
+/* ---- host copies and checkpoints ------------------------------------------------------ */
+/**
+ * Copy len bytes at offset off of t's current contents (wherever they are)
+ * into dst, through the pool. Blocks. off and len need no alignment.
+ * @return 0, -EINVAL (range), transfer errors.
+ */
+ZO_API int zo_store_read(zo_store *s, zo_tensor *t, uint64_t off, void *dst, size_t len);
+/**
+ * Write len bytes from src at offset off of t (into its home copy; cached
+ * copies are dropped). Unaligned ranges read-modify-write the pieces they
+ * touch. Blocks. @return as zo_store_read(); -EBUSY (t referenced).
+ */
+ZO_API int zo_store_write(zo_store *s, zo_tensor *t, uint64_t off, const void *src, size_t len);
+
+/**
+ * Write a consistent checkpoint of n tensors (n 0 and ts NULL: every
+ * registered tensor) to <root>/<name>, wherever their current copies live,
+ * through the pool (see zo_ckpt_begin() for the format and guarantees).
+ * Writers are kept out while it runs (acquire with ZO_ACQ_WRITE returns
+ * -EBUSY). keep_last as zo_ckpt_options. user_json may be NULL.
+ * @return 0; -EBUSY (a tensor is held for writing); errors of the
+ *         checkpoint writer and of the transfers.
+ */
+ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, zo_tensor *const *ts, unsigned n,
+                               unsigned keep_last, const char *user_json);
+
+/**
+ * Load checkpoint `name` (NULL: latest) of `root` into the registered
+ * tensors of the same names (into their home copies; cached copies are
+ * dropped). Every tensor of the checkpoint must be registered with the same
+ * byte size and dtype, and be unreferenced. Checksums are verified.
+ * @return 0; -ENOENT (checkpoint or tensor missing); ZO_EFORMAT (size or
+ *         dtype mismatch); -EBUSY; ZO_ECORRUPT; errors of zo_ckpt_open().
+ */
+ZO_API int zo_store_restore(zo_store *s, const char *root, const char *name);
+
+/* ---- statistics ---------------------------------------------------------------------- */
+typedef struct zo_store_stats {
+    uint64_t budget[ZO_TIER_COUNT];  /**< configured bytes per tier */
+    uint64_t used[ZO_TIER_COUNT];    /**< bytes held by copies now */
+    uint64_t peak[ZO_TIER_COUNT];    /**< high-water mark of used */
+    uint64_t moved[ZO_TIER_COUNT][ZO_TIER_COUNT]; /**< bytes moved [from][to] */
+    uint64_t demand_bytes;           /**< bytes loaded because an acquire needed them */
+    uint64_t prefetch_bytes;         /**< bytes loaded ahead of need */
+    uint64_t hits, misses;           /**< acquires that found a resident / in-flight copy vs had to load */
+    uint64_t prefetch_issued, prefetch_used, prefetch_dropped, prefetch_wasted; /**< wasted: evicted unused */
+    uint64_t evictions, writebacks, writeback_bytes;
+    uint64_t stalls;                 /**< waits that blocked */
+    uint64_t stall_ns;               /**< time blocked in zo_store_wait / stream_next */
+    uint64_t trace_len, trace_records, trace_mismatches;
+    size_t pool_slots, pool_slot_size;
+    size_t pool_in_use, pool_peak;   /**< slots */
+    uint64_t pinned_bytes;           /**< pinned memory the store holds (host tier + pool) */
+    int pool_locked;                 /**< 1 if the pool is page-locked (else the OS refused: see zo_pinned_stats) */
+    int pool_aio_fixed;              /**< 1 if the pool is registered with the aio engine as fixed buffers */
+    int pool_dev_registered;         /**< 1 if the pool is registered with the device backend */
+    uint64_t frag_failures;          /**< acquires refused although the bytes fit (fragmentation) */
+} zo_store_stats;
+
+ZO_API void zo_store_get_stats(zo_store *s, zo_store_stats *st);
+/** Zero the counters (not the budgets, usage or trace). */
+ZO_API void zo_store_reset_stats(zo_store *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZOFFLOAD_STORE_H */

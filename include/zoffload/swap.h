@@ -1,0 +1,380 @@
+/**
+ * @file swap.h
+ * @brief The NVMe tier: checksums, the swap store (preallocated arena files
+ *        in one or more directories, an extent allocator, async swap in/out
+ *        through the aio engine with a checksum per chunk) and crash-safe
+ *        checkpoints.
+ *
+ * Swap store (zo_swap)
+ *   Each swap directory holds arena files `zo-swap.<pid>.<instance>.<n>`,
+ *   created mode 0600 with O_EXCL | O_NOFOLLOW and reserved on disk with
+ *   fallocate() when they are created or grown, so a full disk fails the
+ *   allocation up front rather than a write half way. An allocation
+ *   (zo_swap_alloc()) is cut into chunks of `chunk_size` bytes; with several
+ *   directories chunk i goes to directory (i mod ndirs), so one tensor is
+ *   striped across every drive. Every chunk written gets a checksum,
+ *   computed on the source buffer while its write is in flight; every
+ *   chunk read is verified in the destination buffer as soon as its read
+ *   completes (on a checksum thread, off the I/O threads), and a mismatch fails the read with ZO_ECORRUPT whose detail
+ *   names the tensor, the byte offset, the arena file and both checksums.
+ *   Arena files are removed by zo_swap_destroy() unless `keep_files` is set.
+ *
+ * Checkpoints (zo_ckpt_*)
+ *   A checkpoint is a directory `<root>/<name>` holding `tensors.bin` (every
+ *   tensor, 4 KiB aligned) and `manifest.json` (names, dtypes, shapes,
+ *   offsets, a CRC32C per chunk, the library version, optional user JSON).
+ *   It is written under a temporary name, every file and the directory are
+ *   fsynced, then it is renamed into place, and `<root>/latest` is replaced
+ *   atomically (write a temporary file, fsync, rename, fsync the root). A
+ *   process killed at any moment leaves the previous checkpoint intact and
+ *   `latest` pointing to a complete checkpoint. Readers validate the
+ *   manifest and verify every chunk they read.
+ *
+ * Thread safety: a zo_swap may be used from any number of threads. A
+ * checkpoint writer or reader belongs to one thread at a time.
+ */
+#ifndef ZOFFLOAD_SWAP_H
+#define ZOFFLOAD_SWAP_H
+
+#include "common.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct zo_aio;
+struct zo_aio_config;
+
+/* ------------------------------------------------------------------------ */
+/** @name Checksums */
+/**@{*/
+typedef enum zo_csum_kind {
+    ZO_CSUM_NONE = 0,   /**< no checksums (reads are not verified) */
+    ZO_CSUM_CRC32C = 1, /**< CRC32C (Castagnoli), SSE4.2 instruction when the CPU has it */
+    ZO_CSUM_XXH3 = 2,   /**< XXH3 64-bit from libxxhash (ZO_ENOTSUP when not built with it) */
+} zo_csum_kind;
+
+/**
+ * CRC32C (Castagnoli polynomial, reflected, init and final XOR ~0) of n
+ * bytes, continuing from `crc` (pass 0 to start; pass a previous result to
+ * continue: zo_crc32c(zo_crc32c(0, a, n), b, m) equals the CRC of a||b).
+ * zo_crc32c(0, "123456789", 9) == 0xe3069283. buf may be NULL when n is 0.
+ * Uses the fastest variant the dispatch mask allows (see cpu.h).
+ * Thread-safe, never fails.
+ */
+ZO_API uint32_t zo_crc32c(uint32_t crc, const void *buf, size_t n);
+
+/** Name of the CRC32C variant the current mask selects: "sse42" or "scalar". */
+ZO_API const char *zo_crc32c_variant(void);
+
+/**
+ * Checksum of n bytes with the given kind, in *out (CRC32C zero-extended).
+ * @return 0; -EINVAL (out NULL, buf NULL with n > 0, unknown kind);
+ *         ZO_ENOTSUP (XXH3 without libxxhash). ZO_CSUM_NONE gives 0.
+ */
+ZO_API int zo_checksum(zo_csum_kind kind, const void *buf, size_t n, uint64_t *out);
+
+/** "none", "crc32c", "xxh3"; "?" for an invalid value. */
+ZO_API const char *zo_csum_name(zo_csum_kind kind);
+/** Parse a name as zo_csum_name() gives it. -EINVAL if unknown. */
+ZO_API int zo_csum_parse(const char *s, zo_csum_kind *out);
+/** 1 if this build can compute `kind`, else 0. */
+ZO_API int zo_csum_available(zo_csum_kind kind);
+/**@}*/
+
+/* ------------------------------------------------------------------------ */
+/** @name Swap store */
+/**@{*/
+typedef struct zo_swap zo_swap;
+typedef struct zo_swap_io zo_swap_io;
+/** Handle of one allocation in a swap store; 0 is never a valid handle. */
+typedef uint64_t zo_swap_id;
+
+#define ZO_SWAP_MAX_DIRS 64
+#define ZO_SWAP_NAME_MAX 255 /**< longest allocation name kept (bytes) */
+
+typedef struct zo_swap_config {
+    size_t struct_size;       /**< sizeof(zo_swap_config), set by the defaults function */
+    const char *const *dirs;  /**< swap directories (required; several = striping); copied */
+    unsigned ndirs;           /**< number of entries in dirs, 1..ZO_SWAP_MAX_DIRS */
+    uint64_t arena_size;      /**< size of one arena file and growth step; default 1 GiB */
+    uint64_t reserve;         /**< bytes to reserve per directory at create (fails early if the disk cannot hold them); default 0 */
+    uint64_t max_bytes;       /**< cap on arena bytes over all directories; 0 = until a disk is full (default) */
+    size_t chunk_size;        /**< stripe unit and checksum granule: power of two >= 4096; default 1 MiB */
+    zo_csum_kind checksum;    /**< default ZO_CSUM_CRC32C */
+    int keep_files;           /**< keep arena files on destroy; default 0 */
+    int buffered;             /**< open arenas without O_DIRECT; default 0 */
+    struct zo_aio *aio;       /**< engine to use (not owned); NULL: create one from aio_cfg */
+    const struct zo_aio_config *aio_cfg; /**< config of the engine created when aio is NULL (NULL = defaults) */
+    unsigned csum_threads;    /**< threads computing and verifying checksums off the I/O and calling threads (0: inline); default 1, max 64 */
+} zo_swap_config;
+
+/** Fill *cfg with the defaults above (dirs NULL). NULL is ignored. */
+ZO_API void zo_swap_config_default(zo_swap_config *cfg);
+
+/**
+ * Create a swap store. Each directory must exist, be a directory (not a
+ * symlink to one: pass the real path), be writable, and, if others may
+ * write to it, have the sticky bit (else a local user could plant files).
+ * Arena files of `reserve` bytes are created at once when reserve > 0.
+ * @return 0; -EINVAL (NULL, no dirs); ZO_ECONFIG (bad chunk size, too
+ *         many dirs, unknown checksum: detail names the field); ZO_ENOTSUP
+ *         (XXH3 without libxxhash); -ENOENT, -ENOTDIR, -ELOOP (symlink),
+ *         -EACCES, -EROFS, -EPERM (world-writable without sticky bit);
+ *         -ENOSPC (reserve does not fit); errors of zo_aio_create();
+ *         -ENOMEM. Blocks (creates files). Thread-safe.
+ */
+ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *cfg);
+
+/**
+ * Wait for all I/O of the store, close and (unless keep_files) remove its
+ * arena files, free everything. NULL ok; clears *s. Handles and
+ * zo_swap_io pointers of the store become invalid.
+ */
+ZO_API void zo_swap_destroy(zo_swap **s);
+
+/** The store's last error detail ("" if none). */
+ZO_API const char *zo_swap_errmsg(const zo_swap *s);
+
+/** The engine the store uses (its own or the one given). */
+ZO_API struct zo_aio *zo_swap_get_aio(zo_swap *s);
+
+/**
+ * Reserve space for `bytes` bytes named `name` (for error messages; copied,
+ * truncated to ZO_SWAP_NAME_MAX). Arenas grow (fallocate) as needed.
+ * Contents read as zeros until written.
+ * @return 0 and *id; -EINVAL (bytes 0, NULL); ZO_EBUDGET (max_bytes would be
+ *         exceeded); -ENOSPC (a disk is full: nothing was written);
+ *         -EFBIG; other -errno of fallocate; -ENOMEM. Blocks when arenas
+ *         grow. Thread-safe.
+ */
+ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_id *id);
+
+/**
+ * Give an allocation's space back (reused by later allocations).
+ * @return 0; -ENOENT (unknown or freed handle); -EBUSY (I/O in flight on it).
+ */
+ZO_API int zo_swap_free(zo_swap *s, zo_swap_id id);
+
+/** Completion callback of a swap I/O: runs on an aio engine thread or one
+ *  of the store's checksum threads once every chunk has completed (and, for
+ *  reads, been verified); err is 0 or the first error. It must not block;
+ *  it may queue more swap I/O. */
+typedef void (*zo_swap_cb)(void *user, int err);
+
+/**
+ * Queue a write of [off, off+len) of allocation `id` from buf ("swap out").
+ * off must be a multiple of the chunk size, and off+len a multiple of it
+ * or the allocation's end, so each chunk's checksum covers the whole chunk.
+ * Each chunk's checksum is computed from buf right after its write is
+ * queued, while the device works, on a checksum thread (in the calling
+ * thread if csum_threads is 0); a chunk counts as written once both are
+ * done. buf
+ * may be any address; buffers aligned to 4096 inside a registered region
+ * (zo_swap_register_memory()) are fastest. buf must stay unchanged until
+ * completion.
+ *
+ * Completion: as zo_aio_write(): out != NULL gives a handle to wait for
+ * (zo_swap_wait()/zo_swap_test()); else cb (may be NULL: then errors are
+ * reported by zo_swap_wait_all()).
+ * @return 0 (queued); -EINVAL (range or alignment, NULL buf, len 0);
+ *         -ENOENT (unknown handle); -ENOMEM. Thread-safe; does not block
+ *         on I/O (it computes the checksums).
+ */
+ZO_API int zo_swap_write(zo_swap *s, zo_swap_id id, uint64_t off, const void *buf, size_t len, zo_swap_cb cb,
+                         void *user, zo_swap_io **out);
+
+/**
+ * Queue a read of [off, off+len) of allocation `id` into buf ("swap in"),
+ * with the same range rules and completion as zo_swap_write(). Chunks never
+ * written are filled with zeros without I/O. Every chunk is verified after
+ * its read; the I/O then completes with ZO_ECORRUPT (detail: tensor name,
+ * byte offset, arena file, file offset, both checksums) on mismatch, or
+ * ZO_ESTATE for a chunk whose last write failed.
+ * @return as zo_swap_write().
+ */
+ZO_API int zo_swap_read(zo_swap *s, zo_swap_id id, uint64_t off, void *buf, size_t len, zo_swap_cb cb, void *user,
+                        zo_swap_io **out);
+
+/** Block until io completes; releases it. Returns 0 or its error (detail in
+ *  zo_last_error_detail()). Only one thread may wait for a given io. */
+ZO_API int zo_swap_wait(zo_swap *s, zo_swap_io *io);
+/** -EBUSY if io is in flight (io stays valid); else as zo_swap_wait(). */
+ZO_API int zo_swap_test(zo_swap *s, zo_swap_io *io);
+/** Wait until no I/O of the store is in flight. Returns 0, or the first
+ *  error of an io nobody waited for (since the last call). */
+ZO_API int zo_swap_wait_all(zo_swap *s);
+
+/**
+ * Register [p, p+n) with the store's aio engine (fixed-buffer I/O), e.g. a
+ * pinned buffer pool. *registered (may be NULL) as zo_aio_register_region().
+ * @return 0 or the zo_aio_register_region() error.
+ */
+ZO_API int zo_swap_register_memory(zo_swap *s, void *p, size_t n, int *registered);
+/** Undo zo_swap_register_memory(p). -ENOENT if unknown. */
+ZO_API int zo_swap_unregister_memory(zo_swap *s, void *p);
+
+typedef struct zo_swap_info {
+    size_t chunk_size;       /**< stripe unit and checksum granule */
+    unsigned ndirs;          /**< swap directories */
+    zo_csum_kind checksum;   /**< checksum in use */
+    uint32_t io_align;       /**< buffer and offset alignment for direct I/O (4096 or more) */
+    int direct;              /**< 1 if the arenas are open with O_DIRECT (0: buffered fallback) */
+    char fallback[128];      /**< why O_DIRECT is not used ("" if it is) */
+} zo_swap_info;
+
+ZO_API int zo_swap_get_info(const zo_swap *s, zo_swap_info *info);
+
+typedef struct zo_swap_stats {
+    uint64_t arena_bytes;       /**< bytes reserved in arena files */
+    uint64_t arena_files;       /**< arena files open */
+    uint64_t allocated_bytes;   /**< bytes held by live allocations (rounded to the alignment) */
+    uint64_t allocations;       /**< live allocations */
+    uint64_t bytes_written, bytes_read; /**< payload bytes swapped out / in */
+    uint64_t chunks_written, chunks_read;
+    uint64_t chunks_verified;   /**< chunks whose checksum was checked on read */
+    uint64_t chunks_zero;       /**< never-written chunks read as zeros */
+    uint64_t corrupt;           /**< checksum mismatches found */
+    uint64_t csum_ns;           /**< time spent computing checksums (all threads) */
+    uint64_t io_errors;         /**< I/O that failed */
+} zo_swap_stats;
+
+ZO_API void zo_swap_get_stats(zo_swap *s, zo_swap_stats *st);
+
+/** Bytes of allocation `id` (0 if unknown). */
+ZO_API uint64_t zo_swap_size(zo_swap *s, zo_swap_id id);
+/**@}*/
+
+/* ------------------------------------------------------------------------ */
+/** @name Checkpoints */
+/**@{*/
+typedef struct zo_ckpt_writer zo_ckpt_writer;
+typedef struct zo_ckpt_reader zo_ckpt_reader;
+
+#define ZO_CKPT_MAX_DIMS 8
+#define ZO_CKPT_NAME_MAX 128       /**< longest checkpoint name */
+#define ZO_CKPT_FORMAT_VERSION 1   /**< manifest format written by this library */
+
+/** One tensor of a checkpoint. */
+typedef struct zo_ckpt_entry {
+    const char *name;       /**< unique in the checkpoint, 1..255 bytes */
+    zo_dtype dtype;
+    unsigned ndim;          /**< 0..ZO_CKPT_MAX_DIMS */
+    uint64_t shape[ZO_CKPT_MAX_DIMS];
+    uint64_t bytes;         /**< payload bytes (> 0) */
+} zo_ckpt_entry;
+
+typedef struct zo_ckpt_options {
+    size_t struct_size;     /**< sizeof(zo_ckpt_options), set by the defaults function */
+    size_t chunk_size;      /**< checksum granule: power of two >= 4096; default 1 MiB */
+    unsigned keep_last;     /**< after commit, delete older checkpoints beyond this many (0 = keep all; default 0) */
+    const char *user_json;  /**< JSON value stored under "user" in the manifest (NULL: none); validated */
+    struct zo_aio *aio;     /**< engine for the data file (not owned); NULL: a private one */
+    int buffered;           /**< write the data file without O_DIRECT; default 0 */
+} zo_ckpt_options;
+
+ZO_API void zo_ckpt_options_default(zo_ckpt_options *o);
+
+/**
+ * Start checkpoint `name` (letters, digits, '.', '_', '-'; not starting with
+ * '.'; at most ZO_CKPT_NAME_MAX) under directory `root` (created if missing,
+ * mode 0700). Leftover temporary directories of dead writers are removed.
+ * Tensors are then declared with zo_ckpt_add() and their data given with
+ * zo_ckpt_put(); zo_ckpt_commit() makes it durable and current.
+ * @return 0; -EINVAL; -EEXIST (a checkpoint of that name exists); ZO_ENOTSUP
+ *         (built without libcjson); ZO_EFORMAT (user_json not valid JSON);
+ *         -errno of mkdir/open; -ENOMEM. Blocks.
+ */
+ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *name, const zo_ckpt_options *opts);
+
+/**
+ * Declare a tensor; *index receives its number (0, 1, ...). Space in the
+ * data file is laid out in declaration order.
+ * @return 0; -EINVAL (bad entry); -EEXIST (duplicate name); ZO_ESTATE
+ *         (data was already put: declare every tensor first); -ENOMEM.
+ */
+ZO_API int zo_ckpt_add(zo_ckpt_writer *w, const zo_ckpt_entry *e, unsigned *index);
+
+/**
+ * Write [off, off+len) of tensor `index` from buf. Pieces may come in any
+ * order but must be chunk-aligned (off a multiple of the chunk size; len a
+ * multiple of it or reaching the tensor's end) and each byte written once.
+ * Checksums are computed as the data goes out. Returns when the data is
+ * written (not yet synced).
+ * @return 0; -EINVAL (range); ZO_ESTATE (already committed/aborted, or
+ *         data already put for that chunk); I/O errors (-ENOSPC...).
+ */
+ZO_API int zo_ckpt_put(zo_ckpt_writer *w, unsigned index, uint64_t off, const void *buf, size_t len);
+
+/**
+ * Make the checkpoint durable and current: every tensor must be complete;
+ * fsync the data, write and fsync the manifest, fsync the directory, rename
+ * it into place, fsync the root, replace `latest` atomically, then prune
+ * (keep_last). The writer is freed in every case; *w is cleared.
+ * @return 0; ZO_ESTATE (a tensor incomplete: nothing is published); I/O
+ *         errors (nothing is published unless the error is in pruning,
+ *         which is only logged).
+ */
+ZO_API int zo_ckpt_commit(zo_ckpt_writer **w);
+
+/** Abandon a checkpoint: remove its temporary directory, free the writer.
+ *  NULL ok; clears *w. */
+ZO_API void zo_ckpt_abort(zo_ckpt_writer **w);
+
+/**
+ * One-call checkpoint of tensors in host memory: begin, add, put, commit.
+ * @param data  data[i] holds entries[i].bytes bytes.
+ * @return as the calls it makes.
+ */
+ZO_API int zo_ckpt_save(const char *root, const char *name, const zo_ckpt_entry *entries, const void *const *data,
+                        unsigned n, const zo_ckpt_options *opts);
+
+/**
+ * Name of the checkpoint `latest` points to, into buf (ZO_CKPT_NAME_MAX+1
+ * bytes suffice). @return 0; -ENOENT (no checkpoint yet); ZO_EFORMAT;
+ * -ERANGE (buf too small); -errno.
+ */
+ZO_API int zo_ckpt_latest(const char *root, char *buf, size_t len);
+
+/**
+ * Open checkpoint `name` (NULL: the one `latest` points to) and validate
+ * its manifest: format, version, field types, sizes, offsets inside the
+ * data file, chunk checksum counts. Opening through `latest` also checks
+ * the manifest's own CRC32C recorded in `latest`.
+ * @return 0; -ENOENT; ZO_EFORMAT (malformed manifest: detail says where);
+ *         ZO_EVERSION (written by a newer format); ZO_ECORRUPT (manifest
+ *         checksum); ZO_ETRUNC (data file shorter than the manifest says);
+ *         ZO_ENOTSUP (no libcjson); -errno; -ENOMEM.
+ */
+ZO_API int zo_ckpt_open(zo_ckpt_reader **out, const char *root, const char *name);
+ZO_API void zo_ckpt_close(zo_ckpt_reader **r);
+
+/** Number of tensors. */
+ZO_API unsigned zo_ckpt_count(const zo_ckpt_reader *r);
+/** Describe tensor i (name valid until close). -EINVAL if out of range. */
+ZO_API int zo_ckpt_get_entry(const zo_ckpt_reader *r, unsigned i, zo_ckpt_entry *e);
+/** Index of the tensor called name. -ENOENT if absent. */
+ZO_API int zo_ckpt_find(const zo_ckpt_reader *r, const char *name, unsigned *index);
+/** The checkpoint's name, library version string and user JSON ("" if none). */
+ZO_API const char *zo_ckpt_name(const zo_ckpt_reader *r);
+ZO_API const char *zo_ckpt_library_version(const zo_ckpt_reader *r);
+ZO_API const char *zo_ckpt_user_json(const zo_ckpt_reader *r);
+/** The checkpoint's chunk size. */
+ZO_API size_t zo_ckpt_chunk_size(const zo_ckpt_reader *r);
+
+/**
+ * Read [off, off+len) of tensor i into buf (chunk-aligned as for put),
+ * verifying every chunk. @return 0; -EINVAL; ZO_ECORRUPT (detail: tensor,
+ * byte offset, checksums); ZO_ETRUNC; -errno.
+ */
+ZO_API int zo_ckpt_read(zo_ckpt_reader *r, unsigned i, uint64_t off, void *buf, size_t len);
+
+/** Read and verify every chunk of every tensor. @return 0 or as zo_ckpt_read(). */
+ZO_API int zo_ckpt_verify(zo_ckpt_reader *r);
+/**@}*/
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZOFFLOAD_SWAP_H */

@@ -1,0 +1,1294 @@
+/* The tiered store: tiers and budgets, the pinned pool, the tensor
+ * registry, copies and their states, acquire / release / prefetch, eviction
+ * and write-back, statistics. Transfers run in mover.c, the trace in
+ * trace.c, streams and checkpoints in stream.c. */
+#include "store/store_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <zoffload/mem.h>
+
+static const char *const tier_names[ZO__NTIERS] = {"device", "host", "nvme"};
+
+ZO_API const char *zo_tier_name(zo_tier t)
+{
+    return (unsigned)t < ZO__NTIERS ? tier_names[t] : "?";
+}
+
+ZO_API int zo_tier_parse(const char *s, zo_tier *out)
+{
+    if (!s || !out)
+        return -EINVAL;
+    for (int i = 0; i < ZO__NTIERS; i++)
+        if (strcmp(s, tier_names[i]) == 0) {
+            *out = (zo_tier)i;
+            return 0;
+        }
+    return ZO_FAIL(NULL, -EINVAL, "unknown tier '%s' (device, host, nvme)", s);
+}
+
+ZO_API void zo_store_config_default(zo_store_config *cfg)
+{
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->struct_size = sizeof(*cfg);
+    cfg->slot_size = 4u << 20;
+    cfg->slots = 16;
+    cfg->numa_node = -1;
+    cfg->pin_flags = ZO_PIN_HUGE;
+    cfg->trace = ZO_TRACE_AUTO;
+    cfg->lookahead = 4;
+}
+
+ZO_API const char *zo_store_errmsg(const zo_store *s)
+{
+    return s ? s->err.msg : "";
+}
+
+ZO_API void zo_tensor_desc_default(zo_tensor_desc *d)
+{
+    if (!d)
+        return;
+    memset(d, 0, sizeof(*d));
+    d->struct_size = sizeof(*d);
+    d->dtype = ZO_DTYPE_F32;
+    d->home = ZO_TIER_NVME;
+}
+
+/* ---- copies ------------------------------------------------------------------------ */
+int zo__store_current(const zo_tensor *t, zo_tier x)
+{
+    return t->c[x].state == C_RESIDENT && t->c[x].ver == t->cur_ver;
+}
+
+/* The only current copy: freeing it would lose the data. */
+static int sole_current(const zo_tensor *t, zo_tier x)
+{
+    if (!zo__store_current(t, x))
+        return 0;
+    for (int y = 0; y < ZO__NTIERS; y++)
+        if (y != (int)x && zo__store_current(t, (zo_tier)y))
+            return 0;
+    return 1;
+}
+
+/* Current copy to load tier x from: the nearest one. */
+static int pick_source(const zo_tensor *t, zo_tier x, zo_tier *src)
+{
+    static const zo_tier pref[ZO__NTIERS][ZO__NTIERS - 1] = {
+        [ZO_TIER_DEVICE] = {ZO_TIER_HOST, ZO_TIER_NVME},
+        [ZO_TIER_HOST] = {ZO_TIER_DEVICE, ZO_TIER_NVME},
+        [ZO_TIER_NVME] = {ZO_TIER_HOST, ZO_TIER_DEVICE},
+    };
+    /* a copy held for writing is changing under the caller's hands: never
+     * a source */
+    int held = 0;
+    for (int i = 0; i < ZO__NTIERS - 1; i++)
+        if (zo__store_current(t, pref[x][i])) {
+            if (t->c[pref[x][i]].write_held) {
+                held = 1;
+                continue;
+            }
+            *src = pref[x][i];
+            return 0;
+        }
+    return held ? -EBUSY : -ENOENT;
+}
+
+int zo__store_freshest(const zo_tensor *t, zo_tier *out)
+{
+    static const zo_tier order[ZO__NTIERS] = {ZO_TIER_HOST, ZO_TIER_DEVICE, ZO_TIER_NVME};
+    for (int i = 0; i < ZO__NTIERS; i++)
+        if (zo__store_current(t, order[i])) {
+            *out = order[i];
+            return 0;
+        }
+    return -ENOENT;
+}
+
+zo__ep zo__store_ep(zo_store *s, zo_tensor *t, zo_tier x)
+{
+    zo__ep e = {0};
+    if (x == ZO_TIER_NVME) {
+        e.kind = EP_NVME;
+        e.sid = t->sid;
+    } else {
+        e.kind = x == ZO_TIER_DEVICE ? EP_DEV : EP_HOST;
+        e.p = t->c[x].ptr;
+    }
+    return e;
+}
+
+static void lru_unlink(zo__tier *tr, zo_tensor *t, zo_tier x)
+{
+    zo__copy *c = &t->c[x];
+    if (c->lprev)
+        c->lprev->c[x].lnext = c->lnext;
+    else if (tr->lru_head == t)
+        tr->lru_head = c->lnext;
+    if (c->lnext)
+        c->lnext->c[x].lprev = c->lprev;
+    c->lprev = c->lnext = NULL;
+}
+
+/* Append at the tail (most recent). O(n) to find the tail keeps the node
+ * small; lists hold the non-home copies of one tier. */
+static void lru_append(zo__tier *tr, zo_tensor *t, zo_tier x)
+{
+    if (!tr->lru_head) {
+        tr->lru_head = t;
+        return;
+    }
+    zo_tensor *q = tr->lru_head;
+    while (q->c[x].lnext)
+        q = q->c[x].lnext;
+    q->c[x].lnext = t;
+    t->c[x].lprev = q;
+}
+
+void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x)
+{
+    zo__copy *c = &t->c[x];
+    zo__tier *tr = &s->tier[x];
+    if (!c->len)
+        return;
+    if (c->prefetched) {
+        tr->prefetched_bytes -= c->len;
+        c->prefetched = 0;
+        s->st.prefetch_wasted++;
+    }
+    zo__ext_free(&tr->ext, c->off, c->len);
+    tr->used -= c->len;
+    if (x == t->home)
+        tr->home_bytes -= c->len;
+    else
+        lru_unlink(tr, t, x);
+    c->state = C_ABSENT;
+    c->len = c->off = 0;
+    c->ptr = NULL;
+    c->drop_after = 0;
+    c->wb_wanted = 0;
+}
+
+/* Free a non-home copy nobody needs: stale, or asked to be dropped and not
+ * the only current copy. */
+void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x)
+{
+    zo__copy *c = &t->c[x];
+    if (x == t->home || c->state != C_RESIDENT || c->refs || c->readers || c->incoming || c->wb_pending ||
+        c->waiters)
+        return;
+    if (c->ver != t->cur_ver || (c->drop_after && !sole_current(t, x))) {
+        s->st.evictions++;
+        zo__store_copy_free(s, t, x);
+    }
+}
+
+/* ---- space ------------------------------------------------------------------------- */
+/* Pick an eviction victim in tier x for tensor `for_t`: unreferenced,
+ * resident, idle. Stale copies first; then the farthest next use (trace)
+ * or the least recently used. A prefetch only takes copies needed later
+ * than its own target (dist). */
+static zo_tensor *pick_victim(zo_store *s, zo_tier x, const zo_tensor *for_t, int prefetch, uint64_t dist,
+                              int *inflight)
+{
+    zo__tier *tr = &s->tier[x];
+    zo_tensor *best = NULL;
+    uint64_t best_score = 0;
+    int have_trace = s->trace_mode == ZO_TRACE_AUTO && !s->recording && s->ntrace;
+    for (zo_tensor *v = tr->lru_head; v; v = v->c[x].lnext) {
+        zo__copy *c = &v->c[x];
+        /* busy, or a write-back that has to wait for another one */
+        if (c->state == C_LOADING || c->readers || c->wb_pending || c->wb_wanted || c->incoming ||
+            v->stream_write || (sole_current(v, x) && v->c[v->home].incoming)) {
+            if (!c->refs)
+                (*inflight)++;
+            continue;
+        }
+        if (v == for_t || c->state != C_RESIDENT || c->refs || c->waiters)
+            continue;
+        if (c->ver != v->cur_ver)
+            return v; /* stale: free, costs nothing */
+        uint64_t score;
+        if (have_trace) {
+            uint64_t d = zo__trace_dist(s, v);
+            if (prefetch && d != ZO__DIST_INF && d <= dist)
+                continue;
+            score = d == ZO__DIST_INF ? UINT64_MAX : d + 1;
+        } else {
+            if (prefetch && c->prefetched)
+                continue; /* a hint does not push out another hint */
+            score = UINT64_MAX - c->lru; /* older is better */
+        }
+        /* prefer clean victims on ties of distance */
+        if (!best || score > best_score || (score == best_score && !sole_current(v, x))) {
+            best = v;
+            best_score = score;
+        }
+    }
+    return best;
+}
+
+static uint64_t pinned_bytes(zo_store *s, zo_tier x)
+{
+    zo__tier *tr = &s->tier[x];
+    uint64_t b = tr->home_bytes;
+    for (zo_tensor *v = tr->lru_head; v; v = v->c[x].lnext)
+        if (v->c[x].refs)
+            b += v->c[x].len;
+    return b;
+}
+
+/* Give t a copy's worth of space in tier x (device/host). 0: c->off/len/ptr
+ * set (state unchanged); -EAGAIN: transfers in flight will free some, wait;
+ * ZO_EBUDGET: it cannot fit (detail set), or a prefetch found no room. */
+int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist)
+{
+    zo__copy *c = &t->c[x];
+    zo__tier *tr = &s->tier[x];
+    if (c->len) /* a stale copy's space: reuse once no transfer reads or fills it */
+        return c->readers || c->incoming ? -EAGAIN : 0;
+    uint64_t need = zo__ext_round(&tr->ext, t->bytes);
+    int started_wb = 0;
+    for (;;) {
+        uint64_t off;
+        if (zo__ext_alloc(&tr->ext, t->bytes, 256, &off) == 0) {
+            c->off = off;
+            c->len = need;
+            c->ptr = tr->base + off;
+            tr->used += need;
+            if (tr->used > tr->peak)
+                tr->peak = tr->used;
+            if (x == t->home)
+                tr->home_bytes += need;
+            else
+                lru_append(tr, t, x);
+            return 0;
+        }
+        int inflight = 0;
+        zo_tensor *v = pick_victim(s, x, t, prefetch, dist, &inflight);
+        if (!v) {
+            if (prefetch)
+                return ZO_EBUDGET;
+            if (inflight || started_wb)
+                return -EAGAIN;
+            break;
+        }
+        if (sole_current(v, x)) {
+            /* dirty: write it home first, free it when that completes */
+            int r = zo__store_start_writeback(s, v, x, 1);
+            if (r < 0)
+                return r;
+            started_wb = 1;
+            continue;
+        }
+        s->st.evictions++;
+        zo__store_copy_free(s, v, x);
+    }
+    uint64_t pinned = pinned_bytes(s, x);
+    if (pinned + need > tr->budget)
+        return ZO_FAIL(&s->err, ZO_EBUDGET,
+                       "%s tier: '%s' needs %llu bytes; %llu of the %llu-byte budget are held by home copies and "
+                       "referenced copies",
+                       zo_tier_name(x), t->name, (unsigned long long)need, (unsigned long long)pinned,
+                       (unsigned long long)tr->budget);
+    s->st.frag_failures++;
+    return ZO_FAIL(&s->err, ZO_EBUDGET,
+                   "%s tier: no contiguous %llu bytes for '%s' (largest free %llu; the free space is fragmented "
+                   "between referenced copies)",
+                   zo_tier_name(x), (unsigned long long)need, t->name,
+                   (unsigned long long)zo__ext_largest(&tr->ext));
+}
+
+/* ---- transfers ---------------------------------------------------------------------- */
+static void set_job_path(zo_store *s, zo__job *j)
+{
+    j->from = zo__store_ep(s, j->t, j->src);
+    j->to = zo__store_ep(s, j->t, j->dst);
+    j->r0 = 0;
+    j->r1 = j->t->bytes;
+    j->next_off = 0;
+    j->via_slot = (j->src == ZO_TIER_NVME && j->dst == ZO_TIER_DEVICE) ||
+                  (j->src == ZO_TIER_DEVICE && j->dst == ZO_TIER_NVME);
+    if (j->via_slot) {
+        unsigned quota = s->nslots - s->reserved;
+        j->piece = s->slot_size;
+        j->max_inflight = ZO_MAX(2u, quota / 2);
+    } else {
+        j->piece = s->slot_size ? ZO_ALIGN_UP((size_t)ZO__DIRECT_PIECE, s->slot_size) : ZO__DIRECT_PIECE;
+        j->max_inflight = ZO__DIRECT_INFLIGHT;
+    }
+}
+
+int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist)
+{
+    zo__copy *c = &t->c[x];
+    zo_tier src;
+    int ps = pick_source(t, x, &src);
+    if (ps == -EBUSY)
+        return prefetch ? -EBUSY
+                        : ZO_FAIL(&s->err, -EBUSY, "store: '%s' is held for writing in another tier", t->name);
+    if (ps < 0)
+        return ZO_FAIL(&s->err, ZO_EINTERNAL, "store: '%s' has no current copy to load from", t->name);
+    if (src == ZO_TIER_NVME && x == ZO_TIER_DEVICE && !s->nslots)
+        return ZO_FAIL(&s->err, ZO_ECONFIG, "store: NVMe to device needs pool slots (slots = 0)");
+    int r = zo__store_space(s, t, x, prefetch, dist);
+    if (r < 0)
+        return r;
+    zo__job *j = zo__job_new(s, JOB_LOAD, t);
+    if (!j)
+        return -ENOMEM;
+    c->state = C_LOADING;
+    c->ver = t->cur_ver;
+    c->prefetched = prefetch;
+    if (prefetch) {
+        s->tier[x].prefetched_bytes += c->len;
+        s->st.prefetch_issued++;
+    }
+    t->c[src].readers++;
+    j->src = src;
+    j->dst = x;
+    j->ver = t->cur_ver;
+    j->prefetch = prefetch;
+    if (prefetch) {
+        j->pf_bytes = c->len;
+        s->tier[x].prefetch_inflight += c->len;
+    }
+    set_job_path(s, j);
+    zo__job_pump(s, j);
+    return 0;
+}
+
+int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop)
+{
+    zo__copy *c = &t->c[x];
+    if (x == t->home || !zo__store_current(t, x) || zo__store_current(t, t->home)) {
+        c->wb_wanted = 0;
+        return 0;
+    }
+    if (c->write_held || t->stream_write || t->c[t->home].incoming) {
+        /* still being modified, or another write-back is landing in the
+         * home copy: start when that ends */
+        c->wb_wanted = 1;
+        c->drop_after |= drop;
+        return 0;
+    }
+    if (c->wb_pending) {
+        c->drop_after |= drop;
+        return 0;
+    }
+    if (x == ZO_TIER_DEVICE && t->home == ZO_TIER_NVME && !s->nslots)
+        return ZO_FAIL(&s->err, ZO_ECONFIG, "store: device to NVMe needs pool slots (slots = 0)");
+    zo__job *j = zo__job_new(s, JOB_WRITEBACK, t);
+    if (!j)
+        return -ENOMEM;
+    c->readers++;
+    c->wb_pending = 1;
+    c->wb_wanted = 0;
+    c->drop_after |= drop;
+    t->c[t->home].incoming++;
+    t->wb_count++;
+    j->src = x;
+    j->dst = t->home;
+    j->ver = c->ver;
+    set_job_path(s, j);
+    zo__job_pump(s, j);
+    return 0;
+}
+
+/* ---- requests ------------------------------------------------------------------------ */
+static void req_unlink(zo__copy *c, zo_store_req *r)
+{
+    for (zo_store_req **pp = &c->waiters; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    r->next = NULL;
+}
+
+static void req_complete(zo_store *s, zo_store_req *r, int err, const char *detail)
+{
+    zo__copy *c = &r->t->c[r->tier];
+    req_unlink(c, r);
+    r->done = 1;
+    r->err = err;
+    if (err < 0) {
+        snprintf(r->detail, sizeof(r->detail), "%s", detail ? detail : zo_strerror(err));
+        c->refs--;
+        if (!c->refs)
+            c->write_held = 0;
+    } else {
+        r->ptr = c->ptr;
+    }
+    pthread_cond_broadcast(&s->cond);
+}
+
+/* A write acquire takes effect: this copy becomes the only current one. */
+static void make_writer(zo_store *s, zo_tensor *t, zo_tier x)
+{
+    t->cur_ver++;
+    t->c[x].ver = t->cur_ver;
+    if (t->c[x].prefetched) {
+        s->tier[x].prefetched_bytes -= t->c[x].len;
+        t->c[x].prefetched = 0;
+    }
+    for (int y = 0; y < ZO__NTIERS; y++)
+        if (y != (int)x)
+            zo__store_maybe_free(s, t, (zo_tier)y);
+}
+
+static void park(zo_store *s, zo_store_req *r)
+{
+    req_unlink(&r->t->c[r->tier], r);
+    r->parked = 1;
+    zo_store_req **pp = &s->tier[r->tier].parked;
+    while (*pp)
+        pp = &(*pp)->next;
+    *pp = r;
+}
+
+/* Move the waiters of t's copy in tier x forward: complete those whose copy
+ * is ready, start the load the others need, park them if space must be
+ * freed first. */
+void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x)
+{
+    zo__copy *c = &t->c[x];
+    zo_store_req *r = c->waiters;
+    while (r) {
+        zo_store_req *next = r->next;
+        if (c->state == C_RESIDENT && c->ver == t->cur_ver) {
+            if (!(r->flags & ZO_ACQ_WRITE)) {
+                req_complete(s, r, 0, NULL);
+            } else if (!c->readers && !c->incoming) {
+                make_writer(s, t, x);
+                req_complete(s, r, 0, NULL);
+            }
+        } else if (c->state != C_LOADING) {
+            int e;
+            if (r->flags & ZO_ACQ_DISCARD) {
+                e = zo__store_space(s, t, x, 0, 0);
+                if (e == 0) {
+                    c->state = C_RESIDENT;
+                    c->ver = t->cur_ver;
+                    continue; /* completes on the next pass of this waiter */
+                }
+            } else {
+                e = zo__store_start_load(s, t, x, 0, 0);
+                if (e == 0) {
+                    s->st.misses += r->demand ? 0 : 1;
+                    r->demand = 1;
+                }
+            }
+            if (e == -EAGAIN)
+                park(s, r);
+            else if (e < 0)
+                req_complete(s, r, e, s->err.msg);
+        }
+        r = next;
+    }
+}
+
+void zo__store_retry_parked(zo_store *s)
+{
+    for (int x = 0; x < ZO__NTIERS; x++) {
+        zo_store_req *list = s->tier[x].parked;
+        s->tier[x].parked = NULL;
+        while (list) {
+            zo_store_req *r = list;
+            list = r->next;
+            r->parked = 0;
+            zo__copy *c = &r->t->c[r->tier];
+            r->next = c->waiters;
+            c->waiters = r;
+            zo__store_settle(s, r->t, r->tier);
+        }
+    }
+}
+
+/* A load or write-back finished (mover thread, lock held). */
+void zo__store_job_done(zo_store *s, zo__job *j)
+{
+    zo_tensor *t = j->t;
+    zo__copy *src = &t->c[j->src], *dst = &t->c[j->dst];
+    src->readers--;
+    s->tier[j->dst].prefetch_inflight -= j->pf_bytes;
+    if (j->kind == JOB_LOAD) {
+        if (j->err) {
+            ZO_FAIL(&s->err, j->err, "store: loading '%s' into the %s tier from %s failed: %s", t->name,
+                    zo_tier_name(j->dst), zo_tier_name(j->src), j->detail);
+            if (dst->prefetched) {
+                s->tier[j->dst].prefetched_bytes -= dst->len;
+                dst->prefetched = 0;
+            }
+            zo__store_copy_free(s, t, j->dst);
+            while (dst->waiters)
+                req_complete(s, dst->waiters, j->err, s->err.msg);
+        } else {
+            dst->state = C_RESIDENT;
+            s->st.moved[j->src][j->dst] += t->bytes;
+            if (j->prefetch)
+                s->st.prefetch_bytes += t->bytes;
+            else
+                s->st.demand_bytes += t->bytes;
+            zo__store_settle(s, t, j->dst);
+            zo__store_maybe_free(s, t, j->dst); /* loaded a version already replaced */
+        }
+    } else {
+        src->wb_pending = 0;
+        dst->incoming--;
+        t->wb_count--;
+        if (j->err) {
+            src->drop_after = 0; /* the only current copy: keep it */
+            if (!t->wb_err) {
+                t->wb_err = j->err;
+                snprintf(t->wb_detail, sizeof(t->wb_detail), "writing '%s' back to %s failed: %s", t->name,
+                         zo_tier_name(j->dst), j->detail);
+            }
+            ZO_FAIL(&s->err, j->err, "store: %s", t->wb_detail);
+        } else {
+            if (j->ver > dst->ver)
+                dst->ver = j->ver;
+            s->st.moved[j->src][j->dst] += t->bytes;
+            s->st.writebacks++;
+            s->st.writeback_bytes += t->bytes;
+        }
+    }
+    zo__store_maybe_free(s, t, j->src);
+    zo__store_settle(s, t, j->src);
+    if (j->kind == JOB_WRITEBACK) {
+        zo__store_settle(s, t, j->dst);
+        /* write-backs that waited for this one */
+        for (int y = 0; y < ZO__NTIERS; y++)
+            if (t->c[y].wb_wanted && !t->c[y].write_held && !dst->incoming)
+                zo__store_start_writeback(s, t, (zo_tier)y, t->c[y].drop_after);
+    }
+    pthread_cond_broadcast(&s->cond);
+}
+
+/* ---- create / destroy ------------------------------------------------------------------ */
+static void tensor_free(zo_tensor *t)
+{
+    if (!t)
+        return;
+    free(t->tpos);
+    free(t->name);
+    free(t);
+}
+
+ZO_API void zo_store_destroy(zo_store **sp)
+{
+    if (!sp || !*sp)
+        return;
+    zo_store *s = *sp;
+    pthread_mutex_lock(&s->lock);
+    while (s->jobs_active)
+        pthread_cond_wait(&s->cond, &s->lock);
+    pthread_mutex_unlock(&s->lock);
+    zo__mover_stop(s);
+    while (s->tensors) {
+        zo_tensor *t = s->tensors;
+        s->tensors = t->next;
+        if (t->sid)
+            zo_swap_free(s->swap, t->sid);
+        tensor_free(t);
+    }
+    zo__trace_free(s);
+    for (int x = 0; x < ZO__NTIERS; x++) {
+        zo_store_req *r = s->tier[x].parked;
+        while (r) { /* never waited for: the caller broke the contract; do not leak */
+            zo_store_req *n = r->next;
+            free(r);
+            r = n;
+        }
+        zo__ext_fini(&s->tier[x].ext);
+    }
+    if (s->h2d) {
+        int e = zo_stream_sync(s->h2d);
+        if (e < 0)
+            ZO_LOGW("store: device copies reported %s at shutdown", zo_strerror(e));
+    }
+    zo_stream_destroy(&s->h2d);
+    zo_stream_destroy(&s->d2h);
+    if (s->tier[ZO_TIER_DEVICE].base)
+        zo_dev_free(s->dev, s->tier[ZO_TIER_DEVICE].base);
+    if (s->tier[ZO_TIER_HOST].base) {
+        if (s->swap)
+            zo_swap_unregister_memory(s->swap, s->tier[ZO_TIER_HOST].base);
+        zo_pinned_free(s->tier[ZO_TIER_HOST].base);
+    }
+    if (s->pool) {
+        if (s->swap)
+            zo_swap_unregister_memory(s->swap, s->pool);
+        zo_pinned_free(s->pool);
+    }
+    free(s->free_slots);
+    pthread_mutex_destroy(&s->lock);
+    pthread_cond_destroy(&s->cond);
+    free(s);
+    *sp = NULL;
+}
+
+static int pinned_region(zo_store *s, size_t n, uint8_t **out, const char *what, int *locked, int *fixed,
+                         int *devreg)
+{
+    zo_pin_opts o;
+    zo_pin_opts_default(&o);
+    o.numa_node = s->cfg.numa_node;
+    o.flags = s->cfg.pin_flags;
+    o.dev = s->dev;
+    void *p;
+    int r = zo_pinned_alloc(&p, n, &o);
+    if (r < 0)
+        return ZO_FAIL(&s->err, r, "store: cannot allocate %zu bytes of pinned memory for the %s: %s", n, what,
+                       zo_last_error_detail());
+    zo_pinned_info pi;
+    if (zo_pinned_query(p, &pi) == 0) {
+        *locked = (pi.flags & ZO_PIN_LOCKED) != 0;
+        *devreg = (pi.flags & ZO_PIN_DEV_REGISTERED) != 0;
+    }
+    if (!*locked)
+        ZO_LOGW("store: the %s (%zu bytes) is not page-locked (see zo_pinned_stats): transfers will be slower", what,
+                n);
+    if (s->swap) {
+        int reg = 0;
+        r = zo_swap_register_memory(s->swap, p, n, &reg);
+        *fixed = reg;
+        if (r < 0) {
+            zo_pinned_free(p);
+            return ZO_FAIL(&s->err, r, "store: registering the %s with the aio engine failed: %s", what,
+                           zo_strerror(r));
+        }
+    }
+    s->st.pinned_bytes += n;
+    *out = p;
+    return 0;
+}
+
+ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
+{
+    if (!out)
+        return ZO_FAIL(NULL, -EINVAL, "zo_store_create: out is NULL");
+    *out = NULL;
+    zo_store_config cfg;
+    zo_store_config_default(&cfg);
+    if (ucfg) {
+        if (ucfg->struct_size < offsetof(zo_store_config, device_bytes) || ucfg->struct_size > sizeof(cfg))
+            return ZO_FAIL(NULL, ZO_ECONFIG, "zo_store_create: struct_size %zu is not that of a zo_store_config",
+                           ucfg->struct_size);
+        memcpy(&cfg, ucfg, ucfg->struct_size);
+        cfg.struct_size = sizeof(cfg);
+    }
+    if (cfg.device_bytes && !cfg.dev)
+        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_store_create: device_bytes set without a device (dev)");
+    if (!cfg.device_bytes && !cfg.host_bytes && !cfg.swap)
+        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_store_create: no tier configured (device_bytes, host_bytes, swap)");
+    if (cfg.trace != ZO_TRACE_OFF && cfg.trace != ZO_TRACE_AUTO)
+        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_store_create: unknown trace mode %d", (int)cfg.trace);
+    size_t chunk = 0;
+    if (cfg.swap) {
+        zo_swap_info si;
+        zo_swap_get_info(cfg.swap, &si);
+        chunk = si.chunk_size;
+    }
+    if (cfg.slots) {
+        size_t gran = chunk ? chunk : 4096;
+        if (cfg.slot_size == 0 || cfg.slot_size % gran || cfg.slot_size > (1u << 30))
+            return ZO_FAIL(NULL, ZO_ECONFIG,
+                           "zo_store_create: slot_size %zu must be a positive multiple of %zu (the swap chunk "
+                           "size, or 4096) up to 1 GiB",
+                           cfg.slot_size, gran);
+        if (cfg.slots > 65536)
+            return ZO_FAIL(NULL, ZO_ECONFIG, "zo_store_create: slots %u is absurd", cfg.slots);
+    } else if (cfg.swap && cfg.device_bytes) {
+        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_store_create: NVMe and device tiers need pool slots (slots = 0)");
+    }
+    if (cfg.lookahead > 4096)
+        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_store_create: lookahead %u is absurd", cfg.lookahead);
+
+    zo_store *s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    s->cfg = cfg;
+    s->dev = cfg.dev;
+    s->swap = cfg.swap;
+    s->chunk = chunk;
+    s->trace_mode = cfg.trace;
+    s->recording = 1;
+    pthread_mutex_init(&s->lock, NULL);
+    pthread_cond_init(&s->cond, NULL);
+    int r = 0;
+    if (s->cfg.numa_node == -1 && s->dev) {
+        zo_dev_info di;
+        if (zo_dev_get_info(s->dev, &di) == 0 && di.numa_node >= 0)
+            s->cfg.numa_node = di.numa_node;
+    }
+    for (int x = 0; x < ZO__NTIERS; x++)
+        zo__ext_init(&s->tier[x].ext, 0, 4096);
+    if (cfg.device_bytes) {
+        void *p;
+        if ((r = zo_dev_malloc(s->dev, &p, (size_t)cfg.device_bytes)) < 0) {
+            ZO_FAIL(&s->err, r, "store: cannot allocate the %llu-byte device tier: %s",
+                    (unsigned long long)cfg.device_bytes, zo_dev_errmsg(s->dev));
+            goto fail;
+        }
+        s->tier[ZO_TIER_DEVICE].base = p;
+        if ((r = zo_stream_create(s->dev, &s->h2d)) < 0 || (r = zo_stream_create(s->dev, &s->d2h)) < 0)
+            goto fail;
+        zo__ext_fini(&s->tier[ZO_TIER_DEVICE].ext);
+        if ((r = zo__ext_init(&s->tier[ZO_TIER_DEVICE].ext, cfg.device_bytes, 256)) < 0)
+            goto fail;
+        s->tier[ZO_TIER_DEVICE].budget = cfg.device_bytes;
+        s->have[ZO_TIER_DEVICE] = 1;
+    }
+    if (cfg.host_bytes) {
+        uint8_t *p;
+        int lk = 0, fx = 0, dr = 0;
+        if ((r = pinned_region(s, (size_t)cfg.host_bytes, &p, "host tier", &lk, &fx, &dr)) < 0)
+            goto fail;
+        s->tier[ZO_TIER_HOST].base = p;
+        zo__ext_fini(&s->tier[ZO_TIER_HOST].ext);
+        if ((r = zo__ext_init(&s->tier[ZO_TIER_HOST].ext, cfg.host_bytes, 4096)) < 0)
+            goto fail;
+        s->tier[ZO_TIER_HOST].budget = cfg.host_bytes & ~4095ull;
+        s->have[ZO_TIER_HOST] = 1;
+    }
+    if (cfg.swap) {
+        s->tier[ZO_TIER_NVME].budget = cfg.nvme_bytes ? cfg.nvme_bytes : UINT64_MAX;
+        s->have[ZO_TIER_NVME] = 1;
+    }
+    if (cfg.slots) {
+        s->slot_size = cfg.slot_size;
+        s->nslots = cfg.slots;
+        if ((r = pinned_region(s, cfg.slot_size * (size_t)cfg.slots, &s->pool, "slot pool", &s->st.pool_locked,
+                               &s->st.pool_aio_fixed, &s->st.pool_dev_registered)) < 0)
+            goto fail;
+        s->free_slots = malloc(cfg.slots * sizeof(unsigned));
+        if (!s->free_slots) {
+            r = -ENOMEM;
+            goto fail;
+        }
+        for (unsigned i = 0; i < cfg.slots; i++)
+            s->free_slots[i] = cfg.slots - 1 - i;
+        s->nfree = cfg.slots;
+    }
+    if ((r = zo__mover_start(s)) < 0)
+        goto fail;
+    *out = s;
+    return 0;
+fail:
+    if (r < 0)
+        zo__fail(NULL, r, ZO_MODULE, "%s", s->err.msg[0] ? s->err.msg : zo_strerror(r));
+    zo_store_destroy(&s);
+    return r;
+}
+
+/* ---- registry ------------------------------------------------------------------------- */
+static zo_tensor *find_locked(zo_store *s, const char *name)
+{
+    for (zo_tensor *t = s->tensors; t; t = t->next)
+        if (strcmp(t->name, name) == 0)
+            return t;
+    return NULL;
+}
+
+ZO_API int zo_store_find(zo_store *s, const char *name, zo_tensor **out)
+{
+    if (!s || !name || !out)
+        return -EINVAL;
+    pthread_mutex_lock(&s->lock);
+    *out = find_locked(s, name);
+    pthread_mutex_unlock(&s->lock);
+    return *out ? 0 : -ENOENT;
+}
+
+ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **out)
+{
+    if (!s || !ud || !out)
+        return ZO_FAIL(s ? &s->err : NULL, -EINVAL, "zo_store_register: NULL argument");
+    *out = NULL;
+    zo_tensor_desc d;
+    zo_tensor_desc_default(&d);
+    if (ud->struct_size < offsetof(zo_tensor_desc, home) + sizeof(ud->home) || ud->struct_size > sizeof(d))
+        return ZO_FAIL(&s->err, ZO_ECONFIG, "zo_store_register: struct_size %zu invalid", ud->struct_size);
+    memcpy(&d, ud, ud->struct_size);
+    if (!d.name || !*d.name || strlen(d.name) > ZO_TENSOR_NAME_MAX)
+        return ZO_FAIL(&s->err, -EINVAL, "zo_store_register: a name of 1..%d bytes is required", ZO_TENSOR_NAME_MAX);
+    size_t esz = zo_dtype_size(d.dtype);
+    if (!esz || d.ndim > ZO_TENSOR_MAX_DIMS)
+        return ZO_FAIL(&s->err, -EINVAL, "zo_store_register: '%s': invalid dtype or ndim %u", d.name, d.ndim);
+    uint64_t nel = 1;
+    for (unsigned i = 0; i < d.ndim; i++)
+        if (__builtin_mul_overflow(nel, d.shape[i], &nel))
+            return ZO_FAIL(&s->err, -EINVAL, "zo_store_register: '%s': shape overflows", d.name);
+    uint64_t sbytes;
+    if (__builtin_mul_overflow(nel, (uint64_t)esz, &sbytes))
+        return ZO_FAIL(&s->err, -EINVAL, "zo_store_register: '%s': shape overflows", d.name);
+    uint64_t bytes = d.bytes ? d.bytes : (d.ndim ? sbytes : 0);
+    if (bytes == 0 || (d.ndim && d.bytes && d.bytes != sbytes))
+        return ZO_FAIL(&s->err, -EINVAL, "zo_store_register: '%s': bytes %llu vs shape x dtype %llu", d.name,
+                       (unsigned long long)d.bytes, (unsigned long long)sbytes);
+    if ((unsigned)d.home >= ZO__NTIERS || !s->have[d.home])
+        return ZO_FAIL(&s->err, ZO_ECONFIG, "zo_store_register: '%s': home tier %s is not configured", d.name,
+                       zo_tier_name(d.home));
+    zo_tensor *t = calloc(1, sizeof(*t));
+    if (!t || !(t->name = strdup(d.name))) {
+        free(t);
+        return -ENOMEM;
+    }
+    t->desc = d;
+    t->desc.name = t->name;
+    t->desc.bytes = bytes;
+    t->bytes = bytes;
+    t->home = d.home;
+    t->cur_ver = 1;
+    int r = 0;
+    pthread_mutex_lock(&s->lock);
+    if (find_locked(s, d.name)) {
+        pthread_mutex_unlock(&s->lock);
+        tensor_free(t);
+        return ZO_FAIL(&s->err, -EEXIST, "zo_store_register: '%s' is registered already", d.name);
+    }
+    if (d.home == ZO_TIER_NVME) {
+        zo__tier *tr = &s->tier[ZO_TIER_NVME];
+        t->nvme_len = ZO_ALIGN_UP(bytes, (uint64_t)4096);
+        if (t->nvme_len > tr->budget - tr->used) {
+            pthread_mutex_unlock(&s->lock);
+            tensor_free(t);
+            return ZO_FAIL(&s->err, ZO_EBUDGET, "zo_store_register: '%s' (%llu bytes) exceeds the NVMe budget "
+                           "(%llu of %llu used)", d.name, (unsigned long long)bytes, (unsigned long long)tr->used,
+                           (unsigned long long)tr->budget);
+        }
+        tr->used += t->nvme_len;
+        tr->home_bytes += t->nvme_len;
+        if (tr->used > tr->peak)
+            tr->peak = tr->used;
+        pthread_mutex_unlock(&s->lock);
+        r = zo_swap_alloc(s->swap, bytes, d.name, &t->sid);
+        pthread_mutex_lock(&s->lock);
+        if (r < 0) {
+            tr->used -= t->nvme_len;
+            tr->home_bytes -= t->nvme_len;
+            ZO_FAIL(&s->err, r, "%s", zo_swap_errmsg(s->swap));
+            pthread_mutex_unlock(&s->lock);
+            tensor_free(t);
+            return r;
+        }
+        t->c[ZO_TIER_NVME].state = C_RESIDENT;
+        t->c[ZO_TIER_NVME].ver = 1;
+    } else {
+        while ((r = zo__store_space(s, t, d.home, 0, 0)) == -EAGAIN)
+            pthread_cond_wait(&s->cond, &s->lock);
+        if (r < 0) {
+            pthread_mutex_unlock(&s->lock);
+            tensor_free(t);
+            return r;
+        }
+        t->c[d.home].state = C_RESIDENT;
+        t->c[d.home].ver = 1;
+    }
+    if (find_locked(s, d.name)) { /* registered meanwhile by another thread */
+        if (t->sid)
+            zo_swap_free(s->swap, t->sid);
+        else
+            zo__store_copy_free(s, t, d.home);
+        if (d.home == ZO_TIER_NVME) {
+            s->tier[ZO_TIER_NVME].used -= t->nvme_len;
+            s->tier[ZO_TIER_NVME].home_bytes -= t->nvme_len;
+        }
+        pthread_mutex_unlock(&s->lock);
+        tensor_free(t);
+        return ZO_FAIL(&s->err, -EEXIST, "zo_store_register: '%s' is registered already", d.name);
+    }
+    pthread_mutex_unlock(&s->lock);
+    /* zero the home copy (NVMe chunks never written read as zeros) */
+    if (d.home == ZO_TIER_HOST) {
+        memset(t->c[ZO_TIER_HOST].ptr, 0, bytes);
+    } else if (d.home == ZO_TIER_DEVICE) {
+        r = zo_memset_async(s->h2d, t->c[ZO_TIER_DEVICE].ptr, 0, bytes);
+        if (r == 0)
+            r = zo_stream_sync(s->h2d);
+        if (r < 0) {
+            pthread_mutex_lock(&s->lock);
+            zo__store_copy_free(s, t, d.home);
+            pthread_mutex_unlock(&s->lock);
+            tensor_free(t);
+            return ZO_FAIL(&s->err, r, "zo_store_register: zeroing '%s' on the device failed", d.name);
+        }
+    }
+    pthread_mutex_lock(&s->lock);
+    t->next = s->tensors;
+    if (s->tensors)
+        s->tensors->prev = t;
+    s->tensors = t;
+    s->ntensors++;
+    pthread_mutex_unlock(&s->lock);
+    *out = t;
+    return 0;
+}
+
+int zo__tensor_busy(const zo_tensor *t)
+{
+    if (t->streams || t->wb_count)
+        return 1;
+    for (int x = 0; x < ZO__NTIERS; x++) {
+        const zo__copy *c = &t->c[x];
+        if (c->refs || c->readers || c->incoming || c->waiters || c->state == C_LOADING)
+            return 1;
+    }
+    return 0;
+}
+
+ZO_API int zo_store_unregister(zo_store *s, zo_tensor **tp)
+{
+    if (!s || !tp || !*tp)
+        return -EINVAL;
+    zo_tensor *t = *tp;
+    pthread_mutex_lock(&s->lock);
+    for (;;) {
+        int held = t->streams;
+        for (int x = 0; x < ZO__NTIERS; x++)
+            held |= t->c[x].refs || t->c[x].waiters;
+        if (held) {
+            pthread_mutex_unlock(&s->lock);
+            return ZO_FAIL(&s->err, -EBUSY, "zo_store_unregister: '%s' is referenced or streamed", t->name);
+        }
+        if (!zo__tensor_busy(t))
+            break;
+        t->dying = 1; /* no new prefetch of it while its transfers finish */
+        zo__trace_forget_tensor(s, t);
+        pthread_cond_wait(&s->cond, &s->lock);
+    }
+    t->dying = 0;
+    for (int x = 0; x < ZO__NTIERS; x++)
+        if (x != ZO_TIER_NVME)
+            zo__store_copy_free(s, t, (zo_tier)x);
+    if (t->home == ZO_TIER_NVME) {
+        s->tier[ZO_TIER_NVME].used -= t->nvme_len;
+        s->tier[ZO_TIER_NVME].home_bytes -= t->nvme_len;
+        zo_swap_free(s->swap, t->sid);
+    }
+    zo__trace_forget_tensor(s, t);
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        s->tensors = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    s->ntensors--;
+    zo__store_retry_parked(s);
+    pthread_mutex_unlock(&s->lock);
+    tensor_free(t);
+    *tp = NULL;
+    return 0;
+}
+
+ZO_API int zo_store_tensor_info(zo_store *s, const zo_tensor *t, zo_tensor_info *info)
+{
+    if (!s || !t || !info)
+        return -EINVAL;
+    memset(info, 0, sizeof(*info));
+    pthread_mutex_lock(&s->lock);
+    info->name = t->name;
+    info->dtype = t->desc.dtype;
+    info->ndim = t->desc.ndim;
+    memcpy(info->shape, t->desc.shape, sizeof(info->shape));
+    info->bytes = t->bytes;
+    info->home = t->home;
+    for (int x = 0; x < ZO__NTIERS; x++) {
+        const zo__copy *c = &t->c[x];
+        if (c->state == C_LOADING || c->wb_pending)
+            info->state[x] = ZO_COPY_INFLIGHT;
+        else if (zo__store_current(t, (zo_tier)x))
+            info->state[x] = ZO_COPY_RESIDENT;
+        else
+            info->state[x] = ZO_COPY_ABSENT;
+        info->refs[x] = c->refs;
+        info->dirty[x] = x != (int)t->home && zo__store_current(t, (zo_tier)x) && !zo__store_current(t, t->home);
+    }
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+/* ---- acquire / release / prefetch ----------------------------------------------------------- */
+static int check_tier(zo_store *s, zo_tier x, const char *fn)
+{
+    if ((unsigned)x >= ZO__NTIERS)
+        return ZO_FAIL(&s->err, -EINVAL, "%s: invalid tier %d", fn, (int)x);
+    if (x == ZO_TIER_NVME)
+        return ZO_FAIL(&s->err, -EINVAL, "%s: the NVMe tier has no address; use the device or host tier, or a stream",
+                       fn);
+    if (!s->have[x])
+        return ZO_FAIL(&s->err, ZO_ECONFIG, "%s: the %s tier is not configured", fn, zo_tier_name(x));
+    return 0;
+}
+
+ZO_API int zo_store_acquire(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags, zo_store_req **out)
+{
+    if (!s || !t || !out)
+        return ZO_FAIL(s ? &s->err : NULL, -EINVAL, "zo_store_acquire: NULL argument");
+    *out = NULL;
+    int r = check_tier(s, x, "zo_store_acquire");
+    if (r < 0)
+        return r;
+    if (flags & ~(ZO_ACQ_WRITE | ZO_ACQ_DISCARD))
+        return ZO_FAIL(&s->err, -EINVAL, "zo_store_acquire: unknown flags 0x%x", flags);
+    if (flags & ZO_ACQ_DISCARD)
+        flags |= ZO_ACQ_WRITE;
+    zo_store_req *req = calloc(1, sizeof(*req));
+    if (!req)
+        return -ENOMEM;
+    pthread_mutex_lock(&s->lock);
+    zo__copy *c = &t->c[x];
+    const char *busy = NULL;
+    if (t->stream_write)
+        busy = "a write stream is open on it";
+    else if (t->dying)
+        busy = "it is being unregistered";
+    else if ((flags & ZO_ACQ_WRITE) && t->streams)
+        busy = "a stream is open on it";
+    else if ((flags & ZO_ACQ_WRITE) && s->ckpt_active)
+        busy = "a checkpoint is being written";
+    for (int y = 0; !busy && y < ZO__NTIERS; y++) {
+        if (y == (int)x)
+            continue;
+        if (t->c[y].write_held)
+            busy = "it is held for writing in another tier";
+        else if ((flags & ZO_ACQ_WRITE) && t->c[y].refs)
+            busy = "another tier holds references (they would read stale data)";
+    }
+    if (busy) {
+        pthread_mutex_unlock(&s->lock);
+        free(req);
+        return ZO_FAIL(&s->err, -EBUSY, "zo_store_acquire: '%s' in the %s tier: %s", t->name, zo_tier_name(x), busy);
+    }
+    uint64_t need = zo__ext_round(&s->tier[x].ext, t->bytes);
+    if (x != t->home && !c->len && need > s->tier[x].budget - s->tier[x].home_bytes) {
+        pthread_mutex_unlock(&s->lock);
+        free(req);
+        return ZO_FAIL(&s->err, ZO_EBUDGET,
+                       "zo_store_acquire: '%s' (%llu bytes) cannot fit in the %s tier (budget %llu, home copies %llu)",
+                       t->name, (unsigned long long)t->bytes, zo_tier_name(x),
+                       (unsigned long long)s->tier[x].budget, (unsigned long long)s->tier[x].home_bytes);
+    }
+    req->t = t;
+    req->tier = x;
+    req->flags = flags;
+    zo__trace_note(s, t, x);
+    c->refs++;
+    if (flags & ZO_ACQ_WRITE)
+        c->write_held = 1;
+    c->drop_after = 0;
+    c->lru = ++s->tick;
+    if (x != t->home && c->len) {
+        lru_unlink(&s->tier[x], t, x);
+        lru_append(&s->tier[x], t, x);
+    }
+    int hit = (c->state == C_RESIDENT || c->state == C_LOADING) && c->ver == t->cur_ver;
+    if (hit) {
+        s->st.hits++;
+        if (c->prefetched) {
+            s->tier[x].prefetched_bytes -= c->len;
+            c->prefetched = 0;
+            s->st.prefetch_used++;
+        }
+    } else {
+        s->st.misses++;
+        req->demand = 1;
+    }
+    req->next = c->waiters;
+    c->waiters = req;
+    zo__store_settle(s, t, x);
+    zo__trace_pump(s);
+    pthread_mutex_unlock(&s->lock);
+    *out = req;
+    return 0;
+}
+
+static int req_finish(zo_store *s, zo_store_req *r, void **ptr)
+{
+    int err = r->err;
+    if (ptr)
+        *ptr = err ? NULL : r->ptr;
+    if (err < 0)
+        ZO_FAIL(&s->err, err, "%s", r->detail);
+    free(r);
+    return err;
+}
+
+ZO_API int zo_store_wait(zo_store *s, zo_store_req *r, void **ptr)
+{
+    if (!s || !r)
+        return -EINVAL;
+    pthread_mutex_lock(&s->lock);
+    if (!r->done) {
+        uint64_t t0 = zo__now_ns();
+        while (!r->done)
+            pthread_cond_wait(&s->cond, &s->lock);
+        s->st.stalls++;
+        s->st.stall_ns += zo__now_ns() - t0;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return req_finish(s, r, ptr);
+}
+
+ZO_API int zo_store_test(zo_store *s, zo_store_req *r, void **ptr)
+{
+    if (!s || !r)
+        return -EINVAL;
+    pthread_mutex_lock(&s->lock);
+    int done = r->done;
+    pthread_mutex_unlock(&s->lock);
+    return done ? req_finish(s, r, ptr) : -EBUSY;
+}
+
+ZO_API int zo_store_release(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags)
+{
+    if (!s || !t)
+        return -EINVAL;
+    int r = check_tier(s, x, "zo_store_release");
+    if (r < 0)
+        return r;
+    pthread_mutex_lock(&s->lock);
+    zo__copy *c = &t->c[x];
+    /* references of acquires still waiting are not the caller's to drop */
+    unsigned waiting = 0;
+    for (zo_store_req *q = c->waiters; q; q = q->next)
+        waiting++;
+    for (zo_store_req *q = s->tier[x].parked; q; q = q->next)
+        waiting += q->t == t && q->tier == x;
+    if (c->refs <= waiting) {
+        pthread_mutex_unlock(&s->lock);
+        return ZO_FAIL(&s->err, ZO_ESTATE, "zo_store_release: '%s' holds no completed reference in the %s tier",
+                       t->name, zo_tier_name(x));
+    }
+    c->refs--;
+    if (!c->refs)
+        c->write_held = 0;
+    if (flags & ZO_REL_DROP)
+        c->drop_after = 1;
+    if (flags & (ZO_REL_WRITEBACK | ZO_REL_DROP))
+        c->wb_wanted = 1;
+    if (c->wb_wanted && !c->write_held) {
+        c->wb_wanted = 0;
+        if (x != t->home && sole_current(t, x))
+            r = zo__store_start_writeback(s, t, x, c->drop_after);
+    }
+    zo__store_maybe_free(s, t, x);
+    if (!c->refs)
+        zo__store_retry_parked(s);
+    zo__trace_pump(s);
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+ZO_API int zo_store_prefetch(zo_store *s, zo_tensor *t, zo_tier x)
+{
+    if (!s || !t)
+        return -EINVAL;
+    int r = check_tier(s, x, "zo_store_prefetch");
+    if (r < 0)
+        return r;
+    pthread_mutex_lock(&s->lock);
+    zo__copy *c = &t->c[x];
+    if (!t->stream_write && !t->dying &&
+        !((c->state == C_RESIDENT || c->state == C_LOADING) && c->ver == t->cur_ver)) {
+        uint64_t dist = zo__trace_dist(s, t);
+        if (zo__store_start_load(s, t, x, 1, dist == ZO__DIST_INF ? 0 : dist) < 0)
+            s->st.prefetch_dropped++;
+    }
+    pthread_mutex_unlock(&s->lock);
+    return 0;
+}
+
+ZO_API int zo_store_flush(zo_store *s, zo_tensor *only)
+{
+    if (!s)
+        return -EINVAL;
+    int err = 0;
+    char detail[ZO_ERRMSG_LEN] = "";
+    pthread_mutex_lock(&s->lock);
+    /* until no copy (not held for writing) is newer than its home copy;
+     * a write-back may wait for another landing in the same home copy */
+    for (;;) {
+        int pending = 0;
+        for (zo_tensor *t = s->tensors; t; t = t->next) {
+            if (only && t != only)
+                continue;
+            if (t->wb_err) {
+                if (!err) {
+                    err = t->wb_err;
+                    snprintf(detail, sizeof(detail), "%s", t->wb_detail);
+                }
+                t->wb_err = 0;
+                continue;
+            }
+            pending |= t->wb_count != 0;
+            if (zo__store_current(t, t->home) || t->stream_write)
+                continue;
+            for (int x = 0; x < ZO__NTIERS; x++) {
+                zo__copy *c = &t->c[x];
+                if (x == (int)t->home || !zo__store_current(t, (zo_tier)x) || c->write_held)
+                    continue;
+                pending = 1;
+                if (!c->wb_pending && !c->wb_wanted) {
+                    int r = zo__store_start_writeback(s, t, (zo_tier)x, 0);
+                    if (r < 0 && !err) {
+                        err = r;
+                        snprintf(detail, sizeof(detail), "%s", s->err.msg);
+                    }
+                    if (r < 0)
+                        pending = 0;
+                }
+            }
+        }
+        if (!pending || err)
+            break;
+        pthread_cond_wait(&s->cond, &s->lock);
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (err < 0)
+        return ZO_FAIL(&s->err, err, "zo_store_flush: %s", detail);
+    return 0;
+}
+
+ZO_API void zo_store_get_stats(zo_store *s, zo_store_stats *st)
+{
+    if (!st)
+        return;
+    memset(st, 0, sizeof(*st));
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->lock);
+    *st = s->st;
+    for (int x = 0; x < ZO__NTIERS; x++) {
+        st->budget[x] = s->have[x] ? s->tier[x].budget : 0;
+        st->used[x] = s->tier[x].used;
+        st->peak[x] = s->tier[x].peak;
+    }
+    st->pool_slots = s->nslots;
+    st->pool_slot_size = s->slot_size;
+    st->pool_in_use = s->pool_in_use;
+    st->pool_peak = s->pool_peak;
+    st->trace_len = s->ntrace;
+    pthread_mutex_unlock(&s->lock);
+}
+
+ZO_API void zo_store_reset_stats(zo_store *s)
+{
+    if (!s)
+        return;
+    pthread_mutex_lock(&s->lock);
+    zo_store_stats keep = s->st;
+    memset(&s->st, 0, sizeof(s->st));
+    s->st.pinned_bytes = keep.pinned_bytes;
+    s->st.pool_locked = keep.pool_locked;
+    s->st.pool_aio_fixed = keep.pool_aio_fixed;
+    s->st.pool_dev_registered = keep.pool_dev_registered;
+    s->pool_peak = s->pool_in_use;
+    for (int x = 0; x < ZO__NTIERS; x++)
+        s->tier[x].peak = s->tier[x].used;
+    pthread_mutex_unlock(&s->lock);
+}

@@ -1,0 +1,273 @@
+/*
+ * Tiered store internals. One mutex (zo_store.lock) guards every field
+ * below except the event queue; completion callbacks (aio engine threads,
+ * device stream threads) only push events, and the mover thread applies
+ * them under the lock. Not installed.
+ *
+ * Copies and versions: a tensor's data has a version (cur_ver, bumped by
+ * every write acquire and every write stream). A copy holds the version it
+ * was loaded or written with; it is *current* when resident with
+ * ver == cur_ver. The home copy always exists; a non-home copy newer than
+ * the home copy is dirty and is written back before its space is reused.
+ */
+#ifndef ZO_STORE_INTERNAL_H
+#define ZO_STORE_INTERNAL_H
+
+#ifndef ZO_MODULE
+#define ZO_MODULE "store"
+#endif
+
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "core/internal.h"
+#include "nvme/nvme_internal.h"
+
+#include <zoffload/dev.h>
+#include <zoffload/store.h>
+#include <zoffload/swap.h>
+
+#define ZO__NTIERS ZO_TIER_COUNT
+#define ZO__DIRECT_PIECE (16u << 20) /* piece of a transfer that needs no slot */
+#define ZO__DIRECT_INFLIGHT 4u       /* such pieces in flight per transfer */
+#define ZO__DIST_INF UINT64_MAX
+/* Prefetch loads in flight per tier: the nearest entry first gets the
+ * disk's bandwidth, the next one queued behind it keeps the device busy. */
+#define ZO__PREFETCH_INFLIGHT (8u << 20)
+
+typedef struct zo__job zo__job;
+typedef struct zo__piece zo__piece;
+
+enum { C_ABSENT = 0, C_LOADING = 1, C_RESIDENT = 2 };
+
+typedef struct zo__copy {
+    int state;
+    uint64_t off, len;   /* extent in the tier arena (device/host tiers) */
+    uint8_t *ptr;        /* arena base + off */
+    uint64_t ver;        /* version held (RESIDENT) or being loaded (LOADING) */
+    unsigned refs;       /* references taken by acquires */
+    unsigned readers;    /* transfers reading this copy */
+    unsigned incoming;   /* write-backs landing in this (home) copy */
+    int wb_pending;      /* a write-back from this copy is in flight */
+    int write_held;      /* acquired with WRITE; until the last reference goes */
+    int wb_wanted;       /* write back once the write hold ends */
+    int drop_after;      /* free once unreferenced and no longer read */
+    int prefetched;      /* loaded by prefetch and not used yet */
+    uint64_t lru;        /* tick of the last acquire */
+    struct zo_store_req *waiters; /* acquires waiting on this copy */
+    struct zo_tensor *lprev, *lnext; /* the tier's list of non-home copies */
+} zo__copy;
+
+struct zo_tensor {
+    char *name;
+    zo_tensor_desc desc;
+    uint64_t bytes;
+    zo_tier home;
+    zo__copy c[ZO__NTIERS];
+    zo_swap_id sid;      /* home NVMe allocation */
+    uint64_t nvme_len;   /* bytes charged to the NVMe budget */
+    uint64_t cur_ver;
+    unsigned streams;    /* streams open on it */
+    int stream_write;    /* a write stream is open */
+    int dying;           /* being unregistered: no new transfers */
+    unsigned wb_count;   /* write-backs in flight (flush waits) */
+    int wb_err;          /* first write-back error since the last flush */
+    char wb_detail[ZO_ERRMSG_LEN];
+    uint32_t *tpos;      /* positions in the trace, ascending */
+    size_t ntpos, captpos;
+    struct zo_tensor *prev, *next; /* all tensors */
+};
+
+/* An acquire (the public zo_store_req). */
+struct zo_store_req {
+    zo_tensor *t;
+    zo_tier tier;
+    unsigned flags;
+    int done, err;
+    void *ptr;
+    int parked;          /* waiting for space in the tier */
+    int demand;          /* counted as a miss that loads */
+    struct zo_store_req *next;
+    char detail[ZO_ERRMSG_LEN];
+};
+
+/* Endpoint of a move. */
+enum { EP_NVME = 0, EP_HOST = 1, EP_DEV = 2 };
+typedef struct zo__ep {
+    int kind;
+    uint8_t *p;          /* host or device base */
+    zo_swap_id sid;      /* NVMe */
+    int fixed;           /* a slot: offsets do not apply */
+} zo__ep;
+
+enum { JOB_LOAD = 0, JOB_WRITEBACK = 1, JOB_STREAM = 2 };
+
+struct zo__job {
+    zo_store *s;
+    int kind;
+    zo_tensor *t;
+    zo_tier src, dst;    /* LOAD / WRITEBACK */
+    uint64_t ver;
+    zo__ep from, to;
+    uint64_t r0, r1;     /* byte range of the tensor */
+    uint64_t next_off;   /* next piece to start */
+    size_t piece;        /* piece size */
+    unsigned inflight, max_inflight;
+    int via_slot;        /* two stages through a pool slot */
+    int prefetch;
+    uint64_t pf_bytes;   /* counted in the tier's prefetch_inflight */
+    int err;
+    char detail[ZO_ERRMSG_LEN];
+    struct zo_store_stream *stream; /* JOB_STREAM */
+    unsigned spiece;     /* JOB_STREAM: index in the stream ring */
+    int queued;          /* in a slot wait queue */
+    zo__job *qnext;
+};
+
+struct zo__piece {
+    zo__job *j;
+    uint64_t off;
+    size_t len;
+    int slot;            /* -1: none */
+    int stage, nstages;
+    int err;
+    zo__piece *evnext;
+    char detail[ZO_ERRMSG_LEN];
+};
+
+/* Stream ring entry */
+enum { SP_FREE = 0, SP_LOADING, SP_READY, SP_HELD, SP_WRITING };
+typedef struct zo__spiece {
+    int state;
+    int slot;
+    uint64_t off;
+    size_t len;
+    int err;
+} zo__spiece;
+
+struct zo_store_stream {
+    zo_store *s;
+    zo_tensor *t;
+    unsigned mode, depth, quota, using_;
+    uint64_t r0, r1;
+    size_t piece;
+    zo_tier src;         /* READ source tier (current copy at open) */
+    uint64_t src_ver;
+    zo__spiece *ring;    /* quota entries */
+    uint64_t next_load;  /* offset of the next piece to load */
+    uint64_t next_hand;  /* offset of the next piece to hand out */
+    unsigned held;
+    unsigned busy;       /* pieces loading or writing */
+    int err;
+    char detail[ZO_ERRMSG_LEN];
+    int internal;        /* opened by the store itself (read/write/checkpoint) */
+    struct zo_store_stream *snext; /* the store's open streams */
+};
+
+typedef struct zo__tier {
+    uint64_t budget, used, peak;
+    zo__extalloc ext;     /* device/host: offsets into base */
+    uint8_t *base;
+    zo_tensor *lru_head;  /* non-home copies, most recent last */
+    zo_store_req *parked; /* acquires waiting for space (FIFO) */
+    uint64_t home_bytes;  /* held by home copies */
+    uint64_t prefetched_bytes; /* copies loaded/loading by prefetch, unused */
+    uint64_t prefetch_inflight; /* bytes of prefetch loads in flight */
+} zo__tier;
+
+typedef struct zo__trace_ent {
+    zo_tensor *t;
+    zo_tier tier;
+} zo__trace_ent;
+
+struct zo_store {
+    zo_store_config cfg;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;  /* requests done, stream progress, space, write-backs */
+    zo_errbuf err;
+
+    zo__tier tier[ZO__NTIERS];
+    int have[ZO__NTIERS];
+    zo_dev *dev;
+    zo_stream *h2d, *d2h;
+    zo_swap *swap;
+    size_t chunk;         /* swap chunk size (0: no NVMe) */
+
+    /* pool */
+    uint8_t *pool;
+    size_t slot_size;
+    unsigned nslots, nfree, reserved, jobs_using;
+    unsigned *free_slots;
+    unsigned pool_peak, pool_in_use;
+    zo__job *slotq_hi, *slotq_lo; /* jobs waiting for a slot */
+    struct zo_store_stream *streams; /* open streams */
+
+    /* tensors */
+    zo_tensor *tensors;
+    size_t ntensors;
+    uint64_t tick;
+    int ckpt_active;
+
+    /* trace */
+    zo_trace_mode trace_mode;
+    zo__trace_ent *trace, *rec;
+    size_t ntrace, nrec, caprec, captrace;
+    size_t pos;
+    int recording;
+    uint64_t iter_mismatch;
+
+    /* jobs */
+    unsigned jobs_active;
+
+    /* mover */
+    pthread_t mover;
+    int mover_started, stop;
+    pthread_mutex_t evlock;
+    pthread_cond_t evcond;
+    zo__piece *evhead, *evtail;
+
+    zo_store_stats st;
+};
+
+/* store.c */
+/* Referenced, streamed, or a transfer of it in flight. */
+int zo__tensor_busy(const zo_tensor *t);
+void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x);
+int zo__store_current(const zo_tensor *t, zo_tier x);
+int zo__store_freshest(const zo_tensor *t, zo_tier *out);
+void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x);
+void zo__store_retry_parked(zo_store *s);
+void zo__store_job_done(zo_store *s, zo__job *j);
+int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
+int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
+void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x);
+int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop);
+zo__ep zo__store_ep(zo_store *s, zo_tensor *t, zo_tier x);
+
+/* mover.c */
+int zo__mover_start(zo_store *s);
+int zo__move(zo_store *s, zo__piece *p, const zo__ep *from, uint64_t foff, const zo__ep *to, uint64_t toff,
+             size_t len);
+void zo__mover_stop(zo_store *s);
+zo__job *zo__job_new(zo_store *s, int kind, zo_tensor *t);
+void zo__job_pump(zo_store *s, zo__job *j);
+void zo__slots_pump(zo_store *s);
+int zo__slot_take(zo_store *s);
+void zo__slot_put(zo_store *s, int slot);
+static inline uint8_t *zo__slot_ptr(zo_store *s, int slot)
+{
+    return s->pool + (size_t)slot * s->slot_size;
+}
+
+/* trace.c */
+void zo__trace_note(zo_store *s, zo_tensor *t, zo_tier x);
+void zo__trace_pump(zo_store *s);
+uint64_t zo__trace_dist(zo_store *s, const zo_tensor *t);
+void zo__trace_forget_tensor(zo_store *s, zo_tensor *t);
+void zo__trace_free(zo_store *s);
+
+/* stream.c */
+void zo__stream_piece_done(zo_store *s, zo__job *j);
+void zo__streams_pump(zo_store *s);
+
+#endif /* ZO_STORE_INTERNAL_H */

@@ -1,0 +1,1181 @@
+/* Crash-safe checkpoints: data + JSON manifest written under a temporary
+ * directory, fsynced, renamed into place, then `latest` replaced atomically.
+ *
+ * Order of a commit (each step durable before the next):
+ *   1. tensors.bin complete, fdatasync
+ *   2. manifest.json written, fsync
+ *   3. fsync the temporary directory (its entries are on disk)
+ *   4. rename .tmp-<name>.<pid> -> <name> (RENAME_NOREPLACE), fsync root
+ *   5. .latest.<pid> written + fsync, rename -> latest, fsync root
+ * A crash before 4 leaves a temporary directory (removed by the next
+ * writer) and `latest` untouched; between 4 and 5 a complete checkpoint that
+ * `latest` does not name yet; after 5 the new one. */
+#define ZO_MODULE "ckpt"
+#include "core/internal.h"
+#include "nvme/nvme_internal.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zoffload/aio.h>
+#include <zoffload/mem.h>
+
+ZO_API void zo_ckpt_options_default(zo_ckpt_options *o)
+{
+    if (!o)
+        return;
+    memset(o, 0, sizeof(*o));
+    o->struct_size = sizeof(*o);
+    o->chunk_size = 1u << 20;
+}
+
+#if ZO_HAVE_CJSON
+#include <cjson/cJSON.h>
+
+#define CKPT_FORMAT "zoffload-checkpoint"
+#define CKPT_DATA "tensors.bin"
+#define CKPT_MANIFEST "manifest.json"
+#define CKPT_ALIGN 4096u
+#define CKPT_MAX_MANIFEST (1ull << 30)
+#define JSON_INT_MAX (1ull << 53) /* integers a JSON double holds exactly */
+
+typedef struct ck_tensor {
+    zo_ckpt_entry e;
+    char *name;
+    uint64_t offset, nchunks;
+    uint32_t *crc;
+    uint8_t *have; /* writer: chunk written */
+} ck_tensor;
+
+static void tensors_free(ck_tensor *t, unsigned n)
+{
+    for (unsigned i = 0; i < n; i++) {
+        free(t[i].name);
+        free(t[i].crc);
+        free(t[i].have);
+    }
+    free(t);
+}
+
+struct zo_ckpt_writer {
+    char *root, *name, *tmpdir, *final;
+    zo_ckpt_options opts;
+    cJSON *user;
+    zo_aio *aio, *own_aio;
+    zo_file *data;
+    ck_tensor *t;
+    unsigned n, cap;
+    uint64_t data_end;
+    uint64_t sequence;
+    int put_started;
+    int failed;
+};
+
+struct zo_ckpt_reader {
+    char *dir, *name, *libver, *user;
+    zo_aio *aio;
+    zo_file *data;
+    ck_tensor *t;
+    unsigned n;
+    size_t chunk_size;
+    uint64_t sequence;
+};
+
+/* ---- small file helpers ----------------------------------------------------------- */
+static char *path_join(const char *a, const char *b)
+{
+    size_t n = strlen(a) + strlen(b) + 2;
+    char *p = malloc(n);
+    if (p)
+        snprintf(p, n, "%s/%s", a, b);
+    return p;
+}
+
+static int write_all(int fd, const void *buf, size_t n)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Write a small file durably: create exclusively, write, fsync, close. */
+static int write_file_sync(const char *path, const void *buf, size_t n)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return -errno;
+    int r = write_all(fd, buf, n);
+    if (r == 0 && fsync(fd) != 0)
+        r = -errno;
+    if (close(fd) != 0 && r == 0)
+        r = -errno;
+    if (r < 0)
+        unlink(path);
+    return r;
+}
+
+static int read_file(const char *path, char **out, size_t *len, size_t max)
+{
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0)
+        return -errno;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+        int e = S_ISREG(st.st_mode) ? -EFBIG : -EINVAL;
+        close(fd);
+        return e;
+    }
+    size_t n = (size_t)st.st_size;
+    char *b = malloc(n + 1);
+    if (!b) {
+        close(fd);
+        return -ENOMEM;
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, b + got, n - got);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r <= 0) {
+            int e = r < 0 ? -errno : ZO_ETRUNC;
+            free(b);
+            close(fd);
+            return e;
+        }
+        got += (size_t)r;
+    }
+    close(fd);
+    b[n] = 0;
+    *out = b;
+    *len = n;
+    return 0;
+}
+
+/* Remove a directory holding only plain files (ours: a checkpoint). */
+static int remove_flat_dir(const char *path)
+{
+    DIR *d = opendir(path);
+    if (!d)
+        return errno == ENOENT ? 0 : -errno;
+    struct dirent *de;
+    int r = 0;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        if (unlinkat(dirfd(d), de->d_name, 0) != 0 && r == 0)
+            r = -errno;
+    }
+    closedir(d);
+    if (rmdir(path) != 0 && r == 0)
+        r = -errno;
+    return r;
+}
+
+static int name_ok(const char *name)
+{
+    size_t n = name ? strlen(name) : 0;
+    if (n == 0 || n > ZO_CKPT_NAME_MAX || name[0] == '.' || strcmp(name, "latest") == 0)
+        return 0;
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+              c == '_' || c == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+static int pid_alive(long pid)
+{
+    return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno != ESRCH);
+}
+
+/* Remove leftovers of writers that died: .tmp-<name>.<pid>,
+ * .trash-<name>.<pid> and .latest.<pid> whose pid is gone. */
+static void clean_stale(const char *root)
+{
+    DIR *d = opendir(root);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        const char *n = de->d_name;
+        int is_tmp = !strncmp(n, ".tmp-", 5), is_trash = !strncmp(n, ".trash-", 7);
+        int is_latest = !strncmp(n, ".latest.", 8);
+        if (!is_tmp && !is_trash && !is_latest)
+            continue;
+        const char *dot = strrchr(n, '.');
+        char *end;
+        long pid = strtol(dot + 1, &end, 10);
+        if (*end || pid_alive(pid))
+            continue;
+        char *p = path_join(root, n);
+        if (!p)
+            break;
+        int r = is_latest ? (unlink(p) == 0 ? 0 : -errno) : remove_flat_dir(p);
+        if (r < 0)
+            ZO_LOGW("could not remove stale %s: %s", p, strerror(-r));
+        else
+            ZO_LOGI("removed %s left by a writer that died (pid %ld)", p, pid);
+        free(p);
+    }
+    closedir(d);
+}
+
+/* latest: "<name> <crc32c of manifest.json, 8 hex digits>\n" */
+static int read_latest(const char *root, char *name, size_t len, uint32_t *mcrc)
+{
+    char *p = path_join(root, "latest");
+    if (!p)
+        return -ENOMEM;
+    char *buf;
+    size_t n;
+    int r = read_file(p, &buf, &n, 4096);
+    free(p);
+    if (r < 0)
+        return r == -ENOENT ? ZO_FAIL(NULL, -ENOENT, "checkpoint root %s has no 'latest' yet", root)
+                            : ZO_FAIL(NULL, r, "cannot read %s/latest: %s", root, zo_strerror(r));
+    char nm[ZO_CKPT_NAME_MAX + 2];
+    unsigned c;
+    char tail;
+    int ok = n > 0 && buf[n - 1] == '\n' && sscanf(buf, "%129s %8x%c", nm, &c, &tail) == 3 && tail == '\n' &&
+             name_ok(nm) && strlen(buf) == n;
+    free(buf);
+    if (!ok)
+        return ZO_FAIL(NULL, ZO_EFORMAT, "%s/latest is malformed (expected '<name> <crc32c>')", root);
+    if (strlen(nm) + 1 > len)
+        return -ERANGE;
+    snprintf(name, len, "%s", nm);
+    if (mcrc)
+        *mcrc = c;
+    return 0;
+}
+
+ZO_API int zo_ckpt_latest(const char *root, char *buf, size_t len)
+{
+    if (!root || !buf || len == 0)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_latest: NULL argument");
+    return read_latest(root, buf, len, NULL);
+}
+
+/* ---- manifest ------------------------------------------------------------------------ */
+static int json_u64(const cJSON *o, const char *key, uint64_t *out, const char *where)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0 || v->valuedouble >= (double)JSON_INT_MAX ||
+        v->valuedouble != (double)(uint64_t)v->valuedouble)
+        return ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: '%s' missing or not a non-negative integer", where, key);
+    *out = (uint64_t)v->valuedouble;
+    return 0;
+}
+
+static const char *json_str(const cJSON *o, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return cJSON_IsString(v) && v->valuestring ? v->valuestring : NULL;
+}
+
+static int hexval(char c)
+{
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    return -1;
+}
+
+static cJSON *manifest_build(zo_ckpt_writer *w)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (!m)
+        return NULL;
+    cJSON_AddStringToObject(m, "format", CKPT_FORMAT);
+    cJSON_AddNumberToObject(m, "format_version", ZO_CKPT_FORMAT_VERSION);
+    cJSON_AddStringToObject(m, "library_version", zo_version_string());
+    cJSON_AddStringToObject(m, "name", w->name);
+    cJSON_AddNumberToObject(m, "sequence", (double)w->sequence);
+    cJSON_AddNumberToObject(m, "created_unix", (double)time(NULL));
+    cJSON_AddStringToObject(m, "checksum", "crc32c");
+    cJSON_AddNumberToObject(m, "chunk_size", (double)w->opts.chunk_size);
+    cJSON_AddStringToObject(m, "data_file", CKPT_DATA);
+    cJSON_AddNumberToObject(m, "data_bytes", (double)w->data_end);
+    cJSON *arr = cJSON_AddArrayToObject(m, "tensors");
+    for (unsigned i = 0; arr && i < w->n; i++) {
+        ck_tensor *t = &w->t[i];
+        cJSON *o = cJSON_CreateObject();
+        if (!o || !cJSON_AddItemToArray(arr, o))
+            goto fail;
+        cJSON_AddStringToObject(o, "name", t->name);
+        cJSON_AddStringToObject(o, "dtype", zo_dtype_name(t->e.dtype));
+        cJSON *shape = cJSON_AddArrayToObject(o, "shape");
+        for (unsigned d = 0; shape && d < t->e.ndim; d++)
+            cJSON_AddItemToArray(shape, cJSON_CreateNumber((double)t->e.shape[d]));
+        cJSON_AddNumberToObject(o, "bytes", (double)t->e.bytes);
+        cJSON_AddNumberToObject(o, "offset", (double)t->offset);
+        char *hex = malloc(t->nchunks * 8 + 1);
+        if (!hex)
+            goto fail;
+        for (uint64_t c = 0; c < t->nchunks; c++)
+            snprintf(hex + c * 8, 9, "%08x", t->crc[c]);
+        hex[t->nchunks * 8] = 0;
+        cJSON *h = cJSON_AddStringToObject(o, "crc32c", hex);
+        free(hex);
+        if (!h)
+            goto fail;
+    }
+    if (!arr)
+        goto fail;
+    if (w->user) {
+        cJSON *u = cJSON_Duplicate(w->user, 1);
+        if (!u || !cJSON_AddItemToObject(m, "user", u))
+            goto fail;
+    }
+    return m;
+fail:
+    cJSON_Delete(m);
+    return NULL;
+}
+
+/* Parse and validate a manifest into r. */
+static int manifest_parse(zo_ckpt_reader *r, const char *text, const char *where)
+{
+    cJSON *m = cJSON_Parse(text);
+    if (!m)
+        return ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s is not valid JSON (near byte %ld)", where,
+                       cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - text) : -1L);
+    int ret = ZO_EFORMAT;
+    uint64_t ver, chunk, data_bytes;
+    const char *fmt = json_str(m, "format");
+    if (!cJSON_IsObject(m) || !fmt || strcmp(fmt, CKPT_FORMAT) != 0) {
+        ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: 'format' is not \"%s\"", where, CKPT_FORMAT);
+        goto out;
+    }
+    if ((ret = json_u64(m, "format_version", &ver, where)) < 0)
+        goto out;
+    if (ver > ZO_CKPT_FORMAT_VERSION || ver == 0) {
+        ret = ZO_FAIL(NULL, ZO_EVERSION, "manifest %s: format_version %llu (this library reads up to %d)", where,
+                      (unsigned long long)ver, ZO_CKPT_FORMAT_VERSION);
+        goto out;
+    }
+    const char *libver = json_str(m, "library_version"), *name = json_str(m, "name");
+    const char *csum = json_str(m, "checksum"), *dfile = json_str(m, "data_file");
+    ret = ZO_EFORMAT;
+    if (!libver || !name || !csum || strcmp(csum, "crc32c") != 0 || !dfile || strcmp(dfile, CKPT_DATA) != 0) {
+        ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: library_version, name, checksum (crc32c) or data_file (%s) missing "
+                "or wrong", where, CKPT_DATA);
+        goto out;
+    }
+    if ((ret = json_u64(m, "chunk_size", &chunk, where)) < 0 || (ret = json_u64(m, "data_bytes", &data_bytes, where)) < 0 ||
+        (ret = json_u64(m, "sequence", &r->sequence, where)) < 0)
+        goto out;
+    ret = ZO_EFORMAT;
+    if (!ZO_IS_POW2(chunk) || chunk < 4096 || chunk > (1u << 30)) {
+        ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: chunk_size %llu invalid", where, (unsigned long long)chunk);
+        goto out;
+    }
+    r->chunk_size = (size_t)chunk;
+    if (!(r->name = strdup(name)) || !(r->libver = strdup(libver))) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    const cJSON *user = cJSON_GetObjectItemCaseSensitive(m, "user");
+    r->user = user ? cJSON_PrintUnformatted(user) : strdup("");
+    if (!r->user) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    const cJSON *arr = cJSON_GetObjectItemCaseSensitive(m, "tensors");
+    if (!cJSON_IsArray(arr)) {
+        ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: 'tensors' is not an array", where);
+        goto out;
+    }
+    int n = cJSON_GetArraySize(arr);
+    r->t = calloc((size_t)n + 1, sizeof(*r->t));
+    if (!r->t) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    uint64_t prev_end = 0;
+    const cJSON *o;
+    cJSON_ArrayForEach(o, arr)
+    {
+        ck_tensor *t = &r->t[r->n];
+        char w2[64];
+        snprintf(w2, sizeof(w2), "%s tensor %u", where, r->n);
+        const char *tn = json_str(o, "name"), *dt = json_str(o, "dtype"), *hex = json_str(o, "crc32c");
+        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(o, "shape");
+        if (!cJSON_IsObject(o) || !tn || !*tn || strlen(tn) > 255 || !dt || !hex || !cJSON_IsArray(shape) ||
+            cJSON_GetArraySize(shape) > ZO_CKPT_MAX_DIMS) {
+            ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: name, dtype, shape (<= %d dims) or crc32c missing or invalid",
+                    w2, ZO_CKPT_MAX_DIMS);
+            goto out;
+        }
+        if (zo_dtype_parse(dt, &t->e.dtype) < 0) {
+            ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: unknown dtype '%s'", w2, dt);
+            goto out;
+        }
+        if ((ret = json_u64(o, "bytes", &t->e.bytes, w2)) < 0 || (ret = json_u64(o, "offset", &t->offset, w2)) < 0)
+            goto out;
+        ret = ZO_EFORMAT;
+        const cJSON *dim;
+        cJSON_ArrayForEach(dim, shape)
+        {
+            if (!cJSON_IsNumber(dim) || dim->valuedouble < 0 || dim->valuedouble >= (double)JSON_INT_MAX ||
+                dim->valuedouble != (double)(uint64_t)dim->valuedouble) {
+                ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: shape holds a non-integer", w2);
+                goto out;
+            }
+            t->e.shape[t->e.ndim++] = (uint64_t)dim->valuedouble;
+        }
+        if (t->e.bytes == 0 || t->offset % CKPT_ALIGN || t->offset < prev_end || t->offset > data_bytes ||
+            t->e.bytes > data_bytes - t->offset) {
+            ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: bytes %llu at offset %llu overlap or leave the data (%llu bytes)",
+                    w2, (unsigned long long)t->e.bytes, (unsigned long long)t->offset,
+                    (unsigned long long)data_bytes);
+            goto out;
+        }
+        prev_end = t->offset + t->e.bytes;
+        t->nchunks = (t->e.bytes + chunk - 1) / chunk;
+        if (strlen(hex) != t->nchunks * 8) {
+            ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: %zu hex digits of crc32c for %llu chunks", w2, strlen(hex),
+                    (unsigned long long)t->nchunks);
+            goto out;
+        }
+        if (!(t->name = strdup(tn)) || !(t->crc = malloc(t->nchunks * sizeof(*t->crc)))) {
+            ret = -ENOMEM;
+            goto out;
+        }
+        t->e.name = t->name;
+        for (uint64_t c = 0; c < t->nchunks; c++) {
+            uint32_t v = 0;
+            for (int k = 0; k < 8; k++) {
+                int h = hexval(hex[c * 8 + k]);
+                if (h < 0) {
+                    ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: crc32c holds a non-hex digit", w2);
+                    goto out;
+                }
+                v = (v << 4) | (uint32_t)h;
+            }
+            t->crc[c] = v;
+        }
+        for (unsigned k = 0; k < r->n; k++)
+            if (strcmp(r->t[k].name, tn) == 0) {
+                ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s: duplicate tensor name '%s'", w2, tn);
+                goto out;
+            }
+        r->n++;
+    }
+    /* the data file must hold what the manifest promises */
+    zo_file_info fi;
+    if ((ret = zo_file_get_info(r->data, &fi)) < 0)
+        goto out;
+    if (fi.size < data_bytes) {
+        ret = ZO_FAIL(NULL, ZO_ETRUNC, "checkpoint %s: %s has %llu bytes, the manifest needs %llu", where, CKPT_DATA,
+                      (unsigned long long)fi.size, (unsigned long long)data_bytes);
+        goto out;
+    }
+    ret = 0;
+out:
+    cJSON_Delete(m);
+    return ret;
+}
+
+/* ---- writer ---------------------------------------------------------------------------- */
+static void writer_free(zo_ckpt_writer *w)
+{
+    if (!w)
+        return;
+    if (w->aio && w->data)
+        zo_aio_wait_all(w->aio);
+    zo_file_close(&w->data);
+    zo_aio_destroy(&w->own_aio);
+    tensors_free(w->t, w->n);
+    cJSON_Delete(w->user);
+    free(w->root);
+    free(w->name);
+    free(w->tmpdir);
+    free(w->final);
+    free(w);
+}
+
+static uint64_t latest_sequence(const char *root)
+{
+    zo_ckpt_reader *r = NULL;
+    char nm[ZO_CKPT_NAME_MAX + 1];
+    if (read_latest(root, nm, sizeof(nm), NULL) < 0)
+        return 0;
+    if (zo_ckpt_open(&r, root, NULL) < 0)
+        return 0;
+    uint64_t s = r->sequence;
+    zo_ckpt_close(&r);
+    return s;
+}
+
+ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *name, const zo_ckpt_options *uo)
+{
+    if (!out)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_begin: out is NULL");
+    *out = NULL;
+    if (!root || !*root)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_begin: no root directory");
+    if (!name_ok(name))
+        return ZO_FAIL(NULL, -EINVAL,
+                       "zo_ckpt_begin: checkpoint name '%s' must be 1..%d of [A-Za-z0-9._-], not starting with '.', "
+                       "not 'latest'",
+                       name ? name : "(null)", ZO_CKPT_NAME_MAX);
+    zo_ckpt_options o;
+    zo_ckpt_options_default(&o);
+    if (uo) {
+        if (uo->struct_size < offsetof(zo_ckpt_options, chunk_size) + sizeof(size_t) || uo->struct_size > sizeof(o))
+            return ZO_FAIL(NULL, ZO_ECONFIG, "zo_ckpt_begin: options struct_size %zu invalid", uo->struct_size);
+        memcpy(&o, uo, uo->struct_size);
+        o.struct_size = sizeof(o);
+    }
+    if (!ZO_IS_POW2(o.chunk_size) || o.chunk_size < 4096 || o.chunk_size > (1u << 30))
+        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_ckpt_begin: chunk_size %zu must be a power of two in [4096, 1 GiB]",
+                       o.chunk_size);
+    if (mkdir(root, 0700) != 0 && errno != EEXIST)
+        return ZO_FAIL(NULL, -errno, "zo_ckpt_begin: cannot create %s: %s", root, strerror(errno));
+    int r = zo__check_dir(NULL, "checkpoint root", root);
+    if (r < 0)
+        return r;
+    zo_ckpt_writer *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    w->opts = o;
+    if (o.user_json) {
+        w->user = cJSON_Parse(o.user_json);
+        if (!w->user) {
+            writer_free(w);
+            return ZO_FAIL(NULL, ZO_EFORMAT, "zo_ckpt_begin: user_json is not valid JSON");
+        }
+    }
+    w->opts.user_json = NULL;
+    char tmpname[ZO_CKPT_NAME_MAX + 32];
+    snprintf(tmpname, sizeof(tmpname), ".tmp-%s.%ld", name, (long)getpid());
+    w->root = strdup(root);
+    w->name = strdup(name);
+    w->tmpdir = path_join(root, tmpname);
+    w->final = path_join(root, name);
+    if (!w->root || !w->name || !w->tmpdir || !w->final) {
+        writer_free(w);
+        return -ENOMEM;
+    }
+    clean_stale(root);
+    if (access(w->final, F_OK) == 0) {
+        writer_free(w);
+        return ZO_FAIL(NULL, -EEXIST, "zo_ckpt_begin: checkpoint %s/%s exists", root, name);
+    }
+    w->sequence = latest_sequence(root) + 1;
+    if (mkdir(w->tmpdir, 0700) != 0) {
+        r = -errno;
+        if (r == -EEXIST) /* an earlier writer of this process gave up on the same name */
+            r = remove_flat_dir(w->tmpdir) == 0 && mkdir(w->tmpdir, 0700) == 0 ? 0 : -errno;
+        if (r < 0) {
+            ZO_FAIL(NULL, r, "zo_ckpt_begin: cannot create %s: %s", w->tmpdir, zo_strerror(r));
+            writer_free(w);
+            return r;
+        }
+    }
+    if (o.aio) {
+        w->aio = o.aio;
+    } else {
+        zo_aio_config ac;
+        zo_aio_config_default(&ac);
+        r = zo_aio_create(&w->own_aio, &ac);
+        if (r < 0) {
+            remove_flat_dir(w->tmpdir);
+            writer_free(w);
+            return r;
+        }
+        w->aio = w->own_aio;
+    }
+    char *dp = path_join(w->tmpdir, CKPT_DATA);
+    if (!dp) {
+        zo_ckpt_abort(&w);
+        return -ENOMEM;
+    }
+    unsigned fl = ZO_FILE_READ | ZO_FILE_WRITE | ZO_FILE_CREATE | ZO_FILE_EXCL | ZO_FILE_NOFOLLOW;
+    if (o.buffered)
+        fl |= ZO_FILE_BUFFERED;
+    r = zo_file_open(&w->data, dp, fl);
+    free(dp);
+    if (r < 0) {
+        ZO_FAIL(NULL, r, "zo_ckpt_begin: cannot create the data file in %s: %s", w->tmpdir, zo_strerror(r));
+        zo_ckpt_abort(&w);
+        return r;
+    }
+    *out = w;
+    return 0;
+}
+
+ZO_API int zo_ckpt_add(zo_ckpt_writer *w, const zo_ckpt_entry *e, unsigned *index)
+{
+    if (!w || !e)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_add: NULL argument");
+    if (w->put_started || w->failed)
+        return ZO_FAIL(NULL, ZO_ESTATE, "zo_ckpt_add: %s", w->failed ? "the checkpoint failed" :
+                                                                       "data was already put: declare every tensor first");
+    if (!e->name || !*e->name || strlen(e->name) > 255 || e->bytes == 0 || e->bytes >= JSON_INT_MAX ||
+        e->ndim > ZO_CKPT_MAX_DIMS || zo_dtype_size(e->dtype) == 0)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_add: tensor '%s': name (1..255 bytes), bytes > 0, ndim <= %d and a "
+                       "valid dtype are required",
+                       e->name ? e->name : "(null)", ZO_CKPT_MAX_DIMS);
+    for (unsigned i = 0; i < w->n; i++)
+        if (strcmp(w->t[i].name, e->name) == 0)
+            return ZO_FAIL(NULL, -EEXIST, "zo_ckpt_add: tensor '%s' declared twice", e->name);
+    if (w->n == w->cap) {
+        unsigned cap = w->cap ? w->cap * 2 : 16;
+        ck_tensor *t = realloc(w->t, cap * sizeof(*t));
+        if (!t)
+            return -ENOMEM;
+        w->t = t;
+        w->cap = cap;
+    }
+    ck_tensor *t = &w->t[w->n];
+    memset(t, 0, sizeof(*t));
+    t->e = *e;
+    t->nchunks = (e->bytes + w->opts.chunk_size - 1) / w->opts.chunk_size;
+    t->name = strdup(e->name);
+    t->crc = calloc(t->nchunks, sizeof(*t->crc));
+    t->have = calloc(t->nchunks, 1);
+    if (!t->name || !t->crc || !t->have) {
+        free(t->name);
+        free(t->crc);
+        free(t->have);
+        return -ENOMEM;
+    }
+    t->e.name = t->name;
+    t->offset = ZO_ALIGN_UP(w->data_end, (uint64_t)CKPT_ALIGN);
+    w->data_end = t->offset + e->bytes;
+    if (index)
+        *index = w->n;
+    w->n++;
+    return 0;
+}
+
+ZO_API int zo_ckpt_put(zo_ckpt_writer *w, unsigned index, uint64_t off, const void *buf, size_t len)
+{
+    if (!w || !buf || len == 0)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_put: %s", !w ? "NULL writer" : !buf ? "NULL buffer" : "len 0");
+    if (w->failed)
+        return ZO_FAIL(NULL, ZO_ESTATE, "zo_ckpt_put: an earlier write failed; abort the checkpoint");
+    if (index >= w->n)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_put: tensor index %u of %u", index, w->n);
+    ck_tensor *t = &w->t[index];
+    uint64_t chunk = w->opts.chunk_size;
+    if (off > t->e.bytes || len > t->e.bytes - off || off % chunk || ((off + len) % chunk && off + len != t->e.bytes))
+        return ZO_FAIL(NULL, -EINVAL,
+                       "zo_ckpt_put: range [%llu, +%zu) of '%s' (%llu bytes) must start and end on %llu-byte chunk "
+                       "boundaries (or at its end)",
+                       (unsigned long long)off, len, t->name, (unsigned long long)t->e.bytes,
+                       (unsigned long long)chunk);
+    uint64_t c0 = off / chunk, nc = (len + chunk - 1) / chunk;
+    for (uint64_t c = c0; c < c0 + nc; c++)
+        if (t->have[c])
+            return ZO_FAIL(NULL, ZO_ESTATE, "zo_ckpt_put: chunk at offset %llu of '%s' was already written",
+                           (unsigned long long)(c * chunk), t->name);
+    int r;
+    if (!w->put_started) {
+        /* reserve the whole data file now: a full disk fails here */
+        if (w->data_end) {
+            r = zo_file_allocate(w->data, 0, ZO_ALIGN_UP(w->data_end, (uint64_t)CKPT_ALIGN));
+            if (r == -EOPNOTSUPP)
+                r = 0;
+            if (r < 0) {
+                w->failed = 1;
+                return ZO_FAIL(NULL, r, "checkpoint %s: cannot reserve %llu bytes: %s", w->name,
+                               (unsigned long long)w->data_end, zo_strerror(r));
+            }
+        }
+        w->put_started = 1;
+    }
+    zo_aio_req *reqs[64];
+    int ret = 0;
+    for (uint64_t base = 0; base < nc; base += 64) {
+        uint64_t m = ZO_MIN((uint64_t)64, nc - base), q = 0;
+        for (; q < m; q++) {
+            uint64_t c = c0 + base + q;
+            const uint8_t *p = (const uint8_t *)buf + (c - c0) * chunk;
+            uint64_t l = ZO_MIN(chunk, t->e.bytes - c * chunk);
+            t->crc[c] = zo_crc32c(0, p, l);
+            r = zo_aio_write(w->aio, w->data, p, l, t->offset + c * chunk, NULL, NULL, &reqs[q]);
+            if (r < 0) {
+                ret = ret ? ret : r;
+                break;
+            }
+        }
+        for (uint64_t k = 0; k < q; k++) {
+            r = zo_aio_wait(w->aio, reqs[k], NULL);
+            if (r < 0 && ret == 0)
+                ret = r;
+            else if (r == 0)
+                t->have[c0 + base + k] = 1;
+        }
+        if (ret)
+            break;
+    }
+    if (ret < 0) {
+        w->failed = 1;
+        return ZO_FAIL(NULL, ret, "checkpoint %s: writing '%s' at %llu failed: %s", w->name, t->name,
+                       (unsigned long long)off, zo_aio_errmsg(w->aio));
+    }
+    return 0;
+}
+
+ZO_API void zo_ckpt_abort(zo_ckpt_writer **wp)
+{
+    if (!wp || !*wp)
+        return;
+    zo_ckpt_writer *w = *wp;
+    if (w->aio && w->data)
+        zo_aio_wait_all(w->aio);
+    zo_file_close(&w->data);
+    if (w->tmpdir)
+        remove_flat_dir(w->tmpdir);
+    writer_free(w);
+    *wp = NULL;
+}
+
+/* Prune: keep the `keep` newest checkpoints (by sequence), never `latest`. */
+static void prune(const char *root, const char *latest, uint64_t latest_seq, unsigned keep)
+{
+    DIR *d = opendir(root);
+    if (!d)
+        return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.' || !name_ok(de->d_name) || strcmp(de->d_name, latest) == 0)
+            continue;
+        zo_ckpt_reader *r = NULL;
+        if (zo_ckpt_open(&r, root, de->d_name) < 0)
+            continue; /* not a checkpoint of ours, or damaged: leave it to the user */
+        uint64_t seq = r->sequence;
+        zo_ckpt_close(&r);
+        if (seq + keep > latest_seq)
+            continue;
+        char trash[ZO_CKPT_NAME_MAX + 40];
+        snprintf(trash, sizeof(trash), ".trash-%s.%ld", de->d_name, (long)getpid());
+        char *from = path_join(root, de->d_name), *to = path_join(root, trash);
+        /* rename first: the old checkpoint disappears at once, never half */
+        if (from && to && renameat(AT_FDCWD, from, AT_FDCWD, to) == 0) {
+            zo__fsync_dir(root);
+            if (remove_flat_dir(to) < 0)
+                ZO_LOGW("prune: could not remove %s", to);
+        }
+        free(from);
+        free(to);
+    }
+    closedir(d);
+}
+
+ZO_API int zo_ckpt_commit(zo_ckpt_writer **wp)
+{
+    if (!wp || !*wp)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_commit: NULL writer");
+    zo_ckpt_writer *w = *wp;
+    int r = 0;
+    char *mtext = NULL, *mpath = NULL, *ltmp = NULL, *lpath = NULL;
+    if (w->failed) {
+        r = ZO_FAIL(NULL, ZO_ESTATE, "zo_ckpt_commit: %s: an earlier write failed", w->name);
+        goto fail;
+    }
+    for (unsigned i = 0; i < w->n; i++)
+        for (uint64_t c = 0; c < w->t[i].nchunks; c++)
+            if (!w->t[i].have[c]) {
+                r = ZO_FAIL(NULL, ZO_ESTATE, "zo_ckpt_commit: %s: tensor '%s' has no data at offset %llu", w->name,
+                            w->t[i].name, (unsigned long long)(c * w->opts.chunk_size));
+                goto fail;
+            }
+    /* 1. data */
+    if ((r = zo_file_sync(w->data)) < 0) {
+        ZO_FAIL(NULL, r, "checkpoint %s: fdatasync of the data failed: %s", w->name, zo_strerror(r));
+        goto fail;
+    }
+    zo_file_close(&w->data);
+    /* 2. manifest */
+    cJSON *m = manifest_build(w);
+    mtext = m ? cJSON_Print(m) : NULL;
+    cJSON_Delete(m);
+    mpath = path_join(w->tmpdir, CKPT_MANIFEST);
+    if (!mtext || !mpath) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    size_t mlen = strlen(mtext);
+    uint32_t mcrc = zo_crc32c(0, mtext, mlen);
+    if ((r = write_file_sync(mpath, mtext, mlen)) < 0) {
+        ZO_FAIL(NULL, r, "checkpoint %s: writing %s failed: %s", w->name, mpath, zo_strerror(r));
+        goto fail;
+    }
+    /* 3. the directory's entries */
+    if ((r = zo__fsync_dir(w->tmpdir)) < 0) {
+        ZO_FAIL(NULL, r, "checkpoint %s: fsync of %s failed: %s", w->name, w->tmpdir, zo_strerror(r));
+        goto fail;
+    }
+    /* 4. publish the directory */
+    if (renameat2(AT_FDCWD, w->tmpdir, AT_FDCWD, w->final, RENAME_NOREPLACE) != 0) {
+        r = -errno;
+        ZO_FAIL(NULL, r, "checkpoint %s: rename to %s failed: %s", w->name, w->final, zo_strerror(r));
+        goto fail;
+    }
+    free(w->tmpdir);
+    w->tmpdir = NULL; /* from here on the checkpoint exists: never remove it */
+    if ((r = zo__fsync_dir(w->root)) < 0) {
+        ZO_FAIL(NULL, r, "checkpoint %s: fsync of %s failed: %s", w->name, w->root, zo_strerror(r));
+        goto fail;
+    }
+    /* 5. point latest at it */
+    char line[ZO_CKPT_NAME_MAX + 16], lname[32];
+    int ln = snprintf(line, sizeof(line), "%s %08x\n", w->name, mcrc);
+    snprintf(lname, sizeof(lname), ".latest.%ld", (long)getpid());
+    ltmp = path_join(w->root, lname);
+    lpath = path_join(w->root, "latest");
+    if (!ltmp || !lpath) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    unlink(ltmp);
+    r = write_file_sync(ltmp, line, (size_t)ln);
+    if (r == 0 && rename(ltmp, lpath) != 0)
+        r = -errno;
+    if (r < 0) {
+        ZO_FAIL(NULL, r, "checkpoint %s: updating %s failed: %s", w->name, lpath, zo_strerror(r));
+        unlink(ltmp);
+        goto fail;
+    }
+    if ((r = zo__fsync_dir(w->root)) < 0) {
+        ZO_FAIL(NULL, r, "checkpoint %s: fsync of %s failed: %s", w->name, w->root, zo_strerror(r));
+        goto fail;
+    }
+    if (w->opts.keep_last)
+        prune(w->root, w->name, w->sequence, w->opts.keep_last);
+    r = 0;
+fail:
+    free(mtext);
+    free(mpath);
+    free(ltmp);
+    free(lpath);
+    if (r < 0 && w->tmpdir) {
+        zo_file_close(&w->data);
+        remove_flat_dir(w->tmpdir);
+    }
+    writer_free(w);
+    *wp = NULL;
+    return r;
+}
+
+ZO_API int zo_ckpt_save(const char *root, const char *name, const zo_ckpt_entry *entries, const void *const *data,
+                        unsigned n, const zo_ckpt_options *opts)
+{
+    if ((!entries || !data) && n)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_save: NULL entries or data");
+    zo_ckpt_writer *w;
+    int r = zo_ckpt_begin(&w, root, name, opts);
+    if (r < 0)
+        return r;
+    for (unsigned i = 0; i < n && r == 0; i++)
+        r = zo_ckpt_add(w, &entries[i], NULL);
+    for (unsigned i = 0; i < n && r == 0; i++)
+        r = zo_ckpt_put(w, i, 0, data[i], entries[i].bytes);
+    if (r < 0) {
+        char why[ZO_ERRMSG_LEN];
+        snprintf(why, sizeof(why), "%s", zo_last_error_detail());
+        zo_ckpt_abort(&w);
+        return ZO_FAIL(NULL, r, "%s", why);
+    }
+    return zo_ckpt_commit(&w);
+}
+
+/* ---- reader ----------------------------------------------------------------------------- */
+ZO_API void zo_ckpt_close(zo_ckpt_reader **rp)
+{
+    if (!rp || !*rp)
+        return;
+    zo_ckpt_reader *r = *rp;
+    zo_file_close(&r->data);
+    zo_aio_destroy(&r->aio);
+    tensors_free(r->t, r->n);
+    free(r->dir);
+    free(r->name);
+    free(r->libver);
+    free(r->user);
+    free(r);
+    *rp = NULL;
+}
+
+ZO_API int zo_ckpt_open(zo_ckpt_reader **out, const char *root, const char *name)
+{
+    if (!out || !root)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_open: NULL argument");
+    *out = NULL;
+    char nm[ZO_CKPT_NAME_MAX + 1];
+    uint32_t want_crc = 0;
+    int via_latest = name == NULL, r;
+    if (via_latest) {
+        if ((r = read_latest(root, nm, sizeof(nm), &want_crc)) < 0)
+            return r;
+        name = nm;
+    } else if (!name_ok(name)) {
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_open: invalid checkpoint name '%s'", name);
+    }
+    zo_ckpt_reader *rd = calloc(1, sizeof(*rd));
+    if (!rd)
+        return -ENOMEM;
+    char *mpath = NULL, *dpath = NULL, *text = NULL;
+    size_t tlen;
+    rd->dir = path_join(root, name);
+    mpath = rd->dir ? path_join(rd->dir, CKPT_MANIFEST) : NULL;
+    dpath = rd->dir ? path_join(rd->dir, CKPT_DATA) : NULL;
+    if (!mpath || !dpath) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    if ((r = read_file(mpath, &text, &tlen, CKPT_MAX_MANIFEST)) < 0) {
+        ZO_FAIL(NULL, r, "checkpoint %s: cannot read %s: %s", name, mpath, zo_strerror(r));
+        goto fail;
+    }
+    if (via_latest && zo_crc32c(0, text, tlen) != want_crc) {
+        r = ZO_FAIL(NULL, ZO_ECORRUPT, "checkpoint %s: %s does not match the crc32c %08x recorded in latest (%08x)",
+                    name, mpath, want_crc, zo_crc32c(0, text, tlen));
+        goto fail;
+    }
+    if ((r = zo_file_open(&rd->data, dpath, ZO_FILE_READ | ZO_FILE_NOFOLLOW)) < 0) {
+        ZO_FAIL(NULL, r, "checkpoint %s: cannot open %s: %s", name, dpath, zo_strerror(r));
+        goto fail;
+    }
+    if ((r = manifest_parse(rd, text, mpath)) < 0)
+        goto fail;
+    if (strcmp(rd->name, name) != 0) {
+        r = ZO_FAIL(NULL, ZO_EFORMAT, "checkpoint %s: its manifest names it '%s'", name, rd->name);
+        goto fail;
+    }
+    free(mpath);
+    free(dpath);
+    free(text);
+    *out = rd;
+    return 0;
+fail:
+    free(mpath);
+    free(dpath);
+    free(text);
+    zo_ckpt_close(&rd);
+    return r;
+}
+
+ZO_API unsigned zo_ckpt_count(const zo_ckpt_reader *r)
+{
+    return r ? r->n : 0;
+}
+
+ZO_API int zo_ckpt_get_entry(const zo_ckpt_reader *r, unsigned i, zo_ckpt_entry *e)
+{
+    if (!r || !e || i >= r->n)
+        return -EINVAL;
+    *e = r->t[i].e;
+    return 0;
+}
+
+ZO_API int zo_ckpt_find(const zo_ckpt_reader *r, const char *name, unsigned *index)
+{
+    if (!r || !name)
+        return -EINVAL;
+    for (unsigned i = 0; i < r->n; i++)
+        if (strcmp(r->t[i].name, name) == 0) {
+            if (index)
+                *index = i;
+            return 0;
+        }
+    return -ENOENT;
+}
+
+ZO_API const char *zo_ckpt_name(const zo_ckpt_reader *r)
+{
+    return r ? r->name : "";
+}
+
+ZO_API const char *zo_ckpt_library_version(const zo_ckpt_reader *r)
+{
+    return r ? r->libver : "";
+}
+
+ZO_API const char *zo_ckpt_user_json(const zo_ckpt_reader *r)
+{
+    return r ? r->user : "";
+}
+
+ZO_API size_t zo_ckpt_chunk_size(const zo_ckpt_reader *r)
+{
+    return r ? r->chunk_size : 0;
+}
+
+ZO_API int zo_ckpt_read(zo_ckpt_reader *r, unsigned i, uint64_t off, void *buf, size_t len)
+{
+    if (!r || !buf || len == 0 || i >= r->n)
+        return ZO_FAIL(NULL, -EINVAL, "zo_ckpt_read: bad argument");
+    ck_tensor *t = &r->t[i];
+    uint64_t chunk = r->chunk_size;
+    if (off > t->e.bytes || len > t->e.bytes - off || off % chunk || ((off + len) % chunk && off + len != t->e.bytes))
+        return ZO_FAIL(NULL, -EINVAL,
+                       "zo_ckpt_read: range [%llu, +%zu) of '%s' (%llu bytes) must start and end on %llu-byte chunk "
+                       "boundaries (or at its end)",
+                       (unsigned long long)off, len, t->name, (unsigned long long)t->e.bytes,
+                       (unsigned long long)chunk);
+    uint64_t c0 = off / chunk, nc = (len + chunk - 1) / chunk;
+    zo_aio_req *reqs[64];
+    int ret = 0;
+    if (!r->aio) { /* made on first use: opening (and pruning) reads no data */
+        zo_aio_config ac;
+        zo_aio_config_default(&ac);
+        if ((ret = zo_aio_create(&r->aio, &ac)) < 0)
+            return ret;
+    }
+    for (uint64_t base = 0; base < nc && ret == 0; base += 64) {
+        uint64_t m = ZO_MIN((uint64_t)64, nc - base), q = 0;
+        for (; q < m; q++) {
+            uint64_t c = c0 + base + q;
+            uint64_t l = ZO_MIN(chunk, t->e.bytes - c * chunk);
+            int e = zo_aio_read(r->aio, r->data, (uint8_t *)buf + (c - c0) * chunk, l, t->offset + c * chunk, NULL,
+                                NULL, &reqs[q]);
+            if (e < 0) {
+                ret = e;
+                break;
+            }
+        }
+        for (uint64_t k = 0; k < q; k++) {
+            uint64_t c = c0 + base + k;
+            int e = zo_aio_wait(r->aio, reqs[k], NULL);
+            if (e < 0) {
+                if (ret == 0)
+                    ret = ZO_FAIL(NULL, e, "checkpoint %s: reading '%s' at %llu failed: %s", r->name, t->name,
+                                  (unsigned long long)(c * chunk), zo_aio_errmsg(r->aio));
+                continue;
+            }
+            if (ret)
+                continue;
+            uint64_t l = ZO_MIN(chunk, t->e.bytes - c * chunk);
+            uint32_t got = zo_crc32c(0, (uint8_t *)buf + (c - c0) * chunk, l);
+            if (got != t->crc[c])
+                ret = ZO_FAIL(NULL, ZO_ECORRUPT,
+                              "checkpoint %s: tensor '%s' corrupt at byte offset %llu (chunk %llu): crc32c 0x%08x, "
+                              "manifest 0x%08x",
+                              r->name, t->name, (unsigned long long)(c * chunk), (unsigned long long)c, got,
+                              t->crc[c]);
+        }
+    }
+    return ret;
+}
+
+ZO_API int zo_ckpt_verify(zo_ckpt_reader *r)
+{
+    if (!r)
+        return -EINVAL;
+    size_t bl = ZO_MAX(r->chunk_size, (size_t)(16u << 20));
+    bl = bl / r->chunk_size * r->chunk_size;
+    void *buf;
+    int ret = zo_aligned_alloc(&buf, bl, 4096);
+    if (ret < 0)
+        return ret;
+    for (unsigned i = 0; i < r->n && ret == 0; i++)
+        for (uint64_t off = 0; off < r->t[i].e.bytes && ret == 0; off += bl)
+            ret = zo_ckpt_read(r, i, off, buf, (size_t)ZO_MIN((uint64_t)bl, r->t[i].e.bytes - off));
+    zo_aligned_free(buf);
+    return ret;
+}
+
+#else /* !ZO_HAVE_CJSON: checkpoints need a JSON library */
+
+#define NO_CJSON(fn) ZO_FAIL(NULL, ZO_ENOTSUP, "%s: built without libcjson (checkpoint manifests)", fn)
+
+ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *name, const zo_ckpt_options *opts)
+{
+    if (out)
+        *out = NULL;
+    return NO_CJSON("zo_ckpt_begin");
+}
+ZO_API int zo_ckpt_add(zo_ckpt_writer *w, const zo_ckpt_entry *e, unsigned *index)
+{
+    return NO_CJSON("zo_ckpt_add");
+}
+ZO_API int zo_ckpt_put(zo_ckpt_writer *w, unsigned index, uint64_t off, const void *buf, size_t len)
+{
+    return NO_CJSON("zo_ckpt_put");
+}
+ZO_API int zo_ckpt_commit(zo_ckpt_writer **w)
+{
+    return NO_CJSON("zo_ckpt_commit");
+}
+ZO_API void zo_ckpt_abort(zo_ckpt_writer **w)
+{
+}
+ZO_API int zo_ckpt_save(const char *root, const char *name, const zo_ckpt_entry *entries, const void *const *data,
+                        unsigned n, const zo_ckpt_options *opts)
+{
+    return NO_CJSON("zo_ckpt_save");
+}
+ZO_API int zo_ckpt_latest(const char *root, char *buf, size_t len)
+{
+    return NO_CJSON("zo_ckpt_latest");
+}
+ZO_API int zo_ckpt_open(zo_ckpt_reader **out, const char *root, const char *name)
+{
+    if (out)
+        *out = NULL;
+    return NO_CJSON("zo_ckpt_open");
+}
+ZO_API void zo_ckpt_close(zo_ckpt_reader **r)
+{
+}
+ZO_API unsigned zo_ckpt_count(const zo_ckpt_reader *r)
+{
+    return 0;
+}
+ZO_API int zo_ckpt_get_entry(const zo_ckpt_reader *r, unsigned i, zo_ckpt_entry *e)
+{
+    return NO_CJSON("zo_ckpt_get_entry");
+}
+ZO_API int zo_ckpt_find(const zo_ckpt_reader *r, const char *name, unsigned *index)
+{
+    return NO_CJSON("zo_ckpt_find");
+}
+ZO_API const char *zo_ckpt_name(const zo_ckpt_reader *r)
+{
+    return "";
+}
+ZO_API const char *zo_ckpt_library_version(const zo_ckpt_reader *r)
+{
+    return "";
+}
+ZO_API const char *zo_ckpt_user_json(const zo_ckpt_reader *r)
+{
+    return "";
+}
+ZO_API size_t zo_ckpt_chunk_size(const zo_ckpt_reader *r)
+{
+    return 0;
+}
+ZO_API int zo_ckpt_read(zo_ckpt_reader *r, unsigned i, uint64_t off, void *buf, size_t len)
+{
+    return NO_CJSON("zo_ckpt_read");
+}
+ZO_API int zo_ckpt_verify(zo_ckpt_reader *r)
+{
+    return NO_CJSON("zo_ckpt_verify");
+}
+#endif

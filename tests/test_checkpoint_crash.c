@@ -1,0 +1,400 @@
+/* Checkpoints: the format and its validation (manifest, checksums, latest,
+ * versions, names), pruning and cleanup, and the crash test: a child
+ * process writing checkpoints in a loop is SIGKILLed at a random moment,
+ * 60 times; after every kill `latest` must name a complete checkpoint (the
+ * previous or a newer one) whose every byte is what was saved, and every
+ * checkpoint directory visible under its final name must be complete. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+
+#include "zo_test.h"
+
+#include <zoffload/zoffload.h>
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024)
+
+static void pattern(uint8_t *p, size_t n, uint64_t a, uint64_t b)
+{
+    zo_test_rng r = {(a * 0x9e3779b97f4a7c15ull) ^ (b * 0xc2b2ae3d27d4eb4full) ^ 0x1234567u};
+    zo_test_next(&r);
+    zo_test_fill_bytes(&r, p, n);
+}
+
+/* The tensors of checkpoint k: three, sizes depending on k. */
+enum { NT = 3 };
+static const char *tnames[NT] = {"layer0.w", "layer0.exp_avg", "layer0.exp_avg_sq"};
+static uint64_t tsize(unsigned i, uint64_t k)
+{
+    return 300 * KiB + i * 77777 + (k % 5) * 4099;
+}
+
+static int save_k(const char *root, uint64_t k, unsigned keep)
+{
+    zo_ckpt_entry e[NT];
+    uint8_t *d[NT];
+    for (unsigned i = 0; i < NT; i++) {
+        memset(&e[i], 0, sizeof(e[i]));
+        e[i].name = tnames[i];
+        e[i].dtype = ZO_DTYPE_U8;
+        e[i].ndim = 1;
+        e[i].shape[0] = tsize(i, k);
+        e[i].bytes = tsize(i, k);
+        d[i] = malloc(e[i].bytes);
+        pattern(d[i], e[i].bytes, k, i);
+    }
+    char name[64], user[64];
+    snprintf(name, sizeof(name), "step-%06llu", (unsigned long long)k);
+    snprintf(user, sizeof(user), "{\"k\":%llu}", (unsigned long long)k);
+    zo_ckpt_options o;
+    zo_ckpt_options_default(&o);
+    o.chunk_size = 64 * KiB;
+    o.keep_last = keep;
+    o.user_json = user;
+    int r = zo_ckpt_save(root, name, e, (const void *const *)d, NT, &o);
+    for (unsigned i = 0; i < NT; i++)
+        free(d[i]);
+    return r;
+}
+
+/* Open `name` (NULL: latest), check every byte against pattern k. Returns
+ * k, or -1 if there is no checkpoint. Fails the test on anything else. */
+static long long check_ckpt(const char *root, const char *name)
+{
+    zo_ckpt_reader *r;
+    int rc = zo_ckpt_open(&r, root, name);
+    if (rc == -ENOENT && !name)
+        return -1;
+    ck_assert_msg(rc == 0, "open %s: %s (%s)", name ? name : "latest", zo_strerror(rc), zo_last_error_detail());
+    const char *u = zo_ckpt_user_json(r);
+    unsigned long long k;
+    ck_assert_msg(sscanf(u, "{\"k\":%llu}", &k) == 1, "user json %s", u);
+    char want[64];
+    snprintf(want, sizeof(want), "step-%06llu", k);
+    ck_assert_str_eq(zo_ckpt_name(r), want);
+    ck_assert_uint_eq(zo_ckpt_count(r), NT);
+    ck_assert_int_eq(zo_ckpt_verify(r), 0);
+    for (unsigned i = 0; i < NT; i++) {
+        zo_ckpt_entry e;
+        unsigned idx;
+        ck_assert_int_eq(zo_ckpt_find(r, tnames[i], &idx), 0);
+        ck_assert_int_eq(zo_ckpt_get_entry(r, idx, &e), 0);
+        ck_assert_uint_eq(e.bytes, tsize(i, k));
+        uint8_t *got = malloc(e.bytes), *exp = malloc(e.bytes);
+        ck_assert_int_eq(zo_ckpt_read(r, idx, 0, got, e.bytes), 0);
+        pattern(exp, e.bytes, k, i);
+        ck_assert_msg(memcmp(got, exp, e.bytes) == 0, "checkpoint %s tensor %s differs", want, tnames[i]);
+        free(got);
+        free(exp);
+    }
+    zo_ckpt_close(&r);
+    return (long long)k;
+}
+
+START_TEST(test_ckpt_roundtrip)
+{
+    char root[300], dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    char nm[64];
+    ck_assert_int_eq(zo_ckpt_latest(root, nm, sizeof(nm)), -ENOENT);
+    ck_assert_int_eq(save_k(root, 1, 0), 0);
+    ck_assert_int_eq(zo_ckpt_latest(root, nm, sizeof(nm)), 0);
+    ck_assert_str_eq(nm, "step-000001");
+    ck_assert_int_eq(check_ckpt(root, NULL), 1);
+    ck_assert_int_eq(save_k(root, 2, 0), 0);
+    ck_assert_int_eq(check_ckpt(root, NULL), 2);
+    ck_assert_int_eq(check_ckpt(root, "step-000001"), 1);
+    ck_assert_int_eq(save_k(root, 2, 0), -EEXIST);
+    /* shape, dtype, library version come back */
+    zo_ckpt_reader *r;
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000002"), 0);
+    zo_ckpt_entry e;
+    ck_assert_int_eq(zo_ckpt_get_entry(r, 1, &e), 0);
+    ck_assert_str_eq(e.name, tnames[1]);
+    ck_assert_uint_eq(e.ndim, 1);
+    ck_assert_uint_eq(e.shape[0], tsize(1, 2));
+    ck_assert_int_eq(e.dtype, ZO_DTYPE_U8);
+    ck_assert_str_eq(zo_ckpt_library_version(r), zo_version_string());
+    ck_assert_uint_eq(zo_ckpt_chunk_size(r), 64 * KiB);
+    uint8_t buf[16];
+    ck_assert_int_eq(zo_ckpt_read(r, 0, 1, buf, 10), -EINVAL); /* not chunk aligned */
+    ck_assert_int_eq(zo_ckpt_find(r, "nope", NULL), -ENOENT);
+    ck_assert_int_eq(zo_ckpt_get_entry(r, 3, &e), -EINVAL);
+    zo_ckpt_close(&r);
+    ck_assert_ptr_null(r);
+    /* writer rules */
+    zo_ckpt_writer *w;
+    ck_assert_int_eq(zo_ckpt_begin(&w, root, ".hidden", NULL), -EINVAL);
+    ck_assert_int_eq(zo_ckpt_begin(&w, root, "a/b", NULL), -EINVAL);
+    ck_assert_int_eq(zo_ckpt_begin(&w, root, "latest", NULL), -EINVAL);
+    zo_ckpt_options o;
+    zo_ckpt_options_default(&o);
+    o.user_json = "{not json";
+    ck_assert_int_eq(zo_ckpt_begin(&w, root, "x", &o), ZO_EFORMAT);
+    ck_assert_int_eq(zo_ckpt_begin(&w, root, "x", NULL), 0);
+    zo_ckpt_entry a = {.name = "t", .dtype = ZO_DTYPE_F32, .bytes = 100};
+    ck_assert_int_eq(zo_ckpt_add(w, &a, NULL), 0);
+    ck_assert_int_eq(zo_ckpt_add(w, &a, NULL), -EEXIST);
+    zo_ckpt_entry bad = {.name = "z", .dtype = ZO_DTYPE_F32, .bytes = 0};
+    ck_assert_int_eq(zo_ckpt_add(w, &bad, NULL), -EINVAL);
+    float f[25] = {0};
+    ck_assert_int_eq(zo_ckpt_put(w, 0, 0, f, 99), -EINVAL);
+    ck_assert_int_eq(zo_ckpt_put(w, 1, 0, f, 100), -EINVAL);
+    /* incomplete: nothing is published */
+    zo_ckpt_entry b = {.name = "u", .dtype = ZO_DTYPE_F32, .bytes = 8};
+    ck_assert_int_eq(zo_ckpt_add(w, &b, NULL), 0);
+    ck_assert_int_eq(zo_ckpt_put(w, 0, 0, f, 100), 0);
+    ck_assert_int_eq(zo_ckpt_add(w, &b, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_ckpt_put(w, 0, 0, f, 100), ZO_ESTATE); /* twice */
+    ck_assert_int_eq(zo_ckpt_commit(&w), ZO_ESTATE);
+    ck_assert_ptr_null(w);
+    ck_assert_int_eq(check_ckpt(root, NULL), 2);
+    char p[400];
+    snprintf(p, sizeof(p), "%s/x", root);
+    ck_assert_int_ne(access(p, F_OK), 0);
+    /* abort leaves nothing */
+    ck_assert_int_eq(zo_ckpt_begin(&w, root, "y", NULL), 0);
+    zo_ckpt_abort(&w);
+    ck_assert_ptr_null(w);
+    DIR *d = opendir(root);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        ck_assert_msg(strncmp(de->d_name, ".tmp-", 5) != 0, "left %s", de->d_name);
+    closedir(d);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+static void rewrite_file(const char *path, const char *from, const char *to)
+{
+    int fd = open(path, O_RDONLY);
+    char *b = malloc(1 << 20);
+    ssize_t n = read(fd, b, (1 << 20) - 1);
+    close(fd);
+    b[n] = 0;
+    char *at = strstr(b, from);
+    ck_assert_ptr_nonnull(at);
+    char *out = malloc((size_t)n + strlen(to) + 1);
+    size_t pre = (size_t)(at - b);
+    memcpy(out, b, pre);
+    strcpy(out + pre, to);
+    strcat(out, at + strlen(from));
+    fd = open(path, O_WRONLY | O_TRUNC);
+    ck_assert_int_eq(write(fd, out, strlen(out)), (ssize_t)strlen(out));
+    close(fd);
+    free(b);
+    free(out);
+}
+
+START_TEST(test_ckpt_validation)
+{
+    char root[300], dir[256], p[400], q[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    ck_assert_int_eq(save_k(root, 5, 0), 0);
+    zo_ckpt_reader *r;
+    /* a flipped data byte: ZO_ECORRUPT naming tensor and offset */
+    snprintf(p, sizeof(p), "%s/step-000005/tensors.bin", root);
+    int fd = open(p, O_RDWR);
+    uint8_t v;
+    off_t where = 4096 * 75 + 64 * 1024 + 10; /* tensor 0 ends at ~300 KiB: its chunk 1 */
+    (void)where;
+    ck_assert_int_eq(pread(fd, &v, 1, 64 * 1024 + 10), 1);
+    v ^= 1;
+    ck_assert_int_eq(pwrite(fd, &v, 1, 64 * 1024 + 10), 1);
+    close(fd);
+    ck_assert_int_eq(zo_ckpt_open(&r, root, NULL), 0);
+    ck_assert_int_eq(zo_ckpt_verify(r), ZO_ECORRUPT);
+    const char *msg = zo_last_error_detail();
+    ck_assert_msg(strstr(msg, "'layer0.w'") && strstr(msg, "offset 65536"), "detail: %s", msg);
+    zo_ckpt_close(&r);
+    fd = open(p, O_RDWR);
+    v ^= 1;
+    ck_assert_int_eq(pwrite(fd, &v, 1, 64 * 1024 + 10), 1);
+    close(fd);
+    ck_assert_int_eq(check_ckpt(root, NULL), 5);
+    /* a truncated data file */
+    ck_assert_int_eq(truncate(p, 100000), 0);
+    ck_assert_int_eq(zo_ckpt_open(&r, root, NULL), ZO_ETRUNC);
+    /* manifest edits: through latest the manifest crc catches them */
+    ck_assert_int_eq(save_k(root, 6, 0), 0);
+    snprintf(q, sizeof(q), "%s/step-000006/manifest.json", root);
+    rewrite_file(q, "\"format_version\":\t1", "\"format_version\":\t99");
+    ck_assert_int_eq(zo_ckpt_open(&r, root, NULL), ZO_ECORRUPT);
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EVERSION);
+    rewrite_file(q, "\"format_version\":\t99", "\"format_version\":\t\"one\"");
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EFORMAT);
+    rewrite_file(q, "\"format_version\":\t\"one\"", "\"format_version\":\t1");
+    ck_assert_int_eq(check_ckpt(root, "step-000006"), 6);
+    rewrite_file(q, "\"dtype\":\t\"u8\"", "\"dtype\":\t\"u9\"");
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "u9"));
+    rewrite_file(q, "\"dtype\":\t\"u9\"", "\"dtype\":\t\"u8\"");
+    rewrite_file(q, "\"tensors\":", "\"tensorz\":");
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EFORMAT);
+    ck_assert_int_eq(truncate(q, 50), 0);
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EFORMAT);
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000042"), -ENOENT);
+    /* a malformed latest */
+    snprintf(p, sizeof(p), "%s/latest", root);
+    fd = open(p, O_WRONLY | O_TRUNC);
+    ck_assert_int_eq(write(fd, "garbage", 7), 7);
+    close(fd);
+    ck_assert_int_eq(zo_ckpt_open(&r, root, NULL), ZO_EFORMAT);
+    char nm[64];
+    ck_assert_int_eq(zo_ckpt_latest(root, nm, sizeof(nm)), ZO_EFORMAT);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(test_ckpt_prune_and_stale)
+{
+    char root[300], dir[256], p[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    for (uint64_t k = 1; k <= 5; k++)
+        ck_assert_int_eq(save_k(root, k, 2), 0);
+    int n = 0;
+    DIR *d = opendir(root);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        if (de->d_name[0] != '.' && strcmp(de->d_name, "latest"))
+            n++;
+    closedir(d);
+    ck_assert_int_eq(n, 2);
+    ck_assert_int_eq(check_ckpt(root, NULL), 5);
+    ck_assert_int_eq(check_ckpt(root, "step-000004"), 4);
+    /* leftovers of a writer that died (pid 0x7ffffffe is never alive) */
+    snprintf(p, sizeof(p), "%s/.tmp-step-000009.%d", root, 0x7ffffffe);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    char f[500];
+    snprintf(f, sizeof(f), "%s/tensors.bin", p);
+    int fd = open(f, O_CREAT | O_WRONLY, 0600);
+    close(fd);
+    /* ... and of a live one (this process) stay */
+    char live[400];
+    snprintf(live, sizeof(live), "%s/.tmp-other.%ld", root, (long)getpid());
+    ck_assert_int_eq(mkdir(live, 0700), 0);
+    ck_assert_int_eq(save_k(root, 6, 2), 0);
+    ck_assert_int_ne(access(p, F_OK), 0);
+    ck_assert_int_eq(access(live, F_OK), 0);
+    /* a root that is a symlink is refused */
+    char link[400];
+    snprintf(link, sizeof(link), "%s/ln", dir);
+    ck_assert_int_eq(symlink(root, link), 0);
+    zo_ckpt_writer *w;
+    ck_assert_int_eq(zo_ckpt_begin(&w, link, "z", NULL), -ELOOP);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* ---- the crash test ------------------------------------------------------------ */
+static uint64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+}
+
+START_TEST(test_ckpt_crash)
+{
+    char root[300], dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    /* how long one checkpoint takes here */
+    uint64_t t0 = now_us();
+    ck_assert_int_eq(save_k(root, 1, 2), 0);
+    ck_assert_int_eq(save_k(root, 2, 2), 0);
+    uint64_t per = (now_us() - t0) / 2;
+    long long last = check_ckpt(root, NULL);
+    ck_assert_int_eq(last, 2);
+    zo_test_rng rng = {zo_test_seed() ^ 0xc4a5};
+    enum { KILLS = 60 };
+    int advanced = 0, same = 0;
+    for (int kill_no = 0; kill_no < KILLS; kill_no++) {
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            zo_log_set_level(ZO_LOG_OFF);
+            /* a name may exist already: a killed writer published it but
+             * died before moving `latest` to it */
+            for (uint64_t k = (uint64_t)last + 1;; k++) {
+                int r = save_k(root, k, 2);
+                if (r != 0 && r != -EEXIST) {
+                    fprintf(stderr, "child: checkpoint %llu: %s (%s)\n", (unsigned long long)k, zo_strerror(r),
+                            zo_last_error_detail());
+                    _exit(3);
+                }
+            }
+        }
+        /* somewhere in the first one to three checkpoints of the child */
+        uint64_t delay = zo_test_next(&rng) % (3 * per + 1);
+        struct timespec ts = {(time_t)(delay / 1000000u), (long)(delay % 1000000u) * 1000};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "child ended by itself (status 0x%x)", st);
+        /* latest: complete, and the previous or a newer one */
+        long long k = check_ckpt(root, NULL);
+        ck_assert_msg(k >= last, "latest went back from %lld to %lld", last, k);
+        if (k > last)
+            advanced++;
+        else
+            same++;
+        /* every checkpoint visible under its own name is complete */
+        DIR *d = opendir(root);
+        struct dirent *de;
+        int visible = 0;
+        while ((de = readdir(d))) {
+            if (de->d_name[0] == '.' || !strcmp(de->d_name, "latest"))
+                continue;
+            check_ckpt(root, de->d_name);
+            visible++;
+        }
+        closedir(d);
+        ck_assert_int_ge(visible, 1);
+        last = k;
+    }
+    fprintf(stderr, "crash test: %d kills, latest advanced %d times, stayed %d times (one checkpoint: %.1f ms)\n",
+            KILLS, advanced, same, (double)per / 1000.0);
+    ck_assert_int_gt(advanced, 5);
+    ck_assert_int_gt(same, 5);
+    /* the next writer cleans up what the killed ones left */
+    uint64_t next = (uint64_t)last + 1;
+    int r;
+    while ((r = save_k(root, next, 2)) == -EEXIST)
+        next++;
+    ck_assert_int_eq(r, 0);
+    DIR *d = opendir(root);
+    struct dirent *de;
+    while ((de = readdir(d)))
+        ck_assert_msg(strncmp(de->d_name, ".tmp-", 5) != 0 && strncmp(de->d_name, ".trash-", 7) != 0 &&
+                          strncmp(de->d_name, ".latest.", 8) != 0,
+                      "left behind: %s", de->d_name);
+    closedir(d);
+    ck_assert_int_eq(check_ckpt(root, NULL), (long long)next);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+int main(void)
+{
+    zo_log_set_level(ZO_LOG_ERROR);
+    if (!(zo_build_features() & ZO_BUILD_CJSON))
+        ZO_TEST_SKIP("built without libcjson: no checkpoints");
+    Suite *s = suite_create("checkpoint");
+    TCase *tc = tcase_create("ckpt");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_ckpt_roundtrip);
+    tcase_add_test(tc, test_ckpt_validation);
+    tcase_add_test(tc, test_ckpt_prune_and_stale);
+    tcase_add_test(tc, test_ckpt_crash);
+    suite_add_tcase(s, tc);
+    return zo_test_run(s);
+}

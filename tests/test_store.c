@@ -1,0 +1,1023 @@
+/* Tiered store on the host device backend (the reference: "device memory"
+ * is host memory capped by host_mem_limit), real pinned memory and a real
+ * swap store: exact contents through every tier pair, a tensor larger than
+ * the pool, budgets, eviction with write-back, streams, checkpoints of
+ * tensors in any tier, corruption surfacing through acquire, a randomized
+ * model test (budgets asserted at every step), and trace-driven prefetch
+ * (stalls with prefetch < 5% of stalls without, on a replayed sequence
+ * whose I/O fits in the compute time between accesses). */
+#include <fcntl.h>
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "zo_test.h"
+
+#include <zoffload/zoffload.h>
+
+#define KiB 1024ull
+#define MiB (1024ull * 1024)
+
+typedef struct env {
+    char dir[256];
+    zo_dev *dev;
+    zo_swap *swap;
+    zo_store *st;
+    zo_store_config cfg;
+} env;
+
+static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slot, unsigned slots, size_t chunk,
+                     zo_trace_mode trace)
+{
+    memset(e, 0, sizeof(*e));
+    zo_test_mkdtemp(e->dir, sizeof(e->dir));
+    zo_dev_config dc;
+    zo_dev_config_default(&dc);
+    dc.host_mem_limit = dev_bytes + 1 * MiB;
+    ck_assert_int_eq(zo_dev_open(&e->dev, &dc), 0);
+    const char *dirs[] = {e->dir};
+    zo_swap_config sc;
+    zo_swap_config_default(&sc);
+    sc.dirs = dirs;
+    sc.ndirs = 1;
+    sc.chunk_size = chunk;
+    sc.arena_size = 16 * MiB;
+    ck_assert_int_eq(zo_swap_create(&e->swap, &sc), 0);
+    zo_store_config_default(&e->cfg);
+    e->cfg.dev = dev_bytes ? e->dev : NULL;
+    e->cfg.device_bytes = dev_bytes;
+    e->cfg.host_bytes = host_bytes;
+    e->cfg.swap = e->swap;
+    e->cfg.slot_size = slot;
+    e->cfg.slots = slots;
+    e->cfg.trace = trace;
+    int r = zo_store_create(&e->st, &e->cfg);
+    ck_assert_msg(r == 0, "zo_store_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
+}
+
+static void env_close(env *e)
+{
+    zo_store_destroy(&e->st);
+    ck_assert_ptr_null(e->st);
+    zo_swap_destroy(&e->swap);
+    zo_dev_close(&e->dev);
+    zo_test_rmtree(e->dir);
+}
+
+static void pattern(uint8_t *p, size_t n, uint64_t id, uint64_t ver)
+{
+    zo_test_rng r = {(id * 0x9e3779b97f4a7c15ull) ^ (ver * 0xc2b2ae3d27d4eb4full) ^ 0x5bd1e995u};
+    zo_test_next(&r);
+    zo_test_fill_bytes(&r, p, n);
+}
+
+static zo_tensor *reg(zo_store *s, const char *name, uint64_t bytes, zo_tier home)
+{
+    zo_tensor_desc d;
+    zo_tensor_desc_default(&d);
+    d.name = name;
+    d.bytes = bytes;
+    d.dtype = ZO_DTYPE_U8;
+    d.home = home;
+    zo_tensor *t = NULL;
+    int r = zo_store_register(s, &d, &t);
+    ck_assert_msg(r == 0, "register %s: %s (%s)", name, zo_strerror(r), zo_last_error_detail());
+    return t;
+}
+
+static void *acq(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags)
+{
+    zo_store_req *q;
+    int r = zo_store_acquire(s, t, x, flags, &q);
+    ck_assert_msg(r == 0, "acquire: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    void *p = NULL;
+    r = zo_store_wait(s, q, &p);
+    ck_assert_msg(r == 0, "wait: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    ck_assert_ptr_nonnull(p);
+    return p;
+}
+
+static void check_budgets(zo_store *s, const zo_store_config *c)
+{
+    zo_store_stats st;
+    zo_store_get_stats(s, &st);
+    for (int x = 0; x < ZO_TIER_COUNT; x++) {
+        ZO_EXPECT(st.used[x] <= st.budget[x], "tier %s: used %llu > budget %llu", zo_tier_name((zo_tier)x),
+                  (unsigned long long)st.used[x], (unsigned long long)st.budget[x]);
+        ZO_EXPECT(st.peak[x] <= st.budget[x], "tier %s: peak over budget", zo_tier_name((zo_tier)x));
+    }
+    ZO_EXPECT(st.pool_in_use <= st.pool_slots && st.pool_peak <= st.pool_slots, "pool: %zu/%zu slots (peak %zu)",
+              st.pool_in_use, st.pool_slots, st.pool_peak);
+    ZO_EXPECT(st.pinned_bytes == c->host_bytes + (uint64_t)c->slots * c->slot_size,
+              "pinned %llu != host tier + pool", (unsigned long long)st.pinned_bytes);
+}
+
+/* Every tier pair, exact bytes. */
+START_TEST(test_store_tiers)
+{
+    env e;
+    env_open(&e, 8 * MiB, 8 * MiB, 256 * KiB, 6, 64 * KiB, ZO_TRACE_OFF);
+    const uint64_t n = 700 * KiB + 123;
+    zo_tier homes[] = {ZO_TIER_NVME, ZO_TIER_HOST, ZO_TIER_DEVICE};
+    uint8_t *want = malloc(n), *got = malloc(n);
+    for (int h = 0; h < 3; h++) {
+        char nm[32];
+        snprintf(nm, sizeof(nm), "t-%s", zo_tier_name(homes[h]));
+        zo_tensor *t = reg(e.st, nm, n, homes[h]);
+        /* zeros at first, wherever it lives */
+        ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+        for (uint64_t k = 0; k < n; k++)
+            ZO_EXPECT(got[k] == 0, "%s byte %llu not zero", nm, (unsigned long long)k);
+        pattern(want, n, (uint64_t)h, 1);
+        ck_assert_int_eq(zo_store_write(e.st, t, 0, want, n), 0);
+        for (int x = 0; x < 2; x++) {
+            uint8_t *p = acq(e.st, t, (zo_tier)x, 0);
+            ck_assert_msg(memcmp(p, want, n) == 0, "%s in %s differs", nm, zo_tier_name((zo_tier)x));
+            ck_assert_int_eq(zo_store_release(e.st, t, (zo_tier)x, 0), 0);
+        }
+        /* modify on the device, read it back through host and the API */
+        uint8_t *d = acq(e.st, t, ZO_TIER_DEVICE, ZO_ACQ_WRITE);
+        pattern(want, n, (uint64_t)h, 2);
+        memcpy(d, want, n);
+        zo_tensor_info ti;
+        ck_assert_int_eq(zo_store_tensor_info(e.st, t, &ti), 0);
+        ck_assert_uint_eq(ti.refs[ZO_TIER_DEVICE], 1);
+        ck_assert_int_eq(ti.state[ZO_TIER_DEVICE], ZO_COPY_RESIDENT);
+        if (homes[h] != ZO_TIER_DEVICE) {
+            ck_assert_int_eq(ti.dirty[ZO_TIER_DEVICE], 1);
+            ck_assert_int_eq(ti.state[homes[h]], ZO_COPY_ABSENT); /* stale */
+        }
+        /* another tier cannot be acquired while it is held for writing */
+        zo_store_req *q;
+        ck_assert_int_eq(zo_store_acquire(e.st, t, ZO_TIER_HOST, 0, &q), -EBUSY);
+        ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0), 0);
+        ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0), ZO_ESTATE);
+        uint8_t *hp = acq(e.st, t, ZO_TIER_HOST, 0);
+        ck_assert_msg(memcmp(hp, want, n) == 0, "%s: device->host differs", nm);
+        ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_HOST, 0), 0);
+        ck_assert_int_eq(zo_store_flush(e.st, NULL), 0);
+        ck_assert_int_eq(zo_store_tensor_info(e.st, t, &ti), 0);
+        ck_assert_int_eq(ti.state[homes[h]], ZO_COPY_RESIDENT);
+        ck_assert_int_eq(ti.dirty[ZO_TIER_DEVICE], 0);
+        memset(got, 0, n);
+        ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+        ck_assert_msg(memcmp(got, want, n) == 0, "%s: read after flush differs", nm);
+        /* partial unaligned rewrite through the API */
+        uint8_t patch[1000];
+        pattern(patch, sizeof(patch), 99, (uint64_t)h);
+        ck_assert_int_eq(zo_store_write(e.st, t, 300 * KiB - 17, patch, sizeof(patch)), 0);
+        memcpy(want + 300 * KiB - 17, patch, sizeof(patch));
+        ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+        ck_assert_msg(memcmp(got, want, n) == 0, "%s: partial write differs", nm);
+        ck_assert_int_eq(zo_store_read(e.st, t, 299 * KiB, got, 5 * KiB), 0);
+        ck_assert(memcmp(got, want + 299 * KiB, 5 * KiB) == 0);
+        /* a discard acquire loads nothing and becomes the current copy */
+        uint8_t *dd = acq(e.st, t, ZO_TIER_HOST, ZO_ACQ_DISCARD);
+        pattern(want, n, (uint64_t)h, 3);
+        memcpy(dd, want, n);
+        ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_HOST, ZO_REL_WRITEBACK), 0);
+        ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+        ck_assert_msg(memcmp(got, want, n) == 0, "%s: discard+write differs", nm);
+        check_budgets(e.st, &e.cfg);
+    }
+    zo_tensor *t;
+    ck_assert_int_eq(zo_store_find(e.st, "t-host", &t), 0);
+    ck_assert_int_eq(zo_store_find(e.st, "nope", &t), -ENOENT);
+    zo_tensor_desc d;
+    zo_tensor_desc_default(&d);
+    d.name = "t-host";
+    d.bytes = 10;
+    ck_assert_int_eq(zo_store_register(e.st, &d, &t), -EEXIST);
+    d.name = "";
+    ck_assert_int_eq(zo_store_register(e.st, &d, &t), -EINVAL);
+    d.name = "shape";
+    d.ndim = 2;
+    d.shape[0] = 3;
+    d.shape[1] = 5;
+    d.bytes = 0;
+    d.dtype = ZO_DTYPE_F32;
+    ck_assert_int_eq(zo_store_register(e.st, &d, &t), 0);
+    zo_tensor_info ti;
+    zo_store_tensor_info(e.st, t, &ti);
+    ck_assert_uint_eq(ti.bytes, 60);
+    d.name = "mismatch";
+    d.bytes = 61;
+    ck_assert_int_eq(zo_store_register(e.st, &d, &t), -EINVAL);
+    zo_store_req *q;
+    ck_assert_int_eq(zo_store_acquire(e.st, t, ZO_TIER_NVME, 0, &q), -EINVAL);
+    free(want);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
+/* A tensor 10x larger than the pool moves NVMe <-> device in slot-sized
+ * pieces; pinned memory stays what was configured. */
+START_TEST(test_store_big_through_pool)
+{
+    env e;
+    env_open(&e, 16 * MiB, 0, 128 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    const uint64_t n = 5 * MiB + 4097;
+    zo_tensor *t = reg(e.st, "big", n, ZO_TIER_NVME);
+    uint8_t *want = malloc(n), *got = malloc(n);
+    pattern(want, n, 7, 1);
+    ck_assert_int_eq(zo_store_write(e.st, t, 0, want, n), 0);
+    uint8_t *d = acq(e.st, t, ZO_TIER_DEVICE, ZO_ACQ_WRITE);
+    ck_assert(memcmp(d, want, n) == 0);
+    for (uint64_t k = 0; k < n; k += 4096)
+        d[k] ^= 0x5a;
+    memcpy(want, d, n);
+    ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, ZO_REL_DROP), 0);
+    ck_assert_int_eq(zo_store_flush(e.st, NULL), 0);
+    zo_tensor_info ti;
+    zo_store_tensor_info(e.st, t, &ti);
+    ck_assert_int_eq(ti.state[ZO_TIER_DEVICE], ZO_COPY_ABSENT); /* dropped after its write-back */
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+    ck_assert(memcmp(got, want, n) == 0);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_ge(st.moved[ZO_TIER_NVME][ZO_TIER_DEVICE], n);
+    ck_assert_uint_ge(st.moved[ZO_TIER_DEVICE][ZO_TIER_NVME], n);
+    ck_assert_uint_le(st.pool_peak, 4);
+    ck_assert_uint_eq(st.pinned_bytes, 4 * 128 * KiB);
+    /* the pool is registered with the device and, as fixed buffers, with
+     * io_uring (root or a large enough RLIMIT_MEMLOCK), and used as such */
+    ck_assert_int_eq(st.pool_dev_registered, 1);
+    zo_aio *aio = zo_swap_get_aio(e.swap);
+    if (st.pool_locked && zo_aio_get_backend(aio) == ZO_AIO_URING) {
+        zo_aio_info ai;
+        zo_aio_get_info(aio, &ai);
+        if (ai.fixed_buffers) {
+            ck_assert_int_eq(st.pool_aio_fixed, 1);
+            zo_aio_stats as;
+            zo_aio_get_stats(aio, &as);
+            ck_assert_uint_gt(as.fixed_chunks, 0);
+        }
+    }
+    zo_pinned_stats ps;
+    zo_pinned_stats_get(&ps);
+    ck_assert_uint_le(ps.locked_bytes + ps.unlocked_bytes, 4 * 128 * KiB + 2 * MiB); /* pool only (page-rounded) */
+    check_budgets(e.st, &e.cfg);
+    free(want);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
+START_TEST(test_store_budget_evict)
+{
+    env e;
+    /* device tier: room for two 1 MiB tensors */
+    env_open(&e, 2 * MiB + 64 * KiB, 4 * MiB, 256 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    zo_tensor *t[3];
+    uint8_t *want[3];
+    for (int i = 0; i < 3; i++) {
+        char nm[8];
+        snprintf(nm, sizeof(nm), "e%d", i);
+        t[i] = reg(e.st, nm, MiB, ZO_TIER_NVME);
+        want[i] = malloc(MiB);
+        pattern(want[i], MiB, (uint64_t)i, 1);
+        ck_assert_int_eq(zo_store_write(e.st, t[i], 0, want[i], MiB), 0);
+    }
+    zo_tensor *huge = reg(e.st, "huge", 3 * MiB, ZO_TIER_NVME);
+    zo_store_req *q;
+    ck_assert_int_eq(zo_store_acquire(e.st, huge, ZO_TIER_DEVICE, 0, &q), ZO_EBUDGET);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "huge"));
+    /* modify e0 and e1 on the device, keep both referenced: e2 cannot fit */
+    for (int i = 0; i < 2; i++) {
+        uint8_t *d = acq(e.st, t[i], ZO_TIER_DEVICE, ZO_ACQ_WRITE);
+        pattern(want[i], MiB, (uint64_t)i, 2);
+        memcpy(d, want[i], MiB);
+    }
+    ck_assert_int_eq(zo_store_acquire(e.st, t[2], ZO_TIER_DEVICE, 0, &q), 0);
+    void *p;
+    ck_assert_int_eq(zo_store_wait(e.st, q, &p), ZO_EBUDGET);
+    ck_assert_ptr_null(p);
+    zo_tensor_info ti;
+    zo_store_tensor_info(e.st, t[2], &ti);
+    ck_assert_uint_eq(ti.refs[ZO_TIER_DEVICE], 0);
+    /* release e0 (least recently used): e2 evicts it, writing it back first */
+    ck_assert_int_eq(zo_store_release(e.st, t[0], ZO_TIER_DEVICE, 0), 0);
+    uint8_t *d2 = acq(e.st, t[2], ZO_TIER_DEVICE, 0);
+    ck_assert(memcmp(d2, want[2], MiB) == 0);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_ge(st.writebacks, 1);
+    ck_assert_uint_ge(st.evictions, 1);
+    zo_store_tensor_info(e.st, t[0], &ti);
+    ck_assert_int_eq(ti.state[ZO_TIER_DEVICE], ZO_COPY_ABSENT);
+    ck_assert_int_eq(ti.state[ZO_TIER_NVME], ZO_COPY_RESIDENT);
+    uint8_t *got = malloc(MiB);
+    ck_assert_int_eq(zo_store_read(e.st, t[0], 0, got, MiB), 0);
+    ck_assert(memcmp(got, want[0], MiB) == 0);
+    ck_assert_int_eq(zo_store_release(e.st, t[1], ZO_TIER_DEVICE, 0), 0);
+    ck_assert_int_eq(zo_store_release(e.st, t[2], ZO_TIER_DEVICE, 0), 0);
+    /* unregister: refused while referenced, fine after */
+    uint8_t *h = acq(e.st, t[1], ZO_TIER_HOST, 0);
+    ck_assert(memcmp(h, want[1], MiB) == 0);
+    ck_assert_int_eq(zo_store_unregister(e.st, &t[1]), -EBUSY);
+    ck_assert_int_eq(zo_store_release(e.st, t[1], ZO_TIER_HOST, 0), 0);
+    ck_assert_int_eq(zo_store_unregister(e.st, &t[1]), 0);
+    ck_assert_ptr_null(t[1]);
+    check_budgets(e.st, &e.cfg);
+    free(got);
+    for (int i = 0; i < 3; i++)
+        free(want[i]);
+    env_close(&e);
+}
+END_TEST
+
+/* The optimizer's pattern: three tensors walked in lockstep, read-ahead 2,
+ * updated in the slot, written behind. */
+START_TEST(test_store_streams)
+{
+    env e;
+    env_open(&e, 0, 0, 64 * KiB, 13, 64 * KiB, ZO_TRACE_OFF);
+    const uint64_t nel = (3 * MiB + 1000) / 4, n = nel * 4;
+    zo_tensor *w = reg(e.st, "master", n, ZO_TIER_NVME), *m = reg(e.st, "m", n, ZO_TIER_NVME),
+              *v = reg(e.st, "v", n, ZO_TIER_NVME);
+    float *init = malloc(n);
+    for (uint64_t i = 0; i < nel; i++)
+        init[i] = (float)i;
+    ck_assert_int_eq(zo_store_write(e.st, w, 0, init, n), 0);
+    zo_store_stream *sw, *sm, *sv, *extra;
+    unsigned mode = ZO_STREAM_READ | ZO_STREAM_WRITE;
+    ck_assert_int_eq(zo_store_stream_open(e.st, w, mode, 2, &sw), 0);
+    ck_assert_int_eq(zo_store_stream_open(e.st, m, mode, 2, &sm), 0);
+    ck_assert_int_eq(zo_store_stream_open(e.st, v, mode, 2, &sv), 0);
+    /* 12 slots reserved, one left for transfers: no room for a fourth */
+    ck_assert_int_eq(zo_store_stream_open(e.st, v, ZO_STREAM_READ, 1, &extra), -EBUSY);
+    zo_store_req *q;
+    ck_assert_int_eq(zo_store_acquire(e.st, w, ZO_TIER_NVME, 0, &q), -EINVAL);
+    for (int step = 0;; step++) {
+        zo_store_piece pw, pm, pv;
+        ck_assert_int_eq(zo_store_stream_next(sw, &pw), 0);
+        ck_assert_int_eq(zo_store_stream_next(sm, &pm), 0);
+        ck_assert_int_eq(zo_store_stream_next(sv, &pv), 0);
+        if (!pw.len) {
+            ck_assert_uint_eq(pm.len, 0);
+            break;
+        }
+        ck_assert_uint_eq(pw.off, pm.off);
+        ck_assert_uint_eq(pw.len, pv.len);
+        ck_assert_uint_eq(pw.index, (unsigned)step);
+        float *fw = pw.host, *fm = pm.host, *fv = pv.host;
+        for (size_t i = 0; i < pw.len / 4; i++) {
+            fm[i] = fw[i] * 0.5f;
+            fv[i] = fw[i] + 1.0f;
+            fw[i] = -fw[i];
+        }
+        ck_assert_int_eq(zo_store_stream_done(sw, &pw), 0);
+        ck_assert_int_eq(zo_store_stream_done(sm, &pm), 0);
+        ck_assert_int_eq(zo_store_stream_done(sv, &pv), 0);
+    }
+    ck_assert_int_eq(zo_store_stream_close(&sw), 0);
+    ck_assert_int_eq(zo_store_stream_close(&sm), 0);
+    ck_assert_int_eq(zo_store_stream_close(&sv), 0);
+    ck_assert_ptr_null(sw);
+    float *got = malloc(n);
+    ck_assert_int_eq(zo_store_read(e.st, w, 0, got, n), 0);
+    for (uint64_t i = 0; i < nel; i++)
+        ZO_EXPECT(got[i] == -(float)i, "master[%llu] = %g", (unsigned long long)i, (double)got[i]);
+    ck_assert_int_eq(zo_store_read(e.st, m, 0, got, n), 0);
+    for (uint64_t i = 0; i < nel; i++)
+        ZO_EXPECT(got[i] == (float)i * 0.5f, "m[%llu] = %g", (unsigned long long)i, (double)got[i]);
+    ck_assert_int_eq(zo_store_read(e.st, v, 0, got, n), 0);
+    for (uint64_t i = 0; i < nel; i++)
+        ZO_EXPECT(got[i] == (float)i + 1.0f, "v[%llu] = %g", (unsigned long long)i, (double)got[i]);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_le(st.pool_peak, 13);
+    check_budgets(e.st, &e.cfg);
+    free(init);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
+/* Corruption in an arena surfaces through acquire, naming the tensor. */
+START_TEST(test_store_corrupt)
+{
+    env e;
+    env_open(&e, 4 * MiB, 4 * MiB, 64 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    const uint64_t n = 256 * KiB;
+    zo_tensor *t = reg(e.st, "decoder.7.w", n, ZO_TIER_NVME);
+    uint8_t *want = malloc(n);
+    pattern(want, n, 1, 1);
+    ck_assert_int_eq(zo_store_write(e.st, t, 0, want, n), 0);
+    DIR *d = opendir(e.dir);
+    struct dirent *de;
+    int flipped = 0;
+    uint8_t *buf = malloc(16 * MiB);
+    while (!flipped && (de = readdir(d))) {
+        if (strncmp(de->d_name, "zo-swap.", 8))
+            continue;
+        char p[4400];
+        snprintf(p, sizeof(p), "%s/%s", e.dir, de->d_name);
+        int fd = open(p, O_RDWR);
+        ssize_t got = pread(fd, buf, 16 * MiB, 0);
+        for (ssize_t o = 0; got > 0 && o + 64 <= got; o += 4096)
+            if (memcmp(buf + o, want + 128 * KiB, 64) == 0) {
+                uint8_t b = (uint8_t)~buf[o + 5];
+                ck_assert_int_eq(pwrite(fd, &b, 1, o + 5), 1);
+                flipped = 1;
+                break;
+            }
+        close(fd);
+    }
+    closedir(d);
+    free(buf);
+    ck_assert(flipped);
+    for (int x = 0; x < 2; x++) {
+        zo_store_req *q;
+        ck_assert_int_eq(zo_store_acquire(e.st, t, (zo_tier)x, 0, &q), 0);
+        ck_assert_int_eq(zo_store_wait(e.st, q, NULL), ZO_ECORRUPT);
+        const char *msg = zo_last_error_detail();
+        ck_assert_msg(strstr(msg, "'decoder.7.w'") && strstr(msg, "offset 131072"), "detail: %s", msg);
+        zo_tensor_info ti;
+        zo_store_tensor_info(e.st, t, &ti);
+        ck_assert_uint_eq(ti.refs[x], 0);
+        ck_assert_int_eq(ti.state[x], ZO_COPY_ABSENT);
+    }
+    uint8_t *got = malloc(n);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), ZO_ECORRUPT);
+    /* rewriting repairs it */
+    ck_assert_int_eq(zo_store_write(e.st, t, 0, want, n), 0);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+    ck_assert(memcmp(got, want, n) == 0);
+    free(want);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
+/* Checkpoint of tensors wherever they live (dirty device copy, host home,
+ * NVMe home), then restore over modified contents. */
+START_TEST(test_store_checkpoint)
+{
+    env e;
+    env_open(&e, 4 * MiB, 4 * MiB, 128 * KiB, 6, 64 * KiB, ZO_TRACE_OFF);
+    char root[300];
+    snprintf(root, sizeof(root), "%s/ckpt", e.dir);
+    const uint64_t n = 300 * KiB + 5;
+    zo_tensor *a = reg(e.st, "a", n, ZO_TIER_NVME), *b = reg(e.st, "b", n, ZO_TIER_HOST),
+              *c = reg(e.st, "c", n, ZO_TIER_DEVICE);
+    uint8_t *wa = malloc(n), *wb = malloc(n), *wc = malloc(n), *got = malloc(n);
+    pattern(wa, n, 1, 1);
+    pattern(wb, n, 2, 1);
+    pattern(wc, n, 3, 1);
+    ck_assert_int_eq(zo_store_write(e.st, a, 0, wa, n), 0);
+    ck_assert_int_eq(zo_store_write(e.st, b, 0, wb, n), 0);
+    ck_assert_int_eq(zo_store_write(e.st, c, 0, wc, n), 0);
+    /* a's current copy is a dirty device copy, not written back */
+    uint8_t *d = acq(e.st, a, ZO_TIER_DEVICE, ZO_ACQ_WRITE);
+    pattern(wa, n, 1, 2);
+    memcpy(d, wa, n);
+    ck_assert_int_eq(zo_store_checkpoint(e.st, root, "s1", NULL, 0, 0, "{\"step\":1}"), -EBUSY);
+    ck_assert_int_eq(zo_store_release(e.st, a, ZO_TIER_DEVICE, 0), 0);
+    ck_assert_int_eq(zo_store_checkpoint(e.st, root, "s1", NULL, 0, 2, "{\"step\":1}"), 0);
+    char latest[200];
+    ck_assert_int_eq(zo_ckpt_latest(root, latest, sizeof(latest)), 0);
+    ck_assert_str_eq(latest, "s1");
+    zo_ckpt_reader *rd;
+    ck_assert_int_eq(zo_ckpt_open(&rd, root, NULL), 0);
+    ck_assert_uint_eq(zo_ckpt_count(rd), 3);
+    ck_assert_str_eq(zo_ckpt_user_json(rd), "{\"step\":1}");
+    unsigned ia;
+    ck_assert_int_eq(zo_ckpt_find(rd, "a", &ia), 0);
+    ck_assert_int_eq(zo_ckpt_read(rd, ia, 0, got, n), 0);
+    ck_assert(memcmp(got, wa, n) == 0);
+    zo_ckpt_close(&rd);
+    /* change everything, then restore */
+    uint8_t *junk = malloc(n);
+    pattern(junk, n, 9, 9);
+    ck_assert_int_eq(zo_store_write(e.st, a, 0, junk, n), 0);
+    ck_assert_int_eq(zo_store_write(e.st, b, 0, junk, n), 0);
+    uint8_t *hc = acq(e.st, c, ZO_TIER_HOST, ZO_ACQ_WRITE);
+    memcpy(hc, junk, n);
+    ck_assert_int_eq(zo_store_restore(e.st, root, NULL), -EBUSY); /* c is referenced */
+    ck_assert_int_eq(zo_store_release(e.st, c, ZO_TIER_HOST, 0), 0);
+    ck_assert_int_eq(zo_store_restore(e.st, root, NULL), 0);
+    ck_assert_int_eq(zo_store_read(e.st, a, 0, got, n), 0);
+    ck_assert(memcmp(got, wa, n) == 0);
+    ck_assert_int_eq(zo_store_read(e.st, b, 0, got, n), 0);
+    ck_assert(memcmp(got, wb, n) == 0);
+    uint8_t *dc = acq(e.st, c, ZO_TIER_DEVICE, 0); /* c's home is the device */
+    ck_assert(memcmp(dc, wc, n) == 0);
+    ck_assert_int_eq(zo_store_release(e.st, c, ZO_TIER_DEVICE, 0), 0);
+    /* a tensor the checkpoint has but the store lacks, and a size mismatch */
+    zo_tensor *x = reg(e.st, "extra", 10, ZO_TIER_NVME);
+    ck_assert_int_eq(zo_store_checkpoint(e.st, root, "s2", NULL, 0, 2, NULL), 0);
+    ck_assert_int_eq(zo_store_unregister(e.st, &x), 0);
+    ck_assert_int_eq(zo_store_restore(e.st, root, "s2"), -ENOENT);
+    x = reg(e.st, "extra", 11, ZO_TIER_NVME);
+    ck_assert_int_eq(zo_store_restore(e.st, root, "s2"), ZO_EFORMAT);
+    ck_assert_int_eq(zo_store_checkpoint(e.st, root, "s2", NULL, 0, 2, NULL), -EEXIST);
+    free(wa);
+    free(wb);
+    free(wc);
+    free(got);
+    free(junk);
+    env_close(&e);
+}
+END_TEST
+
+/* ---- randomized model test ------------------------------------------------------- */
+enum { MT = 12 };
+typedef struct mtensor {
+    zo_tensor *t;
+    uint64_t bytes;
+    zo_tier home;
+    uint64_t ver;
+    unsigned refs[2];
+    int write_held[2];
+    int id;
+} mtensor;
+
+static uint64_t round_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a;
+}
+
+/* bytes the model knows cannot be evicted from tier x */
+static uint64_t model_pinned(mtensor *m, int x, const mtensor *except)
+{
+    uint64_t b = 0;
+    for (int i = 0; i < MT; i++) {
+        if (!m[i].t)
+            continue;
+        uint64_t g = x == ZO_TIER_HOST ? 4096 : 256;
+        if ((int)m[i].home == x || (m[i].refs[x] && &m[i] != except))
+            b += round_up(m[i].bytes, g);
+    }
+    return b;
+}
+
+static int model_debug;
+static void model_check_content(zo_store *s, mtensor *mt, const uint8_t *p)
+{
+    if (model_debug)
+        fprintf(stderr, "  check m%d v%llu\n", mt->id, (unsigned long long)mt->ver);
+    uint8_t *want = malloc(mt->bytes);
+    pattern(want, mt->bytes, (uint64_t)mt->id, mt->ver);
+    ZO_EXPECT(memcmp(p, want, mt->bytes) == 0, "tensor %d (v%llu) contents differ", mt->id,
+              (unsigned long long)mt->ver);
+    free(want);
+}
+
+START_TEST(test_store_model)
+{
+    env e;
+    env_open(&e, 1 * MiB, 1 * MiB, 64 * KiB, 6, 16 * KiB, ZO_TRACE_AUTO);
+    mtensor m[MT];
+    memset(m, 0, sizeof(m));
+    model_debug = getenv("ZO_MODEL_DEBUG") != NULL;
+    zo_test_rng rng = {zo_test_seed() ^ 0x77};
+    int next_id = 0;
+    unsigned nacq = 0, nebudget = 0, nebusy = 0, nwrites = 0, nregs = 0, nunregs = 0;
+    uint8_t *tmp = malloc(400 * KiB);
+    for (int step = 0; step < 2500; step++) {
+        int i = (int)(zo_test_next(&rng) % MT);
+        mtensor *mt = &m[i];
+        unsigned op = (unsigned)(zo_test_next(&rng) % 100);
+        if (model_debug && mt->t)
+            fprintf(stderr, "step %d: m%d op %u refs %u/%u wh %d/%d\n", step, mt->id, op, mt->refs[0], mt->refs[1],
+                    mt->write_held[0], mt->write_held[1]);
+        if (!mt->t) {
+            /* register (with initial contents) */
+            zo_tier homes[] = {ZO_TIER_NVME, ZO_TIER_NVME, ZO_TIER_NVME, ZO_TIER_HOST, ZO_TIER_DEVICE};
+            zo_tier home = homes[zo_test_next(&rng) % 5];
+            uint64_t bytes = 1 + zo_test_next(&rng) % (home == ZO_TIER_NVME ? 300 * KiB : 120 * KiB);
+            char nm[32];
+            snprintf(nm, sizeof(nm), "m%d", next_id);
+            zo_tensor_desc d;
+            zo_tensor_desc_default(&d);
+            d.name = nm;
+            d.bytes = bytes;
+            d.dtype = ZO_DTYPE_U8;
+            d.home = home;
+            zo_store_stats before;
+            zo_store_get_stats(e.st, &before);
+            int r = zo_store_register(e.st, &d, &mt->t);
+            if (r == ZO_EBUDGET) {
+                uint64_t g = home == ZO_TIER_HOST ? 4096 : 256;
+                ZO_EXPECT(model_pinned(m, home, NULL) + round_up(bytes, g) > e.cfg.host_bytes ||
+                              zo_store_errmsg(e.st)[0],
+                          "register %s refused without reason", nm);
+                mt->t = NULL;
+                continue;
+            }
+            ck_assert_msg(r == 0, "register: %s (%s)", zo_strerror(r), zo_last_error_detail());
+            mt->bytes = bytes;
+            mt->home = home;
+            if (model_debug)
+                fprintf(stderr, "  register m%d home %d bytes %llu\n", next_id, home, (unsigned long long)bytes);
+            mt->id = next_id++;
+            mt->ver = 1;
+            memset(mt->refs, 0, sizeof(mt->refs));
+            memset(mt->write_held, 0, sizeof(mt->write_held));
+            pattern(tmp, bytes, (uint64_t)mt->id, 1);
+            ck_assert_int_eq(zo_store_write(e.st, mt->t, 0, tmp, bytes), 0);
+            nregs++;
+        } else if (op < 40) {
+            /* acquire, read or write */
+            int x = (int)(zo_test_next(&rng) % 2);
+            int write = (zo_test_next(&rng) % 3) == 0;
+            if (mt->refs[x] >= 2)
+                continue;
+            int busy = mt->write_held[!x] || (write && mt->refs[!x]);
+            zo_store_req *q;
+            int r = zo_store_acquire(e.st, mt->t, (zo_tier)x, write ? ZO_ACQ_WRITE : 0, &q);
+            if (busy) {
+                ZO_EXPECT(r == -EBUSY, "acquire should be busy, got %d", r);
+                nebusy++;
+                continue;
+            }
+            uint64_t g = x == ZO_TIER_HOST ? 4096 : 256;
+            int must_fail = (int)mt->home != x && !mt->refs[x] &&
+                            model_pinned(m, x, NULL) + round_up(mt->bytes, g) > (x ? e.cfg.host_bytes : e.cfg.device_bytes);
+            void *p = NULL;
+            if (r == 0)
+                r = zo_store_wait(e.st, q, &p);
+            if (r == ZO_EBUDGET) {
+                zo_store_stats st;
+                zo_store_get_stats(e.st, &st);
+                ZO_EXPECT(must_fail || st.frag_failures > 0, "acquire refused (%s) though it fits",
+                          zo_last_error_detail());
+                nebudget++;
+                continue;
+            }
+            ck_assert_msg(r == 0, "acquire %d in %s: %s (%s)", mt->id, zo_tier_name((zo_tier)x), zo_strerror(r),
+                          zo_last_error_detail());
+            ZO_EXPECT(!must_fail, "acquire succeeded though the model says it cannot fit");
+            if (model_debug)
+                fprintf(stderr, "  acquire m%d tier %d write %d\n", mt->id, x, write);
+            model_check_content(e.st, mt, p);
+            mt->refs[x]++;
+            nacq++;
+            if (write) {
+                mt->ver++;
+                mt->write_held[x] = 1;
+                pattern(p, mt->bytes, (uint64_t)mt->id, mt->ver);
+                nwrites++;
+            }
+        } else if (op < 75) {
+            /* release a reference */
+            int x = mt->refs[0] ? 0 : mt->refs[1] ? 1 : -1;
+            if (x < 0)
+                continue;
+            unsigned fl = (unsigned)(zo_test_next(&rng) % 4);
+            if (model_debug)
+                fprintf(stderr, "  release m%d tier %d flags %u\n", mt->id, x, fl);
+            ck_assert_int_eq(zo_store_release(e.st, mt->t, (zo_tier)x, fl), 0);
+            if (--mt->refs[x] == 0)
+                mt->write_held[x] = 0;
+        } else if (op < 85) {
+            ck_assert_int_eq(zo_store_prefetch(e.st, mt->t, (zo_tier)(zo_test_next(&rng) % 2)), 0);
+        } else if (op < 92) {
+            /* read back through the API (needs no writer anywhere) */
+            if (mt->write_held[0] || mt->write_held[1])
+                continue;
+            ck_assert_int_eq(zo_store_read(e.st, mt->t, 0, tmp, mt->bytes), 0);
+            model_check_content(e.st, mt, tmp);
+        } else if (op < 95) {
+            ck_assert_int_eq(zo_store_flush(e.st, (zo_test_next(&rng) & 1) ? mt->t : NULL), 0);
+        } else if (op < 97) {
+            ck_assert_int_eq(zo_store_step(e.st), 0);
+        } else {
+            int r = zo_store_unregister(e.st, &mt->t);
+            if (mt->refs[0] || mt->refs[1]) {
+                ZO_EXPECT(r == -EBUSY, "unregister of a referenced tensor: %d", r);
+            } else {
+                ck_assert_int_eq(r, 0);
+                nunregs++;
+            }
+        }
+        /* the store agrees with the model, within budget, at every step */
+        check_budgets(e.st, &e.cfg);
+        for (int k = 0; k < MT; k++) {
+            if (!m[k].t)
+                continue;
+            zo_tensor_info ti;
+            ck_assert_int_eq(zo_store_tensor_info(e.st, m[k].t, &ti), 0);
+            ZO_EXPECT(ti.refs[0] == m[k].refs[0] && ti.refs[1] == m[k].refs[1] && ti.refs[2] == 0,
+                      "step %d: refs of m%d: %u/%u vs model %u/%u", step, m[k].id, ti.refs[0], ti.refs[1],
+                      m[k].refs[0], m[k].refs[1]);
+            ZO_EXPECT(ti.bytes == m[k].bytes && ti.home == m[k].home, "m%d: size/home", m[k].id);
+        }
+    }
+    /* everything released and flushed: each tensor reads back its last version */
+    for (int k = 0; k < MT; k++) {
+        if (!m[k].t)
+            continue;
+        for (int x = 0; x < 2; x++)
+            while (m[k].refs[x]) {
+                ck_assert_int_eq(zo_store_release(e.st, m[k].t, (zo_tier)x, 0), 0);
+                m[k].refs[x]--;
+            }
+    }
+    ck_assert_int_eq(zo_store_flush(e.st, NULL), 0);
+    for (int k = 0; k < MT; k++)
+        if (m[k].t) {
+            ck_assert_int_eq(zo_store_read(e.st, m[k].t, 0, tmp, m[k].bytes), 0);
+            model_check_content(e.st, &m[k], tmp);
+        }
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_gt(nacq, 300);
+    ck_assert_uint_gt(nwrites, 80);
+    ck_assert_uint_gt(nregs, 20);
+    ck_assert_uint_gt(nunregs, 5);
+    ck_assert_uint_gt(st.evictions, 20);
+    ck_assert_uint_gt(st.writebacks, 5);
+    fprintf(stderr, "model: %u acquires (%u writes), %u EBUDGET, %u EBUSY, %u registers, %u unregisters; "
+            "%llu evictions, %llu write-backs, %llu prefetches issued\n",
+            nacq, nwrites, nebudget, nebusy, nregs, nunregs, (unsigned long long)st.evictions,
+            (unsigned long long)st.writebacks, (unsigned long long)st.prefetch_issued);
+    free(tmp);
+    env_close(&e);
+}
+END_TEST
+
+/* ---- trace-driven prefetch ---------------------------------------------------------- */
+static void sleep_ns(uint64_t ns)
+{
+    struct timespec ts = {(time_t)(ns / 1000000000u), (long)(ns % 1000000000u)};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+/* One iteration: acquire each tensor in order, "compute", release. */
+static void iteration(zo_store *s, zo_tensor **t, int n, const int *order, uint64_t compute_ns)
+{
+    for (int k = 0; k < n; k++) {
+        zo_tensor *x = t[order ? order[k] : k];
+        acq(s, x, ZO_TIER_DEVICE, 0);
+        sleep_ns(compute_ns);
+        ck_assert_int_eq(zo_store_release(s, x, ZO_TIER_DEVICE, 0), 0);
+    }
+    ck_assert_int_eq(zo_store_step(s), 0);
+}
+
+START_TEST(test_store_prefetch)
+{
+    enum { N = 16, ITERS = 4 };
+    const uint64_t sz = 2 * MiB;
+    uint64_t stall[2];
+    uint64_t compute_ns = 0;
+    for (int mode = 0; mode < 2; mode++) {
+        env e;
+        /* the device holds 6 of the 16 tensors: every iteration reloads */
+        env_open(&e, 6 * sz + 64 * KiB, 0, 512 * KiB, 8, 64 * KiB, mode ? ZO_TRACE_AUTO : ZO_TRACE_OFF);
+        zo_tensor *t[N];
+        uint8_t *buf = malloc(sz);
+        for (int i = 0; i < N; i++) {
+            char nm[16];
+            snprintf(nm, sizeof(nm), "layer%d", i);
+            t[i] = reg(e.st, nm, sz, ZO_TIER_NVME);
+            pattern(buf, sz, (uint64_t)i, 1);
+            ck_assert_int_eq(zo_store_write(e.st, t[i], 0, buf, sz), 0);
+        }
+        free(buf);
+        if (mode == 0) {
+            /* calibrate: the demand load time of one tensor, no prefetch */
+            iteration(e.st, t, N, NULL, 0);
+            zo_store_stats st;
+            zo_store_get_stats(e.st, &st);
+            uint64_t per = st.stall_ns / (st.stalls ? st.stalls : 1);
+            compute_ns = 4 * per > 8000000ull ? 4 * per : 8000000ull; /* I/O fits in the compute time */
+        } else {
+            iteration(e.st, t, N, NULL, compute_ns); /* the recording iteration */
+        }
+        zo_store_reset_stats(e.st);
+        for (int it = 0; it < ITERS; it++)
+            iteration(e.st, t, N, NULL, compute_ns);
+        zo_store_stats st;
+        zo_store_get_stats(e.st, &st);
+        stall[mode] = st.stall_ns;
+        fprintf(stderr, "prefetch %s: stall %.2f ms over %d accesses (compute %.2f ms each); prefetched %llu, used "
+                "%llu, demand bytes %llu, prefetch bytes %llu, trace %llu\n",
+                mode ? "on " : "off", (double)st.stall_ns / 1e6, ITERS * N, (double)compute_ns / 1e6,
+                (unsigned long long)st.prefetch_issued, (unsigned long long)st.prefetch_used,
+                (unsigned long long)st.demand_bytes, (unsigned long long)st.prefetch_bytes,
+                (unsigned long long)st.trace_len);
+        if (mode) {
+            ck_assert_uint_eq(st.trace_len, N);
+            ck_assert_uint_ge(st.prefetch_used, (uint64_t)(ITERS * N * 3 / 4));
+            ck_assert_uint_gt(st.prefetch_bytes, st.demand_bytes);
+        } else {
+            ck_assert_uint_eq(st.prefetch_issued, 0);
+        }
+        check_budgets(e.st, &e.cfg);
+        env_close(&e);
+    }
+    double ratio = (double)stall[1] / (double)stall[0];
+    fprintf(stderr, "prefetch: stall ratio on/off = %.4f\n", ratio);
+    ck_assert_msg(ratio < 0.05, "stalls with prefetch are %.1f%% of those without", ratio * 100);
+}
+END_TEST
+
+/* The order changes: the next iteration is recorded and replaces the trace. */
+START_TEST(test_store_rerecord)
+{
+    enum { N = 10 };
+    env e;
+    env_open(&e, 4 * MiB + 64 * KiB, 0, 256 * KiB, 6, 64 * KiB, ZO_TRACE_AUTO);
+    zo_tensor *t[N];
+    for (int i = 0; i < N; i++) {
+        char nm[16];
+        snprintf(nm, sizeof(nm), "p%d", i);
+        t[i] = reg(e.st, nm, MiB, ZO_TIER_NVME);
+    }
+    iteration(e.st, t, N, NULL, 1000000);
+    iteration(e.st, t, N, NULL, 1000000);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.trace_records, 1);
+    ck_assert_uint_eq(st.trace_mismatches, 0);
+    int rev[N];
+    for (int i = 0; i < N; i++)
+        rev[i] = N - 1 - i;
+    iteration(e.st, t, N, rev, 1000000); /* differs: recorded, adopted */
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.trace_records, 2);
+    ck_assert_uint_gt(st.trace_mismatches, 0);
+    zo_store_reset_stats(e.st);
+    iteration(e.st, t, N, rev, 3000000); /* follows the new order */
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.trace_mismatches, 0);
+    ck_assert_uint_ge(st.prefetch_used, N / 2);
+    ck_assert_int_eq(zo_store_set_trace(e.st, ZO_TRACE_OFF), 0);
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.trace_len, 0);
+    env_close(&e);
+}
+END_TEST
+
+START_TEST(test_store_config)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    zo_store *s = (zo_store *)1;
+    zo_store_config c;
+    zo_store_config_default(&c);
+    ck_assert_int_eq(zo_store_create(&s, &c), ZO_ECONFIG); /* no tier */
+    ck_assert_ptr_null(s);
+    c.device_bytes = MiB;
+    ck_assert_int_eq(zo_store_create(&s, &c), ZO_ECONFIG); /* no device */
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "dev"));
+    c.device_bytes = 0;
+    c.host_bytes = MiB;
+    c.slot_size = 1000;
+    ck_assert_int_eq(zo_store_create(&s, &c), ZO_ECONFIG);
+    c.slot_size = 64 * KiB;
+    c.trace = (zo_trace_mode)5;
+    ck_assert_int_eq(zo_store_create(&s, &c), ZO_ECONFIG);
+    c.trace = ZO_TRACE_AUTO;
+    c.struct_size = 4;
+    ck_assert_int_eq(zo_store_create(&s, &c), ZO_ECONFIG);
+    c.struct_size = sizeof(c);
+    ck_assert_int_eq(zo_store_create(NULL, &c), -EINVAL);
+    /* host tier only, with a pool: works; the NVMe and device tiers are absent */
+    ck_assert_int_eq(zo_store_create(&s, &c), 0);
+    zo_tensor_desc d;
+    zo_tensor_desc_default(&d);
+    d.name = "x";
+    d.bytes = 100;
+    zo_tensor *t;
+    ck_assert_int_eq(zo_store_register(s, &d, &t), ZO_ECONFIG); /* home nvme */
+    d.home = ZO_TIER_HOST;
+    ck_assert_int_eq(zo_store_register(s, &d, &t), 0);
+    zo_store_req *q;
+    ck_assert_int_eq(zo_store_acquire(s, t, ZO_TIER_DEVICE, 0, &q), ZO_ECONFIG);
+    d.name = "too-big";
+    d.bytes = 2 * MiB;
+    ck_assert_int_eq(zo_store_register(s, &d, &t), ZO_EBUDGET);
+    ck_assert_str_eq(zo_tier_name(ZO_TIER_HOST), "host");
+    zo_tier tt;
+    ck_assert_int_eq(zo_tier_parse("nvme", &tt), 0);
+    ck_assert_int_eq(tt, ZO_TIER_NVME);
+    ck_assert_int_eq(zo_tier_parse("ssd", &tt), -EINVAL);
+    zo_store_destroy(&s);
+    zo_store_destroy(&s);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* ---- a real GPU as the device tier (skips without one) ----------------------------- */
+static void dev_copy(zo_dev *dev, void *dst, const void *src, size_t n, zo_copy_kind kind)
+{
+    zo_stream *st;
+    ck_assert_int_eq(zo_stream_create(dev, &st), 0);
+    ck_assert_int_eq(zo_memcpy_async(st, dst, src, n, kind), 0);
+    ck_assert_int_eq(zo_stream_sync(st), 0);
+    zo_stream_destroy(&st);
+}
+
+START_TEST(test_store_cuda)
+{
+    env e;
+    memset(&e, 0, sizeof(e));
+    zo_test_mkdtemp(e.dir, sizeof(e.dir));
+    zo_dev_config dc;
+    zo_dev_config_default(&dc);
+    dc.kind = ZO_DEV_CUDA;
+    ck_assert_int_eq(zo_dev_open(&e.dev, &dc), 0);
+    const char *dirs[] = {e.dir};
+    zo_swap_config sc;
+    zo_swap_config_default(&sc);
+    sc.dirs = dirs;
+    sc.ndirs = 1;
+    sc.chunk_size = 64 * KiB;
+    ck_assert_int_eq(zo_swap_create(&e.swap, &sc), 0);
+    zo_store_config_default(&e.cfg);
+    e.cfg.dev = e.dev;
+    e.cfg.device_bytes = 16 * MiB;
+    e.cfg.host_bytes = 4 * MiB;
+    e.cfg.swap = e.swap;
+    e.cfg.slot_size = 512 * KiB;
+    e.cfg.slots = 4;
+    ck_assert_int_eq(zo_store_create(&e.st, &e.cfg), 0);
+    const uint64_t n = 5 * MiB + 100; /* larger than the pool */
+    uint8_t *want = malloc(n), *got = malloc(n);
+    zo_tensor *t = reg(e.st, "gpu.big", n, ZO_TIER_NVME), *h = reg(e.st, "gpu.home", 1 * MiB, ZO_TIER_DEVICE);
+    pattern(want, n, 1, 1);
+    ck_assert_int_eq(zo_store_write(e.st, t, 0, want, n), 0);
+    /* NVMe -> GPU through the pool */
+    void *d = acq(e.st, t, ZO_TIER_DEVICE, 0);
+    dev_copy(e.dev, got, d, n, ZO_COPY_D2H);
+    ck_assert(memcmp(got, want, n) == 0);
+    ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0), 0);
+    /* written on the GPU, written back GPU -> NVMe through the pool */
+    d = acq(e.st, t, ZO_TIER_DEVICE, ZO_ACQ_DISCARD);
+    pattern(want, n, 1, 2);
+    dev_copy(e.dev, d, want, n, ZO_COPY_H2D);
+    ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, ZO_REL_DROP), 0);
+    ck_assert_int_eq(zo_store_flush(e.st, NULL), 0);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+    ck_assert(memcmp(got, want, n) == 0);
+    /* GPU-home tensor: zeros, then host <-> GPU */
+    ck_assert_int_eq(zo_store_read(e.st, h, 0, got, MiB), 0);
+    for (uint64_t k = 0; k < MiB; k++)
+        ZO_EXPECT(got[k] == 0, "gpu home byte %llu", (unsigned long long)k);
+    pattern(want, MiB, 2, 1);
+    ck_assert_int_eq(zo_store_write(e.st, h, 0, want, MiB), 0);
+    uint8_t *hp = acq(e.st, h, ZO_TIER_HOST, 0);
+    ck_assert(memcmp(hp, want, MiB) == 0);
+    ck_assert_int_eq(zo_store_release(e.st, h, ZO_TIER_HOST, 0), 0);
+    /* checkpoint and restore through the GPU */
+    char root[300];
+    snprintf(root, sizeof(root), "%s/ckpt", e.dir);
+    ck_assert_int_eq(zo_store_checkpoint(e.st, root, "g1", NULL, 0, 0, NULL), 0);
+    uint8_t *junk = calloc(1, MiB);
+    ck_assert_int_eq(zo_store_write(e.st, h, 0, junk, MiB), 0);
+    ck_assert_int_eq(zo_store_restore(e.st, root, NULL), 0);
+    ck_assert_int_eq(zo_store_read(e.st, h, 0, got, MiB), 0);
+    ck_assert(memcmp(got, want, MiB) == 0);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_ge(st.moved[ZO_TIER_NVME][ZO_TIER_DEVICE], n);
+    ck_assert_uint_ge(st.moved[ZO_TIER_DEVICE][ZO_TIER_NVME], n);
+    ck_assert_uint_le(st.pool_peak, 4);
+    free(junk);
+    free(want);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+    zo_log_set_level(ZO_LOG_ERROR);
+    if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
+        char why[256] = "";
+        int nd = 0;
+        if (zo_dev_probe(ZO_DEV_CUDA, &nd, why, sizeof(why)) != 0 || nd == 0)
+            ZO_TEST_SKIP("no CUDA device: %s", why[0] ? why : "none found");
+        Suite *s = suite_create("store-cuda");
+        TCase *tc = tcase_create("cuda");
+        tcase_set_timeout(tc, 300);
+        tcase_add_test(tc, test_store_cuda);
+        suite_add_tcase(s, tc);
+        return zo_test_run(s);
+    }
+    Suite *s = suite_create("store");
+    TCase *tc = tcase_create("store");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_store_config);
+    tcase_add_test(tc, test_store_tiers);
+    tcase_add_test(tc, test_store_big_through_pool);
+    tcase_add_test(tc, test_store_budget_evict);
+    tcase_add_test(tc, test_store_streams);
+    tcase_add_test(tc, test_store_corrupt);
+    tcase_add_test(tc, test_store_checkpoint);
+    tcase_add_test(tc, test_store_model);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("prefetch");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_store_prefetch);
+    tcase_add_test(tc, test_store_rerecord);
+    suite_add_tcase(s, tc);
+    return zo_test_run(s);
+}

@@ -1,0 +1,935 @@
+/* nvme: CRC32C (every variant against a bitwise reference), the extent
+ * allocator (random operations against a bitmap), and the swap store on
+ * real files: exact bytes, striping, arena files (mode, removal), directory
+ * checks, budgets and fragmentation, corruption detection, thousands of
+ * random swaps checked byte for byte, and, with `diskfull` as argument, a
+ * full disk on a size-limited tmpfs mounted in a private mount namespace. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include "zo_test.h"
+
+#include "core/internal.h"
+#include "nvme/nvme_internal.h"
+
+#include <zoffload/zoffload.h>
+
+/* ---- CRC32C ---------------------------------------------------------------- */
+static uint32_t crc_bitwise(uint32_t crc, const uint8_t *p, size_t n)
+{
+    crc = ~crc;
+    while (n--) {
+        crc ^= *p++;
+        for (int k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (0x82f63b78u & (0u - (crc & 1)));
+    }
+    return ~crc;
+}
+
+START_TEST(test_crc_vectors)
+{
+    uint8_t b[48];
+    ck_assert_uint_eq(zo_crc32c(0, "123456789", 9), 0xe3069283u);
+    memset(b, 0, 32);
+    ck_assert_uint_eq(zo_crc32c(0, b, 32), 0x8a9136aau); /* RFC 3720 B.4 */
+    memset(b, 0xff, 32);
+    ck_assert_uint_eq(zo_crc32c(0, b, 32), 0x62a8ab43u);
+    for (int i = 0; i < 32; i++)
+        b[i] = (uint8_t)i;
+    ck_assert_uint_eq(zo_crc32c(0, b, 32), 0x46dd794eu);
+    for (int i = 0; i < 32; i++)
+        b[i] = (uint8_t)(31 - i);
+    ck_assert_uint_eq(zo_crc32c(0, b, 32), 0x113fdb5cu);
+    ck_assert_uint_eq(zo_crc32c(0x1234, NULL, 0), 0x1234);
+    /* continuation */
+    uint32_t whole = zo_crc32c(0, "hello, world", 12);
+    ck_assert_uint_eq(zo_crc32c(zo_crc32c(0, "hello", 5), ", world", 7), whole);
+    uint64_t v;
+    ck_assert_int_eq(zo_checksum(ZO_CSUM_CRC32C, "123456789", 9, &v), 0);
+    ck_assert_uint_eq(v, 0xe3069283u);
+    ck_assert_int_eq(zo_checksum(ZO_CSUM_NONE, "x", 1, &v), 0);
+    ck_assert_uint_eq(v, 0);
+    ck_assert_int_eq(zo_checksum(ZO_CSUM_CRC32C, NULL, 1, &v), -EINVAL);
+    ck_assert_int_eq(zo_checksum((zo_csum_kind)9, "x", 1, &v), -EINVAL);
+    if (zo_csum_available(ZO_CSUM_XXH3)) {
+        uint64_t a, c;
+        ck_assert_int_eq(zo_checksum(ZO_CSUM_XXH3, "abc", 3, &a), 0);
+        ck_assert_int_eq(zo_checksum(ZO_CSUM_XXH3, "abd", 3, &c), 0);
+        ck_assert_uint_ne(a, c);
+        ck_assert_uint_eq(a, 0x78af5f94892f3950ull); /* XXH3_64bits("abc"), seed 0 */
+    } else {
+        ck_assert_int_eq(zo_checksum(ZO_CSUM_XXH3, "abc", 3, &v), ZO_ENOTSUP);
+    }
+    zo_csum_kind k;
+    ck_assert_int_eq(zo_csum_parse("crc32c", &k), 0);
+    ck_assert_int_eq(k, ZO_CSUM_CRC32C);
+    ck_assert_int_eq(zo_csum_parse("md5", &k), -EINVAL);
+    ck_assert_str_eq(zo_csum_name(ZO_CSUM_XXH3), "xxh3");
+}
+END_TEST
+
+START_TEST(test_crc_variants)
+{
+    const unsigned flags[] = {0, ZO_CPU_SSE42};
+    size_t big = 3 * ZO__CRC_LONG * 3 + 3 * ZO__CRC_SHORT * 2 + 77;
+    uint8_t *buf = malloc(big + 64);
+    zo_test_rng rng = {zo_test_seed()};
+    zo_test_fill_bytes(&rng, buf, big + 64);
+    for (size_t f = 0; f < ZO_ARRAY_LEN(flags); f++) {
+        if ((zo_cpu_detected() & flags[f]) != flags[f])
+            continue;
+        const zo__crc_dsp *d = zo__crc_dsp_for(flags[f]);
+        ck_assert_str_eq(d->name, flags[f] ? "sse42" : "scalar");
+        /* every length 0..300 at every misalignment 0..8 */
+        for (size_t mis = 0; mis < 9; mis++)
+            for (size_t n = 0; n <= 300; n++) {
+                uint32_t want = crc_bitwise(0x5a5a5a5a, buf + mis, n);
+                uint32_t got = ~d->crc32c(~0x5a5a5a5au, buf + mis, n);
+                ZO_EXPECT(got == want, "%s: n=%zu mis=%zu: 0x%08x != 0x%08x", d->name, n, mis, got, want);
+            }
+        /* lengths around the lane blocks, and random ones */
+        size_t lens[] = {3 * ZO__CRC_SHORT - 1, 3 * ZO__CRC_SHORT, 3 * ZO__CRC_SHORT + 1, 3 * ZO__CRC_LONG - 1,
+                         3 * ZO__CRC_LONG,      3 * ZO__CRC_LONG + 8, 3 * ZO__CRC_LONG + 3 * ZO__CRC_SHORT + 5, big};
+        for (size_t i = 0; i < ZO_ARRAY_LEN(lens); i++)
+            for (size_t mis = 0; mis < 3; mis++) {
+                uint32_t want = crc_bitwise(0, buf + mis, lens[i]);
+                ZO_EXPECT(~d->crc32c(~0u, buf + mis, lens[i]) == want, "%s: n=%zu", d->name, lens[i]);
+            }
+        for (int i = 0; i < 200; i++) {
+            size_t n = zo_test_next(&rng) % big, mis = zo_test_next(&rng) % 64;
+            if (n + mis > big + 64)
+                n = big + 64 - mis;
+            uint32_t want = zo__crc32c_ref(0xffffffffu, buf + mis, n);
+            ZO_EXPECT(d->crc32c(0xffffffffu, buf + mis, n) == want, "%s: random n=%zu mis=%zu", d->name, n, mis);
+        }
+        ck_assert_uint_eq(crc_bitwise(0, buf, big), ~zo__crc32c_ref(~0u, buf, big));
+    }
+    free(buf);
+    ck_assert_str_eq(zo_crc32c_variant(),
+                     (zo_cpu_flags() & ZO_CPU_SSE42) ? "sse42" : "scalar");
+}
+END_TEST
+
+/* ---- extent allocator ------------------------------------------------------- */
+START_TEST(test_extent_random)
+{
+    enum { G = 4096, SLOTS = 256 };
+    zo__extalloc a;
+    ck_assert_int_eq(zo__ext_init(&a, 1024 * G, G), 0);
+    uint16_t owner[2048]; /* granule -> allocation id + 1 (0 = free) */
+    memset(owner, 0, sizeof(owner));
+    struct {
+        uint64_t off, len;
+    } live[SLOTS];
+    memset(live, 0, sizeof(live));
+    zo_test_rng rng = {zo_test_seed() ^ 1};
+    uint64_t size = 1024 * G;
+    for (int step = 0; step < 20000; step++) {
+        unsigned k = (unsigned)(zo_test_next(&rng) % SLOTS);
+        if (live[k].len) {
+            ck_assert_int_eq(zo__ext_free(&a, live[k].off, live[k].len), 0);
+            for (uint64_t g = live[k].off / G; g < (live[k].off + zo__ext_round(&a, live[k].len)) / G; g++) {
+                ZO_EXPECT(owner[g] == k + 1, "granule %llu owner %u, expected %u", (unsigned long long)g, owner[g],
+                          k + 1);
+                owner[g] = 0;
+            }
+            live[k].len = 0;
+        } else {
+            uint64_t len = 1 + zo_test_next(&rng) % (24 * G);
+            uint64_t align = 1ull << (12 + zo_test_next(&rng) % 5);
+            uint64_t off;
+            int r = zo__ext_alloc(&a, len, align, &off);
+            if (r == -ENOSPC) {
+                /* it must really not fit: no aligned free run of that many granules */
+                uint64_t need = zo__ext_round(&a, len) / G;
+                for (uint64_t g = 0; g + need <= size / G; g += align / G) {
+                    uint64_t j = 0;
+                    while (j < need && owner[g + j] == 0)
+                        j++;
+                    ZO_EXPECT(j < need, "ENOSPC but granules %llu..+%llu are free", (unsigned long long)g,
+                              (unsigned long long)need);
+                }
+                if (size < 2048 * G && (zo_test_next(&rng) & 1)) {
+                    ck_assert_int_eq(zo__ext_grow(&a, size + 64 * G), 0);
+                    size += 64 * G;
+                }
+                continue;
+            }
+            ck_assert_int_eq(r, 0);
+            ck_assert_uint_eq(off % align, 0);
+            ck_assert_uint_le(off + len, size);
+            for (uint64_t g = off / G; g < (off + zo__ext_round(&a, len)) / G; g++) {
+                ZO_EXPECT(owner[g] == 0, "granule %llu given twice", (unsigned long long)g);
+                owner[g] = (uint16_t)(k + 1);
+            }
+            live[k].off = off;
+            live[k].len = len;
+        }
+        ZO_EXPECT(zo__ext_check(&a) == 0, "invariants broken at step %d", step);
+    }
+    /* double free and out-of-range are refused */
+    uint64_t off;
+    for (unsigned k = 0; k < SLOTS; k++)
+        if (live[k].len)
+            ck_assert_int_eq(zo__ext_free(&a, live[k].off, live[k].len), 0);
+    ck_assert_uint_eq(a.used, 0);
+    ck_assert_uint_eq(zo__ext_largest(&a), size);
+    ck_assert_int_eq(zo__ext_alloc(&a, G, G, &off), 0);
+    ck_assert_int_eq(zo__ext_free(&a, off, G), 0);
+    ck_assert_int_eq(zo__ext_free(&a, off, G), -EINVAL);
+    ck_assert_int_eq(zo__ext_free(&a, size, G), -EINVAL);
+    ck_assert_int_eq(zo__ext_alloc(&a, 0, G, &off), -EINVAL);
+    ck_assert_int_eq(zo__ext_alloc(&a, size + G, G, &off), -ENOSPC);
+    zo__ext_fini(&a);
+}
+END_TEST
+
+/* ---- swap store helpers -------------------------------------------------------- */
+/* ZO_TEST_AIO_BACKEND=threads runs the swap store on the thread-pool
+ * engine (the io_uring one is the default). */
+static zo_aio_config test_aio_cfg;
+
+static void set_backend(zo_swap_config *c)
+{
+    zo_aio_config_default(&test_aio_cfg);
+    const char *b = getenv("ZO_TEST_AIO_BACKEND");
+    if (b && !strcmp(b, "threads"))
+        test_aio_cfg.backend = ZO_AIO_THREADS;
+    c->aio_cfg = &test_aio_cfg;
+}
+
+static zo_swap *make_swap(const char *const *dirs, unsigned n, size_t chunk, uint64_t arena, zo_csum_kind ck)
+{
+    zo_swap_config c;
+    zo_swap_config_default(&c);
+    set_backend(&c);
+    c.dirs = dirs;
+    c.ndirs = n;
+    c.chunk_size = chunk;
+    c.arena_size = arena;
+    c.checksum = ck;
+    const char *ct = getenv("ZO_TEST_CSUM_THREADS"); /* 0: checksums inline */
+    if (ct)
+        c.csum_threads = (unsigned)atoi(ct);
+    zo_swap *s = NULL;
+    int r = zo_swap_create(&s, &c);
+    ck_assert_msg(r == 0, "zo_swap_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    if (c.aio_cfg->backend == ZO_AIO_THREADS)
+        ck_assert_int_eq(zo_aio_get_backend(zo_swap_get_aio(s)), ZO_AIO_THREADS);
+    return s;
+}
+
+static int count_arenas(const char *dir, uint64_t *bytes, int check_mode)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d))) {
+        if (strncmp(de->d_name, "zo-swap.", 8) != 0)
+            continue;
+        char p[4400];
+        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+        struct stat st;
+        ck_assert_int_eq(lstat(p, &st), 0);
+        ck_assert(S_ISREG(st.st_mode));
+        if (check_mode)
+            ck_assert_msg((st.st_mode & 0777) == 0600, "%s has mode %o", p, st.st_mode & 0777);
+        if (bytes)
+            *bytes += (uint64_t)st.st_size;
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+static void swap_io(zo_swap *s, int write, zo_swap_id id, uint64_t off, void *buf, size_t len)
+{
+    zo_swap_io *io;
+    int r = write ? zo_swap_write(s, id, off, buf, len, NULL, NULL, &io) : zo_swap_read(s, id, off, buf, len, NULL,
+                                                                                        NULL, &io);
+    ck_assert_msg(r == 0, "queue: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    r = zo_swap_wait(s, io);
+    ck_assert_msg(r == 0, "%s: %s (%s)", write ? "write" : "read", zo_strerror(r), zo_last_error_detail());
+}
+
+START_TEST(test_swap_basic)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    const size_t chunk = 64 * 1024;
+    zo_swap *s = make_swap(dirs, 1, chunk, 1 << 20, ZO_CSUM_CRC32C);
+    zo_swap_info info;
+    ck_assert_int_eq(zo_swap_get_info(s, &info), 0);
+    ck_assert_uint_eq(info.chunk_size, chunk);
+    ck_assert_uint_ge(info.io_align, 4096);
+    uint64_t sizes[] = {1, 4095, 4096, chunk, chunk + 1, 3 * chunk + chunk / 2, 2 << 20};
+    zo_swap_id ids[7];
+    uint8_t *src[7], *dst;
+    zo_test_rng rng = {zo_test_seed() ^ 2};
+    ck_assert_int_eq(zo_aligned_alloc((void **)&dst, 3 << 20, 4096), 0);
+    for (int i = 0; i < 7; i++) {
+        char nm[32];
+        snprintf(nm, sizeof(nm), "t%d", i);
+        ck_assert_int_eq(zo_swap_alloc(s, sizes[i], nm, &ids[i]), 0);
+        ck_assert_uint_ne(ids[i], 0);
+        ck_assert_uint_eq(zo_swap_size(s, ids[i]), sizes[i]);
+        src[i] = malloc(sizes[i]);
+        zo_test_fill_bytes(&rng, src[i], sizes[i]);
+        /* never written: zeros, without I/O */
+        memset(dst, 0xee, sizes[i]);
+        swap_io(s, 0, ids[i], 0, dst, sizes[i]);
+        for (uint64_t k = 0; k < sizes[i]; k++)
+            ZO_EXPECT(dst[k] == 0, "unwritten byte %llu of t%d is %u", (unsigned long long)k, i, dst[k]);
+    }
+    for (int i = 0; i < 7; i++)
+        swap_io(s, 1, ids[i], 0, src[i], sizes[i]);
+    for (int i = 6; i >= 0; i--) {
+        memset(dst, 0, sizes[i]);
+        swap_io(s, 0, ids[i], 0, dst, sizes[i]);
+        ck_assert_msg(memcmp(dst, src[i], sizes[i]) == 0, "t%d differs", i);
+    }
+    /* ranges: chunk-aligned pieces, unaligned buffers */
+    uint8_t *odd = malloc(2 * chunk + 1);
+    swap_io(s, 0, ids[5], chunk, odd + 1, 2 * chunk);
+    ck_assert(memcmp(odd + 1, src[5] + chunk, 2 * chunk) == 0);
+    swap_io(s, 0, ids[5], 3 * chunk, odd + 1, chunk / 2); /* the tail */
+    ck_assert(memcmp(odd + 1, src[5] + 3 * chunk, chunk / 2) == 0);
+    zo_test_fill_bytes(&rng, src[5] + chunk, chunk);
+    swap_io(s, 1, ids[5], chunk, src[5] + chunk, chunk);
+    swap_io(s, 0, ids[5], 0, dst, sizes[5]);
+    ck_assert(memcmp(dst, src[5], sizes[5]) == 0);
+    free(odd);
+    /* range rules */
+    zo_swap_io *io;
+    ck_assert_int_eq(zo_swap_read(s, ids[5], 1, dst, chunk, NULL, NULL, &io), -EINVAL);
+    ck_assert_ptr_null(io);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "'t5'"));
+    ck_assert_int_eq(zo_swap_read(s, ids[5], 0, dst, chunk + 1, NULL, NULL, &io), -EINVAL);
+    ck_assert_int_eq(zo_swap_read(s, ids[5], 0, dst, sizes[5] + 1, NULL, NULL, &io), -EINVAL);
+    ck_assert_int_eq(zo_swap_read(s, ids[5], 0, dst, 0, NULL, NULL, &io), -EINVAL);
+    ck_assert_int_eq(zo_swap_read(s, ids[5], 0, NULL, 10, NULL, NULL, &io), -EINVAL);
+    ck_assert_int_eq(zo_swap_read(s, 0, 0, dst, 10, NULL, NULL, &io), -ENOENT);
+    ck_assert_int_eq(zo_swap_alloc(s, 0, "x", &ids[0]) , -EINVAL);
+    /* stats */
+    zo_swap_stats st;
+    zo_swap_get_stats(s, &st);
+    ck_assert_uint_eq(st.allocations, 7);
+    ck_assert_uint_eq(st.corrupt, 0);
+    ck_assert_uint_gt(st.chunks_verified, 0);
+    ck_assert_uint_gt(st.chunks_zero, 0);
+    ck_assert_uint_ge(st.arena_bytes, st.allocated_bytes);
+    /* free, stale handle, reuse of the space */
+    uint64_t arena_before = st.arena_bytes;
+    zo_swap_id old = ids[6];
+    ck_assert_int_eq(zo_swap_free(s, ids[6]), 0);
+    ck_assert_int_eq(zo_swap_free(s, old), -ENOENT);
+    ck_assert_int_eq(zo_swap_read(s, old, 0, dst, 10, NULL, NULL, &io), -ENOENT);
+    ck_assert_int_eq(zo_swap_alloc(s, 2 << 20, "again", &ids[6]), 0);
+    ck_assert_uint_ne(ids[6], old);
+    zo_swap_get_stats(s, &st);
+    ck_assert_uint_eq(st.arena_bytes, arena_before); /* reused, not grown */
+    /* freshly allocated over old data: reads zeros, not the old bytes */
+    swap_io(s, 0, ids[6], 0, dst, 2 << 20);
+    for (uint64_t k = 0; k < (2 << 20); k += 4093)
+        ZO_EXPECT(dst[k] == 0, "reused space leaked old byte at %llu", (unsigned long long)k);
+    uint64_t fb = 0;
+    int nfiles = count_arenas(dir, &fb, 1);
+    ck_assert_int_ge(nfiles, 1);
+    ck_assert_uint_eq(fb, st.arena_bytes);
+    zo_swap_destroy(&s);
+    ck_assert_ptr_null(s);
+    zo_swap_destroy(&s);
+    ck_assert_int_eq(count_arenas(dir, NULL, 0), 0);
+    for (int i = 0; i < 7; i++)
+        free(src[i]);
+    zo_aligned_free(dst);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(test_swap_keep_files)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    zo_swap_config c;
+    zo_swap_config_default(&c);
+    c.dirs = dirs;
+    c.ndirs = 1;
+    c.arena_size = 1 << 20;
+    c.reserve = 3 << 20;
+    c.keep_files = 1;
+    zo_swap *s = NULL;
+    ck_assert_int_eq(zo_swap_create(&s, &c), 0);
+    uint64_t b = 0;
+    ck_assert_int_eq(count_arenas(dir, &b, 1), 1);
+    ck_assert_uint_eq(b, 3 << 20); /* reserved up front */
+    zo_swap_destroy(&s);
+    ck_assert_int_eq(count_arenas(dir, NULL, 0), 1);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(test_swap_stripe)
+{
+    char d[3][256];
+    const char *dirs[3];
+    for (int i = 0; i < 3; i++) {
+        zo_test_mkdtemp(d[i], sizeof(d[i]));
+        dirs[i] = d[i];
+    }
+    const size_t chunk = 16384;
+    zo_swap *s = make_swap(dirs, 3, chunk, 256 * 1024, ZO_CSUM_CRC32C);
+    zo_test_rng rng = {zo_test_seed() ^ 3};
+    size_t n = 10 * chunk + 100;
+    uint8_t *a = malloc(n), *b = malloc(n);
+    zo_test_fill_bytes(&rng, a, n);
+    zo_swap_id id, id2;
+    ck_assert_int_eq(zo_swap_alloc(s, n, "striped", &id), 0);
+    ck_assert_int_eq(zo_swap_alloc(s, chunk, "single", &id2), 0);
+    swap_io(s, 1, id, 0, a, n);
+    swap_io(s, 1, id2, 0, a, chunk);
+    swap_io(s, 0, id, 0, b, n);
+    ck_assert(memcmp(a, b, n) == 0);
+    swap_io(s, 0, id2, 0, b, chunk);
+    ck_assert(memcmp(a, b, chunk) == 0);
+    /* 11 chunks over 3 directories: every directory got arena space and
+     * holds some of the tensor's chunks (find chunk k's bytes in a file) */
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_ge(count_arenas(d[i], NULL, 1), 1);
+        int found = 0;
+        DIR *dd = opendir(d[i]);
+        struct dirent *de;
+        uint8_t *fb = malloc(256 * 1024);
+        while ((de = readdir(dd))) {
+            if (strncmp(de->d_name, "zo-swap.", 8) != 0)
+                continue;
+            char p[4400];
+            snprintf(p, sizeof(p), "%s/%s", d[i], de->d_name);
+            int fd = open(p, O_RDONLY);
+            ssize_t got = pread(fd, fb, 256 * 1024, 0);
+            close(fd);
+            for (int k = 0; k < 11 && got > 0; k++)
+                for (ssize_t o = 0; o + 64 <= got; o += 4096)
+                    if (memcmp(fb + o, a + (size_t)k * chunk, 64) == 0)
+                        found |= 1 << k;
+        }
+        closedir(dd);
+        free(fb);
+        ck_assert_msg(found != 0, "directory %d holds no chunk of the tensor", i);
+        ck_assert_msg(__builtin_popcount(found) >= 3, "directory %d holds only chunks 0x%x", i, found);
+    }
+    zo_swap_destroy(&s);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(count_arenas(d[i], NULL, 0), 0);
+        zo_test_rmtree(d[i]);
+    }
+    free(a);
+    free(b);
+}
+END_TEST
+
+START_TEST(test_swap_dirs)
+{
+    char dir[256], p[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    zo_swap_config c;
+    zo_swap_config_default(&c);
+    zo_swap *s = (zo_swap *)1;
+    const char *dirs[2];
+    c.dirs = dirs;
+    c.ndirs = 1;
+    snprintf(p, sizeof(p), "%s/missing", dir);
+    dirs[0] = p;
+    ck_assert_int_eq(zo_swap_create(&s, &c), -ENOENT);
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "missing"));
+    snprintf(p, sizeof(p), "%s/file", dir);
+    int fd = open(p, O_CREAT | O_WRONLY, 0600);
+    close(fd);
+    ck_assert_int_eq(zo_swap_create(&s, &c), -ENOTDIR);
+    char real[400];
+    snprintf(real, sizeof(real), "%s/real", dir);
+    ck_assert_int_eq(mkdir(real, 0700), 0);
+    snprintf(p, sizeof(p), "%s/link", dir);
+    ck_assert_int_eq(symlink(real, p), 0);
+    ck_assert_int_eq(zo_swap_create(&s, &c), -ELOOP);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "symbolic link"));
+    snprintf(p, sizeof(p), "%s/open", dir);
+    ck_assert_int_eq(mkdir(p, 0700), 0);
+    ck_assert_int_eq(chmod(p, 0777), 0);
+    ck_assert_int_eq(zo_swap_create(&s, &c), -EPERM);
+    ck_assert_int_eq(chmod(p, 01777), 0); /* like /tmp: fine */
+    ck_assert_int_eq(zo_swap_create(&s, &c), 0);
+    zo_swap_destroy(&s);
+    dirs[0] = real;
+    dirs[1] = real;
+    c.ndirs = 2;
+    ck_assert_int_eq(zo_swap_create(&s, &c), ZO_ECONFIG);
+    c.ndirs = 1;
+    c.chunk_size = 3000;
+    ck_assert_int_eq(zo_swap_create(&s, &c), ZO_ECONFIG);
+    c.chunk_size = 1 << 20;
+    c.checksum = (zo_csum_kind)7;
+    ck_assert_int_eq(zo_swap_create(&s, &c), ZO_ECONFIG);
+    c.checksum = ZO_CSUM_CRC32C;
+    c.csum_threads = 65;
+    ck_assert_int_eq(zo_swap_create(&s, &c), ZO_ECONFIG);
+    c.csum_threads = 1;
+    c.ndirs = 0;
+    ck_assert_int_eq(zo_swap_create(&s, &c), -EINVAL);
+    ck_assert_int_eq(zo_swap_create(&s, NULL), -EINVAL);
+    c.ndirs = 1;
+    c.struct_size = 3;
+    ck_assert_int_eq(zo_swap_create(&s, &c), ZO_ECONFIG);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+START_TEST(test_swap_budget_fragmented)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    const size_t chunk = 65536;
+    zo_swap_config c;
+    zo_swap_config_default(&c);
+    c.dirs = dirs;
+    c.ndirs = 1;
+    c.chunk_size = chunk;
+    c.arena_size = 4 * chunk;
+    c.max_bytes = 4 * chunk;
+    zo_swap *s = NULL;
+    ck_assert_int_eq(zo_swap_create(&s, &c), 0);
+    zo_swap_id a, b, cc, d, e;
+    ck_assert_int_eq(zo_swap_alloc(s, chunk, "a", &a), 0);
+    ck_assert_int_eq(zo_swap_alloc(s, chunk, "b", &b), 0);
+    ck_assert_int_eq(zo_swap_alloc(s, chunk, "c", &cc), 0);
+    ck_assert_int_eq(zo_swap_alloc(s, 2 * chunk, "too-big", &e), ZO_EBUDGET);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "too-big"));
+    ck_assert_int_eq(zo_swap_free(s, a), 0);
+    ck_assert_int_eq(zo_swap_free(s, cc), 0);
+    /* free: chunks 0 and 2 (+3): no contiguous 3 chunks, but 3 in pieces */
+    ck_assert_int_eq(zo_swap_alloc(s, 3 * chunk, "pieces", &d), 0);
+    zo_test_rng rng = {zo_test_seed() ^ 4};
+    uint8_t *x = malloc(3 * chunk), *y = malloc(3 * chunk), *bb = malloc(chunk), *by = malloc(chunk);
+    zo_test_fill_bytes(&rng, x, 3 * chunk);
+    zo_test_fill_bytes(&rng, bb, chunk);
+    swap_io(s, 1, b, 0, bb, chunk);
+    swap_io(s, 1, d, 0, x, 3 * chunk);
+    swap_io(s, 0, d, 0, y, 3 * chunk);
+    ck_assert(memcmp(x, y, 3 * chunk) == 0);
+    swap_io(s, 0, b, 0, by, chunk);
+    ck_assert(memcmp(bb, by, chunk) == 0);
+    ck_assert_int_eq(zo_swap_alloc(s, 1, "full", &e), ZO_EBUDGET);
+    zo_swap_stats st;
+    zo_swap_get_stats(s, &st);
+    ck_assert_uint_eq(st.arena_bytes, 4 * chunk);
+    zo_swap_destroy(&s);
+    free(x);
+    free(y);
+    free(bb);
+    free(by);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* Find `pat` (64 bytes) in the arena files of dir; returns path and offset. */
+static int find_in_arenas(const char *dir, const uint8_t *pat, char *path, size_t plen, off_t *where)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int found = 0;
+    uint8_t *b = malloc(1 << 20);
+    while (!found && (de = readdir(d))) {
+        if (strncmp(de->d_name, "zo-swap.", 8) != 0)
+            continue;
+        snprintf(path, plen, "%s/%s", dir, de->d_name);
+        int fd = open(path, O_RDONLY);
+        off_t base = 0;
+        ssize_t got;
+        while (!found && (got = pread(fd, b, 1 << 20, base)) > 0) {
+            for (ssize_t o = 0; o + 64 <= got; o += 512)
+                if (memcmp(b + o, pat, 64) == 0) {
+                    *where = base + o;
+                    found = 1;
+                    break;
+                }
+            base += got;
+        }
+        close(fd);
+    }
+    closedir(d);
+    free(b);
+    return found;
+}
+
+START_TEST(test_swap_corruption)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    const size_t chunk = 65536;
+    zo_csum_kind kinds[] = {ZO_CSUM_CRC32C, ZO_CSUM_XXH3};
+    for (int ki = 0; ki < 2; ki++) {
+        if (!zo_csum_available(kinds[ki]))
+            continue;
+        zo_swap *s = make_swap(dirs, 1, chunk, 1 << 20, kinds[ki]);
+        size_t n = 4 * chunk;
+        uint8_t *a = malloc(n), *b = malloc(n);
+        zo_test_rng rng = {zo_test_seed() ^ 5};
+        zo_test_fill_bytes(&rng, a, n);
+        zo_swap_id id;
+        ck_assert_int_eq(zo_swap_alloc(s, n, "layer3.m", &id), 0);
+        swap_io(s, 1, id, 0, a, n);
+        /* flip one byte of chunk 2 in the arena file */
+        uint64_t victim = 2 * chunk + 777;
+        char path[4400];
+        off_t base;
+        ck_assert(find_in_arenas(dir, a + 2 * chunk, path, sizeof(path), &base));
+        int fd = open(path, O_RDWR);
+        uint8_t v;
+        ck_assert_int_eq(pread(fd, &v, 1, base + 777), 1);
+        ck_assert_uint_eq(v, a[victim]);
+        v ^= 0x10;
+        ck_assert_int_eq(pwrite(fd, &v, 1, base + 777), 1);
+        fsync(fd);
+        close(fd);
+        zo_swap_io *io;
+        ck_assert_int_eq(zo_swap_read(s, id, 0, b, n, NULL, NULL, &io), 0);
+        ck_assert_int_eq(zo_swap_wait(s, io), ZO_ECORRUPT);
+        const char *msg = zo_last_error_detail();
+        ck_assert_msg(strstr(msg, "'layer3.m'") && strstr(msg, "offset 131072") && strstr(msg, path),
+                      "detail: %s", msg);
+        ck_assert_str_eq(zo_swap_errmsg(s), msg);
+        /* the chunks around it are fine */
+        swap_io(s, 0, id, 0, b, 2 * chunk);
+        ck_assert(memcmp(a, b, 2 * chunk) == 0);
+        swap_io(s, 0, id, 3 * chunk, b, chunk);
+        ck_assert(memcmp(a + 3 * chunk, b, chunk) == 0);
+        zo_swap_stats st;
+        zo_swap_get_stats(s, &st);
+        ck_assert_uint_eq(st.corrupt, 1);
+        /* rewriting the chunk heals it */
+        swap_io(s, 1, id, 2 * chunk, a + 2 * chunk, chunk);
+        swap_io(s, 0, id, 0, b, n);
+        ck_assert(memcmp(a, b, n) == 0);
+        zo_swap_destroy(&s);
+        free(a);
+        free(b);
+    }
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* Thousands of random swaps (writes of random ranges with new contents,
+ * reads checked byte-exact, frees and re-allocations) across two
+ * directories, with a shadow copy as the reference. */
+START_TEST(test_swap_random_integrity)
+{
+    char d0[256], d1[256];
+    zo_test_mkdtemp(d0, sizeof(d0));
+    zo_test_mkdtemp(d1, sizeof(d1));
+    const char *dirs[] = {d0, d1};
+    const size_t chunk = 8192;
+    zo_swap *s = make_swap(dirs, 2, chunk, 512 * 1024, ZO_CSUM_CRC32C);
+    enum { NT = 24, OPS = 4000 };
+    zo_swap_id id[NT];
+    uint8_t *shadow[NT];
+    uint64_t size[NT];
+    zo_test_rng rng = {zo_test_seed() ^ 6};
+    for (int i = 0; i < NT; i++) {
+        size[i] = 1 + zo_test_next(&rng) % (10 * chunk);
+        shadow[i] = calloc(1, size[i]);
+        char nm[16];
+        snprintf(nm, sizeof(nm), "r%d", i);
+        ck_assert_int_eq(zo_swap_alloc(s, size[i], nm, &id[i]), 0);
+    }
+    uint8_t *buf;
+    ck_assert_int_eq(zo_aligned_alloc((void **)&buf, 12 * chunk, 4096), 0);
+    unsigned writes = 0, reads = 0, reallocs = 0;
+    for (int op = 0; op < OPS; op++) {
+        int i = (int)(zo_test_next(&rng) % NT);
+        uint64_t nch = (size[i] + chunk - 1) / chunk;
+        uint64_t c0 = zo_test_next(&rng) % nch, c1 = c0 + 1 + zo_test_next(&rng) % (nch - c0);
+        uint64_t off = c0 * chunk, len = ZO_MIN(c1 * chunk, size[i]) - off;
+        unsigned kind = (unsigned)(zo_test_next(&rng) % 100);
+        size_t mis = (zo_test_next(&rng) & 1) ? 0 : (zo_test_next(&rng) % 64);
+        if (kind < 45) {
+            zo_test_fill_bytes(&rng, shadow[i] + off, len);
+            memcpy(buf + mis, shadow[i] + off, len);
+            swap_io(s, 1, id[i], off, buf + mis, len);
+            writes++;
+        } else if (kind < 95) {
+            swap_io(s, 0, id[i], off, buf + mis, len);
+            ZO_EXPECT(memcmp(buf + mis, shadow[i] + off, len) == 0, "op %d: r%d [%llu, +%llu) differs", op, i,
+                      (unsigned long long)off, (unsigned long long)len);
+            reads++;
+        } else {
+            ck_assert_int_eq(zo_swap_free(s, id[i]), 0);
+            free(shadow[i]);
+            size[i] = 1 + zo_test_next(&rng) % (10 * chunk);
+            shadow[i] = calloc(1, size[i]);
+            ck_assert_int_eq(zo_swap_alloc(s, size[i], "re", &id[i]), 0);
+            reallocs++;
+        }
+    }
+    for (int i = 0; i < NT; i++) {
+        uint8_t *all = malloc(size[i]);
+        swap_io(s, 0, id[i], 0, all, size[i]);
+        ck_assert_msg(memcmp(all, shadow[i], size[i]) == 0, "final r%d differs", i);
+        free(all);
+        free(shadow[i]);
+    }
+    ck_assert_uint_gt(writes, 1000);
+    ck_assert_uint_gt(reads, 1000);
+    ck_assert_uint_gt(reallocs, 50);
+    zo_swap_stats st;
+    zo_swap_get_stats(s, &st);
+    ck_assert_uint_eq(st.corrupt, 0);
+    ck_assert_uint_eq(st.io_errors, 0);
+    zo_swap_destroy(&s);
+    zo_aligned_free(buf);
+    zo_test_rmtree(d0);
+    zo_test_rmtree(d1);
+}
+END_TEST
+
+/* Async completion: callbacks, wait_all, test, and two threads at once. */
+typedef struct cb_state {
+    _Atomic int calls;
+    _Atomic int errs;
+} cb_state;
+
+static void on_done(void *user, int err)
+{
+    cb_state *c = user;
+    if (err)
+        atomic_fetch_add(&c->errs, 1);
+    atomic_fetch_add(&c->calls, 1);
+}
+
+typedef struct thr_arg {
+    zo_swap *s;
+    int seed;
+    int bad;
+} thr_arg;
+
+static void *thr_main(void *p)
+{
+    thr_arg *a = p;
+    const size_t n = 200000;
+    uint8_t *x = malloc(n), *y = malloc(n);
+    zo_test_rng rng = {zo_test_seed() ^ (uint64_t)a->seed};
+    for (int k = 0; k < 40; k++) {
+        zo_swap_id id;
+        if (zo_swap_alloc(a->s, n, "thr", &id) < 0) {
+            a->bad++;
+            break;
+        }
+        zo_test_fill_bytes(&rng, x, n);
+        zo_swap_io *io;
+        if (zo_swap_write(a->s, id, 0, x, n, NULL, NULL, &io) < 0 || zo_swap_wait(a->s, io) < 0 ||
+            zo_swap_read(a->s, id, 0, y, n, NULL, NULL, &io) < 0 || zo_swap_wait(a->s, io) < 0 ||
+            memcmp(x, y, n) != 0)
+            a->bad++;
+        zo_swap_free(a->s, id);
+    }
+    free(x);
+    free(y);
+    return NULL;
+}
+
+START_TEST(test_swap_async)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    const size_t chunk = 65536;
+    zo_swap *s = make_swap(dirs, 1, chunk, 4 << 20, ZO_CSUM_CRC32C);
+    enum { N = 32 };
+    zo_swap_id id[N];
+    uint8_t *x[N];
+    cb_state cs = {0, 0};
+    zo_test_rng rng = {zo_test_seed() ^ 7};
+    for (int i = 0; i < N; i++) {
+        ck_assert_int_eq(zo_swap_alloc(s, 3 * chunk + 5, "cb", &id[i]), 0);
+        x[i] = malloc(3 * chunk + 5);
+        zo_test_fill_bytes(&rng, x[i], 3 * chunk + 5);
+        ck_assert_int_eq(zo_swap_write(s, id[i], 0, x[i], 3 * chunk + 5, on_done, &cs, NULL), 0);
+    }
+    /* in flight: freeing must be refused, or the io already completed */
+    int fr = zo_swap_free(s, id[N - 1]);
+    ck_assert(fr == -EBUSY || fr == 0);
+    if (fr == 0)
+        ck_assert_int_eq(zo_swap_alloc(s, 3 * chunk + 5, "cb", &id[N - 1]), 0);
+    ck_assert_int_eq(zo_swap_wait_all(s), 0);
+    ck_assert_int_eq(atomic_load(&cs.calls), N);
+    ck_assert_int_eq(atomic_load(&cs.errs), 0);
+    if (fr == 0)
+        ck_assert_int_eq(zo_swap_write(s, id[N - 1], 0, x[N - 1], 3 * chunk + 5, NULL, NULL, NULL), 0);
+    ck_assert_int_eq(zo_swap_wait_all(s), 0);
+    uint8_t *y = malloc(3 * chunk + 5);
+    for (int i = 0; i < N; i++) {
+        zo_swap_io *io;
+        ck_assert_int_eq(zo_swap_read(s, id[i], 0, y, 3 * chunk + 5, NULL, NULL, &io), 0);
+        int r;
+        while ((r = zo_swap_test(s, io)) == -EBUSY)
+            sched_yield();
+        ck_assert_int_eq(r, 0);
+        ck_assert(memcmp(x[i], y, 3 * chunk + 5) == 0);
+    }
+    /* an unwaited failing read is reported by wait_all */
+    {
+        char path[4400];
+        off_t base;
+        ck_assert(find_in_arenas(dir, x[3], path, sizeof(path), &base));
+        int fd = open(path, O_RDWR);
+        uint8_t v = (uint8_t)~x[3][0];
+        ck_assert_int_eq(pwrite(fd, &v, 1, base), 1);
+        close(fd);
+        ck_assert_int_eq(zo_swap_read(s, id[3], 0, y, chunk, NULL, NULL, NULL), 0);
+        ck_assert_int_eq(zo_swap_wait_all(s), ZO_ECORRUPT);
+        ck_assert_int_eq(zo_swap_wait_all(s), 0);
+    }
+    thr_arg ta[2] = {{s, 11, 0}, {s, 12, 0}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        pthread_create(&th[i], NULL, thr_main, &ta[i]);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_int_eq(ta[0].bad + ta[1].bad, 0);
+    for (int i = 0; i < N; i++)
+        free(x[i]);
+    free(y);
+    zo_swap_destroy(&s);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* ---- full disk (tmpfs of 8 MiB in a private mount namespace) ------------------ */
+static char full_dir[256];
+
+static int mount_small(const char *dir, const char *size)
+{
+    if (unshare(CLONE_NEWNS) != 0)
+        return -errno;
+    if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0)
+        return -errno;
+    char opt[64];
+    snprintf(opt, sizeof(opt), "size=%s,mode=0700", size);
+    if (mount("tmpfs", dir, "tmpfs", 0, opt) != 0)
+        return -errno;
+    return 0;
+}
+
+START_TEST(test_swap_disk_full)
+{
+    int r = mount_small(full_dir, "8m");
+    ck_assert_msg(r == 0, "mount: %s", strerror(-r)); /* probed by main before */
+    const char *dirs[] = {full_dir};
+    zo_swap_config c;
+    zo_swap_config_default(&c);
+    c.dirs = dirs;
+    c.ndirs = 1;
+    c.chunk_size = 65536;
+    c.arena_size = 2 << 20;
+    /* reserving more than the disk holds fails at create, leaving nothing */
+    c.reserve = 16 << 20;
+    zo_swap *s = NULL;
+    ck_assert_int_eq(zo_swap_create(&s, &c), -ENOSPC);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "cannot reserve"));
+    ck_assert_int_eq(count_arenas(full_dir, NULL, 0), 0);
+    c.reserve = 0;
+    ck_assert_int_eq(zo_swap_create(&s, &c), 0);
+    zo_swap_info info;
+    zo_swap_id a, b, d;
+    ck_assert_int_eq(zo_swap_alloc(s, 3 << 20, "fits", &a), 0);
+    zo_swap_get_info(s, &info);
+    /* tmpfs takes O_DIRECT since Linux 6.6; before, the store runs buffered
+     * and says why: both must work */
+    ck_assert(info.direct || info.fallback[0]);
+    size_t n = 3 << 20;
+    uint8_t *x = malloc(n), *y = malloc(n);
+    zo_test_rng rng = {zo_test_seed() ^ 8};
+    zo_test_fill_bytes(&rng, x, n);
+    swap_io(s, 1, a, 0, x, n);
+    /* the disk cannot hold another 6 MiB: the allocation fails up front */
+    r = zo_swap_alloc(s, 6 << 20, "too-much", &b);
+    ck_assert_int_eq(r, -ENOSPC);
+    ck_assert_msg(strstr(zo_last_error_detail(), "too-much") != NULL, "%s", zo_last_error_detail());
+    /* what was there is intact, and smaller allocations still work */
+    swap_io(s, 0, a, 0, y, n);
+    ck_assert(memcmp(x, y, n) == 0);
+    ck_assert_int_eq(zo_swap_alloc(s, 1 << 20, "small", &d), 0);
+    swap_io(s, 1, d, 0, x, 1 << 20);
+    swap_io(s, 0, d, 0, y, 1 << 20);
+    ck_assert(memcmp(x, y, 1 << 20) == 0);
+    zo_swap_destroy(&s);
+    ck_assert_int_eq(count_arenas(full_dir, NULL, 0), 0);
+    free(x);
+    free(y);
+}
+END_TEST
+
+static int can_mount_small(char *why, size_t len)
+{
+    pid_t pid = fork();
+    if (pid == 0)
+        _exit(mount_small(full_dir, "1m") == 0 ? 0 : 1);
+    int st;
+    waitpid(pid, &st, 0);
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0)
+        return 1;
+    snprintf(why, len, "cannot mount a size-limited tmpfs in a private mount namespace (needs root or "
+                       "CAP_SYS_ADMIN); the disk-full test needs one");
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    zo_log_set_level(ZO_LOG_ERROR);
+    if (argc > 1 && strcmp(argv[1], "diskfull") == 0) {
+        zo_test_mkdtemp(full_dir, sizeof(full_dir));
+        char why[256];
+        if (!can_mount_small(why, sizeof(why))) {
+            zo_test_rmtree(full_dir);
+            ZO_TEST_SKIP("%s", why);
+        }
+        Suite *s = suite_create("swap-diskfull");
+        TCase *tc = tcase_create("diskfull");
+        tcase_add_test(tc, test_swap_disk_full);
+        suite_add_tcase(s, tc);
+        int rc = zo_test_run(s);
+        zo_test_rmtree(full_dir);
+        return rc;
+    }
+    Suite *s = suite_create("swap");
+    TCase *tc = tcase_create("crc");
+    tcase_add_test(tc, test_crc_vectors);
+    tcase_add_test(tc, test_crc_variants);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("extent");
+    tcase_add_test(tc, test_extent_random);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("swap");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_swap_basic);
+    tcase_add_test(tc, test_swap_keep_files);
+    tcase_add_test(tc, test_swap_stripe);
+    tcase_add_test(tc, test_swap_dirs);
+    tcase_add_test(tc, test_swap_budget_fragmented);
+    tcase_add_test(tc, test_swap_corruption);
+    tcase_add_test(tc, test_swap_random_integrity);
+    tcase_add_test(tc, test_swap_async);
+    suite_add_tcase(s, tc);
+    return zo_test_run(s);
+}

@@ -22,6 +22,7 @@ typedef struct {
 static const kernel_entry kernels[] = {
     {"vec", zo_vec_variant},
     {"crc32c", zo_crc32c_variant},
+    {"cpuadam", zo_cpuadam_variant},
 };
 
 static void usage(FILE *f)

@@ -20,5 +20,6 @@
 #include "aio.h"
 #include "swap.h"
 #include "store.h"
+#include "cpuadam.h"
 
 #endif /* ZOFFLOAD_H */

@@ -1,0 +1,172 @@
+/* cpuadam kernels for AVX2 + FMA + F16C. Compiled with those flags only.
+ * Partial vectors go through a small stack buffer (AVX2 has no 16-bit
+ * masked loads), so tails get the same vector arithmetic as the body. */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/vec_ref.h"
+#include "cpuadam/cpuadam_internal.h"
+
+#define W 8u
+typedef __m256 VF;
+
+#define LAI static inline __attribute__((always_inline))
+
+LAI VF vf_set1(float x) { return _mm256_set1_ps(x); }
+LAI VF vf_zero(void) { return _mm256_setzero_ps(); }
+LAI VF vf_add(VF a, VF b) { return _mm256_add_ps(a, b); }
+LAI VF vf_sub(VF a, VF b) { return _mm256_sub_ps(a, b); }
+LAI VF vf_mul(VF a, VF b) { return _mm256_mul_ps(a, b); }
+LAI VF vf_div(VF a, VF b) { return _mm256_div_ps(a, b); }
+LAI VF vf_fma(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
+LAI VF vf_fnma(VF a, VF b, VF c) { return _mm256_fnmadd_ps(a, b, c); }
+LAI VF vf_sqrt(VF a) { return _mm256_sqrt_ps(a); }
+/* MAXPS returns its second operand when either is NaN: NaN stays. */
+LAI VF vf_max0(VF a) { return _mm256_max_ps(_mm256_setzero_ps(), a); }
+
+LAI VF vf_sign_nan(VF c)
+{
+    VF nz = _mm256_cmp_ps(c, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+    VF nan = _mm256_cmp_ps(c, c, _CMP_UNORD_Q);
+    VF s = _mm256_or_ps(_mm256_and_ps(c, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
+    return _mm256_blendv_ps(_mm256_and_ps(s, nz), c, nan);
+}
+
+/* f32 -> bf16 in integer arithmetic, bit-identical to the reference. */
+LAI __m128i bf16_rne8(VF xf)
+{
+    __m256i x = _mm256_castps_si256(xf);
+    __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff)),
+                                     _mm256_set1_epi32(0x7f800000));
+    __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+    __m256i q = _mm256_or_si256(x, _mm256_set1_epi32(0x400000));
+    r = _mm256_srli_epi32(_mm256_blendv_epi8(r, q, nan), 16);
+    return _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+}
+
+LAI VF cvt_in(__m128i h, int t)
+{
+    if (t == ZO__T_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+LAI __m128i cvt_out(VF x, int t)
+{
+    if (t == ZO__T_F16)
+        return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return bf16_rne8(x);
+}
+
+LAI VF ldv(const void *base, int t, size_t i)
+{
+    if (t == ZO__T_F32)
+        return _mm256_loadu_ps((const float *)base + i);
+    return cvt_in(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)), t);
+}
+
+LAI size_t esize(int t) { return t == ZO__T_F32 ? 4 : 2; }
+
+LAI VF ldv_part(const void *base, int t, size_t i, unsigned k)
+{
+    _Alignas(32) unsigned char buf[32] = {0};
+    memcpy(buf, (const char *)base + i * esize(t), k * esize(t));
+    return ldv(buf, t, 0);
+}
+
+LAI void stv(void *base, int t, size_t i, VF x, int nt)
+{
+    if (t == ZO__T_F32) {
+        float *f = (float *)base + i;
+        if (nt)
+            _mm256_stream_ps(f, x);
+        else
+            _mm256_storeu_ps(f, x);
+        return;
+    }
+    __m128i *h = (__m128i *)((uint16_t *)base + i);
+    if (nt)
+        _mm_stream_si128(h, cvt_out(x, t));
+    else
+        _mm_storeu_si128(h, cvt_out(x, t));
+}
+
+LAI void stv_part(void *base, int t, size_t i, VF x, unsigned k)
+{
+    _Alignas(32) unsigned char buf[32];
+    stv(buf, t, 0, x, 0);
+    memcpy((char *)base + i * esize(t), buf, k * esize(t));
+}
+
+LAI void kt_fence(void) { _mm_sfence(); }
+
+#include "cpuadam/x86/kernel_tmpl.h"
+
+/* ---- gradient statistics (double lanes: not in the template) ------------ */
+LAI void stats_vec(VF x, __m256d *a0, __m256d *a1, __m256i *cnt)
+{
+    const __m256i e = _mm256_set1_epi32(0x7f800000);
+    __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+    __m256d hi = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+    *a0 = _mm256_fmadd_pd(lo, lo, *a0);
+    *a1 = _mm256_fmadd_pd(hi, hi, *a1);
+    __m256i bad = _mm256_cmpeq_epi32(_mm256_and_si256(_mm256_castps_si256(x), e), e);
+    *cnt = _mm256_sub_epi32(*cnt, bad); /* bad lanes are -1 */
+}
+
+LAI uint64_t hsum_u32(__m256i c)
+{
+    _Alignas(32) uint32_t l[8];
+    _mm256_store_si256((__m256i *)l, c);
+    uint64_t s = 0;
+    for (int k = 0; k < 8; k++)
+        s += l[k];
+    return s;
+}
+
+LAI void stats_range(const void *g, const int t, size_t i, size_t end, double *sumsq,
+                     uint64_t *nonfinite)
+{
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    uint64_t total = 0;
+    while (i < end) { /* 32-bit lane counters: flush every 2^30 elements */
+        size_t stop = end - i > ((size_t)1 << 30) ? i + ((size_t)1 << 30) : end;
+        __m256i c0 = _mm256_setzero_si256(), c1 = c0;
+        for (; i + 2 * W <= stop; i += 2 * W) {
+            stats_vec(ldv(g, t, i), &a0, &a1, &c0);
+            stats_vec(ldv(g, t, i + W), &a2, &a3, &c1);
+        }
+        for (; i + W <= stop; i += W)
+            stats_vec(ldv(g, t, i), &a0, &a1, &c0);
+        if (i < stop) { /* zero padding adds nothing and is finite */
+            stats_vec(ldv_part(g, t, i, (unsigned)(stop - i)), &a2, &a3, &c1);
+            i = stop;
+        }
+        total += hsum_u32(c0) + hsum_u32(c1);
+    }
+    __m256d s = _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3));
+    __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    *sumsq = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
+    *nonfinite = total;
+}
+
+static void avx2_grad_stats(const void *g, int gdt, size_t begin, size_t end, double *sumsq,
+                            uint64_t *nonfinite)
+{
+    switch (gdt) {
+    case ZO__T_F16: stats_range(g, ZO__T_F16, begin, end, sumsq, nonfinite); break;
+    case ZO__T_BF16: stats_range(g, ZO__T_BF16, begin, end, sumsq, nonfinite); break;
+    default: stats_range(g, ZO__T_F32, begin, end, sumsq, nonfinite); break;
+    }
+}
+
+void zo__cpuadam_dsp_init_avx2(zo_cpuadam_dsp *dsp)
+{
+    dsp->name = "avx2";
+    dsp->step = kt_step;
+    dsp->rollback = kt_rollback;
+    dsp->grad_stats = avx2_grad_stats;
+    dsp->stream_bound = kt_stream_bound;
+}

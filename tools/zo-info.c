@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <zoffload/zoffload.h>
 
@@ -68,6 +69,50 @@ static pin_probe probe_pinned(uint64_t bytes)
         zo_pinned_free(mem);
     }
     return p;
+}
+
+/* What the aio engine picks here (AUTO), and whether a directory takes
+ * O_DIRECT (a scratch file is created there and removed). */
+typedef struct {
+    int rc;
+    zo_aio_info info;
+    char why[256];
+} aio_probe;
+
+static aio_probe probe_aio(void)
+{
+    aio_probe p;
+    memset(&p, 0, sizeof(p));
+    zo_aio *a = NULL;
+    p.rc = zo_aio_create(&a, NULL);
+    if (p.rc == 0) {
+        zo_aio_get_info(a, &p.info);
+        zo_aio_destroy(&a);
+    } else {
+        snprintf(p.why, sizeof(p.why), "%s", zo_last_error_detail());
+    }
+    return p;
+}
+
+typedef struct {
+    int rc; /* 0, or why the scratch file could not be made */
+    zo_file_info info;
+} dir_probe;
+
+static dir_probe probe_dir(const char *dir)
+{
+    dir_probe d;
+    memset(&d, 0, sizeof(d));
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/.zo-info-probe.%d", dir, (int)getpid());
+    zo_file *f = NULL;
+    d.rc = zo_file_open(&f, path, ZO_FILE_READ | ZO_FILE_WRITE | ZO_FILE_CREATE | ZO_FILE_EXCL | ZO_FILE_NOFOLLOW);
+    if (d.rc == 0) {
+        zo_file_get_info(f, &d.info);
+        zo_file_close(&f);
+        unlink(path);
+    }
+    return d;
 }
 
 static void fmt_bytes(uint64_t b, char *buf, size_t len)
@@ -135,6 +180,11 @@ int main(int argc, char **argv)
 
     zo_topo *topo = NULL;
     int trc = zo_topo_create(&topo);
+
+    aio_probe ap = probe_aio();
+    dir_probe dp[MAX_PATHS];
+    for (int i = 0; i < npaths; i++)
+        dp[i] = probe_dir(paths[i]);
 
     zo_pinned_stats ps;
     pin_probe pp = probe_pinned(pin_bytes);
@@ -235,6 +285,33 @@ int main(int argc, char **argv)
             zj_obj_end(&j);
         }
         zj_obj_end(&j);
+        zj_obj_begin(&j, "aio");
+        if (ap.rc == 0) {
+            zj_str(&j, "backend", zo_aio_backend_name(ap.info.backend));
+            zj_str(&j, "ring_setup", ap.info.ring_setup);
+            zj_bool(&j, "registered_files", ap.info.registered_files);
+            zj_bool(&j, "fixed_buffers", ap.info.fixed_buffers);
+            zj_str(&j, "fallback", ap.info.fallback);
+        } else {
+            zj_str(&j, "error", zo_strerror(ap.rc));
+            zj_str(&j, "detail", ap.why);
+        }
+        zj_arr_begin(&j, "paths");
+        for (int i = 0; i < npaths; i++) {
+            zj_obj_begin(&j, NULL);
+            zj_str(&j, "path", paths[i]);
+            if (dp[i].rc == 0) {
+                zj_bool(&j, "direct", dp[i].info.direct);
+                zj_uint(&j, "offset_align", dp[i].info.offset_align);
+                zj_uint(&j, "mem_align", dp[i].info.mem_align);
+                zj_str(&j, "fallback", dp[i].info.fallback);
+            } else {
+                zj_str(&j, "error", zo_strerror(dp[i].rc));
+            }
+            zj_obj_end(&j);
+        }
+        zj_arr_end(&j);
+        zj_obj_end(&j);
         zj_arr_begin(&j, "devices");
         for (int k = 0; k < ZO_DEV_KIND_COUNT; k++) {
             zj_obj_begin(&j, NULL);
@@ -315,6 +392,24 @@ int main(int argc, char **argv)
                        (pp.flags & ZO_PIN_HUGE) ? ", hugetlb pages" : "",
                        (pp.flags & ZO_PIN_THP) ? ", THP advised" : "", pp.seconds * 1e3,
                        (pp.flags & ZO_PIN_LOCKED) ? "" : ": ", (pp.flags & ZO_PIN_LOCKED) ? "" : ps.last_fallback);
+        }
+        printf("\naio:\n");
+        if (ap.rc == 0)
+            printf("  engine: %s%s%s%s%s\n", zo_aio_backend_name(ap.info.backend),
+                   ap.info.ring_setup[0] ? " (" : "", ap.info.ring_setup, ap.info.ring_setup[0] ? ")" : "",
+                   ap.info.registered_files ? ", registered files" : "");
+        else
+            printf("  engine unavailable: %s (%s)\n", zo_strerror(ap.rc), ap.why);
+        if (ap.rc == 0 && ap.info.fallback[0])
+            printf("  note: %s\n", ap.info.fallback);
+        for (int i = 0; i < npaths; i++) {
+            if (dp[i].rc)
+                printf("  %s: cannot create a scratch file: %s\n", paths[i], zo_strerror(dp[i].rc));
+            else if (dp[i].info.direct)
+                printf("  %s: O_DIRECT, offsets/lengths aligned to %u, buffers to %u\n", paths[i],
+                       dp[i].info.offset_align, dp[i].info.mem_align);
+            else
+                printf("  %s: buffered only (%s)\n", paths[i], dp[i].info.fallback);
         }
         printf("\ndevice backends:\n");
         for (int k = 0; k < ZO_DEV_KIND_COUNT; k++) {

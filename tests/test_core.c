@@ -170,6 +170,14 @@ START_TEST(test_cpu_parse_mask)
     ck_assert_int_eq(zo_cpu_parse_mask("avx1024", &m), -EINVAL);
     ck_assert_int_eq(zo_cpu_parse_mask("", &m), -EINVAL);
     ck_assert_int_eq(zo_cpu_parse_mask("12abc", &m), -EINVAL);
+    /* garbage that once parsed as "all": an overflowing number, an empty list */
+    m = 7;
+    ck_assert_int_eq(zo_cpu_parse_mask("99999999999999999999999", &m), -EINVAL);
+    ck_assert_int_eq(zo_cpu_parse_mask(",", &m), -EINVAL);
+    ck_assert_int_eq(zo_cpu_parse_mask(",,,", &m), -EINVAL);
+    ck_assert_uint_eq(m, 7);
+    ck_assert_int_eq(zo_cpu_parse_mask("avx512,,-avx512bf16", &m), 0);
+    ck_assert_uint_eq(m, ZO_CPU_LEVEL_AVX512 & ~ZO_CPU_AVX512BF16);
 }
 END_TEST
 

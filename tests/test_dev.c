@@ -466,6 +466,14 @@ START_TEST(test_kernels)
     ck_assert_int_eq(zo_dev_cast(s, d16, ZO_DTYPE_U8, dx, ZO_DTYPE_F32, n), ZO_ENOTSUP);
     ck_assert_int_eq(zo_dev_cast(s, d16, (zo_dtype)99, dx, ZO_DTYPE_F32, n), -EINVAL);
     ck_assert_int_eq(zo_dev_cast(s, d16, ZO_DTYPE_F16, dx, ZO_DTYPE_F32, 0), 0);
+    /* overlapping buffers: refused (the same-type path once queued an
+     * overlapping memcpy); the same buffer and type is a no-op */
+    ck_assert_int_eq(zo_dev_cast(s, (float *)dx + 1, ZO_DTYPE_F32, dx, ZO_DTYPE_F32, n - 1), -EINVAL);
+    ck_assert_int_eq(zo_dev_cast(s, dx, ZO_DTYPE_F32, (float *)dx + 1, ZO_DTYPE_F32, n - 1), -EINVAL);
+    ck_assert_int_eq(zo_dev_cast(s, dx, ZO_DTYPE_BF16, dx, ZO_DTYPE_F32, n), -EINVAL);
+    ck_assert_int_eq(zo_dev_cast(s, (uint16_t *)dx + 1, ZO_DTYPE_F32, dx, ZO_DTYPE_BF16, n / 2), -EINVAL);
+    ck_assert_int_eq(zo_dev_cast(s, dx, ZO_DTYPE_F32, dx, ZO_DTYPE_F32, n), 0);
+    ck_assert_int_eq(zo_stream_sync(s), 0);
     ck_assert_int_eq(zo_dev_sumsq(s, dx, ZO_DTYPE_I32, n, dacc), ZO_ENOTSUP);
     ck_assert_int_eq(zo_dev_nonfinite(s, dx, ZO_DTYPE_F32, n, NULL), -EINVAL);
     zo_stream_destroy(&s);

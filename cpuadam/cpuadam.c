@@ -283,6 +283,11 @@ static int build_job(zo_errbuf *eb, const char *fn, zo__optim_job *job, const zo
     }
     if (!isfinite(job->neg_step))
         return ZO_FAIL(eb, ZO_ECONFIG, "%s: lr / (1 - beta1^step) overflows fp32", fn);
+    /* lr and weight_decay each fit fp32, their product need not: a decay
+     * of -inf would silently turn every parameter into inf/NaN */
+    if (!isfinite(job->decay))
+        return ZO_FAIL(eb, ZO_ECONFIG, "%s: %s 1 - lr * weight_decay = %g overflows fp32", fn, kind_name(kind),
+                       1.0 - lr * wd);
     if (rollback && kind == ZO_OPTIM_ADAMW && !(job->decay > 0.0f))
         return ZO_FAIL(eb, ZO_ECONFIG, "%s: lr * weight_decay = %g >= 1: the decayed parameters cannot be recovered",
                        fn, lr * wd);

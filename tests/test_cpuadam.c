@@ -1076,6 +1076,11 @@ START_TEST(test_bad_input)
     BAD_HP(beta2, 0.99999999, "betas"); /* rounds to 1 in fp32 */
     BAD_HP(lr, 1e300, "lr");
     BAD_HP(eps, 1e39, "eps");
+    /* each in range, the decoupled decay 1 - lr*wd is not */
+    h = hp, h.lr = 1e30, h.weight_decay = 1e30;
+    EXPECT_FAIL(zo_cpuadam_step(&h, &t0, 1), ZO_ECONFIG, "weight_decay");
+    h = hl, h.lr = 1e30, h.weight_decay = 1e30;
+    EXPECT_FAIL(zo_cpuadam_step(&h, &t0, 1), ZO_ECONFIG, "weight_decay");
     h = hl, h.beta1 = 1.5;
     EXPECT_FAIL(zo_cpuadam_step(&h, &t0, 1), ZO_ECONFIG, "lion betas");
     h = hp, h.struct_size = 4;

@@ -202,6 +202,58 @@ START_TEST(test_event_orders_streams)
 }
 END_TEST
 
+static void gate_wait(void *arg)
+{
+    /* bounded, so a broken test cannot hang the suite */
+    struct timespec ts = {0, 1000 * 1000};
+    for (int i = 0; i < 10000 && !atomic_load((atomic_int *)arg); i++)
+        nanosleep(&ts, NULL);
+}
+
+static void mark_ran(void *arg)
+{
+    atomic_store((atomic_int *)arg, 1);
+}
+
+/* A stream waits for the record that was the event's latest when it was
+ * asked to wait. Re-recording the event on an idle stream must not release
+ * it (it once did: completion was a "highest generation done" counter), and
+ * destroying the event with a record still queued must not free memory
+ * that record writes later (ASan build). */
+START_TEST(test_event_wait_captures_record)
+{
+    if (kind != ZO_DEV_HOST)
+        return;
+    zo_stream *a, *b, *s;
+    zo_event *e;
+    ck_assert_int_eq(zo_stream_create(dev, &a), 0);
+    ck_assert_int_eq(zo_stream_create(dev, &b), 0);
+    ck_assert_int_eq(zo_stream_create(dev, &s), 0);
+    ck_assert_int_eq(zo_event_create(dev, &e), 0);
+    atomic_int gate = 0, ran = 0;
+    ck_assert_int_eq(zo_stream_host_fn(a, gate_wait, &gate), 0);
+    ck_assert_int_eq(zo_event_record(e, a), 0);
+    ck_assert_int_eq(zo_stream_wait_event(s, e), 0);
+    ck_assert_int_eq(zo_stream_host_fn(s, mark_ran, &ran), 0);
+    ck_assert_int_eq(zo_event_record(e, b), 0); /* b is idle: this record completes at once */
+    ck_assert_int_eq(zo_stream_sync(b), 0);
+    ck_assert_int_eq(zo_event_sync(e), 0);      /* the latest record (on b) is done */
+    ck_assert_int_eq(zo_event_query(e), 0);
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    ck_assert_msg(atomic_load(&ran) == 0, "s ran before the record on a it waits for");
+    ck_assert_int_eq(zo_stream_query(s), -EBUSY);
+    zo_event_destroy(&e); /* the record on a is still queued */
+    atomic_store(&gate, 1);
+    ck_assert_int_eq(zo_stream_sync(s), 0);
+    ck_assert_int_eq(atomic_load(&ran), 1);
+    ck_assert_int_eq(zo_stream_sync(a), 0);
+    zo_stream_destroy(&a);
+    zo_stream_destroy(&b);
+    zo_stream_destroy(&s);
+}
+END_TEST
+
 START_TEST(test_event_timing)
 {
     zo_stream *s;
@@ -414,6 +466,14 @@ START_TEST(test_kernels)
     ck_assert_int_eq(zo_dev_cast(s, d16, ZO_DTYPE_U8, dx, ZO_DTYPE_F32, n), ZO_ENOTSUP);
     ck_assert_int_eq(zo_dev_cast(s, d16, (zo_dtype)99, dx, ZO_DTYPE_F32, n), -EINVAL);
     ck_assert_int_eq(zo_dev_cast(s, d16, ZO_DTYPE_F16, dx, ZO_DTYPE_F32, 0), 0);
+    /* overlapping buffers: refused (the same-type path once queued an
+     * overlapping memcpy); the same buffer and type is a no-op */
+    ck_assert_int_eq(zo_dev_cast(s, (float *)dx + 1, ZO_DTYPE_F32, dx, ZO_DTYPE_F32, n - 1), -EINVAL);
+    ck_assert_int_eq(zo_dev_cast(s, dx, ZO_DTYPE_F32, (float *)dx + 1, ZO_DTYPE_F32, n - 1), -EINVAL);
+    ck_assert_int_eq(zo_dev_cast(s, dx, ZO_DTYPE_BF16, dx, ZO_DTYPE_F32, n), -EINVAL);
+    ck_assert_int_eq(zo_dev_cast(s, (uint16_t *)dx + 1, ZO_DTYPE_F32, dx, ZO_DTYPE_BF16, n / 2), -EINVAL);
+    ck_assert_int_eq(zo_dev_cast(s, dx, ZO_DTYPE_F32, dx, ZO_DTYPE_F32, n), 0);
+    ck_assert_int_eq(zo_stream_sync(s), 0);
     ck_assert_int_eq(zo_dev_sumsq(s, dx, ZO_DTYPE_I32, n, dacc), ZO_ENOTSUP);
     ck_assert_int_eq(zo_dev_nonfinite(s, dx, ZO_DTYPE_F32, n, NULL), -EINVAL);
     zo_stream_destroy(&s);
@@ -490,6 +550,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_host_mem_limit);
     tcase_add_test(tc, test_copy_roundtrip);
     tcase_add_test(tc, test_event_orders_streams);
+    tcase_add_test(tc, test_event_wait_captures_record);
     tcase_add_test(tc, test_event_timing);
     tcase_add_test(tc, test_two_streams_overlap);
     tcase_add_test(tc, test_streams_are_concurrent);

@@ -89,6 +89,31 @@ START_TEST(test_pinned_bad_args)
 }
 END_TEST
 
+/* Sizes no address space can hold: -ENOMEM and nothing mapped, with and
+ * without huge pages. The over-map for 2 MiB alignment (len + 2 MiB) and
+ * the huge-page round-up must not wrap around: a wrapped length once
+ * mapped a small region, unmapped neighbours and faulted in past its end. */
+START_TEST(test_pinned_huge_size)
+{
+    static const size_t sizes[] = {SIZE_MAX, SIZE_MAX - 4095, SIZE_MAX - 8191, SIZE_MAX - (2u << 20) + 1,
+                                   SIZE_MAX - (4u << 20), SIZE_MAX / 2 + 1};
+    for (unsigned f = 0; f < 2; f++) {
+        for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+            zo_pin_opts o;
+            zo_pin_opts_default(&o);
+            o.flags = f ? ZO_PIN_HUGE : 0;
+            void *p = (void *)1;
+            int r = zo_pinned_alloc(&p, sizes[i], &o);
+            ck_assert_msg(r == -ENOMEM, "size %zu flags %u: %d (%s)", sizes[i], o.flags, r, zo_strerror(r));
+            ck_assert_ptr_null(p);
+        }
+    }
+    zo_pinned_stats st;
+    zo_pinned_stats_get(&st);
+    ck_assert_uint_eq(st.allocations, 0);
+}
+END_TEST
+
 START_TEST(test_pinned_numa_node0)
 {
     zo_pin_opts o;
@@ -252,6 +277,7 @@ int main(void)
     tcase_add_test(tc, test_aligned);
     tcase_add_test(tc, test_pinned_basic);
     tcase_add_test(tc, test_pinned_bad_args);
+    tcase_add_test(tc, test_pinned_huge_size);
     tcase_add_test(tc, test_pinned_numa_node0);
     tcase_add_test(tc, test_pinned_budget);
     tcase_add_test(tc, test_pinned_no_lock_flag);

@@ -60,8 +60,9 @@ ZO_API void zo_cpu_set_mask(unsigned mask);
  *  - a comma-separated list of feature names as zo_cpu_flag_name() gives
  *    them ("avx2,fma,f16c,sse4.2"); a leading '-' removes a feature from
  *    all ("-avx512bf16");
- *  - a number ("0x1f", "31").
- * @return 0, or -EINVAL (NULL or unknown word; *mask untouched).
+ *  - a number ("0x1f", "31"); bits above ZO_CPU_ALL are ignored.
+ * @return 0, or -EINVAL (NULL, empty, no word, unknown word, a number
+ *         out of range; *mask untouched).
  */
 ZO_API int zo_cpu_parse_mask(const char *s, unsigned *mask);
 

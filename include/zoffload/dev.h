@@ -185,7 +185,8 @@ ZO_API int zo_event_elapsed_ms(zo_event *start, zo_event *end, float *ms);
 /**
  * dst[i] = (dst_type) src[i]: f32 -> bf16/f16 (round to nearest even, NaN
  * kept), bf16/f16 -> f32, or a same-type copy. Numerics as in vec.h.
- * @return 0 (queued), -EINVAL, ZO_ENOTSUP (pair).
+ * The buffers must not overlap (dst == src with the same type is a no-op).
+ * @return 0 (queued), -EINVAL (also for overlap), ZO_ENOTSUP (pair).
  */
 ZO_API int zo_dev_cast(zo_stream *s, void *dst, zo_dtype dst_type, const void *src,
                        zo_dtype src_type, size_t n);

@@ -94,7 +94,8 @@ ZO_API int zo_topo_bind_thread_cpu(const zo_topo *t, int cpu);
  * i mod n of `node` (-1: of the whole process). The OpenMP runtime reuses
  * its threads, so later regions of the same size in the calling thread run
  * bound. Returns the team size used.
- * @return team size > 0, ZO_ENOTSUP (built without OpenMP), -EINVAL.
+ * @return team size > 0, ZO_ENOTSUP (built without OpenMP), -EINVAL, or
+ *         -errno from sched_setaffinity (a thread could not bind).
  */
 ZO_API int zo_topo_bind_omp(const zo_topo *t, int node, int nthreads);
 

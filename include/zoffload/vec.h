@@ -11,7 +11,8 @@
  *    Exception: the avx512bf16 variant uses VCVTNEPS2BF16, which flushes
  *    fp32 subnormal inputs (|x| < 2^-126) to a zero of the same sign; all
  *    other inputs give the same bits as the reference.
- *  - bf16/fp16 -> fp32 is exact.
+ *  - bf16/fp16 -> fp32 is exact, except that an fp16 signaling NaN comes
+ *    back quiet (payload and sign kept), as F16C's VCVTPH2PS makes it.
  *  - zo_vec_sumsq() squares each element exactly in double (a float's
  *    24-bit significand squared fits in 53 bits) and sums in double lanes;
  *    the relative error against the exact sum is below n * 2^-53 (tested

@@ -187,8 +187,10 @@ ZO_API int zo_cpu_parse_mask(const char *s, unsigned *mask)
         return -EINVAL;
     if (s[0] >= '0' && s[0] <= '9') {
         char *end;
+        errno = 0;
         unsigned long v = strtoul(s, &end, 0);
-        if (*end != '\0')
+        /* out of range saturates to ULONG_MAX, which would read as "all" */
+        if (*end != '\0' || errno == ERANGE)
             return -EINVAL;
         *mask = (unsigned)v & ZO_CPU_ALL;
         return 0;
@@ -201,11 +203,12 @@ ZO_API int zo_cpu_parse_mask(const char *s, unsigned *mask)
      * starts from nothing. "avx2" alone is a level (the AVX2 kernel's needs),
      * which is also what naming the single feature would imply for dispatch. */
     unsigned add = 0, remove = 0;
-    int any_add = 0;
+    int any_add = 0, words = 0;
     char *save = NULL;
     for (char *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
         int neg = (w[0] == '-');
         unsigned bits;
+        words++;
         if (parse_word(w + neg, &bits) < 0)
             return -EINVAL;
         if (neg) {
@@ -215,6 +218,8 @@ ZO_API int zo_cpu_parse_mask(const char *s, unsigned *mask)
             any_add = 1;
         }
     }
+    if (!words) /* "," or ",,": no word at all, not "all" */
+        return -EINVAL;
     *mask = ((any_add ? add : ZO_CPU_ALL) & ~remove) & ZO_CPU_ALL;
     return 0;
 }

@@ -31,7 +31,7 @@
 /* ---- logging ------------------------------------------------------------ */
 int zo__log_enabled(zo_log_level lvl);
 void zo__log(zo_log_level lvl, const char *module, const char *fmt, ...) ZO_PRINTF(3, 4);
-void zo__vlog(zo_log_level lvl, const char *module, const char *fmt, va_list ap);
+void zo__vlog(zo_log_level lvl, const char *module, const char *fmt, va_list ap) ZO_PRINTF(3, 0);
 
 #define ZO_LOG_AT(lvl, ...)                                  \
     do {                                                     \

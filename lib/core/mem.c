@@ -217,10 +217,13 @@ ZO_API int zo_pinned_alloc(void **out, size_t size, const zo_pin_opts *opts)
     if (o.numa_node < -1 || (o.numa_node >= 0 && !node_exists(o.numa_node)))
         return ZO_FAIL(NULL, -EINVAL, "zo_pinned_alloc: NUMA node %d does not exist", o.numa_node);
 
+    /* No address space holds this; refusing it here also keeps the page
+     * and huge-page round-ups and map_region's 2 MiB over-map (len + 2 MiB)
+     * from wrapping to a small length. */
+    if (size > SIZE_MAX / 2)
+        return ZO_FAIL(NULL, -ENOMEM, "zo_pinned_alloc: size %zu is larger than any address space", size);
     size_t page = zo_page_size();
     size_t len = ZO_ALIGN_UP(size, page);
-    if (len < size)
-        return ZO_FAIL(NULL, -ENOMEM, "zo_pinned_alloc: size %zu overflows", size);
     int want_huge = (o.flags & ZO_PIN_HUGE) && size >= HUGE_2M;
     if (want_huge)
         len = ZO_ALIGN_UP(size, (size_t)HUGE_2M);

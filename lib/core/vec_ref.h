@@ -74,8 +74,8 @@ static inline float zo__ref_f16_to_f32(uint16_t h)
         float v = (float)m * 0x1p-24f; /* exact: m < 2^10 */
         return sign ? -v : v;
     }
-    if (e == 31)
-        return zo__bits_f32(sign | 0x7f800000u | (m << 13));
+    if (e == 31) /* inf; NaN comes back quiet, payload kept, as F16C's VCVTPH2PS does */
+        return zo__bits_f32(sign | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0u));
     return zo__bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 

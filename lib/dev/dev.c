@@ -399,6 +399,14 @@ ZO_API int zo_dev_cast(zo_stream *s, void *dst, zo_dtype dst_type, const void *s
         return 0;
     if (!dst || !src)
         return ZO_FAIL(&s->dev->err, -EINVAL, "zo_dev_cast: NULL pointer with n=%zu", n);
+    size_t db, sb;
+    if (zo__mul_size(n, zo_dtype_size(dst_type), &db) < 0 || zo__mul_size(n, zo_dtype_size(src_type), &sb) < 0)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_dev_cast: n=%zu too large", n);
+    /* the copy path would memcpy overlapping ranges, and a converting
+     * kernel would read elements another lane already overwrote */
+    if (!(dst == src && dst_type == src_type) && (const uint8_t *)dst < (const uint8_t *)src + sb &&
+        (const uint8_t *)src < (const uint8_t *)dst + db)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_dev_cast: source and destination overlap");
     if (dst_type == src_type)
         return dst == src ? 0 : s->dev->ops->memcpy_async(s, dst, src, n * zo_dtype_size(src_type), ZO_COPY_D2D);
     return s->dev->ops->cast(s, dst, dst_type, src, src_type, n);

@@ -2,8 +2,10 @@
  * "Device memory" is host memory. Each stream owns a worker thread that runs
  * its queue in order, so asynchronous copies and kernels really are
  * asynchronous and two streams really overlap. Events carry a generation
- * number: recording bumps it, the worker publishes it when it reaches the
- * mark, and waiting compares the two. */
+ * number: recording bumps it and books the generation as pending; the
+ * worker that reaches the mark takes it off the pending list. A generation
+ * is done when it is no longer pending, whatever the order in which
+ * records on different streams complete. */
 #define ZO_MODULE "dev.host"
 #include "dev/dev_internal.h"
 
@@ -22,7 +24,7 @@ typedef struct host_alloc {
 typedef struct host_dev {
     size_t limit, used;
     host_alloc *allocs;        /* guarded by zo_dev.lock */
-    pthread_mutex_t ev_lock;   /* guards every event's gen_done / t_ns */
+    pthread_mutex_t ev_lock;   /* guards every host_event */
     pthread_cond_t ev_cond;
     pthread_mutex_t streams_lock;
     struct host_stream *streams; /* for zo_dev_free's device-wide sync */
@@ -30,11 +32,35 @@ typedef struct host_dev {
 
 typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT } op_kind;
 
+typedef struct host_gen {
+    uint64_t gen;
+    struct host_gen *next;
+} host_gen;
+
+/* All fields under host_dev.ev_lock. */
 typedef struct host_event {
-    uint64_t gen_recorded; /* written by the recording thread under ev_lock */
-    uint64_t gen_done;     /* written by the worker under ev_lock */
-    uint64_t t_ns;
+    uint64_t gen_recorded; /* the latest record's generation */
+    host_gen *pending;     /* records queued and not reached yet */
+    uint64_t t_gen, t_ns;  /* the newest completed record and when it completed */
+    unsigned refs;         /* queued records and waits that point here */
+    int destroyed;         /* zo_event_destroy() called: freed when refs drops to 0 */
 } host_event;
+
+static int gen_pending(const host_event *he, uint64_t gen)
+{
+    for (const host_gen *g = he->pending; g; g = g->next)
+        if (g->gen == gen)
+            return 1;
+    return 0;
+}
+
+/* Drop one reference of a queued op; the last one frees a destroyed event.
+ * Called under ev_lock. */
+static void event_unref(host_event *he)
+{
+    if (--he->refs == 0 && he->destroyed)
+        free(he);
+}
 
 typedef struct host_op {
     op_kind kind;
@@ -226,19 +252,33 @@ static void run_op(host_stream *hs, host_op *op)
             *(int *)op->dst = 1;
         break;
     }
-    case OP_RECORD:
+    case OP_RECORD: {
+        host_event *he = op->ev;
         pthread_mutex_lock(&hd->ev_lock);
-        if (op->gen > op->ev->gen_done) {
-            op->ev->gen_done = op->gen;
-            op->ev->t_ns = zo__now_ns();
+        for (host_gen **pp = &he->pending; *pp; pp = &(*pp)->next) {
+            if ((*pp)->gen == op->gen) {
+                host_gen *g = *pp;
+                *pp = g->next;
+                free(g);
+                break;
+            }
         }
+        if (op->gen > he->t_gen) {
+            he->t_gen = op->gen;
+            he->t_ns = zo__now_ns();
+        }
+        event_unref(he);
         pthread_cond_broadcast(&hd->ev_cond);
         pthread_mutex_unlock(&hd->ev_lock);
         break;
+    }
     case OP_WAIT:
         pthread_mutex_lock(&hd->ev_lock);
-        while (op->ev->gen_done < op->gen)
+        /* the generation captured at zo_stream_wait_event(): a later
+         * record of the event on another stream does not release it */
+        while (gen_pending(op->ev, op->gen))
             pthread_cond_wait(&hd->ev_cond, &hd->ev_lock);
+        event_unref(op->ev);
         pthread_mutex_unlock(&hd->ev_lock);
         break;
     }
@@ -389,24 +429,49 @@ static int host_event_create(zo_dev *d, zo_event *e)
     return 0;
 }
 
-static int host_event_sync(zo_event *e);
-
 static void host_event_destroy(zo_event *e)
 {
-    /* A record still queued would write into freed memory: wait for it. */
-    host_event_sync(e);
-    free(e->impl);
+    /* As cudaEventDestroy: does not wait. Records and waits still queued
+     * hold references; the last of them frees the event. */
+    host_dev *hd = e->dev->impl;
+    host_event *he = e->impl;
+    pthread_mutex_lock(&hd->ev_lock);
+    he->destroyed = 1;
+    if (he->refs == 0)
+        free(he);
+    pthread_mutex_unlock(&hd->ev_lock);
 }
 
 static int host_event_record(zo_event *e, zo_stream *s)
 {
     host_dev *hd = s->dev->impl;
     host_event *he = e->impl;
+    host_gen *g = malloc(sizeof(*g));
+    if (!g)
+        return ZO_FAIL(&s->dev->err, -ENOMEM, "zo_event_record: out of memory");
     pthread_mutex_lock(&hd->ev_lock);
     uint64_t gen = ++he->gen_recorded;
+    g->gen = gen;
+    g->next = he->pending;
+    he->pending = g;
+    he->refs++;
     pthread_mutex_unlock(&hd->ev_lock);
     host_op op = {.kind = OP_RECORD, .ev = he, .gen = gen};
-    return enqueue(s->impl, &op);
+    int r = enqueue(s->impl, &op);
+    if (r < 0) { /* never queued: the generation counts as done */
+        pthread_mutex_lock(&hd->ev_lock);
+        for (host_gen **pp = &he->pending; *pp; pp = &(*pp)->next) {
+            if (*pp == g) {
+                *pp = g->next;
+                break;
+            }
+        }
+        free(g);
+        event_unref(he);
+        pthread_cond_broadcast(&hd->ev_cond);
+        pthread_mutex_unlock(&hd->ev_lock);
+    }
+    return r;
 }
 
 static int host_event_sync(zo_event *e)
@@ -414,7 +479,8 @@ static int host_event_sync(zo_event *e)
     host_dev *hd = e->dev->impl;
     host_event *he = e->impl;
     pthread_mutex_lock(&hd->ev_lock);
-    while (he->gen_done < he->gen_recorded)
+    uint64_t gen = he->gen_recorded; /* the latest record at the call */
+    while (gen_pending(he, gen))
         pthread_cond_wait(&hd->ev_cond, &hd->ev_lock);
     pthread_mutex_unlock(&hd->ev_lock);
     return 0;
@@ -425,7 +491,7 @@ static int host_event_query(zo_event *e)
     host_dev *hd = e->dev->impl;
     host_event *he = e->impl;
     pthread_mutex_lock(&hd->ev_lock);
-    int busy = he->gen_done < he->gen_recorded;
+    int busy = gen_pending(he, he->gen_recorded);
     pthread_mutex_unlock(&hd->ev_lock);
     return busy ? -EBUSY : 0;
 }
@@ -436,11 +502,21 @@ static int host_stream_wait_event(zo_stream *s, zo_event *e)
     host_event *he = e->impl;
     pthread_mutex_lock(&hd->ev_lock);
     uint64_t gen = he->gen_recorded;
+    /* never recorded, or its latest record already reached: nothing to wait for */
+    int pending = gen_pending(he, gen);
+    if (pending)
+        he->refs++;
     pthread_mutex_unlock(&hd->ev_lock);
-    if (gen == 0)
-        return 0; /* never recorded: complete, nothing to wait for */
+    if (!pending)
+        return 0;
     host_op op = {.kind = OP_WAIT, .ev = he, .gen = gen};
-    return enqueue(s->impl, &op);
+    int r = enqueue(s->impl, &op);
+    if (r < 0) {
+        pthread_mutex_lock(&hd->ev_lock);
+        event_unref(he);
+        pthread_mutex_unlock(&hd->ev_lock);
+    }
+    return r;
 }
 
 static int host_event_elapsed_ms(zo_event *a, zo_event *b, float *ms)
@@ -449,7 +525,7 @@ static int host_event_elapsed_ms(zo_event *a, zo_event *b, float *ms)
     host_event *ha = a->impl, *hb = b->impl;
     pthread_mutex_lock(&hd->ev_lock);
     int never = ha->gen_recorded == 0 || hb->gen_recorded == 0;
-    int busy = ha->gen_done < ha->gen_recorded || hb->gen_done < hb->gen_recorded;
+    int busy = gen_pending(ha, ha->gen_recorded) || gen_pending(hb, hb->gen_recorded);
     double d = ((double)hb->t_ns - (double)ha->t_ns) / 1e6;
     pthread_mutex_unlock(&hd->ev_lock);
     if (never)

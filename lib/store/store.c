@@ -248,8 +248,12 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
 {
     zo__copy *c = &t->c[x];
     zo__tier *tr = &s->tier[x];
-    if (c->len) /* a stale copy's space: reuse once no transfer reads or fills it */
-        return c->readers || c->incoming ? -EAGAIN : 0;
+    /* A stale copy's space: reuse once no transfer reads or fills it. A
+     * load of an older version still landing in it counts: a second load
+     * beside it would race it into the same buffer, and whichever finished
+     * first would mark the copy resident while the other still wrote. */
+    if (c->len)
+        return c->readers || c->incoming || c->state == C_LOADING ? -EAGAIN : 0;
     uint64_t need = zo__ext_round(&tr->ext, t->bytes);
     int started_wb = 0;
     for (;;) {

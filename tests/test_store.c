@@ -766,6 +766,9 @@ START_TEST(test_store_stale_load)
     const uint64_t n = 48 * MiB;
     env e;
     env_open(&e, n + MiB, n + MiB, 64 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    zo_store_destroy(&e.st);
+    e.cfg.prefetch_bytes = n;
+    ck_assert_int_eq(zo_store_create(&e.st, &e.cfg), 0);
     zo_tensor *t = reg(e.st, "stale", n, ZO_TIER_NVME);
     uint8_t *v1 = malloc(n), *v2 = malloc(n);
     pattern(v1, n, 7, 1);
@@ -798,6 +801,31 @@ START_TEST(test_store_stale_load)
     ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
     ck_assert(memcmp(got, v2, n) == 0);
     check_budgets(e.st, &e.cfg);
+
+    /* The stale copy was loaded by a hint and its space reused by the
+     * demand load: it no longer counts as prefetched-and-unused. The cap
+     * (prefetch_bytes = n) leaves room for a 1 MiB prefetch only if it was
+     * uncounted: trace-driven prefetch must still run. */
+    ck_assert_int_eq(zo_store_unregister(e.st, &t), 0);
+    ck_assert_int_eq(zo_store_set_trace(e.st, ZO_TRACE_AUTO), 0);
+    enum { NS = 4 };
+    zo_tensor *sm[NS];
+    for (int i = 0; i < NS; i++) {
+        char nm[16];
+        snprintf(nm, sizeof(nm), "small%d", i);
+        sm[i] = reg(e.st, nm, MiB, ZO_TIER_NVME);
+    }
+    zo_store_reset_stats(e.st);
+    for (int it = 0; it < 3; it++) { /* record, then follow the trace */
+        for (int i = 0; i < NS; i++) {
+            acq(e.st, sm[i], ZO_TIER_DEVICE, 0);
+            ck_assert_int_eq(zo_store_release(e.st, sm[i], ZO_TIER_DEVICE, ZO_REL_DROP), 0);
+        }
+        ck_assert_int_eq(zo_store_step(e.st), 0);
+    }
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_msg(st.prefetch_issued > 0, "no prefetch: the prefetch cap is held by a copy long gone");
     free(got);
     free(v1);
     free(v2);

@@ -344,6 +344,12 @@ int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uin
     zo__job *j = zo__job_new(s, JOB_LOAD, t);
     if (!j)
         return -ENOMEM;
+    if (c->prefetched) {
+        /* a stale copy loaded by a hint and never used: its space is
+         * reused now, so it stops counting against the prefetch cap */
+        s->tier[x].prefetched_bytes -= c->len;
+        s->st.prefetch_wasted++;
+    }
     c->state = C_LOADING;
     c->ver = t->cur_ver;
     c->prefetched = prefetch;

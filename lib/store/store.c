@@ -248,8 +248,12 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
 {
     zo__copy *c = &t->c[x];
     zo__tier *tr = &s->tier[x];
-    if (c->len) /* a stale copy's space: reuse once no transfer reads or fills it */
-        return c->readers || c->incoming ? -EAGAIN : 0;
+    /* A stale copy's space: reuse once no transfer reads or fills it. A
+     * load of an older version still landing in it counts: a second load
+     * beside it would race it into the same buffer, and whichever finished
+     * first would mark the copy resident while the other still wrote. */
+    if (c->len)
+        return c->readers || c->incoming || c->state == C_LOADING ? -EAGAIN : 0;
     uint64_t need = zo__ext_round(&tr->ext, t->bytes);
     int started_wb = 0;
     for (;;) {
@@ -340,6 +344,12 @@ int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uin
     zo__job *j = zo__job_new(s, JOB_LOAD, t);
     if (!j)
         return -ENOMEM;
+    if (c->prefetched) {
+        /* a stale copy loaded by a hint and never used: its space is
+         * reused now, so it stops counting against the prefetch cap */
+        s->tier[x].prefetched_bytes -= c->len;
+        s->st.prefetch_wasted++;
+    }
     c->state = C_LOADING;
     c->ver = t->cur_ver;
     c->prefetched = prefetch;
@@ -368,9 +378,11 @@ int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop)
         c->wb_wanted = 0;
         return 0;
     }
-    if (c->write_held || t->stream_write || t->c[t->home].incoming) {
-        /* still being modified, or another write-back is landing in the
-         * home copy: start when that ends */
+    if (c->write_held || t->stream_write || t->c[t->home].incoming || t->c[t->home].readers) {
+        /* still being modified, another write-back is landing in the home
+         * copy, or a load of an older version still reads it (writing
+         * under it would tear what it reads, and fail it with a checksum
+         * error): start when that ends */
         c->wb_wanted = 1;
         c->drop_after |= drop;
         return 0;
@@ -524,8 +536,14 @@ void zo__store_job_done(zo_store *s, zo__job *j)
                 dst->prefetched = 0;
             }
             zo__store_copy_free(s, t, j->dst);
-            while (dst->waiters)
-                req_complete(s, dst->waiters, j->err, s->err.msg);
+            if (j->ver != t->cur_ver) {
+                /* it loaded a version replaced meanwhile: its failure is
+                 * not theirs; the waiters load the current data */
+                zo__store_settle(s, t, j->dst);
+            } else {
+                while (dst->waiters)
+                    req_complete(s, dst->waiters, j->err, s->err.msg);
+            }
         } else {
             dst->state = C_RESIDENT;
             s->st.moved[j->src][j->dst] += t->bytes;
@@ -558,13 +576,15 @@ void zo__store_job_done(zo_store *s, zo__job *j)
     }
     zo__store_maybe_free(s, t, j->src);
     zo__store_settle(s, t, j->src);
-    if (j->kind == JOB_WRITEBACK) {
+    if (j->kind == JOB_WRITEBACK)
         zo__store_settle(s, t, j->dst);
-        /* write-backs that waited for this one */
+    /* write-backs that waited for this one, or for a load reading the home
+     * copy */
+    zo__copy *home = &t->c[t->home];
+    if (!home->incoming && !home->readers)
         for (int y = 0; y < ZO__NTIERS; y++)
-            if (t->c[y].wb_wanted && !t->c[y].write_held && !dst->incoming)
+            if (t->c[y].wb_wanted && !t->c[y].write_held)
                 zo__store_start_writeback(s, t, (zo_tier)y, t->c[y].drop_after);
-    }
     pthread_cond_broadcast(&s->cond);
 }
 
@@ -794,6 +814,29 @@ static zo_tensor *find_locked(zo_store *s, const char *name)
     return NULL;
 }
 
+/* Registration drops the lock to allocate and zero the home copy; the name
+ * is claimed on this list first, so a second registration of it fails
+ * instead of both succeeding. */
+static int name_claimed(zo_store *s, const char *name)
+{
+    if (find_locked(s, name))
+        return 1;
+    for (zo_tensor *t = s->registering; t; t = t->rnext)
+        if (strcmp(t->name, name) == 0)
+            return 1;
+    return 0;
+}
+
+static void unclaim(zo_store *s, zo_tensor *t)
+{
+    for (zo_tensor **pp = &s->registering; *pp; pp = &(*pp)->rnext)
+        if (*pp == t) {
+            *pp = t->rnext;
+            break;
+        }
+    t->rnext = NULL;
+}
+
 ZO_API int zo_store_find(zo_store *s, const char *name, zo_tensor **out)
 {
     if (!s || !name || !out)
@@ -846,15 +889,18 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
     t->cur_ver = 1;
     int r = 0;
     pthread_mutex_lock(&s->lock);
-    if (find_locked(s, d.name)) {
+    if (name_claimed(s, d.name)) {
         pthread_mutex_unlock(&s->lock);
         tensor_free(t);
         return ZO_FAIL(&s->err, -EEXIST, "zo_store_register: '%s' is registered already", d.name);
     }
+    t->rnext = s->registering;
+    s->registering = t;
     if (d.home == ZO_TIER_NVME) {
         zo__tier *tr = &s->tier[ZO_TIER_NVME];
         t->nvme_len = ZO_ALIGN_UP(bytes, (uint64_t)4096);
         if (t->nvme_len > tr->budget - tr->used) {
+            unclaim(s, t);
             pthread_mutex_unlock(&s->lock);
             tensor_free(t);
             return ZO_FAIL(&s->err, ZO_EBUDGET, "zo_store_register: '%s' (%llu bytes) exceeds the NVMe budget "
@@ -871,6 +917,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
         if (r < 0) {
             tr->used -= t->nvme_len;
             tr->home_bytes -= t->nvme_len;
+            unclaim(s, t);
             ZO_FAIL(&s->err, r, "%s", zo_swap_errmsg(s->swap));
             pthread_mutex_unlock(&s->lock);
             tensor_free(t);
@@ -882,25 +929,13 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
         while ((r = zo__store_space(s, t, d.home, 0, 0)) == -EAGAIN)
             pthread_cond_wait(&s->cond, &s->lock);
         if (r < 0) {
+            unclaim(s, t);
             pthread_mutex_unlock(&s->lock);
             tensor_free(t);
             return r;
         }
         t->c[d.home].state = C_RESIDENT;
         t->c[d.home].ver = 1;
-    }
-    if (find_locked(s, d.name)) { /* registered meanwhile by another thread */
-        if (t->sid)
-            zo_swap_free(s->swap, t->sid);
-        else
-            zo__store_copy_free(s, t, d.home);
-        if (d.home == ZO_TIER_NVME) {
-            s->tier[ZO_TIER_NVME].used -= t->nvme_len;
-            s->tier[ZO_TIER_NVME].home_bytes -= t->nvme_len;
-        }
-        pthread_mutex_unlock(&s->lock);
-        tensor_free(t);
-        return ZO_FAIL(&s->err, -EEXIST, "zo_store_register: '%s' is registered already", d.name);
     }
     pthread_mutex_unlock(&s->lock);
     /* zero the home copy (NVMe chunks never written read as zeros) */
@@ -913,12 +948,14 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
         if (r < 0) {
             pthread_mutex_lock(&s->lock);
             zo__store_copy_free(s, t, d.home);
+            unclaim(s, t);
             pthread_mutex_unlock(&s->lock);
             tensor_free(t);
             return ZO_FAIL(&s->err, r, "zo_store_register: zeroing '%s' on the device failed", d.name);
         }
     }
     pthread_mutex_lock(&s->lock);
+    unclaim(s, t);
     t->next = s->tensors;
     if (s->tensors)
         s->tensors->prev = t;
@@ -952,6 +989,9 @@ ZO_API int zo_store_unregister(zo_store *s, zo_tensor **tp)
         for (int x = 0; x < ZO__NTIERS; x++)
             held |= t->c[x].refs || t->c[x].waiters;
         if (held) {
+            /* it stays registered: usable again (a previous pass of this
+             * loop may have marked it dying) */
+            t->dying = 0;
             pthread_mutex_unlock(&s->lock);
             return ZO_FAIL(&s->err, -EBUSY, "zo_store_unregister: '%s' is referenced or streamed", t->name);
         }
@@ -1151,6 +1191,8 @@ ZO_API int zo_store_release(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
     int r = check_tier(s, x, "zo_store_release");
     if (r < 0)
         return r;
+    if (flags & ~(ZO_REL_WRITEBACK | ZO_REL_DROP))
+        return ZO_FAIL(&s->err, -EINVAL, "zo_store_release: unknown flags 0x%x", flags);
     pthread_mutex_lock(&s->lock);
     zo__copy *c = &t->c[x];
     /* references of acquires still waiting are not the caller's to drop */

@@ -76,6 +76,7 @@ struct zo_tensor {
     uint32_t *tpos;      /* positions in the trace, ascending */
     size_t ntpos, captpos;
     struct zo_tensor *prev, *next; /* all tensors */
+    struct zo_tensor *rnext; /* zo_store.registering */
 };
 
 /* An acquire (the public zo_store_req). */
@@ -204,6 +205,7 @@ struct zo_store {
 
     /* tensors */
     zo_tensor *tensors;
+    zo_tensor *registering; /* being registered: names claimed, not listed yet */
     size_t ntensors;
     uint64_t tick;
     int ckpt_active;

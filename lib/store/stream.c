@@ -116,6 +116,8 @@ static int stream_open_locked(zo_store *s, zo_tensor *t, unsigned mode, unsigned
         int slots = 0;
         if (t->stream_write)
             busy = "a write stream is open on it";
+        else if (t->dying)
+            busy = "it is being unregistered";
         else if ((mode & ZO_STREAM_WRITE) && s->ckpt_active)
             busy = "a checkpoint is being written";
         for (int x = 0; !busy && x < ZO__NTIERS; x++)

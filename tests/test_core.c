@@ -214,6 +214,34 @@ START_TEST(test_cpu_mask_env_bounds_dispatch)
 }
 END_TEST
 
+/* A log callback that asks for the CPU flags while the warning about a bad
+ * ZO_CPU_MASK is being delivered must not deadlock (the warning used to be
+ * logged from inside the pthread_once routine), and the bad value is
+ * ignored. Runs in its own forked process: the CPU state is initialised
+ * once per process. */
+static void capture_and_query(void *user, zo_log_level level, const char *module, const char *msg)
+{
+    capture(user, level, module, msg);
+    (void)zo_cpu_flags();
+}
+
+START_TEST(test_cpu_bad_env_mask_logged_once)
+{
+    setenv("ZO_CPU_MASK", "avx2,not-a-feature", 1);
+    log_capture c = {0};
+    zo_log_set_level(ZO_LOG_WARN);
+    zo_log_set_callback(capture_and_query, &c);
+    unsigned f = zo_cpu_flags();
+    ck_assert_uint_eq(zo_cpu_get_mask(), ZO_CPU_ALL);
+    ck_assert_uint_eq(f, zo_cpu_detected());
+    (void)zo_cpu_flags();
+    ck_assert_int_eq(c.calls, 1);
+    ck_assert_int_eq(c.last_level, ZO_LOG_WARN);
+    ck_assert_ptr_nonnull(strstr(c.last, "ZO_CPU_MASK=avx2,not-a-feature"));
+    zo_log_set_callback(NULL, NULL);
+}
+END_TEST
+
 START_TEST(test_cpu_set_mask_lowers_dispatch)
 {
     unsigned old = zo_cpu_get_mask();
@@ -479,6 +507,10 @@ static Suite *core_suite(void)
     tcase_add_test(tc, test_cpu_flags_consistent);
     tcase_add_test(tc, test_cpu_mask_env_bounds_dispatch);
     tcase_add_test(tc, test_cpu_set_mask_lowers_dispatch);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("cpu-env");
+    tcase_set_timeout(tc, 10); /* a deadlock fails here instead of hanging */
+    tcase_add_test(tc, test_cpu_bad_env_mask_logged_once);
     suite_add_tcase(s, tc);
     tc = tcase_create("vec");
     tcase_set_timeout(tc, 120);

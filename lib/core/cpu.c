@@ -110,41 +110,58 @@ static unsigned detect(void)
 }
 #endif
 
+/* Set by cpu_init when ZO_CPU_MASK could not be parsed; the warning is
+ * logged by cpu_once_init() after pthread_once has returned, because a user
+ * log callback may itself ask for the CPU flags, and calling pthread_once
+ * again from inside its own init routine deadlocks. */
+static atomic_int cpu_bad_mask_pending;
+
 static void cpu_init(void)
 {
     cpu_detected_flags = detect();
     const char *e = getenv("ZO_CPU_MASK");
     if (e && *e) {
         unsigned m;
-        if (zo_cpu_parse_mask(e, &m) == 0) {
+        if (zo_cpu_parse_mask(e, &m) == 0)
             atomic_store(&cpu_mask, m);
-        } else {
-            ZO_LOGW("ignoring unparsable ZO_CPU_MASK=%s", e);
-        }
+        else
+            atomic_store(&cpu_bad_mask_pending, 1);
+    }
+}
+
+static void cpu_once_init(void)
+{
+    pthread_once(&cpu_once, cpu_init);
+    /* exchange: exactly one caller logs it, and a callback that re-enters
+     * here sees 0 and returns */
+    if (atomic_load_explicit(&cpu_bad_mask_pending, memory_order_relaxed) &&
+        atomic_exchange(&cpu_bad_mask_pending, 0)) {
+        const char *e = getenv("ZO_CPU_MASK");
+        ZO_LOGW("ignoring unparsable ZO_CPU_MASK=%s", e ? e : "");
     }
 }
 
 ZO_API unsigned zo_cpu_detected(void)
 {
-    pthread_once(&cpu_once, cpu_init);
+    cpu_once_init();
     return cpu_detected_flags;
 }
 
 ZO_API unsigned zo_cpu_flags(void)
 {
-    pthread_once(&cpu_once, cpu_init);
+    cpu_once_init();
     return cpu_detected_flags & atomic_load_explicit(&cpu_mask, memory_order_acquire);
 }
 
 ZO_API unsigned zo_cpu_get_mask(void)
 {
-    pthread_once(&cpu_once, cpu_init);
+    cpu_once_init();
     return atomic_load(&cpu_mask);
 }
 
 ZO_API void zo_cpu_set_mask(unsigned mask)
 {
-    pthread_once(&cpu_once, cpu_init);
+    cpu_once_init();
     atomic_store_explicit(&cpu_mask, mask, memory_order_release);
 }
 
@@ -254,6 +271,6 @@ ZO_API const char *zo_cpu_level_name(unsigned flags)
 
 ZO_API const char *zo_cpu_model(void)
 {
-    pthread_once(&cpu_once, cpu_init);
+    cpu_once_init();
     return cpu_model_str;
 }

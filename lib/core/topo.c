@@ -39,22 +39,39 @@ struct zo_topo {
 #endif
 };
 
+/* CPU sets are allocated with CPU_ALLOC, not as a fixed cpu_set_t: the
+ * fixed type holds 1024 CPUs and sched_getaffinity refuses it (EINVAL) on
+ * machines with more. */
 static int allowed_cpus(int **out)
 {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    if (sched_getaffinity(0, sizeof(set), &set) != 0)
-        return -errno;
-    int n = CPU_COUNT(&set);
-    int *ids = calloc((size_t)ZO_MAX(n, 1), sizeof(int));
-    if (!ids)
-        return -ENOMEM;
-    int k = 0;
-    for (int c = 0; c < CPU_SETSIZE && k < n; c++)
-        if (CPU_ISSET(c, &set))
-            ids[k++] = c;
-    *out = ids;
-    return n;
+    for (int ncpu = ZO_MAX(1024, (int)sysconf(_SC_NPROCESSORS_CONF)); ncpu <= (1 << 22); ncpu *= 2) {
+        cpu_set_t *set = CPU_ALLOC(ncpu);
+        if (!set)
+            return -ENOMEM;
+        size_t sz = CPU_ALLOC_SIZE(ncpu);
+        CPU_ZERO_S(sz, set);
+        if (sched_getaffinity(0, sz, set) != 0) {
+            int e = errno;
+            CPU_FREE(set);
+            if (e == EINVAL)
+                continue; /* the kernel's mask is wider: try a bigger set */
+            return -e;
+        }
+        int n = CPU_COUNT_S(sz, set);
+        int *ids = calloc((size_t)ZO_MAX(n, 1), sizeof(int));
+        if (!ids) {
+            CPU_FREE(set);
+            return -ENOMEM;
+        }
+        int k = 0;
+        for (int c = 0; c < (int)(sz * 8) && k < n; c++)
+            if (CPU_ISSET_S(c, sz, set))
+                ids[k++] = c;
+        CPU_FREE(set);
+        *out = ids;
+        return n;
+    }
+    return -EINVAL;
 }
 
 static int cpu_allowed(const zo_topo *t, int cpu)
@@ -431,16 +448,24 @@ ZO_API int zo_topo_node_of_path(const zo_topo *t, const char *path)
 
 static int bind_cpus(const int *cpus, int n)
 {
-    cpu_set_t set;
-    CPU_ZERO(&set);
+    int maxc = -1;
     for (int i = 0; i < n; i++)
-        if (cpus[i] >= 0 && cpus[i] < CPU_SETSIZE)
-            CPU_SET(cpus[i], &set);
-    if (CPU_COUNT(&set) == 0)
+        maxc = ZO_MAX(maxc, cpus[i]);
+    if (maxc < 0)
         return -EINVAL;
-    if (sched_setaffinity(0, sizeof(set), &set) != 0)
-        return -errno;
-    return 0;
+    cpu_set_t *set = CPU_ALLOC(maxc + 1);
+    if (!set)
+        return -ENOMEM;
+    size_t sz = CPU_ALLOC_SIZE(maxc + 1);
+    CPU_ZERO_S(sz, set);
+    for (int i = 0; i < n; i++)
+        if (cpus[i] >= 0)
+            CPU_SET_S(cpus[i], sz, set);
+    int r = 0;
+    if (sched_setaffinity(0, sz, set) != 0)
+        r = -errno;
+    CPU_FREE(set);
+    return r;
 }
 
 ZO_API int zo_topo_bind_thread(const zo_topo *t, int node)

@@ -167,12 +167,26 @@ static int read_file(const char *path, char **out, size_t *len, size_t max)
     return 0;
 }
 
-/* Remove a directory holding only plain files (ours: a checkpoint). */
+/* Remove a directory holding only plain files (ours: a checkpoint). The
+ * name is never followed: a symlink (or other non-directory) under one of
+ * our names is removed itself, so a link planted as .tmp-<x>.<dead pid>
+ * cannot make us empty the directory it points to. */
 static int remove_flat_dir(const char *path)
 {
-    DIR *d = opendir(path);
-    if (!d)
-        return errno == ENOENT ? 0 : -errno;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return 0;
+        if (errno == ELOOP || errno == ENOTDIR)
+            return unlink(path) == 0 || errno == ENOENT ? 0 : -errno;
+        return -errno;
+    }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
     struct dirent *de;
     int r = 0;
     while ((de = readdir(d))) {

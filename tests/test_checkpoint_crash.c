@@ -293,6 +293,51 @@ START_TEST(test_ckpt_prune_and_stale)
 }
 END_TEST
 
+/* A leftover name that is a symlink (planted, or left by anything but us) is
+ * removed as a link: clean-up must never follow it and empty the directory
+ * it points to. Same for the writer's own temporary name. */
+START_TEST(test_ckpt_stale_symlink)
+{
+    char root[300], dir[256], victim[300], precious[400], p[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    snprintf(victim, sizeof(victim), "%s/victim", dir);
+    ck_assert_int_eq(mkdir(victim, 0700), 0);
+    snprintf(precious, sizeof(precious), "%s/precious", victim);
+    int fd = open(precious, O_CREAT | O_WRONLY, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "keep", 4), 4);
+    close(fd);
+    ck_assert_int_eq(save_k(root, 1, 0), 0);
+    /* a "stale" temporary directory of a dead writer that is a symlink */
+    snprintf(p, sizeof(p), "%s/.tmp-step-000009.%d", root, 0x7ffffffe);
+    ck_assert_int_eq(symlink(victim, p), 0);
+    ck_assert_int_eq(save_k(root, 2, 0), 0);
+    ck_assert_msg(access(precious, F_OK) == 0, "clean-up followed a symlink and removed %s", precious);
+    struct stat st;
+    ck_assert_int_ne(lstat(p, &st), 0); /* the link itself is gone */
+    /* the writer's own temporary name taken by a symlink */
+    snprintf(p, sizeof(p), "%s/.tmp-step-000003.%ld", root, (long)getpid());
+    ck_assert_int_eq(symlink(victim, p), 0);
+    ck_assert_int_eq(save_k(root, 3, 0), 0);
+    ck_assert_msg(access(precious, F_OK) == 0, "begin followed a symlink and removed %s", precious);
+    ck_assert_int_eq(check_ckpt(root, NULL), 3);
+    /* pruning a checkpoint whose name is a symlink drops the link only */
+    char elsewhere[300], link[400];
+    snprintf(elsewhere, sizeof(elsewhere), "%s/elsewhere", dir);
+    snprintf(p, sizeof(p), "%s/step-000001", root);
+    ck_assert_int_eq(rename(p, elsewhere), 0);
+    snprintf(link, sizeof(link), "%s/step-000001", root);
+    ck_assert_int_eq(symlink(elsewhere, link), 0);
+    ck_assert_int_eq(save_k(root, 4, 1), 0);
+    ck_assert_int_ne(lstat(link, &st), 0);
+    snprintf(p, sizeof(p), "%s/manifest.json", elsewhere);
+    ck_assert_msg(access(p, F_OK) == 0, "prune followed a symlink into %s", elsewhere);
+    ck_assert_int_eq(check_ckpt(root, NULL), 4);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* ---- the crash test ------------------------------------------------------------ */
 static uint64_t now_us(void)
 {
@@ -394,6 +439,7 @@ int main(void)
     tcase_add_test(tc, test_ckpt_roundtrip);
     tcase_add_test(tc, test_ckpt_validation);
     tcase_add_test(tc, test_ckpt_prune_and_stale);
+    tcase_add_test(tc, test_ckpt_stale_symlink);
     tcase_add_test(tc, test_ckpt_crash);
     suite_add_tcase(s, tc);
     return zo_test_run(s);

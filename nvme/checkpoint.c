@@ -515,8 +515,10 @@ static void writer_free(zo_ckpt_writer *w)
 {
     if (!w)
         return;
-    if (w->aio && w->data)
-        zo_aio_wait_all(w->aio);
+    /* No zo_aio_wait_all() here: zo_ckpt_put() waits for every request it
+     * queues, so none of ours is in flight; on a shared engine (the swap
+     * store's) wait_all would block on other users' I/O and consume the
+     * fire-and-forget error they are owed. */
     zo_file_close(&w->data);
     zo_aio_destroy(&w->own_aio);
     tensors_free(w->t, w->n);
@@ -758,9 +760,7 @@ ZO_API void zo_ckpt_abort(zo_ckpt_writer **wp)
     if (!wp || !*wp)
         return;
     zo_ckpt_writer *w = *wp;
-    if (w->aio && w->data)
-        zo_aio_wait_all(w->aio);
-    zo_file_close(&w->data);
+    zo_file_close(&w->data); /* nothing of ours in flight: see writer_free() */
     if (w->tmpdir)
         remove_flat_dir(w->tmpdir);
     writer_free(w);

@@ -15,6 +15,7 @@
 #include "nvme/nvme_internal.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -76,6 +77,10 @@ struct zo_ckpt_writer {
     uint64_t sequence;
     int put_started;
     int failed;
+    int registered;      /* in the active-writer list (see writer_claim()) */
+    dev_t root_dev;
+    ino_t root_ino;
+    struct zo_ckpt_writer *next_active;
 };
 
 struct zo_ckpt_reader {
@@ -511,10 +516,55 @@ out:
 }
 
 /* ---- writer ---------------------------------------------------------------------------- */
+/* Writers of this process, by (root, name). Their temporary directory
+ * .tmp-<name>.<pid> is the same for two writers of one name, and a dead
+ * earlier process with our pid (a restarted container) can leave one
+ * behind: begin removes such a leftover, so it must know that no live
+ * writer of this process owns it, else it would delete that writer's data
+ * under it and the other's commit would publish a manifest over the wrong
+ * data file. */
+static pthread_mutex_t active_lock = PTHREAD_MUTEX_INITIALIZER;
+static zo_ckpt_writer *active_head;
+
+static int writer_claim(zo_ckpt_writer *w)
+{
+    struct stat st;
+    if (stat(w->root, &st) != 0)
+        return -errno;
+    w->root_dev = st.st_dev;
+    w->root_ino = st.st_ino;
+    pthread_mutex_lock(&active_lock);
+    for (zo_ckpt_writer *o = active_head; o; o = o->next_active)
+        if (o->root_dev == w->root_dev && o->root_ino == w->root_ino && strcmp(o->name, w->name) == 0) {
+            pthread_mutex_unlock(&active_lock);
+            return -EBUSY;
+        }
+    w->next_active = active_head;
+    active_head = w;
+    w->registered = 1;
+    pthread_mutex_unlock(&active_lock);
+    return 0;
+}
+
+static void writer_unclaim(zo_ckpt_writer *w)
+{
+    if (!w->registered)
+        return;
+    pthread_mutex_lock(&active_lock);
+    for (zo_ckpt_writer **pp = &active_head; *pp; pp = &(*pp)->next_active)
+        if (*pp == w) {
+            *pp = w->next_active;
+            break;
+        }
+    pthread_mutex_unlock(&active_lock);
+    w->registered = 0;
+}
+
 static void writer_free(zo_ckpt_writer *w)
 {
     if (!w)
         return;
+    writer_unclaim(w);
     /* No zo_aio_wait_all() here: zo_ckpt_put() waits for every request it
      * queues, so none of ours is in flight; on a shared engine (the swap
      * store's) wait_all would block on other users' I/O and consume the
@@ -593,6 +643,13 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
         writer_free(w);
         return -ENOMEM;
     }
+    if ((r = writer_claim(w)) < 0) {
+        writer_free(w);
+        if (r == -EBUSY)
+            return ZO_FAIL(NULL, -EBUSY, "zo_ckpt_begin: checkpoint %s/%s is being written by another writer of this "
+                           "process", root, name);
+        return ZO_FAIL(NULL, r, "zo_ckpt_begin: %s: %s", root, strerror(-r));
+    }
     clean_stale(root);
     if (access(w->final, F_OK) == 0) {
         writer_free(w);
@@ -601,7 +658,7 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
     w->sequence = latest_sequence(root) + 1;
     if (mkdir(w->tmpdir, 0700) != 0) {
         r = -errno;
-        if (r == -EEXIST) /* an earlier writer of this process gave up on the same name */
+        if (r == -EEXIST) /* a leftover: no live writer of this process owns it (writer_claim) */
             r = remove_flat_dir(w->tmpdir) == 0 && mkdir(w->tmpdir, 0700) == 0 ? 0 : -errno;
         if (r < 0) {
             ZO_FAIL(NULL, r, "zo_ckpt_begin: cannot create %s: %s", w->tmpdir, zo_strerror(r));

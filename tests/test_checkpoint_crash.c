@@ -390,6 +390,41 @@ START_TEST(test_ckpt_shared_engine_errors)
 }
 END_TEST
 
+/* Two writers of one name in one process share the temporary directory
+ * name: the second must be refused, not delete the first one's data file
+ * (the first commit then published its manifest over the second's data,
+ * and `latest` named a checkpoint that cannot be loaded). */
+START_TEST(test_ckpt_same_name_writers)
+{
+    char root[300], dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    ck_assert_int_eq(save_k(root, 1, 0), 0);
+    static uint8_t b[70000];
+    for (size_t i = 0; i < sizeof(b); i++)
+        b[i] = (uint8_t)(i * 7 + 1);
+    zo_ckpt_entry e = {.name = "t", .dtype = ZO_DTYPE_U8, .ndim = 1, .shape = {sizeof(b)}, .bytes = sizeof(b)};
+    zo_ckpt_writer *w1 = NULL, *w2 = NULL;
+    ck_assert_int_eq(zo_ckpt_begin(&w1, root, "x", NULL), 0);
+    int rc = zo_ckpt_begin(&w2, root, "x", NULL);
+    ck_assert_msg(rc == -EBUSY, "second writer of the same name: %d (%s)", rc, zo_last_error_detail());
+    ck_assert_ptr_null(w2);
+    ck_assert_int_eq(zo_ckpt_add(w1, &e, NULL), 0);
+    ck_assert_int_eq(zo_ckpt_put(w1, 0, 0, b, sizeof(b)), 0);
+    ck_assert_int_eq(zo_ckpt_commit(&w1), 0);
+    zo_ckpt_reader *r = NULL;
+    ck_assert_int_eq(zo_ckpt_open(&r, root, NULL), 0);
+    ck_assert_str_eq(zo_ckpt_name(r), "x");
+    ck_assert_int_eq(zo_ckpt_verify(r), 0);
+    zo_ckpt_close(&r);
+    /* once the first is done, the name is free again (here: it exists) */
+    ck_assert_int_eq(zo_ckpt_begin(&w2, root, "x", NULL), -EEXIST);
+    ck_assert_int_eq(zo_ckpt_begin(&w2, root, "y", NULL), 0);
+    zo_ckpt_abort(&w2);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* ---- the crash test ------------------------------------------------------------ */
 static uint64_t now_us(void)
 {
@@ -493,6 +528,7 @@ int main(void)
     tcase_add_test(tc, test_ckpt_prune_and_stale);
     tcase_add_test(tc, test_ckpt_stale_symlink);
     tcase_add_test(tc, test_ckpt_shared_engine_errors);
+    tcase_add_test(tc, test_ckpt_same_name_writers);
     tcase_add_test(tc, test_ckpt_crash);
     suite_add_tcase(s, tc);
     return zo_test_run(s);

@@ -258,6 +258,24 @@ START_TEST(test_file_open_errors)
     ck_assert_int_eq(zo_file_open(&f, "/proc/sys/kernel/osrelease", ZO_FILE_WRITE), -EACCES);
     /* not a regular file */
     ck_assert_int_eq(zo_file_open(&f, "/dev/null", ZO_FILE_READ), -EINVAL);
+    /* a FIFO is refused, not waited on: open(O_RDONLY) of a FIFO blocks
+     * until a writer comes (SIGALRM fails the test if it hangs) */
+    char fifo[512];
+    tmp_path(fifo, sizeof(fifo), g_dir_direct, "fifo");
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    alarm(20);
+    ck_assert_int_eq(zo_file_open(&f, fifo, ZO_FILE_READ), -EINVAL);
+    ck_assert_int_eq(zo_file_open(&f, fifo, ZO_FILE_READ | ZO_FILE_WRITE), -EINVAL);
+    alarm(0);
+    unlink(fifo);
+    /* ... and a regular file is left blocking (io_uring hands O_NONBLOCK
+     * files -EAGAIN instead of waiting) */
+    tmp_path(fifo, sizeof(fifo), g_dir_direct, "blk");
+    f = open_rw(fifo, 0);
+    ck_assert_int_eq(fcntl(f->bfd, F_GETFL) & O_NONBLOCK, 0);
+    ck_assert_int_eq(fcntl(f->fd, F_GETFL) & O_NONBLOCK, 0);
+    zo_file_close(&f);
+    unlink(fifo);
     /* NOFOLLOW */
     char target[512], link[512];
     tmp_path(target, sizeof(target), g_dir_direct, "tgt");

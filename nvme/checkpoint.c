@@ -137,11 +137,18 @@ static int write_file_sync(const char *path, const void *buf, size_t n)
 
 static int read_file(const char *path, char **out, size_t *len, size_t max)
 {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO planted under our name must be an error, not a
+     * wait for a writer (no effect on a regular file) */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return -errno;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+    if (fstat(fd, &st) != 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
         int e = S_ISREG(st.st_mode) ? -EFBIG : -EINVAL;
         close(fd);
         return e;

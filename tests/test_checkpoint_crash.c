@@ -425,6 +425,36 @@ START_TEST(test_ckpt_same_name_writers)
 }
 END_TEST
 
+/* Garbage in place of the small files: a FIFO as `latest` or as
+ * manifest.json is an error at once, not a wait for a writer (SIGALRM
+ * fails the test if it hangs). */
+START_TEST(test_ckpt_fifo_files)
+{
+    char root[300], dir[256], p[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    ck_assert_int_eq(save_k(root, 1, 0), 0);
+    alarm(20);
+    snprintf(p, sizeof(p), "%s/step-000001/manifest.json", root);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    zo_ckpt_reader *r = NULL;
+    ck_assert_int_lt(zo_ckpt_open(&r, root, "step-000001"), 0);
+    ck_assert_ptr_null(r);
+    snprintf(p, sizeof(p), "%s/latest", root);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    ck_assert_int_lt(zo_ckpt_open(&r, root, NULL), 0);
+    char nm[64];
+    ck_assert_int_lt(zo_ckpt_latest(root, nm, sizeof(nm)), 0);
+    /* a new checkpoint still works (and replaces latest) */
+    ck_assert_int_eq(save_k(root, 2, 0), 0);
+    alarm(0);
+    ck_assert_int_eq(check_ckpt(root, NULL), 2);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* ---- the crash test ------------------------------------------------------------ */
 static uint64_t now_us(void)
 {
@@ -529,6 +559,7 @@ int main(void)
     tcase_add_test(tc, test_ckpt_stale_symlink);
     tcase_add_test(tc, test_ckpt_shared_engine_errors);
     tcase_add_test(tc, test_ckpt_same_name_writers);
+    tcase_add_test(tc, test_ckpt_fifo_files);
     tcase_add_test(tc, test_ckpt_crash);
     suite_add_tcase(s, tc);
     return zo_test_run(s);

@@ -518,6 +518,14 @@ static int manifest_parse(zo_ckpt_reader *r, const char *text, const char *where
     }
     ret = 0;
 out:
+    if (ret < 0 && r->t) {
+        /* the tensor being parsed is not counted in r->n yet: free what
+         * it got before it was refused (name, crc) */
+        free(r->t[r->n].name);
+        free(r->t[r->n].crc);
+        r->t[r->n].name = NULL;
+        r->t[r->n].crc = NULL;
+    }
     cJSON_Delete(m);
     return ret;
 }

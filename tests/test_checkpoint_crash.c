@@ -455,6 +455,44 @@ START_TEST(test_ckpt_fifo_files)
 }
 END_TEST
 
+/* Manifests that fail late in a tensor's parse (duplicate name, a non-hex
+ * crc digit) are refused without leaking what was parsed of that tensor
+ * (the sanitizer build's leak check catches it). */
+START_TEST(test_ckpt_bad_tensor_no_leak)
+{
+    char root[300], dir[256], q[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    ck_assert_int_eq(save_k(root, 1, 0), 0);
+    snprintf(q, sizeof(q), "%s/step-000001/manifest.json", root);
+    zo_ckpt_reader *r = NULL;
+    rewrite_file(q, "\"name\":\t\"layer0.exp_avg\"", "\"name\":\t\"layer0.w\"");
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000001"), ZO_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "duplicate"));
+    rewrite_file(q, "\"name\":\t\"layer0.w\"", "\"name\":\t\"layer0.exp_avg\"");
+    rewrite_file(q, "\"name\":\t\"layer0.w\"", "\"name\":\t\"layer0.exp_avg\""); /* second one back */
+    rewrite_file(q, "\"name\":\t\"layer0.exp_avg\"", "\"name\":\t\"layer0.w\""); /* first one back */
+    ck_assert_int_eq(check_ckpt(root, "step-000001"), 1);
+    /* a non-hex digit in the last tensor's crc32c */
+    int fd = open(q, O_RDWR);
+    char b[1 << 16];
+    ssize_t n = read(fd, b, sizeof(b) - 1);
+    ck_assert_int_gt(n, 0);
+    b[n] = 0;
+    char *last = NULL, *at = b;
+    while ((at = strstr(at, "\"crc32c\":\t\"")))
+        last = at++;
+    ck_assert_ptr_nonnull(last);
+    last[strlen("\"crc32c\":\t\"")] = 'z';
+    ck_assert_int_eq(pwrite(fd, b, (size_t)n, 0), n);
+    close(fd);
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000001"), ZO_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "non-hex"));
+    ck_assert_ptr_null(r);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* ---- the crash test ------------------------------------------------------------ */
 static uint64_t now_us(void)
 {
@@ -560,6 +598,7 @@ int main(void)
     tcase_add_test(tc, test_ckpt_shared_engine_errors);
     tcase_add_test(tc, test_ckpt_same_name_writers);
     tcase_add_test(tc, test_ckpt_fifo_files);
+    tcase_add_test(tc, test_ckpt_bad_tensor_no_leak);
     tcase_add_test(tc, test_ckpt_crash);
     suite_add_tcase(s, tc);
     return zo_test_run(s);

@@ -381,10 +381,12 @@ fail:
 /* Parse and validate a manifest into r. */
 static int manifest_parse(zo_ckpt_reader *r, const char *text, const char *where)
 {
-    cJSON *m = cJSON_Parse(text);
+    /* the whole file must be the one JSON value: trailing bytes are damage */
+    const char *end = NULL;
+    cJSON *m = cJSON_ParseWithOpts(text, &end, 1);
     if (!m)
         return ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s is not valid JSON (near byte %ld)", where,
-                       cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - text) : -1L);
+                       end ? (long)(end - text) : -1L);
     int ret = ZO_EFORMAT;
     uint64_t ver, chunk, data_bytes;
     const char *fmt = json_str(m, "format");
@@ -641,7 +643,7 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
         return -ENOMEM;
     w->opts = o;
     if (o.user_json) {
-        w->user = cJSON_Parse(o.user_json);
+        w->user = cJSON_ParseWithOpts(o.user_json, NULL, 1); /* nothing after the value */
         if (!w->user) {
             writer_free(w);
             return ZO_FAIL(NULL, ZO_EFORMAT, "zo_ckpt_begin: user_json is not valid JSON");

@@ -136,6 +136,8 @@ START_TEST(test_ckpt_roundtrip)
     zo_ckpt_options_default(&o);
     o.user_json = "{not json";
     ck_assert_int_eq(zo_ckpt_begin(&w, root, "x", &o), ZO_EFORMAT);
+    o.user_json = "{\"a\":1} trailing";
+    ck_assert_int_eq(zo_ckpt_begin(&w, root, "x", &o), ZO_EFORMAT);
     ck_assert_int_eq(zo_ckpt_begin(&w, root, "x", NULL), 0);
     zo_ckpt_entry a = {.name = "t", .dtype = ZO_DTYPE_F32, .bytes = 100};
     ck_assert_int_eq(zo_ckpt_add(w, &a, NULL), 0);
@@ -236,6 +238,13 @@ START_TEST(test_ckpt_validation)
     ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "u9"));
     rewrite_file(q, "\"dtype\":\t\"u9\"", "\"dtype\":\t\"u8\"");
     rewrite_file(q, "\"tensors\":", "\"tensorz\":");
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EFORMAT);
+    rewrite_file(q, "\"tensorz\":", "\"tensors\":");
+    ck_assert_int_eq(check_ckpt(root, "step-000006"), 6);
+    /* garbage after the manifest's object is malformed too, not ignored */
+    fd = open(q, O_WRONLY | O_APPEND);
+    ck_assert_int_eq(write(fd, "{\"x\":1}", 7), 7);
+    close(fd);
     ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EFORMAT);
     ck_assert_int_eq(truncate(q, 50), 0);
     ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EFORMAT);

@@ -714,7 +714,9 @@ int zo__aio_piece_result(zo_aio *a, zo__aio_piece *p, int64_t res)
             return 0;
         }
         if (++p->eagain > a->cfg.eagain_retries) {
-            zo__aio_piece_fail(a, p, (int)res, "still failing after the retry bound");
+            /* -EAGAIN whichever of the two came last, as documented: a
+             * caller that retries on -EAGAIN must not see -EINTR */
+            zo__aio_piece_fail(a, p, -EAGAIN, "still failing after the retry bound");
             return 0;
         }
         atomic_fetch_add_explicit(&a->st.eagain_retried, 1, memory_order_relaxed);

@@ -138,8 +138,10 @@ ZO_API int zo_file_open(zo_file **out, const char *path, unsigned flags)
 
     int rc = 0;
     /* The buffered descriptor first: it carries the create/truncate flags,
-     * so a refused O_DIRECT cannot leave a half-done create behind. */
-    f->bfd = open(path, of, 0600);
+     * so a refused O_DIRECT cannot leave a half-done create behind.
+     * O_NONBLOCK until the type is checked: opening a FIFO for reading
+     * would otherwise wait for a writer forever. */
+    f->bfd = open(path, of | O_NONBLOCK, 0600);
     if (f->bfd < 0) {
         rc = -errno;
         if (rc == -ELOOP && (flags & ZO_FILE_NOFOLLOW))
@@ -160,6 +162,14 @@ ZO_API int zo_file_open(zo_file **out, const char *path, unsigned flags)
     }
     if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
         rc = ZO_FAIL(NULL, -EINVAL, "open %s: not a regular file or block device", path);
+        goto fail;
+    }
+    /* back to blocking: io_uring completes I/O on an O_NONBLOCK file with
+     * -EAGAIN instead of waiting for it */
+    int fl = fcntl(f->bfd, F_GETFL);
+    if (fl < 0 || fcntl(f->bfd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        rc = -errno;
+        ZO_FAIL(NULL, rc, "fcntl %s: %s", path, strerror(-rc));
         goto fail;
     }
 

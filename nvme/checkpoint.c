@@ -15,6 +15,7 @@
 #include "nvme/nvme_internal.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
@@ -76,6 +77,10 @@ struct zo_ckpt_writer {
     uint64_t sequence;
     int put_started;
     int failed;
+    int registered;      /* in the active-writer list (see writer_claim()) */
+    dev_t root_dev;
+    ino_t root_ino;
+    struct zo_ckpt_writer *next_active;
 };
 
 struct zo_ckpt_reader {
@@ -132,11 +137,18 @@ static int write_file_sync(const char *path, const void *buf, size_t n)
 
 static int read_file(const char *path, char **out, size_t *len, size_t max)
 {
-    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO planted under our name must be an error, not a
+     * wait for a writer (no effect on a regular file) */
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return -errno;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
+    if (fstat(fd, &st) != 0) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size > max) {
         int e = S_ISREG(st.st_mode) ? -EFBIG : -EINVAL;
         close(fd);
         return e;
@@ -167,12 +179,26 @@ static int read_file(const char *path, char **out, size_t *len, size_t max)
     return 0;
 }
 
-/* Remove a directory holding only plain files (ours: a checkpoint). */
+/* Remove a directory holding only plain files (ours: a checkpoint). The
+ * name is never followed: a symlink (or other non-directory) under one of
+ * our names is removed itself, so a link planted as .tmp-<x>.<dead pid>
+ * cannot make us empty the directory it points to. */
 static int remove_flat_dir(const char *path)
 {
-    DIR *d = opendir(path);
-    if (!d)
-        return errno == ENOENT ? 0 : -errno;
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return 0;
+        if (errno == ELOOP || errno == ENOTDIR)
+            return unlink(path) == 0 || errno == ENOENT ? 0 : -errno;
+        return -errno;
+    }
+    DIR *d = fdopendir(fd);
+    if (!d) {
+        int e = -errno;
+        close(fd);
+        return e;
+    }
     struct dirent *de;
     int r = 0;
     while ((de = readdir(d))) {
@@ -355,10 +381,12 @@ fail:
 /* Parse and validate a manifest into r. */
 static int manifest_parse(zo_ckpt_reader *r, const char *text, const char *where)
 {
-    cJSON *m = cJSON_Parse(text);
+    /* the whole file must be the one JSON value: trailing bytes are damage */
+    const char *end = NULL;
+    cJSON *m = cJSON_ParseWithOpts(text, &end, 1);
     if (!m)
         return ZO_FAIL(NULL, ZO_EFORMAT, "manifest %s is not valid JSON (near byte %ld)", where,
-                       cJSON_GetErrorPtr() ? (long)(cJSON_GetErrorPtr() - text) : -1L);
+                       end ? (long)(end - text) : -1L);
     int ret = ZO_EFORMAT;
     uint64_t ver, chunk, data_bytes;
     const char *fmt = json_str(m, "format");
@@ -492,17 +520,72 @@ static int manifest_parse(zo_ckpt_reader *r, const char *text, const char *where
     }
     ret = 0;
 out:
+    if (ret < 0 && r->t) {
+        /* the tensor being parsed is not counted in r->n yet: free what
+         * it got before it was refused (name, crc) */
+        free(r->t[r->n].name);
+        free(r->t[r->n].crc);
+        r->t[r->n].name = NULL;
+        r->t[r->n].crc = NULL;
+    }
     cJSON_Delete(m);
     return ret;
 }
 
 /* ---- writer ---------------------------------------------------------------------------- */
+/* Writers of this process, by (root, name). Their temporary directory
+ * .tmp-<name>.<pid> is the same for two writers of one name, and a dead
+ * earlier process with our pid (a restarted container) can leave one
+ * behind: begin removes such a leftover, so it must know that no live
+ * writer of this process owns it, else it would delete that writer's data
+ * under it and the other's commit would publish a manifest over the wrong
+ * data file. */
+static pthread_mutex_t active_lock = PTHREAD_MUTEX_INITIALIZER;
+static zo_ckpt_writer *active_head;
+
+static int writer_claim(zo_ckpt_writer *w)
+{
+    struct stat st;
+    if (stat(w->root, &st) != 0)
+        return -errno;
+    w->root_dev = st.st_dev;
+    w->root_ino = st.st_ino;
+    pthread_mutex_lock(&active_lock);
+    for (zo_ckpt_writer *o = active_head; o; o = o->next_active)
+        if (o->root_dev == w->root_dev && o->root_ino == w->root_ino && strcmp(o->name, w->name) == 0) {
+            pthread_mutex_unlock(&active_lock);
+            return -EBUSY;
+        }
+    w->next_active = active_head;
+    active_head = w;
+    w->registered = 1;
+    pthread_mutex_unlock(&active_lock);
+    return 0;
+}
+
+static void writer_unclaim(zo_ckpt_writer *w)
+{
+    if (!w->registered)
+        return;
+    pthread_mutex_lock(&active_lock);
+    for (zo_ckpt_writer **pp = &active_head; *pp; pp = &(*pp)->next_active)
+        if (*pp == w) {
+            *pp = w->next_active;
+            break;
+        }
+    pthread_mutex_unlock(&active_lock);
+    w->registered = 0;
+}
+
 static void writer_free(zo_ckpt_writer *w)
 {
     if (!w)
         return;
-    if (w->aio && w->data)
-        zo_aio_wait_all(w->aio);
+    writer_unclaim(w);
+    /* No zo_aio_wait_all() here: zo_ckpt_put() waits for every request it
+     * queues, so none of ours is in flight; on a shared engine (the swap
+     * store's) wait_all would block on other users' I/O and consume the
+     * fire-and-forget error they are owed. */
     zo_file_close(&w->data);
     zo_aio_destroy(&w->own_aio);
     tensors_free(w->t, w->n);
@@ -560,7 +643,7 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
         return -ENOMEM;
     w->opts = o;
     if (o.user_json) {
-        w->user = cJSON_Parse(o.user_json);
+        w->user = cJSON_ParseWithOpts(o.user_json, NULL, 1); /* nothing after the value */
         if (!w->user) {
             writer_free(w);
             return ZO_FAIL(NULL, ZO_EFORMAT, "zo_ckpt_begin: user_json is not valid JSON");
@@ -577,6 +660,13 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
         writer_free(w);
         return -ENOMEM;
     }
+    if ((r = writer_claim(w)) < 0) {
+        writer_free(w);
+        if (r == -EBUSY)
+            return ZO_FAIL(NULL, -EBUSY, "zo_ckpt_begin: checkpoint %s/%s is being written by another writer of this "
+                           "process", root, name);
+        return ZO_FAIL(NULL, r, "zo_ckpt_begin: %s: %s", root, strerror(-r));
+    }
     clean_stale(root);
     if (access(w->final, F_OK) == 0) {
         writer_free(w);
@@ -585,7 +675,7 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
     w->sequence = latest_sequence(root) + 1;
     if (mkdir(w->tmpdir, 0700) != 0) {
         r = -errno;
-        if (r == -EEXIST) /* an earlier writer of this process gave up on the same name */
+        if (r == -EEXIST) /* a leftover: no live writer of this process owns it (writer_claim) */
             r = remove_flat_dir(w->tmpdir) == 0 && mkdir(w->tmpdir, 0700) == 0 ? 0 : -errno;
         if (r < 0) {
             ZO_FAIL(NULL, r, "zo_ckpt_begin: cannot create %s: %s", w->tmpdir, zo_strerror(r));
@@ -744,9 +834,7 @@ ZO_API void zo_ckpt_abort(zo_ckpt_writer **wp)
     if (!wp || !*wp)
         return;
     zo_ckpt_writer *w = *wp;
-    if (w->aio && w->data)
-        zo_aio_wait_all(w->aio);
-    zo_file_close(&w->data);
+    zo_file_close(&w->data); /* nothing of ours in flight: see writer_free() */
     if (w->tmpdir)
         remove_flat_dir(w->tmpdir);
     writer_free(w);

@@ -258,6 +258,24 @@ START_TEST(test_file_open_errors)
     ck_assert_int_eq(zo_file_open(&f, "/proc/sys/kernel/osrelease", ZO_FILE_WRITE), -EACCES);
     /* not a regular file */
     ck_assert_int_eq(zo_file_open(&f, "/dev/null", ZO_FILE_READ), -EINVAL);
+    /* a FIFO is refused, not waited on: open(O_RDONLY) of a FIFO blocks
+     * until a writer comes (SIGALRM fails the test if it hangs) */
+    char fifo[512];
+    tmp_path(fifo, sizeof(fifo), g_dir_direct, "fifo");
+    ck_assert_int_eq(mkfifo(fifo, 0600), 0);
+    alarm(20);
+    ck_assert_int_eq(zo_file_open(&f, fifo, ZO_FILE_READ), -EINVAL);
+    ck_assert_int_eq(zo_file_open(&f, fifo, ZO_FILE_READ | ZO_FILE_WRITE), -EINVAL);
+    alarm(0);
+    unlink(fifo);
+    /* ... and a regular file is left blocking (io_uring hands O_NONBLOCK
+     * files -EAGAIN instead of waiting) */
+    tmp_path(fifo, sizeof(fifo), g_dir_direct, "blk");
+    f = open_rw(fifo, 0);
+    ck_assert_int_eq(fcntl(f->bfd, F_GETFL) & O_NONBLOCK, 0);
+    ck_assert_int_eq(fcntl(f->fd, F_GETFL) & O_NONBLOCK, 0);
+    zo_file_close(&f);
+    unlink(fifo);
     /* NOFOLLOW */
     char target[512], link[512];
     tmp_path(target, sizeof(target), g_dir_direct, "tgt");
@@ -874,6 +892,7 @@ END_TEST
 typedef struct {
     int mode;            /* what to inject */
     uint64_t target_off; /* request offset that gets the error */
+    int64_t forever;     /* F_EAGAIN_FOREVER: the result (0: -EAGAIN) */
     _Atomic int hits;
     pthread_mutex_t gate_m;
     pthread_cond_t gate_cv;
@@ -907,7 +926,7 @@ static int64_t fault_hook(void *user, const zo__aio_fault_site *s)
     case F_EAGAIN_FOREVER:
         if (s->req_off == fc->target_off) {
             atomic_fetch_add(&fc->hits, 1);
-            return -EAGAIN;
+            return fc->forever ? fc->forever : -EAGAIN;
         }
         return 0;
     case F_ERROR_EIO:
@@ -1119,6 +1138,12 @@ START_TEST(test_fault_eagain_bound)
     zo_aio_stats st;
     zo_aio_get_stats(a, &st);
     ck_assert_uint_eq(st.eagain_retried, 5);
+    /* -EINTR shares the bound and, as documented, fails with -EAGAIN too
+     * (a caller testing for -EAGAIN must not get -EINTR) */
+    fc.forever = -EINTR;
+    ck_assert_int_eq(zo_aio_write(a, f, b.p, 4096, 8192, NULL, NULL, &r1), 0);
+    ck_assert_int_eq(zo_aio_wait(a, r1, NULL), -EAGAIN);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "retry bound"));
     tb_free(&b);
     fx_end(&x);
 }

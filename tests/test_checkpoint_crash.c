@@ -136,6 +136,8 @@ START_TEST(test_ckpt_roundtrip)
     zo_ckpt_options_default(&o);
     o.user_json = "{not json";
     ck_assert_int_eq(zo_ckpt_begin(&w, root, "x", &o), ZO_EFORMAT);
+    o.user_json = "{\"a\":1} trailing";
+    ck_assert_int_eq(zo_ckpt_begin(&w, root, "x", &o), ZO_EFORMAT);
     ck_assert_int_eq(zo_ckpt_begin(&w, root, "x", NULL), 0);
     zo_ckpt_entry a = {.name = "t", .dtype = ZO_DTYPE_F32, .bytes = 100};
     ck_assert_int_eq(zo_ckpt_add(w, &a, NULL), 0);
@@ -237,6 +239,13 @@ START_TEST(test_ckpt_validation)
     rewrite_file(q, "\"dtype\":\t\"u9\"", "\"dtype\":\t\"u8\"");
     rewrite_file(q, "\"tensors\":", "\"tensorz\":");
     ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EFORMAT);
+    rewrite_file(q, "\"tensorz\":", "\"tensors\":");
+    ck_assert_int_eq(check_ckpt(root, "step-000006"), 6);
+    /* garbage after the manifest's object is malformed too, not ignored */
+    fd = open(q, O_WRONLY | O_APPEND);
+    ck_assert_int_eq(write(fd, "{\"x\":1}", 7), 7);
+    close(fd);
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EFORMAT);
     ck_assert_int_eq(truncate(q, 50), 0);
     ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000006"), ZO_EFORMAT);
     ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000042"), -ENOENT);
@@ -289,6 +298,206 @@ START_TEST(test_ckpt_prune_and_stale)
     ck_assert_int_eq(symlink(root, link), 0);
     zo_ckpt_writer *w;
     ck_assert_int_eq(zo_ckpt_begin(&w, link, "z", NULL), -ELOOP);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* A leftover name that is a symlink (planted, or left by anything but us) is
+ * removed as a link: clean-up must never follow it and empty the directory
+ * it points to. Same for the writer's own temporary name. */
+START_TEST(test_ckpt_stale_symlink)
+{
+    char root[300], dir[256], victim[300], precious[400], p[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    snprintf(victim, sizeof(victim), "%s/victim", dir);
+    ck_assert_int_eq(mkdir(victim, 0700), 0);
+    snprintf(precious, sizeof(precious), "%s/precious", victim);
+    int fd = open(precious, O_CREAT | O_WRONLY, 0600);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(write(fd, "keep", 4), 4);
+    close(fd);
+    ck_assert_int_eq(save_k(root, 1, 0), 0);
+    /* a "stale" temporary directory of a dead writer that is a symlink */
+    snprintf(p, sizeof(p), "%s/.tmp-step-000009.%d", root, 0x7ffffffe);
+    ck_assert_int_eq(symlink(victim, p), 0);
+    ck_assert_int_eq(save_k(root, 2, 0), 0);
+    ck_assert_msg(access(precious, F_OK) == 0, "clean-up followed a symlink and removed %s", precious);
+    struct stat st;
+    ck_assert_int_ne(lstat(p, &st), 0); /* the link itself is gone */
+    /* the writer's own temporary name taken by a symlink */
+    snprintf(p, sizeof(p), "%s/.tmp-step-000003.%ld", root, (long)getpid());
+    ck_assert_int_eq(symlink(victim, p), 0);
+    ck_assert_int_eq(save_k(root, 3, 0), 0);
+    ck_assert_msg(access(precious, F_OK) == 0, "begin followed a symlink and removed %s", precious);
+    ck_assert_int_eq(check_ckpt(root, NULL), 3);
+    /* pruning a checkpoint whose name is a symlink drops the link only */
+    char elsewhere[300], link[400];
+    snprintf(elsewhere, sizeof(elsewhere), "%s/elsewhere", dir);
+    snprintf(p, sizeof(p), "%s/step-000001", root);
+    ck_assert_int_eq(rename(p, elsewhere), 0);
+    snprintf(link, sizeof(link), "%s/step-000001", root);
+    ck_assert_int_eq(symlink(elsewhere, link), 0);
+    ck_assert_int_eq(save_k(root, 4, 1), 0);
+    ck_assert_int_ne(lstat(link, &st), 0);
+    snprintf(p, sizeof(p), "%s/manifest.json", elsewhere);
+    ck_assert_msg(access(p, F_OK) == 0, "prune followed a symlink into %s", elsewhere);
+    ck_assert_int_eq(check_ckpt(root, NULL), 4);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* A checkpoint written through a shared engine (zo_store_checkpoint passes
+ * the swap store's) must not swallow the fire-and-forget error of another
+ * user of that engine: zo_aio_wait_all() still reports it afterwards. */
+static int check_one(const char *root)
+{
+    zo_ckpt_reader *r = NULL;
+    int rc = zo_ckpt_open(&r, root, NULL);
+    if (rc == 0)
+        rc = zo_ckpt_verify(r);
+    zo_ckpt_close(&r);
+    return rc;
+}
+
+START_TEST(test_ckpt_shared_engine_errors)
+{
+    char root[300], dir[256], path[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    snprintf(path, sizeof(path), "%s/short.dat", dir);
+    zo_aio *a = NULL;
+    ck_assert_int_eq(zo_aio_create(&a, NULL), 0);
+    zo_file *f = NULL;
+    ck_assert_int_eq(zo_file_open(&f, path, ZO_FILE_READ | ZO_FILE_WRITE | ZO_FILE_CREATE), 0);
+    static uint8_t b[8192];
+    /* another user's fire-and-forget read past the end of an empty file */
+    ck_assert_int_eq(zo_aio_read(a, f, b, sizeof(b), 0, NULL, NULL, NULL), 0);
+    for (;;) { /* let it complete without collecting its error */
+        zo_aio_stats st;
+        zo_aio_get_stats(a, &st);
+        if (st.errors == 1 && st.inflight == 0)
+            break;
+        usleep(1000);
+    }
+    zo_ckpt_entry e = {.name = "t", .dtype = ZO_DTYPE_U8, .ndim = 1, .shape = {5000}, .bytes = 5000};
+    const void *d[1] = {b};
+    zo_ckpt_options o;
+    zo_ckpt_options_default(&o);
+    o.aio = a;
+    ck_assert_int_eq(zo_ckpt_save(root, "one", &e, d, 1, &o), 0);
+    /* the failed writer path too (abort) */
+    zo_ckpt_writer *w = NULL;
+    ck_assert_int_eq(zo_ckpt_begin(&w, root, "two", &o), 0);
+    zo_ckpt_abort(&w);
+    ck_assert_int_eq(zo_aio_wait_all(a), ZO_ETRUNC);
+    ck_assert_int_eq(zo_aio_wait_all(a), 0);
+    zo_file_close(&f);
+    zo_aio_destroy(&a);
+    ck_assert_int_eq(check_one(root), 0);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* Two writers of one name in one process share the temporary directory
+ * name: the second must be refused, not delete the first one's data file
+ * (the first commit then published its manifest over the second's data,
+ * and `latest` named a checkpoint that cannot be loaded). */
+START_TEST(test_ckpt_same_name_writers)
+{
+    char root[300], dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    ck_assert_int_eq(save_k(root, 1, 0), 0);
+    static uint8_t b[70000];
+    for (size_t i = 0; i < sizeof(b); i++)
+        b[i] = (uint8_t)(i * 7 + 1);
+    zo_ckpt_entry e = {.name = "t", .dtype = ZO_DTYPE_U8, .ndim = 1, .shape = {sizeof(b)}, .bytes = sizeof(b)};
+    zo_ckpt_writer *w1 = NULL, *w2 = NULL;
+    ck_assert_int_eq(zo_ckpt_begin(&w1, root, "x", NULL), 0);
+    int rc = zo_ckpt_begin(&w2, root, "x", NULL);
+    ck_assert_msg(rc == -EBUSY, "second writer of the same name: %d (%s)", rc, zo_last_error_detail());
+    ck_assert_ptr_null(w2);
+    ck_assert_int_eq(zo_ckpt_add(w1, &e, NULL), 0);
+    ck_assert_int_eq(zo_ckpt_put(w1, 0, 0, b, sizeof(b)), 0);
+    ck_assert_int_eq(zo_ckpt_commit(&w1), 0);
+    zo_ckpt_reader *r = NULL;
+    ck_assert_int_eq(zo_ckpt_open(&r, root, NULL), 0);
+    ck_assert_str_eq(zo_ckpt_name(r), "x");
+    ck_assert_int_eq(zo_ckpt_verify(r), 0);
+    zo_ckpt_close(&r);
+    /* once the first is done, the name is free again (here: it exists) */
+    ck_assert_int_eq(zo_ckpt_begin(&w2, root, "x", NULL), -EEXIST);
+    ck_assert_int_eq(zo_ckpt_begin(&w2, root, "y", NULL), 0);
+    zo_ckpt_abort(&w2);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* Garbage in place of the small files: a FIFO as `latest` or as
+ * manifest.json is an error at once, not a wait for a writer (SIGALRM
+ * fails the test if it hangs). */
+START_TEST(test_ckpt_fifo_files)
+{
+    char root[300], dir[256], p[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    ck_assert_int_eq(save_k(root, 1, 0), 0);
+    alarm(20);
+    snprintf(p, sizeof(p), "%s/step-000001/manifest.json", root);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    zo_ckpt_reader *r = NULL;
+    ck_assert_int_lt(zo_ckpt_open(&r, root, "step-000001"), 0);
+    ck_assert_ptr_null(r);
+    snprintf(p, sizeof(p), "%s/latest", root);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(mkfifo(p, 0600), 0);
+    ck_assert_int_lt(zo_ckpt_open(&r, root, NULL), 0);
+    char nm[64];
+    ck_assert_int_lt(zo_ckpt_latest(root, nm, sizeof(nm)), 0);
+    /* a new checkpoint still works (and replaces latest) */
+    ck_assert_int_eq(save_k(root, 2, 0), 0);
+    alarm(0);
+    ck_assert_int_eq(check_ckpt(root, NULL), 2);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* Manifests that fail late in a tensor's parse (duplicate name, a non-hex
+ * crc digit) are refused without leaking what was parsed of that tensor
+ * (the sanitizer build's leak check catches it). */
+START_TEST(test_ckpt_bad_tensor_no_leak)
+{
+    char root[300], dir[256], q[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    ck_assert_int_eq(save_k(root, 1, 0), 0);
+    snprintf(q, sizeof(q), "%s/step-000001/manifest.json", root);
+    zo_ckpt_reader *r = NULL;
+    rewrite_file(q, "\"name\":\t\"layer0.exp_avg\"", "\"name\":\t\"layer0.w\"");
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000001"), ZO_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "duplicate"));
+    rewrite_file(q, "\"name\":\t\"layer0.w\"", "\"name\":\t\"layer0.exp_avg\"");
+    rewrite_file(q, "\"name\":\t\"layer0.w\"", "\"name\":\t\"layer0.exp_avg\""); /* second one back */
+    rewrite_file(q, "\"name\":\t\"layer0.exp_avg\"", "\"name\":\t\"layer0.w\""); /* first one back */
+    ck_assert_int_eq(check_ckpt(root, "step-000001"), 1);
+    /* a non-hex digit in the last tensor's crc32c */
+    int fd = open(q, O_RDWR);
+    char b[1 << 16];
+    ssize_t n = read(fd, b, sizeof(b) - 1);
+    ck_assert_int_gt(n, 0);
+    b[n] = 0;
+    char *last = NULL, *at = b;
+    while ((at = strstr(at, "\"crc32c\":\t\"")))
+        last = at++;
+    ck_assert_ptr_nonnull(last);
+    last[strlen("\"crc32c\":\t\"")] = 'z';
+    ck_assert_int_eq(pwrite(fd, b, (size_t)n, 0), n);
+    close(fd);
+    ck_assert_int_eq(zo_ckpt_open(&r, root, "step-000001"), ZO_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "non-hex"));
+    ck_assert_ptr_null(r);
     zo_test_rmtree(dir);
 }
 END_TEST
@@ -394,6 +603,11 @@ int main(void)
     tcase_add_test(tc, test_ckpt_roundtrip);
     tcase_add_test(tc, test_ckpt_validation);
     tcase_add_test(tc, test_ckpt_prune_and_stale);
+    tcase_add_test(tc, test_ckpt_stale_symlink);
+    tcase_add_test(tc, test_ckpt_shared_engine_errors);
+    tcase_add_test(tc, test_ckpt_same_name_writers);
+    tcase_add_test(tc, test_ckpt_fifo_files);
+    tcase_add_test(tc, test_ckpt_bad_tensor_no_leak);
     tcase_add_test(tc, test_ckpt_crash);
     suite_add_tcase(s, tc);
     return zo_test_run(s);

@@ -479,6 +479,8 @@ static int64_t pattern_check(const uint8_t *buf, size_t len, unsigned t, uint64_
  * existing file is never extended or rewritten for a read pass. */
 static int open_targets(const opts *o, target *tg, int need_data)
 {
+    dev_t devs[MAX_PATHS];
+    ino_t inos[MAX_PATHS];
     for (int i = 0; i < o->npaths; i++) {
         target *t = &tg[i];
         memset(t, 0, sizeof(*t));
@@ -499,6 +501,20 @@ static int open_targets(const opts *o, target *tg, int need_data)
         if (rc)
             return bad("cannot open %s: %s (%s)", t->path, zo_strerror(rc), zo_last_error_detail());
         t->created = !exists;
+        /* the same file under two --path (or one path given twice) would
+         * have two stripes write the same bytes with different patterns:
+         * --verify would then report corruption that is not there */
+        if (stat(t->path, &st) == 0) {
+            devs[i] = st.st_dev;
+            inos[i] = st.st_ino;
+            for (int j = 0; j < i; j++)
+                if (devs[j] == devs[i] && inos[j] == inos[i])
+                    return bad("--path %s and --path %s name the same file (%s): give each file once",
+                               o->paths[j], o->paths[i], t->path);
+        } else {
+            devs[i] = 0;
+            inos[i] = 0;
+        }
         zo_file_info info;
         zo_file_get_info(t->f, &info);
         if (o->direct && !info.direct)

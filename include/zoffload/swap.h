@@ -281,7 +281,8 @@ ZO_API void zo_ckpt_options_default(zo_ckpt_options *o);
  * mode 0700). Leftover temporary directories of dead writers are removed.
  * Tensors are then declared with zo_ckpt_add() and their data given with
  * zo_ckpt_put(); zo_ckpt_commit() makes it durable and current.
- * @return 0; -EINVAL; -EEXIST (a checkpoint of that name exists); ZO_ENOTSUP
+ * @return 0; -EINVAL; -EEXIST (a checkpoint of that name exists); -EBUSY
+ *         (another writer of this process is writing that name); ZO_ENOTSUP
  *         (built without libcjson); ZO_EFORMAT (user_json not valid JSON);
  *         -errno of mkdir/open; -ENOMEM. Blocks.
  */

@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -633,8 +634,20 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
     if (!ZO_IS_POW2(o.chunk_size) || o.chunk_size < 4096 || o.chunk_size > (1u << 30))
         return ZO_FAIL(NULL, ZO_ECONFIG, "zo_ckpt_begin: chunk_size %zu must be a power of two in [4096, 1 GiB]",
                        o.chunk_size);
-    if (mkdir(root, 0700) != 0 && errno != EEXIST)
+    if (mkdir(root, 0700) == 0) {
+        /* a new root's entry lives in its parent: without this fsync the
+         * first checkpoint could vanish with the root after a power loss,
+         * although its commit returned 0 */
+        char *parent = strdup(root);
+        if (!parent)
+            return -ENOMEM;
+        int fr = zo__fsync_dir(dirname(parent));
+        free(parent);
+        if (fr < 0)
+            return ZO_FAIL(NULL, fr, "zo_ckpt_begin: cannot fsync the parent of %s: %s", root, strerror(-fr));
+    } else if (errno != EEXIST) {
         return ZO_FAIL(NULL, -errno, "zo_ckpt_begin: cannot create %s: %s", root, strerror(errno));
+    }
     int r = zo__check_dir(NULL, "checkpoint root", root);
     if (r < 0)
         return r;

@@ -296,6 +296,17 @@ static void stripe_release(stripe *st)
     st->nsegs = 0;
 }
 
+/* The single-extent placement: record the extent, or give it back to the
+ * arena when the segment list cannot grow (ENOMEM), so nothing leaks. */
+static int seg_push_or_free(stripe *st, unsigned *cap, arena *ar, uint64_t off, uint64_t need)
+{
+    uint64_t len = zo__ext_round(&ar->ext, need);
+    int r = seg_push(st, cap, (seg){ar, off, 0, len});
+    if (r < 0)
+        zo__ext_free(&ar->ext, off, len);
+    return r;
+}
+
 /* Place a stripe of `len` payload bytes in directory d: one extent in an
  * existing arena, else a new arena, else (max_bytes reached) pieces of
  * whole chunks from the free space left. Called with s->lock held. */
@@ -309,7 +320,7 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
     uint64_t off;
     for (unsigned i = 0; i < d->narenas; i++)
         if (zo__ext_alloc(&d->arenas[i]->ext, need, align, &off) == 0)
-            return seg_push(st, &cap, (seg){d->arenas[i], off, 0, zo__ext_round(&d->arenas[i]->ext, need)});
+            return seg_push_or_free(st, &cap, d->arenas[i], off, need);
     arena *ar;
     uint64_t size = ZO_MAX(s->cfg.arena_size, ZO_ALIGN_UP(need, chunk));
     int r = arena_new(s, d, size, &ar);
@@ -318,7 +329,7 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
         if (r < 0)
             return ZO_FAIL(&s->err, ZO_EINTERNAL, "swap: a fresh arena of %llu bytes cannot hold %llu",
                            (unsigned long long)size, (unsigned long long)need);
-        return seg_push(st, &cap, (seg){ar, off, 0, zo__ext_round(&ar->ext, need)});
+        return seg_push_or_free(st, &cap, ar, off, need);
     }
     if (r != ZO_EBUDGET)
         return r;

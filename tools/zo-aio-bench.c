@@ -140,31 +140,49 @@ static int parse_uint(const char *s, unsigned long long max, unsigned long long 
     return 0;
 }
 
+/* Split a comma list into at most `max` items, each non-empty ("1,,2",
+ * a trailing comma and over-long lists are errors, not silently shortened). */
+static int split_list(const char *s, char *buf, size_t bufsz, char **items, int max)
+{
+    if (strlen(s) >= bufsz)
+        return -EINVAL;
+    memcpy(buf, s, strlen(s) + 1);
+    int n = 0;
+    for (char *p = buf, *tok; (tok = strsep(&p, ",")) != NULL;) {
+        if (!*tok || n == max)
+            return -EINVAL;
+        items[n++] = tok;
+    }
+    return n;
+}
+
 static int parse_size_list(const char *s, uint64_t *out, int max, int *n)
 {
-    char buf[512];
-    snprintf(buf, sizeof(buf), "%s", s);
-    *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        if (*n == max || zo_parse_size(tok, &out[*n]) != 0)
+    char buf[512], *items[64];
+    int k = split_list(s, buf, sizeof(buf), items, (max < 64 ? max : 64));
+    if (k <= 0)
+        return -EINVAL;
+    for (int i = 0; i < k; i++)
+        if (zo_parse_size(items[i], &out[i]) != 0)
             return -EINVAL;
-        (*n)++;
-    }
-    return *n ? 0 : -EINVAL;
+    *n = k;
+    return 0;
 }
 
 static int parse_uint_list(const char *s, unsigned *out, int max, int *n, unsigned long long lim)
 {
-    char buf[512];
-    snprintf(buf, sizeof(buf), "%s", s);
-    *n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    char buf[512], *items[64];
+    int k = split_list(s, buf, sizeof(buf), items, (max < 64 ? max : 64));
+    if (k <= 0)
+        return -EINVAL;
+    for (int i = 0; i < k; i++) {
         unsigned long long v;
-        if (*n == max || parse_uint(tok, lim, &v) != 0 || v == 0)
+        if (parse_uint(items[i], lim, &v) != 0 || v == 0)
             return -EINVAL;
-        out[(*n)++] = (unsigned)v;
+        out[i] = (unsigned)v;
     }
-    return *n ? 0 : -EINVAL;
+    *n = k;
+    return 0;
 }
 
 static int check_bs(uint64_t bs, const char *what)

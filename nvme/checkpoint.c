@@ -1189,6 +1189,14 @@ ZO_API int zo_ckpt_verify(zo_ckpt_reader *r)
         return -EINVAL;
     size_t bl = ZO_MAX(r->chunk_size, (size_t)(16u << 20));
     bl = bl / r->chunk_size * r->chunk_size;
+    /* no bigger than the largest tensor: a manifest with 1 GiB chunks and
+     * small tensors must not make verification allocate 1 GiB (each tensor
+     * then fits one read) */
+    uint64_t largest = 0;
+    for (unsigned i = 0; i < r->n; i++)
+        largest = ZO_MAX(largest, r->t[i].e.bytes);
+    if (largest < bl)
+        bl = (size_t)ZO_ALIGN_UP(ZO_MAX(largest, (uint64_t)1), 4096);
     void *buf;
     int ret = zo_aligned_alloc(&buf, bl, 4096);
     if (ret < 0)

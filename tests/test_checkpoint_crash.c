@@ -193,6 +193,59 @@ static void rewrite_file(const char *path, const char *from, const char *to)
     free(out);
 }
 
+/* Manifests may use chunks up to 1 GiB; verification of small tensors then
+ * reads each tensor whole with a buffer of its size (not a 1 GiB one) and
+ * still finds a flipped byte. */
+START_TEST(test_ckpt_verify_big_chunk)
+{
+    char root[300], dir[256], p[400];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    zo_ckpt_entry e[2];
+    uint8_t *d[2];
+    const size_t sz[2] = {5000, 13522};
+    for (unsigned i = 0; i < 2; i++) {
+        memset(&e[i], 0, sizeof(e[i]));
+        e[i].name = i ? "b" : "a";
+        e[i].dtype = ZO_DTYPE_U8;
+        e[i].ndim = 1;
+        e[i].shape[0] = e[i].bytes = sz[i];
+        d[i] = malloc(sz[i]);
+        memset(d[i], i ? 0xab : 0x11, sz[i]);
+    }
+    zo_ckpt_options o;
+    zo_ckpt_options_default(&o);
+    o.chunk_size = (size_t)1 << 30;
+    ck_assert_int_eq(zo_ckpt_save(root, "s1", e, (const void *const *)d, 2, &o), 0);
+    zo_ckpt_reader *r;
+    ck_assert_int_eq(zo_ckpt_open(&r, root, NULL), 0);
+    ck_assert_int_eq(zo_ckpt_verify(r), 0);
+    zo_ckpt_close(&r);
+    /* flip one byte inside tensor b: find its run of 0xab in the data file */
+    snprintf(p, sizeof(p), "%s/s1/tensors.bin", root);
+    int fd = open(p, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    struct stat st;
+    ck_assert_int_eq(fstat(fd, &st), 0);
+    uint8_t *all = malloc((size_t)st.st_size);
+    ck_assert_int_eq(pread(fd, all, (size_t)st.st_size, 0), st.st_size);
+    uint8_t *at = memchr(all, 0xab, (size_t)st.st_size);
+    ck_assert_ptr_nonnull(at);
+    off_t where = (at - all) + 7000;
+    uint8_t v = all[where] ^ 0x40;
+    ck_assert_int_eq(pwrite(fd, &v, 1, where), 1);
+    close(fd);
+    free(all);
+    ck_assert_int_eq(zo_ckpt_open(&r, root, NULL), 0);
+    ck_assert_int_eq(zo_ckpt_verify(r), ZO_ECORRUPT);
+    ck_assert_msg(strstr(zo_last_error_detail(), "'b'"), "detail: %s", zo_last_error_detail());
+    zo_ckpt_close(&r);
+    for (unsigned i = 0; i < 2; i++)
+        free(d[i]);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 START_TEST(test_ckpt_validation)
 {
     char root[300], dir[256], p[400], q[400];
@@ -602,6 +655,7 @@ int main(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_ckpt_roundtrip);
     tcase_add_test(tc, test_ckpt_validation);
+    tcase_add_test(tc, test_ckpt_verify_big_chunk);
     tcase_add_test(tc, test_ckpt_prune_and_stale);
     tcase_add_test(tc, test_ckpt_stale_symlink);
     tcase_add_test(tc, test_ckpt_shared_engine_errors);

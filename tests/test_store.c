@@ -17,6 +17,7 @@
 #include <zoffload/zoffload.h>
 
 #include "aio/aio_internal.h"
+#include "dev/dev_internal.h"
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024)
@@ -1583,6 +1584,65 @@ START_TEST(test_store_swapin_error)
 }
 END_TEST
 
+/* A failed device copy fails the transfer (it used to complete the acquire
+ * with whatever the device copy held): a load into the device tier, and
+ * the write-back of a dirty device copy an eviction needs. Both succeed
+ * with exact bytes once copies work again. */
+START_TEST(test_store_dev_copy_error)
+{
+    env e;
+    env_open(&e, 1 * MiB, 2 * MiB, 64 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    const uint64_t n = 600 * KiB;
+    zo_tensor *a = reg(e.st, "dc.loaded", n, ZO_TIER_NVME), *b = reg(e.st, "dc.dirty", n, ZO_TIER_NVME);
+    uint8_t *wa = malloc(n), *wb = malloc(n), *got = malloc(n);
+    pattern(wa, n, 31, 1);
+    pattern(wb, n, 32, 2);
+    ck_assert_int_eq(zo_store_write(e.st, a, 0, wa, n), 0);
+    zo_tensor_info ti;
+    /* NVMe -> device (through a slot) and host -> device */
+    for (int via_host = 0; via_host < 2; via_host++) {
+        if (via_host) { /* a current host copy is the nearest source */
+            acq(e.st, a, ZO_TIER_HOST, 0);
+            ck_assert_int_eq(zo_store_release(e.st, a, ZO_TIER_HOST, 0), 0);
+        }
+        zo__dev_host_fail_copies(e.dev, -EIO);
+        ck_assert_int_eq(acq_err(e.st, a, ZO_TIER_DEVICE, 0), -EIO);
+        zo__dev_host_fail_copies(e.dev, 0);
+        const char *msg = zo_last_error_detail();
+        ck_assert_msg(strstr(msg, "'dc.loaded'") && strstr(msg, "device copy"), "detail: %s", msg);
+        zo_store_tensor_info(e.st, a, &ti);
+        ck_assert_int_eq(ti.state[ZO_TIER_DEVICE], ZO_COPY_ABSENT);
+        ck_assert_uint_eq(ti.refs[ZO_TIER_DEVICE], 0);
+        uint8_t *p = acq(e.st, a, ZO_TIER_DEVICE, 0);
+        dev_copy(e.dev, got, p, n, ZO_COPY_D2H);
+        ck_assert_msg(memcmp(got, wa, n) == 0, "device copy differs (via host %d)", via_host);
+        ck_assert_int_eq(zo_store_release(e.st, a, ZO_TIER_DEVICE, ZO_REL_DROP), 0);
+    }
+    /* a dirty device copy whose write-back (device -> slot) fails */
+    dev_copy(e.dev, acq(e.st, b, ZO_TIER_DEVICE, ZO_ACQ_DISCARD), wb, n, ZO_COPY_H2D);
+    ck_assert_int_eq(zo_store_release(e.st, b, ZO_TIER_DEVICE, 0), 0);
+    zo__dev_host_fail_copies(e.dev, -EIO);
+    ck_assert_int_eq(acq_err(e.st, a, ZO_TIER_DEVICE, 0), -EIO);
+    zo__dev_host_fail_copies(e.dev, 0);
+    zo_store_tensor_info(e.st, b, &ti);
+    ck_assert_int_eq(ti.state[ZO_TIER_DEVICE], ZO_COPY_RESIDENT);
+    ck_assert(ti.dirty[ZO_TIER_DEVICE]);
+    uint8_t *p = acq(e.st, a, ZO_TIER_DEVICE, 0);
+    dev_copy(e.dev, got, p, n, ZO_COPY_D2H);
+    ck_assert(memcmp(got, wa, n) == 0);
+    ck_assert_int_eq(zo_store_release(e.st, a, ZO_TIER_DEVICE, 0), 0);
+    ck_assert_int_eq(zo_store_read(e.st, b, 0, got, n), 0);
+    ck_assert(memcmp(got, wb, n) == 0);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.pool_in_use, 0);
+    free(wa);
+    free(wb);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     zo_log_set_level(ZO_LOG_ERROR);
@@ -1624,6 +1684,7 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 60);
     tcase_add_loop_test(tc, test_store_writeback_error, 0, 4);
     tcase_add_test(tc, test_store_swapin_error);
+    tcase_add_test(tc, test_store_dev_copy_error);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

@@ -16,6 +16,9 @@
 
 #include <zoffload/zoffload.h>
 
+#include "aio/aio_internal.h"
+#include "dev/dev_internal.h"
+
 #define KiB 1024ull
 #define MiB (1024ull * 1024)
 
@@ -1353,6 +1356,293 @@ START_TEST(test_store_cuda)
 }
 END_TEST
 
+/* ---- persistent I/O errors (the aio engine's fault-injection hook) ------------------------ */
+enum { F_NONE = 0, F_WRITE_EIO, F_WRITE_ENOSPC, F_READ_EIO };
+
+typedef struct {
+    _Atomic int mode;
+    _Atomic int hits; /* attempts failed */
+} store_fault;
+
+static int64_t store_fault_hook(void *user, const zo__aio_fault_site *s)
+{
+    store_fault *f = user;
+    int m = atomic_load(&f->mode);
+    if ((m == F_WRITE_EIO || m == F_WRITE_ENOSPC) && s->op == ZO__OP_WRITE) {
+        atomic_fetch_add(&f->hits, 1);
+        return m == F_WRITE_EIO ? -EIO : -ENOSPC;
+    }
+    if (m == F_READ_EIO && s->op == ZO__OP_READ) {
+        atomic_fetch_add(&f->hits, 1);
+        return -EIO;
+    }
+    return 0;
+}
+
+/* The hook goes in before any I/O (it may not change while requests are in
+ * flight); the mode switches faults on and off. */
+static void fault_install(env *e, store_fault *f)
+{
+    atomic_init(&f->mode, F_NONE);
+    atomic_init(&f->hits, 0);
+    zo__aio_set_fault(zo_swap_get_aio(e->swap), store_fault_hook, f);
+}
+
+static void tier_put(env *e, zo_tier x, void *dst, const void *src, size_t n)
+{
+    if (x == ZO_TIER_DEVICE)
+        dev_copy(e->dev, dst, src, n, ZO_COPY_H2D);
+    else
+        memcpy(dst, src, n);
+}
+
+static void tier_get(env *e, zo_tier x, void *dst, const void *src, size_t n)
+{
+    if (x == ZO_TIER_DEVICE)
+        dev_copy(e->dev, dst, src, n, ZO_COPY_D2H);
+    else
+        memcpy(dst, src, n);
+}
+
+static int acq_err(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags)
+{
+    zo_store_req *q;
+    ck_assert_int_eq(zo_store_acquire(s, t, x, flags, &q), 0);
+    void *p = (void *)1;
+    int r = zo_store_wait(s, q, &p);
+    ck_assert_ptr_null(p);
+    return r;
+}
+
+/* An acquire waiting for space whose eviction write-back fails on every
+ * try gets the write-back's error (it used to be retried forever); the
+ * dirty copy stays, eviction does not retry it in a loop, other tensors
+ * keep working, and once the fault clears the same acquire succeeds and
+ * the dirty data reaches home intact. loop: {EIO, ENOSPC} x {host, device} */
+START_TEST(test_store_writeback_error)
+{
+    int werr = _i & 1 ? -ENOSPC : -EIO;
+    zo_tier x = _i & 2 ? ZO_TIER_DEVICE : ZO_TIER_HOST;
+    zo_tier o = x == ZO_TIER_HOST ? ZO_TIER_DEVICE : ZO_TIER_HOST;
+    env e;
+    env_open(&e, 1 * MiB, 1 * MiB, 64 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    store_fault f;
+    fault_install(&e, &f);
+    const uint64_t n = 600 * KiB, nc = 256 * KiB; /* two of n do not fit in a tier */
+    zo_tensor *a = reg(e.st, "wb.victim", n, ZO_TIER_NVME), *b = reg(e.st, "wb.waiter", n, ZO_TIER_NVME),
+              *c = reg(e.st, "wb.other", nc, ZO_TIER_NVME);
+    uint8_t *wa = malloc(n), *wc = malloc(nc), *got = malloc(n);
+    pattern(wa, n, 11, 2);
+    pattern(wc, nc, 12, 1);
+    ck_assert_int_eq(zo_store_write(e.st, c, 0, wc, nc), 0);
+    /* a dirty copy of a in tier x: its only current copy */
+    tier_put(&e, x, acq(e.st, a, x, ZO_ACQ_DISCARD), wa, n);
+    ck_assert_int_eq(zo_store_release(e.st, a, x, 0), 0);
+    zo_tensor_info ti;
+    zo_store_tensor_info(e.st, a, &ti);
+    ck_assert(ti.dirty[x]);
+
+    atomic_store(&f.mode, werr == -EIO ? F_WRITE_EIO : F_WRITE_ENOSPC);
+    ck_assert_int_eq(acq_err(e.st, b, x, 0), werr);
+    const char *msg = zo_last_error_detail();
+    ck_assert_msg(strstr(msg, "'wb.victim'") && strstr(msg, "'wb.waiter'"), "detail: %s", msg);
+    int hits = atomic_load(&f.hits);
+    ck_assert_int_gt(hits, 0);
+    /* the dirty copy is kept where it was, unreferenced and still dirty */
+    zo_store_tensor_info(e.st, a, &ti);
+    ck_assert_int_eq(ti.state[x], ZO_COPY_RESIDENT);
+    ck_assert(ti.dirty[x]);
+    ck_assert_uint_eq(ti.refs[x], 0);
+    zo_store_tensor_info(e.st, b, &ti);
+    ck_assert_int_eq(ti.state[x], ZO_COPY_ABSENT);
+    ck_assert_uint_eq(ti.refs[x], 0);
+    /* nothing retries the write-back behind the caller's back */
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    ck_assert_int_eq(atomic_load(&f.hits), hits);
+    /* other tensors keep working (reads are not faulted) */
+    uint8_t *pc = acq(e.st, c, o, 0);
+    tier_get(&e, o, got, pc, nc);
+    ck_assert(memcmp(got, wc, nc) == 0);
+    ck_assert_int_eq(zo_store_release(e.st, c, o, 0), 0);
+    /* asked again while the fault lasts: one more try, the same error */
+    ck_assert_int_eq(acq_err(e.st, b, x, 0), werr);
+    ck_assert_int_gt(atomic_load(&f.hits), hits);
+    ck_assert_int_eq(zo_store_flush(e.st, NULL), werr);
+    zo_store_tensor_info(e.st, a, &ti);
+    ck_assert(ti.dirty[x]);
+
+    /* the fault clears: the same acquire succeeds, a's data reaches home */
+    atomic_store(&f.mode, F_NONE);
+    uint8_t *pb = acq(e.st, b, x, 0);
+    tier_get(&e, x, got, pb, n);
+    for (uint64_t k = 0; k < n; k++)
+        ZO_EXPECT(got[k] == 0, "b byte %llu not zero", (unsigned long long)k);
+    ck_assert_int_eq(zo_store_release(e.st, b, x, 0), 0);
+    zo_store_tensor_info(e.st, a, &ti);
+    ck_assert(!ti.dirty[x]);
+    ck_assert_int_eq(zo_store_flush(e.st, NULL), 0);
+    memset(got, 0, n);
+    ck_assert_int_eq(zo_store_read(e.st, a, 0, got, n), 0);
+    ck_assert(memcmp(got, wa, n) == 0);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_ge(st.writebacks, 1);
+    ck_assert_uint_eq(st.pool_in_use, 0);
+    free(wa);
+    free(wc);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
+/* A failing swap-in (read error, then a checksum mismatch) fails the
+ * acquires that needed it, leaves no copy or reference behind, and the
+ * same acquire succeeds with exact bytes once the fault is gone. */
+START_TEST(test_store_swapin_error)
+{
+    env e;
+    env_open(&e, 1 * MiB, 1 * MiB, 64 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    store_fault f;
+    fault_install(&e, &f);
+    const uint64_t n = 300 * KiB + 17;
+    zo_tensor *t = reg(e.st, "in.t", n, ZO_TIER_NVME);
+    uint8_t *want = malloc(n), *got = malloc(n);
+    pattern(want, n, 21, 1);
+    ck_assert_int_eq(zo_store_write(e.st, t, 0, want, n), 0);
+    ck_assert_int_eq(zo_store_flush(e.st, NULL), 0);
+    atomic_store(&f.mode, F_READ_EIO);
+    for (int x = 0; x < 2; x++)
+        for (int w = 0; w < 2; w++) {
+            ck_assert_int_eq(acq_err(e.st, t, (zo_tier)x, w ? ZO_ACQ_WRITE : 0), -EIO);
+            const char *msg = zo_last_error_detail();
+            ck_assert_msg(strstr(msg, "'in.t'"), "detail: %s", msg);
+            zo_tensor_info ti;
+            zo_store_tensor_info(e.st, t, &ti);
+            ck_assert_int_eq(ti.state[x], ZO_COPY_ABSENT);
+            ck_assert_uint_eq(ti.refs[x], 0);
+            ck_assert_int_eq(ti.state[ZO_TIER_NVME], ZO_COPY_RESIDENT);
+        }
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), -EIO);
+    atomic_store(&f.mode, F_NONE);
+    for (int x = 0; x < 2; x++) {
+        uint8_t *p = acq(e.st, t, (zo_tier)x, 0);
+        tier_get(&e, (zo_tier)x, got, p, n);
+        ck_assert_msg(memcmp(got, want, n) == 0, "%s copy differs after the fault", zo_tier_name((zo_tier)x));
+        ck_assert_int_eq(zo_store_release(e.st, t, (zo_tier)x, ZO_REL_DROP), 0);
+    }
+
+    /* a checksum mismatch: one byte of the arena flipped, then restored */
+    char path[4400] = "";
+    off_t at = -1;
+    DIR *d = opendir(e.dir);
+    struct dirent *de;
+    uint8_t *buf = malloc(16 * MiB);
+    while (at < 0 && (de = readdir(d))) {
+        if (strncmp(de->d_name, "zo-swap.", 8))
+            continue;
+        snprintf(path, sizeof(path), "%s/%s", e.dir, de->d_name);
+        int fd = open(path, O_RDONLY);
+        ssize_t rd = pread(fd, buf, 16 * MiB, 0);
+        for (ssize_t o = 0; rd > 0 && o + 64 <= rd; o += 4096)
+            if (memcmp(buf + o, want + 128 * KiB, 64) == 0) {
+                at = o + 5;
+                break;
+            }
+        close(fd);
+    }
+    closedir(d);
+    free(buf);
+    ck_assert(at >= 0);
+    int fd = open(path, O_RDWR);
+    ck_assert_int_ge(fd, 0);
+    uint8_t orig, flip;
+    ck_assert_int_eq(pread(fd, &orig, 1, at), 1);
+    flip = (uint8_t)~orig;
+    ck_assert_int_eq(pwrite(fd, &flip, 1, at), 1);
+    for (int x = 0; x < 2; x++) {
+        ck_assert_int_eq(acq_err(e.st, t, (zo_tier)x, 0), ZO_ECORRUPT);
+        zo_tensor_info ti;
+        zo_store_tensor_info(e.st, t, &ti);
+        ck_assert_int_eq(ti.state[x], ZO_COPY_ABSENT);
+        ck_assert_uint_eq(ti.refs[x], 0);
+    }
+    ck_assert_int_eq(pwrite(fd, &orig, 1, at), 1);
+    close(fd);
+    for (int x = 0; x < 2; x++) {
+        uint8_t *p = acq(e.st, t, (zo_tier)x, 0);
+        tier_get(&e, (zo_tier)x, got, p, n);
+        ck_assert_msg(memcmp(got, want, n) == 0, "%s copy differs after the repair", zo_tier_name((zo_tier)x));
+        ck_assert_int_eq(zo_store_release(e.st, t, (zo_tier)x, 0), 0);
+    }
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.pool_in_use, 0);
+    free(want);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
+/* A failed device copy fails the transfer (it used to complete the acquire
+ * with whatever the device copy held): a load into the device tier, and
+ * the write-back of a dirty device copy an eviction needs. Both succeed
+ * with exact bytes once copies work again. */
+START_TEST(test_store_dev_copy_error)
+{
+    env e;
+    env_open(&e, 1 * MiB, 2 * MiB, 64 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    const uint64_t n = 600 * KiB;
+    zo_tensor *a = reg(e.st, "dc.loaded", n, ZO_TIER_NVME), *b = reg(e.st, "dc.dirty", n, ZO_TIER_NVME);
+    uint8_t *wa = malloc(n), *wb = malloc(n), *got = malloc(n);
+    pattern(wa, n, 31, 1);
+    pattern(wb, n, 32, 2);
+    ck_assert_int_eq(zo_store_write(e.st, a, 0, wa, n), 0);
+    zo_tensor_info ti;
+    /* NVMe -> device (through a slot) and host -> device */
+    for (int via_host = 0; via_host < 2; via_host++) {
+        if (via_host) { /* a current host copy is the nearest source */
+            acq(e.st, a, ZO_TIER_HOST, 0);
+            ck_assert_int_eq(zo_store_release(e.st, a, ZO_TIER_HOST, 0), 0);
+        }
+        zo__dev_host_fail_copies(e.dev, -EIO);
+        ck_assert_int_eq(acq_err(e.st, a, ZO_TIER_DEVICE, 0), -EIO);
+        zo__dev_host_fail_copies(e.dev, 0);
+        const char *msg = zo_last_error_detail();
+        ck_assert_msg(strstr(msg, "'dc.loaded'") && strstr(msg, "device copy"), "detail: %s", msg);
+        zo_store_tensor_info(e.st, a, &ti);
+        ck_assert_int_eq(ti.state[ZO_TIER_DEVICE], ZO_COPY_ABSENT);
+        ck_assert_uint_eq(ti.refs[ZO_TIER_DEVICE], 0);
+        uint8_t *p = acq(e.st, a, ZO_TIER_DEVICE, 0);
+        dev_copy(e.dev, got, p, n, ZO_COPY_D2H);
+        ck_assert_msg(memcmp(got, wa, n) == 0, "device copy differs (via host %d)", via_host);
+        ck_assert_int_eq(zo_store_release(e.st, a, ZO_TIER_DEVICE, ZO_REL_DROP), 0);
+    }
+    /* a dirty device copy whose write-back (device -> slot) fails */
+    dev_copy(e.dev, acq(e.st, b, ZO_TIER_DEVICE, ZO_ACQ_DISCARD), wb, n, ZO_COPY_H2D);
+    ck_assert_int_eq(zo_store_release(e.st, b, ZO_TIER_DEVICE, 0), 0);
+    zo__dev_host_fail_copies(e.dev, -EIO);
+    ck_assert_int_eq(acq_err(e.st, a, ZO_TIER_DEVICE, 0), -EIO);
+    zo__dev_host_fail_copies(e.dev, 0);
+    zo_store_tensor_info(e.st, b, &ti);
+    ck_assert_int_eq(ti.state[ZO_TIER_DEVICE], ZO_COPY_RESIDENT);
+    ck_assert(ti.dirty[ZO_TIER_DEVICE]);
+    uint8_t *p = acq(e.st, a, ZO_TIER_DEVICE, 0);
+    dev_copy(e.dev, got, p, n, ZO_COPY_D2H);
+    ck_assert(memcmp(got, wa, n) == 0);
+    ck_assert_int_eq(zo_store_release(e.st, a, ZO_TIER_DEVICE, 0), 0);
+    ck_assert_int_eq(zo_store_read(e.st, b, 0, got, n), 0);
+    ck_assert(memcmp(got, wb, n) == 0);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.pool_in_use, 0);
+    free(wa);
+    free(wb);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     zo_log_set_level(ZO_LOG_ERROR);
@@ -1388,6 +1678,13 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_store_prefetch);
     tcase_add_test(tc, test_store_rerecord);
+    suite_add_tcase(s, tc);
+    /* a hang is the bug these look for: fail it in bounded time */
+    tc = tcase_create("errors");
+    tcase_set_timeout(tc, 60);
+    tcase_add_loop_test(tc, test_store_writeback_error, 0, 4);
+    tcase_add_test(tc, test_store_swapin_error);
+    tcase_add_test(tc, test_store_dev_copy_error);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

@@ -207,6 +207,37 @@ static int cuda_host_fn(zo_stream *s, zo_host_fn fn, void *arg)
     return 0;
 }
 
+typedef struct cuda_status_cb {
+    zo__host_status_fn fn;
+    void *arg;
+} cuda_status_cb;
+
+/* A stream callback, unlike cudaLaunchHostFunc's function, also runs when
+ * the work before it failed, and is told so. */
+static void CUDART_CB cuda_status_tramp(cudaStream_t st, cudaError_t status, void *user)
+{
+    (void)st;
+    cuda_status_cb cb = *(cuda_status_cb *)user;
+    free(user);
+    cb.fn(cb.arg, status == cudaSuccess ? 0 : ZO_ECUDA);
+}
+
+static int cuda_host_fn_status(zo_stream *s, zo__host_status_fn fn, void *arg)
+{
+    ZO_CHECK(select_dev(s->dev));
+    cuda_status_cb *cb = malloc(sizeof(*cb));
+    if (!cb)
+        return -ENOMEM;
+    cb->fn = fn;
+    cb->arg = arg;
+    cudaError_t e = cudaStreamAddCallback((cudaStream_t)s->impl, cuda_status_tramp, cb, 0);
+    if (e != cudaSuccess) {
+        free(cb);
+        return cu_fail(s->dev, e, "cudaStreamAddCallback");
+    }
+    return 0;
+}
+
 static int cuda_event_create(zo_dev *d, zo_event *e)
 {
     ZO_CHECK(select_dev(d));
@@ -322,6 +353,7 @@ const zo_dev_ops zo__dev_cuda_ops = {
     .memcpy_async = cuda_memcpy_async,
     .memset_async = cuda_memset_async,
     .host_fn = cuda_host_fn,
+    .host_fn_status = cuda_host_fn_status,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

@@ -309,6 +309,13 @@ ZO_API int zo_stream_host_fn(zo_stream *s, zo_host_fn fn, void *arg)
     return s->dev->ops->host_fn(s, fn, arg);
 }
 
+int zo__stream_host_fn_status(zo_stream *s, zo__host_status_fn fn, void *arg)
+{
+    if (!s || !fn)
+        return ZO_FAIL(s ? &s->dev->err : NULL, -EINVAL, "zo__stream_host_fn_status: NULL argument");
+    return s->dev->ops->host_fn_status(s, fn, arg);
+}
+
 /* ---- events --------------------------------------------------------------- */
 ZO_API int zo_event_create(zo_dev *d, zo_event **out)
 {

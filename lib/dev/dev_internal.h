@@ -12,6 +12,11 @@
 
 #include <zoffload/dev.h>
 
+/* A host function told how the work queued before it went: err is the
+ * first error raised by that work since the previous such function (or
+ * sync) on the stream, else 0. */
+typedef void (*zo__host_status_fn)(void *arg, int err);
+
 typedef struct zo_dev_ops {
     zo_dev_kind kind;
     const char *name;
@@ -30,6 +35,7 @@ typedef struct zo_dev_ops {
     int (*memcpy_async)(zo_stream *s, void *dst, const void *src, size_t n, zo_copy_kind kind);
     int (*memset_async)(zo_stream *s, void *dst, int value, size_t n);
     int (*host_fn)(zo_stream *s, zo_host_fn fn, void *arg);
+    int (*host_fn_status)(zo_stream *s, zo__host_status_fn fn, void *arg);
     int (*event_create)(zo_dev *d, zo_event *e);
     void (*event_destroy)(zo_event *e);
     int (*event_record)(zo_event *e, zo_stream *s);
@@ -68,6 +74,17 @@ struct zo_event {
     zo_dev *dev;
     void *impl;
 };
+
+/* As zo_stream_host_fn(), but fn always runs (also after a failed copy:
+ * CUDA skips a plain host function then) and gets the error of the work
+ * before it. The error is the stream's until then: a host backend hands
+ * it to this function and clears it, CUDA's errors are sticky. Same
+ * restrictions on fn (it must not call the device API). */
+int zo__stream_host_fn_status(zo_stream *s, zo__host_status_fn fn, void *arg);
+
+/* Tests: make the host backend's copies on device d fail with err (skipped,
+ * the error raised on their stream); 0 restores them. */
+void zo__dev_host_fail_copies(zo_dev *d, int err);
 
 extern const zo_dev_ops zo__dev_host_ops;
 #if ZO_HAVE_CUDA

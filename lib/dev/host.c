@@ -28,9 +28,10 @@ typedef struct host_dev {
     pthread_cond_t ev_cond;
     pthread_mutex_t streams_lock;
     struct host_stream *streams; /* for zo_dev_free's device-wide sync */
+    atomic_int copy_fault;     /* tests: copies fail with this error */
 } host_dev;
 
-typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT } op_kind;
+typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_HOSTFN_STATUS, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT } op_kind;
 
 typedef struct host_gen {
     uint64_t gen;
@@ -70,6 +71,7 @@ typedef struct host_op {
     int value;
     zo_dtype dt, st;
     zo_host_fn fn;
+    zo__host_status_fn sfn;
     void *arg;
     host_event *ev;
     uint64_t gen;
@@ -225,9 +227,30 @@ static void run_op(host_stream *hs, host_op *op)
 {
     host_dev *hd = hs->hd;
     switch (op->kind) {
-    case OP_COPY: memcpy(op->dst, op->src, op->n); break;
+    case OP_COPY: {
+        int f = atomic_load_explicit(&hd->copy_fault, memory_order_relaxed);
+        if (!f) {
+            memcpy(op->dst, op->src, op->n);
+            break;
+        }
+        pthread_mutex_lock(&hs->lock);
+        if (!hs->err)
+            hs->err = f;
+        pthread_mutex_unlock(&hs->lock);
+        break;
+    }
     case OP_SET: memset(op->dst, op->value, op->n); break;
     case OP_HOSTFN: op->fn(op->arg); break;
+    case OP_HOSTFN_STATUS: {
+        /* handed over: the error of a copy goes to the function that
+         * follows it, not also to the next sync */
+        pthread_mutex_lock(&hs->lock);
+        int err = hs->err;
+        hs->err = 0;
+        pthread_mutex_unlock(&hs->lock);
+        op->sfn(op->arg, err);
+        break;
+    }
     case OP_CAST: {
         int r = zo_vec_cast(op->dst, op->dt, op->src, op->st, op->n);
         if (r < 0 && !hs->err)
@@ -418,6 +441,18 @@ static int host_host_fn(zo_stream *s, zo_host_fn fn, void *arg)
     return enqueue(s->impl, &op);
 }
 
+static int host_host_fn_status(zo_stream *s, zo__host_status_fn fn, void *arg)
+{
+    host_op op = {.kind = OP_HOSTFN_STATUS, .sfn = fn, .arg = arg};
+    return enqueue(s->impl, &op);
+}
+
+void zo__dev_host_fail_copies(zo_dev *d, int err)
+{
+    if (d && d->ops == &zo__dev_host_ops)
+        atomic_store(&((host_dev *)d->impl)->copy_fault, err);
+}
+
 /* ---- events ------------------------------------------------------------------ */
 static int host_event_create(zo_dev *d, zo_event *e)
 {
@@ -573,6 +608,7 @@ const zo_dev_ops zo__dev_host_ops = {
     .memcpy_async = host_memcpy_async,
     .memset_async = host_memset_async,
     .host_fn = host_host_fn,
+    .host_fn_status = host_host_fn_status,
     .event_create = host_event_create,
     .event_destroy = host_event_destroy,
     .event_record = host_event_record,

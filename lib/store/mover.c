@@ -9,6 +9,8 @@
  * advances it. */
 #include "store/store_internal.h"
 
+#include "dev/dev_internal.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,9 +37,13 @@ static void piece_swap_cb(void *user, int err)
     push_event(p->j->s, p);
 }
 
-static void piece_dev_cb(void *arg)
+static void piece_dev_cb(void *arg, int err)
 {
     zo__piece *p = arg;
+    if (err < 0) {
+        p->err = err;
+        snprintf(p->detail, sizeof(p->detail), "device copy failed: %s", zo_strerror(err));
+    }
     push_event(p->j->s, p);
 }
 
@@ -135,7 +141,7 @@ int zo__move(zo_store *s, zo__piece *p, const zo__ep *from, uint64_t foff, const
         return ZO_EINTERNAL;
     r = zo_memcpy_async(st, to->p + toff, from->p + foff, len, k);
     if (r == 0)
-        r = zo_stream_host_fn(st, piece_dev_cb, p);
+        r = zo__stream_host_fn_status(st, piece_dev_cb, p);
     return r;
 }
 

@@ -170,6 +170,7 @@ void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x)
     c->ptr = NULL;
     c->drop_after = 0;
     c->wb_wanted = 0;
+    c->wb_fail = 0;
 }
 
 /* Free a non-home copy nobody needs: stale, or asked to be dropped and not
@@ -190,9 +191,10 @@ void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x)
 /* Pick an eviction victim in tier x for tensor `for_t`: unreferenced,
  * resident, idle. Stale copies first; then the farthest next use (trace)
  * or the least recently used. A prefetch only takes copies needed later
- * than its own target (dist). */
+ * than its own target (dist). A dirty copy whose write-back failed in this
+ * round is passed over and reported in *failed (the first one). */
 static zo_tensor *pick_victim(zo_store *s, zo_tier x, const zo_tensor *for_t, int prefetch, uint64_t dist,
-                              int *inflight)
+                              int *inflight, zo_tensor **failed)
 {
     zo__tier *tr = &s->tier[x];
     zo_tensor *best = NULL;
@@ -209,6 +211,13 @@ static zo_tensor *pick_victim(zo_store *s, zo_tier x, const zo_tensor *for_t, in
         }
         if (v == for_t || c->state != C_RESIDENT || c->refs || c->waiters)
             continue;
+        if (c->wb_fail && c->wb_fail_round == tr->space_round && sole_current(v, x)) {
+            /* writing it back again now would most likely fail the same
+             * way: retried from the next round (or by a flush) */
+            if (!*failed)
+                *failed = v;
+            continue;
+        }
         if (c->ver != v->cur_ver)
             return v; /* stale: free, costs nothing */
         uint64_t score;
@@ -256,6 +265,7 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
         return c->readers || c->incoming || c->state == C_LOADING ? -EAGAIN : 0;
     uint64_t need = zo__ext_round(&tr->ext, t->bytes);
     int started_wb = 0;
+    zo_tensor *failed = NULL;
     for (;;) {
         uint64_t off;
         if (zo__ext_alloc(&tr->ext, t->bytes, 256, &off) == 0) {
@@ -272,7 +282,7 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
             return 0;
         }
         int inflight = 0;
-        zo_tensor *v = pick_victim(s, x, t, prefetch, dist, &inflight);
+        zo_tensor *v = pick_victim(s, x, t, prefetch, dist, &inflight, &failed);
         if (!v) {
             if (prefetch)
                 return ZO_EBUDGET;
@@ -298,6 +308,11 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
                        "referenced copies",
                        zo_tier_name(x), t->name, (unsigned long long)need, (unsigned long long)pinned,
                        (unsigned long long)tr->budget);
+    if (failed)
+        /* the room is held by a copy that cannot be written back: the
+         * acquire gets that error rather than waiting for it forever */
+        return ZO_FAIL(&s->err, failed->c[x].wb_fail, "%s tier: no room for '%s': %s (that copy stays, dirty)",
+                       zo_tier_name(x), t->name, failed->wb_fail_detail);
     s->st.frag_failures++;
     return ZO_FAIL(&s->err, ZO_EBUDGET,
                    "%s tier: no contiguous %llu bytes for '%s' (largest free %llu; the free space is fragmented "
@@ -443,6 +458,7 @@ static void make_writer(zo_store *s, zo_tensor *t, zo_tier x)
 {
     t->cur_ver++;
     t->c[x].ver = t->cur_ver;
+    t->c[x].wb_fail = 0; /* new data: its write-back has not failed yet */
     if (t->c[x].prefetched) {
         s->tier[x].prefetched_bytes -= t->c[x].len;
         t->c[x].prefetched = 0;
@@ -560,6 +576,10 @@ void zo__store_job_done(zo_store *s, zo__job *j)
         t->wb_count--;
         if (j->err) {
             src->drop_after = 0; /* the only current copy: keep it */
+            src->wb_fail = j->err;
+            src->wb_fail_round = s->tier[j->src].space_round;
+            snprintf(t->wb_fail_detail, sizeof(t->wb_fail_detail), "writing '%s' back to %s failed: %s", t->name,
+                     zo_tier_name(j->dst), j->detail);
             if (!t->wb_err) {
                 t->wb_err = j->err;
                 snprintf(t->wb_detail, sizeof(t->wb_detail), "writing '%s' back to %s failed: %s", t->name,
@@ -569,6 +589,7 @@ void zo__store_job_done(zo_store *s, zo__job *j)
         } else {
             if (j->ver > dst->ver)
                 dst->ver = j->ver;
+            src->wb_fail = 0;
             s->st.moved[j->src][j->dst] += t->bytes;
             s->st.writebacks++;
             s->st.writeback_bytes += t->bytes;
@@ -926,6 +947,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
         t->c[ZO_TIER_NVME].state = C_RESIDENT;
         t->c[ZO_TIER_NVME].ver = 1;
     } else {
+        s->tier[d.home].space_round++;
         while ((r = zo__store_space(s, t, d.home, 0, 0)) == -EAGAIN)
             pthread_cond_wait(&s->cond, &s->lock);
         if (r < 0) {
@@ -1116,6 +1138,7 @@ ZO_API int zo_store_acquire(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
     req->t = t;
     req->tier = x;
     req->flags = flags;
+    s->tier[x].space_round++;
     zo__trace_note(s, t, x);
     c->refs++;
     if (flags & ZO_ACQ_WRITE)

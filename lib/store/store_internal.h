@@ -53,6 +53,8 @@ typedef struct zo__copy {
     int wb_wanted;       /* write back once the write hold ends */
     int drop_after;      /* free once unreferenced and no longer read */
     int prefetched;      /* loaded by prefetch and not used yet */
+    int wb_fail;         /* the last write-back from this copy failed with this error (0: none) */
+    uint64_t wb_fail_round; /* tier's space round of that failure: eviction skips it in that round */
     uint64_t lru;        /* tick of the last acquire */
     struct zo_store_req *waiters; /* acquires waiting on this copy */
     struct zo_tensor *lprev, *lnext; /* the tier's list of non-home copies */
@@ -73,6 +75,7 @@ struct zo_tensor {
     unsigned wb_count;   /* write-backs in flight (flush waits) */
     int wb_err;          /* first write-back error since the last flush */
     char wb_detail[ZO_ERRMSG_LEN];
+    char wb_fail_detail[ZO_ERRMSG_LEN]; /* why the last write-back failed (copy's wb_fail) */
     uint32_t *tpos;      /* positions in the trace, ascending */
     size_t ntpos, captpos;
     struct zo_tensor *prev, *next; /* all tensors */
@@ -174,6 +177,11 @@ typedef struct zo__tier {
     uint64_t home_bytes;  /* held by home copies */
     uint64_t prefetched_bytes; /* copies loaded/loading by prefetch, unused */
     uint64_t prefetch_inflight; /* bytes of prefetch loads in flight */
+    /* Bumped by every acquire and registration in the tier: a copy whose
+     * write-back failed in the current round is not an eviction victim, so
+     * a persistent I/O error fails the acquires waiting for space instead
+     * of starting write-backs in a loop; the next caller tries once more. */
+    uint64_t space_round;
 } zo__tier;
 
 typedef struct zo__trace_ent {

@@ -333,7 +333,11 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
     }
     if (r != ZO_EBUDGET)
         return r;
-    /* No room to grow: gather whole chunks from the free space. */
+    /* No room to grow: gather whole chunks from the free space. A piece may
+     * start at any granule: chunk_locate() only needs every piece but the
+     * last to hold whole chunks, so that no chunk (its I/O and checksum)
+     * straddles two pieces; O_DIRECT only needs the granule. Asking for chunk
+     * alignment here would refuse free space that holds the bytes. */
     char why[ZO_ERRMSG_LEN];
     snprintf(why, sizeof(why), "%s", s->err.msg);
     uint64_t soff = 0;
@@ -349,7 +353,7 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
         }
         uint64_t want = need - soff;
         uint64_t take = want <= best_len ? want : best_len / chunk * chunk;
-        if (!best || take == 0 || zo__ext_alloc(&best->ext, take, take >= chunk ? chunk : s->granule, &off) < 0) {
+        if (!best || take == 0 || zo__ext_alloc(&best->ext, take, s->granule, &off) < 0) {
             stripe_release(st);
             return ZO_FAIL(&s->err, ZO_EBUDGET, "%s; the free space left in %s is too fragmented or too small",
                            why, d->path);

@@ -635,6 +635,88 @@ START_TEST(test_swap_budget_unaligned_holes)
 }
 END_TEST
 
+static _Atomic int64_t qfault_chunk = -1;
+
+static int qfault_write(void *user, int write, uint64_t idx)
+{
+    (void)user;
+    return write && (int64_t)idx == atomic_load(&qfault_chunk) ? -EAGAIN : 0;
+}
+
+/* Wait for a swap I/O, expecting err; returns the detail. */
+static int swap_io_rc(zo_swap *s, int write, zo_swap_id id, uint64_t off, void *buf, size_t len)
+{
+    zo_swap_io *io;
+    int r = write ? zo_swap_write(s, id, off, buf, len, NULL, NULL, &io) : zo_swap_read(s, id, off, buf, len, NULL,
+                                                                                        NULL, &io);
+    ck_assert_msg(r == 0, "queue: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    return zo_swap_wait(s, io);
+}
+
+static void on_err(void *user, int err)
+{
+    atomic_store((_Atomic int *)user, err == 0 ? 1 : err);
+}
+
+/* A chunk write the engine refuses to queue wrote nothing. The caller gets
+ * the error; if it was the write's first chunk, the range is unchanged and
+ * reads back its old contents; if earlier chunks were queued, every chunk
+ * not queued reads as ZO_ESTATE, never as the old version next to new. */
+START_TEST(test_swap_queue_failure)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    const size_t chunk = 16384, n = 4 * chunk;
+    zo_swap *s = make_swap(dirs, 1, chunk, 64 * chunk, ZO_CSUM_CRC32C);
+    zo_swap_id id;
+    ck_assert_int_eq(zo_swap_alloc(s, n, "t", &id), 0);
+    zo_test_rng rng = {zo_test_seed() ^ 6};
+    uint8_t *a = malloc(n), *b = malloc(n), *y = malloc(n);
+    zo_test_fill_bytes(&rng, a, n);
+    zo_test_fill_bytes(&rng, b, n);
+    swap_io(s, 1, id, 0, a, n);
+    zo__swap_set_queue_fault(s, qfault_write, NULL);
+
+    /* the first chunk refused: nothing changed */
+    atomic_store(&qfault_chunk, 0);
+    ck_assert_int_eq(swap_io_rc(s, 1, id, 0, b, n), -EAGAIN);
+    ck_assert_ptr_nonnull(strstr(zo_swap_errmsg(s), "could not queue"));
+    int r = swap_io_rc(s, 0, id, 0, y, n);
+    ck_assert_msg(r == 0, "read after a write that queued nothing: %s (%s)", zo_strerror(r), zo_swap_errmsg(s));
+    ck_assert(memcmp(a, y, n) == 0);
+    /* same through a callback */
+    _Atomic int got = 0;
+    ck_assert_int_eq(zo_swap_write(s, id, 0, b, n, on_err, (void *)&got, NULL), 0);
+    ck_assert_int_eq(zo_swap_wait_all(s), 0);
+    ck_assert_int_eq(atomic_load(&got), -EAGAIN);
+    ck_assert_int_eq(swap_io_rc(s, 0, id, 0, y, n), 0);
+    ck_assert(memcmp(a, y, n) == 0);
+
+    /* the third chunk refused after two were queued: the new chunks read
+     * back, the refused one and the one after it do not */
+    atomic_store(&qfault_chunk, 2);
+    ck_assert_int_eq(swap_io_rc(s, 1, id, 0, b, n), -EAGAIN);
+    ck_assert_int_eq(swap_io_rc(s, 0, id, 0, y, 2 * chunk), 0);
+    ck_assert(memcmp(b, y, 2 * chunk) == 0);
+    ck_assert_int_eq(swap_io_rc(s, 0, id, 2 * chunk, y, chunk), ZO_ESTATE);
+    ck_assert_int_eq(swap_io_rc(s, 0, id, 3 * chunk, y, chunk), ZO_ESTATE);
+    ck_assert_int_eq(swap_io_rc(s, 0, id, 0, y, n), ZO_ESTATE);
+
+    /* a full rewrite makes it readable again */
+    atomic_store(&qfault_chunk, -1);
+    swap_io(s, 1, id, 0, b, n);
+    swap_io(s, 0, id, 0, y, n);
+    ck_assert(memcmp(b, y, n) == 0);
+    zo__swap_set_queue_fault(s, NULL, NULL);
+    zo_swap_destroy(&s);
+    free(a);
+    free(b);
+    free(y);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* Find `pat` (64 bytes) in the arena files of dir; returns path and offset. */
 static int find_in_arenas(const char *dir, const uint8_t *pat, char *path, size_t plen, off_t *where)
 {
@@ -1021,6 +1103,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_swap_dirs);
     tcase_add_test(tc, test_swap_budget_fragmented);
     tcase_add_test(tc, test_swap_budget_unaligned_holes);
+    tcase_add_test(tc, test_swap_queue_failure);
     tcase_add_test(tc, test_swap_corruption);
     tcase_add_test(tc, test_swap_random_integrity);
     tcase_add_test(tc, test_swap_async);

@@ -83,6 +83,22 @@ ZO_API const char *zo_aio_backend_name(zo_aio_backend b)
     }
 }
 
+/* Record a failure in the handle's message. I/O threads completing failed
+ * requests and API calls fail at the same time, so the message is formatted
+ * in the calling thread's own detail (zo_last_error_detail()) and copied to
+ * a->eb under elock: zo_aio_errmsg() shows one whole message, never the
+ * bytes of two. Only failures take the lock. */
+static int aio_fail_publish(zo_aio *a, int err)
+{
+    if (a) {
+        pthread_mutex_lock(&a->elock);
+        snprintf(a->eb.msg, sizeof(a->eb.msg), "%s", zo_last_error_detail());
+        pthread_mutex_unlock(&a->elock);
+    }
+    return err;
+}
+#define AIO_FAIL(a, err, ...) aio_fail_publish((a), ZO_FAIL(NULL, (err), __VA_ARGS__))
+
 static int check_config(const zo_aio_config *in, zo_aio_config *cfg, zo_errbuf *eb)
 {
     zo_aio_config_default(cfg);
@@ -333,9 +349,9 @@ ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered)
     if (registered)
         *registered = 0;
     if (!a || !p || n == 0 || (uintptr_t)p + n < (uintptr_t)p)
-        return ZO_FAIL(a ? &a->eb : NULL, -EINVAL, "zo_aio_register_region: NULL engine/pointer, size 0 or wraps");
+        return AIO_FAIL(a, -EINVAL, "zo_aio_register_region: NULL engine/pointer, size 0 or wraps");
     if (on_io_thread(a))
-        return ZO_FAIL(&a->eb, ZO_ESTATE, "zo_aio_register_region: called from an I/O thread (a callback)");
+        return AIO_FAIL(a, ZO_ESTATE, "zo_aio_register_region: called from an I/O thread (a callback)");
     uint8_t *base = p;
     int rc = 0;
     pthread_mutex_lock(&a->reg_serial);
@@ -346,7 +362,7 @@ ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered)
     if ((pos > 0 && a->regions[pos - 1]->base + a->regions[pos - 1]->len > base) ||
         (pos < a->nregions && base + n > a->regions[pos]->base)) {
         pthread_rwlock_unlock(&a->rlock);
-        rc = ZO_FAIL(&a->eb, -EEXIST, "zo_aio_register_region(%p, %zu): overlaps a registered region", p, n);
+        rc = AIO_FAIL(a, -EEXIST, "zo_aio_register_region(%p, %zu): overlaps a registered region", p, n);
         goto out;
     }
     unsigned nslots = (unsigned)((n + ZO__AIO_BUF_SLOT_BYTES - 1) / ZO__AIO_BUF_SLOT_BYTES);
@@ -362,7 +378,7 @@ ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered)
     }
     if (a->nregions == ZO__AIO_MAX_REGIONS || run < nslots) {
         pthread_rwlock_unlock(&a->rlock);
-        rc = ZO_FAIL(&a->eb, -ENOSPC, "zo_aio_register_region(%p, %zu): too many regions (%u) or buffer slots", p, n,
+        rc = AIO_FAIL(a, -ENOSPC, "zo_aio_register_region(%p, %zu): too many regions (%u) or buffer slots", p, n,
                      a->nregions);
         goto out;
     }
@@ -371,7 +387,7 @@ ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered)
     if (!ok) {
         free(r);
         pthread_rwlock_unlock(&a->rlock);
-        rc = ZO_FAIL(&a->eb, -ENOMEM, "zo_aio_register_region: out of memory");
+        rc = AIO_FAIL(a, -ENOMEM, "zo_aio_register_region: out of memory");
         goto out;
     }
     r->base = base;
@@ -402,14 +418,14 @@ ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered)
                 snprintf(lim, sizeof(lim), "unlimited");
             else
                 snprintf(lim, sizeof(lim), "%llu bytes", (unsigned long long)rl.rlim_cur);
-            ZO_FAIL(&a->eb, err ? err : -ENOMEM,
+            AIO_FAIL(a, err ? err : -ENOMEM,
                     "fixed-buffer registration of %zu bytes refused by %u of %u rings (%s; RLIMIT_MEMLOCK %s): "
                     "the region uses unregistered I/O",
                     n, a->cfg.threads - r->rings_ok, a->cfg.threads, zo_strerror(err ? err : -ENOMEM), lim);
             if (!atomic_exchange(&memlock_warned, 1)) {
-                ZO_LOGW("%s (raise ulimit -l for fixed buffers)", a->eb.msg);
+                ZO_LOGW("%s (raise ulimit -l for fixed buffers)", zo_last_error_detail());
             } else {
-                ZO_LOGI("%s", a->eb.msg);
+                ZO_LOGI("%s", zo_last_error_detail());
             }
         }
     }
@@ -421,9 +437,9 @@ out:
 ZO_API int zo_aio_unregister_region(zo_aio *a, void *p)
 {
     if (!a || !p)
-        return ZO_FAIL(a ? &a->eb : NULL, -EINVAL, "zo_aio_unregister_region: NULL argument");
+        return AIO_FAIL(a, -EINVAL, "zo_aio_unregister_region: NULL argument");
     if (on_io_thread(a))
-        return ZO_FAIL(&a->eb, ZO_ESTATE, "zo_aio_unregister_region: called from an I/O thread (a callback)");
+        return AIO_FAIL(a, ZO_ESTATE, "zo_aio_unregister_region: called from an I/O thread (a callback)");
     pthread_mutex_lock(&a->reg_serial);
     pthread_rwlock_wrlock(&a->rlock);
     unsigned pos = 0;
@@ -432,7 +448,7 @@ ZO_API int zo_aio_unregister_region(zo_aio *a, void *p)
     if (pos == a->nregions) {
         pthread_rwlock_unlock(&a->rlock);
         pthread_mutex_unlock(&a->reg_serial);
-        return ZO_FAIL(&a->eb, -ENOENT, "zo_aio_unregister_region(%p): no region starts there", p);
+        return AIO_FAIL(a, -ENOENT, "zo_aio_unregister_region(%p): no region starts there", p);
     }
     zo__aio_region *r = a->regions[pos];
     memmove(&a->regions[pos], &a->regions[pos + 1], (a->nregions - pos - 1) * sizeof(a->regions[0]));
@@ -528,7 +544,7 @@ static void req_complete(zo_aio *a, zo_aio_req *r)
         /* a failing callback can read the detail (file, offset, length)
          * from zo_last_error_detail() or zo_aio_errmsg() */
         if (err)
-            ZO_FAIL(&a->eb, err, "%s", r->detail);
+            AIO_FAIL(a, err, "%s", r->detail);
         r->cb(r->user, result);
     }
     if (r->waitable) {
@@ -740,18 +756,18 @@ static int submit(zo_aio *a, int op, zo_file *f, void *buf, size_t len, uint64_t
         *out = NULL;
     const char *opn = op == ZO__OP_READ ? "zo_aio_read" : "zo_aio_write";
     if (!a || !f || !buf)
-        return ZO_FAIL(a ? &a->eb : NULL, -EINVAL, "%s: NULL %s", opn, !a ? "engine" : !f ? "file" : "buffer");
+        return AIO_FAIL(a, -EINVAL, "%s: NULL %s", opn, !a ? "engine" : !f ? "file" : "buffer");
     if (len == 0)
-        return ZO_FAIL(&a->eb, -EINVAL, "%s(%s, offset %llu): length 0", opn, f->path, (unsigned long long)off);
+        return AIO_FAIL(a, -EINVAL, "%s(%s, offset %llu): length 0", opn, f->path, (unsigned long long)off);
     if (off > (uint64_t)INT64_MAX || (uint64_t)len > (uint64_t)INT64_MAX - off)
-        return ZO_FAIL(&a->eb, -EINVAL, "%s(%s): offset %llu + length %zu overflows", opn, f->path,
+        return AIO_FAIL(a, -EINVAL, "%s(%s): offset %llu + length %zu overflows", opn, f->path,
                        (unsigned long long)off, len);
     if (op == ZO__OP_READ ? !f->readable : !f->writable)
-        return ZO_FAIL(&a->eb, -EBADF, "%s(%s): file not open for %s", opn, f->path,
+        return AIO_FAIL(a, -EBADF, "%s(%s): file not open for %s", opn, f->path,
                        op == ZO__OP_READ ? "reading" : "writing");
     zo_aio_req *r = malloc(sizeof(*r));
     if (!r)
-        return ZO_FAIL(&a->eb, -ENOMEM, "%s: out of memory", opn);
+        return AIO_FAIL(a, -ENOMEM, "%s: out of memory", opn);
     memset(r, 0, offsetof(zo_aio_req, detail));
     r->detail[0] = '\0';
     r->a = a;
@@ -785,7 +801,7 @@ static int submit(zo_aio *a, int op, zo_file *f, void *buf, size_t len, uint64_t
         free(r);
         if (atomic_fetch_sub(&a->outstanding, 1) == 1 && atomic_load(&a->all_waiters))
             zo__futex_wake(&a->outstanding, INT_MAX);
-        return ZO_FAIL(&a->eb, ZO_ESTATE, "%s: the engine is being destroyed", opn);
+        return AIO_FAIL(a, ZO_ESTATE, "%s: the engine is being destroyed", opn);
     }
     r->seq = ++a->seq;
     if (a->qtail)
@@ -838,17 +854,17 @@ static int req_release(zo_aio *a, zo_aio_req *r, int64_t *result)
     if (result)
         *result = res;
     if (res < 0)
-        return ZO_FAIL(&a->eb, (int)res, "%s", detail);
+        return AIO_FAIL(a, (int)res, "%s", detail);
     return 0;
 }
 
 ZO_API int zo_aio_wait(zo_aio *a, zo_aio_req *r, int64_t *result)
 {
     if (!a || !r || r->a != a || !r->waitable)
-        return ZO_FAIL(a ? &a->eb : NULL, -EINVAL, "zo_aio_wait: NULL or foreign request");
+        return AIO_FAIL(a, -EINVAL, "zo_aio_wait: NULL or foreign request");
     uint32_t s = atomic_load(&r->state);
     if (s != ZO__REQ_DONE && on_io_thread(a)) /* it could wait for itself */
-        return ZO_FAIL(&a->eb, ZO_ESTATE, "zo_aio_wait: called from an I/O thread (a callback) on a request in flight");
+        return AIO_FAIL(a, ZO_ESTATE, "zo_aio_wait: called from an I/O thread (a callback) on a request in flight");
     while (s != ZO__REQ_DONE) {
         if (s == ZO__REQ_INFLIGHT) {
             uint32_t exp = ZO__REQ_INFLIGHT;
@@ -866,7 +882,7 @@ ZO_API int zo_aio_wait(zo_aio *a, zo_aio_req *r, int64_t *result)
 ZO_API int zo_aio_test(zo_aio *a, zo_aio_req *r, int64_t *result)
 {
     if (!a || !r || r->a != a || !r->waitable)
-        return ZO_FAIL(a ? &a->eb : NULL, -EINVAL, "zo_aio_test: NULL or foreign request");
+        return AIO_FAIL(a, -EINVAL, "zo_aio_test: NULL or foreign request");
     if (atomic_load(&r->state) != ZO__REQ_DONE)
         return -EBUSY;
     return req_release(a, r, result);
@@ -875,7 +891,7 @@ ZO_API int zo_aio_test(zo_aio *a, zo_aio_req *r, int64_t *result)
 ZO_API int zo_aio_cancel(zo_aio *a, zo_aio_req *r)
 {
     if (!a || !r || r->a != a)
-        return ZO_FAIL(a ? &a->eb : NULL, -EINVAL, "zo_aio_cancel: NULL or foreign request");
+        return AIO_FAIL(a, -EINVAL, "zo_aio_cancel: NULL or foreign request");
     if (atomic_load(&r->state) == ZO__REQ_DONE)
         return 0;
     atomic_store(&r->cancel, 1);
@@ -909,7 +925,7 @@ ZO_API int zo_aio_wait_all(zo_aio *a)
     if (!a)
         return ZO_FAIL(NULL, -EINVAL, "zo_aio_wait_all: NULL engine");
     if (on_io_thread(a))
-        return ZO_FAIL(&a->eb, ZO_ESTATE, "zo_aio_wait_all: called from an I/O thread (a callback)");
+        return AIO_FAIL(a, ZO_ESTATE, "zo_aio_wait_all: called from an I/O thread (a callback)");
     for (;;) {
         uint32_t v = atomic_load(&a->outstanding);
         if (!v)
@@ -928,7 +944,7 @@ ZO_API int zo_aio_wait_all(zo_aio *a)
     a->ff_detail[0] = '\0';
     pthread_mutex_unlock(&a->elock);
     if (err)
-        return ZO_FAIL(&a->eb, err, "%s", detail);
+        return AIO_FAIL(a, err, "%s", detail);
     return 0;
 }
 

@@ -88,6 +88,15 @@ uint64_t zo__ext_largest(const zo__extalloc *a);
  * sizes consistent with `used`). 0 or -EINVAL. For tests. */
 int zo__ext_check(const zo__extalloc *a);
 
+/* ---- fault injection (tests) ------------------------------------------------------ */
+/* Called before each chunk's I/O of a swap write or read is queued (write:
+ * 1 for a write); a negative return fails the queueing with that error, as
+ * a refused zo_aio submission would. fn NULL removes it. Call while nothing
+ * is in flight. */
+typedef int (*zo__swap_queue_fault_fn)(void *user, int write, uint64_t chunk_idx);
+struct zo_swap;
+void zo__swap_set_queue_fault(struct zo_swap *s, zo__swap_queue_fault_fn fn, void *user);
+
 /* ---- helpers ------------------------------------------------------------------- */
 /* fsync a directory by path. 0 or -errno. */
 int zo__fsync_dir(const char *path);

@@ -121,6 +121,8 @@ struct zo_swap {
     _Atomic uint64_t bytes_written, bytes_read, chunks_written, chunks_read, chunks_verified, chunks_zero;
     _Atomic uint64_t corrupt, csum_ns, io_errors;
     zo_errbuf err;
+    zo__swap_queue_fault_fn qfault; /* tests: fail the queueing of a chunk */
+    void *qfault_user;
 };
 
 static _Atomic unsigned swap_instances;
@@ -145,6 +147,12 @@ ZO_API const char *zo_swap_errmsg(const zo_swap *s)
 ZO_API zo_aio *zo_swap_get_aio(zo_swap *s)
 {
     return s ? s->aio : NULL;
+}
+
+void zo__swap_set_queue_fault(zo_swap *s, zo__swap_queue_fault_fn fn, void *user)
+{
+    s->qfault_user = user;
+    s->qfault = fn;
 }
 
 /* ---- directories and arenas -------------------------------------------------- */
@@ -333,7 +341,11 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
     }
     if (r != ZO_EBUDGET)
         return r;
-    /* No room to grow: gather whole chunks from the free space. */
+    /* No room to grow: gather whole chunks from the free space. A piece may
+     * start at any granule: chunk_locate() only needs every piece but the
+     * last to hold whole chunks, so that no chunk (its I/O and checksum)
+     * straddles two pieces; O_DIRECT only needs the granule. Asking for chunk
+     * alignment here would refuse free space that holds the bytes. */
     char why[ZO_ERRMSG_LEN];
     snprintf(why, sizeof(why), "%s", s->err.msg);
     uint64_t soff = 0;
@@ -349,7 +361,7 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
         }
         uint64_t want = need - soff;
         uint64_t take = want <= best_len ? want : best_len / chunk * chunk;
-        if (!best || take == 0 || zo__ext_alloc(&best->ext, take, take >= chunk ? chunk : s->granule, &off) < 0) {
+        if (!best || take == 0 || zo__ext_alloc(&best->ext, take, s->granule, &off) < 0) {
             stripe_release(st);
             return ZO_FAIL(&s->err, ZO_EBUDGET, "%s; the free space left in %s is too fragmented or too small",
                            why, d->path);
@@ -924,12 +936,24 @@ static int io_start(zo_swap *s, int op, zo_swap_id id, uint64_t off, void *buf, 
              * thread when there is one: neither the device nor the caller
              * (often an engine thread, from a callback) waits for the CPU;
              * the chunk is valid once both are done */
-            atomic_store(&al->cstate[c->idx], CH_PENDING);
+            uint8_t prev = atomic_exchange(&al->cstate[c->idx], CH_PENDING);
             atomic_init(&c->parts, 2);
-            r = zo_aio_write(s->aio, c->ar->f, c->buf, c->len, c->foff, chunk_done, c, NULL);
-            if (r < 0)
-                atomic_store(&al->cstate[c->idx], CH_FAILED);
-            else if (s->cfg.checksum == ZO_CSUM_NONE)
+            r = ZO_UNLIKELY(s->qfault != NULL) ? s->qfault(s->qfault_user, 1, c->idx) : 0;
+            if (r == 0)
+                r = zo_aio_write(s->aio, c->ar->f, c->buf, c->len, c->foff, chunk_done, c, NULL);
+            if (r < 0) {
+                /* A refused submission wrote nothing: this chunk and the
+                 * rest still hold their old contents and checksums. If no
+                 * chunk of this write was queued, the range is unchanged
+                 * and stays readable. Otherwise it is a mix of new and old
+                 * chunks: mark every chunk not queued as failed, so the
+                 * range never reads back as a blend of two versions. */
+                if (submitted == 0)
+                    atomic_store(&al->cstate[c->idx], prev);
+                else
+                    for (uint64_t j = i; j < nc; j++)
+                        atomic_store(&al->cstate[io->ctx[j].idx], CH_FAILED);
+            } else if (s->cfg.checksum == ZO_CSUM_NONE)
                 write_part_done(c);
             else if (s->nvthr)
                 csum_queue(s, c);
@@ -952,7 +976,9 @@ static int io_start(zo_swap *s, int op, zo_swap_id id, uint64_t off, void *buf, 
                 io_put(io, 1);
                 continue;
             }
-            r = zo_aio_read(s->aio, c->ar->f, c->buf, c->len, c->foff, chunk_done, c, NULL);
+            r = ZO_UNLIKELY(s->qfault != NULL) ? s->qfault(s->qfault_user, 0, c->idx) : 0;
+            if (r == 0)
+                r = zo_aio_read(s->aio, c->ar->f, c->buf, c->len, c->foff, chunk_done, c, NULL);
         }
         if (r < 0) {
             io_set_error(io, r, "%s of '%s' offset %llu: could not queue: %s", fn, al->name,

@@ -1023,6 +1023,76 @@ START_TEST(test_fault_resumed)
 }
 END_TEST
 
+static int64_t fail_all_hook(void *user, const zo__aio_fault_site *s)
+{
+    (void)user;
+    (void)s;
+    return -EIO;
+}
+
+typedef struct {
+    char detail[256];
+    _Atomic int done;
+} torn_slot;
+
+static void torn_cb(void *user, int64_t result)
+{
+    torn_slot *t = user;
+    /* this thread's own copy of the message the engine recorded */
+    snprintf(t->detail, sizeof(t->detail), "%s", result < 0 ? zo_last_error_detail() : "");
+    atomic_store(&t->done, 1);
+}
+
+/* Requests failing at once on several I/O threads each record their detail
+ * in the handle's message: it must be one of them, whole, not the bytes of
+ * two. Many rounds, so concurrent writes of the message are sure to happen. */
+START_TEST(test_fault_errmsg_whole)
+{
+    fixture x;
+    fx_begin(&x, dir_for(1), "ftorn", ZO_FILE_TRUNC, mk_engine(4, 16, 65536));
+    zo_aio *a = x.a;
+    enum { N = 64, ROUNDS = 300 };
+    tbuf w = tb_alloc(4096, 0);
+    memset(w.p, 7, 4096);
+    zo__aio_set_fault(a, fail_all_hook, NULL);
+    torn_slot *slots = calloc(N, sizeof(*slots));
+    for (int round = 0; round < ROUNDS; round++) {
+        for (int i = 0; i < N; i++) {
+            atomic_store(&slots[i].done, 0);
+            /* offsets of the same width: a torn message would still look
+             * plausible, only an exact match tells */
+            uint64_t off = 1000000000ull + (uint64_t)(round * N + i) * 4096;
+            ck_assert_int_eq(zo_aio_write(a, x.f, w.p, 4096, off, torn_cb, &slots[i], NULL), 0);
+        }
+        ck_assert_int_eq(zo_aio_wait_all(a), 0);
+        char msg[256];
+        snprintf(msg, sizeof(msg), "%s", zo_aio_errmsg(a));
+        int found = 0;
+        for (int i = 0; i < N && !found; i++) {
+            ck_assert(atomic_load(&slots[i].done));
+            found = strcmp(msg, slots[i].detail) == 0;
+        }
+        ck_assert_msg(found, "round %d: handle message is not one request's detail: %s", round, msg);
+    }
+    /* the message is written under the engine's error lock: while it is
+     * held, a failing request cannot record its detail (nor run its
+     * callback, which comes after); released, the message is that detail */
+    pthread_mutex_lock(&a->elock);
+    atomic_store(&slots[0].done, 0);
+    ck_assert_int_eq(zo_aio_write(a, x.f, w.p, 4096, 0, torn_cb, &slots[0], NULL), 0);
+    usleep(200000);
+    int early = atomic_load(&slots[0].done);
+    pthread_mutex_unlock(&a->elock);
+    ck_assert_msg(!early, "the handle message was written without the error lock");
+    ck_assert_int_eq(zo_aio_wait_all(a), 0);
+    ck_assert_str_eq(zo_aio_errmsg(a), slots[0].detail);
+    zo__aio_set_fault(a, NULL, NULL);
+    free(slots);
+    tb_free(&w);
+    fx_end(&x);
+}
+END_TEST
+
 /* EIO / ENOSPC fail the right request with the right code; the others are
  * exact. loop: {EIO, ENOSPC} x direct */
 START_TEST(test_fault_errors)
@@ -1348,6 +1418,7 @@ static Suite *aio_suite(void)
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_fault_resumed, 0, 6);
     tcase_add_loop_test(tc, test_fault_errors, 0, 4);
+    tcase_add_test(tc, test_fault_errmsg_whole);
     tcase_add_test(tc, test_fault_eagain_bound);
     suite_add_tcase(s, tc);
     return s;

@@ -542,6 +542,181 @@ START_TEST(test_swap_budget_fragmented)
 }
 END_TEST
 
+/* Past max_bytes, pieces are carved from free space that does not start on
+ * a chunk boundary: holes of 68 KiB at 4 KiB and 76 KiB hold a 132 KiB
+ * allocation (a chunk in each, the 4 KiB tail after one of them) although
+ * neither holds a chunk-aligned chunk. Then a single hole that holds all of
+ * an allocation but starts off a chunk boundary. */
+START_TEST(test_swap_budget_unaligned_holes)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    const size_t chunk = 65536, K = 1024;
+    zo_swap_config c;
+    zo_swap_config_default(&c);
+    set_backend(&c);
+    c.dirs = dirs;
+    c.ndirs = 1;
+    c.chunk_size = chunk;
+    c.arena_size = 4 * chunk;
+    c.max_bytes = 4 * chunk;
+    zo_swap *s = NULL;
+    ck_assert_int_eq(zo_swap_create(&s, &c), 0);
+    /* sub-chunk allocations are packed at the granule: [0,4K) [4K,64K)
+     * [64K,72K) [72K,76K) [76K,136K) [136K,144K) [144K,204K) [204K,256K) */
+    static const size_t sizes[] = {4 * K, 60 * K, 8 * K, 4 * K, 60 * K, 8 * K, 60 * K, 52 * K};
+    enum { N = sizeof(sizes) / sizeof(sizes[0]) };
+    zo_swap_id ids[N];
+    uint8_t *keep[N] = {0};
+    zo_test_rng rng = {zo_test_seed() ^ 5};
+    for (unsigned i = 0; i < N; i++) {
+        ck_assert_msg(zo_swap_alloc(s, sizes[i], "small", &ids[i]) == 0, "alloc %u: %s", i, zo_last_error_detail());
+        keep[i] = malloc(sizes[i]);
+        zo_test_fill_bytes(&rng, keep[i], sizes[i]);
+        swap_io(s, 1, ids[i], 0, keep[i], sizes[i]);
+    }
+    /* holes [4K,72K) and [76K,144K): 68 KiB each, none chunk-aligned */
+    static const unsigned holes[] = {1, 2, 4, 5};
+    for (unsigned h = 0; h < 4; h++) {
+        ck_assert_int_eq(zo_swap_free(s, ids[holes[h]]), 0);
+        free(keep[holes[h]]);
+        keep[holes[h]] = NULL;
+    }
+    const size_t big = 2 * chunk + 4 * K;
+    zo_swap_id d;
+    int r = zo_swap_alloc(s, big, "pieces", &d);
+    ck_assert_msg(r == 0, "alloc in unaligned holes: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    uint8_t *x = malloc(big), *y = malloc(big);
+    zo_test_fill_bytes(&rng, x, big);
+    swap_io(s, 1, d, 0, x, big);
+    swap_io(s, 0, d, 0, y, big);
+    ck_assert(memcmp(x, y, big) == 0);
+    for (unsigned i = 0; i < N; i++) {
+        if (!keep[i])
+            continue;
+        uint8_t *z = malloc(sizes[i]);
+        swap_io(s, 0, ids[i], 0, z, sizes[i]);
+        ck_assert_msg(memcmp(z, keep[i], sizes[i]) == 0, "allocation %u overwritten", i);
+        free(z);
+    }
+    zo_swap_stats st;
+    zo_swap_get_stats(s, &st);
+    ck_assert_uint_eq(st.arena_bytes, 4 * chunk);
+    ck_assert_int_eq(zo_swap_free(s, d), 0);
+    /* one hole [4K,256K): 252 KiB, all of a 3-chunk + 60 KiB allocation,
+     * starting off a chunk boundary */
+    for (unsigned i = 1; i < N; i++)
+        if (keep[i]) {
+            ck_assert_int_eq(zo_swap_free(s, ids[i]), 0);
+            free(keep[i]);
+            keep[i] = NULL;
+        }
+    const size_t whole = 3 * chunk + 60 * K;
+    r = zo_swap_alloc(s, whole, "one-piece", &d);
+    ck_assert_msg(r == 0, "alloc in one unaligned hole: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    uint8_t *w = malloc(whole), *v = malloc(whole);
+    zo_test_fill_bytes(&rng, w, whole);
+    swap_io(s, 1, d, 0, w, whole);
+    swap_io(s, 0, d, 0, v, whole);
+    ck_assert(memcmp(w, v, whole) == 0);
+    uint8_t *z = malloc(sizes[0]);
+    swap_io(s, 0, ids[0], 0, z, sizes[0]);
+    ck_assert(memcmp(z, keep[0], sizes[0]) == 0);
+    ck_assert_int_eq(zo_swap_alloc(s, 1, "full", &d), ZO_EBUDGET);
+    zo_swap_destroy(&s);
+    free(z);
+    free(keep[0]);
+    free(x);
+    free(y);
+    free(w);
+    free(v);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+static _Atomic int64_t qfault_chunk = -1;
+
+static int qfault_write(void *user, int write, uint64_t idx)
+{
+    (void)user;
+    return write && (int64_t)idx == atomic_load(&qfault_chunk) ? -EAGAIN : 0;
+}
+
+/* Wait for a swap I/O, expecting err; returns the detail. */
+static int swap_io_rc(zo_swap *s, int write, zo_swap_id id, uint64_t off, void *buf, size_t len)
+{
+    zo_swap_io *io;
+    int r = write ? zo_swap_write(s, id, off, buf, len, NULL, NULL, &io) : zo_swap_read(s, id, off, buf, len, NULL,
+                                                                                        NULL, &io);
+    ck_assert_msg(r == 0, "queue: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    return zo_swap_wait(s, io);
+}
+
+static void on_err(void *user, int err)
+{
+    atomic_store((_Atomic int *)user, err == 0 ? 1 : err);
+}
+
+/* A chunk write the engine refuses to queue wrote nothing. The caller gets
+ * the error; if it was the write's first chunk, the range is unchanged and
+ * reads back its old contents; if earlier chunks were queued, every chunk
+ * not queued reads as ZO_ESTATE, never as the old version next to new. */
+START_TEST(test_swap_queue_failure)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    const size_t chunk = 16384, n = 4 * chunk;
+    zo_swap *s = make_swap(dirs, 1, chunk, 64 * chunk, ZO_CSUM_CRC32C);
+    zo_swap_id id;
+    ck_assert_int_eq(zo_swap_alloc(s, n, "t", &id), 0);
+    zo_test_rng rng = {zo_test_seed() ^ 6};
+    uint8_t *a = malloc(n), *b = malloc(n), *y = malloc(n);
+    zo_test_fill_bytes(&rng, a, n);
+    zo_test_fill_bytes(&rng, b, n);
+    swap_io(s, 1, id, 0, a, n);
+    zo__swap_set_queue_fault(s, qfault_write, NULL);
+
+    /* the first chunk refused: nothing changed */
+    atomic_store(&qfault_chunk, 0);
+    ck_assert_int_eq(swap_io_rc(s, 1, id, 0, b, n), -EAGAIN);
+    ck_assert_ptr_nonnull(strstr(zo_swap_errmsg(s), "could not queue"));
+    int r = swap_io_rc(s, 0, id, 0, y, n);
+    ck_assert_msg(r == 0, "read after a write that queued nothing: %s (%s)", zo_strerror(r), zo_swap_errmsg(s));
+    ck_assert(memcmp(a, y, n) == 0);
+    /* same through a callback */
+    _Atomic int got = 0;
+    ck_assert_int_eq(zo_swap_write(s, id, 0, b, n, on_err, (void *)&got, NULL), 0);
+    ck_assert_int_eq(zo_swap_wait_all(s), 0);
+    ck_assert_int_eq(atomic_load(&got), -EAGAIN);
+    ck_assert_int_eq(swap_io_rc(s, 0, id, 0, y, n), 0);
+    ck_assert(memcmp(a, y, n) == 0);
+
+    /* the third chunk refused after two were queued: the new chunks read
+     * back, the refused one and the one after it do not */
+    atomic_store(&qfault_chunk, 2);
+    ck_assert_int_eq(swap_io_rc(s, 1, id, 0, b, n), -EAGAIN);
+    ck_assert_int_eq(swap_io_rc(s, 0, id, 0, y, 2 * chunk), 0);
+    ck_assert(memcmp(b, y, 2 * chunk) == 0);
+    ck_assert_int_eq(swap_io_rc(s, 0, id, 2 * chunk, y, chunk), ZO_ESTATE);
+    ck_assert_int_eq(swap_io_rc(s, 0, id, 3 * chunk, y, chunk), ZO_ESTATE);
+    ck_assert_int_eq(swap_io_rc(s, 0, id, 0, y, n), ZO_ESTATE);
+
+    /* a full rewrite makes it readable again */
+    atomic_store(&qfault_chunk, -1);
+    swap_io(s, 1, id, 0, b, n);
+    swap_io(s, 0, id, 0, y, n);
+    ck_assert(memcmp(b, y, n) == 0);
+    zo__swap_set_queue_fault(s, NULL, NULL);
+    zo_swap_destroy(&s);
+    free(a);
+    free(b);
+    free(y);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* Find `pat` (64 bytes) in the arena files of dir; returns path and offset. */
 static int find_in_arenas(const char *dir, const uint8_t *pat, char *path, size_t plen, off_t *where)
 {
@@ -927,6 +1102,8 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_swap_stripe);
     tcase_add_test(tc, test_swap_dirs);
     tcase_add_test(tc, test_swap_budget_fragmented);
+    tcase_add_test(tc, test_swap_budget_unaligned_holes);
+    tcase_add_test(tc, test_swap_queue_failure);
     tcase_add_test(tc, test_swap_corruption);
     tcase_add_test(tc, test_swap_random_integrity);
     tcase_add_test(tc, test_swap_async);

@@ -1881,6 +1881,58 @@ START_TEST(test_store_rw_swap_error)
 }
 END_TEST
 
+/* The error codes store.h documents for reads, writes and streams. */
+START_TEST(test_store_rw_codes)
+{
+    env e;
+    env_open(&e, 1 * MiB, 1 * MiB, 8 * KiB, 3, 4 * KiB, ZO_TRACE_OFF);
+    const uint64_t n = 20 * KiB + 1;
+    zo_tensor *t = reg(e.st, "codes", n, ZO_TIER_NVME);
+    uint8_t *buf = calloc(1, n);
+    /* 3 slots: enough to read through, not to read-modify-write */
+    ck_assert_int_eq(zo_store_read(e.st, t, 1, buf, n - 1), 0);
+    ck_assert_int_eq(zo_store_write(e.st, t, 1, buf, 2), ZO_ECONFIG);
+    ck_assert_int_eq(zo_store_read(NULL, t, 0, buf, 1), -EINVAL);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, NULL, 1), -EINVAL);
+    /* held for writing: reads and writes refuse, they do not wait */
+    acq(e.st, t, ZO_TIER_HOST, ZO_ACQ_WRITE);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, buf, 1), -EBUSY);
+    ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_HOST, 0), 0);
+    acq(e.st, t, ZO_TIER_HOST, 0);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, buf, 1), 0);
+    ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_HOST, 0), 0);
+    /* streams: arguments, depth against the pool, pieces held */
+    zo_store_stream *st = NULL;
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, 0, 1, &st), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, 4, 1, &st), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, ZO_STREAM_READ, 0, &st), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, ZO_STREAM_READ, 1025, &st), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, ZO_STREAM_READ, 2, &st), -EBUSY); /* 3 slots: one kept */
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, ZO_STREAM_WRITE, 1, &st), -EBUSY);
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, ZO_STREAM_READ, 1, &st), 0);
+    /* a read stream keeps writers out */
+    zo_store_req *q;
+    ck_assert_int_eq(zo_store_acquire(e.st, t, ZO_TIER_HOST, ZO_ACQ_WRITE, &q), -EBUSY);
+    zo_store_piece p, p2;
+    ck_assert_int_eq(zo_store_stream_next(st, &p), 0);
+    ck_assert_uint_eq(p.len, 8 * KiB);
+    ck_assert_int_eq(zo_store_stream_next(st, &p2), ZO_ESTATE);
+    p2 = p;
+    p2.off += 1;
+    ck_assert_int_eq(zo_store_stream_done(st, &p2), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_done(st, NULL), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_next(NULL, &p2), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_done(st, &p), 0);
+    ck_assert_int_eq(zo_store_stream_done(st, &p), -EINVAL); /* not held any more */
+    ck_assert_int_eq(zo_store_stream_close(&st), 0);
+    zo_store_stats ss;
+    zo_store_get_stats(e.st, &ss);
+    ck_assert_uint_eq(ss.pool_in_use, 0);
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     zo_log_set_level(ZO_LOG_ERROR);
@@ -1913,6 +1965,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_store_stress);
     tcase_add_test(tc, test_store_odd_ranges);
     tcase_add_test(tc, test_store_write_slip);
+    tcase_add_test(tc, test_store_rw_codes);
     suite_add_tcase(s, tc);
     tc = tcase_create("prefetch");
     tcase_set_timeout(tc, 300);

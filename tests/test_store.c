@@ -42,6 +42,10 @@ static size_t pinned_now(void)
     return ps.locked_bytes + ps.unlocked_bytes;
 }
 
+/* set: the next env_open() gives the swap store a 4-thread pread/pwrite
+ * engine (a test hook that blocks one I/O leaves the others running) */
+static int env_threads_aio;
+
 static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slot, unsigned slots, size_t chunk,
                      zo_trace_mode trace)
 {
@@ -58,6 +62,13 @@ static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slo
     sc.ndirs = 1;
     sc.chunk_size = chunk;
     sc.arena_size = 16 * MiB;
+    zo_aio_config ac;
+    zo_aio_config_default(&ac);
+    if (env_threads_aio) {
+        ac.backend = ZO_AIO_THREADS;
+        ac.threads = 4;
+        sc.aio_cfg = &ac;
+    }
     ck_assert_int_eq(zo_swap_create(&e->swap, &sc), 0);
     zo_store_config_default(&e->cfg);
     e->cfg.dev = dev_bytes ? e->dev : NULL;
@@ -1933,6 +1944,104 @@ START_TEST(test_store_rw_codes)
 }
 END_TEST
 
+/* A restore waits for background transfers of its tensors (here a
+ * write-back held in the aio engine) instead of refusing with -EBUSY
+ * halfway, after the tensors before it were already overwritten. */
+typedef struct {
+    _Atomic int closed, held, passed;
+} io_gate;
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* While closed, the first write waits for the gate to open; the others
+ * pass and are counted. */
+static int64_t gate_hook(void *user, const zo__aio_fault_site *s)
+{
+    io_gate *g = user;
+    if (s->op == ZO__OP_WRITE && atomic_load(&g->closed)) {
+        if (atomic_fetch_add(&g->held, 1) != 0) {
+            atomic_fetch_add(&g->passed, 1);
+            return 0;
+        }
+        while (atomic_load(&g->closed))
+            nap_ms(1);
+    }
+    return 0;
+}
+
+/* Opens the gate once the restore has written the first tensor (every
+ * piece of it passed), and a while more: the restore is at the second,
+ * whose write-back the gate holds, by then. */
+static void *gate_open_later(void *arg)
+{
+    io_gate *g = arg;
+    while (atomic_load(&g->passed) < 4)
+        nap_ms(1);
+    nap_ms(100);
+    atomic_store(&g->closed, 0);
+    return NULL;
+}
+
+START_TEST(test_store_restore_waits)
+{
+    env e;
+    env_threads_aio = 1;
+    env_open(&e, 1 * MiB, 1 * MiB, 64 * KiB, 8, 64 * KiB, ZO_TRACE_OFF);
+    env_threads_aio = 0;
+    io_gate g;
+    atomic_init(&g.closed, 0);
+    atomic_init(&g.held, 0);
+    atomic_init(&g.passed, 0);
+    zo__aio_set_fault(zo_swap_get_aio(e.swap), gate_hook, &g);
+    const uint64_t n = 200 * KiB + 5;
+    zo_tensor *a = reg(e.st, "rs.a", n, ZO_TIER_NVME), *b = reg(e.st, "rs.b", n, ZO_TIER_NVME);
+    uint8_t *va = malloc(n), *vb = malloc(n), *junk = malloc(n), *got = malloc(n);
+    pattern(va, n, 51, 1);
+    pattern(vb, n, 52, 1);
+    pattern(junk, n, 53, 1);
+    ck_assert_int_eq(zo_store_write(e.st, a, 0, va, n), 0);
+    ck_assert_int_eq(zo_store_write(e.st, b, 0, vb, n), 0);
+    zo_tensor *both[] = {a, b};
+    ck_assert_int_eq(zo_store_checkpoint(e.st, e.dir, "rs1", both, 2, 0, NULL), 0);
+    ck_assert_int_eq(zo_store_write(e.st, a, 0, junk, n), 0);
+    /* b: a dirty host copy whose write-back is held in the engine */
+    memcpy(acq(e.st, b, ZO_TIER_HOST, ZO_ACQ_WRITE), junk, n);
+    atomic_store(&g.closed, 1);
+    ck_assert_int_eq(zo_store_release(e.st, b, ZO_TIER_HOST, ZO_REL_WRITEBACK), 0);
+    while (!atomic_load(&g.held))
+        nap_ms(1);
+    pthread_t opener;
+    ck_assert_int_eq(pthread_create(&opener, NULL, gate_open_later, &g), 0);
+    int r = zo_store_restore(e.st, e.dir, "rs1");
+    pthread_join(opener, NULL);
+    ck_assert_msg(r == 0, "restore: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    ck_assert_int_eq(zo_store_read(e.st, a, 0, got, n), 0);
+    ck_assert_msg(memcmp(got, va, n) == 0, "a not restored");
+    ck_assert_int_eq(zo_store_read(e.st, b, 0, got, n), 0);
+    ck_assert_msg(memcmp(got, vb, n) == 0, "b not restored");
+    /* a referenced tensor is refused before any is touched */
+    ck_assert_int_eq(zo_store_write(e.st, a, 0, junk, n), 0);
+    acq(e.st, b, ZO_TIER_DEVICE, 0);
+    ck_assert_int_eq(zo_store_restore(e.st, e.dir, "rs1"), -EBUSY);
+    ck_assert_int_eq(zo_store_release(e.st, b, ZO_TIER_DEVICE, 0), 0);
+    ck_assert_int_eq(zo_store_read(e.st, a, 0, got, n), 0);
+    ck_assert_msg(memcmp(got, junk, n) == 0, "a was restored by a refused restore");
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.pool_in_use, 0);
+    zo__aio_set_fault(zo_swap_get_aio(e.swap), NULL, NULL);
+    free(va);
+    free(vb);
+    free(junk);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     zo_log_set_level(ZO_LOG_ERROR);
@@ -1966,6 +2075,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_store_odd_ranges);
     tcase_add_test(tc, test_store_write_slip);
     tcase_add_test(tc, test_store_rw_codes);
+    tcase_add_test(tc, test_store_restore_waits);
     suite_add_tcase(s, tc);
     tc = tcase_create("prefetch");
     tcase_set_timeout(tc, 300);

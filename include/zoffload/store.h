@@ -335,7 +335,10 @@ ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, 
  * Load checkpoint `name` (NULL: latest) of `root` into the registered
  * tensors of the same names (into their home copies; cached copies are
  * dropped). Every tensor of the checkpoint must be registered with the same
- * byte size and dtype, and be unreferenced. Checksums are verified.
+ * byte size and dtype, and be unreferenced and not streamed (checked before
+ * any tensor is written: -EBUSY). Checksums are verified. Blocks, also
+ * while background transfers of the tensors finish and pool slots that
+ * other streams hold come free (do not call it with a stream open).
  * @return 0; -EINVAL (NULL); ZO_ECONFIG (no pool, or the checkpoint's
  *         chunk size does not divide slot_size); -ENOENT (checkpoint or
  *         tensor missing); ZO_EFORMAT (size or dtype mismatch); -EBUSY;

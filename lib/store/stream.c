@@ -564,10 +564,23 @@ ZO_API int zo_store_restore(zo_store *s, const char *root, const char *name)
         ZO_FAIL(&s->err, r, "zo_store_restore: %s", zo_last_error_detail());
         goto out;
     }
+    /* and what the caller holds: refused before any tensor is touched */
+    pthread_mutex_lock(&s->lock);
+    for (unsigned i = 0; i < n && r == 0; i++) {
+        zo_tensor *t = list[i];
+        if (t->streams || s->ckpt_active || t->c[ZO_TIER_DEVICE].refs || t->c[ZO_TIER_HOST].refs)
+            r = ZO_FAIL(&s->err, -EBUSY, "zo_store_restore: '%s' is %s", t->name,
+                        s->ckpt_active ? "in a checkpoint being written" : "referenced or streamed");
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (r < 0)
+        goto out;
     for (unsigned i = 0; i < n && r == 0; i++) {
         zo_store_stream *st;
         pthread_mutex_lock(&s->lock);
-        r = stream_open_locked(s, list[i], ZO_STREAM_WRITE, 2, 0, list[i]->bytes, 0, 0, &st);
+        /* waits for background transfers of it (a write-back, a prefetch)
+         * and for pool slots: they come free by themselves */
+        r = stream_open_locked(s, list[i], ZO_STREAM_WRITE, 2, 0, list[i]->bytes, 1, 0, &st);
         pthread_mutex_unlock(&s->lock);
         if (r < 0)
             break;

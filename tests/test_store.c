@@ -18,6 +18,7 @@
 
 #include "aio/aio_internal.h"
 #include "dev/dev_internal.h"
+#include "store/store_internal.h"
 
 #define KiB 1024ull
 #define MiB (1024ull * 1024)
@@ -29,6 +30,21 @@ typedef struct env {
     zo_store *st;
     zo_store_config cfg;
 } env;
+
+/* pinned memory the process held once the store was created: the store
+ * allocates none after that, whatever it moves */
+static size_t env_pinned;
+
+static size_t pinned_now(void)
+{
+    zo_pinned_stats ps;
+    zo_pinned_stats_get(&ps);
+    return ps.locked_bytes + ps.unlocked_bytes;
+}
+
+/* set: the next env_open() gives the swap store a 4-thread pread/pwrite
+ * engine (a test hook that blocks one I/O leaves the others running) */
+static int env_threads_aio;
 
 static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slot, unsigned slots, size_t chunk,
                      zo_trace_mode trace)
@@ -46,6 +62,13 @@ static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slo
     sc.ndirs = 1;
     sc.chunk_size = chunk;
     sc.arena_size = 16 * MiB;
+    zo_aio_config ac;
+    zo_aio_config_default(&ac);
+    if (env_threads_aio) {
+        ac.backend = ZO_AIO_THREADS;
+        ac.threads = 4;
+        sc.aio_cfg = &ac;
+    }
     ck_assert_int_eq(zo_swap_create(&e->swap, &sc), 0);
     zo_store_config_default(&e->cfg);
     e->cfg.dev = dev_bytes ? e->dev : NULL;
@@ -57,6 +80,7 @@ static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slo
     e->cfg.trace = trace;
     int r = zo_store_create(&e->st, &e->cfg);
     ck_assert_msg(r == 0, "zo_store_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    env_pinned = pinned_now();
 }
 
 static void env_close(env *e)
@@ -114,6 +138,8 @@ static void check_budgets(zo_store *s, const zo_store_config *c)
               st.pool_in_use, st.pool_slots, st.pool_peak);
     ZO_EXPECT(st.pinned_bytes == c->host_bytes + (uint64_t)c->slots * c->slot_size,
               "pinned %llu != host tier + pool", (unsigned long long)st.pinned_bytes);
+    size_t now = pinned_now();
+    ZO_EXPECT(now == env_pinned, "pinned memory in use %zu, %zu after create", now, env_pinned);
 }
 
 /* Every tier pair, exact bytes. */
@@ -1643,6 +1669,379 @@ START_TEST(test_store_dev_copy_error)
 }
 END_TEST
 
+/* zo_store_read/zo_store_write over ranges that are not slot multiples, in
+ * tensors smaller than a slot, a slot plus one and larger than the whole
+ * pool, in every home tier: every write keeps the bytes outside its range
+ * (also those of a dirty cached copy), every read returns exactly the
+ * model's bytes, ranges past the end are refused, and no slot stays taken.
+ * A thread samples all along that the pool's slots in use and the pinned
+ * memory of the process never exceed what the store had at create. */
+typedef struct {
+    zo_store *s;
+    size_t slots, pinned;
+    _Atomic int stop;
+    _Atomic unsigned long samples, bad;
+} pool_sampler;
+
+/* Samples the pool and the process's pinned memory while transfers run. */
+static void *pool_sample(void *arg)
+{
+    pool_sampler *ps = arg;
+    while (!atomic_load(&ps->stop)) {
+        zo_store_stats st;
+        zo_store_get_stats(ps->s, &st);
+        if (st.pool_in_use > ps->slots || st.pool_peak > ps->slots || pinned_now() != ps->pinned)
+            atomic_fetch_add(&ps->bad, 1);
+        atomic_fetch_add(&ps->samples, 1);
+        sched_yield();
+    }
+    return NULL;
+}
+
+START_TEST(test_store_odd_ranges)
+{
+    env e;
+    const size_t slot = 8 * KiB;
+    env_open(&e, 1 * MiB, 1 * MiB, slot, 4, 4 * KiB, ZO_TRACE_OFF);
+    const uint64_t sizes[] = {1, 4095, 4097, slot - 1, slot, slot + 1, 13522, 4 * slot + 4097, 50001};
+    const zo_tier homes[] = {ZO_TIER_NVME, ZO_TIER_HOST, ZO_TIER_DEVICE};
+    zo_test_rng rng = {zo_test_seed() ^ 0x0dd};
+    uint8_t *model = malloc(64 * KiB), *got = malloc(64 * KiB), *buf = malloc(64 * KiB);
+    int id = 0;
+    pool_sampler ps = {.s = e.st, .slots = e.cfg.slots, .pinned = env_pinned};
+    pthread_t sampler;
+    ck_assert_int_eq(pthread_create(&sampler, NULL, pool_sample, &ps), 0);
+    for (size_t h = 0; h < 3; h++)
+        for (size_t z = 0; z < sizeof(sizes) / sizeof(sizes[0]); z++, id++) {
+            const uint64_t n = sizes[z];
+            char nm[32];
+            snprintf(nm, sizeof(nm), "odd%d", id);
+            zo_tensor *t = reg(e.st, nm, n, homes[h]);
+            pattern(model, n, (uint64_t)id, 1);
+            ck_assert_int_eq(zo_store_write(e.st, t, 0, model, n), 0);
+            for (int it = 0; it < 40; it++) {
+                uint64_t off, len;
+                switch (it) {
+                case 0: off = 0, len = 1; break;
+                case 1: off = n - 1, len = 1; break;
+                case 2: off = n / 2, len = n - n / 2; break;
+                case 3: off = 1, len = n - 1; break;
+                case 4: off = 0, len = n - (n > 1); break;
+                case 5: off = ZO_MIN(n, slot - 1), len = ZO_MIN(n - ZO_MIN(n, slot - 1), 2); break;
+                case 6: off = ZO_MIN(n, 13), len = ZO_MIN(n - ZO_MIN(n, 13), 13522); break;
+                default:
+                    off = zo_test_next(&rng) % (n + 1);
+                    len = zo_test_next(&rng) % (n - off + 1);
+                    break;
+                }
+                /* sometimes the current copy is a dirty cached one */
+                if (it % 5 == 4) {
+                    zo_tier x = (zo_tier)(it % 2);
+                    uint8_t *p = acq(e.st, t, x, ZO_ACQ_WRITE);
+                    pattern(model, n, (uint64_t)id, 100 + (uint64_t)it);
+                    tier_put(&e, x, p, model, n);
+                    ck_assert_int_eq(zo_store_release(e.st, t, x, 0), 0);
+                }
+                pattern(buf, len, (uint64_t)id, 1000 + (uint64_t)it);
+                int r = zo_store_write(e.st, t, off, buf, len);
+                ck_assert_msg(r == 0, "%s: write [%llu,+%llu): %s (%s)", nm, (unsigned long long)off,
+                              (unsigned long long)len, zo_strerror(r), zo_last_error_detail());
+                memcpy(model + off, buf, len);
+                memset(got, 0xee, n);
+                ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+                ck_assert_msg(memcmp(got, model, n) == 0, "%s (%llu bytes, home %s): write [%llu,+%llu) differs",
+                              nm, (unsigned long long)n, zo_tier_name(homes[h]), (unsigned long long)off,
+                              (unsigned long long)len);
+                uint64_t ro = zo_test_next(&rng) % (n + 1), rl = zo_test_next(&rng) % (n - ro + 1);
+                memset(got, 0xee, n + 1);
+                ck_assert_int_eq(zo_store_read(e.st, t, ro, got, rl), 0);
+                ck_assert_msg(memcmp(got, model + ro, rl) == 0 && got[rl] == 0xee, "%s: read [%llu,+%llu) differs",
+                              nm, (unsigned long long)ro, (unsigned long long)rl);
+                zo_store_stats st;
+                zo_store_get_stats(e.st, &st);
+                ZO_EXPECT(st.pool_in_use == 0, "%s: %zu slots still taken", nm, st.pool_in_use);
+                check_budgets(e.st, &e.cfg);
+            }
+            /* past the end, and offsets that would wrap */
+            ck_assert_int_eq(zo_store_read(e.st, t, n, got, 1), -EINVAL);
+            ck_assert_int_eq(zo_store_read(e.st, t, n + 1, got, 0), -EINVAL);
+            ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n + 1), -EINVAL);
+            ck_assert_int_eq(zo_store_write(e.st, t, n, buf, 1), -EINVAL);
+            ck_assert_int_eq(zo_store_write(e.st, t, 1, buf, n), -EINVAL);
+            ck_assert_int_eq(zo_store_write(e.st, t, UINT64_MAX, buf, 2), -EINVAL);
+            ck_assert_int_eq(zo_store_read(e.st, t, 2, got, SIZE_MAX), -EINVAL);
+            ck_assert_int_eq(zo_store_read(e.st, t, n, got, 0), 0);
+            ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+            ck_assert(memcmp(got, model, n) == 0);
+            ck_assert_int_eq(zo_store_unregister(e.st, &t), 0);
+        }
+    atomic_store(&ps.stop, 1);
+    pthread_join(sampler, NULL);
+    ck_assert_uint_gt(atomic_load(&ps.samples), 0);
+    ck_assert_msg(atomic_load(&ps.bad) == 0, "%lu of %lu samples over the pool or the pinned memory at create",
+                  atomic_load(&ps.bad), atomic_load(&ps.samples));
+    free(model);
+    free(got);
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
+/* A writer that slips in between zo_store_write's flush and its stream open
+ * (an acquire with WRITE, released dirty) must not lose its bytes outside
+ * the written range: the stream used to open over a stale home copy, copy
+ * the pieces of the range from the newer copy, and drop that copy at close. */
+typedef struct {
+    env *e;
+    uint8_t *tail;
+    uint64_t n;
+    int calls;
+} slip;
+
+static void slip_hook(zo_store *s, zo_tensor *t, void *user)
+{
+    slip *sl = user;
+    if (sl->calls++)
+        return;
+    uint8_t *p = acq(s, t, ZO_TIER_DEVICE, ZO_ACQ_WRITE);
+    tier_put(sl->e, ZO_TIER_DEVICE, p + sl->n - 4096, sl->tail, 4096);
+    ck_assert_int_eq(zo_store_release(s, t, ZO_TIER_DEVICE, 0), 0);
+}
+
+START_TEST(test_store_write_slip)
+{
+    env e;
+    env_open(&e, 1 * MiB, 1 * MiB, 8 * KiB, 4, 4 * KiB, ZO_TRACE_OFF);
+    const uint64_t n = 40 * KiB + 3;
+    zo_tensor *t = reg(e.st, "slip", n, ZO_TIER_NVME);
+    uint8_t *want = malloc(n), *got = malloc(n), head[100];
+    pattern(want, n, 31, 1);
+    ck_assert_int_eq(zo_store_write(e.st, t, 0, want, n), 0);
+    slip sl = {.e = &e, .tail = want + n - 4096, .n = n};
+    pattern(sl.tail, 4096, 31, 2);
+    pattern(head, sizeof(head), 31, 3);
+    zo__store_set_write_hook(e.st, slip_hook, &sl);
+    ck_assert_int_eq(zo_store_write(e.st, t, 5, head, sizeof(head)), 0);
+    zo__store_set_write_hook(e.st, NULL, NULL);
+    ck_assert_int_ge(sl.calls, 1);
+    memcpy(want + 5, head, sizeof(head));
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+    ck_assert_msg(memcmp(got + n - 4096, want + n - 4096, 4096) == 0, "the other writer's bytes were lost");
+    ck_assert_msg(memcmp(got, want, n) == 0, "contents differ");
+    ck_assert_int_eq(zo_store_flush(e.st, NULL), 0);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.pool_in_use, 0);
+    free(want);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
+/* Swap errors under zo_store_read/zo_store_write reach the caller, for
+ * partial ranges too (a read-modify-write stream loads and writes); no slot
+ * stays taken; the pieces the failed range does not touch keep their
+ * contents, and once the fault clears the same calls succeed. */
+START_TEST(test_store_rw_swap_error)
+{
+    env e;
+    env_open(&e, 1 * MiB, 1 * MiB, 8 * KiB, 4, 4 * KiB, ZO_TRACE_OFF);
+    store_fault f;
+    fault_install(&e, &f);
+    const uint64_t n = 6 * 8 * KiB + 13522;
+    zo_tensor *t = reg(e.st, "rw.err", n, ZO_TIER_NVME);
+    uint8_t *want = malloc(n), *got = malloc(n), patch[4097];
+    pattern(want, n, 41, 1);
+    pattern(patch, sizeof(patch), 41, 2);
+    ck_assert_int_eq(zo_store_write(e.st, t, 0, want, n), 0);
+    const uint64_t off = 3 * 8 * KiB - 7; /* touches pieces 2 and 3 */
+    for (int m = F_WRITE_EIO; m <= F_READ_EIO; m++) {
+        atomic_store(&f.mode, m);
+        int werr = m == F_WRITE_ENOSPC ? -ENOSPC : -EIO;
+        ck_assert_int_eq(zo_store_write(e.st, t, off, patch, sizeof(patch)), werr);
+        /* the whole tensor needs no load */
+        ck_assert_int_eq(zo_store_write(e.st, t, 0, want, n), m == F_READ_EIO ? 0 : werr);
+        if (m == F_READ_EIO) {
+            ck_assert_int_eq(zo_store_read(e.st, t, off, got, sizeof(patch)), -EIO);
+            ck_assert_int_eq(zo_store_read(e.st, t, 1, got, 1), -EIO);
+        }
+        zo_store_stats st;
+        zo_store_get_stats(e.st, &st);
+        ck_assert_uint_eq(st.pool_in_use, 0);
+        atomic_store(&f.mode, F_NONE);
+        ck_assert_int_gt(atomic_load(&f.hits), 0);
+        /* the whole tensor written again, then the patch: both land */
+        ck_assert_int_eq(zo_store_write(e.st, t, 0, want, n), 0);
+        ck_assert_int_eq(zo_store_write(e.st, t, off, patch, sizeof(patch)), 0);
+        memcpy(want + off, patch, sizeof(patch));
+        ck_assert_int_eq(zo_store_read(e.st, t, 0, got, n), 0);
+        ck_assert_msg(memcmp(got, want, n) == 0, "mode %d: contents differ after the fault cleared", m);
+    }
+    /* a failed partial write leaves the pieces it does not touch as they were */
+    atomic_store(&f.mode, F_WRITE_EIO);
+    pattern(patch, sizeof(patch), 41, 3);
+    ck_assert_int_eq(zo_store_write(e.st, t, off, patch, sizeof(patch)), -EIO);
+    atomic_store(&f.mode, F_NONE);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, got, 2 * 8 * KiB), 0);
+    ck_assert(memcmp(got, want, 2 * 8 * KiB) == 0);
+    ck_assert_int_eq(zo_store_read(e.st, t, 4 * 8 * KiB, got, n - 4 * 8 * KiB), 0);
+    ck_assert(memcmp(got, want + 4 * 8 * KiB, n - 4 * 8 * KiB) == 0);
+    free(want);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
+/* The error codes store.h documents for reads, writes and streams. */
+START_TEST(test_store_rw_codes)
+{
+    env e;
+    env_open(&e, 1 * MiB, 1 * MiB, 8 * KiB, 3, 4 * KiB, ZO_TRACE_OFF);
+    const uint64_t n = 20 * KiB + 1;
+    zo_tensor *t = reg(e.st, "codes", n, ZO_TIER_NVME);
+    uint8_t *buf = calloc(1, n);
+    /* 3 slots: enough to read through, not to read-modify-write */
+    ck_assert_int_eq(zo_store_read(e.st, t, 1, buf, n - 1), 0);
+    ck_assert_int_eq(zo_store_write(e.st, t, 1, buf, 2), ZO_ECONFIG);
+    ck_assert_int_eq(zo_store_read(NULL, t, 0, buf, 1), -EINVAL);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, NULL, 1), -EINVAL);
+    /* held for writing: reads and writes refuse, they do not wait */
+    acq(e.st, t, ZO_TIER_HOST, ZO_ACQ_WRITE);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, buf, 1), -EBUSY);
+    ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_HOST, 0), 0);
+    acq(e.st, t, ZO_TIER_HOST, 0);
+    ck_assert_int_eq(zo_store_read(e.st, t, 0, buf, 1), 0);
+    ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_HOST, 0), 0);
+    /* streams: arguments, depth against the pool, pieces held */
+    zo_store_stream *st = NULL;
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, 0, 1, &st), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, 4, 1, &st), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, ZO_STREAM_READ, 0, &st), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, ZO_STREAM_READ, 1025, &st), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, ZO_STREAM_READ, 2, &st), -EBUSY); /* 3 slots: one kept */
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, ZO_STREAM_WRITE, 1, &st), -EBUSY);
+    ck_assert_int_eq(zo_store_stream_open(e.st, t, ZO_STREAM_READ, 1, &st), 0);
+    /* a read stream keeps writers out */
+    zo_store_req *q;
+    ck_assert_int_eq(zo_store_acquire(e.st, t, ZO_TIER_HOST, ZO_ACQ_WRITE, &q), -EBUSY);
+    zo_store_piece p, p2;
+    ck_assert_int_eq(zo_store_stream_next(st, &p), 0);
+    ck_assert_uint_eq(p.len, 8 * KiB);
+    ck_assert_int_eq(zo_store_stream_next(st, &p2), ZO_ESTATE);
+    p2 = p;
+    p2.off += 1;
+    ck_assert_int_eq(zo_store_stream_done(st, &p2), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_done(st, NULL), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_next(NULL, &p2), -EINVAL);
+    ck_assert_int_eq(zo_store_stream_done(st, &p), 0);
+    ck_assert_int_eq(zo_store_stream_done(st, &p), -EINVAL); /* not held any more */
+    ck_assert_int_eq(zo_store_stream_close(&st), 0);
+    zo_store_stats ss;
+    zo_store_get_stats(e.st, &ss);
+    ck_assert_uint_eq(ss.pool_in_use, 0);
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
+/* A restore waits for background transfers of its tensors (here a
+ * write-back held in the aio engine) instead of refusing with -EBUSY
+ * halfway, after the tensors before it were already overwritten. */
+typedef struct {
+    _Atomic int closed, held, passed;
+} io_gate;
+
+static void nap_ms(long ms)
+{
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+/* While closed, the first write waits for the gate to open; the others
+ * pass and are counted. */
+static int64_t gate_hook(void *user, const zo__aio_fault_site *s)
+{
+    io_gate *g = user;
+    if (s->op == ZO__OP_WRITE && atomic_load(&g->closed)) {
+        if (atomic_fetch_add(&g->held, 1) != 0) {
+            atomic_fetch_add(&g->passed, 1);
+            return 0;
+        }
+        while (atomic_load(&g->closed))
+            nap_ms(1);
+    }
+    return 0;
+}
+
+/* Opens the gate once the restore has written the first tensor (every
+ * piece of it passed), and a while more: the restore is at the second,
+ * whose write-back the gate holds, by then. */
+static void *gate_open_later(void *arg)
+{
+    io_gate *g = arg;
+    while (atomic_load(&g->passed) < 4)
+        nap_ms(1);
+    nap_ms(100);
+    atomic_store(&g->closed, 0);
+    return NULL;
+}
+
+START_TEST(test_store_restore_waits)
+{
+    env e;
+    env_threads_aio = 1;
+    env_open(&e, 1 * MiB, 1 * MiB, 64 * KiB, 8, 64 * KiB, ZO_TRACE_OFF);
+    env_threads_aio = 0;
+    io_gate g;
+    atomic_init(&g.closed, 0);
+    atomic_init(&g.held, 0);
+    atomic_init(&g.passed, 0);
+    zo__aio_set_fault(zo_swap_get_aio(e.swap), gate_hook, &g);
+    const uint64_t n = 200 * KiB + 5;
+    zo_tensor *a = reg(e.st, "rs.a", n, ZO_TIER_NVME), *b = reg(e.st, "rs.b", n, ZO_TIER_NVME);
+    uint8_t *va = malloc(n), *vb = malloc(n), *junk = malloc(n), *got = malloc(n);
+    pattern(va, n, 51, 1);
+    pattern(vb, n, 52, 1);
+    pattern(junk, n, 53, 1);
+    ck_assert_int_eq(zo_store_write(e.st, a, 0, va, n), 0);
+    ck_assert_int_eq(zo_store_write(e.st, b, 0, vb, n), 0);
+    zo_tensor *both[] = {a, b};
+    ck_assert_int_eq(zo_store_checkpoint(e.st, e.dir, "rs1", both, 2, 0, NULL), 0);
+    ck_assert_int_eq(zo_store_write(e.st, a, 0, junk, n), 0);
+    /* b: a dirty host copy whose write-back is held in the engine */
+    memcpy(acq(e.st, b, ZO_TIER_HOST, ZO_ACQ_WRITE), junk, n);
+    atomic_store(&g.closed, 1);
+    ck_assert_int_eq(zo_store_release(e.st, b, ZO_TIER_HOST, ZO_REL_WRITEBACK), 0);
+    while (!atomic_load(&g.held))
+        nap_ms(1);
+    pthread_t opener;
+    ck_assert_int_eq(pthread_create(&opener, NULL, gate_open_later, &g), 0);
+    int r = zo_store_restore(e.st, e.dir, "rs1");
+    pthread_join(opener, NULL);
+    ck_assert_msg(r == 0, "restore: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    ck_assert_int_eq(zo_store_read(e.st, a, 0, got, n), 0);
+    ck_assert_msg(memcmp(got, va, n) == 0, "a not restored");
+    ck_assert_int_eq(zo_store_read(e.st, b, 0, got, n), 0);
+    ck_assert_msg(memcmp(got, vb, n) == 0, "b not restored");
+    /* a referenced tensor is refused before any is touched */
+    ck_assert_int_eq(zo_store_write(e.st, a, 0, junk, n), 0);
+    acq(e.st, b, ZO_TIER_DEVICE, 0);
+    ck_assert_int_eq(zo_store_restore(e.st, e.dir, "rs1"), -EBUSY);
+    ck_assert_int_eq(zo_store_release(e.st, b, ZO_TIER_DEVICE, 0), 0);
+    ck_assert_int_eq(zo_store_read(e.st, a, 0, got, n), 0);
+    ck_assert_msg(memcmp(got, junk, n) == 0, "a was restored by a refused restore");
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.pool_in_use, 0);
+    zo__aio_set_fault(zo_swap_get_aio(e.swap), NULL, NULL);
+    free(va);
+    free(vb);
+    free(junk);
+    free(got);
+    env_close(&e);
+}
+END_TEST
+
 int main(int argc, char **argv)
 {
     zo_log_set_level(ZO_LOG_ERROR);
@@ -1673,6 +2072,10 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_store_register_race);
     tcase_add_test(tc, test_store_unregister_busy);
     tcase_add_test(tc, test_store_stress);
+    tcase_add_test(tc, test_store_odd_ranges);
+    tcase_add_test(tc, test_store_write_slip);
+    tcase_add_test(tc, test_store_rw_codes);
+    tcase_add_test(tc, test_store_restore_waits);
     suite_add_tcase(s, tc);
     tc = tcase_create("prefetch");
     tcase_set_timeout(tc, 300);
@@ -1685,6 +2088,7 @@ int main(int argc, char **argv)
     tcase_add_loop_test(tc, test_store_writeback_error, 0, 4);
     tcase_add_test(tc, test_store_swapin_error);
     tcase_add_test(tc, test_store_dev_copy_error);
+    tcase_add_test(tc, test_store_rw_swap_error);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

@@ -92,7 +92,8 @@ ZO_API const char *zo_file_path(const zo_file *f);
 ZO_API int zo_file_allocate(zo_file *f, uint64_t offset, uint64_t len);
 /** Set the file size (ftruncate). @return 0, -EINVAL, -EBADF, -errno. */
 ZO_API int zo_file_truncate(zo_file *f, uint64_t size);
-/** Flush data (direct and buffered parts) to stable storage (fdatasync). */
+/** Flush data (direct and buffered parts) to stable storage (fdatasync).
+ *  @return 0, -EINVAL (NULL), -errno of fdatasync. */
 ZO_API int zo_file_sync(zo_file *f);
 
 /* ---- engine ----------------------------------------------------------------- */
@@ -186,14 +187,16 @@ ZO_API int zo_aio_get_info(const zo_aio *a, zo_aio_info *info);
  * is 1 when every ring registered the region. The thread backend records
  * regions but has nothing to register (*registered = 0, no warning).
  * The memory must stay mapped until zo_aio_unregister_region().
- * @return 0, -EINVAL (NULL, n 0), -EEXIST (overlaps a region), -ENOSPC
- *         (too many regions or buffer slots). Blocks until every ring has
- *         answered.
+ * @return 0, -EINVAL (NULL, n 0, wraps), -EEXIST (overlaps a region),
+ *         -ENOSPC (too many regions or buffer slots), ZO_ESTATE (called
+ *         from a completion callback), -ENOMEM. Blocks until every ring
+ *         has answered.
  */
 ZO_API int zo_aio_register_region(zo_aio *a, void *p, size_t n, int *registered);
 /** Forget the region that starts at p. Waits until every request using it
  *  has completed (when it returns, zo_aio_test() of those reports done).
- *  @return 0, -EINVAL, -ENOENT if no region starts at p. */
+ *  @return 0, -EINVAL, -ENOENT if no region starts at p, ZO_ESTATE (called
+ *  from a completion callback). */
 ZO_API int zo_aio_unregister_region(zo_aio *a, void *p);
 
 /** Completion callback: runs on an engine thread; result is the byte count
@@ -247,8 +250,8 @@ ZO_API int zo_aio_cancel(zo_aio *a, zo_aio_req *r);
  * Wait until no request is in flight (everything submitted so far, and
  * anything submitted meanwhile, has completed). Returns 0, or the first
  * error of a fire-and-forget request since the last call (the detail names
- * file, offset and length; later errors are counted in stats.errors).
- * Must not be called from a callback.
+ * file, offset and length; later errors are counted in stats.errors);
+ * -EINVAL (NULL). Must not be called from a callback (ZO_ESTATE).
  */
 ZO_API int zo_aio_wait_all(zo_aio *a);
 

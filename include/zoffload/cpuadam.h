@@ -165,8 +165,9 @@ typedef struct zo_grad_stats {
  * @param hp        hyperparameters and step number (see ::zo_optim_hparams)
  * @param t         the slice (see ::zo_cpuadam_tensors)
  * @param nthreads  threads to use, >= 1 (fewer are used for small slices)
- * @return 0; -EINVAL (NULL hp/t/param/grad/needed state, n = 0, nthreads
- *         < 1, struct_size too small, misaligned or overlapping buffers);
+ * @return 0; -EINVAL (NULL hp/t/param/grad/needed state, n = 0 or
+ *         > SIZE_MAX / 8, nthreads < 1 or > 1024, struct_size not that of
+ *         zo_cpuadam_tensors_default(), misaligned or overlapping buffers);
  *         ZO_ECONFIG (a hyperparameter out of range: the detail names it);
  *         ZO_ENOTSUP (unsupported dtype combination).
  * Thread-safe; blocks until the slice is done.
@@ -203,7 +204,7 @@ ZO_API int zo_cpuadam_rollback(const zo_optim_hparams *hp, const zo_cpuadam_tens
  * Sum the `sumsq` of all slices, then norm = sqrt(sum) * grad_scale.
  * Squares are exact in double and summed in double lanes; the result is
  * deterministic for a given n, thread count and variant.
- * @return 0; -EINVAL (NULL, n = 0, nthreads < 1, misaligned); ZO_ENOTSUP (type);
+ * @return 0; -EINVAL (NULL, n = 0, nthreads < 1 or > 1024, misaligned); ZO_ENOTSUP (type);
  *         -ENOMEM (more than 8 threads and no memory for their partial sums).
  * Thread-safe; blocks.
  */
@@ -216,7 +217,8 @@ ZO_API int zo_cpuadam_grad_stats(const void *grad, zo_dtype type, size_t n, int 
  * 28 bytes per element, the traffic of an fp32 AdamW step) with the same
  * threading and tiling as the optimizer kernels. zo-adam-bench runs it on
  * the optimizer's own arrays to measure the bound the step is held to.
- * @return 0, -EINVAL (NULL, n = 0, nthreads < 1, misaligned, overlap).
+ * @return 0, -EINVAL (NULL, n = 0 or > SIZE_MAX / 8, nthreads < 1 or > 1024,
+ *         misaligned, overlap).
  */
 ZO_API int zo_cpuadam_stream_bound(float *a, float *b, float *c, const float *d, float alpha,
                                    size_t n, int nthreads);
@@ -275,6 +277,9 @@ ZO_API int zo_cpuadam_team_create(zo_cpuadam_team **out, const zo_cpuadam_team_c
 /** Destroy; NULL (or *team NULL) is fine; clears *team. Not while calls on it run. */
 ZO_API void zo_cpuadam_team_destroy(zo_cpuadam_team **team);
 
+/* The team calls return as the plain ones, plus -EINVAL (team NULL) and,
+ * for a team created with pin, the error of zo_topo_bind_omp() when the
+ * calling thread's OpenMP team cannot be pinned. */
 /** zo_cpuadam_step() with the team's threads, pinning and variant. */
 ZO_API int zo_cpuadam_team_step(zo_cpuadam_team *team, const zo_optim_hparams *hp,
                                 const zo_cpuadam_tensors *t);
@@ -290,7 +295,7 @@ ZO_API int zo_cpuadam_team_stream_bound(zo_cpuadam_team *team, float *a, float *
 
 /** The variant the team's calls use now (its pinned one, or the current auto choice). */
 ZO_API const char *zo_cpuadam_team_variant(const zo_cpuadam_team *team);
-/** The team's thread count. */
+/** The team's thread count; -EINVAL (NULL). */
 ZO_API int zo_cpuadam_team_threads(const zo_cpuadam_team *team);
 /** The team's last failure detail ("" if none). Last writer wins across threads. */
 ZO_API const char *zo_cpuadam_team_errmsg(const zo_cpuadam_team *team);

@@ -102,11 +102,15 @@ ZO_API void zo_store_config_default(zo_store_config *cfg);
  * Create a store: allocates the device and host tier arenas and the slot
  * pool, registers pinned memory with the swap store's aio engine and the
  * device, starts the mover thread.
- * @return 0; -EINVAL (out NULL); ZO_ECONFIG (device_bytes without dev,
- *         slot_size not a multiple of the swap chunk size, no tier at all,
- *         NVMe without slots...: detail names the field); -ENOMEM
- *         (pinned or device memory could not be had); ZO_ECUDA; -EAGAIN
- *         (thread). Blocks (allocates and pins memory).
+ * @return 0; -EINVAL (out NULL; numa_node names no node); ZO_ECONFIG
+ *         (device_bytes without dev, slot_size not a multiple of the swap
+ *         chunk size, no tier at all, NVMe without slots...: detail names
+ *         the field); -ENOMEM (pinned or device memory could not be had);
+ *         ZO_ECUDA; with ZO_PIN_REQUIRE in pin_flags, ZO_EBUDGET or the
+ *         mlock/registration error of zo_pinned_alloc(); an error of
+ *         zo_aio_register_region() (pinned memory registered with the swap
+ *         store's engine); -EAGAIN (thread). Blocks (allocates and pins
+ *         memory).
  */
 ZO_API int zo_store_create(zo_store **out, const zo_store_config *cfg);
 
@@ -153,7 +157,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *d, zo_tensor **o
  */
 ZO_API int zo_store_unregister(zo_store *s, zo_tensor **t);
 
-/** Find a tensor by name. -ENOENT if none. */
+/** Find a tensor by name. @return 0; -ENOENT if none; -EINVAL (NULL). */
 ZO_API int zo_store_find(zo_store *s, const char *name, zo_tensor **out);
 
 typedef enum zo_copy_state {
@@ -174,6 +178,7 @@ typedef struct zo_tensor_info {
     int dirty[ZO_TIER_COUNT];           /**< copy newer than the home copy */
 } zo_tensor_info;
 
+/** Snapshot of t's state. @return 0; -EINVAL (NULL). */
 ZO_API int zo_store_tensor_info(zo_store *s, const zo_tensor *t, zo_tensor_info *info);
 
 /* ---- acquire / release ---------------------------------------------------------- */
@@ -202,7 +207,8 @@ ZO_API int zo_store_acquire(zo_store *s, zo_tensor *t, zo_tier tier, unsigned fl
  * Block until the request completes and release it. On success *ptr (may
  * be NULL) is the copy's address (device pointer for the device tier).
  * Time blocked is counted as stall time. On failure no reference is held.
- * @return 0, or the transfer's error (ZO_ECORRUPT, -EIO, ZO_EBUDGET...).
+ * @return 0, or the transfer's error (ZO_ECORRUPT, -EIO, ZO_EBUDGET...);
+ *         -EINVAL (s or r NULL).
  */
 ZO_API int zo_store_wait(zo_store *s, zo_store_req *r, void **ptr);
 /** -EBUSY if r is not complete (r stays valid); else as zo_store_wait(). */
@@ -230,7 +236,7 @@ ZO_API int zo_store_prefetch(zo_store *s, zo_tensor *t, zo_tier tier);
 /**
  * Write modified copies back to their home tier (t NULL: every tensor) and
  * wait. Copies stay resident and clean.
- * @return 0 or the first write-back error. Blocks.
+ * @return 0 or the first write-back error; -EINVAL (s NULL). Blocks.
  */
 ZO_API int zo_store_flush(zo_store *s, zo_tensor *t);
 
@@ -242,7 +248,8 @@ ZO_API int zo_store_flush(zo_store *s, zo_tensor *t);
  * @return 0, -EINVAL.
  */
 ZO_API int zo_store_step(zo_store *s);
-/** Forget the trace and start recording again (also switches mode). */
+/** Forget the trace and start recording again (also switches mode).
+ *  @return 0; -EINVAL (s NULL, unknown mode). */
 ZO_API int zo_store_set_trace(zo_store *s, zo_trace_mode mode);
 
 /* ---- streams ------------------------------------------------------------------------ */
@@ -263,19 +270,26 @@ typedef struct zo_store_piece {
  * READ loads from the freshest copy wherever it is; WRITE writes each piece
  * to the home copy and drops cached copies (they would be stale); WRITE
  * without READ hands out pieces with undefined contents, to be filled.
- * @return 0; -EINVAL (mode 0, depth 0); ZO_ECONFIG (no pool); -EBUSY (not
- *         enough unreserved slots; or t referenced / held for writing when
- *         WRITE); -ENOMEM. Does not block.
+ * @return 0; -EINVAL (NULL, mode 0 or unknown bits, depth 0 or > 1024);
+ *         ZO_ECONFIG (no pool); -EBUSY (depth needs more slots than the
+ *         pool has less one; not enough unreserved slots; t held for
+ *         writing, a write stream open on it, or being unregistered; and
+ *         with WRITE: t referenced, streamed, transfers of it in flight, or
+ *         a checkpoint being written); -ENOMEM. Does not block.
  */
 ZO_API int zo_store_stream_open(zo_store *s, zo_tensor *t, unsigned mode, unsigned depth, zo_store_stream **out);
 /**
  * Next piece, in order; blocks until it is loaded (stall time counted).
  * At the end p->len is 0.
- * @return 0; a load error (ZO_ECORRUPT...); ZO_ESTATE (more pieces held
- *         than depth: call zo_store_stream_done() first).
+ * @return 0; the stream's first transfer error, a load's or a
+ *         write-behind's (ZO_ECORRUPT, -EIO...); ZO_ESTATE (more pieces held
+ *         than depth: call zo_store_stream_done() first); -EINVAL (NULL).
  */
 ZO_API int zo_store_stream_next(zo_store_stream *st, zo_store_piece *p);
-/** Done with a piece: WRITE queues its write-back; the slot is reused after. */
+/** Done with a piece: WRITE queues its write-back; the slot is reused after.
+ *  Errors of the write-back surface in zo_store_stream_next() and _close().
+ *  @return 0; -EINVAL (NULL, or p is not a piece this stream handed out
+ *  and still holds). */
 ZO_API int zo_store_stream_done(zo_store_stream *st, const zo_store_piece *p);
 /** Wait for write-behind, release the slots, free. Returns the first error
  *  of the stream's transfers. NULL ok; clears *st. */
@@ -285,13 +299,22 @@ ZO_API int zo_store_stream_close(zo_store_stream **st);
 /**
  * Copy len bytes at offset off of t's current contents (wherever they are)
  * into dst, through the pool. Blocks. off and len need no alignment.
- * @return 0, -EINVAL (range), transfer errors.
+ * @return 0; -EINVAL (NULL, or [off, off + len) not inside t); ZO_ECONFIG
+ *         (fewer than 3 pool slots: none to stream through); -EBUSY (t held
+ *         for writing, written by a write stream or zo_store_write(), or
+ *         being unregistered: the call does not wait for those); -ENOMEM;
+ *         transfer errors (ZO_ECORRUPT, -EIO...).
  */
 ZO_API int zo_store_read(zo_store *s, zo_tensor *t, uint64_t off, void *dst, size_t len);
 /**
  * Write len bytes from src at offset off of t (into its home copy; cached
  * copies are dropped). Unaligned ranges read-modify-write the pieces they
- * touch. Blocks. @return as zo_store_read(); -EBUSY (t referenced).
+ * touch. Blocks. The bytes outside the range keep their contents, even
+ * when another thread writes the tensor in the meantime; on an error the
+ * pieces the range touches are undefined.
+ * @return as zo_store_read() (ZO_ECONFIG below 4 slots); -EBUSY also when
+ *         t is referenced, streamed (zo_store_read() too) or a checkpoint
+ *         is being written; write-back errors of the flush that comes first.
  */
 ZO_API int zo_store_write(zo_store *s, zo_tensor *t, uint64_t off, const void *src, size_t len);
 
@@ -301,8 +324,9 @@ ZO_API int zo_store_write(zo_store *s, zo_tensor *t, uint64_t off, const void *s
  * through the pool (see zo_ckpt_begin() for the format and guarantees).
  * Writers are kept out while it runs (acquire with ZO_ACQ_WRITE returns
  * -EBUSY). keep_last as zo_ckpt_options. user_json may be NULL.
- * @return 0; -EBUSY (a tensor is held for writing); errors of the
- *         checkpoint writer and of the transfers.
+ * @return 0; -EINVAL (NULL); ZO_ECONFIG (no pool); -EBUSY (a tensor is
+ *         held for writing, or another checkpoint is being written);
+ *         -ENOMEM; errors of the checkpoint writer and of the transfers.
  */
 ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, zo_tensor *const *ts, unsigned n,
                                unsigned keep_last, const char *user_json);
@@ -311,9 +335,15 @@ ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, 
  * Load checkpoint `name` (NULL: latest) of `root` into the registered
  * tensors of the same names (into their home copies; cached copies are
  * dropped). Every tensor of the checkpoint must be registered with the same
- * byte size and dtype, and be unreferenced. Checksums are verified.
- * @return 0; -ENOENT (checkpoint or tensor missing); ZO_EFORMAT (size or
- *         dtype mismatch); -EBUSY; ZO_ECORRUPT; errors of zo_ckpt_open().
+ * byte size and dtype, and be unreferenced and not streamed (checked before
+ * any tensor is written: -EBUSY). Checksums are verified. Blocks, also
+ * while background transfers of the tensors finish and pool slots that
+ * other streams hold come free (do not call it with a stream open).
+ * @return 0; -EINVAL (NULL); ZO_ECONFIG (no pool, or the checkpoint's
+ *         chunk size does not divide slot_size); -ENOENT (checkpoint or
+ *         tensor missing); ZO_EFORMAT (size or dtype mismatch); -EBUSY;
+ *         ZO_ECORRUPT; -ENOMEM; errors of zo_ckpt_open(), zo_ckpt_read()
+ *         and of the transfers.
  */
 ZO_API int zo_store_restore(zo_store *s, const char *root, const char *name);
 

@@ -152,7 +152,8 @@ ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_i
 
 /**
  * Give an allocation's space back (reused by later allocations).
- * @return 0; -ENOENT (unknown or freed handle); -EBUSY (I/O in flight on it).
+ * @return 0; -ENOENT (unknown or freed handle); -EBUSY (I/O in flight on it);
+ *         -EINVAL (s NULL).
  */
 ZO_API int zo_swap_free(zo_swap *s, zo_swap_id id);
 
@@ -197,21 +198,23 @@ ZO_API int zo_swap_read(zo_swap *s, zo_swap_id id, uint64_t off, void *buf, size
                         zo_swap_io **out);
 
 /** Block until io completes; releases it. Returns 0 or its error (detail in
- *  zo_last_error_detail()). Only one thread may wait for a given io. */
+ *  zo_last_error_detail()); -EINVAL (s or io NULL). Only one thread may
+ *  wait for a given io. */
 ZO_API int zo_swap_wait(zo_swap *s, zo_swap_io *io);
 /** -EBUSY if io is in flight (io stays valid); else as zo_swap_wait(). */
 ZO_API int zo_swap_test(zo_swap *s, zo_swap_io *io);
 /** Wait until no I/O of the store is in flight. Returns 0, or the first
- *  error of an io nobody waited for (since the last call). */
+ *  error of an io nobody waited for (since the last call); -EINVAL (NULL). */
 ZO_API int zo_swap_wait_all(zo_swap *s);
 
 /**
  * Register [p, p+n) with the store's aio engine (fixed-buffer I/O), e.g. a
  * pinned buffer pool. *registered (may be NULL) as zo_aio_register_region().
- * @return 0 or the zo_aio_register_region() error.
+ * @return 0 or the zo_aio_register_region() error; -EINVAL (s NULL).
  */
 ZO_API int zo_swap_register_memory(zo_swap *s, void *p, size_t n, int *registered);
-/** Undo zo_swap_register_memory(p). -ENOENT if unknown. */
+/** Undo zo_swap_register_memory(p). @return 0; -ENOENT if unknown; -EINVAL
+ *  (s NULL). */
 ZO_API int zo_swap_unregister_memory(zo_swap *s, void *p);
 
 typedef struct zo_swap_info {
@@ -223,6 +226,7 @@ typedef struct zo_swap_info {
     char fallback[128];      /**< why O_DIRECT is not used ("" if it is) */
 } zo_swap_info;
 
+/** Fill *info. @return 0; -EINVAL (NULL). */
 ZO_API int zo_swap_get_info(const zo_swap *s, zo_swap_info *info);
 
 typedef struct zo_swap_stats {
@@ -281,7 +285,9 @@ ZO_API void zo_ckpt_options_default(zo_ckpt_options *o);
  * mode 0700). Leftover temporary directories of dead writers are removed.
  * Tensors are then declared with zo_ckpt_add() and their data given with
  * zo_ckpt_put(); zo_ckpt_commit() makes it durable and current.
- * @return 0; -EINVAL; -EEXIST (a checkpoint of that name exists); -EBUSY
+ * @return 0; -EINVAL; ZO_ECONFIG (opts: struct_size not set by
+ *         zo_ckpt_options_default(), chunk_size not a power of two in
+ *         [4096, 1 GiB]); -EEXIST (a checkpoint of that name exists); -EBUSY
  *         (another writer of this process is writing that name); ZO_ENOTSUP
  *         (built without libcjson); ZO_EFORMAT (user_json not valid JSON);
  *         -errno of mkdir/open; -ENOMEM. Blocks.
@@ -312,7 +318,8 @@ ZO_API int zo_ckpt_put(zo_ckpt_writer *w, unsigned index, uint64_t off, const vo
  * fsync the data, write and fsync the manifest, fsync the directory, rename
  * it into place, fsync the root, replace `latest` atomically, then prune
  * (keep_last). The writer is freed in every case; *w is cleared.
- * @return 0; ZO_ESTATE (a tensor incomplete: nothing is published); I/O
+ * @return 0; -EINVAL (NULL); ZO_ESTATE (a tensor incomplete, or an
+ *         earlier zo_ckpt_put() failed: nothing is published); -ENOMEM; I/O
  *         errors (nothing is published unless the error is in pruning,
  *         which is only logged).
  */
@@ -354,7 +361,7 @@ ZO_API void zo_ckpt_close(zo_ckpt_reader **r);
 ZO_API unsigned zo_ckpt_count(const zo_ckpt_reader *r);
 /** Describe tensor i (name valid until close). -EINVAL if out of range. */
 ZO_API int zo_ckpt_get_entry(const zo_ckpt_reader *r, unsigned i, zo_ckpt_entry *e);
-/** Index of the tensor called name. -ENOENT if absent. */
+/** Index of the tensor called name. -ENOENT if absent; -EINVAL (NULL). */
 ZO_API int zo_ckpt_find(const zo_ckpt_reader *r, const char *name, unsigned *index);
 /** The checkpoint's name, library version string and user JSON ("" if none). */
 ZO_API const char *zo_ckpt_name(const zo_ckpt_reader *r);
@@ -370,7 +377,8 @@ ZO_API size_t zo_ckpt_chunk_size(const zo_ckpt_reader *r);
  */
 ZO_API int zo_ckpt_read(zo_ckpt_reader *r, unsigned i, uint64_t off, void *buf, size_t len);
 
-/** Read and verify every chunk of every tensor. @return 0 or as zo_ckpt_read(). */
+/** Read and verify every chunk of every tensor. @return 0, as zo_ckpt_read(),
+ *  or -ENOMEM (its read buffer). */
 ZO_API int zo_ckpt_verify(zo_ckpt_reader *r);
 /**@}*/
 

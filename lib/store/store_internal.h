@@ -217,6 +217,10 @@ struct zo_store {
     size_t ntensors;
     uint64_t tick;
     int ckpt_active;
+    /* tests: called by zo_store_write between its flush and its stream
+     * open, without the lock (the window another writer can land in) */
+    void (*write_hook)(zo_store *s, zo_tensor *t, void *user);
+    void *write_hook_user;
 
     /* trace */
     zo_trace_mode trace_mode;
@@ -279,5 +283,7 @@ void zo__trace_free(zo_store *s);
 /* stream.c */
 void zo__stream_piece_done(zo_store *s, zo__job *j);
 void zo__streams_pump(zo_store *s);
+/* tests: see zo_store.write_hook (NULL: none) */
+void zo__store_set_write_hook(zo_store *s, void (*fn)(zo_store *s, zo_tensor *t, void *user), void *user);
 
 #endif /* ZO_STORE_INTERNAL_H */

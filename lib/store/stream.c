@@ -100,9 +100,12 @@ void zo__stream_piece_done(zo_store *s, zo__job *j)
 }
 
 /* Open a stream over [r0, r1) (piece aligned). Lock held. wait: block until
- * slots and the tensor are free instead of returning -EBUSY. */
+ * slots and the tensor are free instead of returning -EBUSY. need_home: the
+ * home copy must be current once nothing is in flight (a write of part of
+ * the tensor keeps the rest from there); -EAGAIN, no error recorded, if a
+ * newer copy appeared since the caller's flush. */
 static int stream_open_locked(zo_store *s, zo_tensor *t, unsigned mode, unsigned depth, uint64_t r0, uint64_t r1,
-                              int wait, zo_store_stream **out)
+                              int wait, int need_home, zo_store_stream **out)
 {
     unsigned quota = depth + 1 + ((mode & ZO_STREAM_WRITE) ? 1 : 0);
     if (!s->nslots)
@@ -140,6 +143,8 @@ static int stream_open_locked(zo_store *s, zo_tensor *t, unsigned mode, unsigned
                            busy ? busy : "transfers of it are in flight");
         pthread_cond_wait(&s->cond, &s->lock);
     }
+    if (need_home && !zo__store_current(t, t->home))
+        return -EAGAIN;
     zo_store_stream *st = calloc(1, sizeof(*st));
     if (!st || !(st->ring = calloc(quota, sizeof(*st->ring)))) {
         free(st);
@@ -181,7 +186,7 @@ ZO_API int zo_store_stream_open(zo_store *s, zo_tensor *t, unsigned mode, unsign
     if (!mode || (mode & ~(ZO_STREAM_READ | ZO_STREAM_WRITE)) || depth == 0 || depth > 1024)
         return ZO_FAIL(&s->err, -EINVAL, "zo_store_stream_open: mode 0x%x / depth %u invalid", mode, depth);
     pthread_mutex_lock(&s->lock);
-    int r = stream_open_locked(s, t, mode, depth, 0, t->bytes, 0, out);
+    int r = stream_open_locked(s, t, mode, depth, 0, t->bytes, 0, 0, out);
     pthread_mutex_unlock(&s->lock);
     return r;
 }
@@ -352,17 +357,29 @@ static int copy_range(zo_store *s, zo_tensor *t, uint64_t off, void *dst, const 
     unsigned depth = room >= 2 ? 2u : room == 1 ? 1u : 0u;
     if (depth == 0)
         return ZO_FAIL(&s->err, ZO_ECONFIG, "store: the pool has too few slots (%u) to stream", s->nslots);
+    /* a write of part of the tensor keeps the rest: the home copy must be
+     * current when the stream opens. Flushed first; a writer that slipped
+     * in between (an acquire with WRITE, released dirty) makes the open
+     * refuse, and the flush runs again. Once open, the write stream keeps
+     * every acquire out. */
+    int need_home = writing && (off != 0 || len != t->bytes);
     zo_store_stream *st;
-    pthread_mutex_lock(&s->lock);
     int r;
-    if (writing && t->c[ZO_TIER_DEVICE].refs + t->c[ZO_TIER_HOST].refs) {
-        r = ZO_FAIL(&s->err, -EBUSY, "zo_store_write: '%s' is referenced", t->name);
-    } else {
-        r = stream_open_locked(s, t, mode, depth, r0, r1, 1, &st);
-        if (r == 0)
-            st->internal = 1;
-    }
-    pthread_mutex_unlock(&s->lock);
+    do {
+        if (writing && (r = zo_store_flush(s, t)) < 0)
+            return r;
+        if (writing && s->write_hook)
+            s->write_hook(s, t, s->write_hook_user);
+        pthread_mutex_lock(&s->lock);
+        if (writing && t->c[ZO_TIER_DEVICE].refs + t->c[ZO_TIER_HOST].refs) {
+            r = ZO_FAIL(&s->err, -EBUSY, "zo_store_write: '%s' is referenced", t->name);
+        } else {
+            r = stream_open_locked(s, t, mode, depth, r0, r1, 1, need_home, &st);
+            if (r == 0)
+                st->internal = 1;
+        }
+        pthread_mutex_unlock(&s->lock);
+    } while (r == -EAGAIN);
     if (r < 0)
         return r;
     zo_store_piece p;
@@ -392,11 +409,15 @@ ZO_API int zo_store_write(zo_store *s, zo_tensor *t, uint64_t off, const void *s
     int r = range_check(s, t, off, src, len, "zo_store_write");
     if (r < 0 || len == 0)
         return r;
-    /* a partial rewrite keeps the rest of the tensor: the home copy must be
-     * current first */
-    if ((r = zo_store_flush(s, t)) < 0)
-        return r;
     return copy_range(s, t, off, NULL, src, len);
+}
+
+void zo__store_set_write_hook(zo_store *s, void (*fn)(zo_store *s, zo_tensor *t, void *user), void *user)
+{
+    pthread_mutex_lock(&s->lock);
+    s->write_hook = fn;
+    s->write_hook_user = user;
+    pthread_mutex_unlock(&s->lock);
 }
 
 /* ---- checkpoints ------------------------------------------------------------------------ */
@@ -469,7 +490,7 @@ ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, 
     for (unsigned i = 0; i < cnt && r == 0; i++) {
         zo_store_stream *st;
         pthread_mutex_lock(&s->lock);
-        r = stream_open_locked(s, list[i], ZO_STREAM_READ, 2, 0, list[i]->bytes, 1, &st);
+        r = stream_open_locked(s, list[i], ZO_STREAM_READ, 2, 0, list[i]->bytes, 1, 0, &st);
         pthread_mutex_unlock(&s->lock);
         if (r < 0)
             break;
@@ -543,10 +564,23 @@ ZO_API int zo_store_restore(zo_store *s, const char *root, const char *name)
         ZO_FAIL(&s->err, r, "zo_store_restore: %s", zo_last_error_detail());
         goto out;
     }
+    /* and what the caller holds: refused before any tensor is touched */
+    pthread_mutex_lock(&s->lock);
+    for (unsigned i = 0; i < n && r == 0; i++) {
+        zo_tensor *t = list[i];
+        if (t->streams || s->ckpt_active || t->c[ZO_TIER_DEVICE].refs || t->c[ZO_TIER_HOST].refs)
+            r = ZO_FAIL(&s->err, -EBUSY, "zo_store_restore: '%s' is %s", t->name,
+                        s->ckpt_active ? "in a checkpoint being written" : "referenced or streamed");
+    }
+    pthread_mutex_unlock(&s->lock);
+    if (r < 0)
+        goto out;
     for (unsigned i = 0; i < n && r == 0; i++) {
         zo_store_stream *st;
         pthread_mutex_lock(&s->lock);
-        r = stream_open_locked(s, list[i], ZO_STREAM_WRITE, 2, 0, list[i]->bytes, 0, &st);
+        /* waits for background transfers of it (a write-back, a prefetch)
+         * and for pool slots: they come free by themselves */
+        r = stream_open_locked(s, list[i], ZO_STREAM_WRITE, 2, 0, list[i]->bytes, 1, 0, &st);
         pthread_mutex_unlock(&s->lock);
         if (r < 0)
             break;

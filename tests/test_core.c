@@ -7,13 +7,110 @@
 #include "zo_test.h"
 
 #include "core/internal.h"
+#include "core/list.h"
 #include "core/vec_ref.h"
 
 #include <zoffload/zoffload.h>
 
 /* ---- errors ---------------------------------------------------------------- */
+/* The shared intrusive list and queue: order, O(1) unlink from the middle,
+ * self-linked after delete, splice keeps order and counts. */
+typedef struct item {
+    int v;
+    zo_list link;
+    zo_qnode q;
+} item;
+
+START_TEST(test_list_and_queue)
+{
+    item it[6];
+    zo_list head = ZO_LIST_INIT(head);
+    ck_assert(zo_list_empty(&head));
+    ck_assert_ptr_null(zo_list_first(&head));
+    for (int i = 0; i < 6; i++) {
+        it[i].v = i;
+        zo_list_init(&it[i].link);
+        ck_assert(!zo_list_linked(&it[i].link));
+        zo_list_add_tail(&head, &it[i].link);
+    }
+    zo_list_del(&it[2].link);
+    zo_list_del(&it[2].link); /* second delete of an unlinked node: harmless */
+    ck_assert(!zo_list_linked(&it[2].link));
+    zo_list_move_tail(&head, &it[0].link); /* LRU touch */
+    zo_list_add_head(&head, &it[2].link);
+    const int want[] = {2, 1, 3, 4, 5, 0};
+    int k = 0;
+    zo_list *pos, *tmp;
+    zo_list_for_each(pos, &head) {
+        ck_assert_int_lt(k, 6);
+        ck_assert_int_eq(zo_list_entry(pos, item, link)->v, want[k++]);
+    }
+    ck_assert_int_eq(k, 6);
+    zo_list_for_each_safe(pos, tmp, &head) {
+        if (zo_list_entry(pos, item, link)->v % 2)
+            zo_list_del(pos);
+    }
+    ck_assert_int_eq(zo_list_entry(zo_list_pop_head(&head), item, link)->v, 2);
+    ck_assert_int_eq(zo_list_entry(zo_list_pop_head(&head), item, link)->v, 4);
+    ck_assert_int_eq(zo_list_entry(zo_list_pop_head(&head), item, link)->v, 0);
+    ck_assert_ptr_null(zo_list_pop_head(&head));
+    ck_assert(zo_list_empty(&head));
+
+    zo_queue a, b;
+    zo_queue_init(&a);
+    zo_queue_init(&b);
+    ck_assert_ptr_null(zo_queue_pop(&a));
+    for (int i = 0; i < 3; i++)
+        zo_queue_push(&a, &it[i].q);
+    for (int i = 3; i < 6; i++)
+        zo_queue_push(&b, &it[i].q);
+    zo_queue_splice(&a, &b);
+    ck_assert(zo_queue_empty(&b));
+    ck_assert_uint_eq(a.len, 6);
+    ck_assert_int_eq(zo_queue_entry(zo_queue_peek(&a), item, q)->v, 0);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(zo_queue_entry(zo_queue_pop(&a), item, q)->v, i);
+    ck_assert(zo_queue_empty(&a));
+    ck_assert_uint_eq(a.len, 0);
+    zo_queue_push(&a, &it[1].q); /* usable again after draining: tail reset */
+    ck_assert_int_eq(zo_queue_entry(zo_queue_pop(&a), item, q)->v, 1);
+}
+END_TEST
+
+/* The one struct_size rule: older versions get our defaults for fields they
+ * do not know, and nothing past their struct is read; sizes outside
+ * [first version, ours] are -EINVAL naming the function. */
+typedef struct vs {
+    size_t struct_size;
+    int a;
+    int b; /* added in "version 2" */
+} vs;
+
+START_TEST(test_struct_in)
+{
+    const vs dflt = {sizeof(vs), 1, 2};
+    vs dst = dflt, src = {offsetof(vs, b), 10, 20};
+    ck_assert_int_eq(ZO_STRUCT_IN(&dst, &src, offsetof(vs, b), NULL, "f"), 0);
+    ck_assert_uint_eq(dst.struct_size, sizeof(vs));
+    ck_assert_int_eq(dst.a, 10);
+    ck_assert_int_eq(dst.b, 2); /* beyond the caller's struct: default kept */
+    src.struct_size = sizeof(vs);
+    dst = dflt;
+    ck_assert_int_eq(ZO_STRUCT_IN(&dst, &src, offsetof(vs, b), NULL, "f"), 0);
+    ck_assert_int_eq(dst.b, 20);
+    zo_errbuf eb = {{0}};
+    src.struct_size = 3;
+    ck_assert_int_eq(ZO_STRUCT_IN(&dst, &src, offsetof(vs, b), &eb, "zo_thing_create"), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(eb.msg, "zo_thing_create"));
+    src.struct_size = sizeof(vs) + 8;
+    ck_assert_int_eq(ZO_STRUCT_IN(&dst, &src, offsetof(vs, b), NULL, "f"), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "struct_size"));
+}
+END_TEST
+
 START_TEST(test_strerror)
 {
+    ck_assert_str_eq(zo_strerror(ZO_PENDING), "pending (not finished yet)");
     ck_assert_str_eq(zo_strerror(0), "success");
     ck_assert_str_eq(zo_strerror(-ENOENT), "No such file or directory");
     ck_assert_ptr_nonnull(strstr(zo_strerror(ZO_ECORRUPT), "checksum"));
@@ -501,6 +598,8 @@ static Suite *core_suite(void)
     tcase_add_test(tc, test_dtype);
     tcase_add_test(tc, test_parse_size);
     tcase_add_test(tc, test_version_build);
+    tcase_add_test(tc, test_list_and_queue);
+    tcase_add_test(tc, test_struct_in);
     suite_add_tcase(s, tc);
     tc = tcase_create("cpu");
     tcase_add_test(tc, test_cpu_parse_mask);

@@ -45,6 +45,13 @@ extern "C" {
 /** @name Library error codes (all below errno's range) */
 /**@{*/
 #define ZO_OK 0
+/**
+ * Returned (positive, not an error) by the `*_test` calls (zo_aio_test,
+ * zo_swap_test, zo_store_test...) while the operation has not finished. A
+ * finished operation gives 0 or its negative error code, so "not yet" can
+ * never be confused with a completion error such as -EBUSY.
+ */
+#define ZO_PENDING 1
 #define ZO_ERR_BASE (-10000)
 #define ZO_EINTERNAL (-10000) /**< an internal invariant broke (a bug: please report) */
 #define ZO_ENOTSUP (-10001)   /**< feature not built in, or not supported by this machine */

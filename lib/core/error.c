@@ -32,6 +32,8 @@ ZO_API const char *zo_strerror(int err)
 {
     if (err == 0)
         return "success";
+    if (err == ZO_PENDING)
+        return "pending (not finished yet)";
     if (err <= ZO_ERR_BASE && err >= ZO_ERR_LAST)
         return lib_errors[ZO_ERR_BASE - err];
     if (err < 0 && err > ZO_ERR_BASE) {
@@ -62,6 +64,20 @@ int zo__fail(zo_errbuf *eb, int err, const char *module, const char *fmt, ...)
     if (zo__log_enabled(ZO_LOG_DEBUG))
         zo__log(ZO_LOG_DEBUG, module, "%s (%s)", tls_detail, zo_strerror(err));
     return err;
+}
+
+int zo__struct_in(void *dst, size_t dst_size, const void *src, size_t min_size, zo_errbuf *eb, const char *fn)
+{
+    size_t have;
+    memcpy(&have, src, sizeof(have)); /* every versioned struct starts with size_t struct_size */
+    if (have < min_size || have > dst_size)
+        return zo__fail(eb, -EINVAL, "core",
+                        "%s: struct_size %zu is not that of a known version (expected %zu..%zu): fill the struct "
+                        "with its *_default() function",
+                        fn, have, min_size, dst_size);
+    memcpy(dst, src, have);
+    memcpy(dst, &dst_size, sizeof(dst_size));
+    return 0;
 }
 
 /* ---- dtypes ------------------------------------------------------------- */

@@ -80,6 +80,19 @@ int zo__fail(zo_errbuf *eb, int err, const char *module, const char *fmt, ...) Z
         }                                                                       \
     } while (0)
 
+/* ---- versioned structs ------------------------------------------------- */
+/* The one rule for a caller's struct that starts with `size_t struct_size`
+ * (configs, options, descriptors): struct_size must lie in [min_size,
+ * dst_size], where min_size is the size of the first published version and
+ * dst_size our sizeof. `dst` must already hold our defaults; the caller's
+ * first struct_size bytes are copied over them, so an older caller gets the
+ * defaults of fields it does not know, and we never read past its struct.
+ * dst->struct_size is then set to dst_size. Anything else is -EINVAL with a
+ * detail naming `fn`. src NULL is the caller's to handle (usually: defaults). */
+int zo__struct_in(void *dst, size_t dst_size, const void *src, size_t min_size, zo_errbuf *eb, const char *fn);
+#define ZO_STRUCT_IN(dst, src, first_member_end, eb, fn) \
+    zo__struct_in((dst), sizeof(*(dst)), (src), (first_member_end), (eb), (fn))
+
 /* ---- time ----------------------------------------------------------------- */
 static inline uint64_t zo__now_ns(void)
 {

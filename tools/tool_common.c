@@ -1,8 +1,11 @@
 /* Shared helpers of the command-line tools (see tool_common.h). */
 #include "tool_common.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <mntent.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/sysinfo.h>
@@ -193,4 +196,45 @@ void zo_path_storage(const char *path, char *buf, size_t len)
     endmntent(mt);
     if (best.mnt_dir)
         snprintf(buf, len, "%s on %s (mounted at %s)", fs, src, dir);
+}
+
+static int zo_cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+double zo_median(const double *v, unsigned n)
+{
+    if (n == 0)
+        return NAN;
+    double *c = malloc(n * sizeof(double));
+    if (!c)
+        return NAN;
+    memcpy(c, v, n * sizeof(double));
+    qsort(c, n, sizeof(double), zo_cmp_double);
+    double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
+    free(c);
+    return m;
+}
+
+int zo_tool_parse_u(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *v)
+{
+    if (!s || *s < '0' || *s > '9')
+        return -1;
+    char *end;
+    errno = 0;
+    *v = strtoull(s, &end, 10);
+    return errno || *end || *v < lo || *v > hi ? -1 : 0;
+}
+
+int zo_tool_bad(const char *prog, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return 2;
 }

@@ -734,6 +734,43 @@ START_TEST(linear_runtime_errors)
 }
 END_TEST
 
+/* Another user of the store's pool holds slots: the NVMe walk reads ahead
+ * less instead of failing with -EBUSY. */
+START_TEST(linear_pool_shared)
+{
+    env e;
+    env_open(&e, 1 * MiB, 1 * MiB);
+    zo_tensor_desc d;
+    zo_tensor_desc_default(&d);
+    d.name = "other";
+    d.bytes = 1 * MiB;
+    d.dtype = ZO_DTYPE_U8;
+    zo_tensor *other;
+    ck_assert_int_eq(zo_store_register(e.st, &d, &other), 0);
+    zo_store_stream *held;
+    ck_assert_int_eq(zo_store_stream_open(e.st, other, ZO_STREAM_READ, 3, &held), 0); /* 4 of 8 slots */
+    zo_tiled_linear_config c;
+    zo_tiled_linear_config_default(&c);
+    c.in_features = 300;
+    c.out_features = 200;
+    c.max_batch = 2;
+    c.tile_out = 200; /* one 240000-byte tile: four 64 KiB pool slots, read ahead 4 deep */
+    c.tile_in = 300;
+    zo_tiled_linear *tl = NULL;
+    ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &c), 0);
+    float *x = dmalloc(e.dev, 2 * 300 * 4), *y = dmalloc(e.dev, 2 * 200 * 4);
+    float zeros[600] = {0};
+    h2d(e.dev, x, zeros, sizeof(zeros));
+    int r = zo_tiled_linear_forward(tl, x, 2, NULL, y);
+    ck_assert_msg(r == 0, "forward with the pool shared: %s (%s)", zo_strerror(r), zo_tiled_linear_errmsg(tl));
+    ck_assert_int_eq(zo_store_stream_close(&held), 0);
+    zo_tiled_linear_destroy(&tl);
+    zo_dev_free(e.dev, x);
+    zo_dev_free(e.dev, y);
+    env_close(&e);
+}
+END_TEST
+
 /* ---- tiled cross-entropy ------------------------------------------------------------------- */
 static void run_xent(zo_dtype t, zo_tier home, uint64_t B, uint64_t V, uint64_t H, uint64_t budget, uint32_t tv)
 {
@@ -893,6 +930,7 @@ static Suite *suite(void)
     tcase_add_test(tc, linear_nvme_identical);
     tcase_add_test(tc, linear_bad_input);
     tcase_add_test(tc, linear_runtime_errors);
+    tcase_add_test(tc, linear_pool_shared);
     suite_add_tcase(s, tc);
     tc = tcase_create("xent");
     tcase_set_timeout(tc, 300);

@@ -152,6 +152,9 @@ static int fetch_begin(zo_tile_walk *w, zo_tensor *t, fetch *f)
             return ZO_FAIL(&w->err, ZO_ECONFIG, "zo_tile_walk_run: NVMe tile '%s' needs a store pool of >= 3 slots",
                            ti.name);
         r = zo_store_stream_open(w->store, t, ZO_STREAM_READ, depth, &f->sst);
+        /* other streams hold pool slots: read ahead less rather than fail */
+        while (r == -EBUSY && depth > 1)
+            r = zo_store_stream_open(w->store, t, ZO_STREAM_READ, --depth, &f->sst);
         if (r < 0)
             ZO_FAIL(&w->err, r, "zo_tile_walk_run: stream over '%s': %s", ti.name, zo_store_errmsg(w->store));
     } else {

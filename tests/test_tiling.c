@@ -734,6 +734,82 @@ START_TEST(linear_runtime_errors)
 }
 END_TEST
 
+/* dW tiles written into store tensors (NVMe-homed) by the store sink equal
+ * the host sink's dense matrix. */
+START_TEST(linear_store_sink)
+{
+    env e;
+    env_open(&e, 1 * MiB, 1 * MiB);
+    uint64_t B = 3, O = 23, I = 41;
+    zo_tiled_linear_config c;
+    zo_tiled_linear_config_default(&c);
+    c.in_features = I;
+    c.out_features = O;
+    c.max_batch = B;
+    c.tile_out = 7;
+    c.tile_in = 16;
+    zo_tile_grid g;
+    ck_assert_int_eq(zo_tile_grid_make(B, O, I, ZO_DTYPE_F32, 7, 16, ZO_TILE_TRAIN, &g), 0);
+    zo_tensor *grads[16];
+    for (uint32_t r = 0; r < g.tiles_out; r++)
+        for (uint32_t q = 0; q < g.tiles_in; q++) {
+            char name[32];
+            snprintf(name, sizeof(name), "grad.%u.%u", r, q);
+            zo_tensor_desc d;
+            zo_tensor_desc_default(&d);
+            d.name = name;
+            d.ndim = 2;
+            d.shape[0] = ZO_MIN(7, O - r * 7);
+            d.shape[1] = ZO_MIN(16, I - q * 16);
+            ck_assert_int_eq(zo_store_register(e.st, &d, &grads[r * g.tiles_in + q]), 0);
+        }
+    zo_tile_store_sink ss = {.store = e.st, .grads = grads, .tiles_in = g.tiles_in};
+    c.dw_sink = zo_tile_sink_store;
+    c.dw_sink_ctx = &ss;
+    zo_tiled_linear *tl = NULL;
+    ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &c), 0);
+    zo_test_rng rng = {11};
+    float x[3 * 41], dy[3 * 23], dense[23 * 41];
+    for (size_t i = 0; i < ZO_ARRAY_LEN(x); i++)
+        x[i] = rnd(&rng);
+    for (size_t i = 0; i < ZO_ARRAY_LEN(dy); i++)
+        dy[i] = rnd(&rng);
+    float *dx_ = dmalloc(e.dev, sizeof(x)), *ddy = dmalloc(e.dev, sizeof(dy));
+    h2d(e.dev, dx_, x, sizeof(x));
+    h2d(e.dev, ddy, dy, sizeof(dy));
+    int r = zo_tiled_linear_backward(tl, dx_, ddy, B, NULL, NULL);
+    ck_assert_msg(r == 0, "backward: %s (%s)", zo_strerror(r), zo_tiled_linear_errmsg(tl));
+    zo_tiled_linear_destroy(&tl);
+    zo_tile_host_sink hs = {.dw = dense, .ld = I};
+    c.name = "linear2";
+    c.dw_sink = zo_tile_sink_host;
+    c.dw_sink_ctx = &hs;
+    ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &c), 0);
+    ck_assert_int_eq(zo_tiled_linear_backward(tl, dx_, ddy, B, NULL, NULL), 0);
+    for (uint32_t t = 0; t < g.tiles_out * g.tiles_in; t++) {
+        uint32_t rr = t / g.tiles_in, q = t % g.tiles_in;
+        uint32_t rows = ZO_MIN(7, O - rr * 7), cols = ZO_MIN(16, I - q * 16);
+        float got[7 * 16];
+        ck_assert_int_eq(zo_store_read(e.st, grads[t], 0, got, rows * cols * 4), 0);
+        for (uint32_t i = 0; i < rows; i++)
+            ck_assert_int_eq(memcmp(got + i * cols, dense + (rr * 7 + i) * I + q * 16, cols * 4), 0);
+    }
+    /* a tensor of the wrong size is refused, and the backward says so */
+    zo_tensor *wrong = grads[0];
+    grads[0] = grads[2]; /* 7 x 9, tile (0, 0) is 7 x 16 */
+    zo_tiled_linear_destroy(&tl);
+    c.dw_sink = zo_tile_sink_store;
+    c.dw_sink_ctx = &ss;
+    ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &c), 0);
+    ck_assert_int_eq(zo_tiled_linear_backward(tl, dx_, ddy, B, NULL, NULL), -EINVAL);
+    grads[0] = wrong;
+    zo_tiled_linear_destroy(&tl);
+    zo_dev_free(e.dev, dx_);
+    zo_dev_free(e.dev, ddy);
+    env_close(&e);
+}
+END_TEST
+
 /* Another user of the store's pool holds slots: the NVMe walk reads ahead
  * less instead of failing with -EBUSY. */
 START_TEST(linear_pool_shared)
@@ -931,6 +1007,7 @@ static Suite *suite(void)
     tcase_add_test(tc, linear_bad_input);
     tcase_add_test(tc, linear_runtime_errors);
     tcase_add_test(tc, linear_pool_shared);
+    tcase_add_test(tc, linear_store_sink);
     suite_add_tcase(s, tc);
     tc = tcase_create("xent");
     tcase_set_timeout(tc, 300);

@@ -305,31 +305,65 @@ ZO_API int zo_tiled_linear_backward(zo_tiled_linear *tl, const void *x, const vo
     return r < 0 ? r : r2;
 }
 
-/* ---- a ready-made sink ------------------------------------------------------------------ */
+/* ---- ready-made sinks ---------------------------------------------------------------- */
+/* The tile in host memory (malloc'd; the caller frees), or NULL with *err. */
+static float *tile_to_host(const zo_tile_grad *g, int *err)
+{
+    size_t n = (size_t)g->rows * g->cols;
+    float *t = malloc(n * sizeof(float));
+    if (!t) {
+        *err = -ENOMEM;
+        return NULL;
+    }
+    int r = zo_memcpy_async(g->stream, t, g->dw, n * sizeof(float), ZO_COPY_D2H);
+    int r2 = zo_stream_sync(g->stream);
+    *err = r < 0 ? r : r2;
+    if (*err < 0) {
+        free(t);
+        return NULL;
+    }
+    return t;
+}
+
 ZO_API int zo_tile_sink_host(void *ctx, const zo_tile_grad *g)
 {
     zo_tile_host_sink *hs = ctx;
     if (!hs || !g || !hs->dw)
         return ZO_FAIL(NULL, -EINVAL, "zo_tile_sink_host: NULL context or matrix");
-    size_t n = (size_t)g->rows * g->cols;
-    float *t = malloc(n * sizeof(float));
+    int r;
+    float *t = tile_to_host(g, &r);
     if (!t)
-        return -ENOMEM;
-    int r = zo_memcpy_async(g->stream, t, g->dw, n * sizeof(float), ZO_COPY_D2H);
-    int r2 = zo_stream_sync(g->stream);
-    if (r == 0)
-        r = r2;
-    if (r == 0) {
-        for (uint32_t i = 0; i < g->rows; i++) {
-            float *dst = hs->dw + (g->out0 + i) * hs->ld + g->in0;
-            const float *src = t + (size_t)i * g->cols;
-            if (hs->accumulate)
-                for (uint32_t j = 0; j < g->cols; j++)
-                    dst[j] += src[j];
-            else
-                memcpy(dst, src, g->cols * sizeof(float));
-        }
+        return r;
+    for (uint32_t i = 0; i < g->rows; i++) {
+        float *dst = hs->dw + (g->out0 + i) * hs->ld + g->in0;
+        const float *src = t + (size_t)i * g->cols;
+        if (hs->accumulate)
+            for (uint32_t j = 0; j < g->cols; j++)
+                dst[j] += src[j];
+        else
+            memcpy(dst, src, g->cols * sizeof(float));
     }
     free(t);
+    return 0;
+}
+
+ZO_API int zo_tile_sink_store(void *ctx, const zo_tile_grad *g)
+{
+    zo_tile_store_sink *ss = ctx;
+    if (!ss || !g || !ss->store || !ss->grads || g->col >= ss->tiles_in)
+        return ZO_FAIL(NULL, -EINVAL, "zo_tile_sink_store: NULL context, store or tensors, or column %u outside "
+                       "tiles_in", g ? g->col : 0);
+    zo_tensor *t = ss->grads[(size_t)g->row * ss->tiles_in + g->col];
+    zo_tensor_info ti;
+    size_t bytes = (size_t)g->rows * g->cols * sizeof(float);
+    if (!t || zo_store_tensor_info(ss->store, t, &ti) < 0 || ti.bytes != bytes)
+        return ZO_FAIL(NULL, -EINVAL, "zo_tile_sink_store: tensor of tile (%u, %u) missing or not %zu bytes", g->row,
+                       g->col, bytes);
+    int r;
+    float *h = tile_to_host(g, &r);
+    if (!h)
+        return r;
+    r = zo_store_write(ss->store, t, 0, h, bytes);
+    free(h);
     return r;
 }

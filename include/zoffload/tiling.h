@@ -109,9 +109,10 @@ typedef int (*zo_tile_fn)(void *ctx, unsigned index, const void *tile, zo_stream
  *         ZO_ECUDA; errors of zo_stream_create().
  */
 ZO_API int zo_tile_walk_create(zo_tile_walk **out, zo_store *store, zo_dev *dev, uint64_t max_tile_bytes);
-/** Wait for queued work, free the buffers. NULL ok; clears *w. */
+/** Wait for queued work, free the buffers. NULL ok; clears *w. Blocks. */
 ZO_API void zo_tile_walk_destroy(zo_tile_walk **w);
-/** The compute stream fn gets (to queue work before or after a walk). */
+/** The compute stream fn gets (to queue work before or after a walk); owned
+ *  by the walker. NULL if w is NULL. */
 ZO_API zo_stream *zo_tile_walk_stream(zo_tile_walk *w);
 
 /**
@@ -134,6 +135,8 @@ typedef struct zo_tile_walk_stats {
     uint64_t fetch_ns;     /**< time the calling thread spent fetching (NVMe reads, acquires) */
     uint64_t wait_ns;      /**< time it waited for work to finish */
 } zo_tile_walk_stats;
+/** Copy the counters (zeros for w NULL; st NULL ignored). Not synchronized
+ *  with a walk running on another thread. */
 ZO_API void zo_tile_walk_get_stats(const zo_tile_walk *w, zo_tile_walk_stats *st);
 
 /* ---- dW consumers ------------------------------------------------------------------- */
@@ -166,6 +169,19 @@ typedef struct zo_tile_host_sink {
  *  @return 0; -EINVAL (ctx NULL); -ENOMEM; stream errors. Blocks. */
 ZO_API int zo_tile_sink_host(void *ctx, const zo_tile_grad *g);
 
+/** Context of zo_tile_sink_store(): one store tensor per gradient tile. */
+typedef struct zo_tile_store_sink {
+    zo_store *store;
+    zo_tensor *const *grads; /**< tiles_out x tiles_in tensors, row-major, each rows x cols f32 bytes */
+    uint32_t tiles_in;       /**< the grid's tiles_in */
+} zo_tile_store_sink;
+
+/** A ready-made sink: writes each tile into its store tensor (any home
+ *  tier; zo_store_write()), overwriting it.
+ *  @return 0; -EINVAL (ctx/store/grads NULL, a tensor whose size is not the
+ *  tile's); -ENOMEM; stream errors; errors of zo_store_write(). Blocks. */
+ZO_API int zo_tile_sink_store(void *ctx, const zo_tile_grad *g);
+
 /* ---- tiled linear ------------------------------------------------------------------ */
 typedef struct zo_tiled_linear zo_tiled_linear;
 
@@ -185,6 +201,7 @@ typedef struct zo_tiled_linear_config {
     void *dw_sink_ctx;
 } zo_tiled_linear_config;
 
+/** Fill *cfg with the defaults above. NULL is ignored. */
 ZO_API void zo_tiled_linear_config_default(zo_tiled_linear_config *cfg);
 
 /**
@@ -239,7 +256,7 @@ ZO_API int zo_tiled_linear_forward(zo_tiled_linear *tl, const void *x, uint64_t 
 ZO_API int zo_tiled_linear_backward(zo_tiled_linear *tl, const void *x, const void *dy, uint64_t batch, float *dx,
                                     float *db);
 
-/** Counters of the walks so far. */
+/** Counters of the walks so far (as zo_tile_walk_get_stats()). */
 ZO_API void zo_tiled_linear_get_stats(const zo_tiled_linear *tl, zo_tile_walk_stats *st);
 
 /* ---- tiled output projection + cross-entropy --------------------------------------- */
@@ -259,6 +276,7 @@ typedef struct zo_tiled_xent_config {
     void *de_sink_ctx;
 } zo_tiled_xent_config;
 
+/** Fill *cfg with the defaults above. NULL is ignored. */
 ZO_API void zo_tiled_xent_config_default(zo_tiled_xent_config *cfg);
 
 /**
@@ -268,13 +286,19 @@ ZO_API void zo_tiled_xent_config_default(zo_tiled_xent_config *cfg);
  * running max and sum-of-exponentials are folded into the rows' state
  * (on the host: the only device kernels needed are GEMMs and copies), so
  * the full [batch, vocab] logits never exist anywhere.
- * Working memory: staging tiles, two logits tiles f32, and in backward the
- * dlogits tile and two dE tiles.
- * @return as zo_tiled_linear_create().
+ * Working memory (zo_tile_grid.work_bytes, allocated once) per vocabulary
+ * row of a tile: 2 hidden esz (staging; 0 with a device home) + 2 batch 4
+ * (logits) + batch esz (dlogits) + 2 hidden 4 (dE tiles). A host buffer of
+ * two logits tiles and one dlogits tile is allocated too.
+ * @return as zo_tiled_linear_create() (ZO_EBUDGET: the budget is below one
+ *         vocabulary row).
  */
 ZO_API int zo_tiled_xent_create(zo_tiled_xent **out, zo_store *store, zo_dev *dev, const zo_tiled_xent_config *cfg);
+/** Unregister E's tiles, free the working memory. NULL ok; clears *x. Blocks. */
 ZO_API void zo_tiled_xent_destroy(zo_tiled_xent **x);
+/** The grid in use (tiles_in is 1: whole rows of E). @return 0; -EINVAL (NULL). */
 ZO_API int zo_tiled_xent_grid(const zo_tiled_xent *x, zo_tile_grid *grid);
+/** Last error detail ("" if none). */
 ZO_API const char *zo_tiled_xent_errmsg(const zo_tiled_xent *x);
 /** Store E (host, vocab x hidden, dtype, row stride ld). @return as zo_tiled_linear_set_weight(). */
 ZO_API int zo_tiled_xent_set_weight(zo_tiled_xent *x, const void *e, uint64_t ld);

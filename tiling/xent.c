@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zoffload/mem.h>
 #include <zoffload/vec.h>
 
 struct zo_tiled_xent {
@@ -43,7 +44,8 @@ struct zo_tiled_xent {
     zo_event *logits_ready[2];
     zo__sinkq sq;
     int sq_init;
-    /* host */
+    /* host: two logits tiles and a dlogits tile in one pinned block */
+    void *hbuf;
     float *hlogits[2];
     uint8_t *hdlogits;
     double *m, *s, *zlab;
@@ -129,12 +131,22 @@ ZO_API int zo_tiled_xent_create(zo_tiled_xent **out, zo_store *store, zo_dev *de
             goto fail;
         }
         ZO_CHECK_GOTO(zo_event_create(dev, &x->logits_ready[i]), r, fail);
-        x->hlogits[i] = malloc(tile_elems * sizeof(float));
-        if (!x->hlogits[i]) {
-            r = -ENOMEM;
-            goto fail;
-        }
     }
+    /* the host side of the round trips: pinned and registered with the
+     * device, so the copies are truly asynchronous (zo_pinned_alloc falls
+     * back to pageable memory, and says so, where locking is refused) */
+    zo_pin_opts po;
+    zo_pin_opts_default(&po);
+    po.flags = 0;
+    po.dev = dev;
+    r = zo_pinned_alloc(&x->hbuf, tile_elems * (2 * sizeof(float) + esz), &po);
+    if (r < 0) {
+        ZO_FAIL(&x->err, r, "zo_tiled_xent_create: host logits buffers: %s", zo_strerror(r));
+        goto fail;
+    }
+    x->hlogits[0] = x->hbuf;
+    x->hlogits[1] = x->hlogits[0] + tile_elems;
+    x->hdlogits = (uint8_t *)(x->hlogits[1] + tile_elems);
     r = zo_dev_malloc(dev, &x->dlogits, tile_elems * esz);
     if (r < 0) {
         ZO_FAIL(&x->err, r, "zo_tiled_xent_create: dlogits tile: %s", zo_dev_errmsg(dev));
@@ -144,11 +156,10 @@ ZO_API int zo_tiled_xent_create(zo_tiled_xent **out, zo_store *store, zo_dev *de
     ZO_CHECK_GOTO(zo__sinkq_init(&x->sq, dev, (uint64_t)g->tile_out * g->in_features * sizeof(float), c->de_sink,
                                  c->de_sink_ctx, &x->err),
                   r, fail);
-    x->hdlogits = malloc(tile_elems * esz);
     x->m = calloc(g->batch, sizeof(double));
     x->s = calloc(g->batch, sizeof(double));
     x->zlab = calloc(g->batch, sizeof(double));
-    if (!x->hdlogits || !x->m || !x->s || !x->zlab) {
+    if (!x->m || !x->s || !x->zlab) {
         r = -ENOMEM;
         goto fail;
     }
@@ -171,11 +182,10 @@ ZO_API void zo_tiled_xent_destroy(zo_tiled_xent **xp)
         if (x->logits[i])
             zo_dev_free(x->dev, x->logits[i]);
         zo_event_destroy(&x->logits_ready[i]);
-        free(x->hlogits[i]);
     }
+    zo_pinned_free(x->hbuf);
     if (x->dlogits)
         zo_dev_free(x->dev, x->dlogits);
-    free(x->hdlogits);
     free(x->m);
     free(x->s);
     free(x->zlab);

@@ -288,8 +288,9 @@ ZO_API void zo_tiled_xent_config_default(zo_tiled_xent_config *cfg);
  * the full [batch, vocab] logits never exist anywhere.
  * Working memory (zo_tile_grid.work_bytes, allocated once) per vocabulary
  * row of a tile: 2 hidden esz (staging; 0 with a device home) + 2 batch 4
- * (logits) + batch esz (dlogits) + 2 hidden 4 (dE tiles). A host buffer of
- * two logits tiles and one dlogits tile is allocated too.
+ * (logits) + batch esz (dlogits) + 2 hidden 4 (dE tiles). A pinned host
+ * buffer of two logits tiles and one dlogits tile is allocated too
+ * (zo_pinned_alloc, registered with dev).
  * @return as zo_tiled_linear_create() (ZO_EBUDGET: the budget is below one
  *         vocabulary row).
  */

@@ -217,7 +217,7 @@ struct zo_aio {
     uint8_t slot_used[ZO__AIO_BUF_SLOTS];
     pthread_mutex_t reg_serial; /* one register/unregister at a time */
 
-    /* fire-and-forget errors, reported by zo_aio_wait_all() */
+    /* fire-and-forget errors, reported by zo_aio_wait_all() (eb has its own lock) */
     pthread_mutex_t elock;
     int ff_error;
     char ff_detail[ZO_ERRMSG_LEN];

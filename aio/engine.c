@@ -84,33 +84,16 @@ ZO_API const char *zo_aio_backend_name(zo_aio_backend b)
 }
 
 /* Record a failure in the handle's message. I/O threads completing failed
- * requests and API calls fail at the same time, so the message is formatted
- * in the calling thread's own detail (zo_last_error_detail()) and copied to
- * a->eb under elock: zo_aio_errmsg() shows one whole message, never the
- * bytes of two. Only failures take the lock. */
-static int aio_fail_publish(zo_aio *a, int err)
-{
-    if (a) {
-        pthread_mutex_lock(&a->elock);
-        snprintf(a->eb.msg, sizeof(a->eb.msg), "%s", zo_last_error_detail());
-        pthread_mutex_unlock(&a->elock);
-    }
-    return err;
-}
-#define AIO_FAIL(a, err, ...) aio_fail_publish((a), ZO_FAIL(NULL, (err), __VA_ARGS__))
+ * requests and API calls fail at the same time: zo_errbuf takes its own
+ * lock, so zo_aio_errmsg() shows one whole message, never the bytes of two
+ * (the same mechanism as every other handle's message). */
+#define AIO_FAIL(a, err, ...) ZO_FAIL((a) ? &(a)->eb : NULL, (err), __VA_ARGS__)
 
 static int check_config(const zo_aio_config *in, zo_aio_config *cfg, zo_errbuf *eb)
 {
     zo_aio_config_default(cfg);
-    if (in) {
-        if (in->struct_size < offsetof(zo_aio_config, threads) || in->struct_size > sizeof(*cfg))
-            return ZO_FAIL(eb, ZO_ECONFIG,
-                           "zo_aio_config.struct_size = %zu (expected %zu): fill the config with "
-                           "zo_aio_config_default() first",
-                           in->struct_size, sizeof(*cfg));
-        memcpy(cfg, in, in->struct_size);
-        cfg->struct_size = sizeof(*cfg);
-    }
+    if (in)
+        ZO_CHECK(ZO_STRUCT_IN(cfg, in, offsetof(zo_aio_config, threads), eb, "zo_aio_create"));
     if (cfg->backend != ZO_AIO_AUTO && cfg->backend != ZO_AIO_URING && cfg->backend != ZO_AIO_THREADS)
         return ZO_FAIL(eb, ZO_ECONFIG, "zo_aio_config.backend = %d: not auto, uring or threads", (int)cfg->backend);
     if (cfg->threads == 0 || cfg->threads > ZO_AIO_MAX_THREADS)
@@ -307,7 +290,8 @@ ZO_API zo_aio_backend zo_aio_get_backend(const zo_aio *a)
 
 ZO_API const char *zo_aio_errmsg(const zo_aio *a)
 {
-    return a ? a->eb.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(a ? &a->eb : NULL, copy);
 }
 
 ZO_API int zo_aio_get_info(const zo_aio *a, zo_aio_info *info)

@@ -141,7 +141,8 @@ ZO_API void zo_swap_config_default(zo_swap_config *cfg)
 
 ZO_API const char *zo_swap_errmsg(const zo_swap *s)
 {
-    return s ? s->err.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN]; /* a whole message, whatever completions write */
+    return zo__errbuf_tls(s ? &s->err : NULL, copy);
 }
 
 ZO_API zo_aio *zo_swap_get_aio(zo_swap *s)
@@ -347,7 +348,7 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
      * straddles two pieces; O_DIRECT only needs the granule. Asking for chunk
      * alignment here would refuse free space that holds the bytes. */
     char why[ZO_ERRMSG_LEN];
-    snprintf(why, sizeof(why), "%s", s->err.msg);
+    zo__errbuf_get(&s->err, why, sizeof(why));
     uint64_t soff = 0;
     while (soff < need) {
         arena *best = NULL;
@@ -453,11 +454,7 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
         return ZO_FAIL(NULL, -EINVAL, "zo_swap_create: a config with at least one directory is required");
     zo_swap_config cfg;
     zo_swap_config_default(&cfg);
-    if (ucfg->struct_size < offsetof(zo_swap_config, dirs) + sizeof(ucfg->dirs) || ucfg->struct_size > sizeof(cfg))
-        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_swap_create: struct_size %zu is not that of a zo_swap_config",
-                       ucfg->struct_size);
-    memcpy(&cfg, ucfg, ucfg->struct_size);
-    cfg.struct_size = sizeof(cfg);
+    ZO_CHECK(ZO_STRUCT_IN(&cfg, ucfg, offsetof(zo_swap_config, dirs) + sizeof(ucfg->dirs), NULL, "zo_swap_create"));
     if (!cfg.dirs || cfg.ndirs == 0)
         return ZO_FAIL(NULL, -EINVAL, "zo_swap_create: no swap directory given");
     if (cfg.ndirs > ZO_SWAP_MAX_DIRS)
@@ -550,7 +547,7 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
         }
         pthread_mutex_unlock(&s->lock);
         if (r < 0) {
-            ZO_FAIL(NULL, r, "%s", s->err.msg);
+            ZO_FAIL(NULL, r, "%s", zo_swap_errmsg(s));
             goto fail;
         }
     }
@@ -646,7 +643,7 @@ ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_i
     }
     if (r < 0) {
         char why[ZO_ERRMSG_LEN];
-        snprintf(why, sizeof(why), "%s", r == -ENOMEM ? "out of memory" : s->err.msg);
+        snprintf(why, sizeof(why), "%s", r == -ENOMEM ? "out of memory" : zo_swap_errmsg(s));
         ZO_FAIL(&s->err, r, "zo_swap_alloc of %llu bytes for '%s': %s", (unsigned long long)bytes, al->name, why);
         salloc_free(s, al);
     }

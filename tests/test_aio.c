@@ -358,8 +358,13 @@ START_TEST(test_engine_config)
     BAD("block_size", cfg.block_size = 2048);
     BAD("block_size", cfg.block_size = 1ull << 40);
     BAD("backend", cfg.backend = (zo_aio_backend)7);
-    BAD("struct_size", cfg.struct_size = 0);
-    BAD("struct_size", cfg.struct_size = sizeof(cfg) + 8);
+    /* struct_size outside [first version, ours]: -EINVAL, like every versioned struct */
+    zo_aio_config_default(&cfg);
+    cfg.struct_size = 0;
+    ck_assert_int_eq(zo_aio_create(&a, &cfg), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "zo_aio_create: struct_size"));
+    cfg.struct_size = sizeof(cfg) + 8;
+    ck_assert_int_eq(zo_aio_create(&a, &cfg), -EINVAL);
     BAD("eagain_retries", cfg.eagain_retries = 1u << 20);
     BAD("numa_node", cfg.numa_node = -5);
     BAD("numa_node", cfg.numa_node = 4000);
@@ -1074,15 +1079,15 @@ START_TEST(test_fault_errmsg_whole)
         }
         ck_assert_msg(found, "round %d: handle message is not one request's detail: %s", round, msg);
     }
-    /* the message is written under the engine's error lock: while it is
-     * held, a failing request cannot record its detail (nor run its
-     * callback, which comes after); released, the message is that detail */
-    pthread_mutex_lock(&a->elock);
+    /* the message is written under its zo_errbuf lock: while it is held, a
+     * failing request cannot record its detail (nor run its callback, which
+     * comes after); released, the message is that detail */
+    atomic_store(&a->eb.busy, 1);
     atomic_store(&slots[0].done, 0);
     ck_assert_int_eq(zo_aio_write(a, x.f, w.p, 4096, 0, torn_cb, &slots[0], NULL), 0);
     usleep(200000);
     int early = atomic_load(&slots[0].done);
-    pthread_mutex_unlock(&a->elock);
+    atomic_store(&a->eb.busy, 0);
     ck_assert_msg(!early, "the handle message was written without the error lock");
     ck_assert_int_eq(zo_aio_wait_all(a), 0);
     ck_assert_str_eq(zo_aio_errmsg(a), slots[0].detail);

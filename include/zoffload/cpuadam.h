@@ -54,6 +54,8 @@
 #ifndef ZOFFLOAD_CPUADAM_H
 #define ZOFFLOAD_CPUADAM_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus
@@ -267,7 +269,8 @@ ZO_API int zo_cpuadam_team_config_default(zo_cpuadam_team_config *cfg);
  * thread last ran a different team): OpenMP thread i, the calling thread
  * being thread 0, is bound to CPU i mod k of the node's k CPUs. This
  * changes the calling thread's own CPU affinity.
- * @return 0; -EINVAL (out NULL, nthreads < 1, bad tile size);
+ * @return 0; -EINVAL (out NULL, nthreads < 1, bad tile size, struct_size
+ *         not that of a known zo_cpuadam_team_config);
  *         ZO_ECONFIG (unknown variant name, node not present);
  *         ZO_ENOTSUP (variant not runnable on this CPU, or pin without
  *         OpenMP); -ENOMEM; -errno from topology discovery.

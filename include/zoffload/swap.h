@@ -36,6 +36,8 @@
 #ifndef ZOFFLOAD_SWAP_H
 #define ZOFFLOAD_SWAP_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus
@@ -117,7 +119,8 @@ ZO_API void zo_swap_config_default(zo_swap_config *cfg);
  * symlink to one: pass the real path), be writable, and, if others may
  * write to it, have the sticky bit (else a local user could plant files).
  * Arena files of `reserve` bytes are created at once when reserve > 0.
- * @return 0; -EINVAL (NULL, no dirs); ZO_ECONFIG (bad chunk size, too
+ * @return 0; -EINVAL (NULL, no dirs, struct_size not that of a known
+ *         zo_swap_config); ZO_ECONFIG (bad chunk size, too
  *         many dirs, unknown checksum: detail names the field); ZO_ENOTSUP
  *         (XXH3 without libxxhash); -ENOENT, -ENOTDIR, -ELOOP (symlink),
  *         -EACCES, -EROFS, -EPERM (world-writable without sticky bit);
@@ -133,7 +136,11 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *cfg);
  */
 ZO_API void zo_swap_destroy(zo_swap **s);
 
-/** The store's last error detail ("" if none). */
+/** The swap store's last error detail ("" if none).
+ *  Thread-safe: the handle's threads may be recording a failure at the same
+ *  time; the result is a copy of one whole message, in a thread-local buffer
+ *  that stays valid until this thread next calls zo_swap_errmsg() (NULL gives "").
+ */
 ZO_API const char *zo_swap_errmsg(const zo_swap *s);
 
 /** The engine the store uses (its own or the one given). */
@@ -285,8 +292,8 @@ ZO_API void zo_ckpt_options_default(zo_ckpt_options *o);
  * mode 0700). Leftover temporary directories of dead writers are removed.
  * Tensors are then declared with zo_ckpt_add() and their data given with
  * zo_ckpt_put(); zo_ckpt_commit() makes it durable and current.
- * @return 0; -EINVAL; ZO_ECONFIG (opts: struct_size not set by
- *         zo_ckpt_options_default(), chunk_size not a power of two in
+ * @return 0; -EINVAL (also opts whose struct_size is not that of a known
+ *         zo_ckpt_options); ZO_ECONFIG (opts: chunk_size not a power of two in
  *         [4096, 1 GiB]); -EEXIST (a checkpoint of that name exists); -EBUSY
  *         (another writer of this process is writing that name); ZO_ENOTSUP
  *         (built without libcjson); ZO_EFORMAT (user_json not valid JSON);

@@ -203,15 +203,12 @@ ZO_API int zo_pinned_alloc(void **out, size_t size, const zo_pin_opts *opts)
 {
     zo_pin_opts o;
     zo_pin_opts_default(&o);
-    if (opts) {
-        if (opts->struct_size < offsetof(zo_pin_opts, dev) + sizeof(opts->dev))
-            return ZO_FAIL(NULL, -EINVAL, "zo_pinned_alloc: opts.struct_size %zu too small (call zo_pin_opts_default)",
-                           opts->struct_size);
-        o = *opts;
-    }
     if (!out)
         return ZO_FAIL(NULL, -EINVAL, "zo_pinned_alloc: out is NULL");
     *out = NULL;
+    /* The first published zo_pin_opts ends with `dev`. */
+    if (opts)
+        ZO_CHECK(ZO_STRUCT_IN(&o, opts, offsetof(zo_pin_opts, dev) + sizeof(opts->dev), NULL, "zo_pinned_alloc"));
     if (size == 0)
         return ZO_FAIL(NULL, -EINVAL, "zo_pinned_alloc: size is 0");
     if (o.numa_node < -1 || (o.numa_node >= 0 && !node_exists(o.numa_node)))

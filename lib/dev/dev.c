@@ -82,12 +82,10 @@ ZO_API int zo_dev_open(zo_dev **out, const zo_dev_config *cfg)
     *out = NULL;
     zo_dev_config c;
     zo_dev_config_default(&c);
-    if (cfg) {
-        if (cfg->struct_size < offsetof(zo_dev_config, host_mem_limit) + sizeof(size_t))
-            return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: cfg.struct_size %zu too small (use zo_dev_config_default)",
-                           cfg->struct_size);
-        c = *cfg;
-    }
+    /* The first published zo_dev_config ends with host_mem_limit. */
+    if (cfg)
+        ZO_CHECK(ZO_STRUCT_IN(&c, cfg, offsetof(zo_dev_config, host_mem_limit) + sizeof(size_t), NULL,
+                              "zo_dev_open"));
     if ((unsigned)c.kind >= ZO_DEV_KIND_COUNT)
         return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: unknown device kind %d", (int)c.kind);
     const zo_dev_ops *ops = backend(c.kind);
@@ -156,7 +154,8 @@ ZO_API zo_dev_kind zo_dev_get_kind(const zo_dev *d)
 
 ZO_API const char *zo_dev_errmsg(const zo_dev *d)
 {
-    return d ? d->err.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(d ? &d->err : NULL, copy);
 }
 
 ZO_API int zo_dev_malloc(zo_dev *d, void **out, size_t n)

@@ -868,7 +868,7 @@ ZO_API int zo_aio_test(zo_aio *a, zo_aio_req *r, int64_t *result)
     if (!a || !r || r->a != a || !r->waitable)
         return AIO_FAIL(a, -EINVAL, "zo_aio_test: NULL or foreign request");
     if (atomic_load(&r->state) != ZO__REQ_DONE)
-        return -EBUSY;
+        return ZO_PENDING; /* positive: a request that failed with -EBUSY is finished */
     return req_release(a, r, result);
 }
 

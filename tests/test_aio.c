@@ -1035,6 +1035,40 @@ static int64_t fail_all_hook(void *user, const zo__aio_fault_site *s)
     return -EIO;
 }
 
+static int64_t busy_hook(void *user, const zo__aio_fault_site *s)
+{
+    (void)user;
+    (void)s;
+    return -EBUSY;
+}
+
+/* zo_aio_test: "not finished" (ZO_PENDING, positive) cannot be mistaken for
+ * a request that finished with -EBUSY; it used to return -EBUSY for both,
+ * so a poller spun forever on a failed request. */
+START_TEST(test_fault_test_busy_is_final)
+{
+    fixture x;
+    fx_begin(&x, dir_for(1), "fbusy", ZO_FILE_TRUNC, mk_engine(1, 4, 65536));
+    zo_aio *a = x.a;
+    tbuf w = tb_alloc(4096, 0);
+    memset(w.p, 7, 4096);
+    zo__aio_set_fault(a, busy_hook, NULL);
+    zo_aio_req *r;
+    ck_assert_int_eq(zo_aio_write(a, x.f, w.p, 4096, 0, NULL, NULL, &r), 0);
+    int64_t res = 0;
+    int rc, polls = 0;
+    while ((rc = zo_aio_test(a, r, &res)) == ZO_PENDING) {
+        ck_assert_int_lt(++polls, 100000);
+        usleep(100);
+    }
+    ck_assert_int_eq(rc, -EBUSY);
+    ck_assert_int_eq(res, -EBUSY);
+    zo__aio_set_fault(a, NULL, NULL);
+    tb_free(&w);
+    fx_end(&x);
+}
+END_TEST
+
 typedef struct {
     char detail[256];
     _Atomic int done;
@@ -1240,7 +1274,7 @@ START_TEST(test_test_and_cancel)
     /* held at the gate: test() says busy, deterministically */
     ck_assert_int_eq(zo_aio_read(a, f, b.p, 16u << 20, 0, NULL, NULL, &r), 0);
     int64_t res = 1;
-    ck_assert_int_eq(zo_aio_test(a, r, &res), -EBUSY);
+    ck_assert_int_eq(zo_aio_test(a, r, &res), ZO_PENDING);
     ck_assert_int_eq(res, 1);
     /* cancel: 4096 pieces, at most a few started; the rest are dropped */
     ck_assert_int_eq(zo_aio_cancel(a, r), 0);
@@ -1254,7 +1288,7 @@ START_TEST(test_test_and_cancel)
     ck_assert_uint_lt(st.chunks, 64);
     /* cancelling a finished request changes nothing */
     ck_assert_int_eq(zo_aio_read(a, f, b.p, 8192, 0, NULL, NULL, &r), 0);
-    while (zo_aio_test(a, r, &res) == -EBUSY)
+    while (zo_aio_test(a, r, &res) == ZO_PENDING)
         usleep(100);
     ck_assert_int_eq(res, 8192);
     ck_assert_int_eq(zo_aio_read(a, f, b.p, 8192, 0, NULL, NULL, &r), 0);
@@ -1424,6 +1458,7 @@ static Suite *aio_suite(void)
     tcase_add_loop_test(tc, test_fault_resumed, 0, 6);
     tcase_add_loop_test(tc, test_fault_errors, 0, 4);
     tcase_add_test(tc, test_fault_errmsg_whole);
+    tcase_add_test(tc, test_fault_test_busy_is_final);
     tcase_add_test(tc, test_fault_eagain_bound);
     suite_add_tcase(s, tc);
     return s;

@@ -245,8 +245,10 @@ ZO_API int zo_aio_write(zo_aio *a, zo_file *f, const void *buf, size_t len, uint
  *  completion callback while r is still in flight. Only one thread may wait
  *  for a given r. */
 ZO_API int zo_aio_wait(zo_aio *a, zo_aio_req *r, int64_t *result);
-/** -EBUSY if r is in flight (r stays valid); else as zo_aio_wait()
- *  (releasing r). Never blocks. */
+/** ZO_PENDING (positive) while r is in flight (r stays valid); else as
+ *  zo_aio_wait() (releasing r): 0 or r's error, which may itself be -EBUSY
+ *  (the device said so) and is then final. -EINVAL for NULL or a foreign or
+ *  fire-and-forget request. Never blocks. */
 ZO_API int zo_aio_test(zo_aio *a, zo_aio_req *r, int64_t *result);
 /** Ask to cancel r (best effort): chunks not yet started are dropped and
  *  those in flight are cancelled where the kernel can; still wait for r. It

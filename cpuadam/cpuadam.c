@@ -164,6 +164,11 @@ static int check_buffers(zo_errbuf *eb, const char *fn, const span *s, int ns)
     for (int a = 0; a < ns; a++) {
         if (!s[a].p)
             return ZO_FAIL(eb, -EINVAL, "%s: %s is NULL", fn, s[a].name);
+        /* a slice that would run past the end of the address space is a bad
+         * n, not memory to walk into (and would wrap the overlap test) */
+        if (s[a].bytes > UINTPTR_MAX - (uintptr_t)s[a].p)
+            return ZO_FAIL(eb, -EINVAL, "%s: %s [%p, +%zu) runs past the end of the address space", fn,
+                           s[a].name, s[a].p, s[a].bytes);
         for (int b = 0; b < a; b++) {
             uintptr_t a0 = (uintptr_t)s[a].p, b0 = (uintptr_t)s[b].p;
             if (a0 < b0 + s[b].bytes && b0 < a0 + s[a].bytes)
@@ -417,6 +422,11 @@ static int exec_stats(zo_errbuf *eb, const exec *x, const void *grad, zo_dtype t
         return ZO_FAIL(eb, -EINVAL, "%s: n = 0", fn);
     if (!grad)
         return ZO_FAIL(eb, -EINVAL, "%s: grad is NULL", fn);
+    /* the same bounds as the step functions (an absurd n used to be walked) */
+    if (n > SIZE_MAX / 8)
+        return ZO_FAIL(eb, -EINVAL, "%s: n = %zu too large", fn, n);
+    span s = {"grad", grad, n * zo_dtype_size(type)};
+    ZO_CHECK(check_buffers(eb, fn, &s, 1));
     ZO_CHECK(check_align(eb, fn, "grad", grad, zo_dtype_size(type)));
     int nth = threads_for(n, x->nthreads);
     stats_slot local[8], *slots = local;

@@ -100,6 +100,7 @@ ZO_API int zo_dev_open(zo_dev **out, const zo_dev_config *cfg)
     d->ops = ops;
     d->kind = c.kind;
     d->ordinal = c.ordinal;
+    zo_list_init(&d->regs);
     pthread_mutex_init(&d->lock, NULL);
     int r = ops->open(d, &c);
     if (r < 0) {
@@ -119,16 +120,17 @@ ZO_API void zo_dev_close(zo_dev **dp)
     int ns = atomic_load(&d->nstreams), ne = atomic_load(&d->nevents);
     if (ns || ne)
         ZO_LOGE("zo_dev_close: %d stream(s) and %d event(s) still alive; they are now invalid", ns, ne);
+    zo_list left = ZO_LIST_INIT(left);
     pthread_mutex_lock(&d->lock);
-    zo_reg_range *r = d->regs;
-    d->regs = NULL;
+    zo_list *n;
+    while ((n = zo_list_pop_head(&d->regs)))
+        zo_list_add_tail(&left, n);
     pthread_mutex_unlock(&d->lock);
-    while (r) {
-        zo_reg_range *next = r->next;
+    while ((n = zo_list_pop_head(&left))) {
+        zo_reg_range *r = zo_list_entry(n, zo_reg_range, link);
         ZO_LOGW("zo_dev_close: host range %p (+%zu) still registered; unregistering", (void *)r->p, r->n);
         d->ops->host_unregister(d, r->p);
         free(r);
-        r = next;
     }
     d->ops->close(d);
     pthread_mutex_destroy(&d->lock);
@@ -187,7 +189,9 @@ ZO_API int zo_dev_host_register(zo_dev *d, void *p, size_t n)
     rr->p = p;
     rr->n = n;
     pthread_mutex_lock(&d->lock);
-    for (zo_reg_range *q = d->regs; q; q = q->next) {
+    zo_list *pos;
+    zo_list_for_each(pos, &d->regs) {
+        const zo_reg_range *q = zo_list_entry(pos, zo_reg_range, link);
         if ((uint8_t *)p < q->p + q->n && q->p < (uint8_t *)p + n) {
             pthread_mutex_unlock(&d->lock);
             free(rr);
@@ -196,18 +200,12 @@ ZO_API int zo_dev_host_register(zo_dev *d, void *p, size_t n)
         }
     }
     /* Book the range first so a racing overlapping call is refused. */
-    rr->next = d->regs;
-    d->regs = rr;
+    zo_list_add_head(&d->regs, &rr->link);
     pthread_mutex_unlock(&d->lock);
     int r = d->ops->host_register(d, p, n);
     if (r < 0) {
         pthread_mutex_lock(&d->lock);
-        for (zo_reg_range **pp = &d->regs; *pp; pp = &(*pp)->next) {
-            if (*pp == rr) {
-                *pp = rr->next;
-                break;
-            }
-        }
+        zo_list_del(&rr->link);
         pthread_mutex_unlock(&d->lock);
         free(rr);
     }
@@ -220,10 +218,12 @@ ZO_API int zo_dev_host_unregister(zo_dev *d, void *p)
         return -EINVAL;
     zo_reg_range *found = NULL;
     pthread_mutex_lock(&d->lock);
-    for (zo_reg_range **pp = &d->regs; *pp; pp = &(*pp)->next) {
-        if ((*pp)->p == p) {
-            found = *pp;
-            *pp = found->next;
+    zo_list *pos;
+    zo_list_for_each(pos, &d->regs) {
+        zo_reg_range *q = zo_list_entry(pos, zo_reg_range, link);
+        if (q->p == p) {
+            found = q;
+            zo_list_del(&found->link);
             break;
         }
     }

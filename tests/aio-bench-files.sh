@@ -45,6 +45,13 @@ ln "$base/victim" "$base/d3/zo-aio-bench.0.dat"
 grep -q "hard link" "$base/err" || fail "hard link: message: $(cat "$base/err")"
 cmp -s "$base/victim" "$base/victim.orig" || fail "hard link: the target was written"
 
+# 3b. a FIFO at the tool's name (opening it for writing would block)
+mkdir "$base/d3b"
+mkfifo "$base/d3b/zo-aio-bench.0.dat"
+timeout 60 "$bench" --write --size 64K --path "$base/d3b" --no-progress 2>"$base/err"; rc=$?
+[ $rc -eq 2 ] || fail "fifo: exit $rc: $(cat "$base/err")"
+grep -q "not a regular file" "$base/err" || fail "fifo: message: $(cat "$base/err")"
+
 # 4. another user's file at the tool's name (only root can make one)
 if [ "$(id -u)" -eq 0 ]; then
     mkdir "$base/d4"

@@ -28,7 +28,16 @@ int zo_tool_open_data(const char *path, int *created, char *why, size_t whylen)
             errno = e;
             return -1;
         }
-        /* something is there: reuse it only if it is ours */
+        /* something is there: reuse it only if it is ours. A symlink, FIFO
+         * or device is refused before it is opened (opening some devices
+         * has effects); the checks that count are made on the descriptor. */
+        struct stat lst;
+        if (lstat(path, &lst) == 0 && !S_ISREG(lst.st_mode) && !S_ISLNK(lst.st_mode)) {
+            snprintf(why, whylen, "refusing the existing %s: it is not a regular file, so it is not a leftover of "
+                     "ours; remove it or give another --path", path);
+            errno = EEXIST;
+            return -1;
+        }
         fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         if (fd < 0) {
             int e = errno;

@@ -310,7 +310,9 @@ static int parse_owner(const char *n, int *ours, long *pid)
     const char *h = dot - 1;
     while (h > n && *h != '.')
         h--;
-    if (*h != '.' || h + 1 == dot)
+    /* the host field needs a dot before it that is not the name's first
+     * character: ".latest.<pid>" of older versions has no host */
+    if (h == n || h + 1 == dot)
         return -1;
     const char *me = zo__ckpt_host();
     *ours = strlen(me) == (size_t)(dot - h - 1) && strncmp(h + 1, me, (size_t)(dot - h - 1)) == 0;
@@ -859,7 +861,7 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
             int lfd;
             if (tmp_state(w->tmpdir, &lfd) == TMP_LIVE) {
                 r = ZO_FAIL(NULL, -EBUSY, "zo_ckpt_begin: %s is locked by a live writer (another container with "
-                            "this host name and pid?)", w->tmpdir);
+                            "this host name and pid?) or its lock cannot be checked", w->tmpdir);
                 writer_free(w);
                 return r;
             }

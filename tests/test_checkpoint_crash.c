@@ -813,6 +813,8 @@ START_TEST(test_ckpt_lock_liveness)
 END_TEST
 
 /* ---- the crash test ------------------------------------------------------------ */
+#define ZO_MIN_U64(a, b) ((a) < (b) ? (a) : (b))
+
 static uint64_t now_us(void)
 {
     struct timespec ts;
@@ -825,17 +827,23 @@ START_TEST(test_ckpt_crash)
     char root[300], dir[256];
     zo_test_mkdtemp(dir, sizeof(dir));
     snprintf(root, sizeof(root), "%s/ck", dir);
-    /* how long one checkpoint takes here */
+    /* how long one checkpoint takes here: the faster of two (a stall of
+     * the shared machine in one must not stretch every kill's delay) */
     uint64_t t0 = now_us();
     ck_assert_int_eq(save_k(root, 1, 2), 0);
+    uint64_t t1 = now_us();
     ck_assert_int_eq(save_k(root, 2, 2), 0);
-    uint64_t per = (now_us() - t0) / 2;
+    uint64_t per = ZO_MIN_U64(t1 - t0, now_us() - t1);
     long long last = check_ckpt(root, NULL);
     ck_assert_int_eq(last, 2);
     zo_test_rng rng = {zo_test_seed() ^ 0xc4a5};
-    enum { KILLS = 60 };
-    int advanced = 0, same = 0;
-    for (int kill_no = 0; kill_no < KILLS; kill_no++) {
+    /* 60 kills, more (up to 240) until kills landed both before and after
+     * a publish often enough: on a loaded machine one checkpoint can take
+     * many times what the calibration above measured */
+    enum { KILLS = 60, MAX_KILLS = 240 };
+    int advanced = 0, same = 0, kills = 0;
+    for (int kill_no = 0; kill_no < KILLS || (kill_no < MAX_KILLS && (advanced <= 5 || same <= 5)); kill_no++) {
+        kills++;
         pid_t pid = fork();
         ck_assert_int_ge(pid, 0);
         if (pid == 0) {
@@ -881,7 +889,7 @@ START_TEST(test_ckpt_crash)
         last = k;
     }
     fprintf(stderr, "crash test: %d kills, latest advanced %d times, stayed %d times (one checkpoint: %.1f ms)\n",
-            KILLS, advanced, same, (double)per / 1000.0);
+            kills, advanced, same, (double)per / 1000.0);
     ck_assert_int_gt(advanced, 5);
     ck_assert_int_gt(same, 5);
     /* the next writer cleans up what the killed ones left */

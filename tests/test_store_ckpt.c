@@ -259,6 +259,11 @@ START_TEST(test_store_ckpt_pins)
     /* a stale handle in ts is refused, not used */
     zo_tensor *stale[2] = {a, bb};
     ck_assert_int_eq(zo_store_checkpoint(e.st, e.root, "c2", stale, 2, 0, NULL), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(zo_store_errmsg(e.st), "ts[1]"));
+    /* a tensor twice: refused by the writer, and the pins all come off */
+    zo_tensor *twice[2] = {a, a};
+    ck_assert_int_eq(zo_store_checkpoint(e.st, e.root, "c3", twice, 2, 0, NULL), -EEXIST);
+    ck_assert_int_eq(zo_store_unregister(e.st, &a), 0);
     free(got);
     free(want);
     env_close(&e);

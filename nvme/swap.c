@@ -4,6 +4,7 @@
  * its read completes, on the engine thread that completed it). */
 #define ZO_MODULE "swap"
 #include "core/internal.h"
+#include "core/extent.h"
 #include "nvme/nvme_internal.h"
 
 #include <fcntl.h>

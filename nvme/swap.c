@@ -1,10 +1,15 @@
-/* The swap store: arena files in one or more directories, striping, the
- * extent allocator, and swap in/out through the aio engine with a checksum
- * per chunk (computed before a chunk's write is queued, verified as soon as
- * its read completes, on the engine thread that completed it). */
+/* The swap store: arena files in one or more directories, striping, arena
+ * space carved by the core's extent allocator, and swap in/out through the
+ * aio engine with a checksum per chunk. A chunk's write is queued first and
+ * its checksum computed from the source buffer while the write is in
+ * flight; a read chunk is verified as soon as its read completes. Both run
+ * on the store's checksum threads (csum_threads), or inline when there are
+ * none: the write's checksum in the submitting thread, the read's check on
+ * the engine thread that completed it. */
 #define ZO_MODULE "swap"
 #include "core/internal.h"
 #include "core/extent.h"
+#include "core/list.h"
 #include "nvme/nvme_internal.h"
 
 #include <fcntl.h>
@@ -67,7 +72,7 @@ typedef struct chunk_ctx {
     uint32_t len;
     _Atomic int parts; /* write: the I/O and the checksum, each finishing once */
     int64_t res;       /* the I/O's result */
-    struct chunk_ctx *vnext; /* checksum-thread queue */
+    zo_qnode vnode;    /* on the checksum threads' queue */
 } chunk_ctx;
 
 enum { IO_READ = 0, IO_WRITE = 1 };
@@ -115,7 +120,7 @@ struct zo_swap {
     unsigned nvthr;
     pthread_mutex_t vlock;
     pthread_cond_t vcond;
-    chunk_ctx *vhead, *vtail;
+    zo_queue vq;             /* chunks to checksum or verify, FIFO */
     int vstop;
 
     uint64_t arena_bytes, arena_files, allocated, nallocs;
@@ -493,6 +498,7 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
     pthread_cond_init(&s->cond, NULL);
     pthread_mutex_init(&s->vlock, NULL);
     pthread_cond_init(&s->vcond, NULL);
+    zo_queue_init(&s->vq);
     s->cfg = cfg;
     s->cfg.dirs = NULL;
     s->ndirs = cfg.ndirs;
@@ -812,14 +818,12 @@ static void *csum_main(void *arg)
     zo_swap *s = arg;
     pthread_mutex_lock(&s->vlock);
     for (;;) {
-        while (!s->vhead && !s->vstop)
+        while (zo_queue_empty(&s->vq) && !s->vstop)
             pthread_cond_wait(&s->vcond, &s->vlock);
-        chunk_ctx *c = s->vhead;
-        if (!c)
+        zo_qnode *n = zo_queue_pop(&s->vq);
+        if (!n)
             break;
-        s->vhead = c->vnext;
-        if (!s->vhead)
-            s->vtail = NULL;
+        chunk_ctx *c = zo_queue_entry(n, chunk_ctx, vnode);
         pthread_mutex_unlock(&s->vlock);
         if (c->io->op == IO_WRITE)
             write_csum(c);
@@ -834,13 +838,8 @@ static void *csum_main(void *arg)
 /* Hand a chunk to the checksum threads. */
 static void csum_queue(zo_swap *s, chunk_ctx *c)
 {
-    c->vnext = NULL;
     pthread_mutex_lock(&s->vlock);
-    if (s->vtail)
-        s->vtail->vnext = c;
-    else
-        s->vhead = c;
-    s->vtail = c;
+    zo_queue_push(&s->vq, &c->vnode);
     pthread_cond_signal(&s->vcond);
     pthread_mutex_unlock(&s->vlock);
 }
@@ -1032,7 +1031,7 @@ ZO_API int zo_swap_test(zo_swap *s, zo_swap_io *io)
     pthread_mutex_lock(&s->lock);
     int done = io->done;
     pthread_mutex_unlock(&s->lock);
-    return done ? io_finish(s, io) : -EBUSY;
+    return done ? io_finish(s, io) : ZO_PENDING;
 }
 
 ZO_API int zo_swap_wait_all(zo_swap *s)

@@ -882,7 +882,7 @@ START_TEST(test_swap_async)
         zo_swap_io *io;
         ck_assert_int_eq(zo_swap_read(s, id[i], 0, y, 3 * chunk + 5, NULL, NULL, &io), 0);
         int r;
-        while ((r = zo_swap_test(s, io)) == -EBUSY)
+        while ((r = zo_swap_test(s, io)) == ZO_PENDING)
             sched_yield();
         ck_assert_int_eq(r, 0);
         ck_assert(memcmp(x[i], y, 3 * chunk + 5) == 0);
@@ -911,6 +911,128 @@ START_TEST(test_swap_async)
         free(x[i]);
     free(y);
     zo_swap_destroy(&s);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* ---- zo_swap_test: ZO_PENDING, never an error code, for "not finished" ------- */
+/* It used to return -EBUSY while an io was in flight, which is also a
+ * possible completion error: a finished io that failed with -EBUSY looked
+ * pending forever to a polling caller. The queue-fault hook holds a write
+ * open (its submission guard keeps it in flight) and then fails it with
+ * -EBUSY. */
+typedef struct gate {
+    pthread_mutex_t m;
+    pthread_cond_t c;
+    int entered, release;
+    int ret;            /* what the hook returns once released */
+    zo_swap_io *io;     /* the io being submitted (set before the hook runs) */
+    zo_swap *s;
+    zo_swap_id id;
+    uint8_t *buf;
+    size_t len;
+    int rc;
+} gate;
+
+static void gate_init(gate *g)
+{
+    memset(g, 0, sizeof(*g));
+    pthread_mutex_init(&g->m, NULL);
+    pthread_cond_init(&g->c, NULL);
+}
+
+static void gate_fini(gate *g)
+{
+    pthread_mutex_destroy(&g->m);
+    pthread_cond_destroy(&g->c);
+}
+
+/* block until released; 1 if entered within `sec` seconds */
+static int gate_hold(gate *g)
+{
+    pthread_mutex_lock(&g->m);
+    g->entered = 1;
+    pthread_cond_broadcast(&g->c);
+    while (!g->release)
+        pthread_cond_wait(&g->c, &g->m);
+    int r = g->ret;
+    pthread_mutex_unlock(&g->m);
+    return r;
+}
+
+static int gate_wait_entered(gate *g, int sec)
+{
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += sec;
+    pthread_mutex_lock(&g->m);
+    while (!g->entered)
+        if (pthread_cond_timedwait(&g->c, &g->m, &dl) != 0)
+            break;
+    int e = g->entered;
+    pthread_mutex_unlock(&g->m);
+    return e;
+}
+
+static void gate_open(gate *g)
+{
+    pthread_mutex_lock(&g->m);
+    g->release = 1;
+    pthread_cond_broadcast(&g->c);
+    pthread_mutex_unlock(&g->m);
+}
+
+static int qfault_gate(void *user, int write, uint64_t idx)
+{
+    return write && idx == 1 ? gate_hold(user) : 0;
+}
+
+static void *gate_writer(void *p)
+{
+    gate *g = p;
+    g->rc = zo_swap_write(g->s, g->id, 0, g->buf, g->len, NULL, NULL, &g->io);
+    return NULL;
+}
+
+START_TEST(test_swap_test_pending)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    const size_t chunk = 16384;
+    zo_swap *s = make_swap(dirs, 1, chunk, 64 * chunk, ZO_CSUM_CRC32C);
+    gate g;
+    gate_init(&g);
+    g.s = s;
+    g.len = 2 * chunk;
+    g.buf = calloc(1, g.len);
+    g.ret = -EBUSY;
+    ck_assert_int_eq(zo_swap_alloc(s, g.len, "pending", &g.id), 0);
+    zo__swap_set_queue_fault(s, qfault_gate, &g);
+    pthread_t th;
+    pthread_create(&th, NULL, gate_writer, &g);
+    ck_assert_msg(gate_wait_entered(&g, 30), "the write never reached its second chunk");
+    pthread_mutex_lock(&g.m);
+    zo_swap_io *io = g.io;
+    pthread_mutex_unlock(&g.m);
+    ck_assert_ptr_nonnull(io);
+    /* in flight: pending, and the io stays valid */
+    ck_assert_int_eq(zo_swap_test(s, io), ZO_PENDING);
+    ck_assert_int_eq(zo_swap_test(s, io), ZO_PENDING);
+    gate_open(&g);
+    pthread_join(th, NULL);
+    ck_assert_int_eq(g.rc, 0);
+    int r;
+    while ((r = zo_swap_test(s, io)) == ZO_PENDING)
+        sched_yield();
+    /* finished with -EBUSY: told apart from "not yet" */
+    ck_assert_int_eq(r, -EBUSY);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "could not queue"));
+    zo__swap_set_queue_fault(s, NULL, NULL);
+    ck_assert_int_eq(zo_swap_wait_all(s), 0);
+    zo_swap_destroy(&s);
+    free(g.buf);
+    gate_fini(&g);
     zo_test_rmtree(dir);
 }
 END_TEST
@@ -1029,6 +1151,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_swap_corruption);
     tcase_add_test(tc, test_swap_random_integrity);
     tcase_add_test(tc, test_swap_async);
+    tcase_add_test(tc, test_swap_test_pending);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

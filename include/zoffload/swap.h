@@ -11,12 +11,15 @@
  *   fallocate() when they are created or grown, so a full disk fails the
  *   allocation up front rather than a write half way. An allocation
  *   (zo_swap_alloc()) is cut into chunks of `chunk_size` bytes; with several
- *   directories chunk i goes to directory (i mod ndirs), so one tensor is
- *   striped across every drive. Every chunk written gets a checksum,
- *   computed on the source buffer while its write is in flight; every
- *   chunk read is verified in the destination buffer as soon as its read
- *   completes (on a checksum thread, off the I/O threads), and a mismatch fails the read with ZO_ECORRUPT whose detail
- *   names the tensor, the byte offset, the arena file and both checksums.
+ *   directories chunk i goes to directory ((first + i) mod ndirs), where
+ *   `first` rotates from one allocation to the next (so small allocations
+ *   spread over the drives too), and one tensor is striped across every
+ *   drive. Every chunk written gets a checksum, computed on the source
+ *   buffer while its write is in flight; every chunk read is verified in
+ *   the destination buffer as soon as its read completes (on a checksum
+ *   thread, off the I/O threads; inline when csum_threads is 0), and a
+ *   mismatch fails the read with ZO_ECORRUPT whose detail names the tensor,
+ *   the byte offset, the arena file and both checksums.
  *   Arena files are removed by zo_swap_destroy() unless `keep_files` is set.
  *
  * Checkpoints (zo_ckpt_*)
@@ -201,7 +204,11 @@ ZO_API int zo_swap_read(zo_swap *s, zo_swap_id id, uint64_t off, void *buf, size
  *  zo_last_error_detail()); -EINVAL (s or io NULL). Only one thread may
  *  wait for a given io. */
 ZO_API int zo_swap_wait(zo_swap *s, zo_swap_io *io);
-/** -EBUSY if io is in flight (io stays valid); else as zo_swap_wait(). */
+/** Poll io without blocking. @return ZO_PENDING (positive) while it is in
+ *  flight (io stays valid); once it has finished, as zo_swap_wait(): 0 or
+ *  its (negative) error, and io is released. -EINVAL (s or io NULL).
+ *  A finished io's error may be any code, -EBUSY included, so test for
+ *  ZO_PENDING, never for an error code. */
 ZO_API int zo_swap_test(zo_swap *s, zo_swap_io *io);
 /** Wait until no I/O of the store is in flight. Returns 0, or the first
  *  error of an io nobody waited for (since the last call); -EINVAL (NULL). */

@@ -126,12 +126,30 @@ struct zo_swap {
     uint64_t arena_bytes, arena_files, allocated, nallocs;
     _Atomic uint64_t bytes_written, bytes_read, chunks_written, chunks_read, chunks_verified, chunks_zero;
     _Atomic uint64_t corrupt, csum_ns, io_errors;
+    pthread_mutex_t elock;   /* err: one whole message at a time */
     zo_errbuf err;
     zo__swap_queue_fault_fn qfault; /* tests: fail the queueing of a chunk */
     void *qfault_user;
 };
 
 static _Atomic unsigned swap_instances;
+
+/* Record a failure in the store's message. API calls from any thread and
+ * waiters finishing failed I/O (the store's mover among them) fail at the
+ * same time, so, as in aio, the detail is formatted in the calling thread's
+ * own buffer (zo_last_error_detail()) and copied to s->err under elock:
+ * zo_swap_errmsg() shows one whole message, never the bytes of two. Code
+ * that needs the reason of a failure it just saw reads
+ * zo_last_error_detail(), never s->err, which another thread may have
+ * overwritten since. */
+static int swap_fail_publish(zo_swap *s, int err)
+{
+    pthread_mutex_lock(&s->elock);
+    snprintf(s->err.msg, sizeof(s->err.msg), "%s", zo_last_error_detail());
+    pthread_mutex_unlock(&s->elock);
+    return err;
+}
+#define SWAP_FAIL(s, err, ...) swap_fail_publish((s), ZO_FAIL(NULL, (err), __VA_ARGS__))
 
 ZO_API void zo_swap_config_default(zo_swap_config *cfg)
 {
@@ -211,7 +229,7 @@ static int arena_new(zo_swap *s, swap_dir *d, uint64_t size, arena **out)
 {
     int r;
     if (s->cfg.max_bytes && (s->arena_bytes > s->cfg.max_bytes || size > s->cfg.max_bytes - s->arena_bytes))
-        return ZO_FAIL(&s->err, ZO_EBUDGET,
+        return SWAP_FAIL(s, ZO_EBUDGET,
                        "swap: growing by %llu bytes would exceed max_bytes %llu (arenas hold %llu)",
                        (unsigned long long)size, (unsigned long long)s->cfg.max_bytes,
                        (unsigned long long)s->arena_bytes);
@@ -235,7 +253,7 @@ static int arena_new(zo_swap *s, swap_dir *d, uint64_t size, arena **out)
         fl |= ZO_FILE_BUFFERED;
     r = zo_file_open(&ar->f, ar->path, fl);
     if (r < 0) {
-        ZO_FAIL(&s->err, r, "swap: cannot create arena %s: %s", ar->path, zo_strerror(r));
+        SWAP_FAIL(s, r, "swap: cannot create arena %s: %s", ar->path, zo_strerror(r));
         free(ar->path);
         free(ar);
         return r;
@@ -249,7 +267,7 @@ static int arena_new(zo_swap *s, swap_dir *d, uint64_t size, arena **out)
         r = zo_file_truncate(ar->f, size);
     }
     if (r < 0) {
-        ZO_FAIL(&s->err, r, "swap: cannot reserve %llu bytes for arena %s: %s", (unsigned long long)size, ar->path,
+        SWAP_FAIL(s, r, "swap: cannot reserve %llu bytes for arena %s: %s", (unsigned long long)size, ar->path,
                 zo_strerror(r));
         zo_file_close(&ar->f);
         unlink(ar->path);
@@ -341,7 +359,7 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
     if (r == 0) {
         r = zo__ext_alloc(&ar->ext, need, align, &off);
         if (r < 0)
-            return ZO_FAIL(&s->err, ZO_EINTERNAL, "swap: a fresh arena of %llu bytes cannot hold %llu",
+            return SWAP_FAIL(s, ZO_EINTERNAL, "swap: a fresh arena of %llu bytes cannot hold %llu",
                            (unsigned long long)size, (unsigned long long)need);
         return seg_push_or_free(st, &cap, ar, off, need);
     }
@@ -353,7 +371,7 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
      * straddles two pieces; O_DIRECT only needs the granule. Asking for chunk
      * alignment here would refuse free space that holds the bytes. */
     char why[ZO_ERRMSG_LEN];
-    snprintf(why, sizeof(why), "%s", s->err.msg);
+    snprintf(why, sizeof(why), "%s", zo_last_error_detail());
     uint64_t soff = 0;
     while (soff < need) {
         arena *best = NULL;
@@ -369,7 +387,7 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
         uint64_t take = want <= best_len ? want : best_len / chunk * chunk;
         if (!best || take == 0 || zo__ext_alloc(&best->ext, take, s->granule, &off) < 0) {
             stripe_release(st);
-            return ZO_FAIL(&s->err, ZO_EBUDGET, "%s; the free space left in %s is too fragmented or too small",
+            return SWAP_FAIL(s, ZO_EBUDGET, "%s; the free space left in %s is too fragmented or too small",
                            why, d->path);
         }
         take = zo__ext_round(&best->ext, take);
@@ -444,6 +462,7 @@ ZO_API void zo_swap_destroy(zo_swap **sp)
     zo_aio_destroy(&s->own_aio);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->elock);
     free(s);
     *sp = NULL;
 }
@@ -496,6 +515,7 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
         return -ENOMEM;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
+    pthread_mutex_init(&s->elock, NULL);
     pthread_mutex_init(&s->vlock, NULL);
     pthread_cond_init(&s->vcond, NULL);
     zo_queue_init(&s->vq);
@@ -556,10 +576,8 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
             r = arena_new(s, &s->dirs[i], size, &ar);
         }
         pthread_mutex_unlock(&s->lock);
-        if (r < 0) {
-            ZO_FAIL(NULL, r, "%s", s->err.msg);
-            goto fail;
-        }
+        if (r < 0)
+            goto fail; /* the detail is this thread's */
     }
     *out = s;
     return 0;
@@ -581,9 +599,10 @@ static salloc *lookup(zo_swap *s, zo_swap_id id)
 ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_id *id)
 {
     if (!s || !id || bytes == 0)
-        return ZO_FAIL(s ? &s->err : NULL, -EINVAL, "zo_swap_alloc: %s", !s || !id ? "NULL argument" : "0 bytes");
+        return s ? SWAP_FAIL(s, -EINVAL, "zo_swap_alloc: %s", !id ? "NULL argument" : "0 bytes")
+                 : ZO_FAIL(NULL, -EINVAL, "zo_swap_alloc: NULL store");
     if (bytes > (1ull << 56))
-        return ZO_FAIL(&s->err, -EFBIG, "zo_swap_alloc: %llu bytes is too large", (unsigned long long)bytes);
+        return SWAP_FAIL(s, -EFBIG, "zo_swap_alloc: %llu bytes is too large", (unsigned long long)bytes);
     *id = 0;
     uint64_t chunk = s->cfg.chunk_size;
     salloc *al = calloc(1, sizeof(*al));
@@ -653,8 +672,8 @@ ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_i
     }
     if (r < 0) {
         char why[ZO_ERRMSG_LEN];
-        snprintf(why, sizeof(why), "%s", r == -ENOMEM ? "out of memory" : s->err.msg);
-        ZO_FAIL(&s->err, r, "zo_swap_alloc of %llu bytes for '%s': %s", (unsigned long long)bytes, al->name, why);
+        snprintf(why, sizeof(why), "%s", r == -ENOMEM ? "out of memory" : zo_last_error_detail());
+        SWAP_FAIL(s, r, "zo_swap_alloc of %llu bytes for '%s': %s", (unsigned long long)bytes, al->name, why);
         salloc_free(s, al);
     }
     pthread_mutex_unlock(&s->lock);
@@ -669,11 +688,11 @@ ZO_API int zo_swap_free(zo_swap *s, zo_swap_id id)
     salloc *al = lookup(s, id);
     if (!al) {
         pthread_mutex_unlock(&s->lock);
-        return ZO_FAIL(&s->err, -ENOENT, "zo_swap_free: unknown handle 0x%llx", (unsigned long long)id);
+        return SWAP_FAIL(s, -ENOENT, "zo_swap_free: unknown handle 0x%llx", (unsigned long long)id);
     }
     if (al->inflight) {
         pthread_mutex_unlock(&s->lock);
-        return ZO_FAIL(&s->err, -EBUSY, "zo_swap_free: '%s' has %u I/O in flight", al->name, al->inflight);
+        return SWAP_FAIL(s, -EBUSY, "zo_swap_free: '%s' has %u I/O in flight", al->name, al->inflight);
     }
     size_t slot = (size_t)(id & 0xffffffffu) - 1;
     s->tab[slot] = NULL;
@@ -881,18 +900,18 @@ static int io_start(zo_swap *s, int op, zo_swap_id id, uint64_t off, void *buf, 
     if (out)
         *out = NULL;
     if (!buf || len == 0)
-        return ZO_FAIL(&s->err, -EINVAL, "%s: %s", fn, buf ? "len 0" : "NULL buffer");
+        return SWAP_FAIL(s, -EINVAL, "%s: %s", fn, buf ? "len 0" : "NULL buffer");
     uint64_t chunk = s->cfg.chunk_size;
     pthread_mutex_lock(&s->lock);
     salloc *al = lookup(s, id);
     if (!al) {
         pthread_mutex_unlock(&s->lock);
-        return ZO_FAIL(&s->err, -ENOENT, "%s: unknown handle 0x%llx", fn, (unsigned long long)id);
+        return SWAP_FAIL(s, -ENOENT, "%s: unknown handle 0x%llx", fn, (unsigned long long)id);
     }
     if (off > al->bytes || len > al->bytes - off || (off % chunk) != 0 ||
         ((off + len) % chunk != 0 && off + len != al->bytes)) {
         pthread_mutex_unlock(&s->lock);
-        return ZO_FAIL(&s->err, -EINVAL,
+        return SWAP_FAIL(s, -EINVAL,
                        "%s: range [%llu, +%zu) of '%s' (%llu bytes) must lie inside it and start and end on "
                        "%llu-byte chunk boundaries (or at its end)",
                        fn, (unsigned long long)off, len, al->name, (unsigned long long)al->bytes,
@@ -1008,7 +1027,7 @@ static int io_finish(zo_swap *s, zo_swap_io *io)
 {
     int err = atomic_load(&io->err);
     if (err < 0)
-        ZO_FAIL(&s->err, err, "%s", io->detail);
+        SWAP_FAIL(s, err, "%s", io->detail);
     free(io);
     return err;
 }
@@ -1047,7 +1066,7 @@ ZO_API int zo_swap_wait_all(zo_swap *s)
     s->async_err = 0;
     pthread_mutex_unlock(&s->lock);
     if (err < 0)
-        ZO_FAIL(&s->err, err, "%s", detail);
+        SWAP_FAIL(s, err, "%s", detail);
     return err;
 }
 

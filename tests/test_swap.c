@@ -1037,6 +1037,80 @@ START_TEST(test_swap_test_pending)
 }
 END_TEST
 
+/* ---- the store's error message under concurrent failures ----------------------- */
+/* Two threads fail at once with messages of different lengths; the store's
+ * message must always be one of them whole. Before the message was copied
+ * under a lock, two memcpy()s into it could interleave and leave a mix.
+ * The race is a timing one: this test shows it often, not on every run. */
+typedef struct errthr {
+    zo_swap *s;
+    zo_swap_id id;
+    int rounds;
+    pthread_barrier_t *bar;
+} errthr;
+
+static void *err_main(void *p)
+{
+    errthr *e = p;
+    uint8_t b[16];
+    for (int i = 0; i < e->rounds; i++) {
+        pthread_barrier_wait(e->bar);
+        zo_swap_io *io;
+        zo_swap_read(e->s, e->id, 1, b, sizeof(b), NULL, NULL, &io); /* -EINVAL, names the allocation */
+        pthread_barrier_wait(e->bar);
+        pthread_barrier_wait(e->bar); /* main checks */
+    }
+    return NULL;
+}
+
+START_TEST(test_swap_errmsg_threads)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    const size_t chunk = 16384;
+    zo_swap *s = make_swap(dirs, 1, chunk, 64 * chunk, ZO_CSUM_NONE);
+    char nm[2][200];
+    memset(nm[0], 'a', 20);
+    nm[0][20] = 0;
+    memset(nm[1], 'b', 190);
+    nm[1][190] = 0;
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 3);
+    errthr e[2];
+    pthread_t th[2];
+    const int rounds = 2000;
+    for (int i = 0; i < 2; i++) {
+        e[i] = (errthr){s, 0, rounds, &bar};
+        ck_assert_int_eq(zo_swap_alloc(s, chunk, nm[i], &e[i].id), 0);
+        pthread_create(&th[i], NULL, err_main, &e[i]);
+    }
+    char want[2][ZO_ERRMSG_LEN];
+    for (int i = 0; i < 2; i++) {
+        zo_swap_io *io;
+        uint8_t b[16];
+        ck_assert_int_eq(zo_swap_read(s, e[i].id, 1, b, sizeof(b), NULL, NULL, &io), -EINVAL);
+        snprintf(want[i], sizeof(want[i]), "%s", zo_swap_errmsg(s));
+    }
+    ck_assert_str_ne(want[0], want[1]);
+    int mixed = 0;
+    for (int i = 0; i < rounds; i++) {
+        pthread_barrier_wait(&bar);
+        pthread_barrier_wait(&bar);
+        const char *m = zo_swap_errmsg(s);
+        if (strcmp(m, want[0]) != 0 && strcmp(m, want[1]) != 0)
+            mixed++;
+        pthread_barrier_wait(&bar);
+    }
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    pthread_barrier_destroy(&bar);
+    ck_assert_msg(mixed == 0, "%d of %d rounds left a message that is neither failure's", mixed, rounds);
+    zo_swap_destroy(&s);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* ---- full disk (tmpfs of 8 MiB in a private mount namespace) ------------------ */
 static char full_dir[256];
 
@@ -1152,6 +1226,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_swap_random_integrity);
     tcase_add_test(tc, test_swap_async);
     tcase_add_test(tc, test_swap_test_pending);
+    tcase_add_test(tc, test_swap_errmsg_threads);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

@@ -136,7 +136,10 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *cfg);
  */
 ZO_API void zo_swap_destroy(zo_swap **s);
 
-/** The store's last error detail ("" if none). */
+/** The store's last error detail ("" if none): the most recent failure of
+ *  any thread using the store, written whole under the store's lock. For
+ *  the detail of your own call's failure, zo_last_error_detail() (thread
+ *  local) is exact; this one may already hold another thread's. */
 ZO_API const char *zo_swap_errmsg(const zo_swap *s);
 
 /** The engine the store uses (its own or the one given). */

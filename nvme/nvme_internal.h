@@ -58,6 +58,14 @@ uint64_t zo__csum(zo_csum_kind kind, const void *p, size_t n);
 typedef int (*zo__swap_queue_fault_fn)(void *user, int write, uint64_t chunk_idx);
 struct zo_swap;
 void zo__swap_set_queue_fault(struct zo_swap *s, zo__swap_queue_fault_fn fn, void *user);
+/* Called while a swap store creates an arena file (after the file exists,
+ * before its space is reserved), in the thread that grows the store, with
+ * no lock of the store held; a negative return fails the growth with that
+ * error, as a failed fallocate would. Tests use it to hold a growth open
+ * and check that the store keeps working meanwhile. fn NULL removes it;
+ * set it while no allocation is running. */
+typedef int (*zo__swap_grow_hook_fn)(void *user, const char *path);
+void zo__swap_set_grow_hook(struct zo_swap *s, zo__swap_grow_hook_fn fn, void *user);
 
 /* ---- helpers ------------------------------------------------------------------- */
 /* fsync a directory by path. 0 or -errno. */

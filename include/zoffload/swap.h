@@ -9,7 +9,12 @@
  *   Each swap directory holds arena files `zo-swap.<pid>.<instance>.<n>`,
  *   created mode 0600 with O_EXCL | O_NOFOLLOW and reserved on disk with
  *   fallocate() when they are created or grown, so a full disk fails the
- *   allocation up front rather than a write half way. An allocation
+ *   allocation up front rather than a write half way. A store holds each
+ *   of its arena files with flock(LOCK_EX) for the file's life; an arena
+ *   file nobody holds belongs to a store that is gone (a killed process),
+ *   and zo_swap_create() removes such stale files from its directories, so
+ *   a restarted process (with the same pid, as pid 1 in a container) just
+ *   works. Files another live process holds are never touched. An allocation
  *   (zo_swap_alloc()) is cut into chunks of `chunk_size` bytes; with several
  *   directories chunk i goes to directory ((first + i) mod ndirs), where
  *   `first` rotates from one allocation to the next (so small allocations
@@ -105,7 +110,7 @@ typedef struct zo_swap_config {
     uint64_t max_bytes;       /**< cap on arena bytes over all directories; 0 = until a disk is full (default) */
     size_t chunk_size;        /**< stripe unit and checksum granule: power of two >= 4096; default 1 MiB */
     zo_csum_kind checksum;    /**< default ZO_CSUM_CRC32C */
-    int keep_files;           /**< keep arena files on destroy; default 0 */
+    int keep_files;           /**< keep arena files on destroy (for inspection: nobody holds them then, so the next store created in that directory removes them as stale); default 0 */
     int buffered;             /**< open arenas without O_DIRECT; default 0 */
     struct zo_aio *aio;       /**< engine to use (not owned); NULL: create one from aio_cfg */
     const struct zo_aio_config *aio_cfg; /**< config of the engine created when aio is NULL (NULL = defaults) */
@@ -119,9 +124,13 @@ ZO_API void zo_swap_config_default(zo_swap_config *cfg);
  * Create a swap store. Each directory must exist, be a directory (not a
  * symlink to one: pass the real path), be writable, and, if others may
  * write to it, have the sticky bit (else a local user could plant files).
- * Arena files of `reserve` bytes are created at once when reserve > 0.
- * @return 0; -EINVAL (NULL, no dirs); ZO_ECONFIG (bad chunk size, too
- *         many dirs, unknown checksum: detail names the field); ZO_ENOTSUP
+ * Stale arena files of stores that are gone (see above) are removed from
+ * every directory first. Arena files of `reserve` bytes are created at once
+ * when reserve > 0.
+ * @return 0; -EINVAL (NULL, no dirs); ZO_ECONFIG (bad chunk size,
+ *         too many dirs, unknown checksum: detail names the
+ *         field); ZO_EBUDGET (reserve in every directory exceeds
+ *         max_bytes); ZO_ENOTSUP
  *         (XXH3 without libxxhash); -ENOENT, -ENOTDIR, -ELOOP (symlink),
  *         -EACCES, -EROFS, -EPERM (world-writable without sticky bit);
  *         -ENOSPC (reserve does not fit); errors of zo_aio_create();
@@ -151,8 +160,12 @@ ZO_API struct zo_aio *zo_swap_get_aio(zo_swap *s);
  * Contents read as zeros until written.
  * @return 0 and *id; -EINVAL (bytes 0, NULL); ZO_EBUDGET (max_bytes would be
  *         exceeded); -ENOSPC (a disk is full: nothing was written);
- *         -EFBIG; other -errno of fallocate; -ENOMEM. Blocks when arenas
- *         grow. Thread-safe.
+ *         -EFBIG; other -errno of open or fallocate; -ENOMEM. Thread-safe.
+ *         Blocks while an arena grows; the store's lock is not held
+ *         meanwhile, so I/O, completions and other calls (allocations that
+ *         fit the arenas there are included) go on; an allocation that
+ *         needs a directory another thread is growing waits for that arena
+ *         and looks again.
  */
 ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_id *id);
 

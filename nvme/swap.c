@@ -689,9 +689,12 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
                        zo_csum_name(cfg.checksum));
     if (cfg.csum_threads > 64)
         return ZO_FAIL(NULL, ZO_ECONFIG, "zo_swap_create: csum_threads %u is absurd (at most 64)", cfg.csum_threads);
-    if (cfg.arena_size < cfg.chunk_size)
-        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_swap_create: arena_size %llu is below chunk_size %zu",
-                       (unsigned long long)cfg.arena_size, cfg.chunk_size);
+    /* a small run sizes its arenas from what it needs: anything from one
+     * byte is fine and rounds up to whole chunks (one at least) */
+    if (cfg.arena_size == 0 || cfg.arena_size > (1ull << 56))
+        return ZO_FAIL(NULL, ZO_ECONFIG,
+                       "zo_swap_create: arena_size %llu must be in [1, 2^56] (it is rounded up to chunk_size)",
+                       (unsigned long long)cfg.arena_size);
     cfg.arena_size = ZO_ALIGN_UP(cfg.arena_size, (uint64_t)cfg.chunk_size);
     for (unsigned i = 0; i < cfg.ndirs; i++) {
         int r = zo__check_dir(NULL, "swap directory", cfg.dirs[i]);

@@ -1518,6 +1518,41 @@ START_TEST(test_swap_stale_arenas)
 }
 END_TEST
 
+/* ---- a small arena for a small run -------------------------------------------- */
+/* Tools size arena_size from the run; a value below the chunk size is
+ * taken as one chunk, so a tiny run reserves a tiny file, not 1 GiB. */
+START_TEST(test_swap_small_arena)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[] = {dir};
+    zo_swap_config c;
+    zo_swap_config_default(&c);
+    set_backend(&c);
+    c.dirs = dirs;
+    c.ndirs = 1;
+    c.chunk_size = 65536;
+    c.arena_size = 5000; /* below one chunk */
+    zo_swap *s = NULL;
+    ck_assert_int_eq(zo_swap_create(&s, &c), 0);
+    zo_swap_id id;
+    uint8_t x[5000], y[5000];
+    memset(x, 0x5a, sizeof(x));
+    ck_assert_int_eq(zo_swap_alloc(s, sizeof(x), "tiny", &id), 0);
+    swap_io(s, 1, id, 0, x, sizeof(x));
+    swap_io(s, 0, id, 0, y, sizeof(y));
+    ck_assert(memcmp(x, y, sizeof(x)) == 0);
+    uint64_t b = 0;
+    ck_assert_int_eq(count_arenas(dir, &b, 1), 1);
+    ck_assert_uint_eq(b, 65536);
+    zo_swap_destroy(&s);
+    c.arena_size = 0;
+    ck_assert_int_eq(zo_swap_create(&s, &c), ZO_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "arena_size"));
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* ---- full disk (tmpfs of 8 MiB in a private mount namespace) ------------------ */
 static char full_dir[256];
 
@@ -1637,6 +1672,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_swap_grow_unlocked);
     tcase_add_test(tc, test_swap_grow_concurrent);
     tcase_add_test(tc, test_swap_stale_arenas);
+    tcase_add_test(tc, test_swap_small_arena);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

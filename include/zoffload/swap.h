@@ -105,7 +105,7 @@ typedef struct zo_swap_config {
     size_t struct_size;       /**< sizeof(zo_swap_config), set by the defaults function */
     const char *const *dirs;  /**< swap directories (required; several = striping); copied */
     unsigned ndirs;           /**< number of entries in dirs, 1..ZO_SWAP_MAX_DIRS */
-    uint64_t arena_size;      /**< size of one arena file and growth step; default 1 GiB */
+    uint64_t arena_size;      /**< size of one arena file and growth step, rounded up to whole chunks: a value below chunk_size gives one chunk, so a small run sizes it from what it needs instead of reserving 1 GiB; 1 .. 2^56; default 1 GiB */
     uint64_t reserve;         /**< bytes to reserve per directory at create (fails early if the disk cannot hold them); default 0 */
     uint64_t max_bytes;       /**< cap on arena bytes over all directories; 0 = until a disk is full (default) */
     size_t chunk_size;        /**< stripe unit and checksum granule: power of two >= 4096; default 1 MiB */
@@ -127,8 +127,8 @@ ZO_API void zo_swap_config_default(zo_swap_config *cfg);
  * Stale arena files of stores that are gone (see above) are removed from
  * every directory first. Arena files of `reserve` bytes are created at once
  * when reserve > 0.
- * @return 0; -EINVAL (NULL, no dirs); ZO_ECONFIG (bad chunk size,
- *         too many dirs, unknown checksum: detail names the
+ * @return 0; -EINVAL (NULL, no dirs); ZO_ECONFIG (bad chunk size or
+ *         arena_size, too many dirs, unknown checksum: detail names the
  *         field); ZO_EBUDGET (reserve in every directory exceeds
  *         max_bytes); ZO_ENOTSUP
  *         (XXH3 without libxxhash); -ENOENT, -ENOTDIR, -ELOOP (symlink),

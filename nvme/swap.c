@@ -579,7 +579,7 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
         if (!best || take == 0 || zo__ext_alloc(&best->ext, take, s->granule, &off) < 0) {
             stripe_release(st);
             return SWAP_FAIL(s, ZO_EBUDGET, "%s; the free space left in %s is too fragmented or too small",
-                           why, d->path);
+                             why, d->path);
         }
         take = zo__ext_round(&best->ext, take);
         r = seg_push(st, &cap, (seg){best, off, soff, take});
@@ -1118,10 +1118,10 @@ static int io_start(zo_swap *s, int op, zo_swap_id id, uint64_t off, void *buf, 
         ((off + len) % chunk != 0 && off + len != al->bytes)) {
         pthread_mutex_unlock(&s->lock);
         return SWAP_FAIL(s, -EINVAL,
-                       "%s: range [%llu, +%zu) of '%s' (%llu bytes) must lie inside it and start and end on "
-                       "%llu-byte chunk boundaries (or at its end)",
-                       fn, (unsigned long long)off, len, al->name, (unsigned long long)al->bytes,
-                       (unsigned long long)chunk);
+                         "%s: range [%llu, +%zu) of '%s' (%llu bytes) must lie inside it and start and end on "
+                         "%llu-byte chunk boundaries (or at its end)",
+                         fn, (unsigned long long)off, len, al->name, (unsigned long long)al->bytes,
+                         (unsigned long long)chunk);
     }
     uint64_t c0 = off / chunk, nc = (len + chunk - 1) / chunk;
     zo_swap_io *io = calloc(1, sizeof(*io) + nc * sizeof(chunk_ctx));

@@ -787,7 +787,8 @@ START_TEST(test_ckpt_lock_liveness)
         o.chunk_size = sizeof(b);
         if (zo_ckpt_begin(&w, root, "killed", &o) || zo_ckpt_add(w, &e, NULL) || zo_ckpt_put(w, 0, 0, b, sizeof(b)))
             _exit(3);
-        ck_assert_int_eq(write(pfd[1], "r", 1), 1);
+        if (write(pfd[1], "r", 1) != 1) /* no Check calls in the child: the parent judges */
+            _exit(4);
         pause();
         _exit(0);
     }

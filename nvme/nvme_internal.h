@@ -67,6 +67,28 @@ void zo__swap_set_queue_fault(struct zo_swap *s, zo__swap_queue_fault_fn fn, voi
 typedef int (*zo__swap_grow_hook_fn)(void *user, const char *path);
 void zo__swap_set_grow_hook(struct zo_swap *s, zo__swap_grow_hook_fn fn, void *user);
 
+/* Checkpoint commit: called before each step of zo_ckpt_commit() (see the
+ * order at the top of checkpoint.c); a negative return fails that step with
+ * that error, the step not done. Process-wide; fn NULL removes it. */
+enum {
+    ZO__CKPT_F_DATA_SYNC = 0, /* 1. fdatasync of tensors.bin */
+    ZO__CKPT_F_MANIFEST,      /* 2. manifest.json written + fsync */
+    ZO__CKPT_F_TMPDIR_SYNC,   /* 3. fsync of the temporary directory */
+    ZO__CKPT_F_RENAME,        /* 4. rename to <root>/<name> */
+    ZO__CKPT_F_ROOT_SYNC,     /* 4. fsync of the root */
+    ZO__CKPT_F_LATEST_WRITE,  /* 5. .latest.<host>.<pid> written + fsync */
+    ZO__CKPT_F_LATEST_RENAME, /* 5. rename over latest */
+    ZO__CKPT_F_LATEST_SYNC,   /* 5. fsync of the root */
+    ZO__CKPT_F_UNDO_LATEST,   /* taking back: latest put back as it was */
+    ZO__CKPT_F_UNDO_RENAME,   /* taking back: <root>/<name> renamed back */
+    ZO__CKPT_F_NSTEPS
+};
+typedef int (*zo__ckpt_fault_fn)(void *user, int step);
+void zo__ckpt_set_fault(zo__ckpt_fault_fn fn, void *user);
+/* This host's tag in checkpoint leftovers' names (.tmp-<name>.<host>.<pid>). */
+#define ZO__CKPT_HOST_MAX 64
+const char *zo__ckpt_host(void);
+
 /* ---- helpers ------------------------------------------------------------------- */
 /* fsync a directory by path. 0 or -errno. */
 int zo__fsync_dir(const char *path);

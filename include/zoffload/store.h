@@ -152,8 +152,13 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *d, zo_tensor **o
 
 /**
  * Unregister a tensor and free all its copies. *t is cleared. Blocks while
- * transfers of it (a prefetch, a write-back) finish.
- * @return 0; -EINVAL; -EBUSY (referenced, being acquired, or streamed).
+ * transfers of it (a prefetch, a write-back) finish. A tensor in a
+ * zo_store_checkpoint() or zo_store_restore() that is running is refused
+ * with -EBUSY, not waited for (those calls use it until they return); so
+ * is a referenced or streamed one. On -EBUSY the tensor stays registered
+ * and usable, *t unchanged.
+ * @return 0; -EINVAL (NULL); -EBUSY (referenced, being acquired, streamed,
+ *         in a checkpoint being written, or being restored).
  */
 ZO_API int zo_store_unregister(zo_store *s, zo_tensor **t);
 
@@ -211,7 +216,13 @@ ZO_API int zo_store_acquire(zo_store *s, zo_tensor *t, zo_tier tier, unsigned fl
  *         -EINVAL (s or r NULL).
  */
 ZO_API int zo_store_wait(zo_store *s, zo_store_req *r, void **ptr);
-/** -EBUSY if r is not complete (r stays valid); else as zo_store_wait(). */
+/**
+ * Poll a request without blocking. While it has not completed: returns
+ * ZO_PENDING (positive; r stays valid, *ptr set to NULL). Once it has: as
+ * zo_store_wait() (0 or the transfer's negative error, which may be any
+ * code, -EBUSY included), and r is released: do not test it again.
+ * @return ZO_PENDING; 0; the transfer's error; -EINVAL (s or r NULL).
+ */
 ZO_API int zo_store_test(zo_store *s, zo_store_req *r, void **ptr);
 
 /** Flags for zo_store_release(). */
@@ -321,29 +332,90 @@ ZO_API int zo_store_write(zo_store *s, zo_tensor *t, uint64_t off, const void *s
 /**
  * Write a consistent checkpoint of n tensors (n 0 and ts NULL: every
  * registered tensor) to <root>/<name>, wherever their current copies live,
- * through the pool (see zo_ckpt_begin() for the format and guarantees).
- * Writers are kept out while it runs (acquire with ZO_ACQ_WRITE returns
- * -EBUSY). keep_last as zo_ckpt_options. user_json may be NULL.
- * @return 0; -EINVAL (NULL); ZO_ECONFIG (no pool); -EBUSY (a tensor is
- *         held for writing, or another checkpoint is being written);
- *         -ENOMEM; errors of the checkpoint writer and of the transfers.
+ * through the pool (see zo_ckpt_begin() and zo_ckpt_commit() for the
+ * format and guarantees: a failed call publishes nothing). Writers are
+ * kept out while it runs (acquire with ZO_ACQ_WRITE, zo_store_write() and
+ * write streams return -EBUSY), and its tensors cannot be unregistered
+ * (-EBUSY) until it returns. keep_last as zo_ckpt_options. user_json (any
+ * JSON value: step counters, hyperparameters) may be NULL; it comes back
+ * from zo_store_restore2(). Blocks; thread-safe (one checkpoint per store
+ * at a time).
+ * @return 0; -EINVAL (NULL, or ts holds a pointer that is not a tensor of
+ *         this store); ZO_ECONFIG (no pool); -EBUSY (a tensor is held for
+ *         writing, being unregistered or being restored, or another
+ *         checkpoint is being written); -EEXIST (<root>/<name> exists);
+ *         ZO_EFORMAT (user_json is not JSON); ZO_ENOTSUP (no libcjson);
+ *         -ENOMEM; the other errors of zo_ckpt_begin(), zo_ckpt_put() and
+ *         zo_ckpt_commit() (-ENOSPC, -EIO...); errors of the transfers
+ *         (ZO_ECORRUPT, -EIO...).
  */
 ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, zo_tensor *const *ts, unsigned n,
                                unsigned keep_last, const char *user_json);
 
+/** zo_store_restore_options.flags: read and verify every checksum of the
+ *  checkpoint before any tensor is written (the checkpoint is read twice). */
+#define ZO_RESTORE_VERIFY_FIRST (1u << 0)
+
+typedef struct zo_store_restore_options {
+    size_t struct_size; /**< sizeof(zo_store_restore_options), set by the defaults function */
+    unsigned flags;     /**< ZO_RESTORE_VERIFY_FIRST; default 0 (one read) */
+} zo_store_restore_options;
+
+/** Fill *o with the defaults (flags 0). NULL is ignored. */
+ZO_API void zo_store_restore_options_default(zo_store_restore_options *o);
+
 /**
  * Load checkpoint `name` (NULL: latest) of `root` into the registered
  * tensors of the same names (into their home copies; cached copies are
- * dropped). Every tensor of the checkpoint must be registered with the same
- * byte size and dtype, and be unreferenced and not streamed (checked before
- * any tensor is written: -EBUSY). Checksums are verified. Blocks, also
- * while background transfers of the tensors finish and pool slots that
- * other streams hold come free (do not call it with a stream open).
- * @return 0; -EINVAL (NULL); ZO_ECONFIG (no pool, or the checkpoint's
- *         chunk size does not divide slot_size); -ENOENT (checkpoint or
- *         tensor missing); ZO_EFORMAT (size or dtype mismatch); -EBUSY;
- *         ZO_ECORRUPT; -ENOMEM; errors of zo_ckpt_open(), zo_ckpt_read()
- *         and of the transfers.
+ * dropped), and hand back the checkpoint's user JSON.
+ *
+ * Every tensor of the checkpoint must be registered with the same byte
+ * size and dtype, and be unreferenced, not streamed, not being
+ * unregistered and not in another restore; this is checked for all of
+ * them before any is written (-ENOENT / ZO_EFORMAT / -EBUSY: then no
+ * tensor was changed). While the call runs its tensors cannot be
+ * unregistered (-EBUSY); the caller must not acquire them either (an
+ * acquire meanwhile makes the restore fail with -EBUSY at that tensor,
+ * see below).
+ *
+ * The data is read once: each piece is read into a pool slot, its chunks'
+ * checksums verified there, and only then written home. Tensors are loaded
+ * one after the other in the checkpoint's order (zo_ckpt_get_entry()
+ * index). **A failure while loading (ZO_ECORRUPT, -EIO, a write-back
+ * error...) leaves the tensors before the failing one restored, the
+ * failing one partly loaded (its contents undefined: a mix of the
+ * checkpoint's pieces that passed and older data; a piece that failed its
+ * checksum is never written), and the ones after it untouched**; the
+ * detail names the tensor and says which. Keeping every tensor untouched
+ * would need a second copy of the checkpoint's data (unbounded memory):
+ * ZO_RESTORE_VERIFY_FIRST instead verifies the whole checkpoint first, at
+ * the cost of reading it twice, so a damaged checkpoint changes nothing
+ * (an I/O error during the second read still leaves the state above).
+ *
+ * Blocks, also while background transfers of the tensors finish and pool
+ * slots that other streams hold come free (do not call it with a stream
+ * open). Thread-safe.
+ * @param opts       NULL: defaults.
+ * @param user_json  NULL, or receives on success a copy of the
+ *                   checkpoint's user JSON ("" if it has none; release it
+ *                   with free()); set to NULL on failure.
+ * @return 0; -EINVAL (NULL s or root; opts->struct_size not that of a
+ *         known version; unknown flags; a name that is not a checkpoint
+ *         name); ZO_ECONFIG (no pool, or the checkpoint's chunk size does
+ *         not divide slot_size); -ENOENT (no checkpoint, or one of its
+ *         tensors is not registered); ZO_EFORMAT (size or dtype mismatch;
+ *         malformed manifest or latest); ZO_EVERSION; ZO_ETRUNC; -EBUSY (see
+ *         above; also a checkpoint being written); ZO_ECORRUPT (a chunk or
+ *         the manifest failed its checksum); ZO_ENOTSUP (no libcjson);
+ *         -ENOMEM; -errno of reading the checkpoint; errors of the
+ *         transfers (-EIO, -ENOSPC...).
+ */
+ZO_API int zo_store_restore2(zo_store *s, const char *root, const char *name, const zo_store_restore_options *opts,
+                             char **user_json);
+
+/**
+ * zo_store_restore2(s, root, name, NULL, NULL): one read, no user JSON back.
+ * @return as zo_store_restore2().
  */
 ZO_API int zo_store_restore(zo_store *s, const char *root, const char *name);
 

@@ -35,8 +35,13 @@
  *   fsynced, then it is renamed into place, and `<root>/latest` is replaced
  *   atomically (write a temporary file, fsync, rename, fsync the root). A
  *   process killed at any moment leaves the previous checkpoint intact and
- *   `latest` pointing to a complete checkpoint. Readers validate the
- *   manifest and verify every chunk they read.
+ *   `latest` pointing to a complete checkpoint; a commit that fails
+ *   publishes nothing. Readers validate the manifest and verify every
+ *   chunk they read. A root may be shared between machines: temporary names
+ *   carry the host name (.tmp-<name>.<host>.<pid>), a writer holds an
+ *   flock on a lock file in its temporary directory for its life, and the
+ *   clean-up of leftovers touches only names of its own host (see
+ *   zo_ckpt_begin()).
  *
  * Thread safety: a zo_swap may be used from any number of threads. A
  * checkpoint writer or reader belongs to one thread at a time.
@@ -305,15 +310,28 @@ ZO_API void zo_ckpt_options_default(zo_ckpt_options *o);
 /**
  * Start checkpoint `name` (letters, digits, '.', '_', '-'; not starting with
  * '.'; at most ZO_CKPT_NAME_MAX) under directory `root` (created if missing,
- * mode 0700). Leftover temporary directories of dead writers are removed.
+ * mode 0700). The data goes to `<root>/.tmp-<name>.<host>.<pid>/` (host:
+ * the host name, characters other than [A-Za-z0-9_-] replaced by '_'),
+ * whose `.lock` the writer holds an flock on until commit or abort.
+ * Leftovers of dead writers **of this host** are removed first: a
+ * temporary directory whose lock can be taken (or, with no lock file, whose
+ * pid is not alive), `.trash-*` and `.latest.*` names whose pid is not
+ * alive. Names of other hosts are never touched (a pid or a lock may say
+ * nothing about another machine): a host cleans up after itself when it
+ * next writes to the root; those of a host that never comes back are to be
+ * removed by hand. Names without a host field (older versions) are left
+ * alone too.
  * Tensors are then declared with zo_ckpt_add() and their data given with
  * zo_ckpt_put(); zo_ckpt_commit() makes it durable and current.
  * @return 0; -EINVAL; ZO_ECONFIG (opts: struct_size not set by
  *         zo_ckpt_options_default(), chunk_size not a power of two in
  *         [4096, 1 GiB]); -EEXIST (a checkpoint of that name exists); -EBUSY
- *         (another writer of this process is writing that name); ZO_ENOTSUP
- *         (built without libcjson); ZO_EFORMAT (user_json not valid JSON);
- *         -errno of mkdir/open; -ENOMEM. Blocks.
+ *         (another writer of this process is writing that name, or a live
+ *         process elsewhere holds the lock of our temporary name: another
+ *         container with this host name and pid); ZO_ENOTSUP (built without
+ *         libcjson); ZO_EFORMAT (user_json not valid JSON); -errno of
+ *         mkdir/open (root, temporary directory, lock and data files);
+ *         -ENOMEM. Blocks.
  */
 ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *name, const zo_ckpt_options *opts);
 
@@ -341,10 +359,21 @@ ZO_API int zo_ckpt_put(zo_ckpt_writer *w, unsigned index, uint64_t off, const vo
  * fsync the data, write and fsync the manifest, fsync the directory, rename
  * it into place, fsync the root, replace `latest` atomically, then prune
  * (keep_last). The writer is freed in every case; *w is cleared.
+ *
+ * A failed commit publishes nothing: when a step after the rename fails
+ * (an fsync of the root, writing or renaming `latest`), the commit takes
+ * the checkpoint back (`latest` restored to what it held, the directory
+ * renamed back and removed), so `<root>/<name>` does not exist and a retry
+ * of the same name works. Only if taking it back fails as well (a second
+ * fault) does something stay, and the detail says what: either
+ * `<root>/<name>`, complete, that `latest` does not name (a retry of the
+ * name then gets -EEXIST; zo_ckpt_open() by name reads it), or, when
+ * `latest` could not be put back, the new checkpoint stays current. Errors
+ * in pruning (after success) are only logged.
  * @return 0; -EINVAL (NULL); ZO_ESTATE (a tensor incomplete, or an
- *         earlier zo_ckpt_put() failed: nothing is published); -ENOMEM; I/O
- *         errors (nothing is published unless the error is in pruning,
- *         which is only logged).
+ *         earlier zo_ckpt_put() failed); -ENOMEM; -errno of fdatasync,
+ *         fsync, write, rename (the failing step is named in the detail).
+ *         Blocks.
  */
 ZO_API int zo_ckpt_commit(zo_ckpt_writer **w);
 

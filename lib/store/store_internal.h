@@ -72,6 +72,8 @@ struct zo_tensor {
     unsigned streams;    /* streams open on it */
     int stream_write;    /* a write stream is open */
     int dying;           /* being unregistered: no new transfers */
+    unsigned ckpt_pins;  /* in a checkpoint being written: unregister refuses it (-EBUSY) */
+    int restoring;       /* in a restore: unregister refuses it, a checkpoint too */
     unsigned wb_count;   /* write-backs in flight (flush waits) */
     int wb_err;          /* first write-back error since the last flush */
     char wb_detail[ZO_ERRMSG_LEN];

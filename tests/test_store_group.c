@@ -466,6 +466,54 @@ START_TEST(test_group_readahead)
 }
 END_TEST
 
+/* ---- the layout at the defaults (numbers docs/store.md quotes) ------------------------- */
+START_TEST(test_group_default_layout)
+{
+    env e;
+    zo_store_config defaults;
+    zo_store_config_default(&defaults);
+    /* default slot size and count, default chunk (1 MiB); never-written
+     * chunks read as zeros without I/O, so large tensors cost nothing */
+    env_open(&e, 0, 0, defaults.slot_size, 0, 1 * MiB);
+    const uint64_t ne = 2u << 20;
+    zo_tensor *t[2][3];
+    for (int g = 0; g < 2; g++)
+        for (int k = 0; k < 3; k++) {
+            char name[32];
+            snprintf(name, sizeof(name), "%s.%d", g ? "f32" : "mixed", k);
+            t[g][k] = reg(e.st, name, g || k == 0 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16, ne, ZO_TIER_NVME);
+        }
+    const unsigned want_slots[2] = {8, 12};
+    for (int g = 0; g < 2; g++) {
+        zo_store_sweep_desc d;
+        zo_store_sweep_desc_default(&d);
+        d.ntensors = 3;
+        d.ngroups = 1;
+        d.tensors = t[g];
+        zo_store_sweep *sw;
+        ck_assert_int_eq(zo_store_sweep_open(e.st, &d, &sw), 0);
+        zo_store_sweep_info info;
+        zo_store_sweep_get_info(sw, &info);
+        ck_assert_uint_eq(info.piece_elems, 1u << 20);
+        ck_assert_uint_eq(info.frames, 4);
+        ck_assert_uint_eq(info.slots, want_slots[g]);
+        zo_store_sweep_piece p;
+        int r;
+        while ((r = zo_store_sweep_next(sw, &p)) == 0 && p.nelem) {
+            for (int k = 0; k < 3; k++)
+                for (uint64_t i = 0; i < p.nelem; i += 4099)
+                    ck_assert_uint_eq(((uint8_t *)p.ptr[k])[i], 0);
+            ck_assert_int_eq(zo_store_sweep_done(sw, &p), 0);
+        }
+        ck_assert_int_eq(r, 0);
+        ck_assert_int_eq(zo_store_sweep_close(&sw), 0);
+    }
+    /* a step's worth of sweeps back to back: the pool comes back each time */
+    check_pool_idle(e.st);
+    env_close(&e);
+}
+END_TEST
+
 /* ---- errors of reads and write-backs ----------------------------------------------------- */
 START_TEST(test_group_io_error)
 {
@@ -845,6 +893,7 @@ int main(void)
     tcase_add_loop_test(tc, test_group_lockstep, 0, 2);
     tcase_add_test(tc, test_group_modes);
     tcase_add_test(tc, test_group_readahead);
+    tcase_add_test(tc, test_group_default_layout);
     tcase_add_test(tc, test_group_close_mid);
     tcase_add_test(tc, test_group_bad_input);
     tcase_add_test(tc, test_group_tier_bytes);

@@ -34,15 +34,17 @@
  *   prefetch never evicts a copy needed sooner than the one it fetches.
  *   zo_store_prefetch() is an explicit hint with the same rules.
  *
- * Streams
- *   zo_store_stream_open() walks a tensor in slot-sized pieces through
- *   reserved pool slots with read-ahead and write-behind: the building
- *   block of an optimizer step that reads (master, m, v) of sub-group i+1
- *   and i+2 while it updates i and writes i-1 back.
+ * Streams and group sweeps
+ *   zo_store_stream_open() walks one tensor in slot-sized pieces through
+ *   reserved pool slots with read-ahead and write-behind.
+ *   zo_store_sweep_open() walks an ordered list of groups of tensors (an
+ *   optimizer's (master, m, v) sub-groups, element sizes free) in element
+ *   lockstep inside one slot reservation, reading sub-group i+1 and i+2
+ *   while i is updated and i-1 written back: the optimizer step.
  *
  * Thread safety: a zo_store may be used from any number of threads. One
  * mover thread runs every transfer; completion callbacks only queue events
- * for it. A stream belongs to one thread at a time.
+ * for it. A stream or a sweep belongs to one thread at a time.
  */
 #ifndef ZOFFLOAD_STORE_H
 #define ZOFFLOAD_STORE_H
@@ -118,7 +120,7 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *cfg);
  * Wait for every transfer, free the tiers, the pool and every tensor
  * (their handles become invalid). Dirty copies are not written back (call
  * zo_store_flush() first to keep them in their home tier). Outstanding
- * requests and streams must have been waited for / closed. NULL ok; clears *s.
+ * requests, streams and sweeps must have been waited for / closed. NULL ok; clears *s.
  */
 ZO_API void zo_store_destroy(zo_store **s);
 

@@ -198,9 +198,10 @@ static int plan(zo_store *s, zo_store_sweep *sw, const zo_store_sweep_desc *d)
     unsigned need = pack(sw, esz, gran, s->slot_size, NULL, NULL);
     if ((size_t)gran * emax > s->slot_size)
         return ZO_FAIL(&s->err, ZO_ECONFIG,
-                       "zo_store_sweep_open: one swap chunk of elements (%llu) of a %zu-byte type does not fit a "
-                       "%zu-byte slot",
-                       (unsigned long long)gran, emax, s->slot_size);
+                       "zo_store_sweep_open: pieces start on swap chunks of every tensor: %llu elements (a %zu-byte "
+                       "chunk of %zu-byte elements), which for %zu-byte elements take %llu bytes, more than a slot "
+                       "(%zu); use slots of at least that, or a smaller swap chunk",
+                       (unsigned long long)gran, chunk, emin, emax, (unsigned long long)(gran * emax), s->slot_size);
     return ZO_FAIL(&s->err, -EBUSY,
                    "zo_store_sweep_open: depth %u needs at least %u pool slots; %u are free to reserve (pool %u, "
                    "%u reserved by others, one kept for transfers%s)",

@@ -777,6 +777,19 @@ START_TEST(test_group_bad_input)
     ck_assert_int_eq(zo_store_sweep_close(&sw), 0);
     check_pool_idle(e.st);
     env_close(&e);
+    /* slots as large as a chunk: a bf16 piece starts on a chunk (32 Ki
+     * elements), the f32 piece of those elements takes two chunks */
+    env_open(&e, 0, 0, 64 * KiB, 0, 64 * KiB);
+    a = reg(e.st, "a", ZO_DTYPE_F32, 100000, ZO_TIER_NVME);
+    b = reg(e.st, "b", ZO_DTYPE_BF16, 100000, ZO_TIER_NVME);
+    zo_tensor *ab2[2] = {a, b};
+    d.tensors = ab2;
+    ck_assert_int_eq(zo_store_sweep_open(e.st, &d, &sw), ZO_ECONFIG);
+    ck_assert(strstr(zo_store_errmsg(e.st), "smaller swap chunk"));
+    d.ntensors = 1; /* one element size: fine */
+    ck_assert_int_eq(zo_store_sweep_open(e.st, &d, &sw), 0);
+    ck_assert_int_eq(zo_store_sweep_close(&sw), 0);
+    env_close(&e);
 }
 END_TEST
 

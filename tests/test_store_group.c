@@ -222,7 +222,8 @@ static void sweep_update(env *e, groups *G, unsigned depth)
 
 START_TEST(test_group_lockstep)
 {
-    zo_tier home = _i == 0 ? ZO_TIER_NVME : ZO_TIER_HOST;
+    const zo_tier homes[3] = {ZO_TIER_NVME, ZO_TIER_HOST, ZO_TIER_DEVICE};
+    zo_tier home = homes[_i];
     env e;
     /* default slot count; 64 KiB chunks, 256 KiB slots: many pieces */
     env_open(&e, 4 * MiB, 8 * MiB, 256 * KiB, 0, 64 * KiB);
@@ -903,7 +904,7 @@ int main(void)
     Suite *s = suite_create("store-group");
     TCase *tc = tcase_create("sweep");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, test_group_lockstep, 0, 2);
+    tcase_add_loop_test(tc, test_group_lockstep, 0, 3);
     tcase_add_test(tc, test_group_modes);
     tcase_add_test(tc, test_group_readahead);
     tcase_add_test(tc, test_group_default_layout);

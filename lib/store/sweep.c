@@ -348,6 +348,23 @@ static int start_move(zo_store *s, zo_store_sweep *sw, unsigned f, unsigned k, i
     return 0;
 }
 
+/* The frame's reads (LOADING, dir READ) or write-backs (WRITING, dir WRITE)
+ * of its slot-backed positions; then READY / FREE once they are done. The
+ * frame counts one extra pending move while they are queued: a move that
+ * ends at once (a failed queueing) must not finish the frame before the
+ * others are queued. */
+static void frame_moves(zo_store *s, zo_store_sweep *sw, unsigned f, unsigned dir)
+{
+    sw_frame *fr = &sw->fr[f];
+    fr->pending++;
+    for (unsigned k = 0; k < sw->nt; k++)
+        if ((sw->mode[k] & dir) && !ten_at(sw, fr->group, k)->direct)
+            if (start_move(s, sw, f, k, dir == ZO_STREAM_WRITE) < 0)
+                break;
+    if (--fr->pending == 0)
+        frame_set(s, sw, f, dir == ZO_STREAM_READ ? FR_READY : FR_FREE);
+}
+
 void zo__sweep_piece_done(zo_store *s, zo__job *j)
 {
     zo_store_sweep *sw = j->sweep;
@@ -403,12 +420,7 @@ static void sweep_pump(zo_store *s, zo_store_sweep *sw)
             sw->load_off = 0;
         }
         frame_set(s, sw, f, FR_LOADING);
-        for (unsigned k = 0; k < sw->nt; k++)
-            if ((sw->mode[k] & ZO_STREAM_READ) && !ten_at(sw, fr->group, k)->direct)
-                if (start_move(s, sw, f, k, 0) < 0)
-                    break;
-        if (!fr->pending)
-            frame_set(s, sw, f, FR_READY);
+        frame_moves(s, sw, f, ZO_STREAM_READ);
     }
 }
 
@@ -655,14 +667,11 @@ out:
 /* Retire held frame f: write-backs of its WRITE positions (lock held). */
 static void frame_done(zo_store *s, zo_store_sweep *sw, unsigned f)
 {
-    sw_frame *fr = &sw->fr[f];
     sw->held--;
     frame_set(s, sw, f, FR_WRITING);
-    for (unsigned k = 0; k < sw->nt && !sw->err; k++)
-        if ((sw->mode[k] & ZO_STREAM_WRITE) && !ten_at(sw, fr->group, k)->direct)
-            if (start_move(s, sw, f, k, 1) < 0)
-                break;
-    if (!fr->pending)
+    if (!sw->err) /* after an error nothing more is written */
+        frame_moves(s, sw, f, ZO_STREAM_WRITE);
+    else
         frame_set(s, sw, f, FR_FREE);
 }
 

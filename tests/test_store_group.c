@@ -386,7 +386,7 @@ static void observer_install(env *e, observer *o)
 
 static int wait_read_bytes(observer *o, uint64_t want)
 {
-    for (int i = 0; i < 5000; i++) {
+    for (int i = 0; i < 30000; i++) { /* 30 s: a loaded machine, sanitizers */
         if (atomic_load(&o->read_bytes) >= want)
             return 1;
         struct timespec ts = {0, 1000000};

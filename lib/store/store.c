@@ -1004,12 +1004,16 @@ ZO_API int zo_store_unregister(zo_store *s, zo_tensor **tp)
         int held = t->streams;
         for (int x = 0; x < ZO__NTIERS; x++)
             held |= t->c[x].refs || t->c[x].waiters;
-        if (held) {
+        /* a checkpoint or a restore uses it with the lock dropped */
+        int pinned = t->ckpt_pins || t->restoring;
+        if (held || pinned) {
             /* it stays registered: usable again (a previous pass of this
              * loop may have marked it dying) */
             t->dying = 0;
             pthread_mutex_unlock(&s->lock);
-            return ZO_FAIL(&s->err, -EBUSY, "zo_store_unregister: '%s' is referenced or streamed", t->name);
+            return ZO_FAIL(&s->err, -EBUSY, "zo_store_unregister: '%s' is %s", t->name,
+                           pinned ? (t->restoring ? "being restored" : "in a checkpoint being written")
+                                  : "referenced or streamed");
         }
         if (!zo__tensor_busy(t))
             break;
@@ -1198,7 +1202,12 @@ ZO_API int zo_store_test(zo_store *s, zo_store_req *r, void **ptr)
     pthread_mutex_lock(&s->lock);
     int done = r->done;
     pthread_mutex_unlock(&s->lock);
-    return done ? req_finish(s, r, ptr) : -EBUSY;
+    if (!done) {
+        if (ptr)
+            *ptr = NULL;
+        return ZO_PENDING; /* positive: never one of the completion's errors */
+    }
+    return req_finish(s, r, ptr);
 }
 
 ZO_API int zo_store_release(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags)

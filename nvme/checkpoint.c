@@ -790,12 +790,8 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
                        name ? name : "(null)", ZO_CKPT_NAME_MAX);
     zo_ckpt_options o;
     zo_ckpt_options_default(&o);
-    if (uo) {
-        if (uo->struct_size < offsetof(zo_ckpt_options, chunk_size) + sizeof(size_t) || uo->struct_size > sizeof(o))
-            return ZO_FAIL(NULL, ZO_ECONFIG, "zo_ckpt_begin: options struct_size %zu invalid", uo->struct_size);
-        memcpy(&o, uo, uo->struct_size);
-        o.struct_size = sizeof(o);
-    }
+    if (uo)
+        ZO_CHECK(ZO_STRUCT_IN(&o, uo, offsetof(zo_ckpt_options, chunk_size) + sizeof(size_t), NULL, "zo_ckpt_begin"));
     if (!ZO_IS_POW2(o.chunk_size) || o.chunk_size < 4096 || o.chunk_size > (1u << 30))
         return ZO_FAIL(NULL, ZO_ECONFIG, "zo_ckpt_begin: chunk_size %zu must be a power of two in [4096, 1 GiB]",
                        o.chunk_size);

@@ -133,8 +133,7 @@ struct zo_swap {
     uint64_t arena_bytes, arena_files, allocated, nallocs;
     _Atomic uint64_t bytes_written, bytes_read, chunks_written, chunks_read, chunks_verified, chunks_zero;
     _Atomic uint64_t corrupt, csum_ns, io_errors;
-    pthread_mutex_t elock;   /* err: one whole message at a time */
-    zo_errbuf err;
+    zo_errbuf err;           /* has its own lock: one whole message at a time */
     zo__swap_queue_fault_fn qfault; /* tests: fail the queueing of a chunk */
     void *qfault_user;
     zo__swap_grow_hook_fn ghook;    /* tests: runs while an arena is created */
@@ -145,20 +144,12 @@ static _Atomic unsigned swap_instances;
 
 /* Record a failure in the store's message. API calls from any thread and
  * waiters finishing failed I/O (the store's mover among them) fail at the
- * same time, so, as in aio, the detail is formatted in the calling thread's
- * own buffer (zo_last_error_detail()) and copied to s->err under elock:
+ * same time; zo_errbuf takes its own lock, as in aio and every handle, so
  * zo_swap_errmsg() shows one whole message, never the bytes of two. Code
  * that needs the reason of a failure it just saw reads
  * zo_last_error_detail(), never s->err, which another thread may have
  * overwritten since. */
-static int swap_fail_publish(zo_swap *s, int err)
-{
-    pthread_mutex_lock(&s->elock);
-    snprintf(s->err.msg, sizeof(s->err.msg), "%s", zo_last_error_detail());
-    pthread_mutex_unlock(&s->elock);
-    return err;
-}
-#define SWAP_FAIL(s, err, ...) swap_fail_publish((s), ZO_FAIL(NULL, (err), __VA_ARGS__))
+#define SWAP_FAIL(s_, code_, ...) ZO_FAIL(&(s_)->err, (code_), __VA_ARGS__)
 
 ZO_API void zo_swap_config_default(zo_swap_config *cfg)
 {
@@ -174,7 +165,8 @@ ZO_API void zo_swap_config_default(zo_swap_config *cfg)
 
 ZO_API const char *zo_swap_errmsg(const zo_swap *s)
 {
-    return s ? s->err.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN]; /* a whole message, whatever completions write */
+    return zo__errbuf_tls(s ? &s->err : NULL, copy);
 }
 
 ZO_API zo_aio *zo_swap_get_aio(zo_swap *s)
@@ -653,7 +645,6 @@ ZO_API void zo_swap_destroy(zo_swap **sp)
     zo_aio_destroy(&s->own_aio);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);
-    pthread_mutex_destroy(&s->elock);
     pthread_cond_destroy(&s->gcond);
     free(s);
     *sp = NULL;
@@ -670,11 +661,7 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
         return ZO_FAIL(NULL, -EINVAL, "zo_swap_create: a config with at least one directory is required");
     zo_swap_config cfg;
     zo_swap_config_default(&cfg);
-    if (ucfg->struct_size < offsetof(zo_swap_config, dirs) + sizeof(ucfg->dirs) || ucfg->struct_size > sizeof(cfg))
-        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_swap_create: struct_size %zu is not that of a zo_swap_config",
-                       ucfg->struct_size);
-    memcpy(&cfg, ucfg, ucfg->struct_size);
-    cfg.struct_size = sizeof(cfg);
+    ZO_CHECK(ZO_STRUCT_IN(&cfg, ucfg, offsetof(zo_swap_config, dirs) + sizeof(ucfg->dirs), NULL, "zo_swap_create"));
     if (!cfg.dirs || cfg.ndirs == 0)
         return ZO_FAIL(NULL, -EINVAL, "zo_swap_create: no swap directory given");
     if (cfg.ndirs > ZO_SWAP_MAX_DIRS)
@@ -710,7 +697,6 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
         return -ENOMEM;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
-    pthread_mutex_init(&s->elock, NULL);
     pthread_cond_init(&s->gcond, NULL);
     pthread_mutex_init(&s->vlock, NULL);
     pthread_cond_init(&s->vcond, NULL);

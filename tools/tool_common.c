@@ -15,6 +15,88 @@
 
 #include <zoffload/zoffload.h>
 
+int zo_tool_open_data(const char *path, int *created, char *why, size_t whylen)
+{
+    *created = 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (fd >= 0) {
+            *created = 1;
+            return fd;
+        }
+        if (errno != EEXIST) {
+            int e = errno;
+            snprintf(why, whylen, "cannot create %s: %s", path, strerror(e));
+            errno = e;
+            return -1;
+        }
+        /* something is there: reuse it only if it is ours. A symlink, FIFO
+         * or device is refused before it is opened (opening some devices
+         * has effects); the checks that count are made on the descriptor. */
+        struct stat lst;
+        if (lstat(path, &lst) == 0 && !S_ISREG(lst.st_mode) && !S_ISLNK(lst.st_mode)) {
+            snprintf(why, whylen, "refusing the existing %s: it is not a regular file, so it is not a leftover of "
+                     "ours; remove it or give another --path", path);
+            errno = EEXIST;
+            return -1;
+        }
+        fd = open(path, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+        if (fd < 0) {
+            int e = errno;
+            if (e == ENOENT)
+                continue; /* removed meanwhile (another run's exit): create it */
+            if (e == ELOOP)
+                snprintf(why, whylen, "refusing %s: it is a symbolic link (planted by someone else?); remove it "
+                         "or give another --path", path);
+            else
+                snprintf(why, whylen, "cannot open the existing %s: %s", path, strerror(e));
+            errno = e;
+            return -1;
+        }
+        struct stat st;
+        const char *not_ours = NULL;
+        char uidmsg[64];
+        if (fstat(fd, &st) != 0)
+            not_ours = "cannot be examined";
+        else if (!S_ISREG(st.st_mode))
+            not_ours = "is not a regular file";
+        else if (st.st_uid != geteuid()) {
+            snprintf(uidmsg, sizeof(uidmsg), "belongs to uid %u, not to us", (unsigned)st.st_uid);
+            not_ours = uidmsg;
+        } else if (st.st_nlink != 1)
+            not_ours = "has more than one hard link";
+        if (not_ours) {
+            close(fd);
+            snprintf(why, whylen, "refusing the existing %s: it %s, so it is not a leftover of ours; remove it or "
+                     "give another --path", path, not_ours);
+            errno = EEXIST;
+            return -1;
+        }
+        /* back to blocking mode; O_NONBLOCK only guarded the open of a FIFO */
+        int fl = fcntl(fd, F_GETFL);
+        if (fl >= 0)
+            fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+        return fd;
+    }
+    snprintf(why, whylen, "cannot create %s: it keeps appearing and disappearing", path);
+    errno = EEXIST;
+    return -1;
+}
+
+int zo_tool_mkdir(const char *path, char *why, size_t whylen)
+{
+    if (mkdir(path, 0700) == 0)
+        return 0;
+    int e = errno;
+    struct stat st;
+    if (e == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return 0;
+    snprintf(why, whylen, "cannot create directory %s: %s", path, e == EEXIST ? "exists and is not a directory"
+                                                                              : strerror(e));
+    errno = e;
+    return -1;
+}
+
 void zj_init(zo_json *j, FILE *f, int pretty)
 {
     memset(j, 0, sizeof(*j));

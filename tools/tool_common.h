@@ -30,6 +30,22 @@ void zj_bool(zo_json *j, const char *key, int val);
 void zj_null(zo_json *j, const char *key);
 void zj_end(zo_json *j); /* final newline */
 
+/* Open a data file the tool makes, as safely as the library's own files (the
+ * swap store's arenas): a new file is created O_EXCL | O_NOFOLLOW, mode 0600.
+ * If `path` exists, it is reused only when it can be a leftover of ours (a
+ * killed earlier run, or --keep): a regular file, owned by this effective
+ * user, with one link, opened O_NOFOLLOW. Anything else there (a symlink a
+ * local user planted in /var/tmp, another user's file, a hard link, a
+ * device) is refused, so a benchmark run as root never writes through it.
+ * Returns a descriptor (O_RDWR | O_CLOEXEC) and sets *created (1: made now),
+ * or -1 with errno set and the reason in why. */
+int zo_tool_open_data(const char *path, int *created, char *why, size_t whylen);
+
+/* Create directory `path` (mode 0700) if it does not exist, as the library
+ * does for a checkpoint root; an existing directory (or a symlink to one)
+ * is accepted. Only the last component is created. 0, or -1 with why. */
+int zo_tool_mkdir(const char *path, char *why, size_t whylen);
+
 /* Facts about this machine: CPU model and count, ISA level, memory, kernel. */
 typedef struct zo_machine {
     char cpu_model[64];

@@ -491,10 +491,50 @@ static int64_t pattern_check(const uint8_t *buf, size_t len, unsigned t, uint64_
     return (int64_t)i;
 }
 
+/* Fill [0, size) of fd with the pattern of path i, with plain synchronous
+ * writes. A short write is resumed; the error that stops it (ENOSPC on a
+ * full filesystem) is the one reported, never a stale errno. 0 or errno. */
+static int fill_file(int fd, unsigned i, uint64_t size)
+{
+    size_t chunk = 8u << 20;
+    uint8_t *buf = malloc(chunk);
+    if (!buf)
+        return ENOMEM;
+    int e = 0;
+    for (uint64_t off = 0; off < size && !e;) {
+        size_t n = (size_t)(size - off < chunk ? size - off : chunk);
+        pattern_fill(buf, n, i, off);
+        for (size_t done = 0; done < n;) {
+            ssize_t w = pwrite(fd, buf + done, n - done, (off_t)(off + done));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                e = w < 0 ? errno : ENOSPC; /* no progress and no error: nothing left to write into */
+                break;
+            }
+            done += (size_t)w;
+        }
+        off += n;
+    }
+    free(buf);
+    if (!e && fdatasync(fd) != 0)
+        e = errno;
+    return e;
+}
+
 /* Open (creating when needed) the file behind each --path. Files this tool
  * creates, or finds too small among its own, are preallocated and written
  * once (untimed) so reads meet real data, never unwritten extents. A user's
- * existing file is never extended or rewritten for a read pass. */
+ * existing file is never extended or rewritten for a read pass.
+ *
+ * Files the tool makes (its own zo-aio-bench.N.dat in a directory, or a
+ * --path file that does not exist yet) are opened through
+ * zo_tool_open_data(): created O_EXCL | O_NOFOLLOW mode 0600, or, when
+ * something is already there, reused only if it is a regular file of ours
+ * with one link (a killed earlier run's leftover, or --keep); a planted
+ * symlink or someone else's file is refused. A file the user names and that
+ * exists is the user's choice and is opened as named (a symlink to a block
+ * device is fine there). */
 static int open_targets(const opts *o, target *tg, int need_data)
 {
     dev_t devs[MAX_PATHS];
@@ -511,14 +551,36 @@ static int open_targets(const opts *o, target *tg, int need_data)
         }
         struct stat st;
         int exists = stat(t->path, &st) == 0;
+        int fd = -1, made = 0;
+        if (own || !exists) {
+            char why[4300];
+            fd = zo_tool_open_data(t->path, &made, why, sizeof(why));
+            if (fd < 0)
+                return bad("%s", why);
+            exists = 1;
+        }
         /* a user's existing file is opened for writing only when a pass
          * writes; the tool's own files are created and filled as needed */
-        int writes = o->do_write || o->mix_r || o->verify || own || !exists;
-        unsigned fl = (writes ? ZO_FILE_WRITE | ZO_FILE_CREATE : 0) | ZO_FILE_READ | (o->direct ? 0 : ZO_FILE_BUFFERED);
+        int writes = o->do_write || o->mix_r || o->verify || fd >= 0;
+        unsigned fl = (writes ? ZO_FILE_WRITE : 0) | ZO_FILE_READ | (o->direct ? 0 : ZO_FILE_BUFFERED) |
+                      (fd >= 0 ? ZO_FILE_NOFOLLOW : 0);
         int rc = zo_file_open(&t->f, t->path, fl);
-        if (rc)
+        if (rc) {
+            if (made)
+                unlink(t->path);
+            if (fd >= 0)
+                close(fd);
             return bad("cannot open %s: %s (%s)", t->path, zo_strerror(rc), zo_last_error_detail());
-        t->created = !exists;
+        }
+        t->created = made;
+        if (fd >= 0) {
+            /* the engine's file must be the one we examined */
+            struct stat a, b;
+            if (fstat(fd, &a) != 0 || lstat(t->path, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+                close(fd);
+                return bad("%s changed while it was being opened: refusing it", t->path);
+            }
+        }
         /* the same file under two --path (or one path given twice) would
          * have two stripes write the same bytes with different patterns:
          * --verify would then report corruption that is not there */
@@ -537,39 +599,28 @@ static int open_targets(const opts *o, target *tg, int need_data)
         zo_file_get_info(t->f, &info);
         if (o->direct && !info.direct)
             fprintf(stderr, "zo-aio-bench: note: %s: %s; measuring buffered I/O\n", t->path, info.fallback);
-        if (need_data && info.size < o->size && (own || t->created)) {
+        if (need_data && info.size < o->size && fd >= 0) {
             t->created = t->created || own;
             rc = zo_file_allocate(t->f, 0, o->size);
-            if (rc && rc != -EOPNOTSUPP)
+            if (rc && rc != -EOPNOTSUPP) {
+                close(fd);
                 return fprintf(stderr, "zo-aio-bench: cannot reserve %llu bytes for %s: %s (%s)\n",
                                (unsigned long long)o->size, t->path, zo_strerror(rc), zo_last_error_detail()),
                        EXIT_RUN;
-            /* write it once, with plain synchronous I/O */
-            int fd = open(t->path, O_WRONLY | O_CLOEXEC);
-            size_t chunk = 8u << 20;
-            uint8_t *buf = malloc(chunk);
-            if (fd < 0 || !buf) {
-                free(buf);
-                if (fd >= 0)
-                    close(fd);
-                return fprintf(stderr, "zo-aio-bench: cannot fill %s: %s\n", t->path, strerror(errno)), EXIT_RUN;
             }
-            for (uint64_t off = 0; off < o->size; off += chunk) {
-                size_t n = (size_t)(o->size - off < chunk ? o->size - off : chunk);
-                pattern_fill(buf, n, (unsigned)i, off);
-                if (pwrite(fd, buf, n, (off_t)off) != (ssize_t)n) {
-                    int e = errno;
-                    free(buf);
-                    close(fd);
-                    return fprintf(stderr, "zo-aio-bench: cannot fill %s: %s\n", t->path,
-                                   e ? strerror(e) : "short write"),
-                           EXIT_RUN;
-                }
+            /* write it once, through the descriptor we examined (no second
+             * open by name); without fallocate (ext2, vfat...) a full disk
+             * shows here, and must be reported as such */
+            int e = fill_file(fd, (unsigned)i, o->size);
+            if (e) {
+                close(fd);
+                return fprintf(stderr, "zo-aio-bench: cannot fill %s with %llu bytes: %s\n", t->path,
+                               (unsigned long long)o->size, strerror(e)),
+                       EXIT_RUN;
             }
-            free(buf);
-            fdatasync(fd);
-            close(fd);
         }
+        if (fd >= 0)
+            close(fd);
     }
     return 0;
 }
@@ -735,6 +786,17 @@ static int store_open(const opts *o, const zo_aio_config *cfg)
     sc.dirs = o->paths;
     sc.ndirs = (unsigned)o->npaths;
     sc.chunk_size = o->bs;
+    /* Arenas sized from the run, not the 1 GiB default, which a tiny run
+     * would reserve (fallocate) per directory: each tensor is striped over
+     * the directories in chunks, so a directory holds at most
+     * ceil(chunks / ndirs) chunks of each tensor. Big runs keep the default
+     * as the growth step; a short estimate only means a second arena. */
+    {
+        uint64_t chunks = (o->tensor_size + o->bs - 1) / o->bs;
+        uint64_t per_dir = (chunks + (uint64_t)o->npaths - 1) / (uint64_t)o->npaths * o->bs * o->tensors;
+        if (per_dir < sc.arena_size)
+            sc.arena_size = per_dir > o->bs ? per_dir : o->bs;
+    }
     sc.checksum = o->csum;
     sc.keep_files = o->keep;
     sc.buffered = !o->direct;
@@ -1762,8 +1824,14 @@ int main(int argc, char **argv)
             snprintf(dir, sizeof(dir), ".");
         if (!is_dir(dir))
             return bad("--path %s: directory %s does not exist", o.paths[i], dir);
-        if (o.through_store)
-            return bad("--path %s: --through-store needs existing directories (for the swap arenas)", o.paths[i]);
+        if (o.through_store) {
+            /* the swap arenas' directory: made (0700) as the library makes
+             * a checkpoint root, and left in place */
+            char why[4300];
+            if (zo_tool_mkdir(o.paths[i], why, sizeof(why)) != 0)
+                return bad("--path %s: %s", o.paths[i], why);
+            continue;
+        }
         if (o.do_read && !o.do_write && !o.mix_r)
             return bad("--path %s: no such file to read (write it first, or give a directory)", o.paths[i]);
     }

@@ -49,6 +49,8 @@
 #ifndef ZOFFLOAD_STORE_H
 #define ZOFFLOAD_STORE_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus
@@ -104,7 +106,8 @@ ZO_API void zo_store_config_default(zo_store_config *cfg);
  * Create a store: allocates the device and host tier arenas and the slot
  * pool, registers pinned memory with the swap store's aio engine and the
  * device, starts the mover thread.
- * @return 0; -EINVAL (out NULL; numa_node names no node); ZO_ECONFIG
+ * @return 0; -EINVAL (out NULL; numa_node names no node; struct_size not
+ *         that of a known zo_store_config); ZO_ECONFIG
  *         (device_bytes without dev, slot_size not a multiple of the swap
  *         chunk size, no tier at all, NVMe without slots...: detail names
  *         the field); -ENOMEM (pinned or device memory could not be had);
@@ -124,7 +127,11 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *cfg);
  */
 ZO_API void zo_store_destroy(zo_store **s);
 
-/** The store's last error detail ("" if none). */
+/** The store's last error detail ("" if none).
+ *  Thread-safe: the handle's threads may be recording a failure at the same
+ *  time; the result is a copy of one whole message, in a thread-local buffer
+ *  that stays valid until this thread next calls zo_store_errmsg() (NULL gives "").
+ */
 ZO_API const char *zo_store_errmsg(const zo_store *s);
 
 /* ---- tensors ------------------------------------------------------------------ */
@@ -145,7 +152,8 @@ ZO_API void zo_tensor_desc_default(zo_tensor_desc *d);
 
 /**
  * Register a tensor: reserves its space in the home tier (contents zero).
- * @return 0; -EINVAL (bad name, bytes 0, shape/bytes mismatch); -EEXIST
+ * @return 0; -EINVAL (bad name, bytes 0, shape/bytes mismatch, struct_size
+ *         not that of a known zo_tensor_desc); -EEXIST
  *         (name taken); ZO_ECONFIG (home tier not configured); ZO_EBUDGET
  *         (home tier full of home copies and referenced copies); -ENOSPC
  *         (disk full); -ENOMEM. Blocks (may wait for evictions).

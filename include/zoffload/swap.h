@@ -49,6 +49,8 @@
 #ifndef ZOFFLOAD_SWAP_H
 #define ZOFFLOAD_SWAP_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus
@@ -132,7 +134,8 @@ ZO_API void zo_swap_config_default(zo_swap_config *cfg);
  * Stale arena files of stores that are gone (see above) are removed from
  * every directory first. Arena files of `reserve` bytes are created at once
  * when reserve > 0.
- * @return 0; -EINVAL (NULL, no dirs); ZO_ECONFIG (bad chunk size or
+ * @return 0; -EINVAL (NULL, no dirs, struct_size not that of a known
+ *         zo_swap_config); ZO_ECONFIG (bad chunk size or
  *         arena_size, too many dirs, unknown checksum: detail names the
  *         field); ZO_EBUDGET (reserve in every directory exceeds
  *         max_bytes); ZO_ENOTSUP
@@ -150,10 +153,14 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *cfg);
  */
 ZO_API void zo_swap_destroy(zo_swap **s);
 
-/** The store's last error detail ("" if none): the most recent failure of
- *  any thread using the store, written whole under the store's lock. For
- *  the detail of your own call's failure, zo_last_error_detail() (thread
- *  local) is exact; this one may already hold another thread's. */
+/** The swap store's last error detail ("" if none): the most recent failure
+ *  of any thread using the store. For the detail of your own call's
+ *  failure, zo_last_error_detail() (thread local) is exact; this one may
+ *  already hold another thread's. Thread-safe: the result is a copy of one
+ *  whole message, taken under the message's lock, in a thread-local buffer
+ *  that stays valid until this thread next calls zo_swap_errmsg() (NULL
+ *  gives "").
+ */
 ZO_API const char *zo_swap_errmsg(const zo_swap *s);
 
 /** The engine the store uses (its own or the one given). */
@@ -323,8 +330,8 @@ ZO_API void zo_ckpt_options_default(zo_ckpt_options *o);
  * alone too.
  * Tensors are then declared with zo_ckpt_add() and their data given with
  * zo_ckpt_put(); zo_ckpt_commit() makes it durable and current.
- * @return 0; -EINVAL; ZO_ECONFIG (opts: struct_size not set by
- *         zo_ckpt_options_default(), chunk_size not a power of two in
+ * @return 0; -EINVAL (also opts whose struct_size is not that of a known
+ *         zo_ckpt_options); ZO_ECONFIG (opts: chunk_size not a power of two in
  *         [4096, 1 GiB]); -EEXIST (a checkpoint of that name exists); -EBUSY
  *         (another writer of this process is writing that name, or a live
  *         process elsewhere holds the lock of our temporary name: another

@@ -170,7 +170,8 @@ ZO_API int zo_tiled_linear_tile(const zo_tiled_linear *tl, uint32_t r, uint32_t 
 
 ZO_API const char *zo_tiled_linear_errmsg(const zo_tiled_linear *tl)
 {
-    return tl ? tl->err.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(tl ? &tl->err : NULL, copy);
 }
 
 ZO_API int zo_tiled_linear_set_weight(zo_tiled_linear *tl, const void *w, uint64_t ld)
@@ -247,7 +248,7 @@ static int walk(zo_tiled_linear *tl, zo_tile_fn fn, pass *p)
 {
     int r = zo_tile_walk_run(tl->walk, tl->tiles, tl->ntiles, fn, p);
     /* a sink's failure already wrote tl->err; else the walk's detail */
-    if (r < 0 && !tl->err.msg[0])
+    if (r < 0 && !zo__tile_has_msg(&tl->err))
         zo__tile_keep(&tl->err, r);
     return r;
 }
@@ -257,7 +258,7 @@ ZO_API int zo_tiled_linear_forward(zo_tiled_linear *tl, const void *x, uint64_t 
     if (!tl || !x || !y)
         return ZO_FAIL(tl ? &tl->err : NULL, -EINVAL, "zo_tiled_linear_forward: NULL argument");
     ZO_CHECK(check_batch(tl, batch, "zo_tiled_linear_forward"));
-    tl->err.msg[0] = '\0';
+    zo__errbuf_set(&tl->err, "");
     pass p = {.tl = tl, .batch = batch, .x = x, .bias = bias, .y = y};
     return walk(tl, fwd_tile, &p);
 }
@@ -297,7 +298,7 @@ ZO_API int zo_tiled_linear_backward(zo_tiled_linear *tl, const void *x, const vo
     if (!tl->cfg.train)
         return ZO_FAIL(&tl->err, ZO_ESTATE, "zo_tiled_linear_backward: created with train = 0");
     ZO_CHECK(check_batch(tl, batch, "zo_tiled_linear_backward"));
-    tl->err.msg[0] = '\0';
+    zo__errbuf_set(&tl->err, "");
     zo__sinkq_reset(&tl->sq);
     pass p = {.tl = tl, .batch = batch, .x = x, .dy = dy, .dx = dx, .db = db};
     int r = walk(tl, bwd_tile, &p);

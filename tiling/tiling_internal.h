@@ -8,14 +8,19 @@
 
 #include <zoffload/tiling.h>
 
-const char *zo__tile_walk_errmsg(const zo_tile_walk *w);
-
 /* Keep the calling thread's last error detail as eb's (a callee's detail
  * becomes the handle's), return err. */
 static inline int zo__tile_keep(zo_errbuf *eb, int err)
 {
-    snprintf(eb->msg, sizeof(eb->msg), "%s", zo_last_error_detail());
+    zo__errbuf_set(eb, zo_last_error_detail());
     return err;
+}
+
+/* Whether eb holds a message (a callee already said why). */
+static inline int zo__tile_has_msg(const zo_errbuf *eb)
+{
+    char c[2];
+    return zo__errbuf_get(eb, c, sizeof(c))[0] != '\0';
 }
 
 /* Device bytes of the buffers the tiled linear allocates for `g`

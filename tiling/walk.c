@@ -308,8 +308,3 @@ ZO_API int zo_tile_walk_run(zo_tile_walk *w, zo_tensor *const *tiles, unsigned n
         r = rc < 0 ? rc : rp;
     return r;
 }
-
-const char *zo__tile_walk_errmsg(const zo_tile_walk *w)
-{
-    return w ? w->err.msg : "";
-}

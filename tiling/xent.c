@@ -204,7 +204,8 @@ ZO_API int zo_tiled_xent_grid(const zo_tiled_xent *x, zo_tile_grid *grid)
 
 ZO_API const char *zo_tiled_xent_errmsg(const zo_tiled_xent *x)
 {
-    return x ? x->err.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(x ? &x->err : NULL, copy);
 }
 
 ZO_API int zo_tiled_xent_set_weight(zo_tiled_xent *x, const void *e, uint64_t ld)
@@ -324,7 +325,7 @@ ZO_API int zo_tiled_xent_run(zo_tiled_xent *x, const void *h, uint64_t batch, co
         if (labels[b] < 0 || (uint64_t)labels[b] >= x->grid.out_features)
             return ZO_FAIL(&x->err, -EINVAL, "zo_tiled_xent_run: label %d of row %llu outside 0..%llu", labels[b],
                            (unsigned long long)b, (unsigned long long)x->grid.out_features - 1);
-    x->err.msg[0] = '\0';
+    zo__errbuf_set(&x->err, "");
     for (uint64_t b = 0; b < batch; b++) {
         x->m[b] = -INFINITY;
         x->s[b] = 0;
@@ -335,7 +336,7 @@ ZO_API int zo_tiled_xent_run(zo_tiled_xent *x, const void *h, uint64_t batch, co
     if (r == 0 && p.pending)
         r = fold(&p, (unsigned)p.pending - 1);
     if (r < 0) {
-        if (!x->err.msg[0])
+        if (!zo__tile_has_msg(&x->err))
             zo__tile_keep(&x->err, r);
         return r;
     }
@@ -348,7 +349,7 @@ ZO_API int zo_tiled_xent_run(zo_tiled_xent *x, const void *h, uint64_t batch, co
     zo__sinkq_reset(&x->sq);
     r = zo_tile_walk_run(x->walk, x->tiles, x->ntiles, bwd_tile, &p);
     int r2 = zo__sinkq_flush(&x->sq, r == 0, &x->err);
-    if (r < 0 && !x->err.msg[0])
+    if (r < 0 && !zo__tile_has_msg(&x->err))
         zo__tile_keep(&x->err, r);
     return r < 0 ? r : r2;
 }

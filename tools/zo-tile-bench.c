@@ -25,7 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -253,73 +252,23 @@ static int cmd_plan(const opts *o)
 }
 
 /* ---- fio ------------------------------------------------------------------------------------ */
-/* Sequential read bandwidth of a fresh file of `size` bytes in dir
- * (fio lays it out first), O_DIRECT, 4 MiB blocks, io_uring QD 8. */
+/* Sequential read bandwidth of a fresh file of `size` bytes in --path (fio
+ * lays it out first), O_DIRECT, 4 MiB blocks, io_uring QD 8. */
 static int fio_read_bw(const opts *o, uint64_t size, double *bw, char *err, size_t errlen)
 {
-    char file[4200], a_file[4300], a_size[64];
+    char file[4200];
     snprintf(file, sizeof(file), "%s/zo-tile-bench-fio.%ld.dat", o->path, (long)getpid());
-    snprintf(a_file, sizeof(a_file), "--filename=%s", file);
-    size = (size + (4u << 20) - 1) / (4u << 20) * (4u << 20);
-    snprintf(a_size, sizeof(a_size), "--size=%llu", (unsigned long long)size);
-    const char *argv[] = {o->fio ? o->fio : "fio", "--name=zo-tile-bench", a_file, a_size, "--rw=read",
-                          "--bs=4M", "--iodepth=8", "--direct=1", "--ioengine=io_uring", "--output-format=json",
-                          NULL};
-    int pfd[2];
-    if (pipe2(pfd, O_CLOEXEC) != 0)
-        return snprintf(err, errlen, "pipe: %s", strerror(errno)), -1;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(pfd[0]);
-        close(pfd[1]);
-        return snprintf(err, errlen, "fork: %s", strerror(errno)), -1;
-    }
-    if (pid == 0) {
-        dup2(pfd[1], 1);
-        int nul = open("/dev/null", O_WRONLY | O_CLOEXEC);
-        if (nul >= 0)
-            dup2(nul, 2);
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    close(pfd[1]);
-    size_t cap = 1 << 16, got = 0;
-    char *out = malloc(cap);
-    ssize_t k;
-    while (out && (k = read(pfd[0], out + got, cap - 1 - got)) > 0) {
-        got += (size_t)k;
-        if (got == cap - 1) {
-            char *n = realloc(out, cap * 2);
-            if (!n)
-                break;
-            out = n;
-            cap *= 2;
-        }
-    }
-    close(pfd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
+    zo_fio_job jb = {.fio = o->fio, .filename = file, .size = (size + (4u << 20) - 1) / (4u << 20) * (4u << 20),
+                     .bs = 4u << 20, .iodepth = 8, .numjobs = 1, .rw = "read", .direct = 1};
+    zo_fio_result fr;
+    int r = zo_fio_run(&jb, &fr);
     unlink(file);
-    if (!out)
-        return snprintf(err, errlen, "out of memory"), -1;
-    out[got] = '\0';
-    int rc = -1;
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        snprintf(err, errlen, "%s exited with status %d%s", argv[0], WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-                 WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (not installed? give --fio PATH)" : "");
-    } else {
-        /* jobs[0].read.bw_bytes */
-        const char *rd = strstr(out, "\"read\"");
-        const char *b = rd ? strstr(rd, "\"bw_bytes\"") : NULL;
-        const char *colon = b ? strchr(b, ':') : NULL;
-        *bw = colon ? strtod(colon + 1, NULL) : 0;
-        if (*bw > 0)
-            rc = 0;
-        else
-            snprintf(err, errlen, "no read bandwidth in fio's JSON output");
+    if (r < 0 || fr.bw[0] <= 0) {
+        snprintf(err, errlen, "%s", r < 0 ? fr.err : "fio reported no read bandwidth");
+        return -1;
     }
-    free(out);
-    return rc;
+    *bw = fr.bw[0];
+    return 0;
 }
 
 /* ---- the measured runs --------------------------------------------------------------------- */

@@ -30,6 +30,8 @@
 #ifndef ZOFFLOAD_DEV_H
 #define ZOFFLOAD_DEV_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus
@@ -81,7 +83,8 @@ ZO_API void zo_dev_config_default(zo_dev_config *cfg);
 
 /**
  * Open a device. `cfg` NULL means the defaults (host backend).
- * @return 0; -EINVAL; ZO_ENOTSUP; ZO_ENODEV (unavailable, reason in
+ * @return 0; -EINVAL (bad kind or ordinal, struct_size not that of a known
+ *         zo_dev_config); ZO_ENOTSUP; ZO_ENODEV (unavailable, reason in
  *         zo_last_error_detail()); ZO_ECUDA; -ENOMEM.
  */
 ZO_API int zo_dev_open(zo_dev **out, const zo_dev_config *cfg);
@@ -106,7 +109,11 @@ typedef struct zo_dev_info {
 
 ZO_API int zo_dev_get_info(zo_dev *d, zo_dev_info *info);
 ZO_API zo_dev_kind zo_dev_get_kind(const zo_dev *d);
-/** The device's last error detail ("" if none). */
+/** The device's last error detail ("" if none).
+ *  Thread-safe: the handle's threads may be recording a failure at the same
+ *  time; the result is a copy of one whole message, in a thread-local buffer
+ *  that stays valid until this thread next calls zo_dev_errmsg() (NULL gives "").
+ */
 ZO_API const char *zo_dev_errmsg(const zo_dev *d);
 
 /** @name Memory */

@@ -83,12 +83,10 @@ ZO_API int zo_dev_open(zo_dev **out, const zo_dev_config *cfg)
     *out = NULL;
     zo_dev_config c;
     zo_dev_config_default(&c);
-    if (cfg) {
-        if (cfg->struct_size < offsetof(zo_dev_config, host_mem_limit) + sizeof(size_t))
-            return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: cfg.struct_size %zu too small (use zo_dev_config_default)",
-                           cfg->struct_size);
-        c = *cfg;
-    }
+    /* The first published zo_dev_config ends with host_mem_limit. */
+    if (cfg)
+        ZO_CHECK(ZO_STRUCT_IN(&c, cfg, offsetof(zo_dev_config, host_mem_limit) + sizeof(size_t), NULL,
+                              "zo_dev_open"));
     if ((unsigned)c.kind >= ZO_DEV_KIND_COUNT)
         return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: unknown device kind %d", (int)c.kind);
     const zo_dev_ops *ops = backend(c.kind);
@@ -103,6 +101,7 @@ ZO_API int zo_dev_open(zo_dev **out, const zo_dev_config *cfg)
     d->ops = ops;
     d->kind = c.kind;
     d->ordinal = c.ordinal;
+    zo_list_init(&d->regs);
     pthread_mutex_init(&d->lock, NULL);
     int r = ops->open(d, &c);
     if (r < 0) {
@@ -122,16 +121,17 @@ ZO_API void zo_dev_close(zo_dev **dp)
     int ns = atomic_load(&d->nstreams), ne = atomic_load(&d->nevents);
     if (ns || ne)
         ZO_LOGE("zo_dev_close: %d stream(s) and %d event(s) still alive; they are now invalid", ns, ne);
+    zo_list left = ZO_LIST_INIT(left);
     pthread_mutex_lock(&d->lock);
-    zo_reg_range *r = d->regs;
-    d->regs = NULL;
+    zo_list *n;
+    while ((n = zo_list_pop_head(&d->regs)))
+        zo_list_add_tail(&left, n);
     pthread_mutex_unlock(&d->lock);
-    while (r) {
-        zo_reg_range *next = r->next;
+    while ((n = zo_list_pop_head(&left))) {
+        zo_reg_range *r = zo_list_entry(n, zo_reg_range, link);
         ZO_LOGW("zo_dev_close: host range %p (+%zu) still registered; unregistering", (void *)r->p, r->n);
         d->ops->host_unregister(d, r->p);
         free(r);
-        r = next;
     }
     d->ops->close(d);
     pthread_mutex_destroy(&d->lock);
@@ -157,7 +157,8 @@ ZO_API zo_dev_kind zo_dev_get_kind(const zo_dev *d)
 
 ZO_API const char *zo_dev_errmsg(const zo_dev *d)
 {
-    return d ? d->err.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(d ? &d->err : NULL, copy);
 }
 
 ZO_API int zo_dev_malloc(zo_dev *d, void **out, size_t n)
@@ -189,7 +190,9 @@ ZO_API int zo_dev_host_register(zo_dev *d, void *p, size_t n)
     rr->p = p;
     rr->n = n;
     pthread_mutex_lock(&d->lock);
-    for (zo_reg_range *q = d->regs; q; q = q->next) {
+    zo_list *pos;
+    zo_list_for_each(pos, &d->regs) {
+        const zo_reg_range *q = zo_list_entry(pos, zo_reg_range, link);
         if ((uint8_t *)p < q->p + q->n && q->p < (uint8_t *)p + n) {
             pthread_mutex_unlock(&d->lock);
             free(rr);
@@ -198,18 +201,12 @@ ZO_API int zo_dev_host_register(zo_dev *d, void *p, size_t n)
         }
     }
     /* Book the range first so a racing overlapping call is refused. */
-    rr->next = d->regs;
-    d->regs = rr;
+    zo_list_add_head(&d->regs, &rr->link);
     pthread_mutex_unlock(&d->lock);
     int r = d->ops->host_register(d, p, n);
     if (r < 0) {
         pthread_mutex_lock(&d->lock);
-        for (zo_reg_range **pp = &d->regs; *pp; pp = &(*pp)->next) {
-            if (*pp == rr) {
-                *pp = rr->next;
-                break;
-            }
-        }
+        zo_list_del(&rr->link);
         pthread_mutex_unlock(&d->lock);
         free(rr);
     }
@@ -222,10 +219,12 @@ ZO_API int zo_dev_host_unregister(zo_dev *d, void *p)
         return -EINVAL;
     zo_reg_range *found = NULL;
     pthread_mutex_lock(&d->lock);
-    for (zo_reg_range **pp = &d->regs; *pp; pp = &(*pp)->next) {
-        if ((*pp)->p == p) {
-            found = *pp;
-            *pp = found->next;
+    zo_list *pos;
+    zo_list_for_each(pos, &d->regs) {
+        zo_reg_range *q = zo_list_entry(pos, zo_reg_range, link);
+        if (q->p == p) {
+            found = q;
+            zo_list_del(&found->link);
             break;
         }
     }

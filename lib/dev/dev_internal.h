@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 
 #include "core/internal.h"
+#include "core/list.h"
 
 #include <zoffload/dev.h>
 
@@ -55,7 +56,7 @@ typedef struct zo_dev_ops {
 typedef struct zo_reg_range {
     uint8_t *p;
     size_t n;
-    struct zo_reg_range *next;
+    zo_list link; /* on zo_dev.regs */
 } zo_reg_range;
 
 struct zo_dev {
@@ -64,7 +65,7 @@ struct zo_dev {
     int ordinal;
     zo_errbuf err;
     pthread_mutex_t lock;     /* guards regs and the counters below */
-    zo_reg_range *regs;       /* host ranges registered through the wrapper */
+    zo_list regs;             /* zo_reg_range: host ranges registered through the wrapper */
     atomic_int nstreams, nevents;
     void *impl;               /* backend state */
 };

@@ -422,6 +422,102 @@ static void env_close(env *e)
     zo_test_rmtree(e->dir);
 }
 
+/* ---- walker --------------------------------------------------------------------------------- */
+/* Double buffering for real: while tile k's work runs (here: a host function
+ * on the compute stream that does not return until it sees it), tile k+1
+ * arrives in the other buffer. A walker that copied only after the work of
+ * tile k would never let it return (bounded: it gives up after 20 s and the
+ * test fails). */
+typedef struct overlap_ctx {
+    const void *ptr[2];
+    size_t bytes;
+    unsigned n;
+    int waited[8], seen[8];
+    struct overlap_wait {
+        struct overlap_ctx *c;
+        unsigned k;
+    } w[8];
+} overlap_ctx;
+
+static void wait_next_tile(void *arg)
+{
+    struct overlap_wait *ow = arg;
+    overlap_ctx *c = ow->c;
+    unsigned next = ow->k + 1;
+    const volatile uint8_t *p = c->ptr[next & 1];
+    for (int i = 0; i < 20000; i++) {
+        if (p[0] == (uint8_t)(0x40 + next) && p[c->bytes - 1] == (uint8_t)(0x40 + next)) {
+            c->seen[ow->k] = 1;
+            return;
+        }
+        usleep(1000);
+    }
+}
+
+static int overlap_fn(void *ctx, unsigned k, const void *tile, zo_stream *s)
+{
+    overlap_ctx *c = ctx;
+    c->ptr[k & 1] = tile;
+    /* tile k's own bytes are there once the stream reaches this work */
+    if (k >= 1 && k + 1 < c->n) {
+        c->w[k] = (struct overlap_wait){c, k};
+        c->waited[k] = 1;
+        return zo_stream_host_fn(s, wait_next_tile, &c->w[k]);
+    }
+    return 0;
+}
+
+START_TEST(walker_overlaps_fetch_with_work)
+{
+    if (g_kind != ZO_DEV_HOST)
+        return; /* a host function that blocks the compute stream: host backend only */
+    env e;
+    env_open(&e, 0, 1 * MiB);
+    enum { N = 5, BYTES = 96 * 1024 };
+    zo_tensor *t[N];
+    uint8_t *buf = malloc(BYTES);
+    for (unsigned k = 0; k < N; k++) {
+        char name[16];
+        snprintf(name, sizeof(name), "t%u", k);
+        zo_tensor_desc d;
+        zo_tensor_desc_default(&d);
+        d.name = name;
+        d.dtype = ZO_DTYPE_U8;
+        d.bytes = BYTES;
+        d.home = k % 2 ? ZO_TIER_HOST : ZO_TIER_NVME; /* both fetch paths */
+        ck_assert_int_eq(zo_store_register(e.st, &d, &t[k]), 0);
+        memset(buf, 0x40 + (int)k, BYTES);
+        ck_assert_int_eq(zo_store_write(e.st, t[k], 0, buf, BYTES), 0);
+    }
+    zo_tile_walk *w = NULL;
+    ck_assert_int_eq(zo_tile_walk_create(&w, e.st, e.dev, BYTES), 0);
+    overlap_ctx c;
+    memset(&c, 0, sizeof(c));
+    c.n = N;
+    c.bytes = BYTES;
+    int r = zo_tile_walk_run(w, t, N, overlap_fn, &c);
+    ck_assert_msg(r == 0, "walk: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    for (unsigned k = 1; k + 1 < N; k++)
+        ck_assert_msg(c.waited[k] && c.seen[k], "tile %u arrived only after tile %u's work", k + 1, k);
+    zo_tile_walk_stats ws;
+    zo_tile_walk_get_stats(w, &ws);
+    ck_assert_uint_eq(ws.tiles, N);
+    ck_assert_uint_eq(ws.fetch_bytes, (uint64_t)N * BYTES);
+    /* bad input */
+    ck_assert_int_eq(zo_tile_walk_run(w, t, 0, overlap_fn, &c), -EINVAL);
+    ck_assert_int_eq(zo_tile_walk_run(w, NULL, N, overlap_fn, &c), -EINVAL);
+    ck_assert_int_eq(zo_tile_walk_run(w, t, N, NULL, &c), -EINVAL);
+    zo_tile_walk_destroy(&w);
+    zo_tile_walk *small = NULL;
+    ck_assert_int_eq(zo_tile_walk_create(&small, e.st, e.dev, BYTES - 1), 0);
+    ck_assert_int_eq(zo_tile_walk_run(small, t, N, overlap_fn, &c), -EINVAL); /* tile larger than the buffers */
+    zo_tile_walk_destroy(&small);
+    ck_assert_int_eq(zo_tile_walk_create(&small, NULL, e.dev, BYTES), -EINVAL);
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
 /* ---- tiled linear ------------------------------------------------------------------------- */
 typedef struct lin_case {
     uint64_t batch, out, in;
@@ -999,6 +1095,9 @@ static Suite *suite(void)
     tc = tcase_create("plan");
     tcase_add_test(tc, plan_budgets);
     tcase_add_test(tc, plan_bad_input);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("walker");
+    tcase_add_test(tc, walker_overlaps_fetch_with_work);
     suite_add_tcase(s, tc);
     tc = tcase_create("linear");
     tcase_set_timeout(tc, 300);

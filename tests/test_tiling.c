@@ -1079,6 +1079,17 @@ START_TEST(xent_bad_input)
     ck_assert_int_eq(zo_tiled_xent_create(&x, e.st, e.dev, &c), -EINVAL);
     ck_assert_int_eq(zo_tiled_xent_create(&x, NULL, e.dev, &c), -EINVAL);
     ck_assert_ptr_null(x);
+    /* the planner alone: one row = 2*64*4 + 2*4*4 + 4*4 + 2*64*4 = 1072 bytes */
+    zo_tile_grid g;
+    ck_assert_int_eq(zo_tile_plan_vocab(4, 1000, 64, ZO_DTYPE_F32, 1071, 0, 0, &g), ZO_EBUDGET);
+    ck_assert_int_eq(zo_tile_plan_vocab(4, 1000, 64, ZO_DTYPE_F32, 1072 * 300, 0, 0, &g), 0);
+    ck_assert_uint_eq(g.tiles_out, 4); /* 300 rows fit: 4 tiles of 250 */
+    ck_assert_uint_eq(g.tile_out, 250);
+    ck_assert_uint_eq(g.work_bytes, 250 * 1072);
+    ck_assert_int_eq(zo_tile_plan_vocab(4, 1000, 64, ZO_DTYPE_F32, 0, 0, 0, &g), -EINVAL);
+    ck_assert_int_eq(zo_tile_plan_vocab(4, 0, 64, ZO_DTYPE_F32, 1 * MiB, 0, 0, &g), -EINVAL);
+    ck_assert_int_eq(zo_tile_plan_vocab(4, 1000, 64, ZO_DTYPE_F16, 1 * MiB, 0, 0, &g), ZO_ENOTSUP);
+    ck_assert_int_eq(zo_tile_plan_vocab(4, 1000, 64, ZO_DTYPE_F32, 1 * MiB, 0, ZO_TILE_TRAIN, &g), -EINVAL);
     env_close(&e);
 }
 END_TEST

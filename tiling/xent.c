@@ -69,29 +69,42 @@ ZO_API void zo_tiled_xent_config_default(zo_tiled_xent_config *cfg)
     cfg->home = ZO_TIER_NVME;
 }
 
+ZO_API int zo_tile_plan_vocab(uint64_t batch, uint64_t vocab, uint64_t hidden, zo_dtype dtype, uint64_t budget,
+                              uint32_t tile_vocab, unsigned flags, zo_tile_grid *grid)
+{
+    if (!grid)
+        return ZO_FAIL(NULL, -EINVAL, "zo_tile_plan_vocab: grid is NULL");
+    if (flags & ~ZO_TILE_RESIDENT)
+        return ZO_FAIL(NULL, -EINVAL, "zo_tile_plan_vocab: unknown flags 0x%x", flags);
+    if (batch == 0 || batch > INT_MAX || hidden == 0 || hidden > INT_MAX || vocab == 0 || vocab > INT_MAX)
+        return ZO_FAIL(NULL, -EINVAL, "zo_tile_plan_vocab: batch %llu, vocab %llu, hidden %llu: each must be in "
+                       "1..INT_MAX", (unsigned long long)batch, (unsigned long long)vocab,
+                       (unsigned long long)hidden);
+    if (dtype != ZO_DTYPE_F32 && dtype != ZO_DTYPE_BF16)
+        return ZO_FAIL(NULL, ZO_ENOTSUP, "zo_tile_plan_vocab: dtype %s not supported (f32, bf16)",
+                       zo_dtype_name(dtype));
+    uint64_t pr = per_row(batch, hidden, dtype, flags & ZO_TILE_RESIDENT);
+    if (budget) {
+        if (budget < pr)
+            return ZO_FAIL(NULL, ZO_EBUDGET, "zo_tile_plan_vocab: budget %llu bytes is below one vocabulary row, "
+                           "%llu bytes", (unsigned long long)budget, (unsigned long long)pr);
+        /* as many rows as fit, balanced over the fewest tiles */
+        uint64_t rows = ZO_MIN(budget / pr, vocab);
+        uint64_t parts = (vocab + rows - 1) / rows;
+        tile_vocab = (uint32_t)((vocab + parts - 1) / parts);
+    }
+    ZO_CHECK(zo_tile_grid_make(batch, vocab, hidden, dtype, tile_vocab, (uint32_t)hidden, flags | ZO_TILE_TRAIN,
+                               grid));
+    grid->work_bytes = (uint64_t)grid->tile_out * pr;
+    return 0;
+}
+
 static int plan(zo_tiled_xent *x)
 {
     zo_tiled_xent_config *c = &x->cfg;
-    unsigned flags = ZO_TILE_TRAIN | (c->home == ZO_TIER_DEVICE ? ZO_TILE_RESIDENT : 0);
-    uint32_t tv = c->tile_vocab;
-    if (c->max_batch == 0 || c->max_batch > INT_MAX || c->hidden == 0 || c->hidden > INT_MAX)
-        return ZO_FAIL(&x->err, -EINVAL, "zo_tiled_xent_create: max_batch %llu and hidden %llu must be in 1..INT_MAX",
-                       (unsigned long long)c->max_batch, (unsigned long long)c->hidden);
-    uint64_t pr = per_row(c->max_batch, c->hidden, c->dtype, flags & ZO_TILE_RESIDENT);
-    if (c->budget) {
-        if (c->budget < pr)
-            return ZO_FAIL(&x->err, ZO_EBUDGET,
-                           "zo_tiled_xent_create: budget %llu bytes is below one vocabulary row, %llu bytes",
-                           (unsigned long long)c->budget, (unsigned long long)pr);
-        uint64_t rows = ZO_MIN(c->budget / pr, c->vocab ? c->vocab : 1);
-        uint64_t parts = c->vocab ? (c->vocab + rows - 1) / rows : 1;
-        tv = (uint32_t)ZO_MIN((c->vocab + parts - 1) / parts, (uint64_t)INT_MAX);
-    }
-    int r = zo_tile_grid_make(c->max_batch, c->vocab, c->hidden, c->dtype, tv, (uint32_t)c->hidden, flags, &x->grid);
-    if (r < 0)
-        return zo__tile_keep(&x->err, r);
-    x->grid.work_bytes = (uint64_t)x->grid.tile_out * pr;
-    return 0;
+    int r = zo_tile_plan_vocab(c->max_batch, c->vocab, c->hidden, c->dtype, c->budget, c->tile_vocab,
+                               c->home == ZO_TIER_DEVICE ? ZO_TILE_RESIDENT : 0, &x->grid);
+    return r < 0 ? zo__tile_keep(&x->err, r) : 0;
 }
 
 ZO_API int zo_tiled_xent_create(zo_tiled_xent **out, zo_store *store, zo_dev *dev, const zo_tiled_xent_config *cfg)

@@ -280,6 +280,18 @@ typedef struct zo_tiled_xent_config {
 ZO_API void zo_tiled_xent_config_default(zo_tiled_xent_config *cfg);
 
 /**
+ * The grid zo_tiled_xent_create() uses: tiles of whole rows of E [vocab,
+ * hidden], as many rows as `budget` allows (balanced), or tile_vocab rows
+ * when budget is 0; work_bytes is the device memory it allocates (see
+ * below). flags: 0 or ZO_TILE_RESIDENT (E homed on the device).
+ * @return 0; -EINVAL (grid NULL, a dimension 0 or above INT_MAX, tile_vocab
+ *         0 with budget 0, unknown flags); ZO_ENOTSUP (dtype); ZO_EBUDGET
+ *         (budget below one vocabulary row). Pure computation, thread-safe.
+ */
+ZO_API int zo_tile_plan_vocab(uint64_t batch, uint64_t vocab, uint64_t hidden, zo_dtype dtype, uint64_t budget,
+                              uint32_t tile_vocab, unsigned flags, zo_tile_grid *grid);
+
+/**
  * An output projection logits = h E^T over a vocabulary cut into tiles of
  * whole rows of E, with a streaming (online) softmax cross-entropy: each
  * logits tile [batch, tile_vocab] lives in device memory only while its

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdarg.h>
 #include <mntent.h>
 #include <stdlib.h>
 #include <string.h>
@@ -300,6 +301,27 @@ double zo_median(const double *v, unsigned n)
     double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
     free(c);
     return m;
+}
+
+int zo_tool_parse_u(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *v)
+{
+    if (!s || *s < '0' || *s > '9')
+        return -1;
+    char *end;
+    errno = 0;
+    *v = strtoull(s, &end, 10);
+    return errno || *end || *v < lo || *v > hi ? -1 : 0;
+}
+
+int zo_tool_bad(const char *prog, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    return 2;
 }
 
 /* ---- fio ------------------------------------------------------------------------------------ */

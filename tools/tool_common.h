@@ -63,6 +63,11 @@ void zo_machine_json(const zo_machine *m, zo_json *j, const char *key);
 /* The filesystem and block device behind a path: "ext4 on /dev/vda" */
 void zo_path_storage(const char *path, char *buf, size_t len);
 
+/* Parse a decimal unsigned in [lo, hi] (no sign, no trailing text): 0 or -1. */
+int zo_tool_parse_u(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *v);
+/* "prog: <message>" on stderr; returns 2, the tools' exit status for bad usage. */
+int zo_tool_bad(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
 /* Median of n values (n >= 1); v is not reordered. */
 double zo_median(const double *v, unsigned n);
 

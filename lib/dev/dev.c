@@ -3,6 +3,7 @@
 #define ZO_MODULE "dev"
 #include "dev/dev_internal.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -438,4 +439,72 @@ ZO_API int zo_dev_nonfinite(zo_stream *s, const void *src, zo_dtype type, size_t
     if (n == 0)
         return 0;
     return s->dev->ops->nonfinite(s, src, type, n, flag);
+}
+
+/* ---- GEMM ------------------------------------------------------------------------- */
+static int gemm_range(const void *p, zo_gemm_op op, size_t rows_n, size_t cols_n, size_t ld, size_t esz,
+                      const uint8_t **lo, const uint8_t **hi)
+{
+    /* stored rows x cols of the operand as it lies in memory */
+    size_t rows = op == ZO_GEMM_N ? rows_n : cols_n, cols = op == ZO_GEMM_N ? cols_n : rows_n, span;
+    if (rows == 0 || cols == 0) {
+        *lo = *hi = p;
+        return 0;
+    }
+    if (zo__mul_size(rows - 1, ld, &span) < 0 || __builtin_add_overflow(span, cols, &span) ||
+        zo__mul_size(span, esz, &span) < 0)
+        return -EINVAL;
+    *lo = p;
+    *hi = (const uint8_t *)p + span;
+    return 0;
+}
+
+ZO_API int zo_gemm_async(zo_stream *s, zo_gemm_op op_a, zo_gemm_op op_b, size_t m, size_t n, size_t k, float alpha,
+                         const void *a, size_t lda, const void *b, size_t ldb, zo_dtype ab_type, float beta, float *c,
+                         size_t ldc)
+{
+    if (!s)
+        return ZO_FAIL(NULL, -EINVAL, "zo_gemm_async: stream is NULL");
+    zo_errbuf *eb = &s->dev->err;
+    if ((op_a != ZO_GEMM_N && op_a != ZO_GEMM_T) || (op_b != ZO_GEMM_N && op_b != ZO_GEMM_T))
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: operand op must be ZO_GEMM_N or ZO_GEMM_T");
+    if (!float_type(ab_type))
+        return ZO_FAIL(eb, ZO_ENOTSUP, "zo_gemm_async: operand type %s not supported (f32, bf16, f16)",
+                       zo_dtype_name(ab_type));
+    if (!s->dev->ops->gemm)
+        return ZO_FAIL(eb, ZO_ENOTSUP, "zo_gemm_async: the %s backend has no GEMM", s->dev->ops->name);
+    if (m == 0 || n == 0)
+        return 0;
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: m=%zu n=%zu k=%zu or a stride above INT_MAX", m, n, k);
+    if (!c || (k && (!a || !b)))
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: NULL matrix with m=%zu n=%zu k=%zu", m, n, k);
+    size_t a_cols = op_a == ZO_GEMM_N ? k : m, b_cols = op_b == ZO_GEMM_N ? n : k;
+    /* with k == 0 neither A nor B is read: their strides do not matter */
+    if (ldc < n || (k && (lda < a_cols || ldb < b_cols)))
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: stride below its row (lda=%zu needs %zu, ldb=%zu needs %zu, "
+                       "ldc=%zu needs %zu)", lda, a_cols, ldb, b_cols, ldc, n);
+    size_t esz = zo_dtype_size(ab_type);
+    const uint8_t *alo, *ahi, *blo, *bhi, *clo, *chi;
+    if (gemm_range(a, op_a, m, k, lda, esz, &alo, &ahi) < 0 || gemm_range(b, op_b, k, n, ldb, esz, &blo, &bhi) < 0 ||
+        gemm_range(c, ZO_GEMM_N, m, n, ldc, sizeof(float), &clo, &chi) < 0)
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: matrix extent overflows");
+    /* C is written while A and B are read: an overlap gives garbage in
+     * every backend, so it is refused rather than computed */
+    if (k && ((clo < ahi && alo < chi) || (clo < bhi && blo < chi)))
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: C overlaps A or B");
+    zo__gemm_args g = {.op_a = op_a, .op_b = op_b, .m = m, .n = n, .k = k, .alpha = alpha, .beta = beta,
+                       .a = a, .b = b, .lda = lda, .ldb = ldb, .ab_type = ab_type, .c = c, .ldc = ldc};
+    return s->dev->ops->gemm(s, &g);
+}
+
+ZO_API const char *zo_gemm_impl(zo_dev_kind kind)
+{
+    switch (kind) {
+    case ZO_DEV_HOST: return zo__host_gemm_impl();
+#if ZO_HAVE_CUDA
+    case ZO_DEV_CUDA: return "cublas";
+#endif
+    default: return "none";
+    }
 }

@@ -18,6 +18,8 @@
  * sync) on the stream, else 0. */
 typedef void (*zo__host_status_fn)(void *arg, int err);
 
+struct zo__gemm_args; /* below, with the GEMM helpers */
+
 typedef struct zo_dev_ops {
     zo_dev_kind kind;
     const char *name;
@@ -47,6 +49,8 @@ typedef struct zo_dev_ops {
     int (*cast)(zo_stream *s, void *dst, zo_dtype dt, const void *src, zo_dtype st, size_t n);
     int (*sumsq)(zo_stream *s, const void *src, zo_dtype t, size_t n, double *acc);
     int (*nonfinite)(zo_stream *s, const void *src, zo_dtype t, size_t n, int *flag);
+    /* optional (NULL: zo_gemm_async returns ZO_ENOTSUP); args checked by dev.c */
+    int (*gemm)(zo_stream *s, const struct zo__gemm_args *g);
 } zo_dev_ops;
 
 typedef struct zo_reg_range {
@@ -86,6 +90,30 @@ int zo__stream_host_fn_status(zo_stream *s, zo__host_status_fn fn, void *arg);
 /* Tests: make the host backend's copies on device d fail with err (skipped,
  * the error raised on their stream); 0 restores them. */
 void zo__dev_host_fail_copies(zo_dev *d, int err);
+
+/* ---- GEMM (zo_gemm_async) ----------------------------------------------------- */
+/* One GEMM as zo_gemm_async() states it, checked by the wrapper. */
+typedef struct zo__gemm_args {
+    zo_gemm_op op_a, op_b;
+    size_t m, n, k;
+    float alpha, beta;
+    const void *a, *b;
+    size_t lda, ldb;
+    zo_dtype ab_type;
+    float *c;
+    size_t ldc;
+} zo__gemm_args;
+
+/* Run g now on the calling thread (host_gemm.c: OpenBLAS or the reference
+ * loop); the host backend's stream workers call it. 0 or -ENOMEM. */
+int zo__host_gemm_run(const zo__gemm_args *g);
+/* The plain C loop alone, whatever the build has (tests compare against it). */
+int zo__host_gemm_ref(const zo__gemm_args *g);
+const char *zo__host_gemm_impl(void);
+#if ZO_HAVE_CUDA
+/* cuda_blas.c: cublasGemmEx on s's stream, cuBLAS loaded on first use. */
+int zo__cuda_gemm(zo_stream *s, const zo__gemm_args *g);
+#endif
 
 extern const zo_dev_ops zo__dev_host_ops;
 #if ZO_HAVE_CUDA

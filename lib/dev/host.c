@@ -32,7 +32,7 @@ typedef struct host_dev {
     atomic_int copy_fault;     /* tests: copies fail with this error */
 } host_dev;
 
-typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_HOSTFN_STATUS, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT } op_kind;
+typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_HOSTFN_STATUS, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT, OP_GEMM } op_kind;
 
 typedef struct host_gen {
     uint64_t gen;
@@ -294,6 +294,17 @@ static void run_op(host_stream *hs, host_op *op)
         event_unref(he);
         pthread_cond_broadcast(&hd->ev_cond);
         pthread_mutex_unlock(&hd->ev_lock);
+        break;
+    }
+    case OP_GEMM: {
+        int r = zo__host_gemm_run(op->arg);
+        free(op->arg);
+        if (r < 0) {
+            pthread_mutex_lock(&hs->lock);
+            if (!hs->err)
+                hs->err = r;
+            pthread_mutex_unlock(&hs->lock);
+        }
         break;
     }
     case OP_WAIT:
@@ -573,6 +584,22 @@ static int host_nonfinite(zo_stream *s, const void *src, zo_dtype t, size_t n, i
     return enqueue(s->impl, &op);
 }
 
+/* ---- GEMM ----------------------------------------------------------------------- */
+/* The arguments travel in their own allocation (the op stays small for the
+ * copies that make up most of the traffic); the worker frees them. */
+static int host_gemm(zo_stream *s, const zo__gemm_args *g)
+{
+    zo__gemm_args *copy = malloc(sizeof(*copy));
+    if (!copy)
+        return ZO_FAIL(&s->dev->err, -ENOMEM, "zo_gemm_async: out of memory queueing work");
+    *copy = *g;
+    host_op op = {.kind = OP_GEMM, .arg = copy};
+    int r = enqueue(s->impl, &op);
+    if (r < 0)
+        free(copy);
+    return r;
+}
+
 const zo_dev_ops zo__dev_host_ops = {
     .kind = ZO_DEV_HOST,
     .name = "host",
@@ -602,4 +629,5 @@ const zo_dev_ops zo__dev_host_ops = {
     .cast = host_cast,
     .sumsq = host_sumsq,
     .nonfinite = host_nonfinite,
+    .gemm = host_gemm,
 };

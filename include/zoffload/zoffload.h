@@ -22,5 +22,6 @@
 #include "store.h"
 #include "cpuadam.h"
 #include "optim.h"
+#include "optim_json.h"
 
 #endif /* ZOFFLOAD_H */

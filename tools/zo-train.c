@@ -63,7 +63,8 @@ typedef struct options {
     zo_dtype grad_dtype;      /* --grad: ZO_DTYPE_COUNT = not given */
     int accum;                /* --accum, -1 not given */
     double clip;              /* --clip, < 0 not given */
-    double lr;                /* --lr, < 0 not given */
+    double lr;                /* --lr, or the default for the width */
+    int lr_given;
     uint64_t sub_group;       /* --sub-group, 0 not given */
     uint64_t dev_budget;      /* --device-budget: host backend device memory cap, 0: automatic */
     int nthreads;             /* --threads */
@@ -88,15 +89,15 @@ static void usage(FILE *f)
             "\n"
             "model\n"
             "  --params N          parameters in total (with --layers: picks the width)\n"
-            "  --layers L          linear layers (default 8)\n"
+            "  --layers L          linear layers (default 6)\n"
             "  --width W           layer width (W x W weights plus a bias)\n"
-            "  --batch B           samples per micro-step (default 256)\n"
+            "  --batch B           samples per micro-step (default 128)\n"
             "  --steps S           optimizer steps to run (default 40)\n"
             "  --seed N            model, teacher and data seed (default 1)\n"
             "precision and optimizer\n"
             "  --param-dtype T     device parameters: bf16 (default), fp16, fp32\n"
             "  --grad T            device gradients: bf16, fp16, fp32 (default: the param dtype)\n"
-            "  --lr X              AdamW learning rate (default 1e-3)\n"
+            "  --lr X              AdamW learning rate (default min(1e-3, 0.25 / width))\n"
             "  --accum K           micro-steps per optimizer step (default 1)\n"
             "  --clip X            global gradient norm cap (default 1.0; 0 no clipping)\n"
             "engine\n"
@@ -227,7 +228,7 @@ static int parse_options(int argc, char **argv, options *o)
         case O_GRAD: if (parse_dtype("--grad", optarg, &o->grad_dtype)) return 2; break;
         case O_ACCUM: if (parse_u64("--accum", optarg, 1, 65536, &v)) return 2; o->accum = (int)v; break;
         case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o->clip)) return 2; break;
-        case O_LR: if (parse_double("--lr", optarg, 0, 1e3, &o->lr)) return 2; break;
+        case O_LR: if (parse_double("--lr", optarg, 0, 1e3, &o->lr)) return 2; o->lr_given = 1; break;
         case O_SG: if (parse_u64("--sub-group", optarg, 64, 1ull << 40, &o->sub_group)) return 2; break;
         case O_BUDGET: if (parse_u64("--device-budget", optarg, 1, UINT64_MAX, &o->dev_budget)) return 2; break;
         case O_THREADS: if (parse_u64("--threads", optarg, 1, 1024, &v)) return 2; o->nthreads = (int)v; break;
@@ -258,11 +259,11 @@ static int parse_options(int argc, char **argv, options *o)
         return 2;
     }
     o->defaulted = !model_flags && argc == 1;
-    /* The embedded default: 8 layers of 2048 (33.6 M parameters: 403 MB of
-     * fp32 masters and Adam states against a device budget of about 190 MB),
+    /* The embedded default: 6 layers of 2048 (25.2 M parameters: 288 MiB of
+     * fp32 masters and Adam states against a device budget of about 130 MiB),
      * NVMe offload into a temporary directory, DPU after one warm-up step. */
     if (!o->layers)
-        o->layers = o->params && o->width ? (unsigned)(o->params / (o->width * o->width + o->width)) : 8;
+        o->layers = o->params && o->width ? (unsigned)(o->params / (o->width * o->width + o->width)) : 6;
     if (!o->layers) {
         fprintf(stderr, "zo-train: --params %" PRIu64 " is less than one layer of width %" PRIu64 "\n", o->params,
                 o->width);
@@ -278,7 +279,11 @@ static int parse_options(int argc, char **argv, options *o)
         }
     }
     if (!o->batch)
-        o->batch = 256;
+        o->batch = 128;
+    if (o->lr < 0)
+        /* Adam's step moves every weight by about lr, and a layer's output
+         * by about lr * width: the rate that is stable shrinks with the width */
+        o->lr = fmin(1e-3, 0.25 / (double)o->width);
     if (!o->steps)
         o->steps = 40;
     if (o->defaulted) {
@@ -555,7 +560,9 @@ static int reference_start(reference *r, zo_optim *o)
     zo_optim_info info;
     zo_optim_get_info(o, &info);
     r->step = info.step;
-    r->boundaries = 0; /* the DPU warm-up counts the boundaries of this engine instance */
+    /* the DPU warm-up counts boundaries, applied or skipped; a checkpoint
+     * carries the count, so a resumed run is past its warm-up at once */
+    r->boundaries = (uint64_t)info.step + info.skipped_steps;
     return 0;
 }
 
@@ -841,7 +848,9 @@ int main(int argc, char **argv)
             printf("config %s:\n%s", opt.config, rep);
     }
     hp_w = cfg.hparams;
-    if (opt.lr >= 0)
+    /* the learning rate: --lr, else the config file's, else the width-scaled default */
+    double cfg_lr;
+    if (opt.lr_given || !cj || zo_optim_json_number(cj, "optimizer.params.lr", &cfg_lr) < 0)
         hp_w.lr = opt.lr;
     /* biases: no weight decay (the usual second parameter group) */
     hp_b = hp_w;
@@ -980,6 +989,8 @@ int main(int argc, char **argv)
     /* ---- training ---- */
     double t_start = now_s();
     int verify_failed = 0;
+    zo_optim_get_info(o, &info);
+    int64_t step0 = info.step; /* updates before this run (a resumed checkpoint's) */
     for (unsigned s = 0; s < opt.steps && !g_stop; s++) {
         double t0 = now_s(), compute = 0, loss = 0, ref_loss = 0;
         double scale = zo_optim_loss_scale(o); /* fp16: the dynamic loss scale of this window */
@@ -1044,7 +1055,7 @@ int main(int argc, char **argv)
         }
         zo_optim_get_info(o, &info);
         if (!opt.quiet) {
-            printf("step %4" PRId64 " loss %.6f  %7.1f ms: compute %.1f", info.step, loss, dt * 1e3, compute * 1e3);
+            printf("step %4" PRId64 " loss %.6f  %7.1f ms: compute %.1f", step0 + s + 1, loss, dt * 1e3, compute * 1e3);
             if (have_tl)
                 printf(" | update %" PRId64 ": d2h %.1f optim %.1f nvme-r %.1f nvme-w %.1f h2d %.1f stall %.1f",
                        tl.step, tl.d2h_ns * 1e-6, (tl.compute_ns + tl.norm_ns) * 1e-6, tl.nvme_read_ns * 1e-6,
@@ -1057,7 +1068,7 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
         if (jf)
-            step_json(&jw, info.step, loss, dt, compute, &tl, have_tl);
+            step_json(&jw, step0 + s + 1, loss, dt, compute, &tl, have_tl);
     }
     /* finish the update in flight (DPU): the device params are current after this */
     if ((r = zo_optim_wait(o, NULL)) < 0) {

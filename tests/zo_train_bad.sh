@@ -1,10 +1,10 @@
 #!/bin/sh
-# usage: zo_train_bad.sh ZO_TRAIN CASE
+# usage: zo_train_bad.sh ZO_TRAIN CASE [ZO_PLAN]
 # zo-train's refusals and its cleanup: each case checks the exit code, the
 # message, and that nothing is left behind in the NVMe parent directory
 # (zo-train makes a private 0700 subdirectory there and removes it on every
 # path, Ctrl-C included).
-train="$1"; case_="$2"
+train="$1"; case_="$2"; plan="$3"
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/zo-train-test.XXXXXX") || exit 1
 trap 'rm -rf "$scratch"' EXIT
 small="--layers 2 --width 32 --batch 4 --quiet"
@@ -101,6 +101,13 @@ interrupt-save-resume)
     [ -f "$scratch/ck/latest" ] || { echo "no checkpoint"; ls -la "$scratch/ck"; exit 1; }
     run 0 "" --layers 2 --width 256 --batch 64 --steps 2 --resume "$scratch/ck" --verify
     grep -q "bit for bit" "$scratch/out" || { echo "resume did not verify"; cat "$scratch/out"; exit 1; } ;;
+plan-config)
+    # zo-plan --config writes a config the engine loads: zo-train runs it and verifies
+    "$plan" --no-probe --config "$scratch/plan.json" -- --layers 2 --width 32 --batch 4 --accum 2 --clip 0.5 \
+        --dpu on >/dev/null || { echo "zo-plan --config failed"; exit 1; }
+    run 0 "" --layers 2 --width 32 --batch 4 --steps 4 --accum 2 --config "$scratch/plan.json" --verify
+    grep -q "DPU on" "$scratch/out" && grep -q "clip 0.5" "$scratch/out" && grep -q "bit for bit" "$scratch/out" ||
+        { echo "the config did not take effect:"; cat "$scratch/out"; exit 1; } ;;
 *)
     echo "unknown case $case_"; exit 1 ;;
 esac

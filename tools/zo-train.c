@@ -854,10 +854,10 @@ int main(int argc, char **argv)
     getrusage(RUSAGE_SELF, &ru);
     double samples = (double)tot.steps * cfg.grad_accum_steps * shape.batch;
     double ms = tot.steps ? tot.wall_s * 1e3 / tot.steps : 0;
-    printf("summary: %u steps in %.1f s (%.1f ms/step, compute %.1f ms/step), %.0f samples/s, %.2f TFLOP/s\n",
+    printf("summary: %u steps in %.1f s (%.1f ms/step, compute %.1f ms/step), %.0f samples/s, %.1f GFLOP/s\n",
            tot.steps, tot.wall_s, ms, tot.steps ? tot.compute_s * 1e3 / tot.steps : 0,
            tot.wall_s > 0 ? samples / tot.wall_s : 0,
-           tot.wall_s > 0 ? train_shape_flops(&shape) * tot.steps * cfg.grad_accum_steps / tot.wall_s / 1e12 : 0);
+           tot.wall_s > 0 ? train_shape_flops(&shape) * tot.steps * cfg.grad_accum_steps / tot.wall_s / 1e9 : 0);
     printf("loss: %.6f -> %.6f (%.1f%% of the start; floor 0)\n", tot.first_loss, tot.last_loss,
            tot.first_loss > 0 ? 100.0 * tot.last_loss / tot.first_loss : 0);
     printf("memory: device %.1f MiB (budget %.1f), engine pinned %.1f MiB (process peak locked %.1f), engine "

@@ -519,10 +519,8 @@ START_TEST(test_optim_dpu)
         ck_assert_int_eq(ref_step(&r, 1.0, 1.0, NULL), 1);
         hist[k] = malloc(pb);
         memcpy(hist[k], r.out, pb);
-        if (k <= K) {
-            ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0); /* warm-up: no delay */
-            ck_assert_int_eq(zo_optim_params_current(e.o), 1);
-        }
+        /* warm-up: no delay, step_async itself landed the update */
+        ck_assert_int_eq(zo_optim_params_current(e.o), k <= K);
     }
     /* the eventfd says the last update finished */
     struct pollfd pfd = {.fd = efd, .events = POLLIN};

@@ -884,6 +884,12 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     /* DPU: finish the previous update and copy its params (the framework's
      * backward is done with the old ones by now) */
     int prev_err = collect(o, NULL);
+    if (o->failed) {
+        /* the step just collected failed mid-update: nothing more on those states */
+        o->micro--;
+        return prev_err < 0 ? prev_err
+                            : ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_step_async: an earlier step failed mid-update");
+    }
     if ((r = push_pending(o)) < 0)
         return r;
     o->boundaries++;
@@ -909,6 +915,14 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     o->win_scale[next] = o->scaler.scale;
     zo__wstate_set(o, ZO__W_QUEUED);
     o->win = next;
+    if (o->cfg.dpu && !delayed) {
+        /* a DPU warm-up boundary: no delay, so the next forward must see
+         * this update; block until it has reached the device */
+        r = collect(o, NULL);
+        if (r == 0)
+            o->params_current = 1;
+        return r < 0 ? r : prev_err;
+    }
     return prev_err;
 }
 

@@ -10,8 +10,9 @@
  * The byte counts follow the engine's allocations (lib/optim/optim.c):
  *   device        params (param dtype) + grads (grad dtype) [+ zo-train's activations]
  *   pinned        host placement: masters + states (each sub-group's three
- *                 arrays rounded up to 4 KiB), the store's 8 x 1 MiB pool;
- *                 NVMe placement: buffer_count sub-groups of masters + states;
+ *                 arrays rounded up to 4 KiB) and the store's 8 x 1 MiB slots;
+ *                 NVMe placement: 3 x buffer_count + 2 slots of 4 MiB (the
+ *                 sweep's pieces of master, m and v in flight);
  *                 both: gradient staging, the parameter buffers (x2 with DPU)
  *   pageable      fp32 gradient accumulators (x2 with DPU)
  *   NVMe          masters + states
@@ -325,7 +326,7 @@ static int load_bench(const char *file, plan_in *in)
 typedef struct plan_out {
     uint64_t nsub;                        /* sub-groups */
     uint64_t dev_params, dev_grads, dev_act, dev_total;
-    uint64_t pin_states, pin_pool, pin_buffers, pin_staging, pin_pbuf, pin_total;
+    uint64_t pin_states, pin_pool, pin_staging, pin_pbuf, pin_total;
     uint64_t host_acc, host_total;
     uint64_t nvme_bytes;
     uint64_t nvme_free[MAX_NVME];
@@ -367,14 +368,16 @@ static void make_plan(const plan_in *in, plan_out *p)
     unsigned nwin = in->dpu ? 2 : 1;
     if (in->nvme) {
         p->nvme_bytes = P * per_elem;
-        p->pin_buffers = (uint64_t)in->buffer_count * (sg < P ? sg : P) * per_elem;
+        /* the sweep streams buffer_count pieces of (master, m, v) through
+         * 4 MiB slots, plus two slots for reads, writes and checkpoints */
+        p->pin_pool = (3ull * in->buffer_count + 2) * (4ull << 20);
     } else {
         p->pin_states = states;
+        p->pin_pool = 8ull << 20; /* 8 slots of 1 MiB for reads, writes and checkpoints */
     }
-    p->pin_pool = 8ull << 20;
     p->pin_staging = in->staging;
     p->pin_pbuf = P * pes * nwin;
-    p->pin_total = p->pin_states + p->pin_pool + p->pin_buffers + p->pin_staging + p->pin_pbuf;
+    p->pin_total = p->pin_states + p->pin_pool + p->pin_staging + p->pin_pbuf;
     p->host_acc = P * 4 * nwin;
     p->host_total = p->pin_total + p->host_acc;
 
@@ -391,7 +394,8 @@ static void make_plan(const plan_in *in, plan_out *p)
             say(p, "host memory: needs %.0f MiB, has %.0f MiB: NVMe placement (--offload nvme) or more RAM",
                 mib(p->host_total), mib(in->ram));
         else
-            say(p, "host memory: needs %.0f MiB, has %.0f MiB: a smaller sub-group or fewer buffers, or more RAM",
+            say(p, "host memory: needs %.0f MiB, has %.0f MiB: fewer buffers (buffer_count) or more RAM; the "
+                   "accumulators and parameter buffers grow with the model",
                 mib(p->host_total), mib(in->ram));
     }
     if (in->memlock && p->pin_total > in->memlock) {
@@ -466,11 +470,12 @@ static void print_plan(const plan_in *in, const plan_out *p)
     row("", buf, p->dev_total);
     if (p->pin_states)
         row("pinned host", "fp32 masters + optimizer states", p->pin_states);
-    if (p->pin_buffers) {
-        snprintf(buf, sizeof(buf), "%u sub-group buffers (NVMe sweep)", in->buffer_count);
-        row("pinned host", buf, p->pin_buffers);
+    if (in->nvme) {
+        snprintf(buf, sizeof(buf), "store slots, %u x 4 MiB (the NVMe sweep)", 3 * in->buffer_count + 2);
+        row("pinned host", buf, p->pin_pool);
+    } else {
+        row("", "store slots, 8 x 1 MiB", p->pin_pool);
     }
-    row("", "store transfer pool", p->pin_pool);
     row("", "gradient staging (device -> host)", p->pin_staging);
     row("", in->dpu ? "parameter buffers x2 (DPU)" : "parameter buffers", p->pin_pbuf);
     if (in->memlock)
@@ -544,7 +549,6 @@ static void json_plan(const plan_in *in, const plan_out *p)
     zj_uint(&j, "device_activations", p->dev_act);
     zj_uint(&j, "device_total", p->dev_total);
     zj_uint(&j, "pinned_states", p->pin_states);
-    zj_uint(&j, "pinned_sweep_buffers", p->pin_buffers);
     zj_uint(&j, "pinned_pool", p->pin_pool);
     zj_uint(&j, "pinned_staging", p->pin_staging);
     zj_uint(&j, "pinned_param_buffers", p->pin_pbuf);

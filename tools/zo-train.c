@@ -665,15 +665,6 @@ int main(int argc, char **argv)
     /* ---- create the engine and give it the initial parameters ---- */
     train_model_init_params(&dm.model);
     r = zo_optim_create(&o, &cfg);
-    if (r == ZO_ENOTSUP && opt.defaulted && cfg.placement == ZO_OPTIM_PLACE_NVME) {
-        /* the embedded default asks for NVMe; an engine without NVMe placement
-         * runs it on host placement and says so */
-        printf("note: %s; running the default on host placement\n", zo_last_error_detail());
-        remove_tmpdir();
-        cfg.placement = ZO_OPTIM_PLACE_HOST;
-        cfg.nvme_path = NULL;
-        r = zo_optim_create(&o, &cfg);
-    }
     free(names);
     free(namebuf);
     if (r < 0) {

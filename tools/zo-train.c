@@ -575,6 +575,8 @@ int main(int argc, char **argv)
     cfg.param_dtype = shape.param_dtype;
     cfg.grad_dtype = shape.grad_dtype;
     cfg.max_grad_norm = 1.0;
+    /* NVMe placement from the config file alone still gets a parent directory */
+    cfg.nvme_path = opt.nvme_path ? opt.nvme_path : "/var/tmp";
     zo_optim_group grp[2], jgroup;
     zo_optim_group_default(&jgroup);
     if (opt.config) {
@@ -626,7 +628,8 @@ int main(int argc, char **argv)
     if (!cfg.nthreads)
         cfg.nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN); /* explicit, so --verify's team matches */
     if (cfg.placement == ZO_OPTIM_PLACE_NVME) {
-        const char *parent = opt.nvme_path ? opt.nvme_path : cfg.nvme_path ? cfg.nvme_path : "/var/tmp";
+        /* the parent: --nvme-path, else the config's nvme_path, else /var/tmp */
+        const char *parent = opt.nvme_path ? opt.nvme_path : cfg.nvme_path;
         if (make_tmpdir(parent) < 0) {
             rc = 2;
             goto out;
@@ -636,12 +639,15 @@ int main(int argc, char **argv)
         fprintf(stderr, "zo-train: --nvme-path needs --offload nvme\n");
         rc = 2;
         goto out;
+    } else {
+        cfg.nvme_path = NULL;
     }
 
     /* Two parameter groups: the weights (weight decay) and the biases (none). */
     const char **names = calloc(dm.ntensors, sizeof(char *));
     char (*namebuf)[32] = calloc(dm.ntensors, 32);
     if (!names || !namebuf) {
+        fprintf(stderr, "zo-train: out of memory\n");
         free(names);
         free(namebuf);
         goto out;
@@ -719,11 +725,11 @@ int main(int argc, char **argv)
     printf("device (%s): budget %.1f MiB; params %s %.1f MiB, grads %s %.1f MiB, activations %.1f MiB\n",
            opt.backend, mib(budget), zo_dtype_name(shape.param_dtype), mib(nparams * pes),
            zo_dtype_name(shape.grad_dtype), mib(nparams * ges), mib(train_shape_activation_bytes(&shape)));
-    printf("engine: fp32 masters + AdamW states %.1f MiB %s the device budget -> %s%s%s; DPU %s (warm-up %u), "
+    printf("engine: fp32 masters + AdamW states %.1f MiB %s the device budget -> %s%s; DPU %s (warm-up %u), "
            "clip %g, %d threads, %u sub-groups\n",
            mib(nparams * 12), nparams * 12 > budget ? "do not fit" : "would fit",
            cfg.placement == ZO_OPTIM_PLACE_NVME ? "NVMe in " : "pinned host memory",
-           cfg.placement == ZO_OPTIM_PLACE_NVME ? g_tmpdir : "", "", cfg.dpu ? "on" : "off", cfg.dpu_warmup_steps,
+           cfg.placement == ZO_OPTIM_PLACE_NVME ? g_tmpdir : "", cfg.dpu ? "on" : "off", cfg.dpu_warmup_steps,
            cfg.max_grad_norm, cfg.nthreads, info.nsubgroups);
     fflush(stdout);
 

@@ -70,6 +70,16 @@ bad-offload)
     run 2 "host or nvme" $small --offload gpu ;;
 unknown-option)
     run 2 "unknown option" --frobnicate ;;
+backend-cuda)
+    # the model's math has no device kernels yet: refused with the reason, nothing run
+    run 2 "zo_gemm_async" $small --backend cuda ;;
+config-nvme-no-path)
+    # a config asking for NVMe without nvme_path: a private directory under /var/tmp, removed
+    printf '{"zero_optimization": {"offload_optimizer": {"device": "nvme"}}}\n' >"$scratch/nvme.json"
+    run 0 "" $small --steps 2 --config "$scratch/nvme.json" --verify
+    grep -q "NVMe in /var/tmp/zo-train-" "$scratch/out" || { echo "not on NVMe:"; cat "$scratch/out"; exit 1; }
+    dir=$(sed -n 's/.*NVMe in \(\/var\/tmp\/zo-train-[A-Za-z0-9]*\);.*/\1/p' "$scratch/out")
+    [ -n "$dir" ] && [ ! -e "$dir" ] || { echo "left behind: $dir"; exit 1; } ;;
 nvme-cleanup)
     # NVMe placement: a verified run leaves the parent directory as it found
     # it, and so does one the engine refuses (a pinned budget too small)

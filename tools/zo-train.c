@@ -457,12 +457,38 @@ typedef struct totals {
     unsigned steps;
     double wall_s, compute_s;
     double first_loss, last_loss;
-    uint64_t d2h_bytes, h2d_bytes, nvme_read_bytes, nvme_write_bytes;
+    /* the engine's timelines, each update counted once (under DPU one update
+     * is the latest finished for two step lines) */
+    int64_t last_update;
+    unsigned updates;
+    zo_optim_timeline sum;
 } totals;
 
-static void step_json(zo_json *j, int64_t step, double loss, double step_s, double compute_s,
+static void totals_add_timeline(totals *t, const zo_optim_timeline *tl)
+{
+    if (tl->step == t->last_update)
+        return;
+    t->last_update = tl->step;
+    t->updates++;
+    t->sum.total_ns += tl->total_ns;
+    t->sum.d2h_ns += tl->d2h_ns;
+    t->sum.d2h_bytes += tl->d2h_bytes;
+    t->sum.norm_ns += tl->norm_ns;
+    t->sum.compute_ns += tl->compute_ns;
+    t->sum.nvme_read_ns += tl->nvme_read_ns;
+    t->sum.nvme_read_bytes += tl->nvme_read_bytes;
+    t->sum.nvme_write_ns += tl->nvme_write_ns;
+    t->sum.nvme_write_bytes += tl->nvme_write_bytes;
+    t->sum.h2d_ns += tl->h2d_ns;
+    t->sum.h2d_bytes += tl->h2d_bytes;
+    t->sum.stall_ns += tl->stall_ns;
+}
+
+static void step_json(FILE *f, int64_t step, double loss, double step_s, double compute_s,
                       const zo_optim_timeline *tl, int have_tl)
 {
+    zo_json jw, *j = &jw;
+    zj_init(j, f, 0); /* one top-level object per line (JSON lines) */
     zj_obj_begin(j, NULL);
     zj_str(j, "type", "step");
     zj_int(j, "step", step);
@@ -503,7 +529,6 @@ int main(int argc, char **argv)
     train_teacher teacher = {0};
     float *x = NULL, *y = NULL;
     FILE *jf = NULL;
-    zo_json jw;
     totals tot = {0};
 
     if (!strcmp(opt.backend, "cuda")) {
@@ -715,7 +740,6 @@ int main(int argc, char **argv)
             rc = 2;
             goto out;
         }
-        zj_init(&jw, jf, 0);
     }
 
     zo_optim_info info;
@@ -793,13 +817,8 @@ int main(int argc, char **argv)
         tot.last_loss = loss;
         tot.steps++;
         tot.compute_s += compute;
-        if (have_tl) {
-            /* under DPU the timeline is the previous update's; bytes are counted once per update */
-            tot.d2h_bytes += tl.d2h_bytes;
-            tot.h2d_bytes += tl.h2d_bytes;
-            tot.nvme_read_bytes += tl.nvme_read_bytes;
-            tot.nvme_write_bytes += tl.nvme_write_bytes;
-        }
+        if (have_tl)
+            totals_add_timeline(&tot, &tl);
         zo_optim_get_info(o, &info);
         if (!opt.quiet) {
             printf("step %4" PRId64 " loss %.6f  %7.1f ms: compute %.1f", step0 + s + 1, loss, dt * 1e3, compute * 1e3);
@@ -815,7 +834,7 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
         if (jf)
-            step_json(&jw, step0 + s + 1, loss, dt, compute, &tl, have_tl);
+            step_json(jf, step0 + s + 1, loss, dt, compute, &tl, have_tl);
     }
     /* finish the update in flight (DPU): the device params are current after this */
     if ((r = zo_optim_wait(o, NULL)) < 0) {
@@ -823,6 +842,11 @@ int main(int argc, char **argv)
         goto out;
     }
     tot.wall_s = now_s() - t_start;
+    {
+        zo_optim_timeline tl;
+        if (zo_optim_get_timeline(o, &tl) == 0)
+            totals_add_timeline(&tot, &tl); /* the last update, finished by the wait */
+    }
     if (g_stop)
         printf("interrupted: stopped at a step boundary\n");
 
@@ -861,9 +885,17 @@ int main(int argc, char **argv)
            "pageable %.1f MiB, process peak RSS %.1f MiB\n",
            mib(dm.bytes), mib(budget), mib(info.pinned_bytes), mib(ps.locked_peak), mib(info.host_bytes),
            ru.ru_maxrss / 1024.0);
-    printf("moved: d2h %.1f MiB, h2d %.1f MiB, NVMe read %.1f MiB, NVMe write %.1f MiB\n", mib(tot.d2h_bytes),
-           mib(tot.h2d_bytes), mib(tot.nvme_read_bytes), mib(tot.nvme_write_bytes));
+    printf("moved: d2h %.1f MiB, h2d %.1f MiB, NVMe read %.1f MiB, NVMe write %.1f MiB\n", mib(tot.sum.d2h_bytes),
+           mib(tot.sum.h2d_bytes), mib(tot.sum.nvme_read_bytes), mib(tot.sum.nvme_write_bytes));
+    if (tot.updates) {
+        double k = 1e-6 / tot.updates;
+        printf("update (mean of %u): %.1f ms: d2h %.1f optim %.1f nvme-r %.1f nvme-w %.1f h2d %.1f stall %.1f\n",
+               tot.updates, tot.sum.total_ns * k, tot.sum.d2h_ns * k, (tot.sum.compute_ns + tot.sum.norm_ns) * k,
+               tot.sum.nvme_read_ns * k, tot.sum.nvme_write_ns * k, tot.sum.h2d_ns * k, tot.sum.stall_ns * k);
+    }
     if (jf) {
+        zo_json jw;
+        zj_init(&jw, jf, 0);
         zj_obj_begin(&jw, NULL);
         zj_str(&jw, "type", "summary");
         zj_uint(&jw, "params", nparams);
@@ -883,10 +915,20 @@ int main(int argc, char **argv)
         zj_uint(&jw, "pinned_bytes", info.pinned_bytes);
         zj_uint(&jw, "host_bytes", info.host_bytes);
         zj_uint(&jw, "peak_rss_bytes", (uint64_t)ru.ru_maxrss * 1024);
-        zj_uint(&jw, "d2h_bytes", tot.d2h_bytes);
-        zj_uint(&jw, "h2d_bytes", tot.h2d_bytes);
-        zj_uint(&jw, "nvme_read_bytes", tot.nvme_read_bytes);
-        zj_uint(&jw, "nvme_write_bytes", tot.nvme_write_bytes);
+        zj_uint(&jw, "d2h_bytes", tot.sum.d2h_bytes);
+        zj_uint(&jw, "h2d_bytes", tot.sum.h2d_bytes);
+        zj_uint(&jw, "nvme_read_bytes", tot.sum.nvme_read_bytes);
+        zj_uint(&jw, "nvme_write_bytes", tot.sum.nvme_write_bytes);
+        /* means over the updates, named as zo-plan's "predicted" */
+        double k = tot.updates ? 1e-6 / tot.updates : 0;
+        zj_uint(&jw, "updates", tot.updates);
+        zj_num(&jw, "update_ms", tot.sum.total_ns * k);
+        zj_num(&jw, "d2h_ms", tot.sum.d2h_ns * k);
+        zj_num(&jw, "optim_ms", (tot.sum.compute_ns + tot.sum.norm_ns) * k);
+        zj_num(&jw, "nvme_read_ms", tot.sum.nvme_read_ns * k);
+        zj_num(&jw, "nvme_write_ms", tot.sum.nvme_write_ns * k);
+        zj_num(&jw, "h2d_ms", tot.sum.h2d_ns * k);
+        zj_num(&jw, "stall_ms", tot.sum.stall_ns * k);
         zj_obj_end(&jw);
         zj_end(&jw);
     }

@@ -33,6 +33,8 @@
 #include <zoffload/zoffload.h>
 #include <zoffload/optim.h>
 #include <zoffload/optim_json.h>
+#include <zoffload/aio.h>
+#include <zoffload/mem.h>
 
 #ifdef ZO_PLAN_CJSON
 #include <cjson/cJSON.h>
@@ -213,42 +215,54 @@ static double probe_gemm(void)
     return best;
 }
 
-/* O_DIRECT writes then reads of 64 MiB in 1 MiB requests, one at a time, in
- * a new 0600 file in dir (removed). A lower bound: the engine keeps many
- * requests in flight (zo-aio-bench measures that). @return 0 or -errno. */
+/* 64 MiB written then read back through the library's async I/O engine
+ * with the engine config's aio defaults (1 MiB blocks, 32 in flight,
+ * O_DIRECT where the filesystem allows), in a new 0600 file in dir that is
+ * removed. @return 0 or a negative error (message printed). */
 static int probe_nvme(const char *dir, double *rd, double *wr)
 {
     char path[4096];
-    size_t bs = (size_t)1 << 20, total = (size_t)64 << 20;
+    size_t total = (size_t)64 << 20;
     snprintf(path, sizeof(path), "%s/.zo-plan-probe-%ld", dir, (long)getpid());
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_DIRECT, 0600);
-    if (fd < 0 && errno == EINVAL) /* a filesystem without O_DIRECT (tmpfs) */
-        fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-    if (fd < 0)
-        return -errno;
+    zo_aio *aio = NULL;
+    zo_file *f = NULL;
     void *buf = NULL;
-    int r = 0;
-    if (zo_aligned_alloc(&buf, bs, 4096) < 0) {
-        r = -ENOMEM;
+    int r;
+    zo_optim_config oc;
+    zo_optim_config_default(&oc); /* the engine's aio.block_size and aio.queue_depth */
+    zo_aio_config ac;
+    zo_aio_config_default(&ac);
+    ac.block_size = oc.aio_block_size;
+    ac.queue_depth = oc.aio_queue_depth;
+    ac.threads = oc.aio_threads;
+    if ((r = zo_aio_create(&aio, &ac)) < 0 || (r = zo_aligned_alloc(&buf, total, 4096)) < 0)
         goto out;
-    }
-    memset(buf, 0x5a, bs);
+    if ((r = zo_file_open(&f, path, ZO_FILE_READ | ZO_FILE_WRITE | ZO_FILE_CREATE | ZO_FILE_EXCL |
+                                        ZO_FILE_NOFOLLOW)) < 0)
+        goto out;
+    memset(buf, 0x5a, total);
+    /* the swap store writes into space it reserved beforehand: so does the probe */
+    if ((r = zo_file_allocate(f, 0, total)) < 0)
+        goto out;
+    zo_aio_req *req;
     double t0 = now_s();
-    for (size_t off = 0; off < total && r == 0; off += bs)
-        if (pwrite(fd, buf, bs, (off_t)off) != (ssize_t)bs)
-            r = errno ? -errno : -EIO;
-    if (r == 0 && fdatasync(fd) < 0)
-        r = -errno;
+    if ((r = zo_aio_write(aio, f, buf, total, 0, NULL, NULL, &req)) < 0 || (r = zo_aio_wait(aio, req, NULL)) < 0 ||
+        (r = zo_file_sync(f)) < 0)
+        goto out;
     *wr = (double)total / (now_s() - t0);
     t0 = now_s();
-    for (size_t off = 0; off < total && r == 0; off += bs)
-        if (pread(fd, buf, bs, (off_t)off) != (ssize_t)bs)
-            r = errno ? -errno : -EIO;
+    if ((r = zo_aio_read(aio, f, buf, total, 0, NULL, NULL, &req)) < 0 || (r = zo_aio_wait(aio, req, NULL)) < 0)
+        goto out;
     *rd = (double)total / (now_s() - t0);
 out:
+    if (r < 0)
+        fprintf(stderr, "zo-plan: NVMe probe in %s: %s (%s)\n", dir, zo_strerror(r), zo_last_error_detail());
+    if (f) {
+        zo_file_close(&f);
+        unlink(path);
+    }
+    zo_aio_destroy(&aio);
     zo_aligned_free(buf);
-    close(fd);
-    unlink(path);
     return r;
 }
 
@@ -927,16 +941,13 @@ int main(int argc, char **argv)
         }
         if (in.nvme && (!in.nvme_read || !in.nvme_write)) {
             double rd = 0, wr = 0;
-            int r = probe_nvme(in.paths[0], &rd, &wr);
-            if (r < 0) {
-                fprintf(stderr, "zo-plan: NVMe probe in %s: %s\n", in.paths[0], strerror(-r));
+            if (probe_nvme(in.paths[0], &rd, &wr) < 0)
                 return 2;
-            }
             if (!in.nvme_read)
                 in.nvme_read = rd;
             if (!in.nvme_write)
                 in.nvme_write = wr;
-            snprintf(in.src_nvme, sizeof(in.src_nvme), "probe: 64 MiB O_DIRECT, 1 request in flight");
+            snprintf(in.src_nvme, sizeof(in.src_nvme), "probe: 64 MiB through zo_aio, 1 MiB x 32 in flight");
         }
     }
     const char *none = "not measured";

@@ -70,6 +70,19 @@ bad-offload)
     run 2 "host or nvme" $small --offload gpu ;;
 unknown-option)
     run 2 "unknown option" --frobnicate ;;
+verify-optimizers)
+    # --verify with the config's optimizer and state dtype: bf16 states, Lion, Adagrad, Adam,
+    # speculative clipping without a cap (then identical to two-pass)
+    for c in '{"zoffload": {"state_dtype": "bf16"}}' '{"optimizer": {"type": "Lion", "params": {"lr": 1e-4}}}' \
+             '{"optimizer": {"type": "Adagrad", "params": {"lr": 1e-2}}}' \
+             '{"optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decay": 0.01}}}'; do
+        printf '%s\n' "$c" >"$scratch/opt.json"
+        run 0 "" $small --steps 4 --dpu on --verify --config "$scratch/opt.json"
+        grep -q "bit for bit" "$scratch/out" || { echo "$c did not verify"; cat "$scratch/out"; exit 1; }
+    done
+    printf '{"zoffload": {"clip_mode": "speculative"}}\n' >"$scratch/spec.json"
+    run 0 "" $small --steps 4 --clip 0 --verify --config "$scratch/spec.json"
+    run 2 "speculative clipping" $small --steps 4 --verify --config "$scratch/spec.json" ;;
 backend-cuda)
     # the model's math has no device kernels yet: refused with the reason, nothing run
     run 2 "zo_gemm_async" $small --backend cuda ;;

@@ -210,7 +210,9 @@ typedef struct reference {
     uint64_t *off, *numel; /* [ntensors] flat offsets and sizes */
     uint64_t total, gsplit; /* elements; first bias element (start of group 1) */
     zo_dtype pdt, gdt;
-    float *master, *m, *v, *acc;
+    zo_dtype sdt;          /* optimizer state dtype (m, v): f32 or bf16 */
+    float *master, *acc;
+    void *m, *v;           /* in sdt */
     void *seen;            /* the params the forward sees (what the device holds) */
     void *out, *prev_out;  /* params after the latest update, and after the one before */
     void *grad;            /* gradients in gdt (the reference's "device" grads) */
@@ -263,8 +265,9 @@ static int reference_init(reference *r, const train_shape *s, const zo_optim_con
     r->gsplit = r->off[s->layers];
     size_t pes = zo_dtype_size(r->pdt), n = (size_t)r->total;
     r->master = calloc(n, 4);
-    r->m = calloc(n, 4);
-    r->v = calloc(n, 4);
+    r->sdt = cfg->groups[0].state_dtype;
+    r->m = calloc(n, zo_dtype_size(r->sdt));
+    r->v = calloc(n, zo_dtype_size(r->sdt));
     r->acc = calloc(n, 4);
     r->seen = calloc(n, pes);
     r->out = calloc(n, pes);
@@ -298,14 +301,19 @@ static int reference_init(reference *r, const train_shape *s, const zo_optim_con
  * student's initial params widened; a resumed one: the checkpoint). */
 static int reference_start(reference *r, zo_optim *o)
 {
-    size_t pes = zo_dtype_size(r->pdt);
-    int rc;
+    size_t pes = zo_dtype_size(r->pdt), ses = zo_dtype_size(r->sdt);
     for (unsigned i = 0; i < r->ntensors; i++) {
-        uint64_t n, off = r->off[i];
-        zo_optim_tensor_get(o, i, &n, NULL, NULL);
-        if ((rc = zo_optim_state_export(o, i, ZO_OPTIM_STATE_MASTER, r->master + off, ZO_DTYPE_F32, 0, n)) < 0 ||
-            (rc = zo_optim_state_export(o, i, ZO_OPTIM_STATE_EXP_AVG, r->m + off, ZO_DTYPE_F32, 0, n)) < 0 ||
-            (rc = zo_optim_state_export(o, i, ZO_OPTIM_STATE_EXP_AVG_SQ, r->v + off, ZO_DTYPE_F32, 0, n)) < 0)
+        uint64_t n = r->numel[i], off = r->off[i];
+        int rc = zo_optim_state_export(o, i, ZO_OPTIM_STATE_MASTER, r->master + off, ZO_DTYPE_F32, 0, n);
+        if (rc < 0)
+            return rc;
+        /* the states in their own dtype (exact); one the optimizer does not
+         * use (Lion's v, Adagrad's m) is ZO_ENOTSUP and stays zero */
+        rc = zo_optim_state_export(o, i, ZO_OPTIM_STATE_EXP_AVG, (char *)r->m + off * ses, r->sdt, 0, n);
+        if (rc < 0 && rc != ZO_ENOTSUP)
+            return rc;
+        rc = zo_optim_state_export(o, i, ZO_OPTIM_STATE_EXP_AVG_SQ, (char *)r->v + off * ses, r->sdt, 0, n);
+        if (rc < 0 && rc != ZO_ENOTSUP)
             return rc;
     }
     zo_vec_cast(r->out, r->pdt, r->master, ZO_DTYPE_F32, (size_t)r->total);
@@ -375,9 +383,9 @@ static int reference_step(reference *r, double scale, double max_norm, unsigned 
             t.param = r->master + gstart[g];
             t.grad = r->acc + gstart[g];
             t.grad_dtype = ZO_DTYPE_F32;
-            t.exp_avg = r->m + gstart[g];
-            t.exp_avg_sq = r->v + gstart[g];
-            t.state_dtype = ZO_DTYPE_F32;
+            t.exp_avg = (char *)r->m + gstart[g] * zo_dtype_size(r->sdt);
+            t.exp_avg_sq = (char *)r->v + gstart[g] * zo_dtype_size(r->sdt);
+            t.state_dtype = r->sdt;
             t.param_out = (char *)r->out + gstart[g] * zo_dtype_size(r->pdt);
             t.out_dtype = r->pdt;
             int rc = zo_cpuadam_team_step(r->team, &hp, &t);
@@ -404,24 +412,33 @@ static int reference_compare(reference *r, zo_optim *o, const device_model *d)
     size_t pes = zo_dtype_size(r->pdt);
     int bad = 0;
     static const char *const what[3] = {"master", "exp_avg", "exp_avg_sq"};
-    const float *want[3] = {r->master, r->m, r->v};
-    float *buf = NULL;
+    const void *want[3] = {r->master, r->m, r->v};
+    const zo_dtype dt[3] = {ZO_DTYPE_F32, r->sdt, r->sdt};
+    char *buf = NULL;
     for (unsigned i = 0; i < r->ntensors && !bad; i++) {
         uint64_t n = d->numel[i], off = r->off[i];
         free(buf);
         if (!(buf = malloc((size_t)n * 4)))
             return -ENOMEM;
         for (int k = 0; k < 3 && !bad; k++) {
-            int rc = zo_optim_state_export(o, i, (zo_optim_state)k, buf, ZO_DTYPE_F32, 0, n);
+            /* each state in its own dtype: bit for bit */
+            size_t es = zo_dtype_size(dt[k]);
+            int rc = zo_optim_state_export(o, i, (zo_optim_state)k, buf, dt[k], 0, n);
+            if (rc == ZO_ENOTSUP)
+                continue; /* a state this optimizer does not use */
             if (rc < 0) {
                 fprintf(stderr, "zo-train: verify: export: %s (%s)\n", zo_strerror(rc), zo_optim_errmsg(o));
                 free(buf);
                 return rc;
             }
+            const char *ref = (const char *)want[k] + off * es;
             for (uint64_t j = 0; j < n; j++)
-                if (memcmp(&buf[j], &want[k][off + j], 4)) {
+                if (memcmp(buf + j * es, ref + j * es, es)) {
+                    float a, b;
+                    zo_vec_cast(&a, ZO_DTYPE_F32, buf + j * es, dt[k], 1);
+                    zo_vec_cast(&b, ZO_DTYPE_F32, ref + j * es, dt[k], 1);
                     fprintf(stderr, "zo-train: verify: tensor %u %s element %" PRIu64 ": engine %a, reference %a\n",
-                            i, what[k], j, (double)buf[j], (double)want[k][off + j]);
+                            i, what[k], j, (double)a, (double)b);
                     bad = 1;
                     break;
                 }
@@ -457,8 +474,9 @@ typedef struct totals {
     unsigned steps;
     double wall_s, compute_s;
     double first_loss, last_loss;
-    /* the engine's timelines, each update counted once (under DPU one update
-     * is the latest finished for two step lines) */
+    /* The engine's timelines, each update counted once. zo_optim_get_timeline
+     * gives the latest finished update, so under DPU one update can show on
+     * two step lines and a fast one on none: these are the updates seen. */
     int64_t last_update;
     unsigned updates;
     zo_optim_timeline sum;
@@ -652,6 +670,14 @@ int main(int argc, char **argv)
         cfg.nthreads = opt.nthreads;
     if (!cfg.nthreads)
         cfg.nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN); /* explicit, so --verify's team matches */
+    if (opt.verify && cfg.clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && cfg.max_grad_norm > 0) {
+        /* a clipped speculative step is rolled back, which is exact only
+         * within the rollback's rounding bounds (optim.h) */
+        fprintf(stderr, "zo-train: --verify compares bit for bit, and speculative clipping rolls clipped steps "
+                        "back within rounding bounds: use clip_mode two_pass, or --clip 0\n");
+        rc = 2;
+        goto out;
+    }
     if (cfg.placement == ZO_OPTIM_PLACE_NVME) {
         /* the parent: --nvme-path, else the config's nvme_path, else /var/tmp */
         const char *parent = opt.nvme_path ? opt.nvme_path : cfg.nvme_path;
@@ -749,9 +775,10 @@ int main(int argc, char **argv)
     printf("device (%s): budget %.1f MiB; params %s %.1f MiB, grads %s %.1f MiB, activations %.1f MiB\n",
            opt.backend, mib(budget), zo_dtype_name(shape.param_dtype), mib(nparams * pes),
            zo_dtype_name(shape.grad_dtype), mib(nparams * ges), mib(train_shape_activation_bytes(&shape)));
-    printf("engine: fp32 masters + AdamW states %.1f MiB %s the device budget -> %s%s; DPU %s (warm-up %u), "
+    uint64_t state_bytes = nparams * (4 + 2 * zo_dtype_size(jgroup.state_dtype)); /* master, m, v */
+    printf("engine: fp32 masters + optimizer states %.1f MiB %s the device budget -> %s%s; DPU %s (warm-up %u), "
            "clip %g, %d threads, %u sub-groups\n",
-           mib(nparams * 12), nparams * 12 > budget ? "do not fit" : "would fit",
+           mib(state_bytes), state_bytes > budget ? "do not fit" : "would fit",
            cfg.placement == ZO_OPTIM_PLACE_NVME ? "NVMe in " : "pinned host memory",
            cfg.placement == ZO_OPTIM_PLACE_NVME ? g_tmpdir : "", cfg.dpu ? "on" : "off", cfg.dpu_warmup_steps,
            cfg.max_grad_norm, cfg.nthreads, info.nsubgroups);
@@ -885,11 +912,18 @@ int main(int argc, char **argv)
            "pageable %.1f MiB, process peak RSS %.1f MiB\n",
            mib(dm.bytes), mib(budget), mib(info.pinned_bytes), mib(ps.locked_peak), mib(info.host_bytes),
            ru.ru_maxrss / 1024.0);
-    printf("moved: d2h %.1f MiB, h2d %.1f MiB, NVMe read %.1f MiB, NVMe write %.1f MiB\n", mib(tot.sum.d2h_bytes),
-           mib(tot.sum.h2d_bytes), mib(tot.sum.nvme_read_bytes), mib(tot.sum.nvme_write_bytes));
+    /* Bytes moved: every update of one run moves the same bytes (the same
+     * tensors, the same states), so the run's total is the mean per update
+     * seen times the updates applied. */
+    int64_t applied = info.step - step0;
+    double per = tot.updates ? (double)applied / tot.updates : 0;
+    uint64_t moved[4] = {(uint64_t)(tot.sum.d2h_bytes * per), (uint64_t)(tot.sum.h2d_bytes * per),
+                         (uint64_t)(tot.sum.nvme_read_bytes * per), (uint64_t)(tot.sum.nvme_write_bytes * per)};
+    printf("moved in %" PRId64 " updates: d2h %.1f MiB, h2d %.1f MiB, NVMe read %.1f MiB, NVMe write %.1f MiB\n",
+           applied, mib(moved[0]), mib(moved[1]), mib(moved[2]), mib(moved[3]));
     if (tot.updates) {
         double k = 1e-6 / tot.updates;
-        printf("update (mean of %u): %.1f ms: d2h %.1f optim %.1f nvme-r %.1f nvme-w %.1f h2d %.1f stall %.1f\n",
+        printf("update (mean of the %u seen): %.1f ms: d2h %.1f optim %.1f nvme-r %.1f nvme-w %.1f h2d %.1f stall %.1f\n",
                tot.updates, tot.sum.total_ns * k, tot.sum.d2h_ns * k, (tot.sum.compute_ns + tot.sum.norm_ns) * k,
                tot.sum.nvme_read_ns * k, tot.sum.nvme_write_ns * k, tot.sum.h2d_ns * k, tot.sum.stall_ns * k);
     }
@@ -915,13 +949,14 @@ int main(int argc, char **argv)
         zj_uint(&jw, "pinned_bytes", info.pinned_bytes);
         zj_uint(&jw, "host_bytes", info.host_bytes);
         zj_uint(&jw, "peak_rss_bytes", (uint64_t)ru.ru_maxrss * 1024);
-        zj_uint(&jw, "d2h_bytes", tot.sum.d2h_bytes);
-        zj_uint(&jw, "h2d_bytes", tot.sum.h2d_bytes);
-        zj_uint(&jw, "nvme_read_bytes", tot.sum.nvme_read_bytes);
-        zj_uint(&jw, "nvme_write_bytes", tot.sum.nvme_write_bytes);
+        zj_int(&jw, "updates_applied", applied);
+        zj_uint(&jw, "d2h_bytes", moved[0]);
+        zj_uint(&jw, "h2d_bytes", moved[1]);
+        zj_uint(&jw, "nvme_read_bytes", moved[2]);
+        zj_uint(&jw, "nvme_write_bytes", moved[3]);
         /* means over the updates, named as zo-plan's "predicted" */
         double k = tot.updates ? 1e-6 / tot.updates : 0;
-        zj_uint(&jw, "updates", tot.updates);
+        zj_uint(&jw, "updates_seen", tot.updates);
         zj_num(&jw, "update_ms", tot.sum.total_ns * k);
         zj_num(&jw, "d2h_ms", tot.sum.d2h_ns * k);
         zj_num(&jw, "optim_ms", (tot.sum.compute_ns + tot.sum.norm_ns) * k);

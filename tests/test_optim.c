@@ -514,6 +514,10 @@ START_TEST(test_optim_dpu)
             ref_grad(&r, i, e.dgrad[i]);
             ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
         }
+        /* an LR schedule: set while the previous update may still run; it
+         * applies to the update this step call starts */
+        m.hp[0].lr = 1e-2 / k;
+        ck_assert_int_eq(zo_optim_set_lr(e.o, 0, m.hp[0].lr), 0);
         int rc = zo_optim_step_async(e.o, NULL);
         ck_assert_msg(rc == 0, "step_async %d: %s (%s)", k, zo_strerror(rc), zo_optim_errmsg(e.o));
         ck_assert_int_eq(ref_step(&r, 1.0, 1.0, NULL), 1);

@@ -464,7 +464,9 @@ ZO_API int zo_optim_params_current(zo_optim *o);
 
 /**
  * Set the learning rate of group `group` for the next updates (LR
- * schedules). Other hyperparameters: zo_optim_set_hparams().
+ * schedules): the update started by the next boundary's step call uses it;
+ * an update already in flight (DPU) keeps its own. Does not block. Other
+ * hyperparameters: zo_optim_set_hparams().
  * @return 0; -EINVAL (NULL, group out of range); ZO_ECONFIG (lr not finite or < 0).
  */
 ZO_API int zo_optim_set_lr(zo_optim *o, unsigned group, double lr);

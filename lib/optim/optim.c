@@ -246,6 +246,7 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
                            "(rollback), not %s with %s states", g,
                            og->hp.kind == ZO_OPTIM_LION ? "Lion" : og->hp.kind == ZO_OPTIM_ADAGRAD ? "Adagrad" : "Adam",
                            zo_dtype_name(og->sdt));
+        og->hp_next = og->hp;
         states_used(og->hp.kind, og->used);
         og->first_tensor = ti;
         og->ntensors = ug->ntensors;
@@ -893,6 +894,8 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     if ((r = push_pending(o)) < 0)
         return r;
     o->boundaries++;
+    for (unsigned g = 0; g < o->ngroups; g++) /* the worker is idle here */
+        o->groups[g].hp = o->groups[g].hp_next;
     int delayed = o->cfg.dpu && o->boundaries > o->cfg.dpu_warmup_steps;
     zo__job job = {.win = o->win,
                    .pbuf = o->npbuf == 2 ? o->pcur ^ 1u : 0,
@@ -1019,12 +1022,8 @@ int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uh
     int r = check_hparams(o, &hp, group, og->sdt);
     if (r < 0)
         return r;
-    /* the worker reads hp while it runs: change it between steps only */
-    pthread_mutex_lock(&o->lock);
-    while (o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING)
-        pthread_cond_wait(&o->cond, &o->lock);
-    og->hp = hp;
-    pthread_mutex_unlock(&o->lock);
+    /* the worker reads hp while it runs (DPU): the change waits for the next update */
+    og->hp_next = hp;
     return 0;
 }
 

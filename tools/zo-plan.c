@@ -448,10 +448,12 @@ static void make_plan(const plan_in *in, plan_out *p)
     double d2h_tail = p->d2h / (in->ntensors ? in->ntensors : 1);
     if (in->dpu && in->gpu)
         p->step = fmax(p->compute, p->update) + d2h_tail; /* the CPU update hides behind the GPU's next step */
+    else if (in->dpu)
+        /* host backend: the model and the optimizer share the same cores and
+         * add up; the NVMe transfers overlap both */
+        p->step = fmax(p->compute + p->optim, p->nvme_r + p->nvme_w) + d2h_tail + p->h2d / nsub;
     else
-        /* without DPU the update waits for backward; on the host backend the
-         * model and the optimizer share the same cores, so they add up either way */
-        p->step = p->compute + d2h_tail + p->update;
+        p->step = p->compute + d2h_tail + p->update; /* without DPU the update follows backward */
 }
 
 /* ---- output --------------------------------------------------------------------------------- */
@@ -519,7 +521,8 @@ static void print_plan(const plan_in *in, const plan_out *p)
            p->step * 1e3, p->compute * 1e3, p->d2h * 1e3, p->optim * 1e3, p->nvme_r * 1e3, p->nvme_w * 1e3,
            p->h2d * 1e3, p->update * 1e3,
            in->dpu && in->gpu ? "DPU: the update overlaps the next forward/backward"
-                              : in->gpu ? "the update follows backward" : "host backend: model and optimizer share the CPUs");
+                              : !in->dpu ? "the update follows backward"
+                                         : "DPU on the host backend: model and optimizer share the CPUs, NVMe overlaps");
     if (!in->from_train)
         printf("  (compute is the framework's: give a zo-train command line after -- to include it)\n");
     if (p->fits && !p->nwhy)

@@ -11,4 +11,8 @@ cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 meson setup build -Dwerror=true --reconfigure >/dev/null 2>&1 || meson setup build -Dwerror=true
 meson compile -C build -j "$(nproc)"
+if [ ! -x ./build/tools/zo-train ]; then
+    echo "main.sh: zo-train was not built: it needs OpenBLAS (Debian: libopenblas-dev)" >&2
+    exit 1
+fi
 exec ./build/tools/zo-train "$@"

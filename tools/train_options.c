@@ -24,7 +24,7 @@ void train_usage(FILE *f)
             "model\n"
             "  --params N          parameters in total (with --layers: picks the width)\n"
             "  --layers L          linear layers (default 6)\n"
-            "  --width W           layer width (W x W weights plus a bias)\n"
+            "  --width W           layer width: W x W weights plus a bias (default 2048)\n"
             "  --batch B           samples per micro-step (default 128)\n"
             "  --steps S           optimizer steps to run (default 30)\n"
             "  --seed N            model, teacher and data seed (default 1)\n"

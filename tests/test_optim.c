@@ -877,6 +877,10 @@ START_TEST(test_optim_errors)
     c.groups = g;
     ck_assert_int_eq(zo_optim_create(&o, &c), -EINVAL);
     ck_assert(strstr(zo_last_error_detail(), "numel") != NULL);
+    /* a group not filled by the defaults function */
+    g[0] = e.grp[0];
+    g[0].struct_size = 0;
+    ck_assert_int_eq(zo_optim_create(&o, &c), -EINVAL);
     /* duplicate names */
     const char *dup[NT0] = {"a", "b", "a", "c"};
     g[0] = e.grp[0];

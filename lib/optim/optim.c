@@ -497,14 +497,15 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: clip_mode, nonfinite, dpu or nthreads out of range");
         goto fail;
     }
-    if ((r = layout(o, ucfg)) < 0)
+    /* read the caller's values from our copy (never past its struct_size) */
+    if ((r = layout(o, &o->cfg)) < 0)
         goto fail;
-    o->cfg.groups = NULL;
-    o->cfg.nvme_path = NULL;
-    if (ucfg->nvme_path && !(o->nvme_path = strdup(ucfg->nvme_path))) {
+    if (o->cfg.nvme_path && !(o->nvme_path = strdup(o->cfg.nvme_path))) {
         r = -ENOMEM;
         goto fail;
     }
+    o->cfg.groups = NULL; /* read during create only */
+    o->cfg.nvme_path = NULL;
     zo__scaler_init(&o->scaler, cfg, o->pdt);
     o->win_scale[0] = o->win_scale[1] = o->scaler.scale;
     if ((r = make_store(o)) < 0)

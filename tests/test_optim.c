@@ -790,6 +790,61 @@ START_TEST(test_optim_speculative)
 }
 END_TEST
 
+/* bf16 optimizer states in one group: host and NVMe placement agree bit for
+ * bit (NVMe walks fp32 masters beside bf16 states through the pool) */
+START_TEST(test_optim_bf16_states)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    eng a, b;
+    eng_config(&a, &m);
+    eng_config(&b, &m);
+    a.grp[1].state_dtype = b.grp[1].state_dtype = ZO_DTYPE_BF16;
+    a.cfg.max_grad_norm = b.cfg.max_grad_norm = 1.0;
+    b.cfg.placement = ZO_OPTIM_PLACE_NVME;
+    b.cfg.nvme_path = dir;
+    eng_create(&a);
+    eng_create(&b);
+    for (int s = 1; s <= 3; s++) {
+        for (int i = 0; i < NT; i++) {
+            fill_grad(&a, i, s, 1.0);
+            memcpy(b.dgrad[i], a.dgrad[i], m.numel[i] * 2);
+            ck_assert_int_eq(zo_optim_grad(a.o, (unsigned)i, a.dgrad[i], NULL), 0);
+            ck_assert_int_eq(zo_optim_grad(b.o, (unsigned)i, b.dgrad[i], NULL), 0);
+        }
+        ck_assert_int_eq(zo_optim_step(a.o, NULL, NULL), 0);
+        ck_assert_int_eq(zo_optim_step(b.o, NULL, NULL), 0);
+    }
+    for (int i = 0; i < NT; i++) {
+        uint64_t n = m.numel[i];
+        uint16_t *x = malloc(n * 2), *y = malloc(n * 2);
+        for (int k = 0; k < 3; k++) {
+            ck_assert_int_eq(zo_optim_state_export(a.o, (unsigned)i, (zo_optim_state)k, x, ZO_DTYPE_BF16, 0, n), 0);
+            ck_assert_int_eq(zo_optim_state_export(b.o, (unsigned)i, (zo_optim_state)k, y, ZO_DTYPE_BF16, 0, n), 0);
+            ck_assert_msg(memcmp(x, y, n * 2) == 0, "tensor %d state %d differs", i, k);
+        }
+        ck_assert(memcmp(a.dparam[i], b.dparam[i], n * 2) == 0);
+        free(x);
+        free(y);
+    }
+    /* the bf16 states really are bf16: m of group 1 holds no fp32-only bits */
+    uint64_t n = m.numel[4];
+    float *mf = malloc(n * 4);
+    ck_assert_int_eq(zo_optim_state_export(a.o, 4, ZO_OPTIM_STATE_EXP_AVG, mf, ZO_DTYPE_F32, 0, n), 0);
+    for (uint64_t j = 0; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, &mf[j], 4);
+        ZO_EXPECT((u & 0xffff) == 0, "elem %llu: %a is not a bf16 value", (unsigned long long)j, (double)mf[j]);
+    }
+    free(mf);
+    eng_free(&a);
+    eng_free(&b);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* ---- errors ------------------------------------------------------------------------------ */
 
 START_TEST(test_optim_errors)
@@ -822,6 +877,10 @@ START_TEST(test_optim_errors)
     c.groups = g;
     ck_assert_int_eq(zo_optim_create(&o, &c), -EINVAL);
     ck_assert(strstr(zo_last_error_detail(), "numel") != NULL);
+    /* a group not filled by the defaults function */
+    g[0] = e.grp[0];
+    g[0].struct_size = 0;
+    ck_assert_int_eq(zo_optim_create(&o, &c), -EINVAL);
     /* duplicate names */
     const char *dup[NT0] = {"a", "b", "a", "c"};
     g[0] = e.grp[0];
@@ -1015,6 +1074,7 @@ int main(void)
     tcase_add_test(tc, test_optim_save_load);
     tcase_add_test(tc, test_optim_export_import);
     tcase_add_test(tc, test_optim_speculative);
+    tcase_add_test(tc, test_optim_bf16_states);
     tcase_add_test(tc, test_optim_errors);
     tcase_add_test(tc, test_optim_destroy_async);
     tcase_add_test(tc, test_optim_nvme_diskfull);

@@ -190,12 +190,12 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
     unsigned nt = 0;
     for (unsigned g = 0; g < cfg->ngroups; g++) {
         const zo_optim_group *ug = &cfg->groups[g];
-        if (ug->struct_size < sizeof(zo_optim_group) && ug->struct_size != 0)
-            return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u struct_size %zu is not that of a zo_optim_group",
-                           g, ug->struct_size);
-        if (ug->struct_size > sizeof(zo_optim_group))
-            return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u struct_size %zu is newer than this library",
-                           g, ug->struct_size);
+        /* the first published version is today's: anything else was not
+         * filled by zo_optim_group_default() */
+        if (ug->struct_size != sizeof(zo_optim_group))
+            return ZO_FAIL(&o->err, -EINVAL,
+                           "zo_optim_create: group %u struct_size %zu is not that of a zo_optim_group (%zu): fill it "
+                           "with zo_optim_group_default()", g, ug->struct_size, sizeof(zo_optim_group));
         if (ug->ntensors == 0 || !ug->numel)
             return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u has no tensors", g);
         if (ug->ntensors > (1u << 24) || nt + ug->ntensors > (1u << 24))
@@ -226,7 +226,7 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
         if (og->sgsize < 64 || og->sgsize > ((uint64_t)1 << 32))
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u sub_group_size %llu out of [64, 2^32]", g,
                            (unsigned long long)og->sgsize);
-        og->sdt = ug->struct_size ? ug->state_dtype : ZO_DTYPE_F32;
+        og->sdt = ug->state_dtype;
         if (og->sdt != ZO_DTYPE_F32 && og->sdt != ZO_DTYPE_BF16)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_dtype %s (f32 or bf16)", g,
                            zo_dtype_name(og->sdt));
@@ -497,14 +497,15 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: clip_mode, nonfinite, dpu or nthreads out of range");
         goto fail;
     }
-    if ((r = layout(o, ucfg)) < 0)
+    /* read the caller's values from our copy (never past its struct_size) */
+    if ((r = layout(o, &o->cfg)) < 0)
         goto fail;
-    o->cfg.groups = NULL;
-    o->cfg.nvme_path = NULL;
-    if (ucfg->nvme_path && !(o->nvme_path = strdup(ucfg->nvme_path))) {
+    if (o->cfg.nvme_path && !(o->nvme_path = strdup(o->cfg.nvme_path))) {
         r = -ENOMEM;
         goto fail;
     }
+    o->cfg.groups = NULL; /* read during create only */
+    o->cfg.nvme_path = NULL;
     zo__scaler_init(&o->scaler, cfg, o->pdt);
     o->win_scale[0] = o->win_scale[1] = o->scaler.scale;
     if ((r = make_store(o)) < 0)

@@ -22,5 +22,7 @@
 #include "store.h"
 #include "cpuadam.h"
 #include "tiling.h"
+#include "optim.h"
+#include "optim_json.h"
 
 #endif /* ZOFFLOAD_H */

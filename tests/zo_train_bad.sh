@@ -1,0 +1,136 @@
+#!/bin/sh
+# usage: zo_train_bad.sh ZO_TRAIN CASE [ZO_PLAN]
+# zo-train's refusals and its cleanup: each case checks the exit code, the
+# message, and that nothing is left behind in the NVMe parent directory
+# (zo-train makes a private 0700 subdirectory there and removes it on every
+# path, Ctrl-C included).
+train="$1"; case_="$2"; plan="$3"
+scratch=$(mktemp -d "${TMPDIR:-/tmp}/zo-train-test.XXXXXX") || exit 1
+trap 'rm -rf "$scratch"' EXIT
+small="--layers 2 --width 32 --batch 4 --quiet"
+
+# run EXPECTED_RC PATTERN ARGS...: stderr must contain PATTERN
+run() {
+    want="$1"; pattern="$2"; shift 2
+    "$train" "$@" >"$scratch/out" 2>"$scratch/err"
+    rc=$?
+    if [ "$rc" -ne "$want" ]; then
+        echo "expected exit $want, got $rc: zo-train $*"; cat "$scratch/err"; exit 1
+    fi
+    if [ -n "$pattern" ] && ! grep -q -- "$pattern" "$scratch/err"; then
+        echo "exit $rc as expected, but stderr lacks '$pattern':"; cat "$scratch/err"; exit 1
+    fi
+    echo "exit $rc: $(cat "$scratch/err")"
+}
+
+# the NVMe parent holds nothing of ours after the run
+nothing_left() {
+    if [ -n "$(ls -A "$1")" ]; then
+        echo "left behind in $1:"; ls -la "$1"; exit 1
+    fi
+}
+
+case "$case_" in
+too-wide)
+    run 2 "32-bit" --width 100000 --layers 1 ;;
+too-big)
+    run 2 "more than this machine" --params 64G --layers 4096 ;;
+params-too-small)
+    run 2 "less than one layer" --params 10 --width 64 ;;
+missing-nvme-path)
+    run 2 "NVMe path /nonexistent-zo-dir" $small --offload nvme --nvme-path /nonexistent-zo-dir/sub ;;
+read-only-nvme-path)
+    # /proc/sys is read-only even for root
+    run 2 "cannot create a directory" $small --offload nvme --nvme-path /proc/sys ;;
+nvme-path-without-nvme)
+    mkdir "$scratch/nvme"
+    run 2 "needs --offload nvme" $small --offload host --nvme-path "$scratch/nvme"
+    nothing_left "$scratch/nvme" ;;
+config-typo)
+    mkdir "$scratch/nvme"
+    printf '{"zero_optimization": {"offload_optimzer": {"device": "nvme", "nvme_path": "%s"}}}\n' \
+        "$scratch/nvme" >"$scratch/ds.json"
+    run 2 "offload_optimizer" $small --config "$scratch/ds.json"
+    nothing_left "$scratch/nvme" ;;
+config-missing)
+    run 2 "No such file" $small --config "$scratch/none.json" ;;
+config-dtype-clash)
+    printf '{"fp16": {"enabled": true}}\n' >"$scratch/ds.json"
+    run 2 "to match" $small --config "$scratch/ds.json" ;;
+json-exists)
+    : >"$scratch/steps.json"
+    run 2 "never overwrites" $small --steps 1 --json "$scratch/steps.json" ;;
+json-symlink)
+    ln -s "$scratch/target" "$scratch/link.json"
+    run 2 "" $small --steps 1 --json "$scratch/link.json"
+    [ ! -e "$scratch/target" ] || { echo "followed the link"; exit 1; } ;;
+bad-dtype)
+    run 2 "bf16, fp16 or fp32" $small --grad fp8 ;;
+bad-offload)
+    run 2 "host or nvme" $small --offload gpu ;;
+unknown-option)
+    run 2 "unknown option" --frobnicate ;;
+verify-optimizers)
+    # --verify with the config's optimizer and state dtype: bf16 states, Lion, Adagrad, Adam,
+    # speculative clipping without a cap (then identical to two-pass)
+    for c in '{"zoffload": {"state_dtype": "bf16"}}' '{"optimizer": {"type": "Lion", "params": {"lr": 1e-4}}}' \
+             '{"optimizer": {"type": "Adagrad", "params": {"lr": 1e-2}}}' \
+             '{"optimizer": {"type": "Adam", "params": {"lr": 1e-3, "weight_decay": 0.01}}}'; do
+        printf '%s\n' "$c" >"$scratch/opt.json"
+        run 0 "" $small --steps 4 --dpu on --verify --config "$scratch/opt.json"
+        grep -q "bit for bit" "$scratch/out" || { echo "$c did not verify"; cat "$scratch/out"; exit 1; }
+    done
+    printf '{"zoffload": {"clip_mode": "speculative"}}\n' >"$scratch/spec.json"
+    run 0 "" $small --steps 4 --clip 0 --verify --config "$scratch/spec.json"
+    run 2 "speculative clipping" $small --steps 4 --verify --config "$scratch/spec.json" ;;
+backend-cuda)
+    # the model's math has no device kernels yet: refused with the reason, nothing run
+    run 2 "zo_gemm_async" $small --backend cuda ;;
+config-nvme-no-path)
+    # a config asking for NVMe without nvme_path: a private directory under /var/tmp, removed
+    printf '{"zero_optimization": {"offload_optimizer": {"device": "nvme"}}}\n' >"$scratch/nvme.json"
+    run 0 "" $small --steps 2 --config "$scratch/nvme.json" --verify
+    grep -q "NVMe in /var/tmp/zo-train-" "$scratch/out" || { echo "not on NVMe:"; cat "$scratch/out"; exit 1; }
+    dir=$(sed -n 's/.*NVMe in \(\/var\/tmp\/zo-train-[A-Za-z0-9]*\);.*/\1/p' "$scratch/out")
+    [ -n "$dir" ] && [ ! -e "$dir" ] || { echo "left behind: $dir"; exit 1; } ;;
+nvme-cleanup)
+    # NVMe placement: a verified run leaves the parent directory as it found
+    # it, and so does one the engine refuses (a pinned budget too small)
+    mkdir "$scratch/nvme"
+    run 0 "" $small --steps 3 --offload nvme --nvme-path "$scratch/nvme" --verify
+    grep -q "bit for bit" "$scratch/out" || { echo "no verify line"; cat "$scratch/out"; exit 1; }
+    nothing_left "$scratch/nvme"
+    printf '{"zoffload": {"pinned_bytes": 65536}}\n' >"$scratch/budget.json"
+    run 2 "pinned_bytes" $small --steps 3 --offload nvme --nvme-path "$scratch/nvme" --config "$scratch/budget.json"
+    nothing_left "$scratch/nvme" ;;
+interrupt-save-resume)
+    # Ctrl-C stops at a step boundary and saves; the checkpoint resumes, and
+    # the resumed run verifies against the in-memory reference
+    mkdir "$scratch/nvme"
+    "$train" --layers 2 --width 256 --batch 64 --steps 100000 --save "$scratch/ck" \
+        --json "$scratch/steps.json" >"$scratch/out" 2>"$scratch/err" &
+    pid=$!
+    i=0
+    while [ "$(wc -l <"$scratch/steps.json" 2>/dev/null || echo 0)" -lt 3 ] && [ $i -lt 300 ]; do
+        sleep 0.1; i=$((i + 1))
+    done
+    kill -INT $pid
+    wait $pid
+    rc=$?
+    [ "$rc" -eq 0 ] || { echo "interrupted run exit $rc"; cat "$scratch/err"; exit 1; }
+    grep -q "interrupted" "$scratch/out" || { echo "no interrupt message"; cat "$scratch/out"; exit 1; }
+    grep -q '"type":"summary"' "$scratch/steps.json" || { echo "no summary line"; exit 1; }
+    [ -f "$scratch/ck/latest" ] || { echo "no checkpoint"; ls -la "$scratch/ck"; exit 1; }
+    run 0 "" --layers 2 --width 256 --batch 64 --steps 2 --resume "$scratch/ck" --verify
+    grep -q "bit for bit" "$scratch/out" || { echo "resume did not verify"; cat "$scratch/out"; exit 1; } ;;
+plan-config)
+    # zo-plan --config writes a config the engine loads: zo-train runs it and verifies
+    "$plan" --no-probe --config "$scratch/plan.json" -- --layers 2 --width 32 --batch 4 --accum 2 --clip 0.5 \
+        --dpu on >/dev/null || { echo "zo-plan --config failed"; exit 1; }
+    run 0 "" --layers 2 --width 32 --batch 4 --steps 4 --accum 2 --config "$scratch/plan.json" --verify
+    grep -q "DPU on" "$scratch/out" && grep -q "clip 0.5" "$scratch/out" && grep -q "bit for bit" "$scratch/out" ||
+        { echo "the config did not take effect:"; cat "$scratch/out"; exit 1; } ;;
+*)
+    echo "unknown case $case_"; exit 1 ;;
+esac
+exit 0

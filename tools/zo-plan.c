@@ -1,0 +1,988 @@
+/*
+ * zo-plan: where a model's training state goes with the offload optimizer
+ * engine (device, pinned host, pageable host, NVMe), how many bytes each
+ * place holds, whether it fits this machine, and the predicted step time
+ * split the way zo-train reports it (compute, device->host, optimizer,
+ * NVMe read, NVMe write, host->device), from measured bandwidths: a quick
+ * probe of this machine or the JSON of zo-aio-bench / zo-adam-bench.
+ * --config writes the engine configuration (JSON for zo_optim_json_load()).
+ *
+ * The byte counts follow the engine's allocations (lib/optim/optim.c):
+ *   device        params (param dtype) + grads (grad dtype) [+ zo-train's activations]
+ *   pinned        host placement: masters + states (each sub-group's three
+ *                 arrays rounded up to 4 KiB) and the store's 8 x 1 MiB slots;
+ *                 NVMe placement: 3 x buffer_count + 2 slots of 4 MiB (the
+ *                 sweep's pieces of master, m and v in flight);
+ *                 both: gradient staging, the parameter buffers (x2 with DPU)
+ *   pageable      fp32 gradient accumulators (x2 with DPU)
+ *   NVMe          masters + states
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zoffload/zoffload.h>
+#include <zoffload/optim.h>
+#include <zoffload/optim_json.h>
+#include <zoffload/aio.h>
+#include <zoffload/mem.h>
+
+#ifdef ZO_PLAN_CJSON
+#include <cjson/cJSON.h>
+#endif
+
+#include "tool_common.h"
+#include "train_model.h"
+#include "train_options.h"
+
+#define MAX_NVME 8
+
+static double mib(uint64_t b)
+{
+    return (double)b / (1024.0 * 1024.0);
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* ---- inputs ------------------------------------------------------------------------------- */
+
+typedef struct plan_in {
+    /* model */
+    uint64_t params;        /* total elements */
+    unsigned ntensors;
+    int from_train;         /* a zo-train command line: activations and compute known */
+    train_shape shape;      /* from_train only */
+    uint64_t activation_bytes;
+    double flops;           /* per micro-step (from_train), else 0 */
+    /* precision and engine */
+    zo_dtype pdt, gdt, sdt;
+    int nvme;               /* placement: 1 NVMe, 0 host */
+    int dpu;
+    unsigned accum;
+    uint64_t sub_group;
+    unsigned buffer_count;
+    uint64_t staging;
+    double clip;
+    /* machine */
+    uint64_t gpu_mem;       /* 0: unknown */
+    const char *gpu_what;
+    int gpu;                /* 1: a real GPU (compute overlaps the CPU optimizer) */
+    uint64_t ram, memlock;
+    const char *paths[MAX_NVME]; /* NVMe directories */
+    unsigned nnvme;
+    /* bandwidths (bytes/s, params/s, flop/s) and where they came from */
+    double nvme_read, nvme_write, adam_rate, copy_bw, gemm_flops;
+    char src_nvme[128], src_adam[128], src_copy[128], src_gemm[128];
+} plan_in;
+
+static int parse_tensors(const char *s, plan_in *in)
+{
+    /* comma list of items: N, RxC or either with *COUNT ("4096x4096*32") */
+    const char *p = s;
+    in->params = 0;
+    in->ntensors = 0;
+    while (*p) {
+        char item[64];
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof(item))
+            return -1;
+        memcpy(item, p, n);
+        item[n] = 0;
+        p += n + (p[n] == ',');
+        uint64_t count = 1, a, b = 1;
+        char *star = strchr(item, '*');
+        if (star) {
+            *star = 0;
+            if (zo_parse_size(star + 1, &count) < 0 || count == 0)
+                return -1;
+        }
+        char *x = strchr(item, 'x');
+        if (x) {
+            *x = 0;
+            if (zo_parse_size(x + 1, &b) < 0 || b == 0)
+                return -1;
+        }
+        if (zo_parse_size(item, &a) < 0 || a == 0)
+            return -1;
+        in->params += a * b * count;
+        in->ntensors += (unsigned)count;
+    }
+    return in->ntensors ? 0 : -1;
+}
+
+/* ---- probes ----------------------------------------------------------------------------- */
+
+/* The fused AdamW step on 4 M fp32 elements: params per second. */
+static double probe_adam(int nthreads)
+{
+    size_t n = (size_t)4 << 20;
+    float *a = NULL, *g = NULL, *m = NULL, *v = NULL;
+    uint16_t *out = NULL;
+    double best = 0;
+    if (zo_aligned_alloc((void **)&a, n * 4, 64) == 0 && zo_aligned_alloc((void **)&g, n * 4, 64) == 0 &&
+        zo_aligned_alloc((void **)&m, n * 4, 64) == 0 && zo_aligned_alloc((void **)&v, n * 4, 64) == 0 &&
+        zo_aligned_alloc((void **)&out, n * 2, 64) == 0) {
+        for (size_t i = 0; i < n; i++) {
+            a[i] = 0.01f * (float)(i % 97);
+            g[i] = 0.001f * (float)(i % 89) - 0.04f;
+            m[i] = v[i] = 0;
+        }
+        zo_optim_hparams hp;
+        zo_optim_hparams_default(&hp, ZO_OPTIM_ADAMW);
+        zo_cpuadam_tensors t;
+        zo_cpuadam_tensors_default(&t);
+        t.n = n;
+        t.param = a;
+        t.grad = g;
+        t.exp_avg = m;
+        t.exp_avg_sq = v;
+        t.param_out = out;
+        t.out_dtype = ZO_DTYPE_BF16;
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = now_s();
+            hp.step = rep + 1;
+            if (zo_cpuadam_step(&hp, &t, nthreads) < 0)
+                break;
+            double r = (double)n / (now_s() - t0);
+            best = r > best ? r : best;
+        }
+    }
+    zo_aligned_free(a);
+    zo_aligned_free(g);
+    zo_aligned_free(m);
+    zo_aligned_free(v);
+    zo_aligned_free(out);
+    return best;
+}
+
+/* memcpy of 64 MiB: the host backend's device <-> host copies. */
+static double probe_copy(void)
+{
+    size_t n = (size_t)64 << 20;
+    char *a = malloc(n), *b = malloc(n);
+    double best = 0;
+    if (a && b) {
+        memset(a, 1, n);
+        memset(b, 2, n);
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = now_s();
+            memcpy(b, a, n);
+            double r = (double)n / (now_s() - t0);
+            best = r > best ? r : best;
+        }
+    }
+    free(a);
+    free(b);
+    return best;
+}
+
+/* The model's GEMM (train_gemm) at 1024^3: flop per second. */
+static double probe_gemm(void)
+{
+    size_t n = 1024;
+    float *a = NULL, *b = NULL, *c = NULL;
+    double best = 0;
+    if (zo_aligned_alloc((void **)&a, n * n * 4, 64) == 0 && zo_aligned_alloc((void **)&b, n * n * 4, 64) == 0 &&
+        zo_aligned_alloc((void **)&c, n * n * 4, 64) == 0) {
+        for (size_t i = 0; i < n * n; i++) {
+            a[i] = (float)(i % 13) * 0.1f;
+            b[i] = (float)(i % 7) * 0.2f;
+        }
+        for (int rep = 0; rep < 3; rep++) {
+            double t0 = now_s();
+            train_gemm(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            double r = 2.0 * (double)n * n * n / (now_s() - t0);
+            best = r > best ? r : best;
+        }
+    }
+    zo_aligned_free(a);
+    zo_aligned_free(b);
+    zo_aligned_free(c);
+    return best;
+}
+
+/* 64 MiB written then read back through the library's async I/O engine
+ * with the engine config's aio defaults (1 MiB blocks, 32 in flight,
+ * O_DIRECT where the filesystem allows), in a new 0600 file in dir that is
+ * removed. @return 0 or a negative error (message printed). */
+static int probe_nvme(const char *dir, double *rd, double *wr)
+{
+    char path[4096];
+    size_t total = (size_t)64 << 20;
+    snprintf(path, sizeof(path), "%s/.zo-plan-probe-%ld", dir, (long)getpid());
+    zo_aio *aio = NULL;
+    zo_file *f = NULL;
+    void *buf = NULL;
+    int r;
+    zo_optim_config oc;
+    zo_optim_config_default(&oc); /* the engine's aio.block_size and aio.queue_depth */
+    zo_aio_config ac;
+    zo_aio_config_default(&ac);
+    ac.block_size = oc.aio_block_size;
+    ac.queue_depth = oc.aio_queue_depth;
+    ac.threads = oc.aio_threads;
+    if ((r = zo_aio_create(&aio, &ac)) < 0 || (r = zo_aligned_alloc(&buf, total, 4096)) < 0)
+        goto out;
+    if ((r = zo_file_open(&f, path, ZO_FILE_READ | ZO_FILE_WRITE | ZO_FILE_CREATE | ZO_FILE_EXCL |
+                                        ZO_FILE_NOFOLLOW)) < 0)
+        goto out;
+    memset(buf, 0x5a, total);
+    /* the swap store writes into space it reserved beforehand: so does the probe */
+    if ((r = zo_file_allocate(f, 0, total)) < 0)
+        goto out;
+    zo_aio_req *req;
+    double t0 = now_s();
+    if ((r = zo_aio_write(aio, f, buf, total, 0, NULL, NULL, &req)) < 0 || (r = zo_aio_wait(aio, req, NULL)) < 0 ||
+        (r = zo_file_sync(f)) < 0)
+        goto out;
+    *wr = (double)total / (now_s() - t0);
+    t0 = now_s();
+    if ((r = zo_aio_read(aio, f, buf, total, 0, NULL, NULL, &req)) < 0 || (r = zo_aio_wait(aio, req, NULL)) < 0)
+        goto out;
+    *rd = (double)total / (now_s() - t0);
+out:
+    if (r < 0)
+        fprintf(stderr, "zo-plan: NVMe probe in %s: %s (%s)\n", dir, zo_strerror(r), zo_last_error_detail());
+    if (f) {
+        zo_file_close(&f);
+        unlink(path);
+    }
+    zo_aio_destroy(&aio);
+    zo_aligned_free(buf);
+    return r;
+}
+
+#ifdef ZO_PLAN_CJSON
+/* Bandwidths from a zo-aio-bench or zo-adam-bench --json file: every object
+ * with "op" read/write and "bytes_per_s", and "params_per_s". */
+static void bench_walk(const cJSON *j, plan_in *in, const char *file)
+{
+    if (cJSON_IsObject(j)) {
+        const cJSON *op = cJSON_GetObjectItemCaseSensitive(j, "op");
+        const cJSON *bps = cJSON_GetObjectItemCaseSensitive(j, "bytes_per_s");
+        const cJSON *pps = cJSON_GetObjectItemCaseSensitive(j, "params_per_s");
+        if (cJSON_IsString(op) && cJSON_IsNumber(bps)) {
+            if (!strcmp(op->valuestring, "read")) {
+                in->nvme_read = bps->valuedouble;
+                snprintf(in->src_nvme, sizeof(in->src_nvme), "%s", file);
+            } else if (!strcmp(op->valuestring, "write")) {
+                in->nvme_write = bps->valuedouble;
+                snprintf(in->src_nvme, sizeof(in->src_nvme), "%s", file);
+            }
+        }
+        if (cJSON_IsNumber(pps) && pps->valuedouble > 0) {
+            in->adam_rate = pps->valuedouble;
+            snprintf(in->src_adam, sizeof(in->src_adam), "%s", file);
+        }
+    }
+    const cJSON *c;
+    cJSON_ArrayForEach(c, j)
+        bench_walk(c, in, file);
+}
+#endif
+
+static int load_bench(const char *file, plan_in *in)
+{
+#ifdef ZO_PLAN_CJSON
+    FILE *f = fopen(file, "re");
+    if (!f) {
+        fprintf(stderr, "zo-plan: --bench %s: %s\n", file, strerror(errno));
+        return -1;
+    }
+    char *text = malloc(16 << 20);
+    size_t n = text ? fread(text, 1, (16 << 20) - 1, f) : 0;
+    fclose(f);
+    if (!text)
+        return -1;
+    text[n] = 0;
+    /* one JSON value, or one per line (a JSON-lines file) */
+    int found = 0;
+    for (char *line = text; line && *line;) {
+        char *nl = strchr(line, '\n');
+        const char *end = NULL;
+        cJSON *j = cJSON_ParseWithOpts(line, &end, 0);
+        if (j) {
+            bench_walk(j, in, file);
+            cJSON_Delete(j);
+            found = 1;
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    free(text);
+    if (!found) {
+        fprintf(stderr, "zo-plan: --bench %s: not JSON from zo-aio-bench or zo-adam-bench\n", file);
+        return -1;
+    }
+    return 0;
+#else
+    (void)in;
+    fprintf(stderr, "zo-plan: --bench %s: this build has no JSON parser (cJSON)\n", file);
+    return -1;
+#endif
+}
+
+/* ---- the plan ----------------------------------------------------------------------------- */
+
+typedef struct plan_out {
+    uint64_t nsub;                        /* sub-groups */
+    uint64_t dev_params, dev_grads, dev_act, dev_total;
+    uint64_t pin_states, pin_pool, pin_staging, pin_pbuf, pin_total;
+    uint64_t host_acc, host_total;
+    uint64_t nvme_bytes;
+    uint64_t nvme_free[MAX_NVME];
+    int nvme_at;                          /* index of the path that holds it, -1 none */
+    /* predicted seconds */
+    double compute, d2h, optim, nvme_r, nvme_w, h2d, update, step;
+    /* fit */
+    int fits;
+    char why[8][200];
+    int nwhy;
+} plan_out;
+
+__attribute__((format(printf, 2, 3))) static void say(plan_out *p, const char *fmt, ...)
+{
+    if (p->nwhy < 8) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(p->why[p->nwhy++], sizeof(p->why[0]), fmt, ap);
+        va_end(ap);
+    }
+}
+
+static void make_plan(const plan_in *in, plan_out *p)
+{
+    memset(p, 0, sizeof(*p));
+    size_t pes = zo_dtype_size(in->pdt), ges = zo_dtype_size(in->gdt), ses = zo_dtype_size(in->sdt);
+    uint64_t P = in->params, sg = in->sub_group;
+    p->nsub = (P + sg - 1) / sg; /* approximate: the engine cuts per group */
+    uint64_t per_elem = 4 + 2 * ses; /* master + m + v */
+    p->dev_params = P * pes;
+    p->dev_grads = P * ges;
+    p->dev_act = in->activation_bytes;
+    p->dev_total = p->dev_params + p->dev_grads + p->dev_act;
+    uint64_t states = 0;
+    for (uint64_t i = 0; i < p->nsub; i++) {
+        uint64_t n = i + 1 < p->nsub ? sg : P - sg * (p->nsub - 1);
+        states += ((n * 4 + 4095) / 4096 + 2 * ((n * ses + 4095) / 4096)) * 4096;
+    }
+    unsigned nwin = in->dpu ? 2 : 1;
+    if (in->nvme) {
+        p->nvme_bytes = P * per_elem;
+        /* the sweep streams buffer_count pieces of (master, m, v) through
+         * 4 MiB slots, plus two slots for reads, writes and checkpoints */
+        p->pin_pool = (3ull * in->buffer_count + 2) * (4ull << 20);
+    } else {
+        p->pin_states = states;
+        p->pin_pool = 8ull << 20; /* 8 slots of 1 MiB for reads, writes and checkpoints */
+    }
+    p->pin_staging = in->staging;
+    p->pin_pbuf = P * pes * nwin;
+    p->pin_total = p->pin_states + p->pin_pool + p->pin_staging + p->pin_pbuf;
+    p->host_acc = P * 4 * nwin;
+    p->host_total = p->pin_total + p->host_acc;
+
+    /* ---- where it fits ---- */
+    p->fits = 1;
+    if (in->gpu_mem && p->dev_total > in->gpu_mem) {
+        p->fits = 0;
+        say(p, "device: needs %.0f MiB, has %.0f MiB: a smaller batch (activations) or fp16/bf16 grads", mib(p->dev_total),
+            mib(in->gpu_mem));
+    }
+    if (in->ram && p->host_total > in->ram) {
+        p->fits = 0;
+        if (!in->nvme)
+            say(p, "host memory: needs %.0f MiB, has %.0f MiB: NVMe placement (--offload nvme) or more RAM",
+                mib(p->host_total), mib(in->ram));
+        else
+            say(p, "host memory: needs %.0f MiB, has %.0f MiB: fewer buffers (buffer_count) or more RAM; the "
+                   "accumulators and parameter buffers grow with the model",
+                mib(p->host_total), mib(in->ram));
+    }
+    if (in->memlock && p->pin_total > in->memlock) {
+        /* not fatal: the engine falls back to pageable memory, slower copies */
+        say(p, "pinned: needs %.0f MiB, the memlock limit is %.0f MiB: raise it (ulimit -l) or the engine "
+               "uses pageable memory for the rest (slower copies)", mib(p->pin_total), mib(in->memlock));
+    }
+    p->nvme_at = -1;
+    for (unsigned i = 0; i < in->nnvme; i++) {
+        struct statvfs sv;
+        p->nvme_free[i] = statvfs(in->paths[i], &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : 0;
+        if (in->nvme && p->nvme_at < 0 && p->nvme_free[i] >= p->nvme_bytes)
+            p->nvme_at = (int)i;
+    }
+    if (in->nvme && p->nvme_at < 0) {
+        p->fits = 0;
+        say(p, "NVMe: needs %.0f MiB, the largest path has %.0f MiB free: another path (--nvme)", mib(p->nvme_bytes),
+            in->nnvme ? mib(p->nvme_free[0]) : 0);
+    }
+
+    /* ---- predicted step ---- */
+    p->compute = in->gemm_flops > 0 ? in->flops * in->accum / in->gemm_flops : 0;
+    p->d2h = in->copy_bw > 0 ? (double)(P * ges) * in->accum / in->copy_bw : 0;
+    p->optim = in->adam_rate > 0 ? (double)P / in->adam_rate : 0;
+    p->h2d = in->copy_bw > 0 ? (double)(P * pes) / in->copy_bw : 0;
+    if (in->nvme) {
+        p->nvme_r = in->nvme_read > 0 ? (double)(P * per_elem) / in->nvme_read : 0;
+        p->nvme_w = in->nvme_write > 0 ? (double)(P * per_elem) / in->nvme_write : 0;
+    }
+    /* The update streams sub-groups: reads ahead, the optimizer and the
+     * write-backs overlap, on one device the reads and writes share it. The
+     * gradient copies overlap backward except the last tensor's; the
+     * parameter copies overlap the update except the last sub-group's. */
+    double nsub = p->nsub ? (double)p->nsub : 1;
+    p->update = fmax(p->optim, p->nvme_r + p->nvme_w) + p->h2d / nsub;
+    double d2h_tail = p->d2h / (in->ntensors ? in->ntensors : 1);
+    if (in->dpu && in->gpu)
+        p->step = fmax(p->compute, p->update) + d2h_tail; /* the CPU update hides behind the GPU's next step */
+    else if (in->dpu)
+        /* host backend: the model and the optimizer share the same cores and
+         * add up; the NVMe transfers overlap both */
+        p->step = fmax(p->compute + p->optim, p->nvme_r + p->nvme_w) + d2h_tail + p->h2d / nsub;
+    else
+        p->step = p->compute + d2h_tail + p->update; /* without DPU the update follows backward */
+}
+
+/* ---- output --------------------------------------------------------------------------------- */
+
+static void row(const char *where, const char *what, uint64_t bytes)
+{
+    printf("  %-26s %-48s %10.1f MiB\n", where, what, mib(bytes));
+}
+
+static void print_plan(const plan_in *in, const plan_out *p)
+{
+    char buf[128];
+    printf("model: %" PRIu64 " parameters (%.1f M) in %u tensors; params %s, grads %s, states %s; %s placement, "
+           "DPU %s, sub-group %" PRIu64 " (%" PRIu64 " sub-groups)\n",
+           in->params, in->params / 1e6, in->ntensors, zo_dtype_name(in->pdt), zo_dtype_name(in->gdt),
+           zo_dtype_name(in->sdt), in->nvme ? "NVMe" : "host", in->dpu ? "on" : "off", in->sub_group, p->nsub);
+    if (in->from_train)
+        printf("zo-train: %u layers of %zu, batch %zu x %u micro-steps\n", in->shape.layers, in->shape.width,
+               in->shape.batch, in->accum);
+    printf("\n  %-26s %-48s %14s\n", "where", "what", "bytes");
+    snprintf(buf, sizeof(buf), "device (%s)", in->gpu_what);
+    row(buf, "parameters", p->dev_params);
+    row("", "gradients", p->dev_grads);
+    if (p->dev_act)
+        row("", "activations and scratch (zo-train)", p->dev_act);
+    if (in->gpu_mem)
+        snprintf(buf, sizeof(buf), "total, of %.0f MiB: %s", mib(in->gpu_mem), p->dev_total <= in->gpu_mem ? "fits" : "DOES NOT FIT");
+    else
+        snprintf(buf, sizeof(buf), "total");
+    row("", buf, p->dev_total);
+    if (p->pin_states)
+        row("pinned host", "fp32 masters + optimizer states", p->pin_states);
+    if (in->nvme) {
+        snprintf(buf, sizeof(buf), "store slots, %u x 4 MiB (the NVMe sweep)", 3 * in->buffer_count + 2);
+        row("pinned host", buf, p->pin_pool);
+    } else {
+        row("", "store slots, 8 x 1 MiB", p->pin_pool);
+    }
+    row("", "gradient staging (device -> host)", p->pin_staging);
+    row("", in->dpu ? "parameter buffers x2 (DPU)" : "parameter buffers", p->pin_pbuf);
+    if (in->memlock)
+        snprintf(buf, sizeof(buf), "total, memlock limit %.0f MiB: %s", mib(in->memlock),
+                 p->pin_total <= in->memlock ? "fits" : "partly pageable");
+    else
+        snprintf(buf, sizeof(buf), "total (memlock unlimited)");
+    row("", buf, p->pin_total);
+    row("pageable host", in->dpu ? "fp32 gradient accumulators x2 (DPU)" : "fp32 gradient accumulators", p->host_acc);
+    snprintf(buf, sizeof(buf), "host total, of %.0f MiB RAM: %s", mib(in->ram), p->host_total <= in->ram ? "fits" : "DOES NOT FIT");
+    row("", buf, p->host_total);
+    for (unsigned i = 0; i < in->nnvme; i++) {
+        char what[128];
+        snprintf(buf, sizeof(buf), "NVMe %s", in->paths[i]);
+        if (in->nvme && (int)i == p->nvme_at)
+            snprintf(what, sizeof(what), "fp32 masters + states (%.0f MiB free)", mib(p->nvme_free[i]));
+        else
+            snprintf(what, sizeof(what), "nothing (%.0f MiB free)", mib(p->nvme_free[i]));
+        row(buf, what, (int)i == p->nvme_at ? p->nvme_bytes : 0);
+    }
+    printf("\nbandwidths: NVMe read %.2f GB/s, write %.2f GB/s (%s); optimizer %.0f M params/s (%s); copies %.2f GB/s "
+           "(%s); GEMM %.1f GFLOP/s (%s)\n",
+           in->nvme_read / 1e9, in->nvme_write / 1e9, in->src_nvme, in->adam_rate / 1e6, in->src_adam,
+           in->copy_bw / 1e9, in->src_copy, in->gemm_flops / 1e9, in->src_gemm);
+    printf("predicted step: %.1f ms = compute %.1f, d2h %.1f, optim %.1f, nvme-r %.1f, nvme-w %.1f, h2d %.1f "
+           "(update %.1f ms; %s)\n",
+           p->step * 1e3, p->compute * 1e3, p->d2h * 1e3, p->optim * 1e3, p->nvme_r * 1e3, p->nvme_w * 1e3,
+           p->h2d * 1e3, p->update * 1e3,
+           in->dpu && in->gpu ? "DPU: the update overlaps the next forward/backward"
+                              : !in->dpu ? "the update follows backward"
+                                         : "DPU on the host backend: model and optimizer share the CPUs, NVMe overlaps");
+    if (!in->from_train)
+        printf("  (compute is the framework's: give a zo-train command line after -- to include it)\n");
+    if (p->fits && !p->nwhy)
+        printf("fits.\n");
+    else {
+        printf(p->fits ? "fits, with a caveat:\n" : "DOES NOT FIT:\n");
+        for (int i = 0; i < p->nwhy; i++)
+            printf("  - %s\n", p->why[i]);
+    }
+}
+
+static void json_plan(const plan_in *in, const plan_out *p)
+{
+    zo_json j;
+    zj_init(&j, stdout, 1);
+    zj_obj_begin(&j, NULL);
+    zj_str(&j, "tool", "zo-plan");
+    zj_obj_begin(&j, "model");
+    zj_uint(&j, "params", in->params);
+    zj_uint(&j, "tensors", in->ntensors);
+    zj_str(&j, "param_dtype", zo_dtype_name(in->pdt));
+    zj_str(&j, "grad_dtype", zo_dtype_name(in->gdt));
+    zj_str(&j, "state_dtype", zo_dtype_name(in->sdt));
+    if (in->from_train) {
+        zj_uint(&j, "layers", in->shape.layers);
+        zj_uint(&j, "width", in->shape.width);
+        zj_uint(&j, "batch", in->shape.batch);
+    }
+    zj_obj_end(&j);
+    zj_obj_begin(&j, "engine");
+    zj_str(&j, "offload", in->nvme ? "nvme" : "host");
+    zj_bool(&j, "dpu", in->dpu);
+    zj_uint(&j, "accum", in->accum);
+    zj_uint(&j, "sub_group_size", in->sub_group);
+    zj_uint(&j, "sub_groups", p->nsub);
+    zj_uint(&j, "buffer_count", in->buffer_count);
+    zj_obj_end(&j);
+    zj_obj_begin(&j, "bytes");
+    zj_uint(&j, "device_params", p->dev_params);
+    zj_uint(&j, "device_grads", p->dev_grads);
+    zj_uint(&j, "device_activations", p->dev_act);
+    zj_uint(&j, "device_total", p->dev_total);
+    zj_uint(&j, "pinned_states", p->pin_states);
+    zj_uint(&j, "pinned_pool", p->pin_pool);
+    zj_uint(&j, "pinned_staging", p->pin_staging);
+    zj_uint(&j, "pinned_param_buffers", p->pin_pbuf);
+    zj_uint(&j, "pinned_total", p->pin_total);
+    zj_uint(&j, "pageable_accumulators", p->host_acc);
+    zj_uint(&j, "host_total", p->host_total);
+    zj_arr_begin(&j, "nvme");
+    for (unsigned i = 0; i < in->nnvme; i++) {
+        zj_obj_begin(&j, NULL);
+        zj_str(&j, "path", in->paths[i]);
+        zj_uint(&j, "bytes", (int)i == p->nvme_at ? p->nvme_bytes : 0);
+        zj_uint(&j, "free", p->nvme_free[i]);
+        zj_obj_end(&j);
+    }
+    zj_arr_end(&j);
+    zj_obj_end(&j);
+    zj_obj_begin(&j, "machine");
+    zj_str(&j, "device", in->gpu_what);
+    zj_uint(&j, "device_mem", in->gpu_mem);
+    zj_uint(&j, "ram", in->ram);
+    zj_uint(&j, "memlock", in->memlock);
+    zj_obj_end(&j);
+    zj_obj_begin(&j, "bandwidth");
+    zj_num(&j, "nvme_read_bytes_per_s", in->nvme_read);
+    zj_num(&j, "nvme_write_bytes_per_s", in->nvme_write);
+    zj_num(&j, "optimizer_params_per_s", in->adam_rate);
+    zj_num(&j, "copy_bytes_per_s", in->copy_bw);
+    zj_num(&j, "gemm_flop_per_s", in->gemm_flops);
+    zj_obj_end(&j);
+    /* the same names as zo-train --json's step lines */
+    zj_obj_begin(&j, "predicted");
+    zj_num(&j, "step_ms", p->step * 1e3);
+    zj_num(&j, "compute_ms", p->compute * 1e3);
+    zj_num(&j, "d2h_ms", p->d2h * 1e3);
+    zj_num(&j, "optim_ms", p->optim * 1e3);
+    zj_num(&j, "nvme_read_ms", p->nvme_r * 1e3);
+    zj_num(&j, "nvme_write_ms", p->nvme_w * 1e3);
+    zj_num(&j, "h2d_ms", p->h2d * 1e3);
+    zj_num(&j, "update_ms", p->update * 1e3);
+    zj_obj_end(&j);
+    zj_bool(&j, "fits", p->fits);
+    zj_arr_begin(&j, "advice");
+    for (int i = 0; i < p->nwhy; i++)
+        zj_str(&j, NULL, p->why[i]);
+    zj_arr_end(&j);
+    zj_obj_end(&j);
+    zj_end(&j);
+}
+
+/* The engine configuration for this plan: DeepSpeed keys where they exist, ours under "zoffload". */
+static int write_config(const char *path, const plan_in *in, const plan_out *p)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "zo-plan: --config %s: %s%s\n", path, strerror(errno),
+                errno == EEXIST ? " (zo-plan never overwrites)" : "");
+        return -1;
+    }
+    FILE *f = fdopen(fd, "w");
+    if (!f) {
+        close(fd);
+        return -1;
+    }
+    zo_json j;
+    zj_init(&j, f, 1);
+    zj_obj_begin(&j, NULL);
+    zj_obj_begin(&j, "bf16");
+    zj_bool(&j, "enabled", in->pdt == ZO_DTYPE_BF16);
+    zj_obj_end(&j);
+    zj_obj_begin(&j, "fp16");
+    zj_bool(&j, "enabled", in->pdt == ZO_DTYPE_F16);
+    zj_obj_end(&j);
+    zj_num(&j, "gradient_clipping", in->clip);
+    zj_uint(&j, "gradient_accumulation_steps", in->accum);
+    zj_obj_begin(&j, "zero_optimization");
+    zj_uint(&j, "sub_group_size", in->sub_group);
+    zj_obj_begin(&j, "offload_optimizer");
+    zj_str(&j, "device", in->nvme ? "nvme" : "cpu");
+    if (in->nvme && p->nvme_at >= 0)
+        zj_str(&j, "nvme_path", in->paths[p->nvme_at]);
+    zj_bool(&j, "pin_memory", 1);
+    zj_uint(&j, "buffer_count", in->buffer_count);
+    zj_obj_end(&j);
+    zj_obj_end(&j);
+    zj_obj_begin(&j, "zoffload");
+    zj_bool(&j, "dpu", in->dpu);
+    zj_str(&j, "grad_dtype", zo_dtype_name(in->gdt));
+    zj_str(&j, "state_dtype", zo_dtype_name(in->sdt));
+    zj_uint(&j, "grad_staging_bytes", in->staging);
+    zj_obj_end(&j);
+    zj_obj_end(&j);
+    zj_end(&j);
+    if (fclose(f) != 0) {
+        fprintf(stderr, "zo-plan: --config %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- main --------------------------------------------------------------------------------------- */
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: zo-plan [options] [-- ZO-TRAIN OPTIONS]\n"
+            "Where a model's training state goes with the offload optimizer engine, whether it fits,\n"
+            "and the predicted step time.\n"
+            "model (one of)\n"
+            "  --params N            parameters in total\n"
+            "  --tensors LIST        tensor sizes: N, RxC, each with an optional *COUNT (\"4096x4096*32,4096*64\")\n"
+            "  -- ZO-TRAIN OPTIONS   a zo-train command line (\"--\" alone: zo-train's default)\n"
+            "precision and engine (a zo-train command line sets these itself)\n"
+            "  --param-dtype T       bf16 (default), fp16, fp32\n"
+            "  --grad T              default: the param dtype\n"
+            "  --state T             optimizer states: fp32 (default) or bf16\n"
+            "  --offload host|nvme   (default host)\n"
+            "  --dpu on|off          (default off)\n"
+            "  --accum K             micro-steps per step (default 1)\n"
+            "  --sub-group N         elements per sub-group (default 16M)\n"
+            "  --buffer-count N      NVMe sub-group buffers (default 4)\n"
+            "machine (detected unless given)\n"
+            "  --gpu-mem N           device memory\n"
+            "  --ram N               host memory\n"
+            "  --memlock N           pinned memory limit\n"
+            "  --nvme PATH           an NVMe directory (repeatable; default /var/tmp)\n"
+            "bandwidths (a quick probe unless given)\n"
+            "  --bench FILE          zo-aio-bench / zo-adam-bench --json output (repeatable)\n"
+            "  --no-probe            measure nothing: use --bench and the values below\n"
+            "  --nvme-read X, --nvme-write X, --copy X  bytes/s\n"
+            "  --adam-rate X         optimizer params/s\n"
+            "  --gemm-flops X        GEMM flop/s\n"
+            "output\n"
+            "  --json                the plan as JSON\n"
+            "  --config FILE         also write the engine configuration (a new file) for zo_optim_json_load\n");
+}
+
+static int num_arg(const char *name, const char *s, double *out)
+{
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !isfinite(v) || v <= 0) {
+        fprintf(stderr, "zo-plan: %s: bad value '%s' (a positive number)\n", name, s);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int size_arg(const char *name, const char *s, uint64_t *out)
+{
+    if (zo_parse_size(s, out) < 0 || *out == 0) {
+        fprintf(stderr, "zo-plan: %s: not a size: '%s'\n", name, s);
+        return -1;
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    plan_in in;
+    memset(&in, 0, sizeof(in));
+    in.pdt = ZO_DTYPE_BF16;
+    in.gdt = ZO_DTYPE_COUNT;
+    in.sdt = ZO_DTYPE_F32;
+    in.accum = 1;
+    in.buffer_count = 4;
+    in.staging = 32ull << 20;
+    in.clip = 1.0;
+    in.sub_group = 1ull << 24;
+    const char *config_out = NULL, *tensors = NULL;
+    const char *benches[8];
+    unsigned nbench = 0;
+    int json = 0, probe = 1, have_params = 0;
+    double dpu_arg = -1;
+
+    /* split off a zo-train command line after "--" */
+    int train_argc = 0;
+    char **train_argv = NULL;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--")) {
+            train_argc = argc - i; /* argv[i] stands in for the program name */
+            train_argv = argv + i;
+            argc = i;
+            break;
+        }
+
+    enum { O_PARAMS = 256, O_TENSORS, O_PDT, O_GRAD, O_STATE, O_OFFLOAD, O_DPU, O_ACCUM, O_SG, O_BUFCNT, O_GPU,
+           O_RAM, O_MEMLOCK, O_NVME, O_BENCH, O_NOPROBE, O_NR, O_NW, O_COPY, O_ADAM, O_GEMM, O_JSON, O_CONFIG,
+           O_HELP };
+    static const struct option opts[] = {
+        {"params", required_argument, 0, O_PARAMS},     {"tensors", required_argument, 0, O_TENSORS},
+        {"param-dtype", required_argument, 0, O_PDT},   {"grad", required_argument, 0, O_GRAD},
+        {"state", required_argument, 0, O_STATE},       {"offload", required_argument, 0, O_OFFLOAD},
+        {"dpu", required_argument, 0, O_DPU},           {"accum", required_argument, 0, O_ACCUM},
+        {"sub-group", required_argument, 0, O_SG},      {"buffer-count", required_argument, 0, O_BUFCNT},
+        {"gpu-mem", required_argument, 0, O_GPU},       {"ram", required_argument, 0, O_RAM},
+        {"memlock", required_argument, 0, O_MEMLOCK},   {"nvme", required_argument, 0, O_NVME},
+        {"bench", required_argument, 0, O_BENCH},       {"no-probe", no_argument, 0, O_NOPROBE},
+        {"nvme-read", required_argument, 0, O_NR},      {"nvme-write", required_argument, 0, O_NW},
+        {"copy", required_argument, 0, O_COPY},         {"adam-rate", required_argument, 0, O_ADAM},
+        {"gemm-flops", required_argument, 0, O_GEMM},   {"json", no_argument, 0, O_JSON},
+        {"config", required_argument, 0, O_CONFIG},     {"help", no_argument, 0, O_HELP},
+        {0, 0, 0, 0}};
+    int c;
+    uint64_t v;
+    zo_dtype t;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+        switch (c) {
+        case O_PARAMS: if (size_arg("--params", optarg, &in.params)) return 2; in.ntensors = 1; have_params = 1; break;
+        case O_TENSORS: tensors = optarg; break;
+        case O_PDT:
+        case O_GRAD:
+        case O_STATE:
+            if (zo_dtype_parse(optarg, &t) < 0 || (t != ZO_DTYPE_BF16 && t != ZO_DTYPE_F32 && (c == O_STATE || t != ZO_DTYPE_F16))) {
+                fprintf(stderr, "zo-plan: %s: '%s' is not one of %s\n", argv[optind - 1], optarg,
+                        c == O_STATE ? "fp32, bf16" : "bf16, fp16, fp32");
+                return 2;
+            }
+            *(c == O_PDT ? &in.pdt : c == O_GRAD ? &in.gdt : &in.sdt) = t;
+            break;
+        case O_OFFLOAD:
+            if (strcmp(optarg, "host") && strcmp(optarg, "cpu") && strcmp(optarg, "nvme")) {
+                fprintf(stderr, "zo-plan: --offload: expected host or nvme, not '%s'\n", optarg);
+                return 2;
+            }
+            in.nvme = !strcmp(optarg, "nvme");
+            break;
+        case O_DPU:
+            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
+                fprintf(stderr, "zo-plan: --dpu: expected on or off\n");
+                return 2;
+            }
+            dpu_arg = !strcmp(optarg, "on");
+            break;
+        case O_ACCUM: if (size_arg("--accum", optarg, &v) || v > 65536) return 2; in.accum = (unsigned)v; break;
+        case O_SG:
+            if (size_arg("--sub-group", optarg, &in.sub_group) || in.sub_group < 64) {
+                fprintf(stderr, "zo-plan: --sub-group: at least 64 elements\n");
+                return 2;
+            }
+            break;
+        case O_BUFCNT: if (size_arg("--buffer-count", optarg, &v) || v < 4 || v > 1024) { fprintf(stderr, "zo-plan: --buffer-count: 4..1024\n"); return 2; } in.buffer_count = (unsigned)v; break;
+        case O_GPU: if (size_arg("--gpu-mem", optarg, &in.gpu_mem)) return 2; in.gpu_what = "given"; in.gpu = 1; break;
+        case O_RAM: if (size_arg("--ram", optarg, &in.ram)) return 2; break;
+        case O_MEMLOCK: if (size_arg("--memlock", optarg, &in.memlock)) return 2; break;
+        case O_NVME:
+            if (in.nnvme == MAX_NVME) {
+                fprintf(stderr, "zo-plan: at most %d --nvme paths\n", MAX_NVME);
+                return 2;
+            }
+            in.paths[in.nnvme++] = optarg;
+            break;
+        case O_BENCH: if (nbench < 8) benches[nbench++] = optarg; break;
+        case O_NOPROBE: probe = 0; break;
+        case O_NR: if (num_arg("--nvme-read", optarg, &in.nvme_read)) return 2; strcpy(in.src_nvme, "given"); break;
+        case O_NW: if (num_arg("--nvme-write", optarg, &in.nvme_write)) return 2; strcpy(in.src_nvme, "given"); break;
+        case O_COPY: if (num_arg("--copy", optarg, &in.copy_bw)) return 2; strcpy(in.src_copy, "given"); break;
+        case O_ADAM: if (num_arg("--adam-rate", optarg, &in.adam_rate)) return 2; strcpy(in.src_adam, "given"); break;
+        case O_GEMM: if (num_arg("--gemm-flops", optarg, &in.gemm_flops)) return 2; strcpy(in.src_gemm, "given"); break;
+        case O_JSON: json = 1; break;
+        case O_CONFIG: config_out = optarg; break;
+        case O_HELP: usage(stdout); return 0;
+        default:
+            fprintf(stderr, "zo-plan: unknown option '%s' (--help lists them)\n", argv[optind - 1]);
+            return 2;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "zo-plan: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (have_params + (tensors != NULL) + (train_argv != NULL) != 1) {
+        fprintf(stderr, "zo-plan: give the model as one of --params, --tensors or -- ZO-TRAIN OPTIONS\n");
+        return 2;
+    }
+    if (tensors && parse_tensors(tensors, &in) < 0) {
+        fprintf(stderr, "zo-plan: --tensors: '%s' is not a comma list of N, RxC or either *COUNT\n", tensors);
+        return 2;
+    }
+    if (train_argv) {
+        /* the zo-train command line decides model, precisions and engine */
+        options to;
+        int r = train_options_parse(train_argc, train_argv, &to);
+        if (r)
+            return r < 0 ? 0 : r;
+        in.from_train = 1;
+        in.shape = (train_shape){.layers = to.layers, .width = (size_t)to.width, .batch = (size_t)to.batch,
+                                 .param_dtype = to.param_dtype,
+                                 .grad_dtype = to.grad_dtype == ZO_DTYPE_COUNT ? to.param_dtype : to.grad_dtype,
+                                 .seed = to.seed};
+        in.params = train_shape_params(&in.shape);
+        in.ntensors = 2 * to.layers;
+        in.activation_bytes = train_shape_activation_bytes(&in.shape);
+        in.flops = train_shape_flops(&in.shape);
+        in.pdt = in.shape.param_dtype;
+        in.gdt = in.shape.grad_dtype;
+        in.nvme = to.offload == ZO_OPTIM_PLACE_NVME;
+        in.dpu = to.dpu > 0;
+        in.accum = to.accum > 0 ? (unsigned)to.accum : 1;
+        if (to.clip >= 0)
+            in.clip = to.clip;
+        if (to.sub_group)
+            in.sub_group = to.sub_group;
+        if (to.nvme_path && in.nnvme < MAX_NVME)
+            in.paths[in.nnvme++] = to.nvme_path;
+        if (!in.gpu_mem) {
+            /* zo-train's host backend: the budget it sets itself */
+            in.gpu_mem = to.dev_budget ? to.dev_budget
+                                       : train_default_device_budget(in.params * (zo_dtype_size(in.pdt) +
+                                                                                  zo_dtype_size(in.gdt)) +
+                                                                     in.activation_bytes);
+            in.gpu_what = "zo-train budget";
+        }
+    }
+    if (in.gdt == ZO_DTYPE_COUNT)
+        in.gdt = in.pdt;
+    if (dpu_arg >= 0)
+        in.dpu = (int)dpu_arg;
+    if (!in.nnvme)
+        in.paths[in.nnvme++] = "/var/tmp";
+
+    /* ---- the machine ---- */
+    zo_machine mach;
+    zo_machine_get(&mach);
+    if (!in.ram)
+        in.ram = mach.mem_bytes;
+    if (!in.memlock) {
+        /* RLIMIT_MEMLOCK, unless the process may lock without limit (CAP_IPC_LOCK) */
+        zo_pinned_stats ps;
+        zo_pinned_stats_get(&ps);
+        if (!ps.can_lock_unlimited && ps.memlock_limit != UINT64_MAX)
+            in.memlock = ps.memlock_limit;
+    }
+    if (!in.gpu_mem) {
+        int ndev = 0;
+        zo_dev *d = NULL;
+        zo_dev_config dc;
+        zo_dev_config_default(&dc);
+        dc.kind = ZO_DEV_CUDA;
+        zo_dev_info di;
+        if (zo_dev_probe(ZO_DEV_CUDA, &ndev, NULL, 0) == 0 && ndev > 0 && zo_dev_open(&d, &dc) == 0 &&
+            zo_dev_get_info(d, &di) == 0) {
+            in.gpu_mem = di.total_mem;
+            in.gpu_what = "CUDA device 0";
+            in.gpu = 1;
+        } else {
+            in.gpu_what = "no GPU: not checked";
+        }
+        zo_dev_close(&d);
+    }
+    for (unsigned i = 0; i < in.nnvme; i++) {
+        struct statvfs sv;
+        if (statvfs(in.paths[i], &sv) < 0) {
+            fprintf(stderr, "zo-plan: --nvme %s: %s\n", in.paths[i], strerror(errno));
+            return 2;
+        }
+    }
+
+    /* ---- bandwidths: given, from bench files, or probed ---- */
+    for (unsigned i = 0; i < nbench; i++)
+        if (load_bench(benches[i], &in) < 0)
+            return 2;
+    if (probe) {
+        if (!in.adam_rate) {
+            in.adam_rate = probe_adam((int)sysconf(_SC_NPROCESSORS_ONLN));
+            strcpy(in.src_adam, "probe: AdamW 4M fp32");
+        }
+        if (!in.copy_bw) {
+            in.copy_bw = in.gpu ? 20e9 : probe_copy();
+            strcpy(in.src_copy, in.gpu ? "assumed PCIe 20 GB/s" : "probe: memcpy 64 MiB");
+        }
+        if (!in.gemm_flops && in.from_train) {
+            in.gemm_flops = probe_gemm();
+            strcpy(in.src_gemm, "probe: sgemm 1024^3");
+        }
+        if (in.nvme && (!in.nvme_read || !in.nvme_write)) {
+            double rd = 0, wr = 0;
+            if (probe_nvme(in.paths[0], &rd, &wr) < 0)
+                return 2;
+            if (!in.nvme_read)
+                in.nvme_read = rd;
+            if (!in.nvme_write)
+                in.nvme_write = wr;
+            snprintf(in.src_nvme, sizeof(in.src_nvme), "probe: 64 MiB through zo_aio, 1 MiB x 32 in flight");
+        }
+    }
+    const char *none = "not measured";
+    if (!in.src_nvme[0])
+        strcpy(in.src_nvme, in.nvme ? none : "unused");
+    if (!in.src_adam[0])
+        strcpy(in.src_adam, none);
+    if (!in.src_copy[0])
+        strcpy(in.src_copy, none);
+    if (!in.src_gemm[0])
+        strcpy(in.src_gemm, in.from_train ? none : "unused");
+
+    plan_out p;
+    make_plan(&in, &p);
+    if (json)
+        json_plan(&in, &p);
+    else
+        print_plan(&in, &p);
+    if (config_out) {
+        if (write_config(config_out, &in, &p) < 0)
+            return 1;
+        /* the file must be one the engine takes: load it back */
+        zo_optim_json *cj = NULL;
+        int r = zo_optim_json_load(config_out, &cj);
+        zo_optim_json_free(&cj);
+        if (r < 0) {
+            fprintf(stderr, "zo-plan: the written config %s is refused by zo_optim_json_load: %s (%s)\n", config_out,
+                    zo_strerror(r), zo_last_error_detail());
+            return 1;
+        }
+        if (!json)
+            printf("engine config written to %s\n", config_out);
+    }
+    return p.fits ? 0 : 3;
+}

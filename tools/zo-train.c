@@ -1,0 +1,998 @@
+/*
+ * zo-train: trains a real model through the offload optimizer engine
+ * (zo_optim), and is the worked example of how a C or C++ framework drives
+ * it (docs/optim-integration.md walks through this file).
+ *
+ * The model (train_model.h) is an MLP of L square linear layers regressing
+ * a fixed random teacher network: its loss has a known floor of 0. The
+ * framework side (this file) owns the device parameters and gradients; the
+ * engine owns the fp32 masters and the optimizer states, in pinned host
+ * memory or on NVMe. One training step is:
+ *
+ *   forward                      (device, params as they are now)
+ *   zo_optim_grads_done()        (the engine has copied the previous step's
+ *                                 gradients: their buffers may be rewritten)
+ *   backward, and for each tensor as soon as its gradient exists:
+ *     zo_optim_grad(o, tensor, dev_grad, ready_event)
+ *   zo_optim_step_async()        (every micro-step; at an accumulation
+ *                                 boundary this starts the update)
+ *   zo_optim_wait()              (unless the delayed parameter update is
+ *                                 active: then the next step call finishes it)
+ *
+ * --verify runs the same steps a second time fully in memory, with plain
+ * arrays and the cpuadam kernels on the same schedule (the DPU delay
+ * included), and compares losses every step and the masters, optimizer
+ * states and device parameters bit for bit at the end.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zoffload/zoffload.h>
+#include <zoffload/optim.h>
+#include <zoffload/optim_json.h>
+
+#include "tool_common.h"
+#include "train_model.h"
+#include "train_options.h"
+
+/* ---- temporary directories and files ------------------------------------------------------ */
+
+/* The private swap directory, removed at exit on every path (also Ctrl-C). */
+static char g_tmpdir[PATH_MAX];
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)ftw;
+    if (flag == FTW_DP)
+        rmdir(path);
+    else
+        unlink(path);
+    return 0;
+}
+
+static void remove_tmpdir(void)
+{
+    if (g_tmpdir[0]) {
+        nftw(g_tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        g_tmpdir[0] = 0;
+    }
+}
+
+/* mkdtemp in parent: mode 0700, owned by us, a fresh name (a leftover of a
+ * killed run never collides). */
+static int make_tmpdir(const char *parent)
+{
+    struct stat st;
+    if (stat(parent, &st) < 0 || !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "zo-train: NVMe path %s: %s\n", parent, errno ? strerror(errno) : "not a directory");
+        return -1;
+    }
+    if (snprintf(g_tmpdir, sizeof(g_tmpdir), "%s/zo-train-XXXXXX", parent) >= (int)sizeof(g_tmpdir)) {
+        g_tmpdir[0] = 0;
+        fprintf(stderr, "zo-train: NVMe path %s: too long\n", parent);
+        return -1;
+    }
+    if (!mkdtemp(g_tmpdir)) {
+        fprintf(stderr, "zo-train: NVMe path %s: cannot create a directory in it: %s\n", parent, strerror(errno));
+        g_tmpdir[0] = 0;
+        return -1;
+    }
+    return 0;
+}
+
+/* A new output file: never follows a link, never overwrites, 0600. */
+static FILE *create_file(const char *path)
+{
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        fprintf(stderr, "zo-train: %s: %s%s\n", path, strerror(errno),
+                errno == EEXIST ? " (zo-train never overwrites: remove it or pick another name)" : "");
+        return NULL;
+    }
+    FILE *f = fdopen(fd, "w");
+    if (!f)
+        close(fd);
+    return f;
+}
+
+/* Ctrl-C (and SIGTERM): stop at the next step boundary. */
+static volatile sig_atomic_t g_stop;
+static void on_signal(int sig)
+{
+    (void)sig;
+    g_stop = 1;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double mib(uint64_t b)
+{
+    return (double)b / (1024.0 * 1024.0);
+}
+
+/* ---- the framework side: device tensors ---------------------------------------------------- */
+
+/* The trainer's device memory: params and grads per tensor (weights first,
+ * then biases: the engine's tensor order), in the engine's dtypes. */
+typedef struct device_model {
+    zo_dev *dev;
+    unsigned ntensors;       /* 2 L */
+    uint64_t *numel;         /* [ntensors] */
+    void **param, **grad;    /* [ntensors] device pointers */
+    uint64_t bytes;          /* device memory held by params, grads and activations */
+    train_model model;
+} device_model;
+
+static int device_alloc(device_model *d, void **p, size_t n)
+{
+    int r = zo_dev_malloc(d->dev, p, n);
+    if (r == 0)
+        d->bytes += n;
+    return r;
+}
+
+static void device_model_free(device_model *d)
+{
+    if (d->param)
+        for (unsigned i = 0; i < d->ntensors; i++) {
+            zo_dev_free(d->dev, d->param[i]);
+            zo_dev_free(d->dev, d->grad[i]);
+        }
+    free(d->param);
+    free(d->grad);
+    free(d->numel);
+    train_model_free(&d->model);
+    memset(d, 0, sizeof(*d));
+}
+
+static int device_model_init(device_model *d, zo_dev *dev, const train_shape *s)
+{
+    memset(d, 0, sizeof(*d));
+    d->dev = dev;
+    d->ntensors = 2 * s->layers;
+    d->numel = calloc(d->ntensors, sizeof(uint64_t));
+    d->param = calloc(d->ntensors, sizeof(void *));
+    d->grad = calloc(d->ntensors, sizeof(void *));
+    if (!d->numel || !d->param || !d->grad)
+        return -ENOMEM;
+    size_t pes = zo_dtype_size(s->param_dtype), ges = zo_dtype_size(s->grad_dtype);
+    int r;
+    for (unsigned i = 0; i < d->ntensors; i++) {
+        d->numel[i] = i < s->layers ? (uint64_t)s->width * s->width : s->width;
+        if ((r = device_alloc(d, &d->param[i], d->numel[i] * pes)) < 0 ||
+            (r = device_alloc(d, &d->grad[i], d->numel[i] * ges)) < 0)
+            return r;
+    }
+    if ((r = train_model_init(&d->model, s)) < 0)
+        return r;
+    d->bytes += train_shape_activation_bytes(s); /* on the host backend the activations are host memory too */
+    d->model.weight = d->param;
+    d->model.bias = d->param + s->layers;
+    d->model.gweight = d->grad;
+    d->model.gbias = d->grad + s->layers;
+    return 0;
+}
+
+/* ---- the in-memory reference run (--verify) ------------------------------------------------ */
+
+/*
+ * The same training, without the engine: the framework side is a second
+ * model over plain arrays; the optimizer side is the fp32 accumulators,
+ * masters and states of the whole model in flat arrays (weights group, then
+ * biases group, as the engine lays them out), stepped with the cpuadam
+ * kernels: the gradient statistics per sub-group in sub-group order (the
+ * engine's summation order), DeepSpeed's clip coefficient, and one fused
+ * step per group. The DPU schedule is replayed: the forward of step k sees
+ * the result of step k-1 during the warm-up and one step later, of k-2,
+ * after it.
+ */
+typedef struct reference {
+    train_model model;
+    unsigned ntensors, layers;
+    uint64_t *off, *numel; /* [ntensors] flat offsets and sizes */
+    uint64_t total, gsplit; /* elements; first bias element (start of group 1) */
+    zo_dtype pdt, gdt;
+    zo_dtype sdt;          /* optimizer state dtype (m, v): f32 or bf16 */
+    float *master, *acc;
+    void *m, *v;           /* in sdt */
+    void *seen;            /* the params the forward sees (what the device holds) */
+    void *out, *prev_out;  /* params after the latest update, and after the one before */
+    void *grad;            /* gradients in gdt (the reference's "device" grads) */
+    int *first;            /* [ntensors] 1 until the window's first gradient */
+    zo_optim_hparams hp[2];
+    uint64_t sub_group;
+    int64_t step;
+    uint64_t boundaries;
+    zo_cpuadam_team *team;
+} reference;
+
+static void reference_free(reference *r)
+{
+    free(r->model.weight); /* the pointer arrays are the reference's; train_model_free() clears them */
+    free(r->model.gweight);
+    train_model_free(&r->model);
+    free(r->numel);
+    free(r->off);
+    free(r->master);
+    free(r->m);
+    free(r->v);
+    free(r->acc);
+    free(r->seen);
+    free(r->out);
+    free(r->prev_out);
+    free(r->grad);
+    free(r->first);
+    zo_cpuadam_team_destroy(&r->team);
+    memset(r, 0, sizeof(*r));
+}
+
+static int reference_init(reference *r, const train_shape *s, const zo_optim_config *cfg, const device_model *d)
+{
+    memset(r, 0, sizeof(*r));
+    r->ntensors = d->ntensors;
+    r->layers = s->layers;
+    r->pdt = s->param_dtype;
+    r->gdt = s->grad_dtype;
+    r->off = calloc(r->ntensors, sizeof(uint64_t));
+    r->first = calloc(r->ntensors, sizeof(int));
+    r->numel = calloc(r->ntensors, sizeof(uint64_t));
+    if (!r->off || !r->first || !r->numel)
+        return -ENOMEM;
+    for (unsigned i = 0; i < r->ntensors; i++) {
+        r->numel[i] = d->numel[i];
+        r->off[i] = r->total;
+        r->total += d->numel[i];
+        r->first[i] = 1;
+    }
+    r->gsplit = r->off[s->layers];
+    size_t pes = zo_dtype_size(r->pdt), n = (size_t)r->total;
+    r->master = calloc(n, 4);
+    r->sdt = cfg->groups[0].state_dtype;
+    r->m = calloc(n, zo_dtype_size(r->sdt));
+    r->v = calloc(n, zo_dtype_size(r->sdt));
+    r->acc = calloc(n, 4);
+    r->seen = calloc(n, pes);
+    r->out = calloc(n, pes);
+    r->prev_out = calloc(n, pes);
+    r->grad = calloc(n, zo_dtype_size(r->gdt));
+    if (!r->master || !r->m || !r->v || !r->acc || !r->seen || !r->out || !r->prev_out || !r->grad)
+        return -ENOMEM;
+    int rc = train_model_init(&r->model, s);
+    if (rc < 0)
+        return rc;
+    r->model.weight = calloc(r->ntensors, sizeof(void *));
+    r->model.gweight = calloc(r->ntensors, sizeof(void *));
+    if (!r->model.weight || !r->model.gweight)
+        return -ENOMEM;
+    for (unsigned i = 0; i < r->ntensors; i++) {
+        r->model.weight[i] = (char *)r->seen + r->off[i] * pes;
+        r->model.gweight[i] = (char *)r->grad + r->off[i] * zo_dtype_size(r->gdt);
+    }
+    r->model.bias = r->model.weight + s->layers;
+    r->model.gbias = r->model.gweight + s->layers;
+    r->hp[0] = cfg->groups[0].hparams ? *cfg->groups[0].hparams : cfg->hparams;
+    r->hp[1] = cfg->groups[1].hparams ? *cfg->groups[1].hparams : cfg->hparams;
+    r->sub_group = cfg->sub_group_size;
+    zo_cpuadam_team_config tc;
+    zo_cpuadam_team_config_default(&tc);
+    tc.nthreads = cfg->nthreads;
+    return zo_cpuadam_team_create(&r->team, &tc);
+}
+
+/* Start where the engine starts: its masters and states (a fresh run: the
+ * student's initial params widened; a resumed one: the checkpoint). */
+static int reference_start(reference *r, zo_optim *o)
+{
+    size_t pes = zo_dtype_size(r->pdt), ses = zo_dtype_size(r->sdt);
+    for (unsigned i = 0; i < r->ntensors; i++) {
+        uint64_t n = r->numel[i], off = r->off[i];
+        int rc = zo_optim_state_export(o, i, ZO_OPTIM_STATE_MASTER, r->master + off, ZO_DTYPE_F32, 0, n);
+        if (rc < 0)
+            return rc;
+        /* the states in their own dtype (exact); one the optimizer does not
+         * use (Lion's v, Adagrad's m) is ZO_ENOTSUP and stays zero */
+        rc = zo_optim_state_export(o, i, ZO_OPTIM_STATE_EXP_AVG, (char *)r->m + off * ses, r->sdt, 0, n);
+        if (rc < 0 && rc != ZO_ENOTSUP)
+            return rc;
+        rc = zo_optim_state_export(o, i, ZO_OPTIM_STATE_EXP_AVG_SQ, (char *)r->v + off * ses, r->sdt, 0, n);
+        if (rc < 0 && rc != ZO_ENOTSUP)
+            return rc;
+    }
+    zo_vec_cast(r->out, r->pdt, r->master, ZO_DTYPE_F32, (size_t)r->total);
+    memcpy(r->seen, r->out, (size_t)r->total * pes);
+    memcpy(r->prev_out, r->out, (size_t)r->total * pes);
+    zo_optim_info info;
+    zo_optim_get_info(o, &info);
+    r->step = info.step;
+    /* the DPU warm-up counts boundaries, applied or skipped; a checkpoint
+     * carries the count, so a resumed run is past its warm-up at once */
+    r->boundaries = (uint64_t)info.step + info.skipped_steps;
+    return 0;
+}
+
+/* The reference's gradient hand-over: add into the fp32 accumulator (the
+ * window's first gradient of a tensor overwrites it). */
+static int reference_grad(void *user, unsigned tensor, const void *g)
+{
+    reference *r = user;
+    float *a = r->acc + r->off[tensor];
+    uint64_t n = r->numel[tensor];
+    float *w = r->model.gf32; /* free scratch at this point: the gradient was narrowed from it */
+    zo_vec_cast(w, ZO_DTYPE_F32, g, r->gdt, (size_t)n);
+    for (uint64_t k = 0; k < n; k++)
+        a[k] = r->first[tensor] ? w[k] : a[k] + w[k];
+    r->first[tensor] = 0;
+    return 0;
+}
+
+/* One accumulation boundary. @return 1 applied, 0 skipped (inf/NaN), < 0 error. */
+static int reference_step(reference *r, double scale, double max_norm, unsigned dpu_warmup, int dpu)
+{
+    for (unsigned i = 0; i < r->ntensors; i++) {
+        if (r->first[i]) /* no gradient this window: zero */
+            memset(r->acc + r->off[i], 0, (size_t)r->numel[i] * 4);
+        r->first[i] = 1;
+    }
+    r->boundaries++;
+    const uint64_t gstart[2] = {0, r->gsplit}, gend[2] = {r->gsplit, r->total};
+    double sumsq = 0;
+    uint64_t nonfinite = 0;
+    for (int g = 0; g < 2; g++)
+        for (uint64_t o = gstart[g]; o < gend[g]; o += r->sub_group) {
+            uint64_t n = gend[g] - o < r->sub_group ? gend[g] - o : r->sub_group;
+            zo_grad_stats gs;
+            int rc = zo_cpuadam_team_grad_stats(r->team, r->acc + o, ZO_DTYPE_F32, (size_t)n, &gs);
+            if (rc < 0)
+                return rc;
+            sumsq += gs.sumsq;
+            nonfinite += gs.nonfinite;
+        }
+    size_t pb = (size_t)r->total * zo_dtype_size(r->pdt);
+    if (!nonfinite) {
+        double norm = sqrt(sumsq) / scale, coef = 1.0;
+        if (max_norm > 0 && max_norm / (norm + 1e-6) < 1.0)
+            coef = max_norm / (norm + 1e-6);
+        r->step++;
+        memcpy(r->prev_out, r->out, pb);
+        for (int g = 0; g < 2; g++) {
+            zo_optim_hparams hp = r->hp[g];
+            hp.step = r->step;
+            hp.grad_scale = 1.0 / scale;
+            hp.clip_coef = coef;
+            zo_cpuadam_tensors t;
+            zo_cpuadam_tensors_default(&t);
+            t.n = (size_t)(gend[g] - gstart[g]);
+            t.param = r->master + gstart[g];
+            t.grad = r->acc + gstart[g];
+            t.grad_dtype = ZO_DTYPE_F32;
+            t.exp_avg = (char *)r->m + gstart[g] * zo_dtype_size(r->sdt);
+            t.exp_avg_sq = (char *)r->v + gstart[g] * zo_dtype_size(r->sdt);
+            t.state_dtype = r->sdt;
+            t.param_out = (char *)r->out + gstart[g] * zo_dtype_size(r->pdt);
+            t.out_dtype = r->pdt;
+            int rc = zo_cpuadam_team_step(r->team, &hp, &t);
+            if (rc < 0)
+                return rc;
+        }
+    }
+    /* What the next forward sees: this update at once during the warm-up,
+     * the one before it under the delay. */
+    int delayed = dpu && r->boundaries > dpu_warmup;
+    memcpy(r->seen, delayed ? r->prev_out : r->out, pb);
+    return nonfinite ? 0 : 1;
+}
+
+/* The end of the run (zo_optim_wait()): the device holds the latest update. */
+static void reference_finish(reference *r)
+{
+    memcpy(r->seen, r->out, (size_t)r->total * zo_dtype_size(r->pdt));
+}
+
+/* Masters, states and device params of the engine equal the reference's, bit for bit. */
+static int reference_compare(reference *r, zo_optim *o, const device_model *d)
+{
+    size_t pes = zo_dtype_size(r->pdt);
+    int bad = 0;
+    static const char *const what[3] = {"master", "exp_avg", "exp_avg_sq"};
+    const void *want[3] = {r->master, r->m, r->v};
+    const zo_dtype dt[3] = {ZO_DTYPE_F32, r->sdt, r->sdt};
+    char *buf = NULL;
+    for (unsigned i = 0; i < r->ntensors && !bad; i++) {
+        uint64_t n = d->numel[i], off = r->off[i];
+        free(buf);
+        if (!(buf = malloc((size_t)n * 4)))
+            return -ENOMEM;
+        for (int k = 0; k < 3 && !bad; k++) {
+            /* each state in its own dtype: bit for bit */
+            size_t es = zo_dtype_size(dt[k]);
+            int rc = zo_optim_state_export(o, i, (zo_optim_state)k, buf, dt[k], 0, n);
+            if (rc == ZO_ENOTSUP)
+                continue; /* a state this optimizer does not use */
+            if (rc < 0) {
+                fprintf(stderr, "zo-train: verify: export: %s (%s)\n", zo_strerror(rc), zo_optim_errmsg(o));
+                free(buf);
+                return rc;
+            }
+            const char *ref = (const char *)want[k] + off * es;
+            for (uint64_t j = 0; j < n; j++)
+                if (memcmp(buf + j * es, ref + j * es, es)) {
+                    float a, b;
+                    zo_vec_cast(&a, ZO_DTYPE_F32, buf + j * es, dt[k], 1);
+                    zo_vec_cast(&b, ZO_DTYPE_F32, ref + j * es, dt[k], 1);
+                    fprintf(stderr, "zo-train: verify: tensor %u %s element %" PRIu64 ": engine %a, reference %a\n",
+                            i, what[k], j, (double)a, (double)b);
+                    bad = 1;
+                    break;
+                }
+        }
+        /* host backend: device memory is readable host memory */
+        if (!bad && memcmp(d->param[i], (char *)r->seen + off * pes, (size_t)n * pes)) {
+            fprintf(stderr, "zo-train: verify: device params of tensor %u differ\n", i);
+            bad = 1;
+        }
+    }
+    free(buf);
+    return bad ? ZO_ECORRUPT : 0;
+}
+
+/* ---- the training loop ------------------------------------------------------------------------ */
+
+/* Handing a gradient to the engine: called by backward as soon as a
+ * tensor's gradient is in its device buffer. Here the gradient is already
+ * valid (the host backend computes synchronously), so no event; a GPU
+ * framework records an event on its compute stream and passes it, and the
+ * engine's copy waits for it on the engine's own stream. */
+static int engine_grad(void *user, unsigned tensor, const void *dev_grad)
+{
+    zo_optim *o = user;
+    int r = zo_optim_grad(o, tensor, dev_grad, NULL);
+    if (r < 0)
+        fprintf(stderr, "zo-train: zo_optim_grad(%u): %s (%s)\n", tensor, zo_strerror(r), zo_optim_errmsg(o));
+    return r;
+}
+
+/* Totals over the run, for the summary. */
+typedef struct totals {
+    unsigned steps;
+    double wall_s, compute_s;
+    double first_loss, last_loss;
+    /* The engine's timelines, each update counted once. zo_optim_get_timeline
+     * gives the latest finished update, so under DPU one update can show on
+     * two step lines and a fast one on none: these are the updates seen. */
+    int64_t last_update;
+    unsigned updates;
+    zo_optim_timeline sum;
+} totals;
+
+static void totals_add_timeline(totals *t, const zo_optim_timeline *tl)
+{
+    if (tl->step == t->last_update)
+        return;
+    t->last_update = tl->step;
+    t->updates++;
+    t->sum.total_ns += tl->total_ns;
+    t->sum.d2h_ns += tl->d2h_ns;
+    t->sum.d2h_bytes += tl->d2h_bytes;
+    t->sum.norm_ns += tl->norm_ns;
+    t->sum.compute_ns += tl->compute_ns;
+    t->sum.nvme_read_ns += tl->nvme_read_ns;
+    t->sum.nvme_read_bytes += tl->nvme_read_bytes;
+    t->sum.nvme_write_ns += tl->nvme_write_ns;
+    t->sum.nvme_write_bytes += tl->nvme_write_bytes;
+    t->sum.h2d_ns += tl->h2d_ns;
+    t->sum.h2d_bytes += tl->h2d_bytes;
+    t->sum.stall_ns += tl->stall_ns;
+}
+
+static void step_json(FILE *f, int64_t step, double loss, double step_s, double compute_s,
+                      const zo_optim_timeline *tl, int have_tl)
+{
+    zo_json jw, *j = &jw;
+    zj_init(j, f, 0); /* one top-level object per line (JSON lines) */
+    zj_obj_begin(j, NULL);
+    zj_str(j, "type", "step");
+    zj_int(j, "step", step);
+    zj_num(j, "loss", loss);
+    zj_num(j, "step_ms", step_s * 1e3);
+    zj_num(j, "compute_ms", compute_s * 1e3);
+    if (have_tl) {
+        zj_int(j, "timeline_step", tl->step);
+        zj_num(j, "d2h_ms", tl->d2h_ns * 1e-6);
+        zj_num(j, "optim_ms", (tl->compute_ns + tl->norm_ns) * 1e-6);
+        zj_num(j, "nvme_read_ms", tl->nvme_read_ns * 1e-6);
+        zj_num(j, "nvme_write_ms", tl->nvme_write_ns * 1e-6);
+        zj_num(j, "h2d_ms", tl->h2d_ns * 1e-6);
+        zj_num(j, "stall_ms", tl->stall_ns * 1e-6);
+        zj_num(j, "update_ms", tl->total_ns * 1e-6);
+        zj_uint(j, "d2h_bytes", tl->d2h_bytes);
+        zj_uint(j, "h2d_bytes", tl->h2d_bytes);
+        zj_uint(j, "nvme_read_bytes", tl->nvme_read_bytes);
+        zj_uint(j, "nvme_write_bytes", tl->nvme_write_bytes);
+    }
+    zj_obj_end(j);
+    zj_end(j);
+}
+
+int main(int argc, char **argv)
+{
+    options opt;
+    int pr = train_options_parse(argc, argv, &opt);
+    if (pr)
+        return pr < 0 ? 0 : pr;
+
+    int rc = 1, r;
+    zo_dev *dev = NULL;
+    zo_optim *o = NULL;
+    zo_optim_json *cj = NULL;
+    device_model dm = {0};
+    reference ref = {0};
+    train_teacher teacher = {0};
+    float *x = NULL, *y = NULL;
+    FILE *jf = NULL;
+    totals tot = {0};
+
+    if (!strcmp(opt.backend, "cuda")) {
+        /* The model's math runs on the host (train_gemm() over OpenBLAS and
+         * plain loops); on CUDA it needs zo_gemm_async() and elementwise
+         * kernels, which this build does not have yet. */
+        fprintf(stderr, "zo-train: --backend cuda: the model's forward/backward needs the device GEMM "
+                        "(zo_gemm_async) and elementwise kernels, not in this build; use --backend host\n");
+        return 2;
+    }
+
+    train_shape shape = {.layers = opt.layers,
+                         .width = (size_t)opt.width,
+                         .batch = (size_t)opt.batch,
+                         .param_dtype = opt.param_dtype,
+                         .grad_dtype = opt.grad_dtype == ZO_DTYPE_COUNT ? opt.param_dtype : opt.grad_dtype,
+                         .seed = opt.seed};
+    uint64_t nparams = train_shape_params(&shape);
+    size_t pes = zo_dtype_size(shape.param_dtype), ges = zo_dtype_size(shape.grad_dtype);
+    uint64_t dev_need = nparams * (pes + ges) + train_shape_activation_bytes(&shape);
+    if ((double)opt.width * opt.width > (double)INT32_MAX || (double)opt.batch * opt.width > (double)INT32_MAX) {
+        fprintf(stderr, "zo-train: a %" PRIu64 " x %" PRIu64 " layer at batch %" PRIu64
+                        " is beyond the GEMM's 32-bit sizes\n", opt.width, opt.width, opt.batch);
+        return 2;
+    }
+    {
+        /* refuse what cannot fit in this machine's memory before allocating it */
+        zo_machine mach;
+        zo_machine_get(&mach);
+        uint64_t host_need = dev_need + nparams * (12 + 4 + (uint64_t)pes) * (opt.verify ? 2 : 1);
+        if (mach.mem_bytes && host_need > mach.mem_bytes) {
+            fprintf(stderr, "zo-train: %" PRIu64 " parameters need about %.0f MiB of memory (device model, "
+                            "masters, states, accumulators%s), more than this machine's %.0f MiB\n",
+                    nparams, mib(host_need), opt.verify ? ", twice for --verify" : "", mib(mach.mem_bytes));
+            return 2;
+        }
+    }
+
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+
+    /* ---- the device: the host backend, capped at the device budget ---- */
+    zo_dev_config dc;
+    zo_dev_config_default(&dc);
+    dc.kind = ZO_DEV_HOST;
+    /* By default the budget holds the device model (params, grads,
+     * activations) and a little slack, never the fp32 masters and states. */
+    uint64_t budget = opt.dev_budget ? opt.dev_budget : train_default_device_budget(dev_need);
+    dc.host_mem_limit = (size_t)budget;
+    if ((r = zo_dev_open(&dev, &dc)) < 0) {
+        fprintf(stderr, "zo-train: device: %s (%s)\n", zo_strerror(r), zo_last_error_detail());
+        goto out;
+    }
+    if ((r = device_model_init(&dm, dev, &shape)) < 0) {
+        fprintf(stderr, "zo-train: the model (%.1f MiB of params, grads and activations) does not fit the device "
+                        "budget of %.1f MiB: %s\n", mib(dev_need), mib(budget), zo_strerror(r));
+        goto out;
+    }
+
+    /* ---- the engine configuration: defaults, then the JSON file, then the flags ---- */
+    zo_optim_hparams hp_w, hp_b;
+    zo_optim_hparams_default(&hp_w, ZO_OPTIM_ADAMW);
+    zo_optim_config cfg;
+    zo_optim_config_default(&cfg);
+    cfg.dev = dev;
+    cfg.param_dtype = shape.param_dtype;
+    cfg.grad_dtype = shape.grad_dtype;
+    cfg.max_grad_norm = 1.0;
+    /* NVMe placement from the config file alone still gets a parent directory */
+    cfg.nvme_path = opt.nvme_path ? opt.nvme_path : "/var/tmp";
+    zo_optim_group grp[2], jgroup;
+    zo_optim_group_default(&jgroup);
+    if (opt.config) {
+        if ((r = zo_optim_json_load(opt.config, &cj)) < 0) {
+            fprintf(stderr, "zo-train: --config %s: %s: %s\n", opt.config, zo_strerror(r), zo_last_error_detail());
+            rc = 2;
+            goto out;
+        }
+        /* the file decides dtypes too (bf16.enabled / fp16.enabled): keep the model's in step */
+        if ((r = zo_optim_json_apply(cj, &cfg, &jgroup)) < 0) {
+            fprintf(stderr, "zo-train: --config %s: %s: %s\n", opt.config, zo_strerror(r), zo_last_error_detail());
+            rc = 2;
+            goto out;
+        }
+        if (cfg.param_dtype != shape.param_dtype || (cfg.grad_dtype != ZO_DTYPE_COUNT &&
+                                                      cfg.grad_dtype != shape.grad_dtype)) {
+            fprintf(stderr, "zo-train: --config %s sets device params %s, the model has %s: give --param-dtype "
+                            "and --grad to match\n", opt.config, zo_dtype_name(cfg.param_dtype),
+                    zo_dtype_name(shape.param_dtype));
+            rc = 2;
+            goto out;
+        }
+        const char *rep = zo_optim_json_report(cj);
+        if (rep && *rep && !opt.quiet)
+            printf("config %s:\n%s", opt.config, rep);
+    }
+    hp_w = cfg.hparams;
+    /* the learning rate: --lr, else the config file's, else the width-scaled default */
+    double cfg_lr;
+    if (opt.lr_given || !cj || zo_optim_json_number(cj, "optimizer.params.lr", &cfg_lr) < 0)
+        hp_w.lr = opt.lr;
+    /* biases: no weight decay (the usual second parameter group) */
+    hp_b = hp_w;
+    hp_b.weight_decay = 0;
+    if (opt.offload >= 0)
+        cfg.placement = (zo_optim_placement)opt.offload;
+    if (opt.dpu >= 0)
+        cfg.dpu = opt.dpu;
+    if (opt.dpu_warmup >= 0)
+        cfg.dpu_warmup_steps = (unsigned)opt.dpu_warmup;
+    if (opt.accum > 0)
+        cfg.grad_accum_steps = (unsigned)opt.accum;
+    if (opt.clip >= 0)
+        cfg.max_grad_norm = opt.clip;
+    if (opt.sub_group)
+        cfg.sub_group_size = opt.sub_group;
+    if (opt.nthreads)
+        cfg.nthreads = opt.nthreads;
+    if (!cfg.nthreads)
+        cfg.nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN); /* explicit, so --verify's team matches */
+    if (opt.verify && cfg.clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && cfg.max_grad_norm > 0) {
+        /* a clipped speculative step is rolled back, which is exact only
+         * within the rollback's rounding bounds (optim.h) */
+        fprintf(stderr, "zo-train: --verify compares bit for bit, and speculative clipping rolls clipped steps "
+                        "back within rounding bounds: use clip_mode two_pass, or --clip 0\n");
+        rc = 2;
+        goto out;
+    }
+    if (cfg.placement == ZO_OPTIM_PLACE_NVME) {
+        /* the parent: --nvme-path, else the config's nvme_path, else /var/tmp */
+        const char *parent = opt.nvme_path ? opt.nvme_path : cfg.nvme_path;
+        if (make_tmpdir(parent) < 0) {
+            rc = 2;
+            goto out;
+        }
+        cfg.nvme_path = g_tmpdir;
+    } else if (opt.nvme_path) {
+        fprintf(stderr, "zo-train: --nvme-path needs --offload nvme\n");
+        rc = 2;
+        goto out;
+    } else {
+        cfg.nvme_path = NULL;
+    }
+
+    /* Two parameter groups: the weights (weight decay) and the biases (none). */
+    const char **names = calloc(dm.ntensors, sizeof(char *));
+    char (*namebuf)[32] = calloc(dm.ntensors, 32);
+    if (!names || !namebuf) {
+        fprintf(stderr, "zo-train: out of memory\n");
+        free(names);
+        free(namebuf);
+        goto out;
+    }
+    for (unsigned i = 0; i < dm.ntensors; i++) {
+        snprintf(namebuf[i], 32, "layer%u.%s", i % shape.layers, i < shape.layers ? "weight" : "bias");
+        names[i] = namebuf[i];
+    }
+    for (int g = 0; g < 2; g++) {
+        zo_optim_group_default(&grp[g]);
+        grp[g].ntensors = shape.layers;
+        grp[g].numel = dm.numel + (g ? shape.layers : 0);
+        grp[g].names = names + (g ? shape.layers : 0);
+        grp[g].dev_params = dm.param + (g ? shape.layers : 0);
+        grp[g].hparams = g ? &hp_b : &hp_w;
+        grp[g].state_dtype = jgroup.state_dtype;
+    }
+    cfg.groups = grp;
+    cfg.ngroups = 2;
+
+    /* ---- create the engine and give it the initial parameters ---- */
+    train_model_init_params(&dm.model);
+    r = zo_optim_create(&o, &cfg);
+    free(names);
+    free(namebuf);
+    if (r < 0) {
+        fprintf(stderr, "zo-train: zo_optim_create: %s: %s\n", zo_strerror(r), zo_last_error_detail());
+        rc = r == ZO_ECONFIG || r == ZO_EBUDGET || r == -EINVAL ? 2 : 1;
+        goto out;
+    }
+    zo_optim_json_free(&cj); /* cfg pointed into it until create */
+    uint64_t micro = 0; /* global micro-step index: picks the data */
+    if (opt.resume) {
+        char user[256] = "";
+        if ((r = zo_optim_load(o, opt.resume, NULL, user, sizeof(user))) < 0) {
+            fprintf(stderr, "zo-train: --resume %s: %s: %s\n", opt.resume, zo_strerror(r), zo_optim_errmsg(o));
+            goto out;
+        }
+        const char *p = strstr(user, "\"micro\":");
+        unsigned long long um = 0;
+        if (!p || sscanf(p, "\"micro\":%llu", &um) != 1) {
+            fprintf(stderr, "zo-train: --resume %s: not a zo-train checkpoint\n", opt.resume);
+            goto out;
+        }
+        micro = um;
+    } else if ((r = zo_optim_init_from_device(o)) < 0) {
+        fprintf(stderr, "zo-train: zo_optim_init_from_device: %s: %s\n", zo_strerror(r), zo_optim_errmsg(o));
+        goto out;
+    }
+
+    if (opt.verify) {
+        if ((r = reference_init(&ref, &shape, &cfg, &dm)) < 0 ||
+            (r = reference_start(&ref, o)) < 0) {
+            fprintf(stderr, "zo-train: verify: %s\n", zo_strerror(r));
+            goto out;
+        }
+    }
+    if (train_teacher_init(&teacher, &shape) < 0 || !(x = malloc(shape.batch * shape.width * 4)) ||
+        !(y = malloc(shape.batch * shape.width * 4))) {
+        fprintf(stderr, "zo-train: out of memory for the teacher and the data\n");
+        goto out;
+    }
+    if (opt.json) {
+        if (!(jf = create_file(opt.json))) {
+            rc = 2;
+            goto out;
+        }
+    }
+
+    zo_optim_info info;
+    zo_optim_get_info(o, &info);
+    printf("model: %u layers of %zu x %zu + bias, %" PRIu64 " parameters (%.1f M), batch %zu x %u micro-steps\n",
+           shape.layers, shape.width, shape.width, nparams, nparams / 1e6, shape.batch, cfg.grad_accum_steps);
+    printf("device (%s): budget %.1f MiB; params %s %.1f MiB, grads %s %.1f MiB, activations %.1f MiB\n",
+           opt.backend, mib(budget), zo_dtype_name(shape.param_dtype), mib(nparams * pes),
+           zo_dtype_name(shape.grad_dtype), mib(nparams * ges), mib(train_shape_activation_bytes(&shape)));
+    uint64_t state_bytes = nparams * (4 + 2 * zo_dtype_size(jgroup.state_dtype)); /* master, m, v */
+    printf("engine: fp32 masters + optimizer states %.1f MiB %s the device budget -> %s%s; DPU %s (warm-up %u), "
+           "clip %g, %d threads, %u sub-groups\n",
+           mib(state_bytes), state_bytes > budget ? "do not fit" : "would fit",
+           cfg.placement == ZO_OPTIM_PLACE_NVME ? "NVMe in " : "pinned host memory",
+           cfg.placement == ZO_OPTIM_PLACE_NVME ? g_tmpdir : "", cfg.dpu ? "on" : "off", cfg.dpu_warmup_steps,
+           cfg.max_grad_norm, cfg.nthreads, info.nsubgroups);
+    fflush(stdout);
+
+    /* ---- training ---- */
+    double t_start = now_s();
+    int verify_failed = 0;
+    zo_optim_get_info(o, &info);
+    int64_t step0 = info.step; /* updates before this run (a resumed checkpoint's) */
+    for (unsigned s = 0; s < opt.steps && !g_stop; s++) {
+        double t0 = now_s(), compute = 0, loss = 0, ref_loss = 0;
+        double scale = zo_optim_loss_scale(o); /* fp16: the dynamic loss scale of this window */
+        for (unsigned k = 0; k < cfg.grad_accum_steps; k++, micro++) {
+            train_teacher_batch(&teacher, micro, x, y);
+            double tc = now_s();
+            double l = train_forward(&dm.model, x, y);
+            /* the previous step's gradient copies must be done before
+             * backward rewrites the gradient buffers */
+            if ((r = zo_optim_grads_done(o)) < 0) {
+                fprintf(stderr, "zo-train: zo_optim_grads_done: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
+                goto out;
+            }
+            if ((r = train_backward(&dm.model, y, scale, engine_grad, o)) < 0)
+                goto out;
+            compute += now_s() - tc;
+            loss += l / cfg.grad_accum_steps;
+            /* every micro-step ends with a step call; only the boundary updates */
+            if ((r = zo_optim_step_async(o, NULL)) < 0) {
+                fprintf(stderr, "zo-train: zo_optim_step_async: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
+                goto out;
+            }
+            if (opt.verify) {
+                ref_loss += train_forward(&ref.model, x, y) / cfg.grad_accum_steps;
+                train_backward(&ref.model, y, scale, reference_grad, &ref);
+            }
+        }
+        /* Without DPU (or in its warm-up) the update finishes now; with it,
+         * the next step call finishes it while this step's forward runs. */
+        zo_optim_get_info(o, &info);
+        zo_optim_step_result res = {0};
+        if (!cfg.dpu || !info.dpu_active) {
+            if ((r = zo_optim_wait(o, &res)) < 0) {
+                fprintf(stderr, "zo-train: step %u: %s (%s)\n", s + 1, zo_strerror(r), zo_optim_errmsg(o));
+                goto out;
+            }
+        }
+        double dt = now_s() - t0;
+        if (opt.verify) {
+            if ((r = reference_step(&ref, scale, cfg.max_grad_norm, cfg.dpu_warmup_steps, cfg.dpu)) < 0) {
+                fprintf(stderr, "zo-train: verify: reference step: %s\n", zo_strerror(r));
+                goto out;
+            }
+            if (memcmp(&loss, &ref_loss, sizeof(double)) && !verify_failed) {
+                fprintf(stderr, "zo-train: verify: step %u: loss %.9g, reference %.9g\n", s + 1, loss, ref_loss);
+                verify_failed = 1;
+            }
+        }
+        zo_optim_timeline tl;
+        int have_tl = zo_optim_get_timeline(o, &tl) == 0;
+        if (tot.steps == 0)
+            tot.first_loss = loss;
+        tot.last_loss = loss;
+        tot.steps++;
+        tot.compute_s += compute;
+        if (have_tl)
+            totals_add_timeline(&tot, &tl);
+        zo_optim_get_info(o, &info);
+        if (!opt.quiet) {
+            printf("step %4" PRId64 " loss %.6f  %7.1f ms: compute %.1f", step0 + s + 1, loss, dt * 1e3, compute * 1e3);
+            if (have_tl)
+                printf(" | update %" PRId64 ": d2h %.1f optim %.1f nvme-r %.1f nvme-w %.1f h2d %.1f stall %.1f",
+                       tl.step, tl.d2h_ns * 1e-6, (tl.compute_ns + tl.norm_ns) * 1e-6, tl.nvme_read_ns * 1e-6,
+                       tl.nvme_write_ns * 1e-6, tl.h2d_ns * 1e-6, tl.stall_ns * 1e-6);
+            if (res.boundary && res.clipped)
+                printf(" clip %.3f", res.clip_coef);
+            if (res.skipped)
+                printf(" (skipped: overflow)");
+            printf("\n");
+            fflush(stdout);
+        }
+        if (jf)
+            step_json(jf, step0 + s + 1, loss, dt, compute, &tl, have_tl);
+    }
+    /* finish the update in flight (DPU): the device params are current after this */
+    if ((r = zo_optim_wait(o, NULL)) < 0) {
+        fprintf(stderr, "zo-train: final step: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
+        goto out;
+    }
+    tot.wall_s = now_s() - t_start;
+    {
+        zo_optim_timeline tl;
+        if (zo_optim_get_timeline(o, &tl) == 0)
+            totals_add_timeline(&tot, &tl); /* the last update, finished by the wait */
+    }
+    if (g_stop)
+        printf("interrupted: stopped at a step boundary\n");
+
+    if (opt.save) {
+        char name[64], user[128];
+        zo_optim_get_info(o, &info);
+        snprintf(name, sizeof(name), "step-%" PRId64, info.step);
+        snprintf(user, sizeof(user), "{\"micro\":%" PRIu64 ",\"layers\":%u,\"width\":%zu,\"seed\":%" PRIu64 "}", micro,
+                 shape.layers, shape.width, shape.seed);
+        if (mkdir(opt.save, 0700) < 0 && errno != EEXIST) {
+            fprintf(stderr, "zo-train: --save %s: %s\n", opt.save, strerror(errno));
+            goto out;
+        }
+        if ((r = zo_optim_save(o, opt.save, name, 2, user)) < 0) {
+            fprintf(stderr, "zo-train: --save %s: %s (%s)\n", opt.save, zo_strerror(r), zo_optim_errmsg(o));
+            goto out;
+        }
+        printf("saved %s/%s\n", opt.save, name);
+    }
+
+    /* ---- summary ---- */
+    zo_optim_get_info(o, &info);
+    zo_pinned_stats ps;
+    zo_pinned_stats_get(&ps);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    double samples = (double)tot.steps * cfg.grad_accum_steps * shape.batch;
+    double ms = tot.steps ? tot.wall_s * 1e3 / tot.steps : 0;
+    printf("summary: %u steps in %.1f s (%.1f ms/step, compute %.1f ms/step), %.0f samples/s, %.1f GFLOP/s\n",
+           tot.steps, tot.wall_s, ms, tot.steps ? tot.compute_s * 1e3 / tot.steps : 0,
+           tot.wall_s > 0 ? samples / tot.wall_s : 0,
+           tot.wall_s > 0 ? train_shape_flops(&shape) * tot.steps * cfg.grad_accum_steps / tot.wall_s / 1e9 : 0);
+    printf("loss: %.6f -> %.6f (%.1f%% of the start; floor 0)\n", tot.first_loss, tot.last_loss,
+           tot.first_loss > 0 ? 100.0 * tot.last_loss / tot.first_loss : 0);
+    printf("memory: device %.1f MiB (budget %.1f), engine pinned %.1f MiB (process peak locked %.1f), engine "
+           "pageable %.1f MiB, process peak RSS %.1f MiB\n",
+           mib(dm.bytes), mib(budget), mib(info.pinned_bytes), mib(ps.locked_peak), mib(info.host_bytes),
+           ru.ru_maxrss / 1024.0);
+    /* Bytes moved: every update of one run moves the same bytes (the same
+     * tensors, the same states), so the run's total is the mean per update
+     * seen times the updates applied. */
+    int64_t applied = info.step - step0;
+    double per = tot.updates ? (double)applied / tot.updates : 0;
+    uint64_t moved[4] = {(uint64_t)(tot.sum.d2h_bytes * per), (uint64_t)(tot.sum.h2d_bytes * per),
+                         (uint64_t)(tot.sum.nvme_read_bytes * per), (uint64_t)(tot.sum.nvme_write_bytes * per)};
+    printf("moved in %" PRId64 " updates: d2h %.1f MiB, h2d %.1f MiB, NVMe read %.1f MiB, NVMe write %.1f MiB\n",
+           applied, mib(moved[0]), mib(moved[1]), mib(moved[2]), mib(moved[3]));
+    if (tot.updates) {
+        double k = 1e-6 / tot.updates;
+        printf("update (mean of the %u seen): %.1f ms: d2h %.1f optim %.1f nvme-r %.1f nvme-w %.1f h2d %.1f stall %.1f\n",
+               tot.updates, tot.sum.total_ns * k, tot.sum.d2h_ns * k, (tot.sum.compute_ns + tot.sum.norm_ns) * k,
+               tot.sum.nvme_read_ns * k, tot.sum.nvme_write_ns * k, tot.sum.h2d_ns * k, tot.sum.stall_ns * k);
+    }
+    if (jf) {
+        zo_json jw;
+        zj_init(&jw, jf, 0);
+        zj_obj_begin(&jw, NULL);
+        zj_str(&jw, "type", "summary");
+        zj_uint(&jw, "params", nparams);
+        zj_uint(&jw, "layers", shape.layers);
+        zj_uint(&jw, "width", shape.width);
+        zj_uint(&jw, "batch", shape.batch);
+        zj_uint(&jw, "accum", cfg.grad_accum_steps);
+        zj_str(&jw, "offload", cfg.placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host");
+        zj_bool(&jw, "dpu", cfg.dpu);
+        zj_uint(&jw, "steps", tot.steps);
+        zj_num(&jw, "step_ms", ms);
+        zj_num(&jw, "compute_ms", tot.steps ? tot.compute_s * 1e3 / tot.steps : 0);
+        zj_num(&jw, "samples_per_s", tot.wall_s > 0 ? samples / tot.wall_s : 0);
+        zj_num(&jw, "first_loss", tot.first_loss);
+        zj_num(&jw, "last_loss", tot.last_loss);
+        zj_uint(&jw, "device_bytes", dm.bytes);
+        zj_uint(&jw, "pinned_bytes", info.pinned_bytes);
+        zj_uint(&jw, "host_bytes", info.host_bytes);
+        zj_uint(&jw, "peak_rss_bytes", (uint64_t)ru.ru_maxrss * 1024);
+        zj_int(&jw, "updates_applied", applied);
+        zj_uint(&jw, "d2h_bytes", moved[0]);
+        zj_uint(&jw, "h2d_bytes", moved[1]);
+        zj_uint(&jw, "nvme_read_bytes", moved[2]);
+        zj_uint(&jw, "nvme_write_bytes", moved[3]);
+        /* means over the updates, named as zo-plan's "predicted" */
+        double k = tot.updates ? 1e-6 / tot.updates : 0;
+        zj_uint(&jw, "updates_seen", tot.updates);
+        zj_num(&jw, "update_ms", tot.sum.total_ns * k);
+        zj_num(&jw, "d2h_ms", tot.sum.d2h_ns * k);
+        zj_num(&jw, "optim_ms", (tot.sum.compute_ns + tot.sum.norm_ns) * k);
+        zj_num(&jw, "nvme_read_ms", tot.sum.nvme_read_ns * k);
+        zj_num(&jw, "nvme_write_ms", tot.sum.nvme_write_ns * k);
+        zj_num(&jw, "h2d_ms", tot.sum.h2d_ns * k);
+        zj_num(&jw, "stall_ms", tot.sum.stall_ns * k);
+        zj_obj_end(&jw);
+        zj_end(&jw);
+    }
+
+    rc = 0;
+    if (opt.verify) {
+        reference_finish(&ref);
+        if ((r = reference_compare(&ref, o, &dm)) < 0 || verify_failed) {
+            fprintf(stderr, "zo-train: verify: FAILED\n");
+            rc = 1;
+        } else {
+            printf("verify: masters, states and device params equal the in-memory run bit for bit (%u steps)\n",
+                   tot.steps);
+        }
+    }
+
+out:
+    if (jf && fclose(jf) != 0) {
+        fprintf(stderr, "zo-train: %s: %s\n", opt.json, strerror(errno));
+        rc = 1;
+    }
+    free(x);
+    free(y);
+    train_teacher_free(&teacher);
+    reference_free(&ref);
+    zo_optim_destroy(&o);
+    zo_optim_json_free(&cj);
+    device_model_free(&dm);
+    zo_dev_close(&dev);
+    remove_tmpdir();
+    return rc;
+}

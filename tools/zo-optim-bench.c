@@ -1,0 +1,804 @@
+/*
+ * zo-optim-bench: drive the offload optimizer engine (zo_optim) with
+ * synthetic gradients the way a training loop does, and measure it against
+ * its bounds in the same run (docs/tools/zo-optim-bench.md).
+ *
+ * One iteration: the device stream runs --compute-ms of work (a host
+ * function that sleeps on the stream: like a GPU kernel it occupies the
+ * device stream and no CPU core), and as "backward" produces each tensor's
+ * gradient an event is recorded and the gradient handed to the engine;
+ * then the step (zo_optim_step, or zo_optim_step_async under --dpu).
+ *
+ * --vs-bound alternates, pair by pair, the engine's step with its bound:
+ *  - host placement: the bare fused kernel (zo_cpuadam_step) on plain
+ *    arrays of the same n, same threads and dtypes as the engine feeds it;
+ *  - NVMe placement: the disk bound, bytes read / fio read bandwidth +
+ *    bytes written / fio write bandwidth, fio on the same path at the
+ *    engine's block size and queue depth (--fio-iomem shmhuge: fio's best);
+ *  - --dpu with --compute-ms: max(compute, optimizer step) per iteration.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zoffload/zoffload.h>
+
+#include "tool_common.h"
+
+enum { EXIT_OK = 0, EXIT_RUN = 1, EXIT_USAGE = 2 };
+
+typedef struct opts {
+    uint64_t params, tensor_elems, sub_group, pinned;
+    zo_optim_placement placement;
+    const char *nvme_path, *config, *fio, *fio_iomem;
+    zo_dtype grad, state;
+    zo_optim_kind kind;
+    unsigned steps, pairs, dpu_warmup;
+    int dpu, vs_bound, json, progress, threads;
+    double compute_ms, clip;
+    zo_dev_kind backend;
+} opts;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+__attribute__((format(printf, 1, 2))) static int bad(const char *fmt, ...);
+static int bad(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "zo-optim-bench: ");
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, " (see --help)\n");
+    return EXIT_USAGE;
+}
+
+static void usage(void)
+{
+    printf("usage: zo-optim-bench [options]\n"
+           "Drive the offload optimizer engine with synthetic gradients; measure step time and its split.\n\n"
+           "  --params N            parameters (default 64M; suffixes K M G, or 1e9)\n"
+           "  --tensor-elems N      largest tensor the model is cut into (default 32M elements)\n"
+           "  --placement host|nvme where masters and states live (default host)\n"
+           "  --nvme-path DIR       directory for NVMe placement (default /var/tmp); a private\n"
+           "                        directory is made inside and removed at exit\n"
+           "  --grad bf16|fp16|fp32 device param and gradient dtype (default bf16)\n"
+           "  --state fp32|bf16     m and v dtype (default fp32)\n"
+           "  --optimizer NAME      adamw (default), adam, adagrad, lion\n"
+           "  --sub-group N         elements per sub-group (default: the engine's)\n"
+           "  --pinned BYTES        pinned budget (default: the engine's)\n"
+           "  --threads N           optimizer threads (default: all)\n"
+           "  --clip X              global-norm clipping at X (default off)\n"
+           "  --dpu                 delayed parameter update (--dpu-warmup K, default 1)\n"
+           "  --compute-ms X        device-stream work per iteration (default 0)\n"
+           "  --steps N             timed steps without --vs-bound (default 5)\n"
+           "  --vs-bound            alternate with the bound (kernel, fio, or max(compute, step)); --pairs N\n"
+           "  --fio PATH, --fio-iomem MODE   fio binary and its --iomem (shmhuge: huge pages)\n"
+           "  --config FILE         engine JSON config (DeepSpeed keys accepted), applied after the flags\n"
+           "  --backend host|cuda   device backend (default host)\n"
+           "  --json                one JSON object on stdout\n"
+           "  --no-progress         no per-step line\n");
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    double d = strtod(s, &end); /* 1e9 */
+    if (errno == 0 && *end == '\0' && d >= 1 && d < 0x1p62 && d == floor(d)) {
+        *out = (uint64_t)d;
+        return 0;
+    }
+    return zo_parse_size(s, out) == 0 && *out > 0 ? 0 : -1;
+}
+
+static int parse_opts(int argc, char **argv, opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->params = 64ull << 20;
+    o->tensor_elems = 32ull << 20;
+    o->placement = ZO_OPTIM_PLACE_HOST;
+    o->nvme_path = "/var/tmp";
+    o->grad = ZO_DTYPE_BF16;
+    o->state = ZO_DTYPE_F32;
+    o->kind = ZO_OPTIM_ADAMW;
+    o->steps = 5;
+    o->pairs = 5;
+    o->dpu_warmup = 1;
+    o->progress = 1;
+    o->backend = ZO_DEV_HOST;
+    enum { O_PARAMS = 256, O_TELEMS, O_PLACE, O_NVME, O_GRAD, O_STATE, O_OPT, O_SGS, O_PIN, O_THREADS, O_CLIP,
+           O_DPU, O_DPUW, O_COMPUTE, O_STEPS, O_VS, O_PAIRS, O_FIO, O_FIOMEM, O_CONFIG, O_BACKEND, O_JSON, O_NOPROG,
+           O_HELP };
+    static const struct option lo[] = {
+        {"params", 1, 0, O_PARAMS},   {"tensor-elems", 1, 0, O_TELEMS}, {"placement", 1, 0, O_PLACE},
+        {"nvme-path", 1, 0, O_NVME},  {"grad", 1, 0, O_GRAD},           {"state", 1, 0, O_STATE},
+        {"optimizer", 1, 0, O_OPT},   {"sub-group", 1, 0, O_SGS},       {"pinned", 1, 0, O_PIN},
+        {"threads", 1, 0, O_THREADS}, {"clip", 1, 0, O_CLIP},           {"dpu", 0, 0, O_DPU},
+        {"dpu-warmup", 1, 0, O_DPUW}, {"compute-ms", 1, 0, O_COMPUTE},  {"steps", 1, 0, O_STEPS},
+        {"vs-bound", 0, 0, O_VS},     {"pairs", 1, 0, O_PAIRS},         {"fio", 1, 0, O_FIO},
+        {"fio-iomem", 1, 0, O_FIOMEM}, {"config", 1, 0, O_CONFIG},      {"backend", 1, 0, O_BACKEND},
+        {"json", 0, 0, O_JSON},       {"no-progress", 0, 0, O_NOPROG},  {"help", 0, 0, O_HELP},
+        {0, 0, 0, 0},
+    };
+    int c;
+    uint64_t u;
+    char *end;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+        switch (c) {
+        case O_PARAMS:
+            if (parse_u64(optarg, &o->params))
+                return bad("--params: \"%s\" is not a positive count", optarg);
+            break;
+        case O_TELEMS:
+            if (parse_u64(optarg, &o->tensor_elems))
+                return bad("--tensor-elems: \"%s\" is not a positive count", optarg);
+            break;
+        case O_PLACE:
+            if (strcmp(optarg, "host") == 0)
+                o->placement = ZO_OPTIM_PLACE_HOST;
+            else if (strcmp(optarg, "nvme") == 0)
+                o->placement = ZO_OPTIM_PLACE_NVME;
+            else
+                return bad("--placement: \"%s\" is not host or nvme", optarg);
+            break;
+        case O_NVME: o->nvme_path = optarg; break;
+        case O_GRAD:
+            if (zo_dtype_parse(optarg, &o->grad) < 0 ||
+                (o->grad != ZO_DTYPE_BF16 && o->grad != ZO_DTYPE_F16 && o->grad != ZO_DTYPE_F32))
+                return bad("--grad: \"%s\" is not bf16, fp16 or fp32", optarg);
+            break;
+        case O_STATE:
+            if (zo_dtype_parse(optarg, &o->state) < 0 || (o->state != ZO_DTYPE_F32 && o->state != ZO_DTYPE_BF16))
+                return bad("--state: \"%s\" is not fp32 or bf16", optarg);
+            break;
+        case O_OPT:
+            if (strcasecmp(optarg, "adamw") == 0)
+                o->kind = ZO_OPTIM_ADAMW;
+            else if (strcasecmp(optarg, "adam") == 0)
+                o->kind = ZO_OPTIM_ADAM;
+            else if (strcasecmp(optarg, "adagrad") == 0)
+                o->kind = ZO_OPTIM_ADAGRAD;
+            else if (strcasecmp(optarg, "lion") == 0)
+                o->kind = ZO_OPTIM_LION;
+            else
+                return bad("--optimizer: \"%s\" is not adamw, adam, adagrad or lion", optarg);
+            break;
+        case O_SGS:
+            if (parse_u64(optarg, &o->sub_group))
+                return bad("--sub-group: \"%s\" is not a positive count", optarg);
+            break;
+        case O_PIN:
+            if (zo_parse_size(optarg, &o->pinned) < 0)
+                return bad("--pinned: \"%s\" is not a byte count", optarg);
+            break;
+        case O_THREADS:
+            o->threads = (int)strtol(optarg, &end, 10);
+            if (*end || o->threads < 1 || o->threads > 1024)
+                return bad("--threads: \"%s\" is not in 1..1024", optarg);
+            break;
+        case O_CLIP:
+            o->clip = strtod(optarg, &end);
+            if (*end || !(o->clip > 0) || !isfinite(o->clip))
+                return bad("--clip: \"%s\" is not a positive number", optarg);
+            break;
+        case O_DPU: o->dpu = 1; break;
+        case O_DPUW:
+            if (parse_u64(optarg, &u) && strcmp(optarg, "0") != 0)
+                return bad("--dpu-warmup: \"%s\" is not a count", optarg);
+            o->dpu_warmup = strcmp(optarg, "0") == 0 ? 0 : (unsigned)u;
+            break;
+        case O_COMPUTE:
+            o->compute_ms = strtod(optarg, &end);
+            if (*end || o->compute_ms < 0 || o->compute_ms > 3.6e6)
+                return bad("--compute-ms: \"%s\" is not a duration in ms", optarg);
+            break;
+        case O_STEPS:
+            if (parse_u64(optarg, &u) || u > 100000)
+                return bad("--steps: \"%s\" is not in 1..100000", optarg);
+            o->steps = (unsigned)u;
+            break;
+        case O_VS: o->vs_bound = 1; break;
+        case O_PAIRS:
+            if (parse_u64(optarg, &u) || u > 1000)
+                return bad("--pairs: \"%s\" is not in 1..1000", optarg);
+            o->pairs = (unsigned)u;
+            break;
+        case O_FIO: o->fio = optarg; break;
+        case O_FIOMEM: o->fio_iomem = optarg; break;
+        case O_CONFIG: o->config = optarg; break;
+        case O_BACKEND:
+            if (zo_dev_kind_parse(optarg, &o->backend) < 0)
+                return bad("--backend: \"%s\" is not host or cuda", optarg);
+            break;
+        case O_JSON: o->json = 1; break;
+        case O_NOPROG: o->progress = 0; break;
+        case O_HELP: usage(); exit(EXIT_OK);
+        default: return bad("unknown or incomplete option %s", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return bad("unexpected argument \"%s\"", argv[optind]);
+    if (o->json)
+        o->progress = 0;
+    return -1;
+}
+
+/* ---- the run ---------------------------------------------------------------------- */
+typedef struct bench {
+    const opts *o;
+    zo_dev *dev;
+    zo_stream *compute;
+    zo_event **ev;   /* one per tensor: "backward produced this gradient" */
+    unsigned nt;
+    uint64_t *numel;
+    void **dparam, **dgrad;
+    zo_optim_group grp;
+    zo_optim_config cfg;
+    zo_optim_json *json;
+    zo_optim *opt;
+    char dir[4096];  /* private NVMe directory, removed at exit */
+    char fio_file[4200];
+    double slice_s;  /* compute per tensor */
+} bench;
+
+static void sleep_fn(void *arg)
+{
+    double s = *(const double *)arg;
+    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
+}
+
+/* A fixed pseudo-random gradient pattern in [-5e-3, 5e-3) (fp32). */
+static void fill_grad(float *p, uint64_t n, uint64_t seed)
+{
+    uint64_t s = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (uint64_t i = 0; i < n; i++) {
+        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+        p[i] = (float)((double)((s * 0x2545f4914f6cdd1dull) >> 40) / (double)(1ull << 24) - 0.5) * 1e-2f;
+    }
+}
+
+static void bench_free(bench *b)
+{
+    zo_optim_destroy(&b->opt);
+    for (unsigned i = 0; b->dparam && i < b->nt; i++) {
+        if (b->dparam[i])
+            zo_dev_free(b->dev, b->dparam[i]);
+        if (b->dgrad[i])
+            zo_dev_free(b->dev, b->dgrad[i]);
+        zo_event_destroy(&b->ev[i]);
+    }
+    free(b->dparam);
+    free(b->dgrad);
+    free(b->ev);
+    free(b->numel);
+    zo_stream_destroy(&b->compute);
+    zo_dev_close(&b->dev);
+    zo_optim_json_free(&b->json);
+    if (b->fio_file[0])
+        unlink(b->fio_file);
+    if (b->dir[0]) {
+        /* the engine's swap store removed its arenas at destroy; anything
+         * else left is ours (the fio file, removed above) */
+        if (rmdir(b->dir) < 0 && errno != ENOENT)
+            fprintf(stderr, "zo-optim-bench: could not remove %s: %s\n", b->dir, strerror(errno));
+    }
+}
+
+static volatile sig_atomic_t interrupted;
+static void on_signal(int sig)
+{
+    (void)sig;
+    interrupted = 1;
+}
+
+static int setup(bench *b, const opts *o)
+{
+    memset(b, 0, sizeof(*b));
+    b->o = o;
+    int rc;
+    zo_dev_config dc;
+    zo_dev_config_default(&dc);
+    dc.kind = o->backend;
+    if ((rc = zo_dev_open(&b->dev, &dc)) < 0) {
+        fprintf(stderr, "zo-optim-bench: %s backend: %s (%s)\n", zo_dev_kind_name(o->backend), zo_strerror(rc),
+                zo_last_error_detail());
+        return EXIT_RUN;
+    }
+    if ((rc = zo_stream_create(b->dev, &b->compute)) < 0)
+        goto fail;
+    b->nt = (unsigned)((o->params + o->tensor_elems - 1) / o->tensor_elems);
+    b->numel = calloc(b->nt, sizeof(*b->numel));
+    b->dparam = calloc(b->nt, sizeof(void *));
+    b->dgrad = calloc(b->nt, sizeof(void *));
+    b->ev = calloc(b->nt, sizeof(*b->ev));
+    if (!b->numel || !b->dparam || !b->dgrad || !b->ev) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    size_t esz = zo_dtype_size(o->grad);
+    for (unsigned i = 0; i < b->nt; i++) {
+        b->numel[i] = i + 1 < b->nt ? o->tensor_elems : o->params - (uint64_t)i * o->tensor_elems;
+        if ((rc = zo_dev_malloc(b->dev, &b->dparam[i], b->numel[i] * esz)) < 0 ||
+            (rc = zo_dev_malloc(b->dev, &b->dgrad[i], b->numel[i] * esz)) < 0 ||
+            (rc = zo_event_create(b->dev, &b->ev[i])) < 0)
+            goto fail;
+        /* params: small values; grads: a fixed pseudo-random pattern per tensor,
+         * written through a host buffer and copied (the cuda backend's memory
+         * is not host-addressable) */
+        void *h = malloc(b->numel[i] * 4);
+        if (!h) {
+            rc = -ENOMEM;
+            goto fail;
+        }
+        fill_grad(h, b->numel[i], i + 1);
+        if (o->grad != ZO_DTYPE_F32) {
+            void *h2 = malloc(b->numel[i] * esz);
+            if (!h2) {
+                free(h);
+                rc = -ENOMEM;
+                goto fail;
+            }
+            zo_vec_cast(h2, o->grad, h, ZO_DTYPE_F32, b->numel[i]);
+            free(h);
+            h = h2;
+        }
+        rc = zo_memcpy_async(b->compute, b->dgrad[i], h, b->numel[i] * esz, ZO_COPY_H2D);
+        if (rc == 0)
+            rc = zo_memcpy_async(b->compute, b->dparam[i], h, b->numel[i] * esz, ZO_COPY_H2D);
+        if (rc == 0)
+            rc = zo_stream_sync(b->compute);
+        free(h);
+        if (rc < 0)
+            goto fail;
+    }
+    b->slice_s = o->compute_ms * 1e-3 / b->nt;
+
+    zo_optim_group_default(&b->grp);
+    b->grp.ntensors = b->nt;
+    b->grp.numel = b->numel;
+    b->grp.dev_params = b->dparam;
+    b->grp.state_dtype = o->state;
+    zo_optim_config_default(&b->cfg);
+    b->cfg.dev = b->dev;
+    b->cfg.param_dtype = o->grad;
+    b->cfg.grad_dtype = o->grad;
+    zo_optim_hparams_default(&b->cfg.hparams, o->kind);
+    b->cfg.placement = o->placement;
+    if (o->sub_group)
+        b->cfg.sub_group_size = o->sub_group;
+    if (o->pinned)
+        b->cfg.pinned_bytes = o->pinned;
+    b->cfg.nthreads = o->threads;
+    b->cfg.max_grad_norm = o->clip;
+    b->cfg.dpu = o->dpu;
+    b->cfg.dpu_warmup_steps = o->dpu_warmup;
+    if (o->grad == ZO_DTYPE_F16)
+        b->cfg.loss_scale = 1; /* static: synthetic gradients never overflow, the scaler would only skew timing */
+    if (o->placement == ZO_OPTIM_PLACE_NVME) {
+        if (mkdir(o->nvme_path, 0700) < 0 && errno != EEXIST) {
+            fprintf(stderr, "zo-optim-bench: --nvme-path %s: %s\n", o->nvme_path, strerror(errno));
+            rc = EXIT_USAGE;
+            goto fail_usage;
+        }
+        snprintf(b->dir, sizeof(b->dir), "%s/zo-optim-bench.XXXXXX", o->nvme_path);
+        if (!mkdtemp(b->dir)) {
+            fprintf(stderr, "zo-optim-bench: cannot make a directory in %s: %s\n", o->nvme_path, strerror(errno));
+            b->dir[0] = '\0';
+            rc = EXIT_USAGE;
+            goto fail_usage;
+        }
+        b->cfg.nvme_path = b->dir;
+    }
+    if (o->config) {
+        if ((rc = zo_optim_json_load(o->config, &b->json)) < 0 ||
+            (rc = zo_optim_json_apply(b->json, &b->cfg, &b->grp)) < 0) {
+            fprintf(stderr, "zo-optim-bench: --config %s: %s\n", o->config, zo_last_error_detail());
+            rc = EXIT_USAGE;
+            goto fail_usage;
+        }
+        if (!o->json && zo_optim_json_report(b->json)[0])
+            fprintf(stderr, "%s", zo_optim_json_report(b->json));
+    }
+    b->cfg.groups = &b->grp;
+    b->cfg.ngroups = 1;
+    if ((rc = zo_optim_create(&b->opt, &b->cfg)) < 0) {
+        fprintf(stderr, "zo-optim-bench: zo_optim_create: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+        rc = rc == ZO_ECONFIG || rc == ZO_EBUDGET || rc == -EINVAL ? EXIT_USAGE : EXIT_RUN;
+        goto fail_usage;
+    }
+    if ((rc = zo_optim_init_from_device(b->opt)) < 0)
+        goto fail;
+    return 0;
+fail:
+    fprintf(stderr, "zo-optim-bench: set-up failed: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+    rc = EXIT_RUN;
+fail_usage:
+    bench_free(b);
+    return rc;
+}
+
+/* "Backward": the device stream computes, each tensor's gradient becomes
+ * valid in turn and is handed to the engine at once. */
+static int hand_grads(bench *b)
+{
+    for (unsigned i = 0; i < b->nt; i++) {
+        int rc;
+        if (b->slice_s > 0) {
+            if ((rc = zo_stream_host_fn(b->compute, sleep_fn, &b->slice_s)) < 0)
+                return rc;
+        }
+        if ((rc = zo_event_record(b->ev[i], b->compute)) < 0)
+            return rc;
+        if ((rc = zo_optim_grad(b->opt, i, b->dgrad[i], b->ev[i])) < 0)
+            return rc;
+    }
+    return 0;
+}
+
+typedef struct iter_res {
+    double iter_s, step_s;   /* whole iteration; the step call(s) */
+    zo_optim_timeline tl;
+    int have_tl;
+} iter_res;
+
+/* One training iteration. With DPU the step call returns once the update is
+ * queued, and the iteration ends when the device has finished its compute. */
+static int iterate(bench *b, iter_res *r, int isolate)
+{
+    memset(r, 0, sizeof(*r));
+    double t0 = now_s();
+    int rc = hand_grads(b);
+    if (rc < 0)
+        return rc;
+    if (isolate) { /* time the step alone: gradients landed first */
+        if ((rc = zo_stream_sync(b->compute)) < 0 || (rc = zo_optim_grads_done(b->opt)) < 0)
+            return rc;
+    }
+    double ts = now_s();
+    rc = b->o->dpu ? zo_optim_step_async(b->opt, NULL) : zo_optim_step(b->opt, NULL, NULL);
+    if (rc < 0)
+        return rc;
+    r->step_s = now_s() - ts;
+    if ((rc = zo_stream_sync(b->compute)) < 0)
+        return rc;
+    r->iter_s = now_s() - t0;
+    r->have_tl = zo_optim_get_timeline(b->opt, &r->tl) == 0;
+    return 0;
+}
+
+static void print_progress(unsigned k, unsigned n, const iter_res *r)
+{
+    const zo_optim_timeline *t = &r->tl;
+    printf("step %3u/%u  iter %8.1f ms  step %8.1f ms", k, n, r->iter_s * 1e3, r->step_s * 1e3);
+    if (r->have_tl)
+        printf(" | opt %7.1f: d2h %6.1f norm %6.1f compute %7.1f nvme-rd %7.1f nvme-wr %7.1f h2d %6.1f stall %6.1f ms",
+               t->total_ns * 1e-6, t->d2h_ns * 1e-6, t->norm_ns * 1e-6, t->compute_ns * 1e-6, t->nvme_read_ns * 1e-6,
+               t->nvme_write_ns * 1e-6, t->h2d_ns * 1e-6, t->stall_ns * 1e-6);
+    printf("\n");
+    fflush(stdout);
+}
+
+/* The bare fused kernel on plain arrays of the same n: what the engine feeds
+ * the kernel (fp32 accumulated gradients, the group's state dtype, the
+ * device dtype out). */
+typedef struct kernel_ref {
+    float *p, *g;
+    void *m, *v, *out;
+    uint64_t n;
+} kernel_ref;
+
+static int kernel_ref_alloc(kernel_ref *k, const opts *o)
+{
+    memset(k, 0, sizeof(*k));
+    k->n = o->params;
+    size_t ss = zo_dtype_size(o->state);
+    int rc = 0;
+    rc |= zo_aligned_alloc((void **)&k->p, k->n * 4, 64);
+    rc |= zo_aligned_alloc((void **)&k->g, k->n * 4, 64);
+    rc |= zo_aligned_alloc(&k->m, k->n * ss, 64);
+    rc |= zo_aligned_alloc(&k->v, k->n * ss, 64);
+    rc |= zo_aligned_alloc(&k->out, k->n * zo_dtype_size(o->grad), 64);
+    if (rc)
+        return -ENOMEM;
+    fill_grad(k->g, k->n, 7);
+    memset(k->p, 0, k->n * 4);
+    memset(k->m, 0, k->n * ss);
+    memset(k->v, 0, k->n * ss);
+    return 0;
+}
+
+static void kernel_ref_free(kernel_ref *k)
+{
+    zo_aligned_free(k->p);
+    zo_aligned_free(k->g);
+    zo_aligned_free(k->m);
+    zo_aligned_free(k->v);
+    zo_aligned_free(k->out);
+}
+
+static int kernel_ref_step(kernel_ref *k, const bench *b, int64_t step, double *secs)
+{
+    zo_optim_hparams hp = b->cfg.hparams;
+    hp.step = step;
+    zo_cpuadam_tensors t;
+    zo_cpuadam_tensors_default(&t);
+    t.n = k->n;
+    t.param = k->p;
+    t.grad = k->g;
+    t.grad_dtype = ZO_DTYPE_F32;
+    t.exp_avg = k->m;
+    t.exp_avg_sq = k->v;
+    t.state_dtype = b->o->state;
+    t.param_out = k->out;
+    t.out_dtype = b->o->grad;
+    int threads = b->o->threads;
+    if (threads <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = c > 0 ? (int)c : 1;
+    }
+    double t0 = now_s();
+    int rc = zo_cpuadam_step(&hp, &t, threads);
+    *secs = now_s() - t0;
+    return rc;
+}
+
+static uint64_t peak_rss(void)
+{
+    struct rusage ru;
+    return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_maxrss * 1024 : 0;
+}
+
+int main(int argc, char **argv)
+{
+    opts o;
+    int prc = parse_opts(argc, argv, &o);
+    if (prc >= 0)
+        return prc;
+    if (o.vs_bound && o.placement == ZO_OPTIM_PLACE_HOST && o.dpu && o.compute_ms == 0)
+        return bad("--vs-bound with --dpu needs --compute-ms (the bound is max(compute, step))");
+    signal(SIGINT, on_signal);
+    signal(SIGTERM, on_signal);
+    zo_machine mach;
+    zo_machine_get(&mach);
+    bench b;
+    int rc = setup(&b, &o);
+    if (rc)
+        return rc;
+    zo_optim_info info;
+    zo_optim_get_info(b.opt, &info);
+    const char *mode = o.vs_bound ? (o.dpu ? "dpu" : o.placement == ZO_OPTIM_PLACE_NVME ? "disk" : "kernel") : "steps";
+    if (!o.json) {
+        printf("zo-optim-bench %s: %s placement, %.3g params in %u tensors (%u sub-groups), grads/params %s, states %s, "
+               "%s%s\n",
+               zo_version_string(), o.placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host", (double)o.params, b.nt,
+               info.nsubgroups, zo_dtype_name(o.grad), zo_dtype_name(o.state), zo_cpuadam_variant(),
+               o.dpu ? ", DPU" : "");
+        zo_machine_print(&mach, stdout);
+        if (o.placement == ZO_OPTIM_PLACE_NVME) {
+            char where[256];
+            zo_path_storage(b.dir, where, sizeof(where));
+            printf("path:    %s (%s)\n", b.dir, where);
+        }
+        printf("engine:  pinned %.1f MiB, other host %.1f MiB (fp32 accumulators %.1f MiB of it)\n",
+               info.pinned_bytes / 1048576.0, info.host_bytes / 1048576.0, o.params * 4 / 1048576.0);
+        if (o.compute_ms > 0)
+            printf("compute: %.1f ms per iteration on the device stream\n", o.compute_ms);
+    }
+    /* one warm-up iteration, untimed */
+    iter_res r;
+    if ((rc = iterate(&b, &r, !o.dpu)) < 0)
+        goto run_fail;
+    unsigned n = o.vs_bound ? o.pairs : o.steps;
+    double *zo_t = calloc(n, sizeof(double)), *ref_t = calloc(n, sizeof(double)), *ratio = calloc(n, sizeof(double));
+    double *fio_r = calloc(n, sizeof(double)), *fio_w = calloc(n, sizeof(double)), *iter_t = calloc(n, sizeof(double));
+    zo_optim_timeline *tls = calloc(n, sizeof(*tls));
+    kernel_ref kr;
+    memset(&kr, 0, sizeof(kr));
+    if (!zo_t || !ref_t || !ratio || !fio_r || !fio_w || !iter_t || !tls) {
+        rc = -ENOMEM;
+        goto run_fail2;
+    }
+    zo_fio_job fj;
+    memset(&fj, 0, sizeof(fj));
+    if (o.vs_bound && !o.dpu && o.placement == ZO_OPTIM_PLACE_HOST && (rc = kernel_ref_alloc(&kr, &o)) < 0)
+        goto run_fail2;
+    if (o.vs_bound && !o.dpu && o.placement == ZO_OPTIM_PLACE_NVME) {
+        /* fio on the same directory, the engine's block size and queue depth,
+         * a file as large as the state (at most 4 GiB: enough to leave any
+         * cache behind with O_DIRECT) */
+        uint64_t bytes = o.params * (4 + 2 * zo_dtype_size(o.state));
+        uint64_t fsz = bytes < (4ull << 30) ? bytes : (4ull << 30);
+        fsz = (fsz + b.cfg.aio_block_size - 1) / b.cfg.aio_block_size * b.cfg.aio_block_size;
+        snprintf(b.fio_file, sizeof(b.fio_file), "%s/fio.dat", b.dir);
+        fj = (zo_fio_job){.fio = o.fio, .filename = b.fio_file, .size = fsz, .bs = b.cfg.aio_block_size,
+                          .iodepth = b.cfg.aio_queue_depth, .numjobs = 1, .direct = 1, .fixedbufs = 1,
+                          .iomem = o.fio_iomem};
+        if (!o.json)
+            printf("fio:     --size=%llu --bs=%zu --iodepth=%u --direct=1 --ioengine=io_uring --fixedbufs "
+                   "--registerfiles%s%s, read then write\n",
+                   (unsigned long long)fsz, b.cfg.aio_block_size, b.cfg.aio_queue_depth,
+                   o.fio_iomem ? " --iomem=" : "", o.fio_iomem ? o.fio_iomem : "");
+    }
+    if (!o.json && o.vs_bound)
+        printf("runs:    %u pairs, alternating bound and engine, after one warm-up step\n\n", n);
+    else if (!o.json)
+        printf("\n");
+    for (unsigned k = 0; k < n && !interrupted; k++) {
+        if (o.vs_bound && !o.dpu && o.placement == ZO_OPTIM_PLACE_HOST) {
+            if ((rc = kernel_ref_step(&kr, &b, (int64_t)k + 1, &ref_t[k])) < 0)
+                goto run_fail2;
+        } else if (o.vs_bound && !o.dpu) {
+            zo_fio_result fr;
+            fj.rw = "read";
+            if (k == 0) { /* lay the file out first: fio reads need it */
+                fj.rw = "write";
+                if (zo_fio_run(&fj, &fr) != 0) {
+                    fprintf(stderr, "zo-optim-bench: fio failed: %s\n", fr.err);
+                    rc = EXIT_RUN;
+                    goto run_done;
+                }
+                fj.rw = "read";
+            }
+            if (zo_fio_run(&fj, &fr) != 0) {
+                fprintf(stderr, "zo-optim-bench: fio failed: %s\n", fr.err);
+                rc = EXIT_RUN;
+                goto run_done;
+            }
+            fio_r[k] = fr.bw[0];
+            fj.rw = "write";
+            if (zo_fio_run(&fj, &fr) != 0) {
+                fprintf(stderr, "zo-optim-bench: fio failed: %s\n", fr.err);
+                rc = EXIT_RUN;
+                goto run_done;
+            }
+            fio_w[k] = fr.bw[1];
+        }
+        if ((rc = iterate(&b, &r, !o.dpu)) < 0)
+            goto run_fail2;
+        if (o.dpu) /* the step's own time: its timeline, finished at the next call */
+            zo_t[k] = r.have_tl ? r.tl.total_ns * 1e-9 : r.step_s;
+        else
+            zo_t[k] = r.step_s;
+        iter_t[k] = r.iter_s;
+        tls[k] = r.tl;
+        if (o.vs_bound && o.dpu) {
+            double ideal = fmax(o.compute_ms * 1e-3, zo_t[k]);
+            ref_t[k] = ideal;
+            ratio[k] = iter_t[k] / ideal;
+        } else if (o.vs_bound && o.placement == ZO_OPTIM_PLACE_HOST) {
+            ratio[k] = zo_t[k] / ref_t[k];
+        } else if (o.vs_bound) {
+            ref_t[k] = (fio_r[k] > 0 ? r.tl.nvme_read_bytes / fio_r[k] : 0) +
+                       (fio_w[k] > 0 ? r.tl.nvme_write_bytes / fio_w[k] : 0);
+            ratio[k] = ref_t[k] > 0 ? zo_t[k] / ref_t[k] : 0;
+        }
+        if (o.progress) {
+            print_progress(k + 1, n, &r);
+            if (o.vs_bound)
+                printf("          bound %8.1f ms%s  ratio %.3f\n", ref_t[k] * 1e3,
+                       o.dpu ? " (max(compute, step))" : o.placement == ZO_OPTIM_PLACE_NVME ? " (disk)" : " (kernel)",
+                       ratio[k]);
+        }
+    }
+    if (o.dpu) { /* collect the last delayed update */
+        zo_optim_step_result sr;
+        if ((rc = zo_optim_wait(b.opt, &sr)) < 0)
+            goto run_fail2;
+    }
+    zo_optim_get_info(b.opt, &info);
+    {
+        double med_step = zo_median(zo_t, n), med_iter = zo_median(iter_t, n);
+        double med_ref = o.vs_bound ? zo_median(ref_t, n) : 0, med_ratio = o.vs_bound ? zo_median(ratio, n) : 0;
+        uint64_t rd = tls[n - 1].nvme_read_bytes, wr = tls[n - 1].nvme_write_bytes;
+        if (o.json) {
+            zo_json j;
+            zj_init(&j, stdout, 0);
+            zj_obj_begin(&j, NULL);
+            zj_str(&j, "tool", "zo-optim-bench");
+            zj_str(&j, "version", zo_version_string());
+            zo_machine_json(&mach, &j, "machine");
+            zj_str(&j, "placement", o.placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host");
+            zj_uint(&j, "params", o.params);
+            zj_uint(&j, "tensors", b.nt);
+            zj_uint(&j, "sub_groups", info.nsubgroups);
+            zj_str(&j, "grad_dtype", zo_dtype_name(o.grad));
+            zj_str(&j, "state_dtype", zo_dtype_name(o.state));
+            zj_str(&j, "kernel", zo_cpuadam_variant());
+            zj_bool(&j, "dpu", o.dpu);
+            zj_num(&j, "compute_ms", o.compute_ms);
+            zj_str(&j, "mode", mode);
+            zj_uint(&j, "runs", n);
+            zj_num(&j, "step_s", med_step);
+            zj_num(&j, "iter_s", med_iter);
+            if (o.vs_bound) {
+                zj_num(&j, "bound_s", med_ref);
+                zj_num(&j, "ratio", med_ratio);
+                if (o.placement == ZO_OPTIM_PLACE_NVME && !o.dpu) {
+                    zj_num(&j, "fio_read_bytes_per_s", zo_median(fio_r, n));
+                    zj_num(&j, "fio_write_bytes_per_s", zo_median(fio_w, n));
+                }
+            }
+            zj_uint(&j, "nvme_read_bytes", rd);
+            zj_uint(&j, "nvme_write_bytes", wr);
+            zj_uint(&j, "pinned_bytes", info.pinned_bytes);
+            zj_uint(&j, "host_bytes", info.host_bytes);
+            zj_uint(&j, "peak_rss_bytes", peak_rss());
+            zj_arr_begin(&j, "steps");
+            for (unsigned k = 0; k < n; k++) {
+                const zo_optim_timeline *t = &tls[k];
+                zj_obj_begin(&j, NULL);
+                zj_num(&j, "iter_s", iter_t[k]);
+                zj_num(&j, "step_s", zo_t[k]);
+                if (o.vs_bound) {
+                    zj_num(&j, "bound_s", ref_t[k]);
+                    zj_num(&j, "ratio", ratio[k]);
+                }
+                zj_uint(&j, "d2h_ns", t->d2h_ns);
+                zj_uint(&j, "norm_ns", t->norm_ns);
+                zj_uint(&j, "compute_ns", t->compute_ns);
+                zj_uint(&j, "nvme_read_ns", t->nvme_read_ns);
+                zj_uint(&j, "nvme_write_ns", t->nvme_write_ns);
+                zj_uint(&j, "h2d_ns", t->h2d_ns);
+                zj_uint(&j, "stall_ns", t->stall_ns);
+                zj_obj_end(&j);
+            }
+            zj_arr_end(&j);
+            zj_obj_end(&j);
+            zj_end(&j);
+        } else {
+            printf("\nmedian of %u: step %.1f ms, iteration %.1f ms", n, med_step * 1e3, med_iter * 1e3);
+            if (o.placement == ZO_OPTIM_PLACE_NVME)
+                printf(", NVMe %.2f GB read + %.2f GB written per step", rd * 1e-9, wr * 1e-9);
+            printf("\n");
+            if (o.vs_bound && o.dpu)
+                printf("DPU: iteration %.1f ms vs ideal max(compute %.1f, step %.1f) = %.1f ms: ratio %.3f (serial "
+                       "would be %.1f ms)\n",
+                       med_iter * 1e3, o.compute_ms, med_step * 1e3, med_ref * 1e3, med_ratio,
+                       (o.compute_ms * 1e-3 + med_step) * 1e3);
+            else if (o.vs_bound && o.placement == ZO_OPTIM_PLACE_NVME)
+                printf("disk bound %.1f ms (fio read %.2f GB/s, write %.2f GB/s): step / bound = %.3f\n",
+                       med_ref * 1e3, zo_median(fio_r, n) * 1e-9, zo_median(fio_w, n) * 1e-9, med_ratio);
+            else if (o.vs_bound)
+                printf("bare fused kernel %.1f ms on the same n: step / kernel = %.3f\n", med_ref * 1e3, med_ratio);
+            printf("memory: engine pinned %.1f MiB + other host %.1f MiB (of it fp32 gradient accumulators %.1f MiB); "
+                   "peak RSS %.1f MiB\n",
+                   info.pinned_bytes / 1048576.0, info.host_bytes / 1048576.0, o.params * 4 / 1048576.0,
+                   peak_rss() / 1048576.0);
+            if (interrupted)
+                printf("interrupted: %u of %u runs done\n", n, n);
+        }
+    }
+    rc = EXIT_OK;
+    goto run_done;
+run_fail2:
+    fprintf(stderr, "zo-optim-bench: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+    rc = EXIT_RUN;
+run_done:
+    kernel_ref_free(&kr);
+    free(zo_t), free(ref_t), free(ratio), free(fio_r), free(fio_w), free(iter_t), free(tls);
+    bench_free(&b);
+    return rc;
+run_fail:
+    fprintf(stderr, "zo-optim-bench: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+    bench_free(&b);
+    return EXIT_RUN;
+}

@@ -57,8 +57,15 @@
  *     a few ulps of max(state, (1-beta) g) / beta, and a master may move by
  *     up to about one update (lr) where v came back with a large relative
  *     error (tiny gradients in early steps). Adam / AdamW with fp32 states
- *     only (ZO_ECONFIG otherwise). The update starts at the boundary's step
- *     call, not yet while backward still produces gradients.
+ *     only (ZO_ECONFIG otherwise). Without DPU the update starts while
+ *     backward still runs: the last micro-step's first gradient starts the
+ *     job, and the worker walks the sub-groups in reverse order (backward's
+ *     order), updating each as soon as every tensor in it has its gradient;
+ *     the step call closes the window (the rest, with zeros for tensors
+ *     that got none, follow). Hyperparameter changes must therefore come
+ *     before the last micro-step's backward, and a tensor's gradient must be
+ *     handed over once in the last micro-step (a second: ZO_ESTATE). With
+ *     DPU the speculative update starts at the step call.
  *   Clip coefficient (DeepSpeed's): with norm = sqrt(sumsq) / loss_scale,
  *   coef = max_grad_norm / (norm + 1e-6) when that is below 1, else 1.
  *
@@ -525,6 +532,8 @@ typedef struct zo_optim_info {
     uint64_t pinned_bytes;   /**< pinned host memory the engine holds */
     uint64_t host_bytes;     /**< other host memory it holds (accumulators...) */
     int dpu_active;          /**< 1 once past the DPU warm-up */
+    uint64_t eager_subgroups; /**< speculative: sub-group updates done before the step call closed their
+                                   window (while backward still handed gradients over) */
 } zo_optim_info;
 
 /** @return 0; -EINVAL. Any thread (a snapshot). */

@@ -204,9 +204,10 @@ typedef struct zo_optim_config {
                                       unless `swap` is given); copied */
     int pin_memory;              /**< offload_optimizer.pin_memory: 1 (default) page-lock host buffers (within
                                       pinned_bytes); 0 pageable (still within the budget, counted) */
-    unsigned buffer_count;       /**< offload_optimizer.buffer_count: sub-groups in flight through pinned
-                                      buffers with NVMe placement (read-ahead depth = buffer_count - 2,
-                                      >= 2); default 4, >= 4 */
+    unsigned buffer_count;       /**< offload_optimizer.buffer_count: sweep pieces (of master, m, v) in
+                                      flight through pinned slots with NVMe placement: read-ahead depth =
+                                      buffer_count - 2, one in the kernel, one writing back; the pool has
+                                      3 x buffer_count + 2 slots; default 4, in [4, 1024] */
     uint64_t sub_group_size;     /**< zero_optimization.sub_group_size, elements per sub-group; default 2^24
                                       (64 MiB of fp32); >= 64 */
     uint64_t pinned_bytes;       /**< budget of pinned host memory the engine may hold (0: unlimited); an

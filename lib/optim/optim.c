@@ -973,8 +973,10 @@ int zo__optim_quiesce(zo_optim *o, int for_load)
         return collect(o, NULL); /* ZO_ESTATE: mid-window */
     int r = collect(o, NULL);
     if (for_load) {
-        /* a load replaces whatever the step in flight left, failed or not */
+        /* a load replaces whatever the step in flight left, failed or not;
+         * no copy may still read the buffers it rewrites */
         o->push_pending = 0;
+        zo_stream_sync(o->h2d);
         return 0;
     }
     int r2 = push_pending(o);

@@ -478,8 +478,12 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
     tl->stall_ns += sb.stall_ns - sa.stall_ns;
     if (r < 0) {
         /* sub-groups before the failure hold the new states, the failed piece
-         * is undefined, the rest the old ones: refuse to go on until a load */
+         * is undefined, the rest the old ones: refuse to go on until a load.
+         * The copies already queued read the parameter buffer a load
+         * rewrites: let them finish first. */
         o->failed = 1;
+        if (!job->delayed)
+            zo_stream_sync(o->h2d);
         return r;
     }
     if (!job->delayed) {

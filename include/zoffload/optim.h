@@ -345,8 +345,10 @@ ZO_API int zo_optim_push_params(zo_optim *o);
  * tensor that gets none in a window has a zero gradient.
  * @return 0; -EINVAL (NULL, index out of range); ZO_ESTATE (a step is
  *         being applied to the accumulators this gradient would land in:
- *         only possible without DPU between step_async and wait); device
- *         errors (also a failed earlier copy).
+ *         only possible without DPU between step_async and wait; speculative
+ *         mode: a second gradient for the tensor in the last micro-step, or
+ *         an earlier step failed mid-update); device errors (also a failed
+ *         earlier copy).
  */
 ZO_API int zo_optim_grad(zo_optim *o, unsigned index, const void *dev_grad, struct zo_event *ready);
 

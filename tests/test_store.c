@@ -45,6 +45,8 @@ static size_t pinned_now(void)
 /* set: the next env_open() gives the swap store a 4-thread pread/pwrite
  * engine (a test hook that blocks one I/O leaves the others running) */
 static int env_threads_aio;
+/* set: the next env_open() uses this prefetch cap (0: the default) */
+static uint64_t env_prefetch_bytes;
 
 static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slot, unsigned slots, size_t chunk,
                      zo_trace_mode trace)
@@ -78,6 +80,7 @@ static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slo
     e->cfg.slot_size = slot;
     e->cfg.slots = slots;
     e->cfg.trace = trace;
+    e->cfg.prefetch_bytes = env_prefetch_bytes;
     int r = zo_store_create(&e->st, &e->cfg);
     ck_assert_msg(r == 0, "zo_store_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
     env_pinned = pinned_now();
@@ -1213,6 +1216,144 @@ START_TEST(test_store_prefetch)
 }
 END_TEST
 
+/* Prefetch must never thrash (issue 9, item 2). Host cache over NVMe homes;
+ * R (20 MiB) is held while the trace says A (14 MiB) comes next. A fits in
+ * neither the free 8 MiB nor the 8 MiB plus the 4 MiB of S (needed later
+ * than A, so a legal victim). The store used to evict S for A, find that A
+ * still did not fit and give up; the next pump (S is in the lookahead)
+ * reloaded S into the space just freed, its completion pumped again, and
+ * the loop ran for as long as R was held: thousands of prefetches, each
+ * one evicted unused. Now a prefetch decides whether it fits before it
+ * evicts anything. */
+START_TEST(test_store_prefetch_no_thrash)
+{
+    env e;
+    env_prefetch_bytes = 32 * MiB; /* no cap: the space decides */
+    env_open(&e, 0, 32 * MiB, 1 * MiB, 4, 64 * KiB, ZO_TRACE_AUTO);
+    env_prefetch_bytes = 0;
+    zo_tensor *R = reg(e.st, "R", 20 * MiB, ZO_TIER_NVME), *S = reg(e.st, "S", 4 * MiB, ZO_TIER_NVME),
+              *A = reg(e.st, "A", 14 * MiB, ZO_TIER_NVME);
+    zo_tensor *all[3] = {R, S, A};
+    uint8_t *buf = malloc(20 * MiB);
+    for (int i = 0; i < 3; i++) {
+        uint64_t n = i == 0 ? 20 * MiB : i == 1 ? 4 * MiB : 14 * MiB;
+        pattern(buf, n, (uint64_t)i, 1);
+        ck_assert_int_eq(zo_store_write(e.st, all[i], 0, buf, n), 0);
+    }
+    uint64_t issued = 0, wasted = 0;
+    for (int it = 0; it < 4; it++) {
+        zo_store_stats a, b;
+        zo_store_get_stats(e.st, &a);
+        acq(e.st, R, ZO_TIER_HOST, 0);
+        uint8_t *p = acq(e.st, S, ZO_TIER_HOST, 0);
+        pattern(buf, 4 * MiB, 1, 1);
+        ck_assert_int_eq(memcmp(p, buf, 4 * MiB), 0);
+        ck_assert_int_eq(zo_store_release(e.st, S, ZO_TIER_HOST, 0), 0);
+        sleep_ns(60000000ull); /* "compute" with R held: the window the loop ran in */
+        ck_assert_int_eq(zo_store_release(e.st, R, ZO_TIER_HOST, 0), 0);
+        p = acq(e.st, A, ZO_TIER_HOST, 0);
+        pattern(buf, 14 * MiB, 2, 1);
+        ck_assert_int_eq(memcmp(p, buf, 14 * MiB), 0);
+        ck_assert_int_eq(zo_store_release(e.st, A, ZO_TIER_HOST, 0), 0);
+        ck_assert_int_eq(zo_store_step(e.st), 0);
+        zo_store_get_stats(e.st, &b);
+        fprintf(stderr, "no-thrash iteration %d: prefetches issued %llu, used %llu, wasted %llu, dropped %llu\n", it,
+                (unsigned long long)(b.prefetch_issued - a.prefetch_issued),
+                (unsigned long long)(b.prefetch_used - a.prefetch_used),
+                (unsigned long long)(b.prefetch_wasted - a.prefetch_wasted),
+                (unsigned long long)(b.prefetch_dropped - a.prefetch_dropped));
+        if (it > 0) { /* the first one recorded the trace */
+            issued += b.prefetch_issued - a.prefetch_issued;
+            wasted += b.prefetch_wasted - a.prefetch_wasted;
+        }
+    }
+    /* three entries an iteration: a handful of prefetches, none wasted */
+    ck_assert_msg(issued <= 3 * 3, "%llu prefetches issued in 3 iterations of 3 accesses", (unsigned long long)issued);
+    ck_assert_msg(wasted == 0, "%llu of %llu prefetches evicted unused", (unsigned long long)wasted,
+                  (unsigned long long)issued);
+    check_budgets(e.st, &e.cfg);
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
+/* The offload optimizer's situation (shared/repro/store_optimizer_proto.c,
+ * nvme-acq): (master f32, m bf16, v bf16) groups homed on NVMe, a host
+ * cache a quarter larger than the largest group, the trace on; each step
+ * acquires a group for writing, hints the next group, updates it and
+ * releases it with write-behind. Prefetches evicted unused must stay under
+ * 5% of those issued, and no acquire may fail with ZO_EBUDGET. */
+START_TEST(test_store_prefetch_optimizer)
+{
+    enum { NG = 5, NS = 3, STEPS = 4 };
+    static const uint64_t nel[NG] = {256 * 1024, 768 * 1024 + 123, 257, 512 * 1024, 16 * 1024 + 7};
+    env e;
+    uint64_t group_max = 0;
+    for (int i = 0; i < NG; i++) {
+        uint64_t g = round_up(nel[i] * 4, 4096) + 2 * round_up(nel[i] * 2, 4096);
+        group_max = g > group_max ? g : group_max;
+    }
+    env_open(&e, 0, round_up(group_max * 5 / 4, 4096), 256 * KiB, 16, 64 * KiB, ZO_TRACE_AUTO);
+    zo_tensor *t[NG][NS];
+    uint64_t ver[NG][NS];
+    uint8_t *buf = malloc(nel[1] * 4);
+    for (int i = 0; i < NG; i++)
+        for (int k = 0; k < NS; k++) {
+            char nm[32];
+            snprintf(nm, sizeof(nm), "p%d.%s", i, k == 0 ? "master" : k == 1 ? "m" : "v");
+            t[i][k] = reg(e.st, nm, nel[i] * (k == 0 ? 4 : 2), ZO_TIER_NVME);
+            ver[i][k] = 0; /* zeros */
+        }
+    for (int step = 0; step < STEPS; step++) {
+        for (int i = 0; i < NG; i++) {
+            zo_store_req *q[NS];
+            void *ptr[NS];
+            for (int k = 0; k < NS; k++)
+                ck_assert_int_eq(zo_store_acquire(e.st, t[i][k], ZO_TIER_HOST, ZO_ACQ_WRITE, &q[k]), 0);
+            if (i + 1 < NG)
+                for (int k = 0; k < NS; k++)
+                    ck_assert_int_eq(zo_store_prefetch(e.st, t[i + 1][k], ZO_TIER_HOST), 0);
+            for (int k = 0; k < NS; k++) {
+                int r = zo_store_wait(e.st, q[k], &ptr[k]);
+                ck_assert_msg(r == 0, "step %d p%d/%d: %s (%s)", step, i, k, zo_strerror(r), zo_last_error_detail());
+            }
+            for (int k = 0; k < NS; k++) {
+                uint64_t n = nel[i] * (k == 0 ? 4 : 2), id = (uint64_t)(i * NS + k);
+                if (ver[i][k]) {
+                    pattern(buf, n, id, ver[i][k]);
+                    ck_assert_msg(memcmp(ptr[k], buf, n) == 0, "step %d p%d/%d: contents", step, i, k);
+                }
+                pattern(ptr[k], n, id, ++ver[i][k]);
+                ck_assert_int_eq(zo_store_release(e.st, t[i][k], ZO_TIER_HOST, ZO_REL_WRITEBACK), 0);
+            }
+        }
+        ck_assert_int_eq(zo_store_step(e.st), 0);
+    }
+    ck_assert_int_eq(zo_store_flush(e.st, NULL), 0);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    fprintf(stderr, "optimizer replay: prefetches issued %llu, used %llu, wasted %llu, dropped %llu; hits %llu misses "
+            "%llu\n", (unsigned long long)st.prefetch_issued, (unsigned long long)st.prefetch_used,
+            (unsigned long long)st.prefetch_wasted, (unsigned long long)st.prefetch_dropped,
+            (unsigned long long)st.hits, (unsigned long long)st.misses);
+    ck_assert_uint_gt(st.prefetch_used, NG * NS);
+    ck_assert_msg(st.prefetch_wasted * 20 < st.prefetch_issued, "%llu of %llu prefetches evicted unused",
+                  (unsigned long long)st.prefetch_wasted, (unsigned long long)st.prefetch_issued);
+    for (int i = 0; i < NG; i++) /* the data made it home */
+        for (int k = 0; k < NS; k++) {
+            uint64_t n = nel[i] * (k == 0 ? 4 : 2);
+            uint8_t *got = malloc(n);
+            ck_assert_int_eq(zo_store_read(e.st, t[i][k], 0, got, n), 0);
+            pattern(buf, n, (uint64_t)(i * NS + k), ver[i][k]);
+            ck_assert_int_eq(memcmp(got, buf, n), 0);
+            free(got);
+        }
+    check_budgets(e.st, &e.cfg);
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
 /* The order changes: the next iteration is recorded and replaces the trace. */
 START_TEST(test_store_rerecord)
 {
@@ -2081,6 +2222,12 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_store_prefetch);
     tcase_add_test(tc, test_store_rerecord);
+    suite_add_tcase(s, tc);
+    /* regressions of issue 9 (prefetch thrash, copy machinery) */
+    tc = tcase_create("machinery");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_store_prefetch_no_thrash);
+    tcase_add_test(tc, test_store_prefetch_optimizer);
     suite_add_tcase(s, tc);
     /* a hang is the bug these look for: fail it in bounded time */
     tc = tcase_create("errors");

@@ -124,29 +124,24 @@ zo__ep zo__store_ep(zo_store *s, zo_tensor *t, zo_tier x)
 static void lru_unlink(zo__tier *tr, zo_tensor *t, zo_tier x)
 {
     zo__copy *c = &t->c[x];
-    if (c->lprev)
-        c->lprev->c[x].lnext = c->lnext;
-    else if (tr->lru_head == t)
-        tr->lru_head = c->lnext;
-    if (c->lnext)
-        c->lnext->c[x].lprev = c->lprev;
-    c->lprev = c->lnext = NULL;
+    if (zo_list_linked(&c->lnode)) {
+        zo_list_del(&c->lnode);
+        tr->ncopies--;
+    }
 }
 
-/* Append at the tail (most recent). O(n) to find the tail keeps the node
- * small; lists hold the non-home copies of one tier. */
+/* Append at the tail (most recent); O(1). */
 static void lru_append(zo__tier *tr, zo_tensor *t, zo_tier x)
 {
-    if (!tr->lru_head) {
-        tr->lru_head = t;
-        return;
-    }
-    zo_tensor *q = tr->lru_head;
-    while (q->c[x].lnext)
-        q = q->c[x].lnext;
-    q->c[x].lnext = t;
-    t->c[x].lprev = q;
+    zo_list_add_tail(&tr->lru, &t->c[x].lnode);
+    tr->ncopies++;
 }
+
+/* Walk the non-home copies of tier x, least recently used first: v is the
+ * tensor. The body must not unlink the current copy. */
+#define lru_for_each(pos, v, tr) \
+    for ((pos) = (tr)->lru.next; (pos) != &(tr)->lru && ((v) = zo_list_entry(pos, zo__copy, lnode)->owner, 1); \
+         (pos) = (pos)->next)
 
 void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x)
 {
@@ -157,7 +152,6 @@ void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x)
     if (c->prefetched) {
         tr->prefetched_bytes -= c->len;
         c->prefetched = 0;
-        s->st.prefetch_wasted++;
     }
     zo__ext_free(&tr->ext, c->off, c->len);
     tr->used -= c->len;
@@ -171,6 +165,17 @@ void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x)
     c->drop_after = 0;
     c->wb_wanted = 0;
     c->wb_fail = 0;
+}
+
+/* Evict v's copy in tier x to make room. A prefetched copy evicted before
+ * its use is a wasted prefetch (the thrash counter); one freed because its
+ * data was replaced, its load failed or its tensor went away is not. */
+static void evict(zo_store *s, zo_tensor *v, zo_tier x)
+{
+    s->st.evictions++;
+    if (v->c[x].prefetched && v->c[x].ver == v->cur_ver)
+        s->st.prefetch_wasted++;
+    zo__store_copy_free(s, v, x);
 }
 
 /* Free a non-home copy nobody needs: stale, or asked to be dropped and not
@@ -188,49 +193,74 @@ void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x)
 }
 
 /* ---- space ------------------------------------------------------------------------- */
-/* Pick an eviction victim in tier x for tensor `for_t`: unreferenced,
- * resident, idle. Stale copies first; then the farthest next use (trace)
- * or the least recently used. A prefetch only takes copies needed later
- * than its own target (dist). A dirty copy whose write-back failed in this
- * round is passed over and reported in *failed (the first one). */
+/* Is v's copy in tier x a possible eviction victim for for_t? 1: yes
+ * (*score set: higher is a better victim; UINT64_MAX for a stale copy,
+ * which costs nothing); 0: no; -1: no, but a transfer in flight will free
+ * or settle it (worth waiting for). A prefetch only takes copies needed
+ * later than its own target (dist) and, without a trace, never another
+ * hint. A dirty copy whose write-back failed in this round is passed over
+ * and reported in *failed (the first one). */
+static int victim_ok(zo_store *s, zo_tier x, zo_tensor *v, const zo_tensor *for_t, int prefetch, uint64_t dist,
+                     int have_trace, uint64_t *score, zo_tensor **failed)
+{
+    zo__copy *c = &v->c[x];
+    zo__tier *tr = &s->tier[x];
+    /* busy, or a write-back that has to wait for another one */
+    if (c->state == C_LOADING || c->readers || c->wb_pending || c->wb_wanted || c->incoming || v->stream_write ||
+        (sole_current(v, x) && v->c[v->home].incoming))
+        return c->refs ? 0 : -1;
+    if (v == for_t || c->state != C_RESIDENT || c->refs || c->waiters)
+        return 0;
+    if (c->wb_fail && c->wb_fail_round == tr->space_round && sole_current(v, x)) {
+        /* writing it back again now would most likely fail the same way:
+         * retried from the next round (or by a flush) */
+        if (failed && !*failed)
+            *failed = v;
+        return 0;
+    }
+    if (c->ver != v->cur_ver) {
+        *score = UINT64_MAX; /* stale: free, costs nothing */
+        return 1;
+    }
+    if (have_trace) {
+        uint64_t d = zo__trace_dist(s, v);
+        if (prefetch && d != ZO__DIST_INF && d <= dist)
+            return 0;
+        *score = d == ZO__DIST_INF ? UINT64_MAX - 1 : d + 1;
+    } else {
+        if (prefetch && c->prefetched)
+            return 0; /* a hint does not push out another hint */
+        *score = UINT64_MAX - 1 - c->lru; /* older is better */
+    }
+    return 1;
+}
+
+static int have_trace(const zo_store *s)
+{
+    return s->trace_mode == ZO_TRACE_AUTO && !s->recording && s->ntrace;
+}
+
+/* Pick an eviction victim in tier x for tensor `for_t` (see victim_ok):
+ * stale copies first; then the farthest next use (trace) or the least
+ * recently used; clean before dirty on ties. */
 static zo_tensor *pick_victim(zo_store *s, zo_tier x, const zo_tensor *for_t, int prefetch, uint64_t dist,
                               int *inflight, zo_tensor **failed)
 {
     zo__tier *tr = &s->tier[x];
     zo_tensor *best = NULL;
     uint64_t best_score = 0;
-    int have_trace = s->trace_mode == ZO_TRACE_AUTO && !s->recording && s->ntrace;
-    for (zo_tensor *v = tr->lru_head; v; v = v->c[x].lnext) {
-        zo__copy *c = &v->c[x];
-        /* busy, or a write-back that has to wait for another one */
-        if (c->state == C_LOADING || c->readers || c->wb_pending || c->wb_wanted || c->incoming ||
-            v->stream_write || (sole_current(v, x) && v->c[v->home].incoming)) {
-            if (!c->refs)
-                (*inflight)++;
+    int ht = have_trace(s);
+    zo_list *pos;
+    zo_tensor *v;
+    lru_for_each(pos, v, tr) {
+        uint64_t score = 0;
+        int ok = victim_ok(s, x, v, for_t, prefetch, dist, ht, &score, failed);
+        if (ok < 0)
+            (*inflight)++;
+        if (ok <= 0)
             continue;
-        }
-        if (v == for_t || c->state != C_RESIDENT || c->refs || c->waiters)
-            continue;
-        if (c->wb_fail && c->wb_fail_round == tr->space_round && sole_current(v, x)) {
-            /* writing it back again now would most likely fail the same
-             * way: retried from the next round (or by a flush) */
-            if (!*failed)
-                *failed = v;
-            continue;
-        }
-        if (c->ver != v->cur_ver)
-            return v; /* stale: free, costs nothing */
-        uint64_t score;
-        if (have_trace) {
-            uint64_t d = zo__trace_dist(s, v);
-            if (prefetch && d != ZO__DIST_INF && d <= dist)
-                continue;
-            score = d == ZO__DIST_INF ? UINT64_MAX : d + 1;
-        } else {
-            if (prefetch && c->prefetched)
-                continue; /* a hint does not push out another hint */
-            score = UINT64_MAX - c->lru; /* older is better */
-        }
+        if (score == UINT64_MAX)
+            return v;
         /* prefer clean victims on ties of distance */
         if (!best || score > best_score || (score == best_score && !sole_current(v, x))) {
             best = v;
@@ -244,10 +274,137 @@ static uint64_t pinned_bytes(zo_store *s, zo_tier x)
 {
     zo__tier *tr = &s->tier[x];
     uint64_t b = tr->home_bytes;
-    for (zo_tensor *v = tr->lru_head; v; v = v->c[x].lnext)
+    zo_list *pos;
+    zo_tensor *v;
+    lru_for_each(pos, v, tr)
         if (v->c[x].refs)
             b += v->c[x].len;
     return b;
+}
+
+/* t's copy in tier x gets [off, off+need) of the arena. */
+static void copy_place(zo_store *s, zo_tensor *t, zo_tier x, uint64_t off, uint64_t need)
+{
+    zo__copy *c = &t->c[x];
+    zo__tier *tr = &s->tier[x];
+    c->off = off;
+    c->len = need;
+    c->ptr = tr->base + off;
+    tr->used += need;
+    if (tr->used > tr->peak)
+        tr->peak = tr->used;
+    if (x == t->home)
+        tr->home_bytes += need;
+    else
+        lru_append(tr, t, x);
+}
+
+/* A stretch of a tier's arena a prefetch could use: free space (v NULL)
+ * or a copy it may evict. */
+typedef struct span_item {
+    uint64_t off, len;
+    zo_tensor *v;
+    int dirty;
+} span_item;
+
+static int span_cmp(const void *a, const void *b)
+{
+    const span_item *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Space for a prefetch, decided before anything is evicted (issue 9: a
+ * prefetch that evicted victims and then found it still did not fit gave
+ * up, and the next pump reloaded what it had evicted into the space just
+ * freed, over and over). The arena is seen as its free extents plus the
+ * copies the prefetch may evict (needed later than its target, idle,
+ * unreferenced); the cheapest contiguous window of them that holds the
+ * copy is chosen: fewest dirty victims, then fewest bytes evicted, then
+ * the highest address. Prefetched copies go to the top of the arena and
+ * demand loads take the best fit from the bottom, so a copy loaded ahead
+ * does not split the free space the copies in use now leave behind.
+ * Nothing fits: ZO_EBUDGET, nothing evicted. The window needs dirty
+ * victims: their write-backs start (freed once written home) and
+ * ZO_EBUDGET tells the caller to try again later. */
+static int prefetch_space(zo_store *s, zo_tensor *t, zo_tier x, uint64_t dist)
+{
+    zo__tier *tr = &s->tier[x];
+    /* Demand first: an acquire waiting for space in the tier gets what
+     * frees up. A prefetch taking it made the acquire evict more, the pump
+     * reload that, and so on (the same thrash, on the demand side). */
+    if (tr->parked)
+        return ZO_EBUDGET;
+    uint64_t need = zo__ext_round(&tr->ext, t->bytes);
+    size_t cap = tr->ext.nfree + tr->ncopies, n = 0;
+    span_item *it = malloc((cap ? cap : 1) * sizeof(*it));
+    if (!it)
+        return -ENOMEM;
+    for (size_t i = 0; i < tr->ext.nfree; i++)
+        it[n++] = (span_item){tr->ext.free[i].off, tr->ext.free[i].len, NULL, 0};
+    int ht = have_trace(s);
+    zo_list *pos;
+    zo_tensor *v;
+    lru_for_each(pos, v, tr) {
+        uint64_t score;
+        if (n == cap)
+            break;
+        if (victim_ok(s, x, v, t, 1, dist, ht, &score, NULL) > 0)
+            it[n++] = (span_item){v->c[x].off, v->c[x].len, v, score != UINT64_MAX && sole_current(v, x)};
+    }
+    qsort(it, n, sizeof(*it), span_cmp);
+    /* two pointers over each run of adjacent items */
+    size_t best_a = SIZE_MAX, best_b = 0;
+    uint64_t best_dirty = 0, best_cost = 0, best_end = 0;
+    size_t a = 0;
+    uint64_t sum = 0, cost = 0, dirty = 0;
+    for (size_t b = 0; b < n; b++) {
+        if (b > a && it[b - 1].off + it[b - 1].len != it[b].off) {
+            a = b; /* a gap (a copy that stays): a new run */
+            sum = cost = dirty = 0;
+        }
+        sum += it[b].len;
+        cost += it[b].v ? it[b].len : 0;
+        dirty += it[b].dirty;
+        /* shrink from the left while the window still holds the copy */
+        while (a < b && sum - it[a].len >= need) {
+            sum -= it[a].len;
+            cost -= it[a].v ? it[a].len : 0;
+            dirty -= it[a].dirty;
+            a++;
+        }
+        if (sum < need)
+            continue;
+        uint64_t end = it[b].off + it[b].len;
+        if (best_a == SIZE_MAX || dirty < best_dirty || (dirty == best_dirty && cost < best_cost) ||
+            (dirty == best_dirty && cost == best_cost && end > best_end)) {
+            best_a = a;
+            best_b = b;
+            best_dirty = dirty;
+            best_cost = cost;
+            best_end = end;
+        }
+    }
+    int r = ZO_EBUDGET;
+    if (best_a == SIZE_MAX)
+        goto out; /* does not fit: evict nothing */
+    if (best_dirty) {
+        for (size_t i = best_a; i <= best_b; i++)
+            if (it[i].dirty && (r = zo__store_start_writeback(s, it[i].v, x, 1)) < 0)
+                goto out;
+        r = ZO_EBUDGET;
+        goto out;
+    }
+    for (size_t i = best_a; i <= best_b; i++)
+        if (it[i].v)
+            evict(s, it[i].v, x);
+    if ((r = zo__ext_claim(&tr->ext, best_end - need, need)) == 0)
+        copy_place(s, t, x, best_end - need, need);
+    else if (r != -ENOMEM)
+        r = ZO_FAIL(&s->err, ZO_EINTERNAL, "%s tier: planned window [%llu, +%llu) for '%s' is not free", zo_tier_name(x),
+                    (unsigned long long)(best_end - need), (unsigned long long)need, t->name);
+out:
+    free(it);
+    return r;
 }
 
 /* Give t a copy's worth of space in tier x (device/host). 0: c->off/len/ptr
@@ -263,29 +420,20 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
      * first would mark the copy resident while the other still wrote. */
     if (c->len)
         return c->readers || c->incoming || c->state == C_LOADING ? -EAGAIN : 0;
+    if (prefetch)
+        return prefetch_space(s, t, x, dist);
     uint64_t need = zo__ext_round(&tr->ext, t->bytes);
     int started_wb = 0;
     zo_tensor *failed = NULL;
     for (;;) {
         uint64_t off;
         if (zo__ext_alloc(&tr->ext, t->bytes, 256, &off) == 0) {
-            c->off = off;
-            c->len = need;
-            c->ptr = tr->base + off;
-            tr->used += need;
-            if (tr->used > tr->peak)
-                tr->peak = tr->used;
-            if (x == t->home)
-                tr->home_bytes += need;
-            else
-                lru_append(tr, t, x);
+            copy_place(s, t, x, off, need);
             return 0;
         }
         int inflight = 0;
-        zo_tensor *v = pick_victim(s, x, t, prefetch, dist, &inflight, &failed);
+        zo_tensor *v = pick_victim(s, x, t, 0, dist, &inflight, &failed);
         if (!v) {
-            if (prefetch)
-                return ZO_EBUDGET;
             if (inflight || started_wb)
                 return -EAGAIN;
             break;
@@ -298,8 +446,7 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
             started_wb = 1;
             continue;
         }
-        s->st.evictions++;
-        zo__store_copy_free(s, v, x);
+        evict(s, v, x);
     }
     uint64_t pinned = pinned_bytes(s, x);
     if (pinned + need > tr->budget)
@@ -361,9 +508,9 @@ int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uin
         return -ENOMEM;
     if (c->prefetched) {
         /* a stale copy loaded by a hint and never used: its space is
-         * reused now, so it stops counting against the prefetch cap */
+         * reused now, so it stops counting against the prefetch cap (not
+         * wasted by the store: its data was replaced) */
         s->tier[x].prefetched_bytes -= c->len;
-        s->st.prefetch_wasted++;
     }
     c->state = C_LOADING;
     c->ver = t->cur_ver;
@@ -766,8 +913,10 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
         if (zo_dev_get_info(s->dev, &di) == 0 && di.numa_node >= 0)
             s->cfg.numa_node = di.numa_node;
     }
-    for (int x = 0; x < ZO__NTIERS; x++)
+    for (int x = 0; x < ZO__NTIERS; x++) {
         zo__ext_init(&s->tier[x].ext, 0, 4096);
+        zo_list_init(&s->tier[x].lru);
+    }
     if (cfg.device_bytes) {
         void *p;
         if ((r = zo_dev_malloc(s->dev, &p, (size_t)cfg.device_bytes)) < 0) {
@@ -908,6 +1057,10 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
     t->bytes = bytes;
     t->home = d.home;
     t->cur_ver = 1;
+    for (int x = 0; x < ZO__NTIERS; x++) {
+        zo_list_init(&t->c[x].lnode);
+        t->c[x].owner = t;
+    }
     int r = 0;
     pthread_mutex_lock(&s->lock);
     if (name_claimed(s, d.name)) {
@@ -1145,10 +1298,8 @@ ZO_API int zo_store_acquire(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
         c->write_held = 1;
     c->drop_after = 0;
     c->lru = ++s->tick;
-    if (x != t->home && c->len) {
-        lru_unlink(&s->tier[x], t, x);
-        lru_append(&s->tier[x], t, x);
-    }
+    if (x != t->home && c->len)
+        zo_list_move_tail(&s->tier[x].lru, &c->lnode);
     int hit = (c->state == C_RESIDENT || c->state == C_LOADING) && c->ver == t->cur_ver;
     if (hit) {
         s->st.hits++;

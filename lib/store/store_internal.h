@@ -21,6 +21,7 @@
 #include <stdbool.h>
 
 #include "core/internal.h"
+#include "core/list.h"
 #include "nvme/nvme_internal.h"
 
 #include <zoffload/dev.h>
@@ -57,7 +58,8 @@ typedef struct zo__copy {
     uint64_t wb_fail_round; /* tier's space round of that failure: eviction skips it in that round */
     uint64_t lru;        /* tick of the last acquire */
     struct zo_store_req *waiters; /* acquires waiting on this copy */
-    struct zo_tensor *lprev, *lnext; /* the tier's list of non-home copies */
+    zo_list lnode;       /* on the tier's list of non-home copies (zo__tier.lru) */
+    struct zo_tensor *owner;
 } zo__copy;
 
 struct zo_tensor {
@@ -172,7 +174,8 @@ typedef struct zo__tier {
     uint64_t budget, used, peak;
     zo__extalloc ext;     /* device/host: offsets into base */
     uint8_t *base;
-    zo_tensor *lru_head;  /* non-home copies, most recent last */
+    zo_list lru;          /* non-home copies with space, most recent last (zo__copy.lnode) */
+    size_t ncopies;       /* on that list */
     zo_store_req *parked; /* acquires waiting for space (FIFO) */
     uint64_t home_bytes;  /* held by home copies */
     uint64_t prefetched_bytes; /* copies loaded/loading by prefetch, unused */

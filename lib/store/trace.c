@@ -122,7 +122,8 @@ void zo__trace_pump(zo_store *s)
             break;
         if (tr->prefetch_inflight >= ZO__PREFETCH_INFLIGHT)
             break; /* nearest first: the rest when these land */
-        zo__store_start_load(s, t, e->tier, 1, k);
+        if (zo__store_start_load(s, t, e->tier, 1, k) == ZO_EBUDGET)
+            break; /* no room for it: a farther entry would take the room its demand load needs */
     }
 }
 

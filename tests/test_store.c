@@ -1277,6 +1277,72 @@ START_TEST(test_store_prefetch_no_thrash)
 }
 END_TEST
 
+/* Registering a device-homed tensor zeroes it. It used to do that on the
+ * store's shared host->device stream and sync it: it waited for every
+ * transfer queued there (and could take another copy's error, which its
+ * piece then never saw). Here that stream is held by a gate: the register
+ * must finish anyway. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open, reg_done;
+} gate;
+
+static void gate_fn(void *arg)
+{
+    gate *g = arg;
+    pthread_mutex_lock(&g->mu);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+typedef struct reg_arg {
+    env *e;
+    gate *g;
+    zo_tensor *t;
+} reg_arg;
+
+static void *reg_dev_main(void *arg)
+{
+    reg_arg *a = arg;
+    a->t = reg(a->e->st, "dev-homed", 256 * KiB, ZO_TIER_DEVICE);
+    pthread_mutex_lock(&a->g->mu);
+    a->g->reg_done = 1;
+    pthread_cond_broadcast(&a->g->cv);
+    pthread_mutex_unlock(&a->g->mu);
+    return NULL;
+}
+
+START_TEST(test_store_register_own_stream)
+{
+    env e;
+    env_open(&e, 4 * MiB, 4 * MiB, 256 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    gate g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    ck_assert_int_eq(zo_stream_host_fn(e.st->h2d, gate_fn, &g), 0);
+    reg_arg a = {&e, &g, NULL};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, reg_dev_main, &a), 0);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 5;
+    pthread_mutex_lock(&g.mu);
+    while (!g.reg_done && pthread_cond_timedwait(&g.cv, &g.mu, &dl) == 0)
+        ;
+    int done = g.reg_done;
+    g.open = 1; /* let the stream go either way, so the thread can end */
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    pthread_join(th, NULL);
+    ck_assert_msg(done, "registering a device-homed tensor waited for the transfers on the shared stream");
+    uint8_t *p = acq(e.st, a.t, ZO_TIER_DEVICE, 0), *z = calloc(1, 256 * KiB);
+    ck_assert_int_eq(memcmp(p, z, 256 * KiB), 0); /* host backend: device memory is host memory */
+    free(z);
+    ck_assert_int_eq(zo_store_release(e.st, a.t, ZO_TIER_DEVICE, 0), 0);
+    env_close(&e);
+}
+END_TEST
+
 /* The offload optimizer's situation (shared/repro/store_optimizer_proto.c,
  * nvme-acq): (master f32, m bf16, v bf16) groups homed on NVMe, a host
  * cache a quarter larger than the largest group, the trace on; each step
@@ -2228,6 +2294,7 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_store_prefetch_no_thrash);
     tcase_add_test(tc, test_store_prefetch_optimizer);
+    tcase_add_test(tc, test_store_register_own_stream);
     suite_add_tcase(s, tc);
     /* a hang is the bug these look for: fail it in bounded time */
     tc = tcase_create("errors");

@@ -800,6 +800,8 @@ ZO_API void zo_store_destroy(zo_store **sp)
     }
     zo_stream_destroy(&s->h2d);
     zo_stream_destroy(&s->d2h);
+    zo_stream_destroy(&s->zero);
+    pthread_mutex_destroy(&s->zero_lock);
     if (s->tier[ZO_TIER_DEVICE].base)
         zo_dev_free(s->dev, s->tier[ZO_TIER_DEVICE].base);
     if (s->tier[ZO_TIER_HOST].base) {
@@ -907,6 +909,7 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
     s->recording = 1;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
+    pthread_mutex_init(&s->zero_lock, NULL);
     int r = 0;
     if (s->cfg.numa_node == -1 && s->dev) {
         zo_dev_info di;
@@ -925,7 +928,8 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
             goto fail;
         }
         s->tier[ZO_TIER_DEVICE].base = p;
-        if ((r = zo_stream_create(s->dev, &s->h2d)) < 0 || (r = zo_stream_create(s->dev, &s->d2h)) < 0)
+        if ((r = zo_stream_create(s->dev, &s->h2d)) < 0 || (r = zo_stream_create(s->dev, &s->d2h)) < 0 ||
+            (r = zo_stream_create(s->dev, &s->zero)) < 0)
             goto fail;
         zo__ext_fini(&s->tier[ZO_TIER_DEVICE].ext);
         if ((r = zo__ext_init(&s->tier[ZO_TIER_DEVICE].ext, cfg.device_bytes, 256)) < 0)
@@ -1117,9 +1121,11 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
     if (d.home == ZO_TIER_HOST) {
         memset(t->c[ZO_TIER_HOST].ptr, 0, bytes);
     } else if (d.home == ZO_TIER_DEVICE) {
-        r = zo_memset_async(s->h2d, t->c[ZO_TIER_DEVICE].ptr, 0, bytes);
+        pthread_mutex_lock(&s->zero_lock);
+        r = zo_memset_async(s->zero, t->c[ZO_TIER_DEVICE].ptr, 0, bytes);
         if (r == 0)
-            r = zo_stream_sync(s->h2d);
+            r = zo_stream_sync(s->zero);
+        pthread_mutex_unlock(&s->zero_lock);
         if (r < 0) {
             pthread_mutex_lock(&s->lock);
             zo__store_copy_free(s, t, d.home);

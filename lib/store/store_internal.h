@@ -202,6 +202,11 @@ struct zo_store {
     int have[ZO__NTIERS];
     zo_dev *dev;
     zo_stream *h2d, *d2h;
+    /* Registration zeroes device-homed copies on a stream of its own: on
+     * h2d its sync waited for every transfer queued there and could take
+     * (and lose) the error of another piece's copy. One at a time. */
+    zo_stream *zero;
+    pthread_mutex_t zero_lock;
     zo_swap *swap;
     size_t chunk;         /* swap chunk size (0: no NVMe) */
 

@@ -240,36 +240,6 @@ static int have_trace(const zo_store *s)
     return s->trace_mode == ZO_TRACE_AUTO && !s->recording && s->ntrace;
 }
 
-/* Pick an eviction victim in tier x for tensor `for_t` (see victim_ok):
- * stale copies first; then the farthest next use (trace) or the least
- * recently used; clean before dirty on ties. */
-static zo_tensor *pick_victim(zo_store *s, zo_tier x, const zo_tensor *for_t, int prefetch, uint64_t dist,
-                              int *inflight, zo_tensor **failed)
-{
-    zo__tier *tr = &s->tier[x];
-    zo_tensor *best = NULL;
-    uint64_t best_score = 0;
-    int ht = have_trace(s);
-    zo_list *pos;
-    zo_tensor *v;
-    lru_for_each(pos, v, tr) {
-        uint64_t score = 0;
-        int ok = victim_ok(s, x, v, for_t, prefetch, dist, ht, &score, failed);
-        if (ok < 0)
-            (*inflight)++;
-        if (ok <= 0)
-            continue;
-        if (score == UINT64_MAX)
-            return v;
-        /* prefer clean victims on ties of distance */
-        if (!best || score > best_score || (score == best_score && !sole_current(v, x))) {
-            best = v;
-            best_score = score;
-        }
-    }
-    return best;
-}
-
 static uint64_t pinned_bytes(zo_store *s, zo_tier x)
 {
     zo__tier *tr = &s->tier[x];
@@ -303,6 +273,7 @@ static void copy_place(zo_store *s, zo_tensor *t, zo_tier x, uint64_t off, uint6
  * or a copy it may evict. */
 typedef struct span_item {
     uint64_t off, len;
+    uint64_t cost;       /* of evicting it (0: free space, a stale copy) */
     zo_tensor *v;
     int dirty;
 } span_item;
@@ -313,48 +284,52 @@ static int span_cmp(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-/* Space for a prefetch, decided before anything is evicted (issue 9: a
- * prefetch that evicted victims and then found it still did not fit gave
- * up, and the next pump reloaded what it had evicted into the space just
- * freed, over and over). The arena is seen as its free extents plus the
- * copies the prefetch may evict (needed later than its target, idle,
- * unreferenced); the cheapest contiguous window of them that holds the
- * copy is chosen: fewest dirty victims, then fewest bytes evicted, then
- * the highest address. Prefetched copies go to the top of the arena and
- * demand loads take the best fit from the bottom, so a copy loaded ahead
- * does not split the free space the copies in use now leave behind.
- * Nothing fits: ZO_EBUDGET, nothing evicted. The window needs dirty
- * victims: their write-backs start (freed once written home) and
- * ZO_EBUDGET tells the caller to try again later. */
-static int prefetch_space(zo_store *s, zo_tensor *t, zo_tier x, uint64_t dist)
+/* Choose where t's copy goes in tier x before anything is evicted (issue
+ * 9: a prefetch that evicted victims and then found it still did not fit
+ * gave up, and the next pump reloaded what it had evicted into the space
+ * just freed, over and over). The arena is seen as its free extents plus
+ * the copies this load may evict (victim_ok: for a prefetch only those
+ * needed later than its target); the cheapest contiguous window of them
+ * that holds the copy is chosen: fewest dirty victims, then the least
+ * cost (bytes evicted, four times for a copy the trace needs within the
+ * lookahead), then place: prefetched copies go to the top of the arena,
+ * demand loads to the bottom, so a copy loaded ahead does not split the
+ * free space the copies in use now leave behind.
+ * 0: placed (the window's victims evicted). ZO_EBUDGET: no window (nothing
+ * evicted); *inflight counts copies a transfer in flight will settle.
+ * -EAGAIN: the window holds dirty victims: their write-backs started (each
+ * freed once home), try again then (a prefetch gets ZO_EBUDGET). */
+static int window_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist, int *inflight,
+                        zo_tensor **failed)
 {
     zo__tier *tr = &s->tier[x];
-    /* Demand first: an acquire waiting for space in the tier gets what
-     * frees up. A prefetch taking it made the acquire evict more, the pump
-     * reload that, and so on (the same thrash, on the demand side). */
-    if (tr->parked)
-        return ZO_EBUDGET;
     uint64_t need = zo__ext_round(&tr->ext, t->bytes);
     size_t cap = tr->ext.nfree + tr->ncopies, n = 0;
     span_item *it = malloc((cap ? cap : 1) * sizeof(*it));
     if (!it)
         return -ENOMEM;
     for (size_t i = 0; i < tr->ext.nfree; i++)
-        it[n++] = (span_item){tr->ext.free[i].off, tr->ext.free[i].len, NULL, 0};
+        it[n++] = (span_item){tr->ext.free[i].off, tr->ext.free[i].len, 0, NULL, 0};
     int ht = have_trace(s);
     zo_list *pos;
     zo_tensor *v;
     lru_for_each(pos, v, tr) {
-        uint64_t score;
+        uint64_t score = 0;
         if (n == cap)
             break;
-        if (victim_ok(s, x, v, t, 1, dist, ht, &score, NULL) > 0)
-            it[n++] = (span_item){v->c[x].off, v->c[x].len, v, score != UINT64_MAX && sole_current(v, x)};
+        int ok = victim_ok(s, x, v, t, prefetch, dist, ht, &score, failed);
+        if (ok < 0)
+            (*inflight)++;
+        if (ok <= 0)
+            continue;
+        int stale = score == UINT64_MAX, near = ht && !stale && score - 1 <= s->cfg.lookahead;
+        it[n++] = (span_item){v->c[x].off, v->c[x].len, stale ? 0 : near ? 4 * v->c[x].len : 1, v,
+                              !stale && sole_current(v, x)};
     }
     qsort(it, n, sizeof(*it), span_cmp);
     /* two pointers over each run of adjacent items */
     size_t best_a = SIZE_MAX, best_b = 0;
-    uint64_t best_dirty = 0, best_cost = 0, best_end = 0;
+    uint64_t best_dirty = 0, best_cost = 0, best_at = 0;
     size_t a = 0;
     uint64_t sum = 0, cost = 0, dirty = 0;
     for (size_t b = 0; b < n; b++) {
@@ -363,25 +338,28 @@ static int prefetch_space(zo_store *s, zo_tensor *t, zo_tier x, uint64_t dist)
             sum = cost = dirty = 0;
         }
         sum += it[b].len;
-        cost += it[b].v ? it[b].len : 0;
+        cost += it[b].cost;
         dirty += it[b].dirty;
         /* shrink from the left while the window still holds the copy */
         while (a < b && sum - it[a].len >= need) {
             sum -= it[a].len;
-            cost -= it[a].v ? it[a].len : 0;
+            cost -= it[a].cost;
             dirty -= it[a].dirty;
             a++;
         }
         if (sum < need)
             continue;
-        uint64_t end = it[b].off + it[b].len;
-        if (best_a == SIZE_MAX || dirty < best_dirty || (dirty == best_dirty && cost < best_cost) ||
-            (dirty == best_dirty && cost == best_cost && end > best_end)) {
+        /* where the copy would start: the window's top end for a prefetch,
+         * its bottom for a demand load */
+        uint64_t at = prefetch ? it[b].off + it[b].len - need : it[a].off;
+        int better = best_a == SIZE_MAX || dirty < best_dirty || (dirty == best_dirty && cost < best_cost) ||
+                     (dirty == best_dirty && cost == best_cost && (prefetch ? at > best_at : at < best_at));
+        if (better) {
             best_a = a;
             best_b = b;
             best_dirty = dirty;
             best_cost = cost;
-            best_end = end;
+            best_at = at;
         }
     }
     int r = ZO_EBUDGET;
@@ -391,20 +369,49 @@ static int prefetch_space(zo_store *s, zo_tensor *t, zo_tier x, uint64_t dist)
         for (size_t i = best_a; i <= best_b; i++)
             if (it[i].dirty && (r = zo__store_start_writeback(s, it[i].v, x, 1)) < 0)
                 goto out;
-        r = ZO_EBUDGET;
+        r = prefetch ? ZO_EBUDGET : -EAGAIN;
         goto out;
     }
     for (size_t i = best_a; i <= best_b; i++)
         if (it[i].v)
             evict(s, it[i].v, x);
-    if ((r = zo__ext_claim(&tr->ext, best_end - need, need)) == 0)
-        copy_place(s, t, x, best_end - need, need);
+    if ((r = zo__ext_claim(&tr->ext, best_at, need)) == 0)
+        copy_place(s, t, x, best_at, need);
     else if (r != -ENOMEM)
         r = ZO_FAIL(&s->err, ZO_EINTERNAL, "%s tier: planned window [%llu, +%llu) for '%s' is not free", zo_tier_name(x),
-                    (unsigned long long)(best_end - need), (unsigned long long)need, t->name);
+                    (unsigned long long)best_at, (unsigned long long)need, t->name);
 out:
     free(it);
     return r;
+}
+
+/* A prefetch's space: never evicts unless it then fits (window_space). */
+static int prefetch_space(zo_store *s, zo_tensor *t, zo_tier x, uint64_t dist)
+{
+    zo__tier *tr = &s->tier[x];
+    /* Demand first: an acquire waiting for space in the tier gets what
+     * frees up. A prefetch taking it made the acquire evict more, the pump
+     * reload that, and so on (the same thrash, on the demand side). */
+    if (tr->parked)
+        return ZO_EBUDGET;
+    /* Nearest first: no room is taken while an entry the trace needs
+     * sooner in this tier has no copy yet (the trace pump stops at such an
+     * entry; an explicit hint obeys the same rule). Loading the later
+     * members of a group around the first one's future place split the
+     * free space, and the first one's acquire failed for fragmentation. */
+    if (have_trace(s) && dist != ZO__DIST_INF) {
+        size_t n = s->ntrace, lim = ZO_MIN((size_t)dist, (size_t)64);
+        for (size_t k = 0; k < lim; k++) {
+            const zo__trace_ent *e = &s->trace[(s->pos + k) % n];
+            const zo__copy *ec = &e->t->c[x];
+            if (e->tier != x || e->t == t || e->t->dying || e->t->stream_write)
+                continue;
+            if (!((ec->state == C_RESIDENT || ec->state == C_LOADING) && ec->ver == e->t->cur_ver))
+                return ZO_EBUDGET;
+        }
+    }
+    int inflight = 0;
+    return window_space(s, t, x, 1, dist, &inflight, NULL);
 }
 
 /* Give t a copy's worth of space in tier x (device/host). 0: c->off/len/ptr
@@ -422,32 +429,21 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
         return c->readers || c->incoming || c->state == C_LOADING ? -EAGAIN : 0;
     if (prefetch)
         return prefetch_space(s, t, x, dist);
+    /* First come, first served: while an acquire waits for space in the
+     * tier, later ones queue behind it. Jumping the queue, the next members
+     * of a group took the holes the first one was waiting to merge, and it
+     * failed for fragmentation. The head always resolves (it waits only for
+     * transfers in flight), so the queue moves. */
+    if (tr->parked)
+        return -EAGAIN;
     uint64_t need = zo__ext_round(&tr->ext, t->bytes);
-    int started_wb = 0;
     zo_tensor *failed = NULL;
-    for (;;) {
-        uint64_t off;
-        if (zo__ext_alloc(&tr->ext, t->bytes, 256, &off) == 0) {
-            copy_place(s, t, x, off, need);
-            return 0;
-        }
-        int inflight = 0;
-        zo_tensor *v = pick_victim(s, x, t, 0, dist, &inflight, &failed);
-        if (!v) {
-            if (inflight || started_wb)
-                return -EAGAIN;
-            break;
-        }
-        if (sole_current(v, x)) {
-            /* dirty: write it home first, free it when that completes */
-            int r = zo__store_start_writeback(s, v, x, 1);
-            if (r < 0)
-                return r;
-            started_wb = 1;
-            continue;
-        }
-        evict(s, v, x);
-    }
+    int inflight = 0;
+    int r = window_space(s, t, x, 0, 0, &inflight, &failed);
+    if (r != ZO_EBUDGET)
+        return r;
+    if (inflight)
+        return -EAGAIN;
     uint64_t pinned = pinned_bytes(s, x);
     if (pinned + need > tr->budget)
         return ZO_FAIL(&s->err, ZO_EBUDGET,

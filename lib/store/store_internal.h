@@ -23,6 +23,7 @@
 #include "core/internal.h"
 #include "core/list.h"
 #include "nvme/nvme_internal.h"
+#include "dev/dev_internal.h"
 
 #include <zoffload/dev.h>
 #include <zoffload/store.h>
@@ -127,7 +128,7 @@ struct zo__job {
     struct zo_store_stream *stream; /* JOB_STREAM */
     unsigned spiece;     /* JOB_STREAM: index in the stream ring */
     int queued;          /* in a slot wait queue */
-    zo__job *qnext;
+    zo_list qlink;       /* on zo_store.slotq[] */
 };
 
 struct zo__piece {
@@ -137,7 +138,12 @@ struct zo__piece {
     int slot;            /* -1: none */
     int stage, nstages;
     int err;
-    zo__piece *evnext;
+    zo_qnode qn;         /* on the mover's event, host-copy or fence queue (one at a time) */
+    zo__fence *fence;    /* device move: done when this is */
+    int devq;            /* device move: which fence queue (0 h2d, 1 d2h) */
+    uint8_t *hdst;       /* host -> host move, run by the mover outside the store lock */
+    const uint8_t *hsrc;
+    size_t hlen;
     char detail[ZO_ERRMSG_LEN];
 };
 
@@ -216,7 +222,7 @@ struct zo_store {
     unsigned nslots, nfree, reserved, jobs_using;
     unsigned *free_slots;
     unsigned pool_peak, pool_in_use;
-    zo__job *slotq_hi, *slotq_lo; /* jobs waiting for a slot */
+    zo_list slotq[2];     /* jobs waiting for a slot: demand, prefetch (zo__job.qlink) */
     struct zo_store_stream *streams; /* open streams */
 
     /* tensors */
@@ -244,9 +250,12 @@ struct zo_store {
     /* mover */
     pthread_t mover;
     int mover_started, stop;
-    pthread_mutex_t evlock;
+    pthread_mutex_t evlock;  /* guards the three queues and dev_ready */
     pthread_cond_t evcond;
-    zo__piece *evhead, *evtail;
+    zo_queue evq;            /* pieces whose move completed (callbacks push them) */
+    zo_queue hostq;          /* host -> host moves for the mover to run, unlocked */
+    zo_queue devq[2];        /* device moves in flight, in stream order: h2d, d2h */
+    int dev_ready;           /* a fence's notify: poll the fence queues now */
 
     zo_store_stats st;
 };

@@ -1396,6 +1396,53 @@ START_TEST(test_store_untracked_copy)
 }
 END_TEST
 
+/* Names live in a hash table now (registration was O(n) per tensor). The
+ * cost only shows at ~10^5 tensors, which a unit test on a shared runner
+ * cannot time reliably; this checks what the table must keep right:
+ * lookups, duplicates, names freed by unregister and claimed again, growth
+ * past several doublings. */
+START_TEST(test_store_names)
+{
+    enum { N = 3000 };
+    env e;
+    env_open(&e, 0, N * 4096ull + MiB, 256 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    zo_tensor **t = calloc(N, sizeof(*t));
+    char nm[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(nm, sizeof(nm), "layer.%d.w", i);
+        t[i] = reg(e.st, nm, 100, ZO_TIER_HOST);
+    }
+    zo_tensor_desc d;
+    zo_tensor_desc_default(&d);
+    d.bytes = 100;
+    d.dtype = ZO_DTYPE_U8;
+    d.home = ZO_TIER_HOST;
+    zo_tensor *dup = NULL;
+    for (int i = 0; i < N; i += 7) {
+        snprintf(nm, sizeof(nm), "layer.%d.w", i);
+        zo_tensor *f = NULL;
+        ck_assert_int_eq(zo_store_find(e.st, nm, &f), 0);
+        ck_assert_ptr_eq(f, t[i]);
+        d.name = nm;
+        ck_assert_int_eq(zo_store_register(e.st, &d, &dup), -EEXIST);
+    }
+    ck_assert_int_eq(zo_store_find(e.st, "layer.3000.w", &dup), -ENOENT);
+    for (int i = 0; i < N; i += 2)
+        ck_assert_int_eq(zo_store_unregister(e.st, &t[i]), 0);
+    for (int i = 0; i < N; i++) {
+        snprintf(nm, sizeof(nm), "layer.%d.w", i);
+        zo_tensor *f = NULL;
+        ck_assert_int_eq(zo_store_find(e.st, nm, &f), i % 2 ? 0 : -ENOENT);
+        if (i % 2 == 0)
+            t[i] = reg(e.st, nm, 100, ZO_TIER_HOST); /* the name is free again */
+    }
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(zo_store_unregister(e.st, &t[i]), 0);
+    free(t);
+    env_close(&e);
+}
+END_TEST
+
 /* The offload optimizer's situation (shared/repro/store_optimizer_proto.c,
  * nvme-acq): (master f32, m bf16, v bf16) groups homed on NVMe, a host
  * cache half again the largest group, the trace on; each step
@@ -2353,6 +2400,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_store_prefetch_optimizer);
     tcase_add_test(tc, test_store_register_own_stream);
     tcase_add_test(tc, test_store_untracked_copy);
+    tcase_add_test(tc, test_store_names);
     suite_add_tcase(s, tc);
     /* a hang is the bug these look for: fail it in bounded time */
     tc = tcase_create("errors");

@@ -392,7 +392,7 @@ static int prefetch_space(zo_store *s, zo_tensor *t, zo_tier x, uint64_t dist)
     /* Demand first: an acquire waiting for space in the tier gets what
      * frees up. A prefetch taking it made the acquire evict more, the pump
      * reload that, and so on (the same thrash, on the demand side). */
-    if (tr->parked)
+    if (!zo_list_empty(&tr->parked))
         return ZO_EBUDGET;
     /* Nearest first: no room is taken while an entry the trace needs
      * sooner in this tier has no copy yet (the trace pump stops at such an
@@ -434,7 +434,7 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
      * of a group took the holes the first one was waiting to merge, and it
      * failed for fragmentation. The head always resolves (it waits only for
      * transfers in flight), so the queue moves. */
-    if (tr->parked)
+    if (!zo_list_empty(&tr->parked))
         return -EAGAIN;
     uint64_t need = zo__ext_round(&tr->ext, t->bytes);
     zo_tensor *failed = NULL;
@@ -569,14 +569,23 @@ int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop)
 }
 
 /* ---- requests ------------------------------------------------------------------------ */
+static void req_wait_on(zo__copy *c, zo_store_req *r)
+{
+    zo_list_add_tail(&c->wq, &r->link);
+    c->waiters++;
+}
+
 static void req_unlink(zo__copy *c, zo_store_req *r)
 {
-    for (zo_store_req **pp = &c->waiters; *pp; pp = &(*pp)->next)
-        if (*pp == r) {
-            *pp = r->next;
-            break;
-        }
-    r->next = NULL;
+    if (!zo_list_linked(&r->link))
+        return;
+    zo_list_del(&r->link);
+    if (r->parked) {
+        r->parked = 0;
+        c->parked--;
+    } else {
+        c->waiters--;
+    }
 }
 
 static void req_complete(zo_store *s, zo_store_req *r, int err, const char *detail)
@@ -611,25 +620,34 @@ static void make_writer(zo_store *s, zo_tensor *t, zo_tier x)
             zo__store_maybe_free(s, t, (zo_tier)y);
 }
 
+/* O(1): to the tail of the tier's space queue. */
 static void park(zo_store *s, zo_store_req *r)
 {
-    req_unlink(&r->t->c[r->tier], r);
+    zo__copy *c = &r->t->c[r->tier];
+    req_unlink(c, r);
     r->parked = 1;
-    zo_store_req **pp = &s->tier[r->tier].parked;
-    while (*pp)
-        pp = &(*pp)->next;
-    *pp = r;
+    c->parked++;
+    zo_list_add_tail(&s->tier[r->tier].parked, &r->link);
 }
 
 /* Move the waiters of t's copy in tier x forward: complete those whose copy
  * is ready, start the load the others need, park them if space must be
- * freed first. */
+ * freed first. Only the waiter at hand leaves the list meanwhile. */
 void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x)
 {
     zo__copy *c = &t->c[x];
-    zo_store_req *r = c->waiters;
-    while (r) {
-        zo_store_req *next = r->next;
+    /* Each waiter once: what runs for one (a load whose job fails at once
+     * settles this copy again) may take others off the list, so the walk
+     * starts over from the head after each, skipping those seen. */
+    uint64_t gen = ++s->settle_gen;
+    for (zo_list *pos = c->wq.next; pos != &c->wq;) {
+        zo_store_req *r = zo_list_entry(pos, zo_store_req, link);
+        if (r->visit == gen) {
+            pos = pos->next;
+            continue;
+        }
+        r->visit = gen;
+    again:
         if (c->state == C_RESIDENT && c->ver == t->cur_ver) {
             if (!(r->flags & ZO_ACQ_WRITE)) {
                 req_complete(s, r, 0, NULL);
@@ -644,7 +662,7 @@ void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x)
                 if (e == 0) {
                     c->state = C_RESIDENT;
                     c->ver = t->cur_ver;
-                    continue; /* completes on the next pass of this waiter */
+                    goto again; /* completes now */
                 }
             } else {
                 e = zo__store_start_load(s, t, x, 0, 0);
@@ -658,22 +676,28 @@ void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x)
             else if (e < 0)
                 req_complete(s, r, e, s->err.msg);
         }
-        r = next;
+        pos = c->wq.next;
     }
 }
 
 void zo__store_retry_parked(zo_store *s)
 {
     for (int x = 0; x < ZO__NTIERS; x++) {
-        zo_store_req *list = s->tier[x].parked;
-        s->tier[x].parked = NULL;
-        while (list) {
-            zo_store_req *r = list;
-            list = r->next;
-            r->parked = 0;
+        zo__tier *tr = &s->tier[x];
+        if (zo_list_empty(&tr->parked))
+            continue;
+        /* detached, so the first to retry finds the queue empty and the
+         * others park behind it again in their order */
+        zo_list list;
+        zo_list_init(&list);
+        for (zo_list *n; (n = zo_list_pop_head(&tr->parked));)
+            zo_list_add_tail(&list, n);
+        for (zo_list *n; (n = zo_list_pop_head(&list));) {
+            zo_store_req *r = zo_list_entry(n, zo_store_req, link);
             zo__copy *c = &r->t->c[r->tier];
-            r->next = c->waiters;
-            c->waiters = r;
+            r->parked = 0;
+            c->parked--;
+            req_wait_on(c, r);
             zo__store_settle(s, r->t, r->tier);
         }
     }
@@ -700,8 +724,8 @@ void zo__store_job_done(zo_store *s, zo__job *j)
                  * not theirs; the waiters load the current data */
                 zo__store_settle(s, t, j->dst);
             } else {
-                while (dst->waiters)
-                    req_complete(s, dst->waiters, j->err, s->err.msg);
+                for (zo_list *n; (n = zo_list_first(&dst->wq));)
+                    req_complete(s, zo_list_entry(n, zo_store_req, link), j->err, s->err.msg);
             }
         } else {
             dst->state = C_RESIDENT;
@@ -780,13 +804,11 @@ ZO_API void zo_store_destroy(zo_store **sp)
         tensor_free(t);
     }
     zo__trace_free(s);
+    free(s->htab);
     for (int x = 0; x < ZO__NTIERS; x++) {
-        zo_store_req *r = s->tier[x].parked;
-        while (r) { /* never waited for: the caller broke the contract; do not leak */
-            zo_store_req *n = r->next;
-            free(r);
-            r = n;
-        }
+        /* never waited for: the caller broke the contract; do not leak */
+        for (zo_list *n; (n = zo_list_pop_head(&s->tier[x].parked));)
+            free(zo_list_entry(n, zo_store_req, link));
         zo__ext_fini(&s->tier[x].ext);
     }
     if (s->h2d) {
@@ -915,6 +937,7 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
     for (int x = 0; x < ZO__NTIERS; x++) {
         zo__ext_init(&s->tier[x].ext, 0, 4096);
         zo_list_init(&s->tier[x].lru);
+        zo_list_init(&s->tier[x].parked);
     }
     if (cfg.device_bytes) {
         void *p;
@@ -976,35 +999,72 @@ fail:
 }
 
 /* ---- registry ------------------------------------------------------------------------- */
-static zo_tensor *find_locked(zo_store *s, const char *name)
+/* Names: a hash table (FNV-1a, chained, doubled at load 1/2) holds every
+ * claimed name, registered or being registered, so registering n tensors
+ * is O(n), not O(n^2). Registration drops the lock to allocate and zero
+ * the home copy; the name is claimed first, so a second registration of it
+ * fails instead of both succeeding. */
+static uint64_t name_hash(const char *name)
 {
-    for (zo_tensor *t = s->tensors; t; t = t->next)
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    return h;
+}
+
+static zo_tensor *name_lookup(zo_store *s, const char *name)
+{
+    if (!s->hcap)
+        return NULL;
+    for (zo_tensor *t = s->htab[name_hash(name) & (s->hcap - 1)]; t; t = t->hnext)
         if (strcmp(t->name, name) == 0)
             return t;
     return NULL;
 }
 
-/* Registration drops the lock to allocate and zero the home copy; the name
- * is claimed on this list first, so a second registration of it fails
- * instead of both succeeding. */
-static int name_claimed(zo_store *s, const char *name)
+static zo_tensor *find_locked(zo_store *s, const char *name)
 {
-    if (find_locked(s, name))
-        return 1;
-    for (zo_tensor *t = s->registering; t; t = t->rnext)
-        if (strcmp(t->name, name) == 0)
-            return 1;
+    zo_tensor *t = name_lookup(s, name);
+    return t && t->listed ? t : NULL;
+}
+
+static int claim(zo_store *s, zo_tensor *t)
+{
+    if ((s->hcount + 1) * 2 > s->hcap) {
+        size_t cap = s->hcap ? s->hcap * 2 : 64;
+        zo_tensor **tab = calloc(cap, sizeof(*tab));
+        if (!tab)
+            return -ENOMEM;
+        for (size_t i = 0; i < s->hcap; i++)
+            for (zo_tensor *u = s->htab[i], *n; u; u = n) {
+                n = u->hnext;
+                size_t b = name_hash(u->name) & (cap - 1);
+                u->hnext = tab[b];
+                tab[b] = u;
+            }
+        free(s->htab);
+        s->htab = tab;
+        s->hcap = cap;
+    }
+    size_t b = name_hash(t->name) & (s->hcap - 1);
+    t->hnext = s->htab[b];
+    s->htab[b] = t;
+    s->hcount++;
     return 0;
 }
 
+/* The name is free again (a failed registration, an unregistered tensor). */
 static void unclaim(zo_store *s, zo_tensor *t)
 {
-    for (zo_tensor **pp = &s->registering; *pp; pp = &(*pp)->rnext)
+    if (!s->hcap)
+        return;
+    for (zo_tensor **pp = &s->htab[name_hash(t->name) & (s->hcap - 1)]; *pp; pp = &(*pp)->hnext)
         if (*pp == t) {
-            *pp = t->rnext;
+            *pp = t->hnext;
+            s->hcount--;
             break;
         }
-    t->rnext = NULL;
+    t->hnext = NULL;
 }
 
 ZO_API int zo_store_find(zo_store *s, const char *name, zo_tensor **out)
@@ -1059,17 +1119,21 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
     t->cur_ver = 1;
     for (int x = 0; x < ZO__NTIERS; x++) {
         zo_list_init(&t->c[x].lnode);
+        zo_list_init(&t->c[x].wq);
         t->c[x].owner = t;
     }
     int r = 0;
     pthread_mutex_lock(&s->lock);
-    if (name_claimed(s, d.name)) {
+    if (name_lookup(s, d.name)) {
         pthread_mutex_unlock(&s->lock);
         tensor_free(t);
         return ZO_FAIL(&s->err, -EEXIST, "zo_store_register: '%s' is registered already", d.name);
     }
-    t->rnext = s->registering;
-    s->registering = t;
+    if (claim(s, t) < 0) {
+        pthread_mutex_unlock(&s->lock);
+        tensor_free(t);
+        return -ENOMEM;
+    }
     if (d.home == ZO_TIER_NVME) {
         zo__tier *tr = &s->tier[ZO_TIER_NVME];
         t->nvme_len = ZO_ALIGN_UP(bytes, (uint64_t)4096);
@@ -1132,7 +1196,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
         }
     }
     pthread_mutex_lock(&s->lock);
-    unclaim(s, t);
+    t->listed = 1;
     t->next = s->tensors;
     if (s->tensors)
         s->tensors->prev = t;
@@ -1188,6 +1252,7 @@ ZO_API int zo_store_unregister(zo_store *s, zo_tensor **tp)
         zo_swap_free(s->swap, t->sid);
     }
     zo__trace_forget_tensor(s, t);
+    unclaim(s, t);
     if (t->prev)
         t->prev->next = t->next;
     else
@@ -1314,8 +1379,8 @@ ZO_API int zo_store_acquire(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
         s->st.misses++;
         req->demand = 1;
     }
-    req->next = c->waiters;
-    c->waiters = req;
+    zo_list_init(&req->link);
+    req_wait_on(c, req);
     zo__store_settle(s, t, x);
     zo__trace_pump(s);
     pthread_mutex_unlock(&s->lock);
@@ -1372,12 +1437,7 @@ ZO_API int zo_store_release(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
     pthread_mutex_lock(&s->lock);
     zo__copy *c = &t->c[x];
     /* references of acquires still waiting are not the caller's to drop */
-    unsigned waiting = 0;
-    for (zo_store_req *q = c->waiters; q; q = q->next)
-        waiting++;
-    for (zo_store_req *q = s->tier[x].parked; q; q = q->next)
-        waiting += q->t == t && q->tier == x;
-    if (c->refs <= waiting) {
+    if (c->refs <= c->waiters + c->parked) {
         pthread_mutex_unlock(&s->lock);
         return ZO_FAIL(&s->err, ZO_ESTATE, "zo_store_release: '%s' holds no completed reference in the %s tier",
                        t->name, zo_tier_name(x));

@@ -58,7 +58,9 @@ typedef struct zo__copy {
     int wb_fail;         /* the last write-back from this copy failed with this error (0: none) */
     uint64_t wb_fail_round; /* tier's space round of that failure: eviction skips it in that round */
     uint64_t lru;        /* tick of the last acquire */
-    struct zo_store_req *waiters; /* acquires waiting on this copy */
+    unsigned waiters;    /* acquires waiting on this copy (on wq), not parked */
+    unsigned parked;     /* acquires of this copy parked in the tier's space queue */
+    zo_list wq;          /* those waiting on it (zo_store_req.link), in arrival order */
     zo_list lnode;       /* on the tier's list of non-home copies (zo__tier.lru) */
     struct zo_tensor *owner;
 } zo__copy;
@@ -82,7 +84,8 @@ struct zo_tensor {
     uint32_t *tpos;      /* positions in the trace, ascending */
     size_t ntpos, captpos;
     struct zo_tensor *prev, *next; /* all tensors */
-    struct zo_tensor *rnext; /* zo_store.registering */
+    struct zo_tensor *hnext; /* zo_store.htab chain */
+    int listed;          /* registered (on zo_store.tensors), not just claimed */
 };
 
 /* An acquire (the public zo_store_req). */
@@ -94,7 +97,8 @@ struct zo_store_req {
     void *ptr;
     int parked;          /* waiting for space in the tier */
     int demand;          /* counted as a miss that loads */
-    struct zo_store_req *next;
+    zo_list link;        /* on its copy's wq, or parked on the tier's space queue */
+    uint64_t visit;      /* zo__store_settle's pass that saw it last */
     char detail[ZO_ERRMSG_LEN];
 };
 
@@ -182,7 +186,7 @@ typedef struct zo__tier {
     uint8_t *base;
     zo_list lru;          /* non-home copies with space, most recent last (zo__copy.lnode) */
     size_t ncopies;       /* on that list */
-    zo_store_req *parked; /* acquires waiting for space (FIFO) */
+    zo_list parked;       /* acquires waiting for space, first come first served (zo_store_req.link) */
     uint64_t home_bytes;  /* held by home copies */
     uint64_t prefetched_bytes; /* copies loaded/loading by prefetch, unused */
     uint64_t prefetch_inflight; /* bytes of prefetch loads in flight */
@@ -227,9 +231,11 @@ struct zo_store {
 
     /* tensors */
     zo_tensor *tensors;
-    zo_tensor *registering; /* being registered: names claimed, not listed yet */
+    zo_tensor **htab;     /* names claimed, registered or being registered (store.c) */
+    size_t hcap, hcount;
     size_t ntensors;
     uint64_t tick;
+    uint64_t settle_gen;  /* zo__store_settle passes */
     int ckpt_active;
     /* tests: called by zo_store_write between its flush and its stream
      * open, without the lock (the window another writer can land in) */

@@ -88,6 +88,12 @@ static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slo
 
 static void env_close(env *e)
 {
+    if (e->st) {
+        pthread_mutex_lock(&e->st->lock);
+        uint64_t bad = e->st->bad_transitions;
+        pthread_mutex_unlock(&e->st->lock);
+        ck_assert_msg(bad == 0, "%llu illegal copy state transitions (see the log)", (unsigned long long)bad);
+    }
     zo_store_destroy(&e->st);
     ck_assert_ptr_null(e->st);
     zo_swap_destroy(&e->swap);
@@ -143,6 +149,10 @@ static void check_budgets(zo_store *s, const zo_store_config *c)
               "pinned %llu != host tier + pool", (unsigned long long)st.pinned_bytes);
     size_t now = pinned_now();
     ZO_EXPECT(now == env_pinned, "pinned memory in use %zu, %zu after create", now, env_pinned);
+    pthread_mutex_lock(&s->lock);
+    uint64_t bad = s->bad_transitions;
+    pthread_mutex_unlock(&s->lock);
+    ZO_EXPECT(bad == 0, "%llu illegal copy state transitions (see the log)", (unsigned long long)bad);
 }
 
 /* Every tier pair, exact bytes. */

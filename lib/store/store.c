@@ -58,9 +58,42 @@ ZO_API void zo_tensor_desc_default(zo_tensor_desc *d)
 }
 
 /* ---- copies ------------------------------------------------------------------------ */
+static const char *const copy_state_names[ZO__CS_COUNT] = {"absent", "loading", "resident", "writeback",
+                                                             "receiving"};
+
+/* Legal transitions: the table in store_internal.h. */
+static const unsigned char copy_legal[ZO__CS_COUNT][ZO__CS_COUNT] = {
+    [ZO__CS_ABSENT] = {[ZO__CS_LOADING] = 1, [ZO__CS_RESIDENT] = 1},
+    [ZO__CS_LOADING] = {[ZO__CS_ABSENT] = 1, [ZO__CS_RESIDENT] = 1},
+    [ZO__CS_RESIDENT] = {[ZO__CS_ABSENT] = 1, [ZO__CS_LOADING] = 1, [ZO__CS_RESIDENT] = 1, [ZO__CS_WRITEBACK] = 1,
+                         [ZO__CS_RECEIVING] = 1},
+    [ZO__CS_WRITEBACK] = {[ZO__CS_RESIDENT] = 1},
+    [ZO__CS_RECEIVING] = {[ZO__CS_RESIDENT] = 1},
+};
+
+void zo__copy_to(zo_store *s, zo_tensor *t, zo_tier x, zo__copy_state to)
+{
+    zo__copy *c = &t->c[x];
+    zo__copy_state from = c->state;
+    /* what else each state needs: only a home copy receives, only a
+     * non-home copy is written back, a reload only replaces stale data,
+     * nothing is freed under a reader */
+    int ok = copy_legal[from][to] && (to != ZO__CS_RECEIVING || x == t->home) &&
+             (to != ZO__CS_WRITEBACK || x != t->home) &&
+             (!(from == ZO__CS_RESIDENT && to == ZO__CS_LOADING) || c->ver != t->cur_ver) &&
+             (to != ZO__CS_ABSENT || !c->readers);
+    if (!ok) {
+        /* a bug in the store: say so loudly, count it (tests), go on */
+        s->bad_transitions++;
+        ZO_LOGE("store: illegal copy transition %s -> %s ('%s', %s tier, %u readers)", copy_state_names[from],
+                copy_state_names[to], t->name, zo_tier_name(x), c->readers);
+    }
+    c->state = to;
+}
+
 int zo__store_current(const zo_tensor *t, zo_tier x)
 {
-    return t->c[x].state == C_RESIDENT && t->c[x].ver == t->cur_ver;
+    return zo__copy_has_data(&t->c[x]) && t->c[x].ver == t->cur_ver;
 }
 
 /* The only current copy: freeing it would lose the data. */
@@ -159,7 +192,7 @@ void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x)
         tr->home_bytes -= c->len;
     else
         lru_unlink(tr, t, x);
-    c->state = C_ABSENT;
+    zo__copy_to(s, t, x, ZO__CS_ABSENT);
     c->len = c->off = 0;
     c->ptr = NULL;
     c->drop_after = 0;
@@ -183,8 +216,7 @@ static void evict(zo_store *s, zo_tensor *v, zo_tier x)
 void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x)
 {
     zo__copy *c = &t->c[x];
-    if (x == t->home || c->state != C_RESIDENT || c->refs || c->readers || c->incoming || c->wb_pending ||
-        c->waiters)
+    if (x == t->home || c->state != ZO__CS_RESIDENT || zo__copy_busy(c))
         return;
     if (c->ver != t->cur_ver || (c->drop_after && !sole_current(t, x))) {
         s->st.evictions++;
@@ -206,10 +238,10 @@ static int victim_ok(zo_store *s, zo_tier x, zo_tensor *v, const zo_tensor *for_
     zo__copy *c = &v->c[x];
     zo__tier *tr = &s->tier[x];
     /* busy, or a write-back that has to wait for another one */
-    if (c->state == C_LOADING || c->readers || c->wb_pending || c->wb_wanted || c->incoming || v->stream_write ||
-        (sole_current(v, x) && v->c[v->home].incoming))
+    if (zo__copy_in_flight(c) || c->readers || c->wb_wanted || v->stream_write ||
+        (sole_current(v, x) && v->c[v->home].state == ZO__CS_RECEIVING))
         return c->refs ? 0 : -1;
-    if (v == for_t || c->state != C_RESIDENT || c->refs || c->waiters)
+    if (v == for_t || c->state != ZO__CS_RESIDENT || c->refs || c->waiters || c->parked)
         return 0;
     if (c->wb_fail && c->wb_fail_round == tr->space_round && sole_current(v, x)) {
         /* writing it back again now would most likely fail the same way:
@@ -403,10 +435,9 @@ static int prefetch_space(zo_store *s, zo_tensor *t, zo_tier x, uint64_t dist)
         size_t n = s->ntrace, lim = ZO_MIN((size_t)dist, (size_t)64);
         for (size_t k = 0; k < lim; k++) {
             const zo__trace_ent *e = &s->trace[(s->pos + k) % n];
-            const zo__copy *ec = &e->t->c[x];
             if (e->tier != x || e->t == t || e->t->dying || e->t->stream_write)
                 continue;
-            if (!((ec->state == C_RESIDENT || ec->state == C_LOADING) && ec->ver == e->t->cur_ver))
+            if (!zo__copy_current_or_loading(e->t, x))
                 return ZO_EBUDGET;
         }
     }
@@ -426,7 +457,7 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
      * beside it would race it into the same buffer, and whichever finished
      * first would mark the copy resident while the other still wrote. */
     if (c->len)
-        return c->readers || c->incoming || c->state == C_LOADING ? -EAGAIN : 0;
+        return c->readers || zo__copy_in_flight(c) ? -EAGAIN : 0;
     if (prefetch)
         return prefetch_space(s, t, x, dist);
     /* First come, first served: while an acquire waits for space in the
@@ -508,7 +539,7 @@ int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uin
          * wasted by the store: its data was replaced) */
         s->tier[x].prefetched_bytes -= c->len;
     }
-    c->state = C_LOADING;
+    zo__copy_to(s, t, x, ZO__CS_LOADING);
     c->ver = t->cur_ver;
     c->prefetched = prefetch;
     if (prefetch) {
@@ -536,16 +567,17 @@ int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop)
         c->wb_wanted = 0;
         return 0;
     }
-    if (c->write_held || t->stream_write || t->c[t->home].incoming || t->c[t->home].readers) {
+    zo__copy *home = &t->c[t->home];
+    if (c->write_held || t->stream_write || zo__copy_in_flight(home) || home->readers) {
         /* still being modified, another write-back is landing in the home
-         * copy, or a load of an older version still reads it (writing
-         * under it would tear what it reads, and fail it with a checksum
-         * error): start when that ends */
+         * copy (or a load fills it), or a load of an older version still
+         * reads it (writing under it would tear what it reads, and fail it
+         * with a checksum error): start when that ends */
         c->wb_wanted = 1;
         c->drop_after |= drop;
         return 0;
     }
-    if (c->wb_pending) {
+    if (c->state == ZO__CS_WRITEBACK) {
         c->drop_after |= drop;
         return 0;
     }
@@ -555,10 +587,10 @@ int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop)
     if (!j)
         return -ENOMEM;
     c->readers++;
-    c->wb_pending = 1;
+    zo__copy_to(s, t, x, ZO__CS_WRITEBACK);
     c->wb_wanted = 0;
     c->drop_after |= drop;
-    t->c[t->home].incoming++;
+    zo__copy_to(s, t, t->home, ZO__CS_RECEIVING);
     t->wb_count++;
     j->src = x;
     j->dst = t->home;
@@ -648,19 +680,19 @@ void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x)
         }
         r->visit = gen;
     again:
-        if (c->state == C_RESIDENT && c->ver == t->cur_ver) {
+        if (zo__store_current(t, x)) {
             if (!(r->flags & ZO_ACQ_WRITE)) {
                 req_complete(s, r, 0, NULL);
-            } else if (!c->readers && !c->incoming) {
+            } else if (!c->readers && c->state == ZO__CS_RESIDENT) {
                 make_writer(s, t, x);
                 req_complete(s, r, 0, NULL);
             }
-        } else if (c->state != C_LOADING) {
+        } else if (!zo__copy_in_flight(c)) {
             int e;
             if (r->flags & ZO_ACQ_DISCARD) {
                 e = zo__store_space(s, t, x, 0, 0);
                 if (e == 0) {
-                    c->state = C_RESIDENT;
+                    zo__copy_to(s, t, x, ZO__CS_RESIDENT);
                     c->ver = t->cur_ver;
                     goto again; /* completes now */
                 }
@@ -728,7 +760,7 @@ void zo__store_job_done(zo_store *s, zo__job *j)
                     req_complete(s, zo_list_entry(n, zo_store_req, link), j->err, s->err.msg);
             }
         } else {
-            dst->state = C_RESIDENT;
+            zo__copy_to(s, t, j->dst, ZO__CS_RESIDENT);
             s->st.moved[j->src][j->dst] += t->bytes;
             if (j->prefetch)
                 s->st.prefetch_bytes += t->bytes;
@@ -738,8 +770,8 @@ void zo__store_job_done(zo_store *s, zo__job *j)
             zo__store_maybe_free(s, t, j->dst); /* loaded a version already replaced */
         }
     } else {
-        src->wb_pending = 0;
-        dst->incoming--;
+        zo__copy_to(s, t, j->src, ZO__CS_RESIDENT);
+        zo__copy_to(s, t, j->dst, ZO__CS_RESIDENT);
         t->wb_count--;
         if (j->err) {
             src->drop_after = 0; /* the only current copy: keep it */
@@ -769,7 +801,7 @@ void zo__store_job_done(zo_store *s, zo__job *j)
     /* write-backs that waited for this one, or for a load reading the home
      * copy */
     zo__copy *home = &t->c[t->home];
-    if (!home->incoming && !home->readers)
+    if (!zo__copy_in_flight(home) && !home->readers)
         for (int y = 0; y < ZO__NTIERS; y++)
             if (t->c[y].wb_wanted && !t->c[y].write_held)
                 zo__store_start_writeback(s, t, (zo_tier)y, t->c[y].drop_after);
@@ -1161,7 +1193,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
             tensor_free(t);
             return r;
         }
-        t->c[ZO_TIER_NVME].state = C_RESIDENT;
+        zo__copy_to(s, t, ZO_TIER_NVME, ZO__CS_RESIDENT);
         t->c[ZO_TIER_NVME].ver = 1;
     } else {
         s->tier[d.home].space_round++;
@@ -1173,7 +1205,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
             tensor_free(t);
             return r;
         }
-        t->c[d.home].state = C_RESIDENT;
+        zo__copy_to(s, t, d.home, ZO__CS_RESIDENT);
         t->c[d.home].ver = 1;
     }
     pthread_mutex_unlock(&s->lock);
@@ -1211,11 +1243,9 @@ int zo__tensor_busy(const zo_tensor *t)
 {
     if (t->streams || t->wb_count)
         return 1;
-    for (int x = 0; x < ZO__NTIERS; x++) {
-        const zo__copy *c = &t->c[x];
-        if (c->refs || c->readers || c->incoming || c->waiters || c->state == C_LOADING)
+    for (int x = 0; x < ZO__NTIERS; x++)
+        if (zo__copy_busy(&t->c[x]))
             return 1;
-    }
     return 0;
 }
 
@@ -1281,7 +1311,7 @@ ZO_API int zo_store_tensor_info(zo_store *s, const zo_tensor *t, zo_tensor_info 
     info->home = t->home;
     for (int x = 0; x < ZO__NTIERS; x++) {
         const zo__copy *c = &t->c[x];
-        if (c->state == C_LOADING || c->wb_pending)
+        if (c->state == ZO__CS_LOADING || c->state == ZO__CS_WRITEBACK)
             info->state[x] = ZO_COPY_INFLIGHT;
         else if (zo__store_current(t, (zo_tier)x))
             info->state[x] = ZO_COPY_RESIDENT;
@@ -1367,7 +1397,7 @@ ZO_API int zo_store_acquire(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
     c->lru = ++s->tick;
     if (x != t->home && c->len)
         zo_list_move_tail(&s->tier[x].lru, &c->lnode);
-    int hit = (c->state == C_RESIDENT || c->state == C_LOADING) && c->ver == t->cur_ver;
+    int hit = zo__copy_current_or_loading(t, x);
     if (hit) {
         s->st.hits++;
         if (c->prefetched) {
@@ -1470,9 +1500,7 @@ ZO_API int zo_store_prefetch(zo_store *s, zo_tensor *t, zo_tier x)
     if (r < 0)
         return r;
     pthread_mutex_lock(&s->lock);
-    zo__copy *c = &t->c[x];
-    if (!t->stream_write && !t->dying &&
-        !((c->state == C_RESIDENT || c->state == C_LOADING) && c->ver == t->cur_ver)) {
+    if (!t->stream_write && !t->dying && !zo__copy_current_or_loading(t, x)) {
         uint64_t dist = zo__trace_dist(s, t);
         if (zo__store_start_load(s, t, x, 1, dist == ZO__DIST_INF ? 0 : dist) < 0)
             s->st.prefetch_dropped++;
@@ -1511,7 +1539,7 @@ ZO_API int zo_store_flush(zo_store *s, zo_tensor *only)
                 if (x == (int)t->home || !zo__store_current(t, (zo_tier)x) || c->write_held)
                     continue;
                 pending = 1;
-                if (!c->wb_pending && !c->wb_wanted) {
+                if (c->state != ZO__CS_WRITEBACK && !c->wb_wanted) {
                     int r = zo__store_start_writeback(s, t, (zo_tier)x, 0);
                     if (r < 0 && !err) {
                         err = r;

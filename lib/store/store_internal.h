@@ -40,17 +40,44 @@
 typedef struct zo__job zo__job;
 typedef struct zo__piece zo__piece;
 
-enum { C_ABSENT = 0, C_LOADING = 1, C_RESIDENT = 2 };
+/* The copy state machine (docs/store.md, "Copy states"). A copy's state
+ * changes in one place, zo__copy_to(), which checks the transition against
+ * this table and counts an illegal one (zo_store.bad_transitions, which the
+ * tests require to stay 0):
+ *
+ *   from \ to   ABSENT  LOADING  RESIDENT  WRITEBACK  RECEIVING
+ *   ABSENT        -       load     discard      .          .
+ *   LOADING     failed     .       landed       .          .
+ *   RESIDENT    freed  reload(1)  rewrite(2)  wb start  wb lands (home)
+ *   WRITEBACK     .        .      wb done       .          .
+ *   RECEIVING     .        .      wb done       .          .
+ *
+ * (1) a stale copy's space is reused for a load of the current version;
+ * (2) a discard acquire or a write takes the copy in place (new version).
+ * ABSENT: no data (it may hold space for a moment, between zo__store_space
+ * and the next transition). LOADING: a load fills it with version `ver`;
+ * nothing reads it. RESIDENT: holds version `ver`, readable. WRITEBACK: a
+ * non-home copy being written home: readable, not freed, not rewritten.
+ * RECEIVING: the home copy a write-back lands in: not readable until it
+ * lands. Counters beside the state: refs (acquires), readers (transfers and
+ * streams reading it, a write-back included), waiters / parked (acquires
+ * not complete yet); flags: write_held, wb_wanted, drop_after, prefetched. */
+typedef enum zo__copy_state {
+    ZO__CS_ABSENT = 0,
+    ZO__CS_LOADING,
+    ZO__CS_RESIDENT,
+    ZO__CS_WRITEBACK,
+    ZO__CS_RECEIVING,
+    ZO__CS_COUNT
+} zo__copy_state;
 
 typedef struct zo__copy {
-    int state;
+    zo__copy_state state; /* change only through zo__copy_to() */
     uint64_t off, len;   /* extent in the tier arena (device/host tiers) */
     uint8_t *ptr;        /* arena base + off */
-    uint64_t ver;        /* version held (RESIDENT) or being loaded (LOADING) */
+    uint64_t ver;        /* version held (RESIDENT, WRITEBACK), being loaded (LOADING) or replaced (RECEIVING) */
     unsigned refs;       /* references taken by acquires */
     unsigned readers;    /* transfers reading this copy */
-    unsigned incoming;   /* write-backs landing in this (home) copy */
-    int wb_pending;      /* a write-back from this copy is in flight */
     int write_held;      /* acquired with WRITE; until the last reference goes */
     int wb_wanted;       /* write back once the write hold ends */
     int drop_after;      /* free once unreferenced and no longer read */
@@ -236,6 +263,7 @@ struct zo_store {
     size_t ntensors;
     uint64_t tick;
     uint64_t settle_gen;  /* zo__store_settle passes */
+    uint64_t bad_transitions; /* illegal copy state changes seen (tests: must stay 0) */
     int ckpt_active;
     /* tests: called by zo_store_write between its flush and its stream
      * open, without the lock (the window another writer can land in) */
@@ -267,6 +295,29 @@ struct zo_store {
 };
 
 /* store.c */
+/* The one place a copy changes state (table above). */
+void zo__copy_to(zo_store *s, zo_tensor *t, zo_tier x, zo__copy_state to);
+/* A transfer fills, reads or writes it (LOADING, WRITEBACK, RECEIVING). */
+static inline int zo__copy_in_flight(const zo__copy *c)
+{
+    return c->state == ZO__CS_LOADING || c->state == ZO__CS_WRITEBACK || c->state == ZO__CS_RECEIVING;
+}
+/* Holds readable data of version c->ver. */
+static inline int zo__copy_has_data(const zo__copy *c)
+{
+    return c->state == ZO__CS_RESIDENT || c->state == ZO__CS_WRITEBACK;
+}
+/* Anything keeps it: a transfer, a reference, a reader, an acquire pending. */
+static inline int zo__copy_busy(const zo__copy *c)
+{
+    return zo__copy_in_flight(c) || c->refs || c->readers || c->waiters || c->parked;
+}
+/* Current data, or a load of the current data on its way. */
+static inline int zo__copy_current_or_loading(const zo_tensor *t, zo_tier x)
+{
+    const zo__copy *c = &t->c[x];
+    return (zo__copy_has_data(c) || c->state == ZO__CS_LOADING) && c->ver == t->cur_ver;
+}
 /* Referenced, streamed, or a transfer of it in flight. */
 int zo__tensor_busy(const zo_tensor *t);
 void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x);

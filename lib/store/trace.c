@@ -113,7 +113,7 @@ void zo__trace_pump(zo_store *s)
         zo__copy *c = &t->c[e->tier];
         if (!s->have[e->tier] || t->stream_write || t->dying)
             continue;
-        if ((c->state == C_RESIDENT || c->state == C_LOADING) && c->ver == t->cur_ver)
+        if (zo__copy_current_or_loading(t, e->tier))
             continue;
         if (c->waiters)
             continue; /* a demand load is being arranged */

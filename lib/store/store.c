@@ -323,8 +323,8 @@ static int span_cmp(const void *a, const void *b)
  * the copies this load may evict (victim_ok: for a prefetch only those
  * needed later than its target); the cheapest contiguous window of them
  * that holds the copy is chosen: fewest dirty victims, then the least
- * cost (bytes evicted, four times for a copy the trace needs within the
- * lookahead), then place: prefetched copies go to the top of the arena,
+ * cost (the bytes of victims the trace needs within the lookahead; other
+ * victims cost nothing, so the place decides among them), then place: prefetched copies go to the top of the arena,
  * demand loads to the bottom, so a copy loaded ahead does not split the
  * free space the copies in use now leave behind.
  * 0: placed (the window's victims evicted). ZO_EBUDGET: no window (nothing
@@ -355,8 +355,7 @@ static int window_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint
         if (ok <= 0)
             continue;
         int stale = score == UINT64_MAX, near = ht && !stale && score - 1 <= s->cfg.lookahead;
-        it[n++] = (span_item){v->c[x].off, v->c[x].len, stale ? 0 : near ? 4 * v->c[x].len : 1, v,
-                              !stale && sole_current(v, x)};
+        it[n++] = (span_item){v->c[x].off, v->c[x].len, near ? v->c[x].len : 0, v, !stale && sole_current(v, x)};
     }
     qsort(it, n, sizeof(*it), span_cmp);
     /* two pointers over each run of adjacent items */

@@ -4,9 +4,14 @@
  *
  * A piece is one or two moves: NVMe <-> device goes through a pool slot
  * (stage 0 into the slot, stage 1 out of it); every other pair is direct.
- * Callbacks (aio engine threads, device stream threads) only append the
- * piece to the event queue; the mover thread takes the store lock and
- * advances it. */
+ * How a move completes: a swap read/write's callback (aio engine thread)
+ * appends the piece to the event queue; a device copy is followed by a
+ * fence the mover polls (no callback on a driver thread, none holding the
+ * stream); a host <-> host copy is queued for the mover, which copies with
+ * no lock held. The mover then takes the store lock and advances the
+ * pieces. (That the caller's thread no longer copies under the lock has
+ * no test: nothing outside the mover can tell which thread ran a memcpy;
+ * the stream tests check the bytes.) */
 #include "store/store_internal.h"
 
 #include <stdlib.h>
@@ -159,7 +164,6 @@ int zo__move(zo_store *s, zo__piece *p, const zo__ep *from, uint64_t foff, const
             ZO_LOGW("store: device copy failed while its completion could not be tracked: %s", zo_strerror(e));
         return r;
     }
-    p->devq = q;
     pthread_mutex_lock(&s->evlock);
     zo_queue_push(&s->devq[q], &p->qn);
     /* the fence may have been reached already, its notify spent while

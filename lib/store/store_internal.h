@@ -171,7 +171,6 @@ struct zo__piece {
     int err;
     zo_qnode qn;         /* on the mover's event, host-copy or fence queue (one at a time) */
     zo__fence *fence;    /* device move: done when this is */
-    int devq;            /* device move: which fence queue (0 h2d, 1 d2h) */
     uint8_t *hdst;       /* host -> host move, run by the mover outside the store lock */
     const uint8_t *hsrc;
     size_t hlen;

@@ -323,8 +323,10 @@ static int span_cmp(const void *a, const void *b)
  * the copies this load may evict (victim_ok: for a prefetch only those
  * needed later than its target); the cheapest contiguous window of them
  * that holds the copy is chosen: fewest dirty victims, then the least
- * cost (the bytes of victims the trace needs within the lookahead; other
- * victims cost nothing, so the place decides among them), then place: prefetched copies go to the top of the arena,
+ * cost (the bytes of victims needed soon: the trace needs them within the
+ * lookahead, or, without a trace, a hint loaded them and they are not used
+ * yet; other victims cost nothing, so the place decides among them), then
+ * place: prefetched copies go to the top of the arena,
  * demand loads to the bottom, so a copy loaded ahead does not split the
  * free space the copies in use now leave behind.
  * 0: placed (the window's victims evicted). ZO_EBUDGET: no window (nothing
@@ -354,7 +356,10 @@ static int window_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint
             (*inflight)++;
         if (ok <= 0)
             continue;
-        int stale = score == UINT64_MAX, near = ht && !stale && score - 1 <= s->cfg.lookahead;
+        /* needed soon: within the lookahead of the trace; without one, a
+         * copy a hint loaded and nobody used yet (evicting it wastes it) */
+        int stale = score == UINT64_MAX,
+            near = !stale && (ht ? score - 1 <= s->cfg.lookahead : v->c[x].prefetched);
         it[n++] = (span_item){v->c[x].off, v->c[x].len, near ? v->c[x].len : 0, v, !stale && sole_current(v, x)};
     }
     qsort(it, n, sizeof(*it), span_cmp);

@@ -22,6 +22,7 @@
 #include <stdbool.h>
 
 #include "core/internal.h"
+#include "core/list.h"
 
 #include <zoffload/aio.h>
 
@@ -70,9 +71,9 @@ struct zo_aio_req {
     /* piece geometry (see zo__req_piece) */
     uint64_t head_end, body_end, body_base;
     uint64_t nhead, nbody, npieces;
-    uint64_t next_piece;    /* next piece to claim; under a->qlock */
-    zo_aio_req *qnext;      /* run queue link; under a->qlock */
-    zo_aio_req *hprev, *hnext; /* list of requests the caller holds (waitable); under a->qlock */
+    uint64_t next_piece;    /* next piece to claim; under a->qlock. On a->runq iff < npieces */
+    zo_list qlink;          /* on a->runq (then a claimer's local drop list); under a->qlock */
+    zo_list hlink;          /* on a->held (waitable requests); under a->qlock */
     _Atomic uint64_t pending; /* pieces not finished yet */
     _Atomic int error;        /* first error (0 = none); the winner writes detail */
     _Atomic int cancel;       /* zo_aio_cancel() was called */
@@ -200,8 +201,8 @@ struct zo_aio {
 
     /* run queue: requests with pieces not yet claimed */
     pthread_mutex_t qlock;
-    zo_aio_req *qhead, *qtail;
-    zo_aio_req *held;        /* waitable requests not yet released */
+    zo_list runq;            /* zo_aio_req by qlink, in submission order */
+    zo_list held;            /* zo_aio_req by hlink: waitable requests not yet released */
     _Atomic uint64_t queued; /* pieces not yet claimed (hint for sleepers) */
     _Atomic int stopping;
     uint64_t seq;            /* under qlock */
@@ -217,7 +218,7 @@ struct zo_aio {
     uint8_t slot_used[ZO__AIO_BUF_SLOTS];
     pthread_mutex_t reg_serial; /* one register/unregister at a time */
 
-    /* fire-and-forget errors, reported by zo_aio_wait_all() */
+    /* fire-and-forget errors, reported by zo_aio_wait_all() (eb has its own lock) */
     pthread_mutex_t elock;
     int ff_error;
     char ff_detail[ZO_ERRMSG_LEN];
@@ -229,7 +230,7 @@ struct zo_aio {
     void *fault_user;
     struct zo_topo *topo;    /* only when cfg.numa_node >= 0 */
 
-    zo_aio *next_live;       /* process-wide list of live engines */
+    zo_list live_link;       /* on the process-wide list of live engines */
 };
 
 /* Claim up to n pieces (into *out[0..n-1]); returns how many. Pieces of failed or cancelled requests are dropped (and their

@@ -23,7 +23,7 @@
 /* ---- process-wide state: live engines (file close drops files from their
  * rings) and the test switch that makes io_uring look unusable ------------- */
 static pthread_mutex_t live_lock = PTHREAD_MUTEX_INITIALIZER;
-static zo_aio *live_head;
+static zo_list live = ZO_LIST_INIT(live); /* zo_aio by live_link, under live_lock */
 static char forced_unusable[128];
 static _Atomic int memlock_warned; /* the registration fallback is a warning once per process */
 
@@ -37,9 +37,12 @@ void zo__aio_force_uring_unusable(const char *reason)
 void zo__aio_forget_file(uint64_t file_id)
 {
     pthread_mutex_lock(&live_lock);
-    for (zo_aio *a = live_head; a; a = a->next_live)
+    zo_list *pos;
+    zo_list_for_each(pos, &live) {
+        zo_aio *a = zo_list_entry(pos, zo_aio, live_link);
         if (a->ops->forget_file)
             a->ops->forget_file(a, file_id);
+    }
     pthread_mutex_unlock(&live_lock);
 }
 
@@ -84,33 +87,16 @@ ZO_API const char *zo_aio_backend_name(zo_aio_backend b)
 }
 
 /* Record a failure in the handle's message. I/O threads completing failed
- * requests and API calls fail at the same time, so the message is formatted
- * in the calling thread's own detail (zo_last_error_detail()) and copied to
- * a->eb under elock: zo_aio_errmsg() shows one whole message, never the
- * bytes of two. Only failures take the lock. */
-static int aio_fail_publish(zo_aio *a, int err)
-{
-    if (a) {
-        pthread_mutex_lock(&a->elock);
-        snprintf(a->eb.msg, sizeof(a->eb.msg), "%s", zo_last_error_detail());
-        pthread_mutex_unlock(&a->elock);
-    }
-    return err;
-}
-#define AIO_FAIL(a, err, ...) aio_fail_publish((a), ZO_FAIL(NULL, (err), __VA_ARGS__))
+ * requests and API calls fail at the same time: zo_errbuf takes its own
+ * lock, so zo_aio_errmsg() shows one whole message, never the bytes of two
+ * (the same mechanism as every other handle's message). */
+#define AIO_FAIL(a, err, ...) ZO_FAIL((a) ? &(a)->eb : NULL, (err), __VA_ARGS__)
 
 static int check_config(const zo_aio_config *in, zo_aio_config *cfg, zo_errbuf *eb)
 {
     zo_aio_config_default(cfg);
-    if (in) {
-        if (in->struct_size < offsetof(zo_aio_config, threads) || in->struct_size > sizeof(*cfg))
-            return ZO_FAIL(eb, ZO_ECONFIG,
-                           "zo_aio_config.struct_size = %zu (expected %zu): fill the config with "
-                           "zo_aio_config_default() first",
-                           in->struct_size, sizeof(*cfg));
-        memcpy(cfg, in, in->struct_size);
-        cfg->struct_size = sizeof(*cfg);
-    }
+    if (in)
+        ZO_CHECK(ZO_STRUCT_IN(cfg, in, offsetof(zo_aio_config, threads), eb, "zo_aio_create"));
     if (cfg->backend != ZO_AIO_AUTO && cfg->backend != ZO_AIO_URING && cfg->backend != ZO_AIO_THREADS)
         return ZO_FAIL(eb, ZO_ECONFIG, "zo_aio_config.backend = %d: not auto, uring or threads", (int)cfg->backend);
     if (cfg->threads == 0 || cfg->threads > ZO_AIO_MAX_THREADS)
@@ -163,6 +149,9 @@ ZO_API int zo_aio_create(zo_aio **out, const zo_aio_config *cfgin)
     if (!a)
         return ZO_FAIL(NULL, -ENOMEM, "zo_aio_create: out of memory");
     a->cfg = cfg;
+    zo_list_init(&a->runq);
+    zo_list_init(&a->held);
+    zo_list_init(&a->live_link);
     pthread_mutex_init(&a->qlock, NULL);
     pthread_mutex_init(&a->elock, NULL);
     pthread_mutex_init(&a->reg_serial, NULL);
@@ -235,8 +224,7 @@ ZO_API int zo_aio_create(zo_aio **out, const zo_aio_config *cfgin)
     }
 
     pthread_mutex_lock(&live_lock);
-    a->next_live = live_head;
-    live_head = a;
+    zo_list_add_tail(&live, &a->live_link);
     pthread_mutex_unlock(&live_lock);
     ZO_LOGD("engine: %s backend, %u threads, queue depth %u, block %zu%s%s", a->ops->name, cfg.threads,
             cfg.queue_depth, cfg.block_size, a->info.ring_setup[0] ? ", ring: " : "", a->info.ring_setup);
@@ -265,29 +253,23 @@ ZO_API void zo_aio_destroy(zo_aio **pa)
     *pa = NULL;
 
     pthread_mutex_lock(&live_lock);
-    for (zo_aio **pp = &live_head; *pp; pp = &(*pp)->next_live)
-        if (*pp == a) {
-            *pp = a->next_live;
-            break;
-        }
+    zo_list_del(&a->live_link);
     pthread_mutex_unlock(&live_lock);
 
     /* No new requests; what is queued is dropped as cancelled, what is in
      * flight is cancelled where the kernel can and drained either way. */
     pthread_mutex_lock(&a->qlock);
     atomic_store(&a->stopping, 1);
-    for (zo_aio_req *r = a->qhead; r; r = r->qnext)
-        atomic_store(&r->cancel, 1);
+    zo_list *pos;
+    zo_list_for_each(pos, &a->runq)
+        atomic_store(&zo_list_entry(pos, zo_aio_req, qlink)->cancel, 1);
     pthread_mutex_unlock(&a->qlock);
     a->ops->stop(a);
 
     /* requests the caller never waited for */
-    zo_aio_req *r = a->held;
-    while (r) {
-        zo_aio_req *n = r->hnext;
-        free(r);
-        r = n;
-    }
+    zo_list *n;
+    while ((n = zo_list_pop_head(&a->held)))
+        free(zo_list_entry(n, zo_aio_req, hlink));
     for (unsigned i = 0; i < a->nregions; i++) {
         free(a->regions[i]->ok);
         free(a->regions[i]);
@@ -307,7 +289,8 @@ ZO_API zo_aio_backend zo_aio_get_backend(const zo_aio *a)
 
 ZO_API const char *zo_aio_errmsg(const zo_aio *a)
 {
-    return a ? a->eb.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(a ? &a->eb : NULL, copy);
 }
 
 ZO_API int zo_aio_get_info(const zo_aio *a, zo_aio_info *info)
@@ -588,19 +571,22 @@ static void req_drop_pieces(zo_aio *a, zo_aio_req *r, uint64_t n)
 unsigned zo__aio_claim(zo_aio *a, zo__aio_piece **out, unsigned n)
 {
     unsigned got = 0;
-    zo_aio_req *dropped = NULL;
+    /* Requests dropped here leave the run queue for this local list (by the
+     * same link) and are finished after the lock is released. zo_aio_cancel
+     * cannot take them back: it only unlinks a request whose next_piece <
+     * npieces, and a dropped one has next_piece = npieces. */
+    zo_list dropped = ZO_LIST_INIT(dropped);
     uint64_t ndropped = 0;
     if (!atomic_load_explicit(&a->queued, memory_order_relaxed))
         return 0;
     pthread_mutex_lock(&a->qlock);
-    while (got < n && a->qhead) {
-        zo_aio_req *r = a->qhead;
+    zo_list *first;
+    while (got < n && (first = zo_list_first(&a->runq))) {
+        zo_aio_req *r = zo_list_entry(first, zo_aio_req, qlink);
         if (atomic_load(&r->cancel) || atomic_load(&r->error)) {
             uint64_t skip = r->npieces - r->next_piece;
             r->next_piece = r->npieces;
-            a->qhead = r->qnext;
-            r->qnext = dropped;
-            dropped = r;
+            zo_list_move_tail(&dropped, &r->qlink);
             /* the count travels in result until req_drop_pieces */
             r->result = (int64_t)skip;
             ndropped += skip;
@@ -621,15 +607,13 @@ unsigned zo__aio_claim(zo_aio *a, zo__aio_piece **out, unsigned n)
             p->forced = 0;
         }
         if (r->next_piece == r->npieces)
-            a->qhead = r->qnext;
+            zo_list_del(&r->qlink);
     }
-    if (!a->qhead)
-        a->qtail = NULL;
     atomic_fetch_sub(&a->queued, got + ndropped);
     pthread_mutex_unlock(&a->qlock);
-    while (dropped) {
-        zo_aio_req *r = dropped;
-        dropped = r->qnext;
+    zo_list *dn;
+    while ((dn = zo_list_pop_head(&dropped))) {
+        zo_aio_req *r = zo_list_entry(dn, zo_aio_req, qlink);
         uint64_t skip = (uint64_t)r->result;
         r->result = 0;
         req_drop_pieces(a, r, skip);
@@ -770,6 +754,8 @@ static int submit(zo_aio *a, int op, zo_file *f, void *buf, size_t len, uint64_t
         return AIO_FAIL(a, -ENOMEM, "%s: out of memory", opn);
     memset(r, 0, offsetof(zo_aio_req, detail));
     r->detail[0] = '\0';
+    zo_list_init(&r->qlink);
+    zo_list_init(&r->hlink);
     r->a = a;
     r->f = f;
     r->buf = buf;
@@ -804,17 +790,9 @@ static int submit(zo_aio *a, int op, zo_file *f, void *buf, size_t len, uint64_t
         return AIO_FAIL(a, ZO_ESTATE, "%s: the engine is being destroyed", opn);
     }
     r->seq = ++a->seq;
-    if (a->qtail)
-        a->qtail->qnext = r;
-    else
-        a->qhead = r;
-    a->qtail = r;
-    if (r->waitable) {
-        r->hnext = a->held;
-        if (a->held)
-            a->held->hprev = r;
-        a->held = r;
-    }
+    zo_list_add_tail(&a->runq, &r->qlink);
+    if (r->waitable)
+        zo_list_add_tail(&a->held, &r->hlink);
     uint64_t npieces = r->npieces; /* r may be complete and freed once unlocked */
     atomic_fetch_add(&a->queued, npieces);
     if (out)
@@ -843,12 +821,7 @@ static int req_release(zo_aio *a, zo_aio_req *r, int64_t *result)
     if (res < 0)
         memcpy(detail, r->detail, sizeof(detail));
     pthread_mutex_lock(&a->qlock);
-    if (r->hprev)
-        r->hprev->hnext = r->hnext;
-    else
-        a->held = r->hnext;
-    if (r->hnext)
-        r->hnext->hprev = r->hprev;
+    zo_list_del(&r->hlink);
     pthread_mutex_unlock(&a->qlock);
     free(r);
     if (result)
@@ -884,7 +857,7 @@ ZO_API int zo_aio_test(zo_aio *a, zo_aio_req *r, int64_t *result)
     if (!a || !r || r->a != a || !r->waitable)
         return AIO_FAIL(a, -EINVAL, "zo_aio_test: NULL or foreign request");
     if (atomic_load(&r->state) != ZO__REQ_DONE)
-        return -EBUSY;
+        return ZO_PENDING; /* positive: a request that failed with -EBUSY is finished */
     return req_release(a, r, result);
 }
 
@@ -898,20 +871,11 @@ ZO_API int zo_aio_cancel(zo_aio *a, zo_aio_req *r)
     /* Pieces not claimed yet are dropped now. */
     uint64_t skip = 0;
     pthread_mutex_lock(&a->qlock);
-    zo_aio_req *prev = NULL;
-    for (zo_aio_req *q = a->qhead; q; prev = q, q = q->qnext) {
-        if (q != r)
-            continue;
+    if (r->next_piece < r->npieces) { /* still on the run queue: unlink in O(1) */
         skip = r->npieces - r->next_piece;
         r->next_piece = r->npieces;
-        if (prev)
-            prev->qnext = r->qnext;
-        else
-            a->qhead = r->qnext;
-        if (a->qtail == r)
-            a->qtail = prev;
+        zo_list_del(&r->qlink);
         atomic_fetch_sub(&a->queued, skip);
-        break;
     }
     pthread_mutex_unlock(&a->qlock);
     req_drop_pieces(a, r, skip);

@@ -39,12 +39,12 @@ typedef struct ctl_msg {
     uint64_t file_id;
     int rc;
     _Atomic uint32_t done;
-    struct ctl_msg *next;
+    zo_qnode qn;         /* on the worker's ctl queue */
 } ctl_msg;
 
 typedef struct uslot {
     zo__aio_piece p;
-    struct uslot *next_free;
+    zo_list free_link;  /* on the worker's free list while not in use */
     int fslot;          /* registered file slot in use, -1 if none */
     int in_use;
     int cancel_sent;
@@ -67,13 +67,14 @@ typedef struct uworker {
     int efd_armed, efd_cancel_sent;
     unsigned aux_inflight; /* eventfd read and cancel requests */
     _Atomic int sleeping;
-    uslot *slots, *free;
+    uslot *slots;
+    zo_list free;          /* uslot by free_link; last freed first (cache-warm) */
     unsigned inflight;     /* slots in use */
     fent ftab[FTAB];
     int files_ok, bufs_ok;
     int stop_seen;
     pthread_mutex_t cl;
-    ctl_msg *ctl_head, *ctl_tail;
+    zo_queue ctl;          /* ctl_msg, under cl */
     _Atomic int ctl_pending;
     _Atomic unsigned cancel_gen;
     unsigned cancel_seen;
@@ -244,10 +245,8 @@ static int ring_setup(uworker *w)
         snprintf(w->why, sizeof(w->why), "out of memory");
         return -ENOMEM;
     }
-    for (unsigned i = a->cfg.queue_depth; i-- > 0;) {
-        w->slots[i].next_free = w->free;
-        w->free = &w->slots[i];
-    }
+    for (unsigned i = a->cfg.queue_depth; i-- > 0;)
+        zo_list_add_head(&w->free, &w->slots[i].free_link);
     return 0;
 }
 
@@ -348,15 +347,18 @@ static void submit_slot(uworker *w, uslot *s)
 static void fill(uworker *w)
 {
     zo__aio_piece *batch[16];
-    while (w->free) {
+    while (!zo_list_empty(&w->free)) {
         /* claim into the first free slots, in free-list order */
         unsigned n = 0;
-        for (uslot *s = w->free; s && n < 16; s = s->next_free)
-            batch[n++] = &s->p;
+        zo_list *pos;
+        zo_list_for_each(pos, &w->free) {
+            if (n == 16)
+                break;
+            batch[n++] = &zo_list_entry(pos, uslot, free_link)->p;
+        }
         unsigned got = zo__aio_claim(w->a, batch, n);
         for (unsigned i = 0; i < got; i++) {
-            uslot *s = w->free;
-            w->free = s->next_free;
+            uslot *s = zo_list_entry(zo_list_pop_head(&w->free), uslot, free_link);
             s->in_use = 1;
             s->cancel_sent = 0;
             w->inflight++;
@@ -390,8 +392,7 @@ static void handle_cqe(uworker *w, uint64_t ud, int res)
     }
     zo__aio_piece_finish(w->a, &s->p);
     s->in_use = 0;
-    s->next_free = w->free;
-    w->free = s;
+    zo_list_add_head(&w->free, &s->free_link);
     w->inflight--;
 }
 
@@ -467,13 +468,15 @@ static void do_forget(uworker *w, uint64_t id)
 
 static void process_ctl(uworker *w)
 {
+    zo_queue q;
+    zo_queue_init(&q);
     pthread_mutex_lock(&w->cl);
-    ctl_msg *m = w->ctl_head;
-    w->ctl_head = w->ctl_tail = NULL;
+    zo_queue_splice(&q, &w->ctl);
     atomic_store(&w->ctl_pending, 0);
     pthread_mutex_unlock(&w->cl);
-    while (m) {
-        ctl_msg *next = m->next;
+    zo_qnode *n;
+    while ((n = zo_queue_pop(&q))) {
+        ctl_msg *m = zo_queue_entry(n, ctl_msg, qn);
         switch (m->type) {
         case CTL_REG_BUF: do_reg_buf(w, m); break;
         case CTL_UNREG_BUF: do_unreg_buf(w, m); break;
@@ -486,7 +489,6 @@ static void process_ctl(uworker *w)
         } else {
             free(m);
         }
-        m = next;
     }
 }
 
@@ -497,13 +499,8 @@ static void wake(uworker *w)
 
 static void post_ctl(uworker *w, ctl_msg *m)
 {
-    m->next = NULL;
     pthread_mutex_lock(&w->cl);
-    if (w->ctl_tail)
-        w->ctl_tail->next = m;
-    else
-        w->ctl_head = m;
-    w->ctl_tail = m;
+    zo_queue_push(&w->ctl, &m->qn);
     atomic_store(&w->ctl_pending, 1);
     pthread_mutex_unlock(&w->cl);
     wake(w);
@@ -563,7 +560,7 @@ static void run(uworker *w)
         }
         if (!w->efd_armed && !stopping)
             arm_efd(w);
-        if (w->free && !stopping) {
+        if (!zo_list_empty(&w->free) && !stopping) {
             /* Sleeping with free slots: ask submitters to wake us, then look
              * once more (they may have queued before seeing the flag). */
             atomic_store(&w->sleeping, 1);
@@ -640,6 +637,8 @@ static int u_start(zo_aio *a)
         w->be = be;
         w->idx = i;
         w->efd = -1;
+        zo_list_init(&w->free);
+        zo_queue_init(&w->ctl);
         pthread_mutex_init(&w->cl, NULL);
     }
     for (unsigned i = 0; i < be->n && !rc; i++) {

@@ -97,16 +97,17 @@ static int read_hparams(zo_errbuf *eb, const char *fn, const zo_optim_hparams *i
 {
     if (!in)
         return ZO_FAIL(eb, -EINVAL, "%s: hparams is NULL", fn);
-    size_t min = offsetof(zo_optim_hparams, grad_scale);
-    if (in->struct_size < min || in->struct_size > sizeof(*hp))
-        return ZO_FAIL(eb, -EINVAL, "%s: hparams struct_size %zu not in [%zu, %zu] (use zo_optim_hparams_default)",
-                       fn, in->struct_size, min, sizeof(*hp));
-    if ((unsigned)in->kind >= ZO_OPTIM_KIND_COUNT)
-        return ZO_FAIL(eb, ZO_ECONFIG, "%s: unknown optimizer kind %d", fn, (int)in->kind);
-    zo_optim_hparams_default(hp, in->kind);
-    memcpy(hp, in, in->struct_size);
-    hp->struct_size = sizeof(*hp);
-    return 0;
+    /* The first published version ends before grad_scale. The defaults
+     * depend on the kind, which only the caller's struct names: a first
+     * pass checks the size and reads the kind, a second lays the caller's
+     * bytes over that kind's defaults. */
+    const size_t min = offsetof(zo_optim_hparams, grad_scale);
+    zo_optim_hparams_default(hp, ZO_OPTIM_ADAMW);
+    ZO_CHECK(ZO_STRUCT_IN(hp, in, min, eb, fn));
+    if ((unsigned)hp->kind >= ZO_OPTIM_KIND_COUNT)
+        return ZO_FAIL(eb, ZO_ECONFIG, "%s: unknown optimizer kind %d", fn, (int)hp->kind);
+    zo_optim_hparams_default(hp, hp->kind);
+    return ZO_STRUCT_IN(hp, in, min, eb, fn);
 }
 
 static int check_hparams(zo_errbuf *eb, const char *fn, const zo_optim_hparams *hp)
@@ -163,6 +164,11 @@ static int check_buffers(zo_errbuf *eb, const char *fn, const span *s, int ns)
     for (int a = 0; a < ns; a++) {
         if (!s[a].p)
             return ZO_FAIL(eb, -EINVAL, "%s: %s is NULL", fn, s[a].name);
+        /* a slice that would run past the end of the address space is a bad
+         * n, not memory to walk into (and would wrap the overlap test) */
+        if (s[a].bytes > UINTPTR_MAX - (uintptr_t)s[a].p)
+            return ZO_FAIL(eb, -EINVAL, "%s: %s [%p, +%zu) runs past the end of the address space", fn,
+                           s[a].name, s[a].p, s[a].bytes);
         for (int b = 0; b < a; b++) {
             uintptr_t a0 = (uintptr_t)s[a].p, b0 = (uintptr_t)s[b].p;
             if (a0 < b0 + s[b].bytes && b0 < a0 + s[a].bytes)
@@ -188,9 +194,12 @@ static int build_job(zo_errbuf *eb, const char *fn, zo__optim_job *job, const zo
     ZO_CHECK(check_hparams(eb, fn, &hp));
     if (!t)
         return ZO_FAIL(eb, -EINVAL, "%s: tensors is NULL", fn);
-    if (t->struct_size < sizeof(*t) || t->struct_size > sizeof(*t))
-        return ZO_FAIL(eb, -EINVAL, "%s: tensors struct_size %zu, expected %zu (use zo_cpuadam_tensors_default)",
-                       fn, t->struct_size, sizeof(*t));
+    /* Checked like every versioned struct; the first published version is
+     * the current one, so only struct_size == sizeof passes today. */
+    zo_cpuadam_tensors tv;
+    zo_cpuadam_tensors_default(&tv);
+    ZO_CHECK(ZO_STRUCT_IN(&tv, t, sizeof(tv), eb, fn));
+    t = &tv;
     size_t n = t->n;
     if (n == 0)
         return ZO_FAIL(eb, -EINVAL, "%s: n = 0 (an empty slice is a caller bug)", fn);
@@ -413,6 +422,11 @@ static int exec_stats(zo_errbuf *eb, const exec *x, const void *grad, zo_dtype t
         return ZO_FAIL(eb, -EINVAL, "%s: n = 0", fn);
     if (!grad)
         return ZO_FAIL(eb, -EINVAL, "%s: grad is NULL", fn);
+    /* the same bounds as the step functions (an absurd n used to be walked) */
+    if (n > SIZE_MAX / 8)
+        return ZO_FAIL(eb, -EINVAL, "%s: n = %zu too large", fn, n);
+    span s = {"grad", grad, n * zo_dtype_size(type)};
+    ZO_CHECK(check_buffers(eb, fn, &s, 1));
     ZO_CHECK(check_align(eb, fn, "grad", grad, zo_dtype_size(type)));
     int nth = threads_for(n, x->nthreads);
     stats_slot local[8], *slots = local;
@@ -549,13 +563,8 @@ ZO_API int zo_cpuadam_team_create(zo_cpuadam_team **out, const zo_cpuadam_team_c
     *out = NULL;
     zo_cpuadam_team_config cfg;
     zo_cpuadam_team_config_default(&cfg);
-    if (cfg_in) {
-        size_t min = offsetof(zo_cpuadam_team_config, variant);
-        if (cfg_in->struct_size < min || cfg_in->struct_size > sizeof(cfg))
-            return ZO_FAIL(NULL, -EINVAL, "%s: config struct_size %zu not in [%zu, %zu]", fn,
-                           cfg_in->struct_size, min, sizeof(cfg));
-        memcpy(&cfg, cfg_in, cfg_in->struct_size);
-    }
+    if (cfg_in)
+        ZO_CHECK(ZO_STRUCT_IN(&cfg, cfg_in, offsetof(zo_cpuadam_team_config, variant), NULL, fn));
     if (cfg.nthreads < 1 || cfg.nthreads > MAX_THREADS)
         return ZO_FAIL(NULL, -EINVAL, "%s: nthreads %d must be in [1, %d]", fn, cfg.nthreads, MAX_THREADS);
     if (cfg.tile_elems < 1024 || cfg.tile_elems % 64)
@@ -678,5 +687,6 @@ ZO_API int zo_cpuadam_team_threads(const zo_cpuadam_team *team)
 
 ZO_API const char *zo_cpuadam_team_errmsg(const zo_cpuadam_team *team)
 {
-    return team ? team->eb.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(team ? &team->eb : NULL, copy);
 }

@@ -5,11 +5,20 @@
  *   1. tensors.bin complete, fdatasync
  *   2. manifest.json written, fsync
  *   3. fsync the temporary directory (its entries are on disk)
- *   4. rename .tmp-<name>.<pid> -> <name> (RENAME_NOREPLACE), fsync root
- *   5. .latest.<pid> written + fsync, rename -> latest, fsync root
+ *   4. rename .tmp-<name>.<host>.<pid> -> <name> (RENAME_NOREPLACE), fsync root
+ *   5. .latest.<host>.<pid> written + fsync, rename -> latest, fsync root
  * A crash before 4 leaves a temporary directory (removed by the next
- * writer) and `latest` untouched; between 4 and 5 a complete checkpoint that
- * `latest` does not name yet; after 5 the new one. */
+ * writer of this host) and `latest` untouched; between 4 and 5 a complete
+ * checkpoint that `latest` does not name yet; after 5 the new one. A step
+ * after 4 that fails takes the checkpoint back (latest restored, directory
+ * renamed back and removed): a failed commit publishes nothing.
+ *
+ * Liveness of a temporary directory: its writer holds an flock on
+ * `.lock` inside it for its whole life, so "abandoned" means "that lock
+ * can be taken". Names carry the host, and clean-up never touches another
+ * host's names: on a root shared between machines a pid says nothing about
+ * a process elsewhere, and a lock may be local to each client (NFS mounted
+ * with local_lock). */
 #define ZO_MODULE "ckpt"
 #include "core/internal.h"
 #include "nvme/nvme_internal.h"
@@ -22,6 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +54,7 @@ ZO_API void zo_ckpt_options_default(zo_ckpt_options *o)
 #define CKPT_FORMAT "zoffload-checkpoint"
 #define CKPT_DATA "tensors.bin"
 #define CKPT_MANIFEST "manifest.json"
+#define CKPT_LOCK ".lock"
 #define CKPT_ALIGN 4096u
 #define CKPT_MAX_MANIFEST (1ull << 30)
 #define JSON_INT_MAX (1ull << 53) /* integers a JSON double holds exactly */
@@ -79,6 +90,8 @@ struct zo_ckpt_writer {
     int put_started;
     int failed;
     int registered;      /* in the active-writer list (see writer_claim()) */
+    int lock_fd;         /* holds the flock on <tmpdir>/.lock (-1: none: the filesystem refused flock) */
+    int tmpdir_published; /* a failed commit could not take it back: never remove it */
     dev_t root_dev;
     ino_t root_ino;
     struct zo_ckpt_writer *next_active;
@@ -233,8 +246,112 @@ static int pid_alive(long pid)
     return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno != ESRCH);
 }
 
-/* Remove leftovers of writers that died: .tmp-<name>.<pid>,
- * .trash-<name>.<pid> and .latest.<pid> whose pid is gone. */
+/* ---- fault injection (tests) ------------------------------------------------------- */
+static pthread_mutex_t fault_lock = PTHREAD_MUTEX_INITIALIZER;
+static zo__ckpt_fault_fn fault_fn;
+static void *fault_user;
+
+void zo__ckpt_set_fault(zo__ckpt_fault_fn fn, void *user)
+{
+    pthread_mutex_lock(&fault_lock);
+    fault_fn = fn;
+    fault_user = user;
+    pthread_mutex_unlock(&fault_lock);
+}
+
+/* 0, or the error the test hook wants step `step` to fail with */
+static int fault(int step)
+{
+    pthread_mutex_lock(&fault_lock);
+    int r = fault_fn ? fault_fn(fault_user, step) : 0;
+    pthread_mutex_unlock(&fault_lock);
+    return r < 0 ? r : 0;
+}
+
+/* ---- host tag and owner of our leftovers ---------------------------------------------- */
+static pthread_once_t host_once = PTHREAD_ONCE_INIT;
+static char host_buf[ZO__CKPT_HOST_MAX + 1];
+
+/* The host name as it goes into our file names: no dots (they separate the
+ * fields), only [A-Za-z0-9_-], at most ZO__CKPT_HOST_MAX bytes. */
+static void host_init(void)
+{
+    char h[256] = "";
+    if (gethostname(h, sizeof(h) - 1) != 0)
+        h[0] = 0;
+    size_t n = 0;
+    for (const char *p = h; *p && n < ZO__CKPT_HOST_MAX; p++, n++) {
+        char c = *p;
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' || c == '_';
+        host_buf[n] = ok ? c : '_';
+    }
+    host_buf[n] = 0;
+    if (n == 0)
+        snprintf(host_buf, sizeof(host_buf), "localhost");
+}
+
+const char *zo__ckpt_host(void)
+{
+    pthread_once(&host_once, host_init);
+    return host_buf;
+}
+
+/* "<anything>.<host>.<pid>": is it this host's, and which pid. 0 if the name
+ * has that form (names of older versions, without a host, do not). */
+static int parse_owner(const char *n, int *ours, long *pid)
+{
+    const char *dot = strrchr(n, '.');
+    if (!dot || dot == n || !dot[1])
+        return -1;
+    char *end;
+    long p = strtol(dot + 1, &end, 10);
+    if (*end || p <= 0)
+        return -1;
+    const char *h = dot - 1;
+    while (h > n && *h != '.')
+        h--;
+    /* the host field needs a dot before it that is not the name's first
+     * character: ".latest.<pid>" of older versions has no host */
+    if (h == n || h + 1 == dot)
+        return -1;
+    const char *me = zo__ckpt_host();
+    *ours = strlen(me) == (size_t)(dot - h - 1) && strncmp(h + 1, me, (size_t)(dot - h - 1)) == 0;
+    *pid = p;
+    return 0;
+}
+
+enum { TMP_LIVE = 0, TMP_ABANDONED = 1, TMP_NOLOCK = 2 };
+
+/* Is the writer of temporary directory `path` alive? TMP_ABANDONED with
+ * *lock_fd holding its lock (close it once the directory is gone),
+ * TMP_LIVE, or TMP_NOLOCK (no lock file: the writer died before arming it,
+ * or the filesystem has no flock). A link or a non-directory under that
+ * name is TMP_NOLOCK (nothing can hold it). Errors other than "no lock
+ * file" count as live: when in doubt, keep the data. */
+static int tmp_state(const char *path, int *lock_fd)
+{
+    *lock_fd = -1;
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (dfd < 0)
+        return errno == ELOOP || errno == ENOTDIR ? TMP_NOLOCK : TMP_LIVE;
+    int fd = openat(dfd, CKPT_LOCK, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    int e = errno;
+    close(dfd);
+    if (fd < 0)
+        return e == ENOENT ? TMP_NOLOCK : TMP_LIVE;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        close(fd);
+        return TMP_LIVE;
+    }
+    *lock_fd = fd;
+    return TMP_ABANDONED;
+}
+
+/* Remove leftovers of writers of this host that died: .tmp-<name>.<host>.<pid>
+ * whose lock is free (or, without a lock file, whose pid is gone),
+ * .trash-<name>.<host>.<pid> and .latest.<host>.<pid> whose pid is gone.
+ * Another host's names are never touched (its own writers clean them), nor
+ * names of this process (its writers are alive: see writer_claim()). */
 static void clean_stale(const char *root)
 {
     DIR *d = opendir(root);
@@ -245,21 +362,30 @@ static void clean_stale(const char *root)
         const char *n = de->d_name;
         int is_tmp = !strncmp(n, ".tmp-", 5), is_trash = !strncmp(n, ".trash-", 7);
         int is_latest = !strncmp(n, ".latest.", 8);
-        if (!is_tmp && !is_trash && !is_latest)
-            continue;
-        const char *dot = strrchr(n, '.');
-        char *end;
-        long pid = strtol(dot + 1, &end, 10);
-        if (*end || pid_alive(pid))
+        int ours;
+        long pid;
+        if ((!is_tmp && !is_trash && !is_latest) || parse_owner(n, &ours, &pid) < 0 || !ours ||
+            pid == (long)getpid())
             continue;
         char *p = path_join(root, n);
         if (!p)
             break;
-        int r = is_latest ? (unlink(p) == 0 ? 0 : -errno) : remove_flat_dir(p);
-        if (r < 0)
-            ZO_LOGW("could not remove stale %s: %s", p, strerror(-r));
-        else
-            ZO_LOGI("removed %s left by a writer that died (pid %ld)", p, pid);
+        int lock_fd = -1, gone;
+        if (is_tmp) {
+            int stt = tmp_state(p, &lock_fd);
+            gone = stt == TMP_ABANDONED || (stt == TMP_NOLOCK && !pid_alive(pid));
+        } else {
+            gone = !pid_alive(pid);
+        }
+        if (gone) {
+            int r = is_latest ? (unlink(p) == 0 ? 0 : -errno) : remove_flat_dir(p);
+            if (r < 0)
+                ZO_LOGW("could not remove stale %s: %s", p, strerror(-r));
+            else
+                ZO_LOGI("removed %s left by a writer that died (pid %ld)", p, pid);
+        }
+        if (lock_fd >= 0)
+            close(lock_fd);
         free(p);
     }
     closedir(d);
@@ -535,8 +661,8 @@ out:
 
 /* ---- writer ---------------------------------------------------------------------------- */
 /* Writers of this process, by (root, name). Their temporary directory
- * .tmp-<name>.<pid> is the same for two writers of one name, and a dead
- * earlier process with our pid (a restarted container) can leave one
+ * .tmp-<name>.<host>.<pid> is the same for two writers of one name, and a
+ * dead earlier process with our pid (a restarted container) can leave one
  * behind: begin removes such a leftover, so it must know that no live
  * writer of this process owns it, else it would delete that writer's data
  * under it and the other's commit would publish a manifest over the wrong
@@ -588,6 +714,8 @@ static void writer_free(zo_ckpt_writer *w)
      * store's) wait_all would block on other users' I/O and consume the
      * fire-and-forget error they are owed. */
     zo_file_close(&w->data);
+    if (w->lock_fd >= 0)
+        close(w->lock_fd); /* the temporary directory is gone or published by now */
     zo_aio_destroy(&w->own_aio);
     tensors_free(w->t, w->n);
     cJSON_Delete(w->user);
@@ -596,6 +724,43 @@ static void writer_free(zo_ckpt_writer *w)
     free(w->tmpdir);
     free(w->final);
     free(w);
+}
+
+/* Hold an flock on <tmpdir>/.lock for the writer's life: clean-up of this
+ * host takes a temporary directory whose lock it can take for abandoned.
+ * The lock is taken on a file under another name and then renamed to
+ * .lock, so a .lock is never seen unlocked while its writer lives. A
+ * filesystem without flock leaves no .lock (clean-up then goes by pid). */
+static int lock_arm(zo_ckpt_writer *w)
+{
+    char *tmp = path_join(w->tmpdir, ".lock.new"), *fin = path_join(w->tmpdir, CKPT_LOCK);
+    int r = 0;
+    if (!tmp || !fin) {
+        r = -ENOMEM;
+        goto out;
+    }
+    int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+        r = -errno;
+        goto out;
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        ZO_LOGD("%s: no flock here (%s): liveness of this checkpoint goes by pid", w->tmpdir, strerror(errno));
+        unlink(tmp);
+        close(fd);
+        goto out;
+    }
+    if (rename(tmp, fin) != 0) {
+        r = -errno;
+        unlink(tmp);
+        close(fd);
+        goto out;
+    }
+    w->lock_fd = fd;
+out:
+    free(tmp);
+    free(fin);
+    return r;
 }
 
 static uint64_t latest_sequence(const char *root)
@@ -625,12 +790,8 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
                        name ? name : "(null)", ZO_CKPT_NAME_MAX);
     zo_ckpt_options o;
     zo_ckpt_options_default(&o);
-    if (uo) {
-        if (uo->struct_size < offsetof(zo_ckpt_options, chunk_size) + sizeof(size_t) || uo->struct_size > sizeof(o))
-            return ZO_FAIL(NULL, ZO_ECONFIG, "zo_ckpt_begin: options struct_size %zu invalid", uo->struct_size);
-        memcpy(&o, uo, uo->struct_size);
-        o.struct_size = sizeof(o);
-    }
+    if (uo)
+        ZO_CHECK(ZO_STRUCT_IN(&o, uo, offsetof(zo_ckpt_options, chunk_size) + sizeof(size_t), NULL, "zo_ckpt_begin"));
     if (!ZO_IS_POW2(o.chunk_size) || o.chunk_size < 4096 || o.chunk_size > (1u << 30))
         return ZO_FAIL(NULL, ZO_ECONFIG, "zo_ckpt_begin: chunk_size %zu must be a power of two in [4096, 1 GiB]",
                        o.chunk_size);
@@ -654,6 +815,7 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
     zo_ckpt_writer *w = calloc(1, sizeof(*w));
     if (!w)
         return -ENOMEM;
+    w->lock_fd = -1;
     w->opts = o;
     if (o.user_json) {
         w->user = cJSON_ParseWithOpts(o.user_json, NULL, 1); /* nothing after the value */
@@ -663,8 +825,8 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
         }
     }
     w->opts.user_json = NULL;
-    char tmpname[ZO_CKPT_NAME_MAX + 32];
-    snprintf(tmpname, sizeof(tmpname), ".tmp-%s.%ld", name, (long)getpid());
+    char tmpname[ZO_CKPT_NAME_MAX + ZO__CKPT_HOST_MAX + 40];
+    snprintf(tmpname, sizeof(tmpname), ".tmp-%s.%s.%ld", name, zo__ckpt_host(), (long)getpid());
     w->root = strdup(root);
     w->name = strdup(name);
     w->tmpdir = path_join(root, tmpname);
@@ -688,13 +850,32 @@ ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *nam
     w->sequence = latest_sequence(root) + 1;
     if (mkdir(w->tmpdir, 0700) != 0) {
         r = -errno;
-        if (r == -EEXIST) /* a leftover: no live writer of this process owns it (writer_claim) */
+        if (r == -EEXIST) {
+            /* a leftover under our host and pid: no live writer of this
+             * process owns it (writer_claim), but a process of another pid
+             * namespace with the same host name and pid might: its lock says */
+            int lfd;
+            if (tmp_state(w->tmpdir, &lfd) == TMP_LIVE) {
+                r = ZO_FAIL(NULL, -EBUSY, "zo_ckpt_begin: %s is locked by a live writer (another container with "
+                            "this host name and pid?) or its lock cannot be checked", w->tmpdir);
+                writer_free(w);
+                return r;
+            }
             r = remove_flat_dir(w->tmpdir) == 0 && mkdir(w->tmpdir, 0700) == 0 ? 0 : -errno;
+            if (lfd >= 0)
+                close(lfd);
+        }
         if (r < 0) {
             ZO_FAIL(NULL, r, "zo_ckpt_begin: cannot create %s: %s", w->tmpdir, zo_strerror(r));
             writer_free(w);
             return r;
         }
+    }
+    if ((r = lock_arm(w)) < 0) {
+        ZO_FAIL(NULL, r, "zo_ckpt_begin: cannot create the lock file in %s: %s", w->tmpdir, zo_strerror(r));
+        remove_flat_dir(w->tmpdir);
+        writer_free(w);
+        return r;
     }
     if (o.aio) {
         w->aio = o.aio;
@@ -871,8 +1052,8 @@ static void prune(const char *root, const char *latest, uint64_t latest_seq, uns
         zo_ckpt_close(&r);
         if (seq + keep > latest_seq)
             continue;
-        char trash[ZO_CKPT_NAME_MAX + 40];
-        snprintf(trash, sizeof(trash), ".trash-%s.%ld", de->d_name, (long)getpid());
+        char trash[ZO_CKPT_NAME_MAX + ZO__CKPT_HOST_MAX + 40];
+        snprintf(trash, sizeof(trash), ".trash-%s.%s.%ld", de->d_name, zo__ckpt_host(), (long)getpid());
         char *from = path_join(root, de->d_name), *to = path_join(root, trash);
         /* rename first: the old checkpoint disappears at once, never half */
         if (from && to && renameat(AT_FDCWD, from, AT_FDCWD, to) == 0) {
@@ -886,6 +1067,61 @@ static void prune(const char *root, const char *latest, uint64_t latest_seq, uns
     closedir(d);
 }
 
+/* What a commit changed after its rename (step 4), to be taken back if a
+ * later step fails. */
+typedef struct publish_state {
+    int renamed;       /* <root>/<name> is ours (step 4 done) */
+    int latest_moved;  /* latest was replaced (step 5's rename done) */
+    int old_latest;    /* latest before: 1 held old/old_len, 0 none, -1 unreadable */
+    char *old;
+    size_t old_len;
+} publish_state;
+
+/* A commit step after the rename failed with `err` (detail recorded): take
+ * the checkpoint back so that a failed commit publishes nothing and a
+ * retry of the name works: latest put back as it was, the directory
+ * renamed back to its temporary name (removed by the caller). Returns
+ * `err`, with the detail extended if the undo fails too (a second fault):
+ * then what stays is said there. */
+static int unpublish(zo_ckpt_writer *w, publish_state *ps, const char *ltmp, const char *lpath, int err)
+{
+    char why[ZO_ERRMSG_LEN];
+    snprintf(why, sizeof(why), "%s", zo_last_error_detail());
+    if (ps->latest_moved) {
+        int r = fault(ZO__CKPT_F_UNDO_LATEST);
+        if (r == 0 && ps->old_latest == 1) {
+            unlink(ltmp);
+            r = write_file_sync(ltmp, ps->old, ps->old_len);
+            if (r == 0 && rename(ltmp, lpath) != 0)
+                r = -errno;
+            if (r < 0)
+                unlink(ltmp);
+        } else if (r == 0 && ps->old_latest == 0) {
+            r = unlink(lpath) == 0 || errno == ENOENT ? 0 : -errno;
+        } else if (r == 0) {
+            r = -EIO; /* what latest held could not be read: it cannot be put back */
+        }
+        if (r < 0) {
+            /* latest names the new checkpoint: it must stay */
+            w->tmpdir_published = 1;
+            return ZO_FAIL(NULL, err, "%s; latest could not be put back (%s): checkpoint %s stays, current, and may "
+                           "not be durable", why, zo_strerror(r), w->name);
+        }
+        ps->latest_moved = 0;
+    }
+    int r = fault(ZO__CKPT_F_UNDO_RENAME);
+    if (r == 0 && renameat2(AT_FDCWD, w->final, AT_FDCWD, w->tmpdir, RENAME_NOREPLACE) != 0)
+        r = -errno;
+    if (r < 0) {
+        w->tmpdir_published = 1;
+        return ZO_FAIL(NULL, err, "%s; renaming it back failed (%s): %s stays, complete, and latest does not name it",
+                       why, zo_strerror(r), w->final);
+    }
+    ps->renamed = 0;
+    zo__fsync_dir(w->root); /* best effort: the step that failed may have been this very fsync */
+    return ZO_FAIL(NULL, err, "%s (nothing published)", why);
+}
+
 ZO_API int zo_ckpt_commit(zo_ckpt_writer **wp)
 {
     if (!wp || !*wp)
@@ -893,6 +1129,7 @@ ZO_API int zo_ckpt_commit(zo_ckpt_writer **wp)
     zo_ckpt_writer *w = *wp;
     int r = 0;
     char *mtext = NULL, *mpath = NULL, *ltmp = NULL, *lpath = NULL;
+    publish_state ps = {0};
     if (w->failed) {
         r = ZO_FAIL(NULL, ZO_ESTATE, "zo_ckpt_commit: %s: an earlier write failed", w->name);
         goto fail;
@@ -904,8 +1141,17 @@ ZO_API int zo_ckpt_commit(zo_ckpt_writer **wp)
                             w->t[i].name, (unsigned long long)(c * w->opts.chunk_size));
                 goto fail;
             }
+    char lname[ZO__CKPT_HOST_MAX + 40];
+    snprintf(lname, sizeof(lname), ".latest.%s.%ld", zo__ckpt_host(), (long)getpid());
+    ltmp = path_join(w->root, lname);
+    lpath = path_join(w->root, "latest");
+    mpath = path_join(w->tmpdir, CKPT_MANIFEST);
+    if (!ltmp || !lpath || !mpath) {
+        r = -ENOMEM;
+        goto fail;
+    }
     /* 1. data */
-    if ((r = zo_file_sync(w->data)) < 0) {
+    if ((r = fault(ZO__CKPT_F_DATA_SYNC)) < 0 || (r = zo_file_sync(w->data)) < 0) {
         ZO_FAIL(NULL, r, "checkpoint %s: fdatasync of the data failed: %s", w->name, zo_strerror(r));
         goto fail;
     }
@@ -914,66 +1160,73 @@ ZO_API int zo_ckpt_commit(zo_ckpt_writer **wp)
     cJSON *m = manifest_build(w);
     mtext = m ? cJSON_Print(m) : NULL;
     cJSON_Delete(m);
-    mpath = path_join(w->tmpdir, CKPT_MANIFEST);
-    if (!mtext || !mpath) {
+    if (!mtext) {
         r = -ENOMEM;
         goto fail;
     }
     size_t mlen = strlen(mtext);
     uint32_t mcrc = zo_crc32c(0, mtext, mlen);
-    if ((r = write_file_sync(mpath, mtext, mlen)) < 0) {
+    if ((r = fault(ZO__CKPT_F_MANIFEST)) < 0 || (r = write_file_sync(mpath, mtext, mlen)) < 0) {
         ZO_FAIL(NULL, r, "checkpoint %s: writing %s failed: %s", w->name, mpath, zo_strerror(r));
         goto fail;
     }
     /* 3. the directory's entries */
-    if ((r = zo__fsync_dir(w->tmpdir)) < 0) {
+    if ((r = fault(ZO__CKPT_F_TMPDIR_SYNC)) < 0 || (r = zo__fsync_dir(w->tmpdir)) < 0) {
         ZO_FAIL(NULL, r, "checkpoint %s: fsync of %s failed: %s", w->name, w->tmpdir, zo_strerror(r));
         goto fail;
     }
     /* 4. publish the directory */
-    if (renameat2(AT_FDCWD, w->tmpdir, AT_FDCWD, w->final, RENAME_NOREPLACE) != 0) {
+    if ((r = fault(ZO__CKPT_F_RENAME)) == 0 &&
+        renameat2(AT_FDCWD, w->tmpdir, AT_FDCWD, w->final, RENAME_NOREPLACE) != 0)
         r = -errno;
+    if (r < 0) {
         ZO_FAIL(NULL, r, "checkpoint %s: rename to %s failed: %s", w->name, w->final, zo_strerror(r));
         goto fail;
     }
-    free(w->tmpdir);
-    w->tmpdir = NULL; /* from here on the checkpoint exists: never remove it */
-    if ((r = zo__fsync_dir(w->root)) < 0) {
+    ps.renamed = 1;
+    if ((r = fault(ZO__CKPT_F_ROOT_SYNC)) < 0 || (r = zo__fsync_dir(w->root)) < 0) {
         ZO_FAIL(NULL, r, "checkpoint %s: fsync of %s failed: %s", w->name, w->root, zo_strerror(r));
         goto fail;
     }
-    /* 5. point latest at it */
-    char line[ZO_CKPT_NAME_MAX + 16], lname[32];
+    /* 5. point latest at it; what latest held is kept to put it back if a
+     * later step fails */
+    int lr = read_file(lpath, &ps.old, &ps.old_len, 4096);
+    ps.old_latest = lr == 0 ? 1 : lr == -ENOENT ? 0 : -1;
+    char line[ZO_CKPT_NAME_MAX + 16];
     int ln = snprintf(line, sizeof(line), "%s %08x\n", w->name, mcrc);
-    snprintf(lname, sizeof(lname), ".latest.%ld", (long)getpid());
-    ltmp = path_join(w->root, lname);
-    lpath = path_join(w->root, "latest");
-    if (!ltmp || !lpath) {
-        r = -ENOMEM;
-        goto fail;
-    }
     unlink(ltmp);
-    r = write_file_sync(ltmp, line, (size_t)ln);
-    if (r == 0 && rename(ltmp, lpath) != 0)
+    if ((r = fault(ZO__CKPT_F_LATEST_WRITE)) == 0)
+        r = write_file_sync(ltmp, line, (size_t)ln);
+    if (r == 0 && (r = fault(ZO__CKPT_F_LATEST_RENAME)) == 0 && rename(ltmp, lpath) != 0)
         r = -errno;
     if (r < 0) {
         ZO_FAIL(NULL, r, "checkpoint %s: updating %s failed: %s", w->name, lpath, zo_strerror(r));
         unlink(ltmp);
         goto fail;
     }
-    if ((r = zo__fsync_dir(w->root)) < 0) {
+    ps.latest_moved = 1;
+    if ((r = fault(ZO__CKPT_F_LATEST_SYNC)) < 0 || (r = zo__fsync_dir(w->root)) < 0) {
         ZO_FAIL(NULL, r, "checkpoint %s: fsync of %s failed: %s", w->name, w->root, zo_strerror(r));
         goto fail;
     }
+    /* published: the lock file goes (a crash before this leaves an empty
+     * .lock in the checkpoint, which nothing reads) */
+    char *lk = path_join(w->final, CKPT_LOCK);
+    if (lk)
+        unlink(lk);
+    free(lk);
     if (w->opts.keep_last)
         prune(w->root, w->name, w->sequence, w->opts.keep_last);
     r = 0;
 fail:
+    if (r < 0 && ps.renamed)
+        r = unpublish(w, &ps, ltmp, lpath, r);
+    free(ps.old);
     free(mtext);
     free(mpath);
     free(ltmp);
     free(lpath);
-    if (r < 0 && w->tmpdir) {
+    if (r < 0 && !w->tmpdir_published) {
         zo_file_close(&w->data);
         remove_flat_dir(w->tmpdir);
     }

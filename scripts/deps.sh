@@ -4,7 +4,7 @@
 # it the build simply has no CUDA backend.
 set -euo pipefail
 pkgs=(meson ninja-build pkg-config gcc g++ liburing-dev libnuma-dev libhwloc-dev check fio
-      libcjson-dev libxxhash-dev util-linux binutils)
+      libcjson-dev libxxhash-dev util-linux binutils libopenblas-dev)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -358,8 +358,13 @@ START_TEST(test_engine_config)
     BAD("block_size", cfg.block_size = 2048);
     BAD("block_size", cfg.block_size = 1ull << 40);
     BAD("backend", cfg.backend = (zo_aio_backend)7);
-    BAD("struct_size", cfg.struct_size = 0);
-    BAD("struct_size", cfg.struct_size = sizeof(cfg) + 8);
+    /* struct_size outside [first version, ours]: -EINVAL, like every versioned struct */
+    zo_aio_config_default(&cfg);
+    cfg.struct_size = 0;
+    ck_assert_int_eq(zo_aio_create(&a, &cfg), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "zo_aio_create: struct_size"));
+    cfg.struct_size = sizeof(cfg) + 8;
+    ck_assert_int_eq(zo_aio_create(&a, &cfg), -EINVAL);
     BAD("eagain_retries", cfg.eagain_retries = 1u << 20);
     BAD("numa_node", cfg.numa_node = -5);
     BAD("numa_node", cfg.numa_node = 4000);
@@ -1030,6 +1035,40 @@ static int64_t fail_all_hook(void *user, const zo__aio_fault_site *s)
     return -EIO;
 }
 
+static int64_t busy_hook(void *user, const zo__aio_fault_site *s)
+{
+    (void)user;
+    (void)s;
+    return -EBUSY;
+}
+
+/* zo_aio_test: "not finished" (ZO_PENDING, positive) cannot be mistaken for
+ * a request that finished with -EBUSY; it used to return -EBUSY for both,
+ * so a poller spun forever on a failed request. */
+START_TEST(test_fault_test_busy_is_final)
+{
+    fixture x;
+    fx_begin(&x, dir_for(1), "fbusy", ZO_FILE_TRUNC, mk_engine(1, 4, 65536));
+    zo_aio *a = x.a;
+    tbuf w = tb_alloc(4096, 0);
+    memset(w.p, 7, 4096);
+    zo__aio_set_fault(a, busy_hook, NULL);
+    zo_aio_req *r;
+    ck_assert_int_eq(zo_aio_write(a, x.f, w.p, 4096, 0, NULL, NULL, &r), 0);
+    int64_t res = 0;
+    int rc, polls = 0;
+    while ((rc = zo_aio_test(a, r, &res)) == ZO_PENDING) {
+        ck_assert_int_lt(++polls, 100000);
+        usleep(100);
+    }
+    ck_assert_int_eq(rc, -EBUSY);
+    ck_assert_int_eq(res, -EBUSY);
+    zo__aio_set_fault(a, NULL, NULL);
+    tb_free(&w);
+    fx_end(&x);
+}
+END_TEST
+
 typedef struct {
     char detail[256];
     _Atomic int done;
@@ -1074,15 +1113,15 @@ START_TEST(test_fault_errmsg_whole)
         }
         ck_assert_msg(found, "round %d: handle message is not one request's detail: %s", round, msg);
     }
-    /* the message is written under the engine's error lock: while it is
-     * held, a failing request cannot record its detail (nor run its
-     * callback, which comes after); released, the message is that detail */
-    pthread_mutex_lock(&a->elock);
+    /* the message is written under its zo_errbuf lock: while it is held, a
+     * failing request cannot record its detail (nor run its callback, which
+     * comes after); released, the message is that detail */
+    atomic_store(&a->eb.busy, 1);
     atomic_store(&slots[0].done, 0);
     ck_assert_int_eq(zo_aio_write(a, x.f, w.p, 4096, 0, torn_cb, &slots[0], NULL), 0);
     usleep(200000);
     int early = atomic_load(&slots[0].done);
-    pthread_mutex_unlock(&a->elock);
+    atomic_store(&a->eb.busy, 0);
     ck_assert_msg(!early, "the handle message was written without the error lock");
     ck_assert_int_eq(zo_aio_wait_all(a), 0);
     ck_assert_str_eq(zo_aio_errmsg(a), slots[0].detail);
@@ -1235,7 +1274,7 @@ START_TEST(test_test_and_cancel)
     /* held at the gate: test() says busy, deterministically */
     ck_assert_int_eq(zo_aio_read(a, f, b.p, 16u << 20, 0, NULL, NULL, &r), 0);
     int64_t res = 1;
-    ck_assert_int_eq(zo_aio_test(a, r, &res), -EBUSY);
+    ck_assert_int_eq(zo_aio_test(a, r, &res), ZO_PENDING);
     ck_assert_int_eq(res, 1);
     /* cancel: 4096 pieces, at most a few started; the rest are dropped */
     ck_assert_int_eq(zo_aio_cancel(a, r), 0);
@@ -1249,7 +1288,7 @@ START_TEST(test_test_and_cancel)
     ck_assert_uint_lt(st.chunks, 64);
     /* cancelling a finished request changes nothing */
     ck_assert_int_eq(zo_aio_read(a, f, b.p, 8192, 0, NULL, NULL, &r), 0);
-    while (zo_aio_test(a, r, &res) == -EBUSY)
+    while (zo_aio_test(a, r, &res) == ZO_PENDING)
         usleep(100);
     ck_assert_int_eq(res, 8192);
     ck_assert_int_eq(zo_aio_read(a, f, b.p, 8192, 0, NULL, NULL, &r), 0);
@@ -1419,6 +1458,7 @@ static Suite *aio_suite(void)
     tcase_add_loop_test(tc, test_fault_resumed, 0, 6);
     tcase_add_loop_test(tc, test_fault_errors, 0, 4);
     tcase_add_test(tc, test_fault_errmsg_whole);
+    tcase_add_test(tc, test_fault_test_busy_is_final);
     tcase_add_test(tc, test_fault_eagain_bound);
     suite_add_tcase(s, tc);
     return s;

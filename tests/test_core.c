@@ -3,12 +3,14 @@
  * style). */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "zo_test.h"
 
 #include "core/internal.h"
 #include "core/list.h"
 #include "core/vec_ref.h"
+#include "store/store_internal.h"
 
 #include <zoffload/zoffload.h>
 
@@ -74,6 +76,193 @@ START_TEST(test_list_and_queue)
     ck_assert_uint_eq(a.len, 0);
     zo_queue_push(&a, &it[1].q); /* usable again after draining: tail reset */
     ck_assert_int_eq(zo_queue_entry(zo_queue_pop(&a), item, q)->v, 1);
+}
+END_TEST
+
+/* ---- per-handle error messages under concurrent writers ---------------- */
+/* Writers record failures on one handle from several threads while a reader
+ * copies the message out: every copy must be one writer's message, whole.
+ * Each writer's message is a run of one letter, so a torn copy (bytes of
+ * two messages) shows as a run of two letters or a wrong length. Before
+ * zo_errbuf had its lock, the store's and swap store's messages were plain
+ * memcpy'd by zo__fail and read in place by the *_errmsg getters. */
+enum { EB_WRITERS = 3, EB_RUN = 200 };
+
+typedef struct eb_ctx {
+    zo_errbuf *eb;     /* generic: ZO_FAIL into it */
+    zo_store *store;   /* or: fail zo_store_register with a bad dtype */
+    zo_swap *swap;     /* or: fail zo_swap_free with an unknown handle */
+    int id;
+    _Atomic int *stop;
+} eb_ctx;
+
+static void *eb_writer(void *arg)
+{
+    eb_ctx *c = arg;
+    char run[EB_RUN + 1];
+    memset(run, 'a' + c->id, EB_RUN);
+    run[EB_RUN] = '\0';
+    while (!atomic_load(c->stop)) {
+        if (c->eb) {
+            ZO_FAIL(c->eb, -EIO, "<%s>", run);
+        } else if (c->store) {
+            zo_tensor_desc d;
+            zo_tensor_desc_default(&d);
+            d.name = run;
+            d.bytes = 4;
+            d.dtype = (zo_dtype)99;
+            zo_tensor *t;
+            ck_assert_int_eq(zo_store_register(c->store, &d, &t), -EINVAL);
+        } else {
+            uint64_t id = 0x1111111111111111ull * (uint64_t)(c->id + 1);
+            ck_assert_int_eq(zo_swap_free(c->swap, id), -ENOENT);
+        }
+    }
+    return NULL;
+}
+
+/* Is msg one writer's whole message? The varying part starts at `open` and
+ * is `len` copies of one character, followed by `tail`. */
+static int eb_whole(const char *msg, const char *head, size_t len, const char *tail)
+{
+    size_t h = strlen(head);
+    if (strncmp(msg, head, h) != 0)
+        return 0;
+    const char *p = msg + h;
+    for (size_t i = 0; i < len; i++)
+        if (p[i] != p[0])
+            return 0;
+    return strcmp(p + len, tail) == 0;
+}
+
+static void eb_hammer(eb_ctx proto, const char *(*read)(eb_ctx *), const char *head, size_t len, const char *tail)
+{
+    _Atomic int stop = 0;
+    eb_ctx ctx[EB_WRITERS];
+    pthread_t th[EB_WRITERS];
+    for (int i = 0; i < EB_WRITERS; i++) {
+        ctx[i] = proto;
+        ctx[i].id = i;
+        ctx[i].stop = &stop;
+        ck_assert_int_eq(pthread_create(&th[i], NULL, eb_writer, &ctx[i]), 0);
+    }
+    int seen = 0;
+    for (int i = 0; i < 200000; i++) {
+        char copy[ZO_ERRMSG_LEN];
+        snprintf(copy, sizeof(copy), "%s", read(&proto));
+        if (!copy[0])
+            continue; /* no failure recorded yet */
+        seen++;
+        if (!eb_whole(copy, head, len, tail)) {
+            atomic_store(&stop, 1);
+            for (int k = 0; k < EB_WRITERS; k++)
+                pthread_join(th[k], NULL);
+            ck_abort_msg("torn message after %d good reads: %s", seen, copy);
+        }
+    }
+    atomic_store(&stop, 1);
+    for (int i = 0; i < EB_WRITERS; i++)
+        pthread_join(th[i], NULL);
+    ck_assert_int_gt(seen, 0);
+}
+
+/* Deterministic half: while the test holds an errbuf's lock, a thread that
+ * records a failure in it (or reads it through a getter) must wait. */
+typedef struct eb_blocked {
+    eb_ctx c;
+    int read; /* 1: call the getter instead of failing */
+    _Atomic int done;
+} eb_blocked;
+
+static void *eb_blocked_thread(void *arg)
+{
+    eb_blocked *b = arg;
+    if (b->read) {
+        (void)zo_store_errmsg(b->c.store);
+    } else {
+        if (b->c.eb)
+            ZO_FAIL(b->c.eb, -EIO, "blocked writer");
+        else {
+            zo_tensor_desc d;
+            zo_tensor_desc_default(&d);
+            d.name = "blocked";
+            d.bytes = 4;
+            d.dtype = (zo_dtype)99;
+            zo_tensor *t;
+            (void)zo_store_register(b->c.store, &d, &t);
+        }
+    }
+    atomic_store(&b->done, 1);
+    return NULL;
+}
+
+static void eb_must_wait(zo_errbuf *lockword, eb_blocked *b)
+{
+    pthread_t th;
+    atomic_store(&lockword->busy, 1);
+    ck_assert_int_eq(pthread_create(&th, NULL, eb_blocked_thread, b), 0);
+    usleep(100000);
+    int early = atomic_load(&b->done);
+    atomic_store(&lockword->busy, 0);
+    pthread_join(th, NULL);
+    ck_assert_msg(!early, "the message was %s without its lock", b->read ? "read" : "written");
+    ck_assert(atomic_load(&b->done));
+}
+
+static const char *read_eb(eb_ctx *c)
+{
+    static _Thread_local char out[ZO_ERRMSG_LEN];
+    return zo__errbuf_get(c->eb, out, sizeof(out));
+}
+static const char *read_store(eb_ctx *c) { return zo_store_errmsg(c->store); }
+static const char *read_swap(eb_ctx *c) { return zo_swap_errmsg(c->swap); }
+
+START_TEST(test_errbuf_threads)
+{
+    zo_errbuf eb = {{0}};
+    eb_hammer((eb_ctx){.eb = &eb}, read_eb, "<", EB_RUN, ">");
+    eb_blocked b = {.c = {.eb = &eb}};
+    eb_must_wait(&eb, &b);
+    ck_assert_str_eq(read_eb(&b.c), "blocked writer");
+    /* a detail re-raised from the buffer it lands in (formatted privately) */
+    ZO_FAIL(&eb, -EIO, "cause");
+    char again[ZO_ERRMSG_LEN];
+    ZO_FAIL(&eb, -EIO, "outer: %s", zo__errbuf_get(&eb, again, sizeof(again)));
+    ck_assert_str_eq(zo__errbuf_get(&eb, again, sizeof(again)), "outer: cause");
+    ZO_FAIL(NULL, -EIO, "outer2: %s", zo_last_error_detail());
+    ck_assert_str_eq(zo_last_error_detail(), "outer2: outer: cause");
+}
+END_TEST
+
+START_TEST(test_errbuf_store_swap_threads)
+{
+    zo_store_config sc;
+    zo_store_config_default(&sc);
+    sc.host_bytes = 1u << 20;
+    sc.slots = 0;
+    sc.pin_flags = ZO_PIN_NO_LOCK;
+    zo_store *s;
+    ck_assert_int_eq(zo_store_create(&s, &sc), 0);
+    eb_hammer((eb_ctx){.store = s}, read_store, "zo_store_register: '", EB_RUN, "': invalid dtype or ndim 0");
+    eb_blocked b = {.c = {.store = s}};
+    eb_must_wait(&s->err, &b);
+    ck_assert_str_eq(zo_store_errmsg(s), "zo_store_register: 'blocked': invalid dtype or ndim 0");
+    eb_blocked rb = {.c = {.store = s}, .read = 1};
+    eb_must_wait(&s->err, &rb);
+    zo_store_destroy(&s);
+
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[1] = {dir};
+    zo_swap_config wc;
+    zo_swap_config_default(&wc);
+    wc.dirs = dirs;
+    wc.ndirs = 1;
+    zo_swap *w;
+    ck_assert_int_eq(zo_swap_create(&w, &wc), 0);
+    eb_hammer((eb_ctx){.swap = w}, read_swap, "zo_swap_free: unknown handle 0x", 16, "");
+    zo_swap_destroy(&w);
+    zo_test_rmtree(dir);
 }
 END_TEST
 
@@ -600,6 +789,8 @@ static Suite *core_suite(void)
     tcase_add_test(tc, test_version_build);
     tcase_add_test(tc, test_list_and_queue);
     tcase_add_test(tc, test_struct_in);
+    tcase_add_test(tc, test_errbuf_threads);
+    tcase_add_test(tc, test_errbuf_store_swap_threads);
     suite_add_tcase(s, tc);
     tc = tcase_create("cpu");
     tcase_add_test(tc, test_cpu_parse_mask);

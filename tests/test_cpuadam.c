@@ -705,6 +705,47 @@ START_TEST(test_grad_stats_all_variants)
 }
 END_TEST
 
+/* Lion and non-finite gradients, as cpuadam.h states it: the update is
+ * sign(c) * lr, so +/-inf moves the parameter by -/+lr (finite) and makes
+ * exp_avg +/-inf; NaN makes both NaN. Every variant, bit for bit. */
+START_TEST(test_lion_nonfinite_gradient)
+{
+    enum { N = 67 };
+    zo_optim_hparams hp;
+    zo_optim_hparams_default(&hp, ZO_OPTIM_LION);
+    hp.lr = 0.25; /* exact in fp32: 1 -/+ lr is exact */
+    hp.weight_decay = 0;
+    for (size_t v = 0; v < NVARIANTS; v++) {
+        if (!variant_runs(v))
+            continue;
+        const zo_cpuadam_dsp *d = zo__cpuadam_dsp_for(variant_flags[v]);
+        float p[N], g[N], m[N];
+        for (int i = 0; i < N; i++)
+            p[i] = 1.0f, g[i] = 0.5f, m[i] = 0.0f;
+        g[3] = INFINITY, g[40] = -INFINITY, g[65] = NAN;
+        zo_cpuadam_tensors t;
+        zo_cpuadam_tensors_default(&t);
+        t.n = N, t.param = p, t.grad = g, t.exp_avg = m;
+        zo__optim_job job;
+        ck_assert_int_eq(zo__cpuadam_make_job(&job, &hp, &t, 0), 0);
+        d->step(&job, 0, N);
+        ck_assert_msg(p[3] == 0.75f && p[40] == 1.25f, "%s: p %a %a", d->name, (double)p[3], (double)p[40]);
+        ck_assert_msg(isnan(p[65]), "%s: NaN gradient gave p %a", d->name, (double)p[65]);
+        ck_assert_msg(isinf(m[3]) && m[3] > 0 && isinf(m[40]) && m[40] < 0 && isnan(m[65]), "%s: m %a %a %a",
+                      d->name, (double)m[3], (double)m[40], (double)m[65]);
+        ck_assert_msg(p[0] == 0.75f, "%s: finite element p %a", d->name, (double)p[0]);
+        /* exp_avg = inf stays the sign until an inf of the other sign meets it */
+        g[3] = 1.0f, g[40] = 1.0f;
+        d->step(&job, 0, N);
+        ck_assert_msg(p[3] == 0.5f && p[40] == 1.5f, "%s: second step p %a %a", d->name, (double)p[3],
+                      (double)p[40]);
+        g[3] = -INFINITY;
+        d->step(&job, 0, N);
+        ck_assert_msg(isnan(p[3]), "%s: inf - inf gave p %a", d->name, (double)p[3]);
+    }
+}
+END_TEST
+
 START_TEST(test_grad_stats_threads)
 {
     size_t n = 1000003;
@@ -1103,6 +1144,11 @@ START_TEST(test_bad_input)
     EXPECT_FAIL(zo_cpuadam_grad_stats(NULL, ZO_DTYPE_F32, 4, 1, &st), -EINVAL, "grad is NULL");
     EXPECT_FAIL(zo_cpuadam_grad_stats(g, ZO_DTYPE_F32, 4, 1, NULL), -EINVAL, "out is NULL");
     EXPECT_FAIL(zo_cpuadam_grad_stats(g, ZO_DTYPE_I32, 4, 1, &st), ZO_ENOTSUP, "i32");
+    /* an absurd n is refused as the step functions refuse it (it was
+     * walked: SIGSEGV) */
+    EXPECT_FAIL(zo_cpuadam_grad_stats(g, ZO_DTYPE_F32, SIZE_MAX, 1, &st), -EINVAL, "too large");
+    EXPECT_FAIL(zo_cpuadam_grad_stats(g, ZO_DTYPE_F32, SIZE_MAX / 8 + 1, 4, &st), -EINVAL, "too large");
+    EXPECT_FAIL(zo_cpuadam_grad_stats(g, ZO_DTYPE_BF16, SIZE_MAX / 2, 4, &st), -EINVAL, "too large");
     EXPECT_FAIL(zo_cpuadam_grad_stats(g, ZO_DTYPE_F32, 4, 0, &st), -EINVAL, "nthreads");
     EXPECT_FAIL(zo_cpuadam_grad_stats((char *)g + 2, ZO_DTYPE_F32, 4, 1, &st), -EINVAL, "aligned");
     /* the bound kernel */
@@ -1215,6 +1261,7 @@ static Suite *suite(void)
     tcase_add_test(tc, test_mask_bounds_dispatch);
     tcase_add_test(tc, test_threads_and_tiles_bit_identical);
     tcase_add_test(tc, test_grad_stats_threads);
+    tcase_add_test(tc, test_lion_nonfinite_gradient);
     suite_add_tcase(s, tc);
     return s;
 }

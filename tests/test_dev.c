@@ -67,6 +67,27 @@ START_TEST(test_probe_open_info)
     c.kind = (zo_dev_kind)77;
     ck_assert_int_eq(zo_dev_open(&d2, &c), -EINVAL);
     ck_assert_int_eq(zo_dev_probe((zo_dev_kind)77, NULL, NULL, 0), -EINVAL);
+    /* The shared struct_size rule: shorter than the first published
+     * version, or longer than ours, is -EINVAL naming the function (it used
+     * to accept a longer one and copy sizeof bytes of it). The first
+     * published zo_dev_config is today's, so no shorter "older caller"
+     * exists yet: test_core's struct_in covers the defaults half. */
+    {
+        unsigned char buf[sizeof(zo_dev_config) + 16];
+        memset(buf, 0xa5, sizeof(buf));
+        zo_dev_config_default(&c);
+        c.kind = kind;
+        c.struct_size = sizeof(c) + 16;
+        memcpy(buf, &c, sizeof(c));
+        d2 = (zo_dev *)1;
+        ck_assert_int_eq(zo_dev_open(&d2, (const zo_dev_config *)buf), -EINVAL);
+        ck_assert_ptr_null(d2);
+        ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "zo_dev_open: struct_size"));
+        c.struct_size = offsetof(zo_dev_config, host_mem_limit);
+        memcpy(buf, &c, sizeof(c));
+        ck_assert_int_eq(zo_dev_open(&d2, (const zo_dev_config *)buf), -EINVAL);
+        ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "zo_dev_open: struct_size"));
+    }
     zo_dev_kind k;
     ck_assert_int_eq(zo_dev_kind_parse("cuda", &k), 0);
     ck_assert_int_eq(k, ZO_DEV_CUDA);

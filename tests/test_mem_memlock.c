@@ -80,11 +80,37 @@ START_TEST(test_fallback_under_memlock)
 }
 END_TEST
 
+/* A store whose host tier must be locked (ZO_PIN_REQUIRE) under a limit too
+ * small: the detail names the store's step once and keeps the cause from
+ * zo_pinned_alloc. It used to format zo_last_error_detail() into itself:
+ * "store: cannot allocate ... for the host tier: store: cannot allocate ...
+ * for the host tier: store: ...", the cause lost. */
+START_TEST(test_store_require_detail)
+{
+    ck_assert_int_eq(zo_test_limit_memlock(LIMIT), 0);
+    zo_store_config c;
+    zo_store_config_default(&c);
+    c.host_bytes = 4u << 20;
+    c.slots = 0;
+    c.pin_flags |= ZO_PIN_REQUIRE;
+    zo_store *s = (zo_store *)1;
+    int r = zo_store_create(&s, &c);
+    ck_assert_msg(r == -EPERM || r == -ENOMEM || r == -EAGAIN, "got %d (%s)", r, zo_strerror(r));
+    ck_assert_ptr_null(s);
+    const char *d = zo_last_error_detail();
+    const char *first = strstr(d, "store: cannot allocate");
+    ck_assert_msg(first != NULL, "detail: %s", d);
+    ck_assert_msg(strstr(first + 1, "store: cannot allocate") == NULL, "prefix repeated: %s", d);
+    ck_assert_msg(strstr(d, "zo_pinned_alloc:") && strstr(d, "ZO_PIN_REQUIRE"), "cause lost: %s", d);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("mem-memlock");
     TCase *tc = tcase_create("memlock");
     tcase_add_test(tc, test_fallback_under_memlock);
+    tcase_add_test(tc, test_store_require_detail);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

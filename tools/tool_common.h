@@ -30,6 +30,22 @@ void zj_bool(zo_json *j, const char *key, int val);
 void zj_null(zo_json *j, const char *key);
 void zj_end(zo_json *j); /* final newline */
 
+/* Open a data file the tool makes, as safely as the library's own files (the
+ * swap store's arenas): a new file is created O_EXCL | O_NOFOLLOW, mode 0600.
+ * If `path` exists, it is reused only when it can be a leftover of ours (a
+ * killed earlier run, or --keep): a regular file, owned by this effective
+ * user, with one link, opened O_NOFOLLOW. Anything else there (a symlink a
+ * local user planted in /var/tmp, another user's file, a hard link, a
+ * device) is refused, so a benchmark run as root never writes through it.
+ * Returns a descriptor (O_RDWR | O_CLOEXEC) and sets *created (1: made now),
+ * or -1 with errno set and the reason in why. */
+int zo_tool_open_data(const char *path, int *created, char *why, size_t whylen);
+
+/* Create directory `path` (mode 0700) if it does not exist, as the library
+ * does for a checkpoint root; an existing directory (or a symlink to one)
+ * is accepted. Only the last component is created. 0, or -1 with why. */
+int zo_tool_mkdir(const char *path, char *why, size_t whylen);
+
 /* Facts about this machine: CPU model and count, ISA level, memory, kernel. */
 typedef struct zo_machine {
     char cpu_model[64];
@@ -46,5 +62,39 @@ void zo_machine_print(const zo_machine *m, FILE *f);
 void zo_machine_json(const zo_machine *m, zo_json *j, const char *key);
 /* The filesystem and block device behind a path: "ext4 on /dev/vda" */
 void zo_path_storage(const char *path, char *buf, size_t len);
+
+/* Parse a decimal unsigned in [lo, hi] (no sign, no trailing text): 0 or -1. */
+int zo_tool_parse_u(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *v);
+/* "prog: <message>" on stderr; returns 2, the tools' exit status for bad usage. */
+int zo_tool_bad(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Median of n values (n >= 1); v is not reordered. */
+double zo_median(const double *v, unsigned n);
+
+/* ---- fio, for comparisons on the same path ---------------------------------- */
+typedef struct zo_fio_job {
+    const char *fio;           /* the binary; NULL: fio in PATH */
+    const char *filename;      /* --filename (several: ':'-separated) */
+    uint64_t size;             /* --size, per job */
+    uint64_t bs;               /* --bs */
+    unsigned iodepth, numjobs; /* --iodepth, --numjobs */
+    uint64_t offset_increment; /* --offset_increment (0: not given) */
+    const char *rw;            /* --rw: "read", "write", "rw"... */
+    unsigned rwmixread;        /* --rwmixread with rw "rw" (0: not given) */
+    unsigned loops;            /* --loops (0: not given) */
+    int direct;                /* --direct */
+    int fixedbufs, sqpoll;     /* --fixedbufs, --sqthread_poll=1 */
+    const char *iomem;         /* --iomem (NULL: fio's default, malloc) */
+} zo_fio_job;
+
+typedef struct zo_fio_result {
+    double bw[2];   /* read, write: bytes/s */
+    double cpu_s;   /* user + system CPU seconds of every job */
+    char err[256];  /* why it failed */
+} zo_fio_result;
+
+/* Run fio (ioengine io_uring, --registerfiles --thread, group reporting,
+ * terse output) and parse its bandwidths. 0, or -1 with res->err set. */
+int zo_fio_run(const zo_fio_job *job, zo_fio_result *res);
 
 #endif

@@ -491,10 +491,50 @@ static int64_t pattern_check(const uint8_t *buf, size_t len, unsigned t, uint64_
     return (int64_t)i;
 }
 
+/* Fill [0, size) of fd with the pattern of path i, with plain synchronous
+ * writes. A short write is resumed; the error that stops it (ENOSPC on a
+ * full filesystem) is the one reported, never a stale errno. 0 or errno. */
+static int fill_file(int fd, unsigned i, uint64_t size)
+{
+    size_t chunk = 8u << 20;
+    uint8_t *buf = malloc(chunk);
+    if (!buf)
+        return ENOMEM;
+    int e = 0;
+    for (uint64_t off = 0; off < size && !e;) {
+        size_t n = (size_t)(size - off < chunk ? size - off : chunk);
+        pattern_fill(buf, n, i, off);
+        for (size_t done = 0; done < n;) {
+            ssize_t w = pwrite(fd, buf + done, n - done, (off_t)(off + done));
+            if (w < 0 && errno == EINTR)
+                continue;
+            if (w <= 0) {
+                e = w < 0 ? errno : ENOSPC; /* no progress and no error: nothing left to write into */
+                break;
+            }
+            done += (size_t)w;
+        }
+        off += n;
+    }
+    free(buf);
+    if (!e && fdatasync(fd) != 0)
+        e = errno;
+    return e;
+}
+
 /* Open (creating when needed) the file behind each --path. Files this tool
  * creates, or finds too small among its own, are preallocated and written
  * once (untimed) so reads meet real data, never unwritten extents. A user's
- * existing file is never extended or rewritten for a read pass. */
+ * existing file is never extended or rewritten for a read pass.
+ *
+ * Files the tool makes (its own zo-aio-bench.N.dat in a directory, or a
+ * --path file that does not exist yet) are opened through
+ * zo_tool_open_data(): created O_EXCL | O_NOFOLLOW mode 0600, or, when
+ * something is already there, reused only if it is a regular file of ours
+ * with one link (a killed earlier run's leftover, or --keep); a planted
+ * symlink or someone else's file is refused. A file the user names and that
+ * exists is the user's choice and is opened as named (a symlink to a block
+ * device is fine there). */
 static int open_targets(const opts *o, target *tg, int need_data)
 {
     dev_t devs[MAX_PATHS];
@@ -511,14 +551,36 @@ static int open_targets(const opts *o, target *tg, int need_data)
         }
         struct stat st;
         int exists = stat(t->path, &st) == 0;
+        int fd = -1, made = 0;
+        if (own || !exists) {
+            char why[4300];
+            fd = zo_tool_open_data(t->path, &made, why, sizeof(why));
+            if (fd < 0)
+                return bad("%s", why);
+            exists = 1;
+        }
         /* a user's existing file is opened for writing only when a pass
          * writes; the tool's own files are created and filled as needed */
-        int writes = o->do_write || o->mix_r || o->verify || own || !exists;
-        unsigned fl = (writes ? ZO_FILE_WRITE | ZO_FILE_CREATE : 0) | ZO_FILE_READ | (o->direct ? 0 : ZO_FILE_BUFFERED);
+        int writes = o->do_write || o->mix_r || o->verify || fd >= 0;
+        unsigned fl = (writes ? ZO_FILE_WRITE : 0) | ZO_FILE_READ | (o->direct ? 0 : ZO_FILE_BUFFERED) |
+                      (fd >= 0 ? ZO_FILE_NOFOLLOW : 0);
         int rc = zo_file_open(&t->f, t->path, fl);
-        if (rc)
+        if (rc) {
+            if (made)
+                unlink(t->path);
+            if (fd >= 0)
+                close(fd);
             return bad("cannot open %s: %s (%s)", t->path, zo_strerror(rc), zo_last_error_detail());
-        t->created = !exists;
+        }
+        t->created = made;
+        if (fd >= 0) {
+            /* the engine's file must be the one we examined */
+            struct stat a, b;
+            if (fstat(fd, &a) != 0 || lstat(t->path, &b) != 0 || a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+                close(fd);
+                return bad("%s changed while it was being opened: refusing it", t->path);
+            }
+        }
         /* the same file under two --path (or one path given twice) would
          * have two stripes write the same bytes with different patterns:
          * --verify would then report corruption that is not there */
@@ -537,39 +599,28 @@ static int open_targets(const opts *o, target *tg, int need_data)
         zo_file_get_info(t->f, &info);
         if (o->direct && !info.direct)
             fprintf(stderr, "zo-aio-bench: note: %s: %s; measuring buffered I/O\n", t->path, info.fallback);
-        if (need_data && info.size < o->size && (own || t->created)) {
+        if (need_data && info.size < o->size && fd >= 0) {
             t->created = t->created || own;
             rc = zo_file_allocate(t->f, 0, o->size);
-            if (rc && rc != -EOPNOTSUPP)
+            if (rc && rc != -EOPNOTSUPP) {
+                close(fd);
                 return fprintf(stderr, "zo-aio-bench: cannot reserve %llu bytes for %s: %s (%s)\n",
                                (unsigned long long)o->size, t->path, zo_strerror(rc), zo_last_error_detail()),
                        EXIT_RUN;
-            /* write it once, with plain synchronous I/O */
-            int fd = open(t->path, O_WRONLY | O_CLOEXEC);
-            size_t chunk = 8u << 20;
-            uint8_t *buf = malloc(chunk);
-            if (fd < 0 || !buf) {
-                free(buf);
-                if (fd >= 0)
-                    close(fd);
-                return fprintf(stderr, "zo-aio-bench: cannot fill %s: %s\n", t->path, strerror(errno)), EXIT_RUN;
             }
-            for (uint64_t off = 0; off < o->size; off += chunk) {
-                size_t n = (size_t)(o->size - off < chunk ? o->size - off : chunk);
-                pattern_fill(buf, n, (unsigned)i, off);
-                if (pwrite(fd, buf, n, (off_t)off) != (ssize_t)n) {
-                    int e = errno;
-                    free(buf);
-                    close(fd);
-                    return fprintf(stderr, "zo-aio-bench: cannot fill %s: %s\n", t->path,
-                                   e ? strerror(e) : "short write"),
-                           EXIT_RUN;
-                }
+            /* write it once, through the descriptor we examined (no second
+             * open by name); without fallocate (ext2, vfat...) a full disk
+             * shows here, and must be reported as such */
+            int e = fill_file(fd, (unsigned)i, o->size);
+            if (e) {
+                close(fd);
+                return fprintf(stderr, "zo-aio-bench: cannot fill %s with %llu bytes: %s\n", t->path,
+                               (unsigned long long)o->size, strerror(e)),
+                       EXIT_RUN;
             }
-            free(buf);
-            fdatasync(fd);
-            close(fd);
         }
+        if (fd >= 0)
+            close(fd);
     }
     return 0;
 }
@@ -735,6 +786,17 @@ static int store_open(const opts *o, const zo_aio_config *cfg)
     sc.dirs = o->paths;
     sc.ndirs = (unsigned)o->npaths;
     sc.chunk_size = o->bs;
+    /* Arenas sized from the run, not the 1 GiB default, which a tiny run
+     * would reserve (fallocate) per directory: each tensor is striped over
+     * the directories in chunks, so a directory holds at most
+     * ceil(chunks / ndirs) chunks of each tensor. Big runs keep the default
+     * as the growth step; a short estimate only means a second arena. */
+    {
+        uint64_t chunks = (o->tensor_size + o->bs - 1) / o->bs;
+        uint64_t per_dir = (chunks + (uint64_t)o->npaths - 1) / (uint64_t)o->npaths * o->bs * o->tensors;
+        if (per_dir < sc.arena_size)
+            sc.arena_size = per_dir > o->bs ? per_dir : o->bs;
+    }
     sc.checksum = o->csum;
     sc.keep_files = o->keep;
     sc.buffered = !o->direct;
@@ -1531,114 +1593,37 @@ static int run_fio(const opts *o, const target *tg, const params *pp, int mode, 
         fl += (size_t)snprintf(filenames + fl, sizeof(filenames) - fl, "%s%s", i ? ":" : "", tg[i].path);
     uint64_t total = o->size * (uint64_t)o->npaths;
     uint64_t per_job = total / pp->threads;
-    char a_name[] = "--name=zo-vs-fio", a_file[sizeof(filenames) + 16], a_size[64], a_bs[64], a_qd[64], a_jobs[64],
-         a_rw[64], a_mix[64], a_loops[64], a_direct[32], a_inc[64], a_iomem[80];
-    snprintf(a_file, sizeof(a_file), "--filename=%s", filenames);
-    snprintf(a_size, sizeof(a_size), "--size=%llu", (unsigned long long)per_job);
-    snprintf(a_bs, sizeof(a_bs), "--bs=%llu", (unsigned long long)pp->bs);
-    snprintf(a_qd, sizeof(a_qd), "--iodepth=%u", pp->qd);
-    snprintf(a_jobs, sizeof(a_jobs), "--numjobs=%u", pp->threads);
-    snprintf(a_inc, sizeof(a_inc), "--offset_increment=%llu", (unsigned long long)per_job);
-    snprintf(a_rw, sizeof(a_rw), "--rw=%s", mode < 0 ? "rw" : mode == OP_READ ? "read" : "write");
-    snprintf(a_mix, sizeof(a_mix), "--rwmixread=%u", o->mix_r ? o->mix_r * 100 / (o->mix_r + o->mix_w) : 50);
-    snprintf(a_loops, sizeof(a_loops), "--loops=%u", o->loops);
-    snprintf(a_direct, sizeof(a_direct), "--direct=%d", o->direct);
-    const char *argv[32];
-    int n = 0;
-    argv[n++] = o->fio ? o->fio : "fio";
-    argv[n++] = a_name;
-    argv[n++] = a_file;
-    argv[n++] = a_size;
-    argv[n++] = a_bs;
-    argv[n++] = a_qd;
-    argv[n++] = a_jobs;
-    argv[n++] = a_inc;
-    argv[n++] = a_rw;
-    if (mode < 0)
-        argv[n++] = a_mix;
-    argv[n++] = a_loops;
-    argv[n++] = a_direct;
-    argv[n++] = "--ioengine=io_uring";
-    if (o->registered)
-        argv[n++] = "--fixedbufs";
-    argv[n++] = "--registerfiles";
-    if (o->sqpoll)
-        argv[n++] = "--sqthread_poll=1";
-    if (o->fio_iomem) {
-        snprintf(a_iomem, sizeof(a_iomem), "--iomem=%s", o->fio_iomem);
-        argv[n++] = a_iomem;
-    }
-    argv[n++] = "--thread";
-    argv[n++] = "--group_reporting";
-    argv[n++] = "--output-format=terse";
-    argv[n++] = "--terse-version=3";
-    argv[n] = NULL;
-
-    int pfd[2];
-    if (pipe2(pfd, O_CLOEXEC) != 0)
-        return snprintf(fr->err, sizeof(fr->err), "pipe: %s", strerror(errno)), -1;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(pfd[0]);
-        close(pfd[1]);
-        return snprintf(fr->err, sizeof(fr->err), "fork: %s", strerror(errno)), -1;
-    }
-    if (pid == 0) {
-        dup2(pfd[1], 1);
-        execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "zo-aio-bench: cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    close(pfd[1]);
-    char out[16384];
-    size_t got = 0;
-    ssize_t k;
-    while ((k = read(pfd[0], out + got, sizeof(out) - 1 - got)) > 0)
-        got += (size_t)k;
-    out[got] = '\0';
-    close(pfd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        snprintf(fr->err, sizeof(fr->err), "%s exited with status %d%s", argv[0],
-                 WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-                 WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (not installed? give --fio PATH)" : "");
+    zo_fio_job jb = {
+        .fio = o->fio,
+        .filename = filenames,
+        .size = per_job,
+        .bs = pp->bs,
+        .iodepth = pp->qd,
+        .numjobs = pp->threads,
+        .offset_increment = per_job,
+        .rw = mode < 0 ? "rw" : mode == OP_READ ? "read" : "write",
+        .rwmixread = mode < 0 ? (o->mix_r ? o->mix_r * 100 / (o->mix_r + o->mix_w) : 50) : 0,
+        .loops = o->loops,
+        .direct = o->direct,
+        .fixedbufs = o->registered,
+        .sqpoll = o->sqpoll,
+        .iomem = o->fio_iomem,
+    };
+    zo_fio_result r;
+    if (zo_fio_run(&jb, &r) != 0) {
+        snprintf(fr->err, sizeof(fr->err), "%s", r.err);
         return -1;
     }
-    /* terse v3: 6..9 read kb, bw, iops, runtime ms; 47..50 the same for
-     * writes; 88/89 user/system CPU in percent of the runtime */
-    char *line = strstr(out, "3;fio-");
-    if (!line)
-        return snprintf(fr->err, sizeof(fr->err), "cannot parse fio's output"), -1;
-    char *fields[140];
-    int nf = 0;
-    for (char *save = NULL, *t = strtok_r(line, ";\n", &save); t && nf < 140; t = strtok_r(NULL, ";\n", &save))
-        fields[nf++] = t;
-    if (nf < 90)
-        return snprintf(fr->err, sizeof(fr->err), "fio's terse output has %d fields", nf), -1;
-    double rkb = atof(fields[5]), rms = atof(fields[8]), wkb = atof(fields[46]), wms = atof(fields[49]);
-    fr->bw[OP_READ] = rms > 0 ? rkb * 1024.0 / (rms / 1000.0) : 0;
-    fr->bw[OP_WRITE] = wms > 0 ? wkb * 1024.0 / (wms / 1000.0) : 0;
-    double runtime_s = (rms > wms ? rms : wms) / 1000.0;
-    fr->cpu_s = (atof(fields[87]) + atof(fields[88])) / 100.0 * runtime_s * pp->threads;
+    fr->bw[OP_READ] = r.bw[0];
+    fr->bw[OP_WRITE] = r.bw[1];
+    fr->cpu_s = r.cpu_s;
     fr->ok = 1;
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(double *v, unsigned n)
 {
-    double *c = malloc(n * sizeof(double));
-    memcpy(c, v, n * sizeof(double));
-    qsort(c, n, sizeof(double), cmp_double);
-    double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
-    free(c);
-    return m;
+    return zo_median(v, n);
 }
 
 static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)
@@ -1839,8 +1824,14 @@ int main(int argc, char **argv)
             snprintf(dir, sizeof(dir), ".");
         if (!is_dir(dir))
             return bad("--path %s: directory %s does not exist", o.paths[i], dir);
-        if (o.through_store)
-            return bad("--path %s: --through-store needs existing directories (for the swap arenas)", o.paths[i]);
+        if (o.through_store) {
+            /* the swap arenas' directory: made (0700) as the library makes
+             * a checkpoint root, and left in place */
+            char why[4300];
+            if (zo_tool_mkdir(o.paths[i], why, sizeof(why)) != 0)
+                return bad("--path %s: %s", o.paths[i], why);
+            continue;
+        }
         if (o.do_read && !o.do_write && !o.mix_r)
             return bad("--path %s: no such file to read (write it first, or give a directory)", o.paths[i]);
     }

@@ -122,9 +122,12 @@ int main(int argc, char **argv)
     CHECK(zo_store_checkpoint(st, root, "step-3", NULL, 0, 2, "{\"step\": 3}"));
     float zero = 0;
     CHECK(zo_store_write(st, m, 0, &zero, sizeof(zero)));
-    CHECK(zo_store_restore(st, root, NULL));
+    char *user = NULL; /* the checkpoint's user JSON comes back with it */
+    CHECK(zo_store_restore2(st, root, NULL, NULL, &user));
     float first;
     CHECK(zo_store_read(st, m, 0, &first, sizeof(first)));
+    printf("restored step-3, user %s\n", user);
+    free(user);
 
     zo_store_stats stats;
     zo_store_get_stats(st, &stats);

@@ -32,6 +32,8 @@
 #ifndef ZOFFLOAD_AIO_H
 #define ZOFFLOAD_AIO_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus
@@ -139,7 +141,8 @@ ZO_API void zo_aio_config_default(zo_aio_config *cfg);
  * @return 0; ZO_ECONFIG (zero/absurd queue depth, block size not a power of
  *         two, zero threads...: detail names the field); ZO_ENODEV
  *         (ZO_AIO_URING and io_uring unusable: detail says why); -EINVAL
- *         (out NULL); -ENOMEM; -EAGAIN (threads could not be created).
+ *         (out NULL, struct_size not that of a known zo_aio_config);
+ *         -ENOMEM; -EAGAIN (threads could not be created).
  * Thread-safe. Blocks while the I/O threads start.
  */
 ZO_API int zo_aio_create(zo_aio **out, const zo_aio_config *cfg);
@@ -157,7 +160,11 @@ ZO_API void zo_aio_destroy(zo_aio **a);
 ZO_API zo_aio_backend zo_aio_get_backend(const zo_aio *a);
 /** "auto", "uring", "threads" ("?" for an invalid value). */
 ZO_API const char *zo_aio_backend_name(zo_aio_backend b);
-/** The engine's last error detail ("" if none). */
+/** The engine's last error detail ("" if none).
+ *  Thread-safe: the handle's threads may be recording a failure at the same
+ *  time; the result is a copy of one whole message, in a thread-local buffer
+ *  that stays valid until this thread next calls zo_aio_errmsg() (NULL gives "").
+ */
 ZO_API const char *zo_aio_errmsg(const zo_aio *a);
 
 /** What an engine actually got (filled by zo_aio_get_info()). */
@@ -238,8 +245,10 @@ ZO_API int zo_aio_write(zo_aio *a, zo_file *f, const void *buf, size_t len, uint
  *  completion callback while r is still in flight. Only one thread may wait
  *  for a given r. */
 ZO_API int zo_aio_wait(zo_aio *a, zo_aio_req *r, int64_t *result);
-/** -EBUSY if r is in flight (r stays valid); else as zo_aio_wait()
- *  (releasing r). Never blocks. */
+/** ZO_PENDING (positive) while r is in flight (r stays valid); else as
+ *  zo_aio_wait() (releasing r): 0 or r's error, which may itself be -EBUSY
+ *  (the device said so) and is then final. -EINVAL for NULL or a foreign or
+ *  fire-and-forget request. Never blocks. */
 ZO_API int zo_aio_test(zo_aio *a, zo_aio_req *r, int64_t *result);
 /** Ask to cancel r (best effort): chunks not yet started are dropped and
  *  those in flight are cancelled where the kernel can; still wait for r. It

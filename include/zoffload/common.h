@@ -25,6 +25,7 @@
 #ifndef ZOFFLOAD_COMMON_H
 #define ZOFFLOAD_COMMON_H
 
+#include <errno.h> /* -errno is half of the error model below */
 #include <stddef.h>
 #include <stdint.h>
 

@@ -14,6 +14,8 @@
 #ifndef ZOFFLOAD_CPU_H
 #define ZOFFLOAD_CPU_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus

@@ -42,8 +42,13 @@
  *    NaN stays NaN, inf stays inf, fp16 overflow gives inf. The avx512bf16
  *    variant converts with VCVTNEPS2BF16, which flushes fp32 subnormal
  *    inputs (|x| < 2^-126) to a zero of the same sign (as zo_vec_cast()).
- *  - inf/NaN in a gradient propagate (the element's states and parameter
- *    become NaN or inf); check first with zo_cpuadam_grad_stats().
+ *  - inf/NaN in a gradient propagate into the element's states. Adam,
+ *    AdamW and Adagrad make the parameter NaN or inf too. Lion moves the
+ *    parameter by sign(update) * lr, as torch's sign() does: a +/-inf
+ *    gradient makes exp_avg +/-inf but moves the parameter by -/+lr only (it
+ *    stays finite, and so do later steps until exp_avg meets an inf of the
+ *    other sign), while a NaN gradient makes the parameter NaN. Every variant
+ *    does the same, bit for bit. Check first with zo_cpuadam_grad_stats().
  *
  * Threads: OpenMP (when built with it); each thread owns one contiguous,
  * 64-element-aligned range and walks it in tiles. Slices too small to
@@ -53,6 +58,8 @@
  */
 #ifndef ZOFFLOAD_CPUADAM_H
 #define ZOFFLOAD_CPUADAM_H
+
+#include <errno.h> /* the -E* codes the functions below document */
 
 #include "common.h"
 
@@ -204,7 +211,8 @@ ZO_API int zo_cpuadam_rollback(const zo_optim_hparams *hp, const zo_cpuadam_tens
  * Sum the `sumsq` of all slices, then norm = sqrt(sum) * grad_scale.
  * Squares are exact in double and summed in double lanes; the result is
  * deterministic for a given n, thread count and variant.
- * @return 0; -EINVAL (NULL, n = 0, nthreads < 1 or > 1024, misaligned); ZO_ENOTSUP (type);
+ * @return 0; -EINVAL (NULL, n = 0 or > SIZE_MAX / 8 or running past the end
+ *         of the address space, nthreads < 1 or > 1024, misaligned); ZO_ENOTSUP (type);
  *         -ENOMEM (more than 8 threads and no memory for their partial sums).
  * Thread-safe; blocks.
  */
@@ -267,7 +275,8 @@ ZO_API int zo_cpuadam_team_config_default(zo_cpuadam_team_config *cfg);
  * thread last ran a different team): OpenMP thread i, the calling thread
  * being thread 0, is bound to CPU i mod k of the node's k CPUs. This
  * changes the calling thread's own CPU affinity.
- * @return 0; -EINVAL (out NULL, nthreads < 1, bad tile size);
+ * @return 0; -EINVAL (out NULL, nthreads < 1, bad tile size, struct_size
+ *         not that of a known zo_cpuadam_team_config);
  *         ZO_ECONFIG (unknown variant name, node not present);
  *         ZO_ENOTSUP (variant not runnable on this CPU, or pin without
  *         OpenMP); -ENOMEM; -errno from topology discovery.

@@ -30,6 +30,8 @@
 #ifndef ZOFFLOAD_DEV_H
 #define ZOFFLOAD_DEV_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus
@@ -81,7 +83,8 @@ ZO_API void zo_dev_config_default(zo_dev_config *cfg);
 
 /**
  * Open a device. `cfg` NULL means the defaults (host backend).
- * @return 0; -EINVAL; ZO_ENOTSUP; ZO_ENODEV (unavailable, reason in
+ * @return 0; -EINVAL (bad kind or ordinal, struct_size not that of a known
+ *         zo_dev_config); ZO_ENOTSUP; ZO_ENODEV (unavailable, reason in
  *         zo_last_error_detail()); ZO_ECUDA; -ENOMEM.
  */
 ZO_API int zo_dev_open(zo_dev **out, const zo_dev_config *cfg);
@@ -106,7 +109,11 @@ typedef struct zo_dev_info {
 
 ZO_API int zo_dev_get_info(zo_dev *d, zo_dev_info *info);
 ZO_API zo_dev_kind zo_dev_get_kind(const zo_dev *d);
-/** The device's last error detail ("" if none). */
+/** The device's last error detail ("" if none).
+ *  Thread-safe: the handle's threads may be recording a failure at the same
+ *  time; the result is a copy of one whole message, in a thread-local buffer
+ *  that stays valid until this thread next calls zo_dev_errmsg() (NULL gives "").
+ */
 ZO_API const char *zo_dev_errmsg(const zo_dev *d);
 
 /** @name Memory */
@@ -195,6 +202,52 @@ ZO_API int zo_dev_sumsq(zo_stream *s, const void *src, zo_dtype type, size_t n, 
 /** If any src[i] is inf or NaN, *flag = 1 (never written otherwise); `flag`
  *  is an int in device memory. */
 ZO_API int zo_dev_nonfinite(zo_stream *s, const void *src, zo_dtype type, size_t n, int *flag);
+/**@}*/
+
+
+/** @name GEMM (queued on a stream; pointers in device memory) */
+/**@{*/
+/** Whether a GEMM operand is used as stored or transposed. */
+typedef enum zo_gemm_op {
+    ZO_GEMM_N = 0, /**< as stored */
+    ZO_GEMM_T = 1, /**< transposed */
+} zo_gemm_op;
+
+/**
+ * Queue C = alpha * op(A) * op(B) + beta * C, all matrices row-major:
+ * op(A) is m x k, op(B) is k x n, C is m x n. A is stored as (m x k) when
+ * op_a is ZO_GEMM_N and (k x m) when ZO_GEMM_T, with row stride lda
+ * elements; likewise B (k x n or n x k, stride ldb); C has stride ldc.
+ * A and B share one element type `ab_type` (f32, bf16 or f16); C is f32 and
+ * every product is accumulated in f32 (f32 inputs: no TF32, results as
+ * sgemm). beta == 0 ignores C's previous contents (NaN in C is not kept).
+ * k == 0 scales C by beta; m == 0 or n == 0 queues nothing.
+ *
+ * Backends: host runs it on the stream's worker thread with OpenBLAS
+ * (cblas_sgemm; bf16 through cblas_sbgemm where the library exports it,
+ * otherwise each operand is widened to f32 with the vec kernels into a
+ * scratch buffer of the op's own) or, in a build without OpenBLAS, a plain
+ * C loop; a GEMM on one stream and a copy on another really overlap. CUDA
+ * uses cuBLAS (cublasGemmEx, CUBLAS_COMPUTE_32F), loaded with dlopen on the
+ * first GEMM of the process, so the library loads and runs without it;
+ * without a loadable cuBLAS this returns ZO_ENOTSUP with the reason.
+ *
+ * @return 0 (queued); -EINVAL (NULL stream or pointer with m, n, k > 0,
+ *         an operand op other than N/T, a stride smaller than its row,
+ *         a dimension or stride above INT_MAX, C overlapping A or B);
+ *         ZO_ENOTSUP (ab_type, or the backend has no GEMM); -ENOMEM;
+ *         ZO_ECUDA. Errors of the queued work (-ENOMEM for the widening
+ *         scratch) surface at the stream's next sync. Does not block.
+ *         Thread-safe as the other stream calls.
+ */
+ZO_API int zo_gemm_async(zo_stream *s, zo_gemm_op op_a, zo_gemm_op op_b, size_t m, size_t n, size_t k, float alpha,
+                         const void *a, size_t lda, const void *b, size_t ldb, zo_dtype ab_type, float beta, float *c,
+                         size_t ldc);
+
+/** Name of the GEMM implementation this build's backend `kind` uses:
+ *  "openblas", "openblas+sbgemm", "reference" (host), "cublas" (CUDA),
+ *  "none" (backend not built). Does not load anything. */
+ZO_API const char *zo_gemm_impl(zo_dev_kind kind);
 /**@}*/
 
 #ifdef __cplusplus

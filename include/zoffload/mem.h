@@ -24,6 +24,8 @@
 #ifndef ZOFFLOAD_MEM_H
 #define ZOFFLOAD_MEM_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus
@@ -66,7 +68,8 @@ ZO_API void zo_pin_opts_default(zo_pin_opts *o);
  * The returned pointer is page-aligned (2 MiB aligned when huge pages back
  * it) and its contents are zero. `opts` may be NULL for the defaults.
  * @return 0 (possibly unlocked: see zo_pinned_query()), -EINVAL (size 0,
- *         out NULL, bad node), -ENOMEM (no address space), or, only with
+ *         out NULL, bad node, opts->struct_size not that of a known
+ *         zo_pin_opts), -ENOMEM (no address space), or, only with
  *         ZO_PIN_REQUIRE, ZO_EBUDGET or the mlock/registration error.
  */
 ZO_API int zo_pinned_alloc(void **out, size_t size, const zo_pin_opts *opts);

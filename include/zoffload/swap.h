@@ -9,14 +9,22 @@
  *   Each swap directory holds arena files `zo-swap.<pid>.<instance>.<n>`,
  *   created mode 0600 with O_EXCL | O_NOFOLLOW and reserved on disk with
  *   fallocate() when they are created or grown, so a full disk fails the
- *   allocation up front rather than a write half way. An allocation
+ *   allocation up front rather than a write half way. A store holds each
+ *   of its arena files with flock(LOCK_EX) for the file's life; an arena
+ *   file nobody holds belongs to a store that is gone (a killed process),
+ *   and zo_swap_create() removes such stale files from its directories, so
+ *   a restarted process (with the same pid, as pid 1 in a container) just
+ *   works. Files another live process holds are never touched. An allocation
  *   (zo_swap_alloc()) is cut into chunks of `chunk_size` bytes; with several
- *   directories chunk i goes to directory (i mod ndirs), so one tensor is
- *   striped across every drive. Every chunk written gets a checksum,
- *   computed on the source buffer while its write is in flight; every
- *   chunk read is verified in the destination buffer as soon as its read
- *   completes (on a checksum thread, off the I/O threads), and a mismatch fails the read with ZO_ECORRUPT whose detail
- *   names the tensor, the byte offset, the arena file and both checksums.
+ *   directories chunk i goes to directory ((first + i) mod ndirs), where
+ *   `first` rotates from one allocation to the next (so small allocations
+ *   spread over the drives too), and one tensor is striped across every
+ *   drive. Every chunk written gets a checksum, computed on the source
+ *   buffer while its write is in flight; every chunk read is verified in
+ *   the destination buffer as soon as its read completes (on a checksum
+ *   thread, off the I/O threads; inline when csum_threads is 0), and a
+ *   mismatch fails the read with ZO_ECORRUPT whose detail names the tensor,
+ *   the byte offset, the arena file and both checksums.
  *   Arena files are removed by zo_swap_destroy() unless `keep_files` is set.
  *
  * Checkpoints (zo_ckpt_*)
@@ -27,14 +35,21 @@
  *   fsynced, then it is renamed into place, and `<root>/latest` is replaced
  *   atomically (write a temporary file, fsync, rename, fsync the root). A
  *   process killed at any moment leaves the previous checkpoint intact and
- *   `latest` pointing to a complete checkpoint. Readers validate the
- *   manifest and verify every chunk they read.
+ *   `latest` pointing to a complete checkpoint; a commit that fails
+ *   publishes nothing. Readers validate the manifest and verify every
+ *   chunk they read. A root may be shared between machines: temporary names
+ *   carry the host name (.tmp-<name>.<host>.<pid>), a writer holds an
+ *   flock on a lock file in its temporary directory for its life, and the
+ *   clean-up of leftovers touches only names of its own host (see
+ *   zo_ckpt_begin()).
  *
  * Thread safety: a zo_swap may be used from any number of threads. A
  * checkpoint writer or reader belongs to one thread at a time.
  */
 #ifndef ZOFFLOAD_SWAP_H
 #define ZOFFLOAD_SWAP_H
+
+#include <errno.h> /* the -E* codes the functions below document */
 
 #include "common.h"
 
@@ -97,12 +112,12 @@ typedef struct zo_swap_config {
     size_t struct_size;       /**< sizeof(zo_swap_config), set by the defaults function */
     const char *const *dirs;  /**< swap directories (required; several = striping); copied */
     unsigned ndirs;           /**< number of entries in dirs, 1..ZO_SWAP_MAX_DIRS */
-    uint64_t arena_size;      /**< size of one arena file and growth step; default 1 GiB */
+    uint64_t arena_size;      /**< size of one arena file and growth step, rounded up to whole chunks: a value below chunk_size gives one chunk, so a small run sizes it from what it needs instead of reserving 1 GiB; 1 .. 2^56; default 1 GiB */
     uint64_t reserve;         /**< bytes to reserve per directory at create (fails early if the disk cannot hold them); default 0 */
     uint64_t max_bytes;       /**< cap on arena bytes over all directories; 0 = until a disk is full (default) */
     size_t chunk_size;        /**< stripe unit and checksum granule: power of two >= 4096; default 1 MiB */
     zo_csum_kind checksum;    /**< default ZO_CSUM_CRC32C */
-    int keep_files;           /**< keep arena files on destroy; default 0 */
+    int keep_files;           /**< keep arena files on destroy (for inspection: nobody holds them then, so the next store created in that directory removes them as stale); default 0 */
     int buffered;             /**< open arenas without O_DIRECT; default 0 */
     struct zo_aio *aio;       /**< engine to use (not owned); NULL: create one from aio_cfg */
     const struct zo_aio_config *aio_cfg; /**< config of the engine created when aio is NULL (NULL = defaults) */
@@ -116,9 +131,14 @@ ZO_API void zo_swap_config_default(zo_swap_config *cfg);
  * Create a swap store. Each directory must exist, be a directory (not a
  * symlink to one: pass the real path), be writable, and, if others may
  * write to it, have the sticky bit (else a local user could plant files).
- * Arena files of `reserve` bytes are created at once when reserve > 0.
- * @return 0; -EINVAL (NULL, no dirs); ZO_ECONFIG (bad chunk size, too
- *         many dirs, unknown checksum: detail names the field); ZO_ENOTSUP
+ * Stale arena files of stores that are gone (see above) are removed from
+ * every directory first. Arena files of `reserve` bytes are created at once
+ * when reserve > 0.
+ * @return 0; -EINVAL (NULL, no dirs, struct_size not that of a known
+ *         zo_swap_config); ZO_ECONFIG (bad chunk size or
+ *         arena_size, too many dirs, unknown checksum: detail names the
+ *         field); ZO_EBUDGET (reserve in every directory exceeds
+ *         max_bytes); ZO_ENOTSUP
  *         (XXH3 without libxxhash); -ENOENT, -ENOTDIR, -ELOOP (symlink),
  *         -EACCES, -EROFS, -EPERM (world-writable without sticky bit);
  *         -ENOSPC (reserve does not fit); errors of zo_aio_create();
@@ -133,7 +153,14 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *cfg);
  */
 ZO_API void zo_swap_destroy(zo_swap **s);
 
-/** The store's last error detail ("" if none). */
+/** The swap store's last error detail ("" if none): the most recent failure
+ *  of any thread using the store. For the detail of your own call's
+ *  failure, zo_last_error_detail() (thread local) is exact; this one may
+ *  already hold another thread's. Thread-safe: the result is a copy of one
+ *  whole message, taken under the message's lock, in a thread-local buffer
+ *  that stays valid until this thread next calls zo_swap_errmsg() (NULL
+ *  gives "").
+ */
 ZO_API const char *zo_swap_errmsg(const zo_swap *s);
 
 /** The engine the store uses (its own or the one given). */
@@ -145,8 +172,12 @@ ZO_API struct zo_aio *zo_swap_get_aio(zo_swap *s);
  * Contents read as zeros until written.
  * @return 0 and *id; -EINVAL (bytes 0, NULL); ZO_EBUDGET (max_bytes would be
  *         exceeded); -ENOSPC (a disk is full: nothing was written);
- *         -EFBIG; other -errno of fallocate; -ENOMEM. Blocks when arenas
- *         grow. Thread-safe.
+ *         -EFBIG; other -errno of open or fallocate; -ENOMEM. Thread-safe.
+ *         Blocks while an arena grows; the store's lock is not held
+ *         meanwhile, so I/O, completions and other calls (allocations that
+ *         fit the arenas there are included) go on; an allocation that
+ *         needs a directory another thread is growing waits for that arena
+ *         and looks again.
  */
 ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_id *id);
 
@@ -201,7 +232,11 @@ ZO_API int zo_swap_read(zo_swap *s, zo_swap_id id, uint64_t off, void *buf, size
  *  zo_last_error_detail()); -EINVAL (s or io NULL). Only one thread may
  *  wait for a given io. */
 ZO_API int zo_swap_wait(zo_swap *s, zo_swap_io *io);
-/** -EBUSY if io is in flight (io stays valid); else as zo_swap_wait(). */
+/** Poll io without blocking. @return ZO_PENDING (positive) while it is in
+ *  flight (io stays valid); once it has finished, as zo_swap_wait(): 0 or
+ *  its (negative) error, and io is released. -EINVAL (s or io NULL).
+ *  A finished io's error may be any code, -EBUSY included, so test for
+ *  ZO_PENDING, never for an error code. */
 ZO_API int zo_swap_test(zo_swap *s, zo_swap_io *io);
 /** Wait until no I/O of the store is in flight. Returns 0, or the first
  *  error of an io nobody waited for (since the last call); -EINVAL (NULL). */
@@ -282,15 +317,28 @@ ZO_API void zo_ckpt_options_default(zo_ckpt_options *o);
 /**
  * Start checkpoint `name` (letters, digits, '.', '_', '-'; not starting with
  * '.'; at most ZO_CKPT_NAME_MAX) under directory `root` (created if missing,
- * mode 0700). Leftover temporary directories of dead writers are removed.
+ * mode 0700). The data goes to `<root>/.tmp-<name>.<host>.<pid>/` (host:
+ * the host name, characters other than [A-Za-z0-9_-] replaced by '_'),
+ * whose `.lock` the writer holds an flock on until commit or abort.
+ * Leftovers of dead writers **of this host** are removed first: a
+ * temporary directory whose lock can be taken (or, with no lock file, whose
+ * pid is not alive), `.trash-*` and `.latest.*` names whose pid is not
+ * alive. Names of other hosts are never touched (a pid or a lock may say
+ * nothing about another machine): a host cleans up after itself when it
+ * next writes to the root; those of a host that never comes back are to be
+ * removed by hand. Names without a host field (older versions) are left
+ * alone too.
  * Tensors are then declared with zo_ckpt_add() and their data given with
  * zo_ckpt_put(); zo_ckpt_commit() makes it durable and current.
- * @return 0; -EINVAL; ZO_ECONFIG (opts: struct_size not set by
- *         zo_ckpt_options_default(), chunk_size not a power of two in
+ * @return 0; -EINVAL (also opts whose struct_size is not that of a known
+ *         zo_ckpt_options); ZO_ECONFIG (opts: chunk_size not a power of two in
  *         [4096, 1 GiB]); -EEXIST (a checkpoint of that name exists); -EBUSY
- *         (another writer of this process is writing that name); ZO_ENOTSUP
- *         (built without libcjson); ZO_EFORMAT (user_json not valid JSON);
- *         -errno of mkdir/open; -ENOMEM. Blocks.
+ *         (another writer of this process is writing that name, or a live
+ *         process elsewhere holds the lock of our temporary name: another
+ *         container with this host name and pid); ZO_ENOTSUP (built without
+ *         libcjson); ZO_EFORMAT (user_json not valid JSON); -errno of
+ *         mkdir/open (root, temporary directory, lock and data files);
+ *         -ENOMEM. Blocks.
  */
 ZO_API int zo_ckpt_begin(zo_ckpt_writer **out, const char *root, const char *name, const zo_ckpt_options *opts);
 
@@ -318,10 +366,21 @@ ZO_API int zo_ckpt_put(zo_ckpt_writer *w, unsigned index, uint64_t off, const vo
  * fsync the data, write and fsync the manifest, fsync the directory, rename
  * it into place, fsync the root, replace `latest` atomically, then prune
  * (keep_last). The writer is freed in every case; *w is cleared.
+ *
+ * A failed commit publishes nothing: when a step after the rename fails
+ * (an fsync of the root, writing or renaming `latest`), the commit takes
+ * the checkpoint back (`latest` restored to what it held, the directory
+ * renamed back and removed), so `<root>/<name>` does not exist and a retry
+ * of the same name works. Only if taking it back fails as well (a second
+ * fault) does something stay, and the detail says what: either
+ * `<root>/<name>`, complete, that `latest` does not name (a retry of the
+ * name then gets -EEXIST; zo_ckpt_open() by name reads it), or, when
+ * `latest` could not be put back, the new checkpoint stays current. Errors
+ * in pruning (after success) are only logged.
  * @return 0; -EINVAL (NULL); ZO_ESTATE (a tensor incomplete, or an
- *         earlier zo_ckpt_put() failed: nothing is published); -ENOMEM; I/O
- *         errors (nothing is published unless the error is in pruning,
- *         which is only logged).
+ *         earlier zo_ckpt_put() failed); -ENOMEM; -errno of fdatasync,
+ *         fsync, write, rename (the failing step is named in the detail).
+ *         Blocks.
  */
 ZO_API int zo_ckpt_commit(zo_ckpt_writer **w);
 

@@ -12,6 +12,8 @@
 #ifndef ZOFFLOAD_TOPO_H
 #define ZOFFLOAD_TOPO_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus

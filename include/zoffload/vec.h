@@ -24,6 +24,8 @@
 #ifndef ZOFFLOAD_VEC_H
 #define ZOFFLOAD_VEC_H
 
+#include <errno.h> /* the -E* codes the functions below document */
+
 #include "common.h"
 
 #ifdef __cplusplus

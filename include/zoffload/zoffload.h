@@ -21,5 +21,6 @@
 #include "swap.h"
 #include "store.h"
 #include "cpuadam.h"
+#include "tiling.h"
 
 #endif /* ZOFFLOAD_H */

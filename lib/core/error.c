@@ -3,6 +3,8 @@
 #include "core/internal.h"
 
 #include <ctype.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,16 +53,66 @@ ZO_API const char *zo_last_error_detail(void)
     return tls_detail;
 }
 
+/* ---- per-object error buffers -------------------------------------------- */
+static void eb_lock(zo_errbuf *eb)
+{
+    while (atomic_exchange_explicit(&eb->busy, 1, memory_order_acquire)) {
+        /* held for a 256-byte copy: spin briefly, then let the holder run */
+        for (int i = 0; atomic_load_explicit(&eb->busy, memory_order_relaxed); i++)
+            if (i > 64)
+                sched_yield();
+    }
+}
+
+static void eb_unlock(zo_errbuf *eb)
+{
+    atomic_store_explicit(&eb->busy, 0, memory_order_release);
+}
+
+void zo__errbuf_set(zo_errbuf *eb, const char *msg)
+{
+    size_t n = strnlen(msg, sizeof(eb->msg) - 1);
+    eb_lock(eb);
+    memcpy(eb->msg, msg, n);
+    eb->msg[n] = '\0';
+    eb_unlock(eb);
+}
+
+char *zo__errbuf_get(const zo_errbuf *ceb, char *out, size_t len)
+{
+    zo_errbuf *eb = (zo_errbuf *)ceb; /* the lock word is the only thing written */
+    if (!len)
+        return out;
+    eb_lock(eb);
+    size_t n = strnlen(eb->msg, ZO_MIN(len - 1, sizeof(eb->msg) - 1));
+    memcpy(out, eb->msg, n);
+    eb_unlock(eb);
+    out[n] = '\0';
+    return out;
+}
+
+const char *zo__errbuf_tls(const zo_errbuf *eb, char *tls)
+{
+    if (!eb)
+        return "";
+    return zo__errbuf_get(eb, tls, ZO_ERRMSG_LEN);
+}
+
 int zo__fail(zo_errbuf *eb, int err, const char *module, const char *fmt, ...)
 {
+    /* Format into a private buffer: the arguments may point into tls_detail
+     * or into eb->msg (a detail re-raised as "%s"), and vsnprintf's output
+     * must not overlap its input. */
+    char msg[ZO_ERRMSG_LEN];
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(tls_detail, sizeof(tls_detail), fmt, ap);
+    int n = vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     if (n < 0)
-        tls_detail[0] = '\0';
+        msg[0] = '\0';
+    memcpy(tls_detail, msg, sizeof(tls_detail));
     if (eb)
-        memcpy(eb->msg, tls_detail, sizeof(eb->msg));
+        zo__errbuf_set(eb, msg);
     if (zo__log_enabled(ZO_LOG_DEBUG))
         zo__log(ZO_LOG_DEBUG, module, "%s (%s)", tls_detail, zo_strerror(err));
     return err;

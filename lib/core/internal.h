@@ -47,16 +47,37 @@ void zo__vlog(zo_log_level lvl, const char *module, const char *fmt, va_list ap)
 /* ---- error detail --------------------------------------------------------- */
 #define ZO_ERRMSG_LEN 256
 
-/* Per-object last-error buffer. Written under no lock: last writer wins, and
- * a reader racing a writer may see a mix; zo_last_error_detail() (thread
- * local) is the race-free source. */
+/* Per-object last-error buffer. A handle's API calls and its background
+ * threads (the store's mover, the swap store's completions, aio's I/O
+ * threads) fail at the same time, so every write and every read of msg
+ * goes through the small lock in `busy`: writers replace the whole message
+ * (last writer wins), readers copy one whole message out, never the bytes
+ * of two. Never read msg directly: use zo__errbuf_get() or
+ * zo__errbuf_tls(). The lock is a spin lock on an atomic so that a
+ * zero-filled errbuf (calloc, memset, `= {{0}}`) is ready to use and needs
+ * no destroy; it is held only for a 256-byte copy. */
 typedef struct zo_errbuf {
     char msg[ZO_ERRMSG_LEN];
+    _Atomic int busy;
 } zo_errbuf;
+
+/* Replace eb's message with msg (truncated to ZO_ERRMSG_LEN - 1). */
+void zo__errbuf_set(zo_errbuf *eb, const char *msg);
+/* Copy eb's message into out[len] (always NUL-terminated). const: only the
+ * lock word changes. Returns out. */
+char *zo__errbuf_get(const zo_errbuf *eb, char *out, size_t len);
+/* For the public *_errmsg getters: copy eb's message into `tls` (the
+ * getter's own thread-local buffer of ZO_ERRMSG_LEN bytes) and return it.
+ * "" for eb NULL. The copy is whole and stays valid until the same getter is
+ * next called in the same thread, whatever other threads do to the handle. */
+const char *zo__errbuf_tls(const zo_errbuf *eb, char *tls);
 
 /* Record a failure: formats the detail into the calling thread's buffer and
  * into `eb` (if not NULL), logs it at debug level, and returns `err` so a
- * function can `return zo__fail(...)`. */
+ * function can `return zo__fail(...)`. The arguments may point into the
+ * calling thread's detail or into eb (re-raising a detail, as in
+ * ZO_FAIL(eb, r, "%s", zo_last_error_detail())): the message is formatted
+ * into a private buffer first. */
 int zo__fail(zo_errbuf *eb, int err, const char *module, const char *fmt, ...) ZO_PRINTF(4, 5);
 #define ZO_FAIL(eb, err, ...) zo__fail((eb), (err), ZO_MODULE, __VA_ARGS__)
 

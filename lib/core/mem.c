@@ -3,6 +3,7 @@
  * budget, falling back to pageable memory when locking is refused. */
 #define ZO_MODULE "mem"
 #include "core/internal.h"
+#include "core/list.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -51,11 +52,11 @@ typedef struct pin_rec {
     int node;
     unsigned flags;
     zo_dev *dev;
-    struct pin_rec *next;
+    zo_list link; /* on pin_list */
 } pin_rec;
 
 static pthread_mutex_t pin_lock = PTHREAD_MUTEX_INITIALIZER;
-static pin_rec *pin_list;
+static zo_list pin_list = ZO_LIST_INIT(pin_list); /* pin_rec, under pin_lock */
 static size_t pin_budget = SIZE_MAX;
 static size_t pin_locked, pin_locked_peak, pin_unlocked, pin_count, pin_fallbacks;
 static char pin_last_fallback[160];
@@ -203,15 +204,12 @@ ZO_API int zo_pinned_alloc(void **out, size_t size, const zo_pin_opts *opts)
 {
     zo_pin_opts o;
     zo_pin_opts_default(&o);
-    if (opts) {
-        if (opts->struct_size < offsetof(zo_pin_opts, dev) + sizeof(opts->dev))
-            return ZO_FAIL(NULL, -EINVAL, "zo_pinned_alloc: opts.struct_size %zu too small (call zo_pin_opts_default)",
-                           opts->struct_size);
-        o = *opts;
-    }
     if (!out)
         return ZO_FAIL(NULL, -EINVAL, "zo_pinned_alloc: out is NULL");
     *out = NULL;
+    /* The first published zo_pin_opts ends with `dev`. */
+    if (opts)
+        ZO_CHECK(ZO_STRUCT_IN(&o, opts, offsetof(zo_pin_opts, dev) + sizeof(opts->dev), NULL, "zo_pinned_alloc"));
     if (size == 0)
         return ZO_FAIL(NULL, -EINVAL, "zo_pinned_alloc: size is 0");
     if (o.numa_node < -1 || (o.numa_node >= 0 && !node_exists(o.numa_node)))
@@ -333,8 +331,7 @@ ZO_API int zo_pinned_alloc(void **out, size_t size, const zo_pin_opts *opts)
     rec->flags = got;
     rec->dev = (got & ZO_PIN_DEV_REGISTERED) ? o.dev : NULL;
     pthread_mutex_lock(&pin_lock);
-    rec->next = pin_list;
-    pin_list = rec;
+    zo_list_add_head(&pin_list, &rec->link);
     pin_count++;
     if (got & ZO_PIN_LOCKED) {
         if (pin_locked > pin_locked_peak)
@@ -355,11 +352,13 @@ ZO_API void zo_pinned_free(void *p)
     if (!p)
         return;
     pthread_mutex_lock(&pin_lock);
-    pin_rec **pp = &pin_list, *rec = NULL;
-    for (; *pp; pp = &(*pp)->next) {
-        if ((*pp)->p == p) {
-            rec = *pp;
-            *pp = rec->next;
+    pin_rec *rec = NULL;
+    zo_list *pos;
+    zo_list_for_each(pos, &pin_list) {
+        pin_rec *x = zo_list_entry(pos, pin_rec, link);
+        if (x->p == p) {
+            rec = x;
+            zo_list_del(&rec->link);
             break;
         }
     }
@@ -388,7 +387,9 @@ ZO_API int zo_pinned_query(const void *p, zo_pinned_info *info)
         return -EINVAL;
     int r = -ENOENT;
     pthread_mutex_lock(&pin_lock);
-    for (pin_rec *rec = pin_list; rec; rec = rec->next) {
+    const zo_list *pos;
+    zo_list_for_each(pos, &pin_list) {
+        const pin_rec *rec = zo_list_entry(pos, pin_rec, link);
         if ((const uint8_t *)p >= (uint8_t *)rec->p && (const uint8_t *)p < (uint8_t *)rec->p + rec->mapped) {
             info->size = rec->size;
             info->mapped = rec->mapped;

@@ -402,4 +402,5 @@ const zo_dev_ops zo__dev_cuda_ops = {
     .cast = cuda_cast,
     .sumsq = cuda_sumsq,
     .nonfinite = cuda_nonfinite,
+    .gemm = zo__cuda_gemm,
 };

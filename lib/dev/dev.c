@@ -3,6 +3,7 @@
 #define ZO_MODULE "dev"
 #include "dev/dev_internal.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -82,12 +83,10 @@ ZO_API int zo_dev_open(zo_dev **out, const zo_dev_config *cfg)
     *out = NULL;
     zo_dev_config c;
     zo_dev_config_default(&c);
-    if (cfg) {
-        if (cfg->struct_size < offsetof(zo_dev_config, host_mem_limit) + sizeof(size_t))
-            return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: cfg.struct_size %zu too small (use zo_dev_config_default)",
-                           cfg->struct_size);
-        c = *cfg;
-    }
+    /* The first published zo_dev_config ends with host_mem_limit. */
+    if (cfg)
+        ZO_CHECK(ZO_STRUCT_IN(&c, cfg, offsetof(zo_dev_config, host_mem_limit) + sizeof(size_t), NULL,
+                              "zo_dev_open"));
     if ((unsigned)c.kind >= ZO_DEV_KIND_COUNT)
         return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: unknown device kind %d", (int)c.kind);
     const zo_dev_ops *ops = backend(c.kind);
@@ -102,6 +101,7 @@ ZO_API int zo_dev_open(zo_dev **out, const zo_dev_config *cfg)
     d->ops = ops;
     d->kind = c.kind;
     d->ordinal = c.ordinal;
+    zo_list_init(&d->regs);
     pthread_mutex_init(&d->lock, NULL);
     int r = ops->open(d, &c);
     if (r < 0) {
@@ -121,16 +121,17 @@ ZO_API void zo_dev_close(zo_dev **dp)
     int ns = atomic_load(&d->nstreams), ne = atomic_load(&d->nevents);
     if (ns || ne)
         ZO_LOGE("zo_dev_close: %d stream(s) and %d event(s) still alive; they are now invalid", ns, ne);
+    zo_list left = ZO_LIST_INIT(left);
     pthread_mutex_lock(&d->lock);
-    zo_reg_range *r = d->regs;
-    d->regs = NULL;
+    zo_list *n;
+    while ((n = zo_list_pop_head(&d->regs)))
+        zo_list_add_tail(&left, n);
     pthread_mutex_unlock(&d->lock);
-    while (r) {
-        zo_reg_range *next = r->next;
+    while ((n = zo_list_pop_head(&left))) {
+        zo_reg_range *r = zo_list_entry(n, zo_reg_range, link);
         ZO_LOGW("zo_dev_close: host range %p (+%zu) still registered; unregistering", (void *)r->p, r->n);
         d->ops->host_unregister(d, r->p);
         free(r);
-        r = next;
     }
     d->ops->close(d);
     pthread_mutex_destroy(&d->lock);
@@ -156,7 +157,8 @@ ZO_API zo_dev_kind zo_dev_get_kind(const zo_dev *d)
 
 ZO_API const char *zo_dev_errmsg(const zo_dev *d)
 {
-    return d ? d->err.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(d ? &d->err : NULL, copy);
 }
 
 ZO_API int zo_dev_malloc(zo_dev *d, void **out, size_t n)
@@ -188,7 +190,9 @@ ZO_API int zo_dev_host_register(zo_dev *d, void *p, size_t n)
     rr->p = p;
     rr->n = n;
     pthread_mutex_lock(&d->lock);
-    for (zo_reg_range *q = d->regs; q; q = q->next) {
+    zo_list *pos;
+    zo_list_for_each(pos, &d->regs) {
+        const zo_reg_range *q = zo_list_entry(pos, zo_reg_range, link);
         if ((uint8_t *)p < q->p + q->n && q->p < (uint8_t *)p + n) {
             pthread_mutex_unlock(&d->lock);
             free(rr);
@@ -197,18 +201,12 @@ ZO_API int zo_dev_host_register(zo_dev *d, void *p, size_t n)
         }
     }
     /* Book the range first so a racing overlapping call is refused. */
-    rr->next = d->regs;
-    d->regs = rr;
+    zo_list_add_head(&d->regs, &rr->link);
     pthread_mutex_unlock(&d->lock);
     int r = d->ops->host_register(d, p, n);
     if (r < 0) {
         pthread_mutex_lock(&d->lock);
-        for (zo_reg_range **pp = &d->regs; *pp; pp = &(*pp)->next) {
-            if (*pp == rr) {
-                *pp = rr->next;
-                break;
-            }
-        }
+        zo_list_del(&rr->link);
         pthread_mutex_unlock(&d->lock);
         free(rr);
     }
@@ -221,10 +219,12 @@ ZO_API int zo_dev_host_unregister(zo_dev *d, void *p)
         return -EINVAL;
     zo_reg_range *found = NULL;
     pthread_mutex_lock(&d->lock);
-    for (zo_reg_range **pp = &d->regs; *pp; pp = &(*pp)->next) {
-        if ((*pp)->p == p) {
-            found = *pp;
-            *pp = found->next;
+    zo_list *pos;
+    zo_list_for_each(pos, &d->regs) {
+        zo_reg_range *q = zo_list_entry(pos, zo_reg_range, link);
+        if (q->p == p) {
+            found = q;
+            zo_list_del(&found->link);
             break;
         }
     }
@@ -540,4 +540,72 @@ ZO_API int zo_dev_nonfinite(zo_stream *s, const void *src, zo_dtype type, size_t
     if (n == 0)
         return 0;
     return s->dev->ops->nonfinite(s, src, type, n, flag);
+}
+
+/* ---- GEMM ------------------------------------------------------------------------- */
+static int gemm_range(const void *p, zo_gemm_op op, size_t rows_n, size_t cols_n, size_t ld, size_t esz,
+                      const uint8_t **lo, const uint8_t **hi)
+{
+    /* stored rows x cols of the operand as it lies in memory */
+    size_t rows = op == ZO_GEMM_N ? rows_n : cols_n, cols = op == ZO_GEMM_N ? cols_n : rows_n, span;
+    if (rows == 0 || cols == 0) {
+        *lo = *hi = p;
+        return 0;
+    }
+    if (zo__mul_size(rows - 1, ld, &span) < 0 || __builtin_add_overflow(span, cols, &span) ||
+        zo__mul_size(span, esz, &span) < 0)
+        return -EINVAL;
+    *lo = p;
+    *hi = (const uint8_t *)p + span;
+    return 0;
+}
+
+ZO_API int zo_gemm_async(zo_stream *s, zo_gemm_op op_a, zo_gemm_op op_b, size_t m, size_t n, size_t k, float alpha,
+                         const void *a, size_t lda, const void *b, size_t ldb, zo_dtype ab_type, float beta, float *c,
+                         size_t ldc)
+{
+    if (!s)
+        return ZO_FAIL(NULL, -EINVAL, "zo_gemm_async: stream is NULL");
+    zo_errbuf *eb = &s->dev->err;
+    if ((op_a != ZO_GEMM_N && op_a != ZO_GEMM_T) || (op_b != ZO_GEMM_N && op_b != ZO_GEMM_T))
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: operand op must be ZO_GEMM_N or ZO_GEMM_T");
+    if (!float_type(ab_type))
+        return ZO_FAIL(eb, ZO_ENOTSUP, "zo_gemm_async: operand type %s not supported (f32, bf16, f16)",
+                       zo_dtype_name(ab_type));
+    if (!s->dev->ops->gemm)
+        return ZO_FAIL(eb, ZO_ENOTSUP, "zo_gemm_async: the %s backend has no GEMM", s->dev->ops->name);
+    if (m == 0 || n == 0)
+        return 0;
+    if (m > INT_MAX || n > INT_MAX || k > INT_MAX || lda > INT_MAX || ldb > INT_MAX || ldc > INT_MAX)
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: m=%zu n=%zu k=%zu or a stride above INT_MAX", m, n, k);
+    if (!c || (k && (!a || !b)))
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: NULL matrix with m=%zu n=%zu k=%zu", m, n, k);
+    size_t a_cols = op_a == ZO_GEMM_N ? k : m, b_cols = op_b == ZO_GEMM_N ? n : k;
+    /* with k == 0 neither A nor B is read: their strides do not matter */
+    if (ldc < n || (k && (lda < a_cols || ldb < b_cols)))
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: stride below its row (lda=%zu needs %zu, ldb=%zu needs %zu, "
+                       "ldc=%zu needs %zu)", lda, a_cols, ldb, b_cols, ldc, n);
+    size_t esz = zo_dtype_size(ab_type);
+    const uint8_t *alo, *ahi, *blo, *bhi, *clo, *chi;
+    if (gemm_range(a, op_a, m, k, lda, esz, &alo, &ahi) < 0 || gemm_range(b, op_b, k, n, ldb, esz, &blo, &bhi) < 0 ||
+        gemm_range(c, ZO_GEMM_N, m, n, ldc, sizeof(float), &clo, &chi) < 0)
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: matrix extent overflows");
+    /* C is written while A and B are read: an overlap gives garbage in
+     * every backend, so it is refused rather than computed */
+    if (k && ((clo < ahi && alo < chi) || (clo < bhi && blo < chi)))
+        return ZO_FAIL(eb, -EINVAL, "zo_gemm_async: C overlaps A or B");
+    zo__gemm_args g = {.op_a = op_a, .op_b = op_b, .m = m, .n = n, .k = k, .alpha = alpha, .beta = beta,
+                       .a = a, .b = b, .lda = lda, .ldb = ldb, .ab_type = ab_type, .c = c, .ldc = ldc};
+    return s->dev->ops->gemm(s, &g);
+}
+
+ZO_API const char *zo_gemm_impl(zo_dev_kind kind)
+{
+    switch (kind) {
+    case ZO_DEV_HOST: return zo__host_gemm_impl();
+#if ZO_HAVE_CUDA
+    case ZO_DEV_CUDA: return "cublas";
+#endif
+    default: return "none";
+    }
 }

@@ -9,6 +9,7 @@
 #include <stdatomic.h>
 
 #include "core/internal.h"
+#include "core/list.h"
 
 #include <zoffload/dev.h>
 
@@ -16,6 +17,8 @@
  * first error raised by that work since the previous such function (or
  * sync) on the stream, else 0. */
 typedef void (*zo__host_status_fn)(void *arg, int err);
+
+struct zo__gemm_args; /* below, with the GEMM helpers */
 
 typedef struct zo_dev_ops {
     zo_dev_kind kind;
@@ -52,12 +55,14 @@ typedef struct zo_dev_ops {
     int (*cast)(zo_stream *s, void *dst, zo_dtype dt, const void *src, zo_dtype st, size_t n);
     int (*sumsq)(zo_stream *s, const void *src, zo_dtype t, size_t n, double *acc);
     int (*nonfinite)(zo_stream *s, const void *src, zo_dtype t, size_t n, int *flag);
+    /* optional (NULL: zo_gemm_async returns ZO_ENOTSUP); args checked by dev.c */
+    int (*gemm)(zo_stream *s, const struct zo__gemm_args *g);
 } zo_dev_ops;
 
 typedef struct zo_reg_range {
     uint8_t *p;
     size_t n;
-    struct zo_reg_range *next;
+    zo_list link; /* on zo_dev.regs */
 } zo_reg_range;
 
 struct zo_dev {
@@ -66,7 +71,7 @@ struct zo_dev {
     int ordinal;
     zo_errbuf err;
     pthread_mutex_t lock;     /* guards regs and the counters below */
-    zo_reg_range *regs;       /* host ranges registered through the wrapper */
+    zo_list regs;             /* zo_reg_range: host ranges registered through the wrapper */
     atomic_int nstreams, nevents;
     atomic_int fence_faults, fence_fault_err; /* tests: zo__dev_fail_fences() */
     void *impl;               /* backend state */
@@ -123,6 +128,30 @@ void zo__dev_fail_fences(zo_dev *d, int n, int err);
 /* Tests: make the host backend's copies on device d fail with err (skipped,
  * the error raised on their stream); 0 restores them. */
 void zo__dev_host_fail_copies(zo_dev *d, int err);
+
+/* ---- GEMM (zo_gemm_async) ----------------------------------------------------- */
+/* One GEMM as zo_gemm_async() states it, checked by the wrapper. */
+typedef struct zo__gemm_args {
+    zo_gemm_op op_a, op_b;
+    size_t m, n, k;
+    float alpha, beta;
+    const void *a, *b;
+    size_t lda, ldb;
+    zo_dtype ab_type;
+    float *c;
+    size_t ldc;
+} zo__gemm_args;
+
+/* Run g now on the calling thread (host_gemm.c: OpenBLAS or the reference
+ * loop); the host backend's stream workers call it. 0 or -ENOMEM. */
+int zo__host_gemm_run(const zo__gemm_args *g);
+/* The plain C loop alone, whatever the build has (tests compare against it). */
+int zo__host_gemm_ref(const zo__gemm_args *g);
+const char *zo__host_gemm_impl(void);
+#if ZO_HAVE_CUDA
+/* cuda_blas.c: cublasGemmEx on s's stream, cuBLAS loaded on first use. */
+int zo__cuda_gemm(zo_stream *s, const zo__gemm_args *g);
+#endif
 
 extern const zo_dev_ops zo__dev_host_ops;
 #if ZO_HAVE_CUDA

@@ -8,6 +8,7 @@
  * records on different streams complete. */
 #define ZO_MODULE "dev.host"
 #include "dev/dev_internal.h"
+#include "core/list.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -18,30 +19,30 @@
 typedef struct host_alloc {
     void *p;
     size_t n;
-    struct host_alloc *next;
+    zo_list link; /* on host_dev.allocs */
 } host_alloc;
 
 typedef struct host_dev {
     size_t limit, used;
-    host_alloc *allocs;        /* guarded by zo_dev.lock */
+    zo_list allocs;            /* host_alloc, guarded by zo_dev.lock */
     pthread_mutex_t ev_lock;   /* guards every host_event */
     pthread_cond_t ev_cond;
     pthread_mutex_t streams_lock;
-    struct host_stream *streams; /* for zo_dev_free's device-wide sync */
+    zo_list streams;           /* host_stream, for zo_dev_free's device-wide sync */
     atomic_int copy_fault;     /* tests: copies fail with this error */
 } host_dev;
 
-typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_HOSTFN_STATUS, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT } op_kind;
+typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_HOSTFN_STATUS, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT, OP_GEMM } op_kind;
 
 typedef struct host_gen {
     uint64_t gen;
-    struct host_gen *next;
+    zo_list link; /* on host_event.pending */
 } host_gen;
 
 /* All fields under host_dev.ev_lock. */
 typedef struct host_event {
     uint64_t gen_recorded; /* the latest record's generation */
-    host_gen *pending;     /* records queued and not reached yet */
+    zo_list pending;       /* host_gen: records queued and not reached yet */
     uint64_t t_gen, t_ns;  /* the newest completed record and when it completed */
     unsigned refs;         /* queued records and waits that point here */
     int destroyed;         /* zo_event_destroy() called: freed when refs drops to 0 */
@@ -49,8 +50,9 @@ typedef struct host_event {
 
 static int gen_pending(const host_event *he, uint64_t gen)
 {
-    for (const host_gen *g = he->pending; g; g = g->next)
-        if (g->gen == gen)
+    const zo_list *pos;
+    zo_list_for_each(pos, &he->pending)
+        if (zo_list_entry(pos, host_gen, link)->gen == gen)
             return 1;
     return 0;
 }
@@ -75,7 +77,8 @@ typedef struct host_op {
     void *arg;
     host_event *ev;
     uint64_t gen;
-    struct host_op *next;
+    host_gen *g;      /* OP_RECORD: its entry on ev's pending list */
+    zo_qnode qn;      /* on host_stream.ops */
 } host_op;
 
 typedef struct host_stream {
@@ -84,11 +87,11 @@ typedef struct host_stream {
     pthread_t thread;
     pthread_mutex_t lock;
     pthread_cond_t cond;  /* work queued, work finished, or stop */
-    host_op *head, *tail;
+    zo_queue ops;   /* host_op, run in order by the worker */
     uint64_t submitted, completed;
     int stop;
     int err; /* first error since the last sync */
-    struct host_stream *next;
+    zo_list link;   /* on host_dev.streams */
 } host_stream;
 
 /* ---- device ----------------------------------------------------------------- */
@@ -107,6 +110,8 @@ static int host_open(zo_dev *d, const zo_dev_config *cfg)
     if (!hd)
         return -ENOMEM;
     hd->limit = cfg->host_mem_limit;
+    zo_list_init(&hd->allocs);
+    zo_list_init(&hd->streams);
     pthread_mutex_init(&hd->ev_lock, NULL);
     pthread_cond_init(&hd->ev_cond, NULL);
     pthread_mutex_init(&hd->streams_lock, NULL);
@@ -117,9 +122,9 @@ static int host_open(zo_dev *d, const zo_dev_config *cfg)
 static void host_close(zo_dev *d)
 {
     host_dev *hd = d->impl;
-    while (hd->allocs) {
-        host_alloc *a = hd->allocs;
-        hd->allocs = a->next;
+    zo_list *n;
+    while ((n = zo_list_pop_head(&hd->allocs))) {
+        host_alloc *a = zo_list_entry(n, host_alloc, link);
         ZO_LOGW("zo_dev_close: %zu bytes at %p were not freed; freeing", a->n, a->p);
         free(a->p);
         free(a);
@@ -170,8 +175,7 @@ static int host_malloc(zo_dev *d, void **out, size_t n)
     }
     a->n = n;
     pthread_mutex_lock(&d->lock);
-    a->next = hd->allocs;
-    hd->allocs = a;
+    zo_list_add_head(&hd->allocs, &a->link);
     pthread_mutex_unlock(&d->lock);
     *out = a->p;
     return 0;
@@ -185,7 +189,9 @@ static int host_free(zo_dev *d, void *p)
     /* Like cudaFree: wait for every stream, so queued work never touches
      * freed memory. Errors stay with their streams for their own sync. */
     pthread_mutex_lock(&hd->streams_lock);
-    for (host_stream *hs = hd->streams; hs; hs = hs->next) {
+    zo_list *pos;
+    zo_list_for_each(pos, &hd->streams) {
+        host_stream *hs = zo_list_entry(pos, host_stream, link);
         pthread_mutex_lock(&hs->lock);
         while (hs->completed < hs->submitted)
             pthread_cond_wait(&hs->cond, &hs->lock);
@@ -193,11 +199,12 @@ static int host_free(zo_dev *d, void *p)
     }
     pthread_mutex_unlock(&hd->streams_lock);
     pthread_mutex_lock(&d->lock);
-    host_alloc **pp = &hd->allocs, *a = NULL;
-    for (; *pp; pp = &(*pp)->next) {
-        if ((*pp)->p == p) {
-            a = *pp;
-            *pp = a->next;
+    host_alloc *a = NULL;
+    zo_list_for_each(pos, &hd->allocs) {
+        host_alloc *x = zo_list_entry(pos, host_alloc, link);
+        if (x->p == p) {
+            a = x;
+            zo_list_del(&a->link);
             hd->used -= a->n;
             break;
         }
@@ -278,14 +285,8 @@ static void run_op(host_stream *hs, host_op *op)
     case OP_RECORD: {
         host_event *he = op->ev;
         pthread_mutex_lock(&hd->ev_lock);
-        for (host_gen **pp = &he->pending; *pp; pp = &(*pp)->next) {
-            if ((*pp)->gen == op->gen) {
-                host_gen *g = *pp;
-                *pp = g->next;
-                free(g);
-                break;
-            }
-        }
+        zo_list_del(&op->g->link);
+        free(op->g);
         if (op->gen > he->t_gen) {
             he->t_gen = op->gen;
             he->t_ns = zo__now_ns();
@@ -293,6 +294,17 @@ static void run_op(host_stream *hs, host_op *op)
         event_unref(he);
         pthread_cond_broadcast(&hd->ev_cond);
         pthread_mutex_unlock(&hd->ev_lock);
+        break;
+    }
+    case OP_GEMM: {
+        int r = zo__host_gemm_run(op->arg);
+        free(op->arg);
+        if (r < 0) {
+            pthread_mutex_lock(&hs->lock);
+            if (!hs->err)
+                hs->err = r;
+            pthread_mutex_unlock(&hs->lock);
+        }
         break;
     }
     case OP_WAIT:
@@ -312,14 +324,11 @@ static void *worker(void *arg)
     host_stream *hs = arg;
     pthread_mutex_lock(&hs->lock);
     for (;;) {
-        while (!hs->head && !hs->stop)
+        while (zo_queue_empty(&hs->ops) && !hs->stop)
             pthread_cond_wait(&hs->cond, &hs->lock);
-        if (!hs->head && hs->stop)
+        if (zo_queue_empty(&hs->ops) && hs->stop)
             break;
-        host_op *op = hs->head;
-        hs->head = op->next;
-        if (!hs->head)
-            hs->tail = NULL;
+        host_op *op = zo_queue_entry(zo_queue_pop(&hs->ops), host_op, qn);
         pthread_mutex_unlock(&hs->lock);
         run_op(hs, op);
         free(op);
@@ -337,13 +346,8 @@ static int enqueue(host_stream *hs, host_op *tmpl)
     if (!op)
         return ZO_FAIL(&hs->pub->dev->err, -ENOMEM, "host stream: out of memory queueing work");
     *op = *tmpl;
-    op->next = NULL;
     pthread_mutex_lock(&hs->lock);
-    if (hs->tail)
-        hs->tail->next = op;
-    else
-        hs->head = op;
-    hs->tail = op;
+    zo_queue_push(&hs->ops, &op->qn);
     hs->submitted++;
     pthread_cond_broadcast(&hs->cond);
     pthread_mutex_unlock(&hs->lock);
@@ -359,6 +363,7 @@ static int host_stream_create(zo_dev *d, zo_stream *s)
         return -ENOMEM;
     hs->pub = s;
     hs->hd = hd;
+    zo_queue_init(&hs->ops);
     pthread_mutex_init(&hs->lock, NULL);
     pthread_cond_init(&hs->cond, NULL);
     int r = pthread_create(&hs->thread, NULL, worker, hs);
@@ -370,8 +375,7 @@ static int host_stream_create(zo_dev *d, zo_stream *s)
     }
     pthread_setname_np(hs->thread, "zo-stream");
     pthread_mutex_lock(&hd->streams_lock);
-    hs->next = hd->streams;
-    hd->streams = hs;
+    zo_list_add_tail(&hd->streams, &hs->link);
     pthread_mutex_unlock(&hd->streams_lock);
     s->impl = hs;
     return 0;
@@ -389,12 +393,7 @@ static void host_stream_destroy(zo_stream *s)
     if (hs->err)
         ZO_LOGW("stream destroyed with an unreported error: %s", zo_strerror(hs->err));
     pthread_mutex_lock(&hd->streams_lock);
-    for (host_stream **pp = &hd->streams; *pp; pp = &(*pp)->next) {
-        if (*pp == hs) {
-            *pp = hs->next;
-            break;
-        }
-    }
+    zo_list_del(&hs->link);
     pthread_mutex_unlock(&hd->streams_lock);
     pthread_mutex_destroy(&hs->lock);
     pthread_cond_destroy(&hs->cond);
@@ -460,6 +459,7 @@ static int host_event_create(zo_dev *d, zo_event *e)
     host_event *he = calloc(1, sizeof(*he));
     if (!he)
         return -ENOMEM;
+    zo_list_init(&he->pending);
     e->impl = he;
     return 0;
 }
@@ -487,20 +487,14 @@ static int host_event_record(zo_event *e, zo_stream *s)
     pthread_mutex_lock(&hd->ev_lock);
     uint64_t gen = ++he->gen_recorded;
     g->gen = gen;
-    g->next = he->pending;
-    he->pending = g;
+    zo_list_add_tail(&he->pending, &g->link);
     he->refs++;
     pthread_mutex_unlock(&hd->ev_lock);
-    host_op op = {.kind = OP_RECORD, .ev = he, .gen = gen};
+    host_op op = {.kind = OP_RECORD, .ev = he, .gen = gen, .g = g};
     int r = enqueue(s->impl, &op);
     if (r < 0) { /* never queued: the generation counts as done */
         pthread_mutex_lock(&hd->ev_lock);
-        for (host_gen **pp = &he->pending; *pp; pp = &(*pp)->next) {
-            if (*pp == g) {
-                *pp = g->next;
-                break;
-            }
-        }
+        zo_list_del(&g->link);
         free(g);
         event_unref(he);
         pthread_cond_broadcast(&hd->ev_cond);
@@ -590,6 +584,22 @@ static int host_nonfinite(zo_stream *s, const void *src, zo_dtype t, size_t n, i
     return enqueue(s->impl, &op);
 }
 
+/* ---- GEMM ----------------------------------------------------------------------- */
+/* The arguments travel in their own allocation (the op stays small for the
+ * copies that make up most of the traffic); the worker frees them. */
+static int host_gemm(zo_stream *s, const zo__gemm_args *g)
+{
+    zo__gemm_args *copy = malloc(sizeof(*copy));
+    if (!copy)
+        return ZO_FAIL(&s->dev->err, -ENOMEM, "zo_gemm_async: out of memory queueing work");
+    *copy = *g;
+    host_op op = {.kind = OP_GEMM, .arg = copy};
+    int r = enqueue(s->impl, &op);
+    if (r < 0)
+        free(copy);
+    return r;
+}
+
 const zo_dev_ops zo__dev_host_ops = {
     .kind = ZO_DEV_HOST,
     .name = "host",
@@ -619,4 +629,5 @@ const zo_dev_ops zo__dev_host_ops = {
     .cast = host_cast,
     .sumsq = host_sumsq,
     .nonfinite = host_nonfinite,
+    .gemm = host_gemm,
 };

@@ -44,7 +44,8 @@ ZO_API void zo_store_config_default(zo_store_config *cfg)
 
 ZO_API const char *zo_store_errmsg(const zo_store *s)
 {
-    return s ? s->err.msg : "";
+    static _Thread_local char copy[ZO_ERRMSG_LEN]; /* a whole message, whatever the mover writes */
+    return zo__errbuf_tls(s ? &s->err : NULL, copy);
 }
 
 ZO_API void zo_tensor_desc_default(zo_tensor_desc *d)
@@ -710,7 +711,7 @@ void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x)
             if (e == -EAGAIN)
                 park(s, r);
             else if (e < 0)
-                req_complete(s, r, e, s->err.msg);
+                req_complete(s, r, e, zo_store_errmsg(s));
         }
         pos = c->wq.next;
     }
@@ -761,7 +762,7 @@ void zo__store_job_done(zo_store *s, zo__job *j)
                 zo__store_settle(s, t, j->dst);
             } else {
                 for (zo_list *n; (n = zo_list_first(&dst->wq));)
-                    req_complete(s, zo_list_entry(n, zo_store_req, link), j->err, s->err.msg);
+                    req_complete(s, zo_list_entry(n, zo_store_req, link), j->err, zo_store_errmsg(s));
             }
         } else {
             zo__copy_to(s, t, j->dst, ZO__CS_RESIDENT);
@@ -918,13 +919,8 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
     *out = NULL;
     zo_store_config cfg;
     zo_store_config_default(&cfg);
-    if (ucfg) {
-        if (ucfg->struct_size < offsetof(zo_store_config, device_bytes) || ucfg->struct_size > sizeof(cfg))
-            return ZO_FAIL(NULL, ZO_ECONFIG, "zo_store_create: struct_size %zu is not that of a zo_store_config",
-                           ucfg->struct_size);
-        memcpy(&cfg, ucfg, ucfg->struct_size);
-        cfg.struct_size = sizeof(cfg);
-    }
+    if (ucfg)
+        ZO_CHECK(ZO_STRUCT_IN(&cfg, ucfg, offsetof(zo_store_config, device_bytes), NULL, "zo_store_create"));
     if (cfg.device_bytes && !cfg.dev)
         return ZO_FAIL(NULL, ZO_ECONFIG, "zo_store_create: device_bytes set without a device (dev)");
     if (!cfg.device_bytes && !cfg.host_bytes && !cfg.swap)
@@ -1029,7 +1025,7 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
     return 0;
 fail:
     if (r < 0)
-        zo__fail(NULL, r, ZO_MODULE, "%s", s->err.msg[0] ? s->err.msg : zo_strerror(r));
+        zo__fail(NULL, r, ZO_MODULE, "%s", zo_store_errmsg(s)[0] ? zo_store_errmsg(s) : zo_strerror(r));
     zo_store_destroy(&s);
     return r;
 }
@@ -1120,9 +1116,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
     *out = NULL;
     zo_tensor_desc d;
     zo_tensor_desc_default(&d);
-    if (ud->struct_size < offsetof(zo_tensor_desc, home) + sizeof(ud->home) || ud->struct_size > sizeof(d))
-        return ZO_FAIL(&s->err, ZO_ECONFIG, "zo_store_register: struct_size %zu invalid", ud->struct_size);
-    memcpy(&d, ud, ud->struct_size);
+    ZO_CHECK(ZO_STRUCT_IN(&d, ud, offsetof(zo_tensor_desc, home) + sizeof(ud->home), &s->err, "zo_store_register"));
     if (!d.name || !*d.name || strlen(d.name) > ZO_TENSOR_NAME_MAX)
         return ZO_FAIL(&s->err, -EINVAL, "zo_store_register: a name of 1..%d bytes is required", ZO_TENSOR_NAME_MAX);
     size_t esz = zo_dtype_size(d.dtype);
@@ -1263,12 +1257,16 @@ ZO_API int zo_store_unregister(zo_store *s, zo_tensor **tp)
         int held = t->streams;
         for (int x = 0; x < ZO__NTIERS; x++)
             held |= t->c[x].refs || t->c[x].waiters;
-        if (held) {
+        /* a checkpoint or a restore uses it with the lock dropped */
+        int pinned = t->ckpt_pins || t->restoring;
+        if (held || pinned) {
             /* it stays registered: usable again (a previous pass of this
              * loop may have marked it dying) */
             t->dying = 0;
             pthread_mutex_unlock(&s->lock);
-            return ZO_FAIL(&s->err, -EBUSY, "zo_store_unregister: '%s' is referenced or streamed", t->name);
+            return ZO_FAIL(&s->err, -EBUSY, "zo_store_unregister: '%s' is %s", t->name,
+                           pinned ? (t->restoring ? "being restored" : "in a checkpoint being written")
+                                  : "referenced or streamed");
         }
         if (!zo__tensor_busy(t))
             break;
@@ -1456,7 +1454,12 @@ ZO_API int zo_store_test(zo_store *s, zo_store_req *r, void **ptr)
     pthread_mutex_lock(&s->lock);
     int done = r->done;
     pthread_mutex_unlock(&s->lock);
-    return done ? req_finish(s, r, ptr) : -EBUSY;
+    if (!done) {
+        if (ptr)
+            *ptr = NULL;
+        return ZO_PENDING; /* positive: never one of the completion's errors */
+    }
+    return req_finish(s, r, ptr);
 }
 
 ZO_API int zo_store_release(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags)
@@ -1547,7 +1550,7 @@ ZO_API int zo_store_flush(zo_store *s, zo_tensor *only)
                     int r = zo__store_start_writeback(s, t, (zo_tier)x, 0);
                     if (r < 0 && !err) {
                         err = r;
-                        snprintf(detail, sizeof(detail), "%s", s->err.msg);
+                        zo__errbuf_get(&s->err, detail, sizeof(detail));
                     }
                     if (r < 0)
                         pending = 0;

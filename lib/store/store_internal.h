@@ -21,8 +21,8 @@
 #include <stdbool.h>
 
 #include "core/internal.h"
+#include "core/extent.h"
 #include "core/list.h"
-#include "nvme/nvme_internal.h"
 #include "dev/dev_internal.h"
 
 #include <zoffload/dev.h>
@@ -104,6 +104,8 @@ struct zo_tensor {
     unsigned streams;    /* streams open on it */
     int stream_write;    /* a write stream is open */
     int dying;           /* being unregistered: no new transfers */
+    unsigned ckpt_pins;  /* in a checkpoint being written: unregister refuses it (-EBUSY) */
+    int restoring;       /* in a restore: unregister refuses it, a checkpoint too */
     unsigned wb_count;   /* write-backs in flight (flush waits) */
     int wb_err;          /* first write-back error since the last flush */
     char wb_detail[ZO_ERRMSG_LEN];
@@ -138,7 +140,7 @@ typedef struct zo__ep {
     int fixed;           /* a slot: offsets do not apply */
 } zo__ep;
 
-enum { JOB_LOAD = 0, JOB_WRITEBACK = 1, JOB_STREAM = 2 };
+enum { JOB_LOAD = 0, JOB_WRITEBACK = 1, JOB_STREAM = 2, JOB_SWEEP = 3 };
 
 struct zo__job {
     zo_store *s;
@@ -157,6 +159,7 @@ struct zo__job {
     int err;
     char detail[ZO_ERRMSG_LEN];
     struct zo_store_stream *stream; /* JOB_STREAM */
+    struct zo_store_sweep *sweep;   /* JOB_SWEEP (spiece: the frame) */
     unsigned spiece;     /* JOB_STREAM: index in the stream ring */
     int queued;          /* in a slot wait queue */
     zo_list qlink;       /* on zo_store.slotq[] */
@@ -254,6 +257,7 @@ struct zo_store {
     unsigned pool_peak, pool_in_use;
     zo_list slotq[2];     /* jobs waiting for a slot: demand, prefetch (zo__job.qlink) */
     struct zo_store_stream *streams; /* open streams */
+    struct zo_store_sweep *sweeps;   /* open group sweeps (sweep.c) */
 
     /* tensors */
     zo_tensor *tensors;
@@ -356,7 +360,17 @@ void zo__trace_free(zo_store *s);
 /* stream.c */
 void zo__stream_piece_done(zo_store *s, zo__job *j);
 void zo__streams_pump(zo_store *s);
+/* Why t cannot be streamed with `mode` now (NULL: it can). *settling: a
+ * write would have to wait for transfers of it in flight first. */
+const char *zo__stream_claim_busy(zo_store *s, zo_tensor *t, unsigned mode, int *settling);
 /* tests: see zo_store.write_hook (NULL: none) */
 void zo__store_set_write_hook(zo_store *s, void (*fn)(zo_store *s, zo_tensor *t, void *user), void *user);
+
+/* sweep.c */
+void zo__sweep_piece_done(zo_store *s, zo__job *j);
+void zo__sweeps_pump(zo_store *s);
+/* Allocation granules of the tier arenas (zo_store_create) */
+#define ZO__DEV_GRANULE 256u
+#define ZO__HOST_GRANULE 4096u
 
 #endif /* ZO_STORE_INTERNAL_H */

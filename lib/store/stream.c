@@ -72,6 +72,7 @@ void zo__streams_pump(zo_store *s)
 {
     for (zo_store_stream *st = s->streams; st; st = st->snext)
         stream_pump(s, st);
+    zo__sweeps_pump(s);
 }
 
 void zo__stream_piece_done(zo_store *s, zo__job *j)
@@ -99,6 +100,26 @@ void zo__stream_piece_done(zo_store *s, zo__job *j)
     pthread_cond_broadcast(&s->cond);
 }
 
+const char *zo__stream_claim_busy(zo_store *s, zo_tensor *t, unsigned mode, int *settling)
+{
+    const char *busy = NULL;
+    *settling = 0;
+    if (t->stream_write)
+        busy = "a write stream is open on it";
+    else if (t->dying)
+        busy = "it is being unregistered";
+    else if ((mode & ZO_STREAM_WRITE) && s->ckpt_active)
+        busy = "a checkpoint is being written";
+    for (int x = 0; !busy && x < ZO__NTIERS; x++)
+        if (t->c[x].write_held)
+            busy = "it is held for writing";
+    /* a write stream waits for transfers of the tensor to finish */
+    *settling = !busy && (mode & ZO_STREAM_WRITE) && zo__tensor_busy(t);
+    if (*settling && (t->streams || t->c[ZO_TIER_DEVICE].refs || t->c[ZO_TIER_HOST].refs))
+        busy = "it is referenced or streamed";
+    return busy;
+}
+
 /* Open a stream over [r0, r1) (piece aligned). Lock held. wait: block until
  * slots and the tensor are free instead of returning -EBUSY. need_home: the
  * home copy must be current once nothing is in flight (a write of part of
@@ -115,21 +136,8 @@ static int stream_open_locked(zo_store *s, zo_tensor *t, unsigned mode, unsigned
                        "store stream: depth %u needs %u slots; the pool has %u (one is kept for transfers)", depth,
                        quota, s->nslots);
     for (;;) {
-        const char *busy = NULL;
-        int slots = 0;
-        if (t->stream_write)
-            busy = "a write stream is open on it";
-        else if (t->dying)
-            busy = "it is being unregistered";
-        else if ((mode & ZO_STREAM_WRITE) && s->ckpt_active)
-            busy = "a checkpoint is being written";
-        for (int x = 0; !busy && x < ZO__NTIERS; x++)
-            if (t->c[x].write_held)
-                busy = "it is held for writing";
-        /* a write stream waits for transfers of the tensor to finish */
-        int settling = !busy && (mode & ZO_STREAM_WRITE) && zo__tensor_busy(t);
-        if (settling && (t->streams || t->c[ZO_TIER_DEVICE].refs || t->c[ZO_TIER_HOST].refs))
-            busy = "it is referenced or streamed";
+        int slots = 0, settling;
+        const char *busy = zo__stream_claim_busy(s, t, mode, &settling);
         if (!busy && !settling && s->reserved + quota > s->nslots - 1) {
             busy = "not enough unreserved pool slots (other streams hold them)";
             slots = 1;
@@ -427,6 +435,89 @@ static size_t ckpt_chunk(size_t slot)
     return ZO_MIN(low, (size_t)1 << 20);
 }
 
+/* Pins keep tensors registered while a checkpoint or a restore uses them
+ * with the lock dropped: zo_store_unregister() refuses a pinned tensor
+ * with -EBUSY. Lock held. */
+static void pins_take(zo_tensor **list, unsigned n, int restore)
+{
+    for (unsigned i = 0; i < n; i++) {
+        if (restore)
+            list[i]->restoring = 1;
+        else
+            list[i]->ckpt_pins++;
+    }
+}
+
+static void pins_drop(zo_store *s, zo_tensor **list, unsigned n, int restore)
+{
+    pthread_mutex_lock(&s->lock);
+    for (unsigned i = 0; i < n; i++) {
+        if (restore)
+            list[i]->restoring = 0;
+        else
+            list[i]->ckpt_pins--;
+    }
+    if (!restore)
+        s->ckpt_active = 0;
+    pthread_cond_broadcast(&s->cond);
+    pthread_mutex_unlock(&s->lock);
+}
+
+/* Record err in the store with `what` and the calling thread's last detail
+ * (copied first: it is also the buffer the new detail is formatted into). */
+static int fail_detail(zo_store *s, int err, const char *what, const char *after)
+{
+    char why[ZO_ERRMSG_LEN];
+    snprintf(why, sizeof(why), "%s", zo_last_error_detail());
+    return ZO_FAIL(&s->err, err, "%s: %s%s", what, why, after ? after : "");
+}
+
+static int ptr_cmp(const void *a, const void *b)
+{
+    uintptr_t x = (uintptr_t) * (zo_tensor *const *)a, y = (uintptr_t) * (zo_tensor *const *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Are the n handles of ts all tensors of this store? Compared by pointer,
+ * never dereferenced before they are found: a caller's stale handle is
+ * refused, not used. O((N + n) log n): a model has 1e5 tensors. Lock held.
+ * 0, -EINVAL (detail: the first stranger's index) or -ENOMEM. */
+static int all_registered_locked(zo_store *s, zo_tensor *const *ts, unsigned n)
+{
+    zo_tensor **sorted = malloc((size_t)n * sizeof(*sorted));
+    uint8_t *seen = calloc(n, 1);
+    int r = 0;
+    if (!sorted || !seen) {
+        r = -ENOMEM;
+        goto out;
+    }
+    memcpy(sorted, ts, (size_t)n * sizeof(*sorted));
+    qsort(sorted, n, sizeof(*sorted), ptr_cmp);
+    for (zo_tensor *u = s->tensors; u; u = u->next) {
+        zo_tensor **at = bsearch(&u, sorted, n, sizeof(*sorted), ptr_cmp);
+        if (!at)
+            continue;
+        /* duplicates sit next to each other */
+        size_t lo = (size_t)(at - sorted), hi = lo;
+        while (lo > 0 && sorted[lo - 1] == u)
+            lo--;
+        while (hi + 1 < n && sorted[hi + 1] == u)
+            hi++;
+        memset(seen + lo, 1, hi - lo + 1);
+    }
+    for (unsigned i = 0; i < n && r == 0; i++)
+        if (!seen[i])
+            for (unsigned k = 0; k < n; k++)
+                if (ts[k] == sorted[i]) {
+                    r = ZO_FAIL(&s->err, -EINVAL, "zo_store_checkpoint: ts[%u] is not a tensor of this store", k);
+                    break;
+                }
+out:
+    free(sorted);
+    free(seen);
+    return r;
+}
+
 ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, zo_tensor *const *ts, unsigned n,
                                unsigned keep_last, const char *user_json)
 {
@@ -459,17 +550,22 @@ ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, 
             list[a] = list[b];
             list[b] = tmp;
         }
-    for (unsigned i = 0; i < cnt; i++) {
+    int r = n ? all_registered_locked(s, ts, n) : 0;
+    for (unsigned i = 0; i < cnt && r == 0; i++) {
         zo_tensor *t = list[i];
         int held = t->stream_write;
         for (int x = 0; x < ZO__NTIERS; x++)
             held |= t->c[x].write_held;
-        if (held) {
-            pthread_mutex_unlock(&s->lock);
-            free(list);
-            return ZO_FAIL(&s->err, -EBUSY, "zo_store_checkpoint: '%s' is held for writing", t->name);
-        }
+        if (held || t->dying || t->restoring)
+            r = ZO_FAIL(&s->err, -EBUSY, "zo_store_checkpoint: '%s' is %s", t->name,
+                        held ? "held for writing" : t->dying ? "being unregistered" : "being restored");
     }
+    if (r < 0) {
+        pthread_mutex_unlock(&s->lock);
+        free(list);
+        return r;
+    }
+    pins_take(list, cnt, 0);
     s->ckpt_active = 1; /* keeps writers out: the snapshot is consistent */
     pthread_mutex_unlock(&s->lock);
 
@@ -480,7 +576,7 @@ ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, 
     o.user_json = user_json;
     o.aio = s->swap ? zo_swap_get_aio(s->swap) : NULL;
     zo_ckpt_writer *w = NULL;
-    int r = zo_ckpt_begin(&w, root, name, &o);
+    r = zo_ckpt_begin(&w, root, name, &o);
     for (unsigned i = 0; i < cnt && r == 0; i++) {
         zo_ckpt_entry e = {.name = list[i]->name, .dtype = list[i]->desc.dtype, .ndim = list[i]->desc.ndim,
                            .bytes = list[i]->bytes};
@@ -506,35 +602,90 @@ ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, 
             r = rc;
     }
     if (r == 0) {
-        r = zo_ckpt_commit(&w);
+        if ((r = zo_ckpt_commit(&w)) < 0)
+            fail_detail(s, r, "zo_store_checkpoint", NULL);
     } else if (w) {
         char why[ZO_ERRMSG_LEN];
         snprintf(why, sizeof(why), "%s", zo_last_error_detail());
         zo_ckpt_abort(&w);
         ZO_FAIL(&s->err, r, "zo_store_checkpoint %s: %s", name, why);
     }
-    pthread_mutex_lock(&s->lock);
-    s->ckpt_active = 0;
-    pthread_cond_broadcast(&s->cond);
-    pthread_mutex_unlock(&s->lock);
+    pins_drop(s, list, cnt, 0);
     free(list);
     return r;
 }
 
-ZO_API int zo_store_restore(zo_store *s, const char *root, const char *name)
+ZO_API void zo_store_restore_options_default(zo_store_restore_options *o)
 {
+    if (!o)
+        return;
+    memset(o, 0, sizeof(*o));
+    o->struct_size = sizeof(*o);
+}
+
+/* Match the checkpoint's tensors with registered ones and pin them, all
+ * under one hold of the lock: what the caller holds is refused before any
+ * tensor is touched. */
+static int restore_claim(zo_store *s, zo_ckpt_reader *rd, zo_tensor **list, unsigned n)
+{
+    int r = 0;
+    pthread_mutex_lock(&s->lock);
+    for (unsigned i = 0; i < n && r == 0; i++) {
+        zo_ckpt_entry e;
+        zo_ckpt_get_entry(rd, i, &e);
+        zo_tensor *t = s->tensors;
+        while (t && strcmp(t->name, e.name) != 0)
+            t = t->next;
+        if (!t) {
+            r = ZO_FAIL(&s->err, -ENOENT, "zo_store_restore: checkpoint %s holds '%s', which is not registered",
+                        zo_ckpt_name(rd), e.name);
+        } else if (t->bytes != e.bytes || t->desc.dtype != e.dtype) {
+            r = ZO_FAIL(&s->err, ZO_EFORMAT,
+                        "zo_store_restore: '%s' is %llu bytes of %s here, %llu bytes of %s in checkpoint %s", e.name,
+                        (unsigned long long)t->bytes, zo_dtype_name(t->desc.dtype), (unsigned long long)e.bytes,
+                        zo_dtype_name(e.dtype), zo_ckpt_name(rd));
+        } else if (t->streams || s->ckpt_active || t->c[ZO_TIER_DEVICE].refs || t->c[ZO_TIER_HOST].refs ||
+                   t->dying || t->restoring) {
+            r = ZO_FAIL(&s->err, -EBUSY, "zo_store_restore: '%s' is %s", t->name,
+                        s->ckpt_active ? "in a checkpoint being written"
+                        : t->dying     ? "being unregistered"
+                        : t->restoring ? "being restored by another call"
+                                       : "referenced or streamed");
+        }
+        list[i] = t;
+    }
+    if (r == 0)
+        pins_take(list, n, 1);
+    pthread_mutex_unlock(&s->lock);
+    return r;
+}
+
+ZO_API int zo_store_restore2(zo_store *s, const char *root, const char *name, const zo_store_restore_options *uo,
+                             char **user_json)
+{
+    if (user_json)
+        *user_json = NULL;
     if (!s || !root)
         return ZO_FAIL(s ? &s->err : NULL, -EINVAL, "zo_store_restore: NULL argument");
+    zo_store_restore_options o;
+    zo_store_restore_options_default(&o);
+    int r;
+    if (uo && (r = ZO_STRUCT_IN(&o, uo, offsetof(zo_store_restore_options, flags) + sizeof(o.flags), &s->err,
+                                "zo_store_restore2")) < 0)
+        return r;
+    if (o.flags & ~ZO_RESTORE_VERIFY_FIRST)
+        return ZO_FAIL(&s->err, -EINVAL, "zo_store_restore2: unknown flags 0x%x", o.flags);
     if (!s->nslots)
         return ZO_FAIL(&s->err, ZO_ECONFIG, "zo_store_restore: the store has no pool slots");
     zo_ckpt_reader *rd;
-    int r = zo_ckpt_open(&rd, root, name);
-    if (r < 0)
-        return r;
+    if ((r = zo_ckpt_open(&rd, root, name)) < 0)
+        return fail_detail(s, r, "zo_store_restore", NULL);
     unsigned n = zo_ckpt_count(rd);
     size_t chunk = zo_ckpt_chunk_size(rd);
+    char *uj = NULL;
     zo_tensor **list = calloc(n ? n : 1, sizeof(*list));
-    if (!list) {
+    if (!list || (user_json && !(uj = strdup(zo_ckpt_user_json(rd))))) {
+        free(list);
         zo_ckpt_close(&rd);
         return -ENOMEM;
     }
@@ -543,38 +694,17 @@ ZO_API int zo_store_restore(zo_store *s, const char *root, const char *name)
                     chunk, s->slot_size);
         goto out;
     }
-    for (unsigned i = 0; i < n; i++) {
-        zo_ckpt_entry e;
-        zo_ckpt_get_entry(rd, i, &e);
-        if (zo_store_find(s, e.name, &list[i]) < 0) {
-            r = ZO_FAIL(&s->err, -ENOENT, "zo_store_restore: checkpoint %s holds '%s', which is not registered",
-                        zo_ckpt_name(rd), e.name);
-            goto out;
-        }
-        if (list[i]->bytes != e.bytes || list[i]->desc.dtype != e.dtype) {
-            r = ZO_FAIL(&s->err, ZO_EFORMAT,
-                        "zo_store_restore: '%s' is %llu bytes of %s here, %llu bytes of %s in checkpoint %s", e.name,
-                        (unsigned long long)list[i]->bytes, zo_dtype_name(list[i]->desc.dtype),
-                        (unsigned long long)e.bytes, zo_dtype_name(e.dtype), zo_ckpt_name(rd));
-            goto out;
-        }
-    }
-    /* every checksum first: a damaged checkpoint leaves the tensors as they are */
-    if ((r = zo_ckpt_verify(rd)) < 0) {
-        ZO_FAIL(&s->err, r, "zo_store_restore: %s", zo_last_error_detail());
+    if ((r = restore_claim(s, rd, list, n)) < 0)
         goto out;
+    /* on request, every checksum before any tensor is written (a second
+     * read of the checkpoint) */
+    if ((o.flags & ZO_RESTORE_VERIFY_FIRST) && (r = zo_ckpt_verify(rd)) < 0) {
+        fail_detail(s, r, "zo_store_restore", " (no tensor was changed)");
+        goto unpin;
     }
-    /* and what the caller holds: refused before any tensor is touched */
-    pthread_mutex_lock(&s->lock);
-    for (unsigned i = 0; i < n && r == 0; i++) {
-        zo_tensor *t = list[i];
-        if (t->streams || s->ckpt_active || t->c[ZO_TIER_DEVICE].refs || t->c[ZO_TIER_HOST].refs)
-            r = ZO_FAIL(&s->err, -EBUSY, "zo_store_restore: '%s' is %s", t->name,
-                        s->ckpt_active ? "in a checkpoint being written" : "referenced or streamed");
-    }
-    pthread_mutex_unlock(&s->lock);
-    if (r < 0)
-        goto out;
+    /* One read: each piece is read into the stream's slot and its chunks'
+     * checksums verified there (zo_ckpt_read) before it is handed back to
+     * be written home; a piece that fails is never written. */
     for (unsigned i = 0; i < n && r == 0; i++) {
         zo_store_stream *st;
         pthread_mutex_lock(&s->lock);
@@ -582,21 +712,45 @@ ZO_API int zo_store_restore(zo_store *s, const char *root, const char *name)
          * and for pool slots: they come free by themselves */
         r = stream_open_locked(s, list[i], ZO_STREAM_WRITE, 2, 0, list[i]->bytes, 1, 0, &st);
         pthread_mutex_unlock(&s->lock);
-        if (r < 0)
+        if (r < 0) {
+            char after[ZO_TENSOR_NAME_MAX + 128];
+            snprintf(after, sizeof(after), " (tensor %u of %u, '%s': the ones before it are restored, it and the rest "
+                     "untouched)", i + 1, n, list[i]->name);
+            fail_detail(s, r, "zo_store_restore", after);
             break;
+        }
         zo_store_piece p;
         while ((r = zo_store_stream_next(st, &p)) == 0 && p.len) {
-            int e = zo_ckpt_read(rd, i, p.off, p.host, p.len);
-            int d = zo_store_stream_done(st, &p);
-            if ((r = e ? e : d) < 0)
+            if ((r = zo_ckpt_read(rd, i, p.off, p.host, p.len)) < 0)
+                break; /* the piece stays held: close drops it unwritten */
+            if ((r = zo_store_stream_done(st, &p)) < 0)
                 break;
         }
+        char why[ZO_ERRMSG_LEN];
+        snprintf(why, sizeof(why), "%s", zo_last_error_detail());
         int rc = zo_store_stream_close(&st);
-        if (r == 0)
+        if (r == 0 && rc < 0) {
             r = rc;
+            snprintf(why, sizeof(why), "%s", zo_store_errmsg(s));
+        }
+        if (r < 0)
+            ZO_FAIL(&s->err, r, "zo_store_restore: %s (tensor %u of %u, '%s', is partly loaded, its contents "
+                    "undefined; the ones before it are restored, the rest untouched)", why, i + 1, n, list[i]->name);
     }
+unpin:
+    pins_drop(s, list, n, 1);
 out:
     free(list);
     zo_ckpt_close(&rd);
+    if (r == 0 && user_json) {
+        *user_json = uj;
+        uj = NULL;
+    }
+    free(uj);
     return r;
+}
+
+ZO_API int zo_store_restore(zo_store *s, const char *root, const char *name)
+{
+    return zo_store_restore2(s, root, name, NULL, NULL);
 }

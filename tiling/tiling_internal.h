@@ -1,0 +1,87 @@
+/*
+ * Tiling internals shared by the walker, the planner and the operators.
+ */
+#ifndef ZO_TILING_INTERNAL_H
+#define ZO_TILING_INTERNAL_H
+
+#include "core/internal.h"
+
+#include <zoffload/tiling.h>
+
+/* Keep the calling thread's last error detail as eb's (a callee's detail
+ * becomes the handle's), return err. */
+static inline int zo__tile_keep(zo_errbuf *eb, int err)
+{
+    zo__errbuf_set(eb, zo_last_error_detail());
+    return err;
+}
+
+/* Whether eb holds a message (a callee already said why). */
+static inline int zo__tile_has_msg(const zo_errbuf *eb)
+{
+    char c[2];
+    return zo__errbuf_get(eb, c, sizeof(c))[0] != '\0';
+}
+
+/* Device bytes of the buffers the tiled linear allocates for `g`
+ * (g's tile fields set); -EOVERFLOW-safe: UINT64_MAX on overflow. */
+uint64_t zo__tile_linear_work(const zo_tile_grid *g);
+
+/* Check a config's tensor-name prefix and home tier; copy the name into
+ * copy (ZO_TENSOR_NAME_MAX + 1 bytes) and point *name at it. */
+int zo__tile_name_home(const char **name, char *copy, zo_tier home, zo_errbuf *eb, const char *fn);
+
+/* Register tiles rows x cols of `dtype` named "<prefix>.<r>.<c>" (or
+ * "<prefix>.<r>" when cols_grid is 1 and one_dim) in `home`. */
+int zo__tile_register(zo_store *st, const char *prefix, const zo_tile_grid *g, zo_tier home, int one_dim,
+                      zo_tensor ***out, zo_errbuf *eb);
+void zo__tile_unregister(zo_store *st, zo_tensor ***tiles, unsigned n);
+
+/* Copy W (host, ld) into / out of the tiles of g through the store. */
+int zo__tile_weight_io(zo_store *st, zo_tensor **tiles, const zo_tile_grid *g, void *w, uint64_t ld, int write,
+                       zo_errbuf *eb);
+
+static inline uint32_t zo__tile_rows(const zo_tile_grid *g, uint32_t r)
+{
+    uint64_t o0 = (uint64_t)r * g->tile_out;
+    return (uint32_t)ZO_MIN((uint64_t)g->tile_out, g->out_features - o0);
+}
+
+static inline uint32_t zo__tile_cols(const zo_tile_grid *g, uint32_t c)
+{
+    uint64_t i0 = (uint64_t)c * g->tile_in;
+    return (uint32_t)ZO_MIN((uint64_t)g->tile_in, g->in_features - i0);
+}
+
+/* ---- the dW sink pipeline (sinkq.c) -------------------------------------------------
+ * Two f32 gradient tile buffers: tile k's gradient is computed into
+ * buf[k & 1] on the compute stream; it is handed to the sink while tile
+ * k+1 computes; the buffer is reused for tile k+2 once the work the sink
+ * queued on its stream is done. */
+typedef struct zo__sinkq {
+    zo_tile_sink_fn fn;
+    void *ctx;
+    zo_dev *dev;
+    zo_stream *stream;
+    float *buf[2];
+    zo_event *done[2], *sunk[2];
+    int sunk_rec[2];
+    int has_pending;
+    unsigned pending_k;
+    zo_tile_grad pending;
+} zo__sinkq;
+
+int zo__sinkq_init(zo__sinkq *q, zo_dev *dev, uint64_t buf_bytes, zo_tile_sink_fn fn, void *ctx, zo_errbuf *eb);
+void zo__sinkq_fini(zo__sinkq *q);
+void zo__sinkq_reset(zo__sinkq *q);
+/* The buffer for tile k, after making s wait until the sink is done with
+ * it; NULL on error (detail set). */
+float *zo__sinkq_buf(zo__sinkq *q, zo_stream *s, unsigned k, int *err);
+/* Tile k's gradient (g: position and shape) is queued on s: hand the
+ * previous one to the sink. */
+int zo__sinkq_queued(zo__sinkq *q, zo_stream *s, unsigned k, const zo_tile_grad *g, zo_errbuf *eb);
+/* After the walk: hand the last tile over (deliver: the walk succeeded),
+ * wait for the sink's work. */
+int zo__sinkq_flush(zo__sinkq *q, int deliver, zo_errbuf *eb);
+
+#endif /* ZO_TILING_INTERNAL_H */

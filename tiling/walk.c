@@ -1,0 +1,310 @@
+/* The tile walker: the one mechanism every tiled operator uses. It streams
+ * a list of store tensors through two device buffers, so tile k+1 travels
+ * (copy stream) while tile k's work runs (compute stream).
+ *
+ * Per tile k, on the calling thread:
+ *   A. begin fetching k+1: an acquire (device or host home: a future) or a
+ *      store stream (NVMe home: its read-ahead starts loading pieces into
+ *      pool slots in the background);
+ *   B. the compute stream waits until tile k is in its buffer; fn(k)
+ *      queues the work that reads it; an event marks the end of that work;
+ *   C. finish fetching k+1: the copy stream waits for the end of tile k-1's
+ *      work (its buffer is the one k+1 goes to), then the tile's bytes are
+ *      copied in (host: one copy from the pinned home; NVMe: piece by piece
+ *      from the pool slots, each slot handed back once its copy is done).
+ * So the disk reads of k+1 run during fn(k) and its work, the copy of k+1
+ * during tile k's work, and at most two tiles are ever in device memory. */
+#define ZO_MODULE "tiling"
+#include "tiling/tiling_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct zo_tile_walk {
+    zo_store *store;
+    zo_dev *dev;
+    uint64_t buf_bytes;
+    void *buf[2];
+    zo_stream *copy, *compute;
+    zo_event *loaded[2], *used[2];
+    int used_rec[2];       /* used[i] recorded in this run */
+    zo_tensor *held[2];    /* tile whose reference backs slot i (device home: in place; host: the copy's source) */
+    zo_tier held_tier[2];
+    const void *ptr[2];    /* where slot i's tile is in device memory */
+    zo_tile_walk_stats st;
+    zo_errbuf err;
+};
+
+/* A fetch under way (step A to C). */
+typedef struct fetch {
+    zo_tensor *t;
+    zo_tier home;
+    uint64_t bytes;
+    zo_store_req *req;       /* device/host home */
+    zo_store_stream *sst;    /* NVMe home */
+    const void *dev_ptr;     /* device home: the tile in place */
+} fetch;
+
+ZO_API int zo_tile_walk_create(zo_tile_walk **out, zo_store *store, zo_dev *dev, uint64_t max_tile_bytes)
+{
+    if (!out || !store || !dev)
+        return ZO_FAIL(NULL, -EINVAL, "zo_tile_walk_create: NULL argument");
+    *out = NULL;
+    zo_tile_walk *w = calloc(1, sizeof(*w));
+    if (!w)
+        return -ENOMEM;
+    w->store = store;
+    w->dev = dev;
+    w->buf_bytes = max_tile_bytes;
+    int r = 0;
+    for (int i = 0; i < 2 && max_tile_bytes; i++) {
+        if (max_tile_bytes > SIZE_MAX) {
+            r = ZO_FAIL(NULL, -ENOMEM, "zo_tile_walk_create: tile of %llu bytes", (unsigned long long)max_tile_bytes);
+            goto fail;
+        }
+        r = zo_dev_malloc(dev, &w->buf[i], (size_t)max_tile_bytes);
+        if (r < 0) {
+            ZO_FAIL(NULL, r, "zo_tile_walk_create: device buffer of %llu bytes: %s",
+                    (unsigned long long)max_tile_bytes, zo_dev_errmsg(dev));
+            goto fail;
+        }
+    }
+    ZO_CHECK_GOTO(zo_stream_create(dev, &w->copy), r, fail);
+    ZO_CHECK_GOTO(zo_stream_create(dev, &w->compute), r, fail);
+    for (int i = 0; i < 2; i++) {
+        ZO_CHECK_GOTO(zo_event_create(dev, &w->loaded[i]), r, fail);
+        ZO_CHECK_GOTO(zo_event_create(dev, &w->used[i]), r, fail);
+    }
+    *out = w;
+    return 0;
+fail:
+    zo_tile_walk_destroy(&w);
+    return r;
+}
+
+ZO_API void zo_tile_walk_destroy(zo_tile_walk **wp)
+{
+    if (!wp || !*wp)
+        return;
+    zo_tile_walk *w = *wp;
+    if (w->copy)
+        zo_stream_sync(w->copy);
+    if (w->compute)
+        zo_stream_sync(w->compute);
+    for (int i = 0; i < 2; i++) {
+        zo_event_destroy(&w->loaded[i]);
+        zo_event_destroy(&w->used[i]);
+    }
+    zo_stream_destroy(&w->copy);
+    zo_stream_destroy(&w->compute);
+    for (int i = 0; i < 2; i++)
+        if (w->buf[i])
+            zo_dev_free(w->dev, w->buf[i]);
+    free(w);
+    *wp = NULL;
+}
+
+ZO_API zo_stream *zo_tile_walk_stream(zo_tile_walk *w)
+{
+    return w ? w->compute : NULL;
+}
+
+ZO_API void zo_tile_walk_get_stats(const zo_tile_walk *w, zo_tile_walk_stats *st)
+{
+    if (!st)
+        return;
+    memset(st, 0, sizeof(*st));
+    if (w)
+        *st = w->st;
+}
+
+static unsigned stream_depth(zo_store *s, uint64_t bytes)
+{
+    zo_store_stats ss;
+    zo_store_get_stats(s, &ss);
+    if (ss.pool_slots < 3 || ss.pool_slot_size == 0)
+        return 0;
+    uint64_t pieces = (bytes + ss.pool_slot_size - 1) / ss.pool_slot_size;
+    /* a stream takes depth + 1 slots and the store keeps one for itself;
+     * leave one more for other users of the pool */
+    uint64_t d = ZO_MIN((uint64_t)ss.pool_slots - 2, (uint64_t)4);
+    d = ZO_MIN(d, pieces);
+    return d ? (unsigned)d : 1;
+}
+
+/* Step A. */
+static int fetch_begin(zo_tile_walk *w, zo_tensor *t, fetch *f)
+{
+    memset(f, 0, sizeof(*f));
+    zo_tensor_info ti;
+    ZO_CHECK(zo_store_tensor_info(w->store, t, &ti));
+    f->t = t;
+    f->home = ti.home;
+    f->bytes = ti.bytes;
+    if (ti.home != ZO_TIER_DEVICE && ti.bytes > w->buf_bytes)
+        return ZO_FAIL(&w->err, -EINVAL, "zo_tile_walk_run: tile '%s' has %llu bytes, the buffers %llu", ti.name,
+                       (unsigned long long)ti.bytes, (unsigned long long)w->buf_bytes);
+    uint64_t t0 = zo__now_ns();
+    int r;
+    if (ti.home == ZO_TIER_NVME) {
+        unsigned depth = stream_depth(w->store, ti.bytes);
+        if (!depth)
+            return ZO_FAIL(&w->err, ZO_ECONFIG, "zo_tile_walk_run: NVMe tile '%s' needs a store pool of >= 3 slots",
+                           ti.name);
+        r = zo_store_stream_open(w->store, t, ZO_STREAM_READ, depth, &f->sst);
+        /* other streams hold pool slots: read ahead less rather than fail */
+        while (r == -EBUSY && depth > 1)
+            r = zo_store_stream_open(w->store, t, ZO_STREAM_READ, --depth, &f->sst);
+        if (r < 0)
+            ZO_FAIL(&w->err, r, "zo_tile_walk_run: stream over '%s': %s", ti.name, zo_store_errmsg(w->store));
+    } else {
+        r = zo_store_acquire(w->store, t, ti.home, 0, &f->req);
+        if (r < 0)
+            ZO_FAIL(&w->err, r, "zo_tile_walk_run: acquire '%s': %s", ti.name, zo_store_errmsg(w->store));
+    }
+    w->st.fetch_ns += zo__now_ns() - t0;
+    return r;
+}
+
+/* Undo a begun fetch on an error path. */
+static void fetch_abort(zo_tile_walk *w, fetch *f)
+{
+    if (f->sst)
+        zo_store_stream_close(&f->sst);
+    if (f->req) {
+        void *p;
+        if (zo_store_wait(w->store, f->req, &p) == 0)
+            zo_store_release(w->store, f->t, f->home, 0);
+        f->req = NULL;
+    }
+}
+
+/* Drop the reference behind slot i once nothing reads through it any more:
+ * a host home once its copy into the buffer is done, a device home once
+ * the work that used it in place is done. */
+static void release_slot(zo_tile_walk *w, int i)
+{
+    if (!w->held[i])
+        return;
+    if (w->held_tier[i] == ZO_TIER_HOST)
+        zo_event_sync(w->loaded[i]);
+    else if (w->used_rec[i])
+        zo_event_sync(w->used[i]);
+    zo_store_release(w->store, w->held[i], w->held_tier[i], 0);
+    w->held[i] = NULL;
+}
+
+/* Step C: the tile's bytes into buf[i] (or in place for a device home),
+ * loaded[i] recorded after them. Consumes f on every path. */
+static int fetch_finish(zo_tile_walk *w, fetch *f, int i)
+{
+    int r = 0;
+    uint64_t t0 = zo__now_ns();
+    release_slot(w, i);
+    /* the buffer still feeds tile k-1's work until used[i] */
+    if (f->home != ZO_TIER_DEVICE && w->used_rec[i])
+        ZO_CHECK_GOTO(zo_stream_wait_event(w->copy, w->used[i]), r, fail);
+    if (f->home != ZO_TIER_NVME) {
+        void *p = NULL;
+        zo_store_req *q = f->req;
+        f->req = NULL;
+        r = zo_store_wait(w->store, q, &p);
+        if (r < 0) {
+            ZO_FAIL(&w->err, r, "zo_tile_walk_run: loading a tile: %s", zo_store_errmsg(w->store));
+            goto fail;
+        }
+        w->held[i] = f->t;
+        w->held_tier[i] = f->home;
+        if (f->home == ZO_TIER_DEVICE) {
+            w->ptr[i] = p;
+        } else {
+            ZO_CHECK_GOTO(zo_memcpy_async(w->copy, w->buf[i], p, (size_t)f->bytes, ZO_COPY_H2D), r, fail);
+            w->ptr[i] = w->buf[i];
+            w->st.fetch_bytes += f->bytes;
+        }
+    } else {
+        for (;;) {
+            zo_store_piece pc;
+            r = zo_store_stream_next(f->sst, &pc);
+            if (r < 0) {
+                ZO_FAIL(&w->err, r, "zo_tile_walk_run: reading a tile from NVMe: %s", zo_store_errmsg(w->store));
+                goto fail;
+            }
+            if (pc.len == 0)
+                break;
+            r = zo_memcpy_async(w->copy, (uint8_t *)w->buf[i] + pc.off, pc.host, pc.len, ZO_COPY_H2D);
+            /* the slot goes back to the pool only once the copy has read it */
+            int r2 = r < 0 ? r : zo_stream_sync(w->copy);
+            zo_store_stream_done(f->sst, &pc);
+            if (r2 < 0) {
+                r = r2;
+                goto fail;
+            }
+        }
+        r = zo_store_stream_close(&f->sst);
+        if (r < 0)
+            goto fail;
+        w->ptr[i] = w->buf[i];
+        w->st.fetch_bytes += f->bytes;
+    }
+    if (f->home != ZO_TIER_DEVICE)
+        ZO_CHECK_GOTO(zo_event_record(w->loaded[i], w->copy), r, fail);
+    w->st.fetch_ns += zo__now_ns() - t0;
+    return 0;
+fail:
+    fetch_abort(w, f);
+    w->st.fetch_ns += zo__now_ns() - t0;
+    return r;
+}
+
+ZO_API int zo_tile_walk_run(zo_tile_walk *w, zo_tensor *const *tiles, unsigned n, zo_tile_fn fn, void *ctx)
+{
+    if (!w || !tiles || !fn || n == 0)
+        return ZO_FAIL(w ? &w->err : NULL, -EINVAL, "zo_tile_walk_run: NULL argument or no tiles");
+    for (unsigned k = 0; k < n; k++)
+        if (!tiles[k])
+            return ZO_FAIL(&w->err, -EINVAL, "zo_tile_walk_run: tile %u is NULL", k);
+    w->used_rec[0] = w->used_rec[1] = 0;
+    fetch f;
+    int r = fetch_begin(w, tiles[0], &f);
+    if (r == 0)
+        r = fetch_finish(w, &f, 0);
+    else
+        fetch_abort(w, &f);
+    for (unsigned k = 0; k < n && r == 0; k++) {
+        int i = (int)(k & 1);
+        fetch nf;
+        int have_next = k + 1 < n;
+        if (have_next) {
+            r = fetch_begin(w, tiles[k + 1], &nf);
+            if (r < 0) {
+                fetch_abort(w, &nf);
+                break;
+            }
+        }
+        r = zo_stream_wait_event(w->compute, w->loaded[i]);
+        if (r == 0)
+            r = fn(ctx, k, w->ptr[i], w->compute);
+        int r2 = zo_event_record(w->used[i], w->compute);
+        if (r2 == 0)
+            w->used_rec[i] = 1;
+        if (r == 0)
+            r = r2;
+        w->st.tiles++;
+        if (!have_next)
+            break;
+        if (r < 0) {
+            fetch_abort(w, &nf);
+            break;
+        }
+        r = fetch_finish(w, &nf, 1 - i);
+    }
+    uint64_t t0 = zo__now_ns();
+    int rc = zo_stream_sync(w->compute), rp = zo_stream_sync(w->copy);
+    w->st.wait_ns += zo__now_ns() - t0;
+    release_slot(w, 0);
+    release_slot(w, 1);
+    if (r == 0)
+        r = rc < 0 ? rc : rp;
+    return r;
+}

@@ -1,0 +1,603 @@
+/* zo-tile-bench: the tiled linear against what it cannot beat.
+ *
+ * One layer y = x W^T, forward + backward (dx, and dW to a sink that takes
+ * each tile on the device; no bias, so both sides run exactly the same
+ * three GEMM shapes), measured three ways in every pair,
+ * the order alternating from pair to pair:
+ *   untiled  the same GEMMs, untiled, with W whole in device memory;
+ *   host     the tiled linear, weight tiles homed in pinned host memory;
+ *   nvme     the tiled linear, weight tiles homed on NVMe (--path).
+ * With fio available, each pair also measures fio's sequential read
+ * bandwidth on a file in --path, giving the NVMe bound
+ *   max(untiled GEMM time, 2 x weight bytes / fio read bandwidth)
+ * (the weights are read twice, once per pass). Reported: medians of each
+ * time and of the per-pair ratios host/untiled and nvme/bound.
+ *
+ *   --plan     print the tile grid chosen for each --budgets entry and exit
+ *              (no device, no store): what the docs' table comes from.
+ *
+ * Exit status: 0 success; 1 a run failed; 2 bad usage or input. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zoffload/zoffload.h>
+
+#include "tool_common.h"
+
+#define EXIT_RUN 1
+#define EXIT_USAGE 2
+#define MAX_BUDGETS 16
+#define MAXU(a, b) ((a) > (b) ? (a) : (b))
+
+typedef struct opts {
+    uint64_t batch, out, in, budget;
+    uint32_t tile_out, tile_in;
+    zo_dtype dtype;
+    zo_dev_kind dev;
+    unsigned pairs;
+    const char *path, *fio;
+    int json, plan, no_nvme, no_fio;
+    uint64_t budgets[MAX_BUDGETS];
+    unsigned nbudgets;
+} opts;
+
+#define bad(...) zo_tool_bad("zo-tile-bench", __VA_ARGS__)
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: zo-tile-bench [options]\n"
+               "  --batch B            rows of x (default 16)\n"
+               "  --out N              rows of W, output features (default 4096)\n"
+               "  --in N               columns of W, input features (default 4096)\n"
+               "  --dtype f32|bf16     weight and activation type (default f32)\n"
+               "  --budget SIZE        device working-memory budget (default: a quarter of W's bytes)\n"
+               "  --tile RxC           a given tile instead of a budget\n"
+               "  --device host|cuda   device backend (default host)\n"
+               "  --pairs N            alternating rounds, medians reported (default 5)\n"
+               "  --path DIR           swap directory and fio's file (default /var/tmp)\n"
+               "  --no-nvme            skip the NVMe-homed run and the fio bound\n"
+               "  --fio PATH           the fio binary (default fio in PATH); --no-fio: no bound\n"
+               "  --plan               print the grid for each --budgets entry and exit\n"
+               "  --budgets LIST       comma list of sizes for --plan (default 8M,64M,512M)\n"
+               "  --json               one JSON object on stdout\n");
+}
+
+static int parse_budgets(const char *s, opts *o)
+{
+    char buf[512];
+    snprintf(buf, sizeof(buf), "%s", s);
+    if (!*buf || buf[strlen(buf) - 1] == ',' || strstr(buf, ",,") || *buf == ',')
+        return -1;
+    o->nbudgets = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (o->nbudgets == MAX_BUDGETS || zo_parse_size(t, &o->budgets[o->nbudgets]) || !o->budgets[o->nbudgets])
+            return -1;
+        o->nbudgets++;
+    }
+    return 0;
+}
+
+static int parse_opts(int argc, char **argv, opts *o)
+{
+    enum { OPT_B = 256, OPT_OUT, OPT_IN, OPT_DT, OPT_BUD, OPT_TILE, OPT_DEV, OPT_PR, OPT_PATH, OPT_NONVME, OPT_FIO, OPT_NOFIO, OPT_PLAN,
+           OPT_BUDS, OPT_JSON, OPT_HELP };
+    static const struct option lo[] = {
+        {"batch", 1, 0, OPT_B},     {"out", 1, 0, OPT_OUT},        {"in", 1, 0, OPT_IN},       {"dtype", 1, 0, OPT_DT},
+        {"budget", 1, 0, OPT_BUD},  {"tile", 1, 0, OPT_TILE},      {"device", 1, 0, OPT_DEV},  {"pairs", 1, 0, OPT_PR},
+        {"path", 1, 0, OPT_PATH},   {"no-nvme", 0, 0, OPT_NONVME}, {"fio", 1, 0, OPT_FIO},     {"no-fio", 0, 0, OPT_NOFIO},
+        {"plan", 0, 0, OPT_PLAN},   {"budgets", 1, 0, OPT_BUDS},   {"json", 0, 0, OPT_JSON},   {"help", 0, 0, OPT_HELP},
+        {0, 0, 0, 0},
+    };
+    memset(o, 0, sizeof(*o));
+    o->batch = 16;
+    o->out = o->in = 4096;
+    o->dtype = ZO_DTYPE_F32;
+    o->dev = ZO_DEV_HOST;
+    o->pairs = 5;
+    o->path = "/var/tmp";
+    parse_budgets("8M,64M,512M", o);
+    unsigned long long v;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        switch (c) {
+        case OPT_B:
+        case OPT_OUT:
+        case OPT_IN:
+            if (zo_tool_parse_u(optarg, 1, 1u << 30, &v))
+                return bad("%s %s: bad value (1..2^30)", argv[optind - 2], optarg);
+            *(c == OPT_B ? &o->batch : c == OPT_OUT ? &o->out : &o->in) = v;
+            break;
+        case OPT_DT:
+            if (zo_dtype_parse(optarg, &o->dtype) || (o->dtype != ZO_DTYPE_F32 && o->dtype != ZO_DTYPE_BF16))
+                return bad("--dtype %s: expected f32 or bf16", optarg);
+            break;
+        case OPT_BUD:
+            if (zo_parse_size(optarg, &o->budget) || o->budget == 0)
+                return bad("--budget %s: not a size above 0", optarg);
+            break;
+        case OPT_TILE: {
+            unsigned a, b;
+            char tail;
+            if (sscanf(optarg, "%ux%u%c", &a, &b, &tail) != 2 || !a || !b)
+                return bad("--tile %s: expected RxC, e.g. 512x4096", optarg);
+            o->tile_out = a;
+            o->tile_in = b;
+            break;
+        }
+        case OPT_DEV:
+            if (zo_dev_kind_parse(optarg, &o->dev))
+                return bad("--device %s: expected host or cuda", optarg);
+            break;
+        case OPT_PR:
+            if (zo_tool_parse_u(optarg, 1, 1000, &v))
+                return bad("--pairs %s: bad value (1..1000)", optarg);
+            o->pairs = (unsigned)v;
+            break;
+        case OPT_PATH: o->path = optarg; break;
+        case OPT_NONVME: o->no_nvme = 1; break;
+        case OPT_FIO: o->fio = optarg; break;
+        case OPT_NOFIO: o->no_fio = 1; break;
+        case OPT_PLAN: o->plan = 1; break;
+        case OPT_BUDS:
+            if (parse_budgets(optarg, o))
+                return bad("--budgets %s: a comma list of up to %d sizes above 0", optarg, MAX_BUDGETS);
+            break;
+        case OPT_JSON: o->json = 1; break;
+        case 'h':
+        case OPT_HELP: usage(stdout); exit(0);
+        default: return bad("unknown option or missing value: %s (--help lists them)", argv[optind - 1]);
+        }
+    }
+    if (optind < argc)
+        return bad("unexpected argument '%s'", argv[optind]);
+    if (o->budget && o->tile_out)
+        return bad("--budget and --tile: give one");
+    struct stat st;
+    if (!o->plan && !o->no_nvme && (stat(o->path, &st) != 0 || !S_ISDIR(st.st_mode)))
+        return bad("--path %s: not an existing directory", o->path);
+    return 0;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void fmt_bytes(char *b, size_t n, uint64_t v)
+{
+    static const char *u[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double d = (double)v;
+    int i = 0;
+    while (d >= 1024 && i < 4) {
+        d /= 1024;
+        i++;
+    }
+    snprintf(b, n, i ? "%.1f %s" : "%.0f %s", d, u[i]);
+}
+
+static void grid_json(zo_json *j, const char *key, const zo_tile_grid *g)
+{
+    zj_obj_begin(j, key);
+    zj_uint(j, "tile_out", g->tile_out);
+    zj_uint(j, "tile_in", g->tile_in);
+    zj_uint(j, "tiles_out", g->tiles_out);
+    zj_uint(j, "tiles_in", g->tiles_in);
+    zj_uint(j, "tile_bytes", g->tile_bytes);
+    zj_uint(j, "work_bytes", g->work_bytes);
+    zj_obj_end(j);
+}
+
+/* ---- --plan ---------------------------------------------------------------------------- */
+static int cmd_plan(const opts *o)
+{
+    zo_json j;
+    if (o->json) {
+        zj_init(&j, stdout, 1);
+        zj_obj_begin(&j, NULL);
+        zj_uint(&j, "batch", o->batch);
+        zj_uint(&j, "out", o->out);
+        zj_uint(&j, "in", o->in);
+        zj_str(&j, "dtype", zo_dtype_name(o->dtype));
+        zj_arr_begin(&j, "plans");
+    } else {
+        printf("W [%llu x %llu] %s, x [%llu x %llu], forward + backward (dW tiles double-buffered)\n",
+               (unsigned long long)o->out, (unsigned long long)o->in, zo_dtype_name(o->dtype),
+               (unsigned long long)o->batch, (unsigned long long)o->in);
+        printf("%12s  %14s  %10s  %12s  %12s\n", "budget", "tile", "grid", "tile bytes", "work bytes");
+    }
+    int rc = 0;
+    for (unsigned i = 0; i < o->nbudgets; i++) {
+        zo_tile_grid g;
+        int r = zo_tile_plan(o->batch, o->out, o->in, o->dtype, o->budgets[i], ZO_TILE_TRAIN, &g);
+        char bb[32], tb[32], wb[32];
+        fmt_bytes(bb, sizeof(bb), o->budgets[i]);
+        if (o->json) {
+            zj_obj_begin(&j, NULL);
+            zj_uint(&j, "budget", o->budgets[i]);
+            if (r == 0)
+                grid_json(&j, "grid", &g);
+            else
+                zj_str(&j, "error", zo_last_error_detail());
+            zj_obj_end(&j);
+        } else if (r == 0) {
+            char tile[32], grid[32];
+            fmt_bytes(tb, sizeof(tb), g.tile_bytes);
+            fmt_bytes(wb, sizeof(wb), g.work_bytes);
+            snprintf(tile, sizeof(tile), "%u x %u", g.tile_out, g.tile_in);
+            snprintf(grid, sizeof(grid), "%u x %u", g.tiles_out, g.tiles_in);
+            printf("%12s  %14s  %10s  %12s  %12s\n", bb, tile, grid, tb, wb);
+        } else {
+            printf("%12s  %s\n", bb, zo_last_error_detail());
+        }
+        if (r < 0 && r != ZO_EBUDGET)
+            rc = EXIT_USAGE;
+    }
+    if (o->json) {
+        zj_arr_end(&j);
+        zj_obj_end(&j);
+        zj_end(&j);
+    }
+    return rc;
+}
+
+/* ---- fio ------------------------------------------------------------------------------------ */
+/* Sequential read bandwidth of a fresh file of `size` bytes in --path (fio
+ * lays it out first), O_DIRECT, 4 MiB blocks, io_uring QD 8. */
+static int fio_read_bw(const opts *o, uint64_t size, double *bw, char *err, size_t errlen)
+{
+    char file[4200];
+    snprintf(file, sizeof(file), "%s/zo-tile-bench-fio.%ld.dat", o->path, (long)getpid());
+    zo_fio_job jb = {.fio = o->fio, .filename = file, .size = (size + (4u << 20) - 1) / (4u << 20) * (4u << 20),
+                     .bs = 4u << 20, .iodepth = 8, .numjobs = 1, .rw = "read", .direct = 1};
+    zo_fio_result fr;
+    int r = zo_fio_run(&jb, &fr);
+    unlink(file);
+    if (r < 0 || fr.bw[0] <= 0) {
+        snprintf(err, errlen, "%s", r < 0 ? fr.err : "fio reported no read bandwidth");
+        return -1;
+    }
+    *bw = fr.bw[0];
+    return 0;
+}
+
+/* ---- the measured runs --------------------------------------------------------------------- */
+typedef struct bench {
+    const opts *o;
+    zo_dev *dev;
+    zo_stream *s;
+    zo_swap *swap;
+    zo_store *store;
+    char dir[4200];
+    zo_tiled_linear *tl[2]; /* host home, NVMe home */
+    void *x, *dy, *w;       /* device */
+    float *y, *dx, *dw;
+    zo_tile_grid grid;
+} bench;
+
+static int null_sink(void *ctx, const zo_tile_grad *g)
+{
+    (void)ctx, (void)g;
+    return 0;
+}
+
+static int fail(const char *what, int r, const char *detail)
+{
+    fprintf(stderr, "zo-tile-bench: %s: %s (%s)\n", what, zo_strerror(r), detail);
+    return EXIT_RUN;
+}
+
+static int dmalloc(bench *bn, void **p, uint64_t n)
+{
+    int r = zo_dev_malloc(bn->dev, p, (size_t)n);
+    return r < 0 ? fail("device allocation", r, zo_dev_errmsg(bn->dev)) : 0;
+}
+
+static int untiled(bench *bn)
+{
+    const opts *o = bn->o;
+    zo_stream *s = bn->s;
+    zo_dtype t = o->dtype;
+    int r = zo_gemm_async(s, ZO_GEMM_N, ZO_GEMM_T, o->batch, o->out, o->in, 1, bn->x, o->in, bn->w, o->in, t, 0,
+                          bn->y, o->out);
+    if (r == 0)
+        r = zo_gemm_async(s, ZO_GEMM_N, ZO_GEMM_N, o->batch, o->in, o->out, 1, bn->dy, o->out, bn->w, o->in, t, 0,
+                          bn->dx, o->in);
+    if (r == 0)
+        r = zo_gemm_async(s, ZO_GEMM_T, ZO_GEMM_N, o->out, o->in, o->batch, 1, bn->dy, o->out, bn->x, o->in, t, 0,
+                          bn->dw, o->in);
+    if (r == 0)
+        r = zo_stream_sync(s);
+    return r < 0 ? fail("untiled GEMMs", r, zo_dev_errmsg(bn->dev)) : 0;
+}
+
+static int tiled(bench *bn, int which)
+{
+    zo_tiled_linear *tl = bn->tl[which];
+    int r = zo_tiled_linear_forward(tl, bn->x, bn->o->batch, NULL, bn->y);
+    if (r == 0)
+        r = zo_tiled_linear_backward(tl, bn->x, bn->dy, bn->o->batch, bn->dx, NULL);
+    return r < 0 ? fail(which ? "tiled, NVMe" : "tiled, pinned host", r, zo_tiled_linear_errmsg(tl)) : 0;
+}
+
+static int setup(bench *bn)
+{
+    const opts *o = bn->o;
+    zo_dev_config dc;
+    zo_dev_config_default(&dc);
+    dc.kind = o->dev;
+    int r = zo_dev_open(&bn->dev, &dc);
+    if (r < 0)
+        return fail("zo_dev_open", r, zo_last_error_detail());
+    if ((r = zo_stream_create(bn->dev, &bn->s)) < 0)
+        return fail("zo_stream_create", r, zo_dev_errmsg(bn->dev));
+    size_t esz = zo_dtype_size(o->dtype);
+    uint64_t wbytes = o->out * o->in * esz;
+    if (dmalloc(bn, &bn->x, o->batch * o->in * esz) || dmalloc(bn, &bn->dy, o->batch * o->out * esz) ||
+        dmalloc(bn, &bn->w, wbytes) || dmalloc(bn, (void **)&bn->y, o->batch * o->out * 4) ||
+        dmalloc(bn, (void **)&bn->dx, o->batch * o->in * 4) || dmalloc(bn, (void **)&bn->dw, o->out * o->in * 4))
+        return EXIT_RUN;
+    /* random inputs in [-1, 1) */
+    uint64_t n = MAXU(MAXU(o->batch * o->in, o->batch * o->out), o->out * o->in);
+    float *f = malloc(n * 4);
+    void *h = malloc(n * esz);
+    if (!f || !h)
+        return fail("host buffers", -ENOMEM, "");
+    uint64_t st = 0x9e3779b97f4a7c15ull;
+    for (uint64_t i = 0; i < n; i++) {
+        st ^= st >> 12, st ^= st << 25, st ^= st >> 27;
+        f[i] = (float)((double)((st * 0x2545f4914f6cdd1dull) >> 11) * 0x1p-52 - 1.0);
+    }
+    zo_vec_cast(h, o->dtype, f, ZO_DTYPE_F32, n);
+    r = zo_memcpy_async(bn->s, bn->x, h, o->batch * o->in * esz, ZO_COPY_H2D);
+    if (r == 0)
+        r = zo_memcpy_async(bn->s, bn->dy, h, o->batch * o->out * esz, ZO_COPY_H2D);
+    if (r == 0)
+        r = zo_memcpy_async(bn->s, bn->w, h, wbytes, ZO_COPY_H2D);
+    if (r == 0)
+        r = zo_stream_sync(bn->s);
+    if (r < 0) {
+        free(f);
+        free(h);
+        return fail("uploading inputs", r, zo_dev_errmsg(bn->dev));
+    }
+
+    /* the store: pinned host tier for W, and a swap store in a fresh directory */
+    snprintf(bn->dir, sizeof(bn->dir), "%s/zo-tile-bench-XXXXXX", o->path);
+    zo_store_config sc;
+    zo_store_config_default(&sc);
+    sc.host_bytes = wbytes + (1u << 20);
+    sc.trace = ZO_TRACE_OFF;
+    sc.dev = bn->dev;
+    if (!o->no_nvme) {
+        if (!mkdtemp(bn->dir)) {
+            free(f);
+            free(h);
+            return fail("mkdtemp", -errno, bn->dir);
+        }
+        const char *dirs[] = {bn->dir};
+        zo_swap_config wc;
+        zo_swap_config_default(&wc);
+        wc.dirs = dirs;
+        wc.ndirs = 1;
+        wc.arena_size = MAXU(wbytes + (64u << 20), (uint64_t)256 << 20);
+        if ((r = zo_swap_create(&bn->swap, &wc)) < 0) {
+            free(f);
+            free(h);
+            return fail("zo_swap_create", r, zo_last_error_detail());
+        }
+        sc.swap = bn->swap;
+    } else {
+        bn->dir[0] = '\0';
+    }
+    if ((r = zo_store_create(&bn->store, &sc)) < 0) {
+        free(f);
+        free(h);
+        return fail("zo_store_create", r, zo_last_error_detail());
+    }
+    for (int i = 0; i < (o->no_nvme ? 1 : 2); i++) {
+        zo_tiled_linear_config c;
+        zo_tiled_linear_config_default(&c);
+        c.name = i ? "bench-nvme" : "bench-host";
+        c.in_features = o->in;
+        c.out_features = o->out;
+        c.max_batch = o->batch;
+        c.dtype = o->dtype;
+        c.home = i ? ZO_TIER_NVME : ZO_TIER_HOST;
+        c.budget = o->tile_out ? 0 : o->budget ? o->budget : MAXU(wbytes / 4, (uint64_t)1);
+        c.tile_out = o->tile_out;
+        c.tile_in = o->tile_in;
+        c.dw_sink = null_sink;
+        r = zo_tiled_linear_create(&bn->tl[i], bn->store, bn->dev, &c);
+        if (r < 0) {
+            free(f);
+            free(h);
+            return fail("zo_tiled_linear_create", r, zo_last_error_detail());
+        }
+        r = zo_tiled_linear_set_weight(bn->tl[i], h, o->in);
+        if (r < 0) {
+            free(f);
+            free(h);
+            return fail("zo_tiled_linear_set_weight", r, zo_tiled_linear_errmsg(bn->tl[i]));
+        }
+        zo_tiled_linear_grid(bn->tl[i], &bn->grid);
+    }
+    free(f);
+    free(h);
+    return 0;
+}
+
+static void teardown(bench *bn)
+{
+    for (int i = 0; i < 2; i++)
+        zo_tiled_linear_destroy(&bn->tl[i]);
+    zo_store_destroy(&bn->store);
+    zo_swap_destroy(&bn->swap);
+    if (bn->dir[0] && rmdir(bn->dir) != 0)
+        fprintf(stderr, "zo-tile-bench: could not remove %s: %s\n", bn->dir, strerror(errno));
+    void *ps[] = {bn->x, bn->dy, bn->w, bn->y, bn->dx, bn->dw};
+    for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
+        if (ps[i])
+            zo_dev_free(bn->dev, ps[i]);
+    zo_stream_destroy(&bn->s);
+    zo_dev_close(&bn->dev);
+}
+
+enum { R_UNTILED, R_HOST, R_NVME, R_FIO, R_COUNT };
+static const char *run_names[R_COUNT] = {"untiled", "tiled_host", "tiled_nvme", "fio_read"};
+
+int main(int argc, char **argv)
+{
+    opts o;
+    int rc = parse_opts(argc, argv, &o);
+    if (rc)
+        return rc;
+    if (o.plan)
+        return cmd_plan(&o);
+    /* refuse a plan that cannot work before touching any device */
+    zo_tile_grid pg;
+    size_t esz = zo_dtype_size(o.dtype);
+    uint64_t wbytes = o.out * o.in * esz;
+    int r = o.tile_out ? zo_tile_grid_make(o.batch, o.out, o.in, o.dtype, o.tile_out, o.tile_in, ZO_TILE_TRAIN, &pg)
+                       : zo_tile_plan(o.batch, o.out, o.in, o.dtype, o.budget ? o.budget : MAXU(wbytes / 4, 1),
+                                      ZO_TILE_TRAIN, &pg);
+    if (r < 0)
+        return bad("%s", zo_last_error_detail());
+    bench bn;
+    memset(&bn, 0, sizeof(bn));
+    bn.o = &o;
+    rc = setup(&bn);
+    if (rc) {
+        teardown(&bn);
+        return rc;
+    }
+    int use_fio = !o.no_nvme && !o.no_fio;
+    char fio_err[256] = "";
+    double *t[R_COUNT], *ratio_host = calloc(o.pairs, 8), *ratio_nvme = calloc(o.pairs, 8);
+    for (int k = 0; k < R_COUNT; k++)
+        t[k] = calloc(o.pairs, sizeof(double));
+    /* one warm-up round (first-touch, OpenBLAS thread start, page cache) */
+    rc = untiled(&bn) || tiled(&bn, 0) || (!o.no_nvme && tiled(&bn, 1)) ? EXIT_RUN : 0;
+    for (unsigned p = 0; p < o.pairs && !rc; p++) {
+        int order[R_COUNT] = {R_UNTILED, R_HOST, R_NVME, R_FIO};
+        if (p % 2) /* alternate: reversed every other round */
+            for (int a = 0, b = R_COUNT - 1; a < b; a++, b--) {
+                int tmp = order[a];
+                order[a] = order[b];
+                order[b] = tmp;
+            }
+        for (int q = 0; q < R_COUNT && !rc; q++) {
+            int k = order[q];
+            if ((k == R_NVME && o.no_nvme) || (k == R_FIO && !use_fio))
+                continue;
+            double t0 = now_s();
+            if (k == R_UNTILED)
+                rc = untiled(&bn);
+            else if (k == R_HOST || k == R_NVME)
+                rc = tiled(&bn, k == R_NVME);
+            else if (fio_read_bw(&o, wbytes, &t[R_FIO][p], fio_err, sizeof(fio_err)) < 0)
+                use_fio = 0; /* say why below; the rest still runs */
+            if (k != R_FIO)
+                t[k][p] = now_s() - t0;
+        }
+        ratio_host[p] = t[R_HOST][p] / t[R_UNTILED][p];
+        if (use_fio)
+            ratio_nvme[p] = t[R_NVME][p] / fmax(t[R_UNTILED][p], 2.0 * (double)wbytes / t[R_FIO][p]);
+    }
+    if (!rc) {
+        double med[R_COUNT];
+        for (int k = 0; k < R_COUNT; k++)
+            med[k] = zo_median(t[k], o.pairs);
+        double rh = zo_median(ratio_host, o.pairs), rn = use_fio ? zo_median(ratio_nvme, o.pairs) : NAN;
+        zo_tile_walk_stats ws[2];
+        zo_tiled_linear_get_stats(bn.tl[0], &ws[0]);
+        zo_tiled_linear_get_stats(bn.tl[1], &ws[1]);
+        zo_machine m;
+        zo_machine_get(&m);
+        if (o.json) {
+            zo_json j;
+            zj_init(&j, stdout, 1);
+            zj_obj_begin(&j, NULL);
+            zo_machine_json(&m, &j, "machine");
+            zj_obj_begin(&j, "config");
+            zj_uint(&j, "batch", o.batch);
+            zj_uint(&j, "out", o.out);
+            zj_uint(&j, "in", o.in);
+            zj_str(&j, "dtype", zo_dtype_name(o.dtype));
+            zj_str(&j, "device", zo_dev_kind_name(o.dev));
+            zj_str(&j, "gemm", zo_gemm_impl(o.dev));
+            zj_uint(&j, "weight_bytes", wbytes);
+            zj_uint(&j, "pairs", o.pairs);
+            if (!o.no_nvme) {
+                char stor[256];
+                zo_path_storage(o.path, stor, sizeof(stor));
+                zj_str(&j, "nvme_path", o.path);
+                zj_str(&j, "nvme_storage", stor);
+            }
+            zj_obj_end(&j);
+            grid_json(&j, "grid", &bn.grid);
+            zj_obj_begin(&j, "median_seconds");
+            for (int k = 0; k < R_FIO; k++)
+                if (k != R_NVME || !o.no_nvme)
+                    zj_num(&j, run_names[k], med[k]);
+            zj_obj_end(&j);
+            if (use_fio)
+                zj_num(&j, "fio_read_bytes_per_s", med[R_FIO]);
+            else
+                zj_str(&j, "fio_skipped", o.no_nvme || o.no_fio ? "not asked" : fio_err);
+            zj_num(&j, "ratio_host_to_untiled", rh);
+            zj_num(&j, "ratio_nvme_to_bound", rn);
+            zj_arr_begin(&j, "pairs");
+            for (unsigned p = 0; p < o.pairs; p++) {
+                zj_obj_begin(&j, NULL);
+                for (int k = 0; k < R_COUNT; k++)
+                    if ((k != R_NVME || !o.no_nvme) && (k != R_FIO || use_fio))
+                        zj_num(&j, run_names[k], t[k][p]);
+                zj_obj_end(&j);
+            }
+            zj_arr_end(&j);
+            zj_uint(&j, "fetch_bytes_host", ws[0].fetch_bytes);
+            zj_uint(&j, "fetch_bytes_nvme", ws[1].fetch_bytes);
+            zj_obj_end(&j);
+            zj_end(&j);
+        } else {
+            char wb[32], work[32];
+            fmt_bytes(wb, sizeof(wb), wbytes);
+            fmt_bytes(work, sizeof(work), bn.grid.work_bytes);
+            zo_machine_print(&m, stdout);
+            printf("layer: x [%llu x %llu], W [%llu x %llu] %s (%s), forward + backward; device %s, GEMM %s\n",
+                   (unsigned long long)o.batch, (unsigned long long)o.in, (unsigned long long)o.out,
+                   (unsigned long long)o.in, zo_dtype_name(o.dtype), wb, zo_dev_kind_name(o.dev),
+                   zo_gemm_impl(o.dev));
+            printf("tiles: %u x %u (grid %u x %u), device working memory %s; %u pairs, order alternating\n",
+                   bn.grid.tile_out, bn.grid.tile_in, bn.grid.tiles_out, bn.grid.tiles_in, work, o.pairs);
+            printf("  untiled GEMMs (W on the device)   %10.3f ms\n", med[R_UNTILED] * 1e3);
+            printf("  tiled, W in pinned host memory    %10.3f ms   ratio to untiled %.3f\n", med[R_HOST] * 1e3, rh);
+            if (!o.no_nvme) {
+                printf("  tiled, W on NVMe                  %10.3f ms", med[R_NVME] * 1e3);
+                if (use_fio)
+                    printf("   ratio to max(GEMM, 2 x W / fio %.2f GB/s = %.3f ms) %.3f\n", med[R_FIO] * 1e-9,
+                           2.0 * (double)wbytes / med[R_FIO] * 1e3, rn);
+                else
+                    printf("   (no NVMe bound: %s)\n", o.no_fio ? "--no-fio" : fio_err);
+            }
+            printf("(medians of %u pairs; ratios are medians of per-pair ratios)\n", o.pairs);
+        }
+    }
+    for (int k = 0; k < R_COUNT; k++)
+        free(t[k]);
+    free(ratio_host);
+    free(ratio_nvme);
+    teardown(&bn);
+    return rc;
+}

@@ -21,5 +21,6 @@
 #include "swap.h"
 #include "store.h"
 #include "cpuadam.h"
+#include "optim.h"
 
 #endif /* ZOFFLOAD_H */

@@ -1,0 +1,524 @@
+/**
+ * @file optim.h
+ * @brief The offload optimizer engine (ZeRO-Offload / ZeRO-Infinity step):
+ *        the object a training framework drives once per step.
+ *
+ * Ownership
+ *   The framework owns the device parameters (bf16, fp16 or fp32) and the
+ *   device gradients. The engine owns everything else: the fp32 master
+ *   parameters and optimizer states (in a ::zo_store, homed in pinned host
+ *   memory or on NVMe), fp32 gradient accumulators, pinned staging for
+ *   device -> host gradient copies, the low-precision parameter buffers it
+ *   copies back to the device, its device streams, and a worker thread.
+ *
+ * Layout
+ *   Tensors are declared in parameter groups (::zo_optim_group); every
+ *   group has its own hyperparameters and placement. A group's tensors are
+ *   laid end to end in one flat element space, cut into sub-groups of
+ *   `sub_group_size` elements: many small tensors share one sub-group, a
+ *   large one is cut across several. A sub-group is the unit of the step:
+ *   its master, m and v are three store tensors walked together. Tensors are
+ *   named by a global index: group 0's tensors first, in declaration order,
+ *   then group 1's, and so on (zo_optim_tensor_index() finds one by name).
+ *
+ * One step (see docs/optim.md for a complete training loop)
+ *   1. During backward the framework hands each gradient over as it is
+ *      produced: zo_optim_grad() takes a device pointer and the event after
+ *      which it is valid; the engine copies it device -> pinned host on its
+ *      own stream while backward goes on, and adds it into an fp32
+ *      accumulator (the first arrival of an accumulation window overwrites).
+ *   2. zo_optim_step() (or zo_optim_step_async() + zo_optim_wait()) at the
+ *      end of every micro-step. Only every `grad_accum_steps`-th call
+ *      updates (the accumulation boundary); the others just wait for the
+ *      gradients to land. K micro-steps give the update one step on the
+ *      summed gradient gives.
+ *   3. At a boundary: gradient statistics (sum of squares, inf/NaN count),
+ *      then one fused pass per element: unscale (1 / loss scale), clip
+ *      coefficient, the optimizer, and the cast to the device dtype into the
+ *      engine's parameter buffer; each sub-group's new parameters are queued
+ *      host -> device as soon as the sub-group is done.
+ *
+ * Clipping and overflow (::zo_optim_clip_mode)
+ *   - ZO_OPTIM_CLIP_TWO_PASS (the default): the global norm and the overflow
+ *     flag come first (a read-only pass over the fp32 accumulators), then
+ *     the fused update. Exact, works for every optimizer and state dtype,
+ *     and never has to undo anything: it is the default because its result
+ *     is bit-identical to a plain run of the cpuadam kernels.
+ *   - ZO_OPTIM_CLIP_SPECULATIVE (SuperOffload): each sub-group is checked
+ *     and updated at once with clip coefficient 1, without waiting for the
+ *     global norm; when the norm turns out to exceed `max_grad_norm`, or an
+ *     overflow is found, the sub-groups already updated are rolled back
+ *     with zo_cpuadam_rollback() and the step is redone with the clip
+ *     coefficient (or skipped). Identical to two-pass when nothing is
+ *     clipped and nothing overflows; after a rollback the states are within
+ *     the rollback's rounding bounds (cpuadam.h) of the two-pass result.
+ *     Adam / AdamW with fp32 states only (ZO_ECONFIG otherwise).
+ *   Clip coefficient (DeepSpeed's): with norm = sqrt(sumsq) / loss_scale,
+ *   coef = max_grad_norm / (norm + 1e-6) when that is below 1, else 1.
+ *
+ * Non-finite gradients
+ *   fp16 with dynamic loss scaling: the step is skipped (masters, states
+ *   and step count untouched), counted, and the scale lowered, exactly as
+ *   DeepSpeed's DynamicLossScaler. bf16 / fp32 (and fp16 with a static
+ *   scale): `nonfinite` decides: ZO_OPTIM_NONFINITE_ERROR (default) fails
+ *   the step with ZO_ENONFINITE, ZO_OPTIM_NONFINITE_SKIP skips and counts
+ *   it. Either way the accumulated gradients are discarded and no inf/NaN
+ *   ever reaches the masters.
+ *
+ * Delayed parameter update (DPU, ZeRO-Offload paper)
+ *   With `dpu` set, zo_optim_step_async() at a boundary returns once the
+ *   update is queued; the CPU applies the gradients of step N while the
+ *   device runs forward/backward of step N+1. The new parameters of step N
+ *   are copied to the device at the next step call (after the framework's
+ *   backward of N+1 has finished with the old ones) or at zo_optim_wait().
+ *   The first `dpu_warmup_steps` (K) boundaries run without delay. Which
+ *   parameters the forward of step k (1-based, counting boundaries) sees:
+ *     k <= K + 1:  the result of step k - 1 (the initial params for k = 1)
+ *     k >= K + 2:  the result of step k - 2.
+ *   Gradients of step k are always applied to the masters of step k - 1.
+ *
+ * Multi-rank (later)
+ *   A rank declares only the tensors (or tensor slices) whose state it owns.
+ *   zo_optim_grad_norm_partial() gives this rank's partial sum of squares
+ *   and inf/NaN count; the caller combines them across ranks (all-reduce)
+ *   and passes the totals in ::zo_optim_step_opts.
+ *
+ * Blocking and threads: a zo_optim is driven from one thread at a time
+ * (calls on one engine are serialized by the caller), except
+ * zo_optim_poll(), zo_optim_eventfd() and zo_optim_params_current(), which
+ * any thread may call at any time. No call ever calls back into the caller.
+ */
+#ifndef ZOFFLOAD_OPTIM_H
+#define ZOFFLOAD_OPTIM_H
+
+#include "common.h"
+#include "cpuadam.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct zo_dev;
+struct zo_event;
+struct zo_swap;
+
+typedef struct zo_optim zo_optim;
+
+/** Where a group's fp32 masters and optimizer states live. */
+typedef enum zo_optim_placement {
+    ZO_OPTIM_PLACE_DEFAULT = -1, /**< in a group: the config's placement */
+    ZO_OPTIM_PLACE_HOST = 0,     /**< pinned host memory ("cpu" in DeepSpeed) */
+    ZO_OPTIM_PLACE_NVME = 1,     /**< the swap store on NVMe ("nvme") */
+} zo_optim_placement;
+
+/** How the global norm and overflow are combined with the update (see the file comment). */
+typedef enum zo_optim_clip_mode {
+    ZO_OPTIM_CLIP_TWO_PASS = 0,    /**< norm first, then the fused update (default) */
+    ZO_OPTIM_CLIP_SPECULATIVE = 1, /**< update at once, roll back what clipping or overflow invalidates */
+} zo_optim_clip_mode;
+
+/** What a boundary with inf/NaN gradients does when no dynamic loss scaler owns the case. */
+typedef enum zo_optim_nonfinite {
+    ZO_OPTIM_NONFINITE_ERROR = 0, /**< the step fails with ZO_ENONFINITE, nothing updated (default) */
+    ZO_OPTIM_NONFINITE_SKIP = 1,  /**< the step is skipped and counted, nothing updated */
+} zo_optim_nonfinite;
+
+/** The per-tensor optimizer states, for export / import. */
+typedef enum zo_optim_state {
+    ZO_OPTIM_STATE_MASTER = 0,     /**< fp32 master parameters */
+    ZO_OPTIM_STATE_EXP_AVG = 1,    /**< m (Adam/AdamW/Lion first moment) */
+    ZO_OPTIM_STATE_EXP_AVG_SQ = 2, /**< v (Adam/AdamW second moment, Adagrad state sum) */
+    ZO_OPTIM_STATE_COUNT
+} zo_optim_state;
+
+/**
+ * One parameter group. Fill with zo_optim_group_default(), then set the
+ * tensors. The arrays are read during zo_optim_create() only (names are
+ * copied); the device pointers are remembered (see dev_params).
+ */
+typedef struct zo_optim_group {
+    size_t struct_size;          /**< sizeof(zo_optim_group), set by the defaults function */
+    unsigned ntensors;           /**< tensors in the group, >= 1 */
+    const uint64_t *numel;       /**< [ntensors] element counts, each >= 1 */
+    const char *const *names;    /**< [ntensors] unique names (1..200 bytes, no '/'), or NULL: "g<group>.t<i>" */
+    void *const *dev_params;     /**< [ntensors] device parameters (param_dtype, zo_dev_malloc() memory of
+                                      the config's device), or NULL: the engine never touches device
+                                      params; the framework copies from zo_optim_param_buffer() itself */
+    const zo_optim_hparams *hparams; /**< NULL: the config's `hparams` */
+    zo_optim_placement placement; /**< default ZO_OPTIM_PLACE_DEFAULT (the config's) */
+    uint64_t sub_group_size;     /**< elements per sub-group; 0 (default): the config's */
+    zo_dtype state_dtype;        /**< m and v: ZO_DTYPE_F32 (default) or ZO_DTYPE_BF16 */
+} zo_optim_group;
+
+/** Fill *g: no tensors, the config's hparams / placement / sub_group_size, fp32 states. NULL ignored. */
+ZO_API void zo_optim_group_default(zo_optim_group *g);
+
+/**
+ * Engine configuration. Fill with zo_optim_config_default(), then set
+ * `dev`, the groups and what differs. Each field names the DeepSpeed key it
+ * carries, so a DeepSpeed JSON config maps onto it one key at a time.
+ */
+typedef struct zo_optim_config {
+    size_t struct_size;          /**< sizeof(zo_optim_config), set by the defaults function */
+
+    /* ---- model ---- */
+    struct zo_dev *dev;          /**< device backend (not owned, required; ZO_DEV_HOST is the reference) */
+    zo_dtype param_dtype;        /**< device params: ZO_DTYPE_BF16 (default), ZO_DTYPE_F16 or ZO_DTYPE_F32
+                                      (DeepSpeed: bf16.enabled / fp16.enabled / neither) */
+    zo_dtype grad_dtype;         /**< device gradients: ZO_DTYPE_COUNT (default) means param_dtype */
+    const zo_optim_group *groups; /**< [ngroups] parameter groups (read during create) */
+    unsigned ngroups;            /**< >= 1 */
+    zo_optim_hparams hparams;    /**< default hyperparameters of the groups (optimizer.type, optimizer.params:
+                                      lr, betas, eps, weight_decay, bias_correction; "Adam" with
+                                      adam_w_mode true is ZO_OPTIM_ADAMW); default: AdamW defaults */
+
+    /* ---- zero_optimization.offload_optimizer, sub_group_size ---- */
+    zo_optim_placement placement; /**< offload_optimizer.device: "cpu" HOST (default), "nvme" NVME */
+    const char *nvme_path;       /**< offload_optimizer.nvme_path: directory of the swap files (NVMe placement,
+                                      unless `swap` is given); copied */
+    int pin_memory;              /**< offload_optimizer.pin_memory: 1 (default) page-lock host buffers (within
+                                      pinned_bytes); 0 pageable (still within the budget, counted) */
+    unsigned buffer_count;       /**< offload_optimizer.buffer_count: sub-groups in flight through pinned
+                                      buffers with NVMe placement (read-ahead depth = buffer_count - 2,
+                                      >= 2); default 4, >= 4 */
+    uint64_t sub_group_size;     /**< zero_optimization.sub_group_size, elements per sub-group; default 2^24
+                                      (64 MiB of fp32); >= 64 */
+    uint64_t pinned_bytes;       /**< budget of pinned host memory the engine may hold (0: unlimited); an
+                                      impossible budget fails create with ZO_EBUDGET naming what is needed */
+    size_t grad_staging_bytes;   /**< pinned staging for device -> host gradient copies (a gradient larger
+                                      than this streams through it in pieces); default 32 MiB, >= 64 KiB */
+
+    /* ---- aio (NVMe placement; ignored with an external `swap`) ---- */
+    size_t aio_block_size;       /**< aio.block_size; default 1 MiB */
+    unsigned aio_queue_depth;    /**< aio.queue_depth; default 32 */
+    unsigned aio_threads;        /**< aio.intra_op_parallelism; default 1 */
+    int aio_single_submit;       /**< aio.single_submit (accepted; the engine always batches submissions) */
+    int aio_overlap_events;      /**< aio.overlap_events (accepted; completions always overlap submission) */
+    struct zo_swap *swap;        /**< an existing swap store to use (not owned), or NULL: one is created
+                                      in nvme_path */
+
+    /* ---- fp16 / bf16 loss scaling (fp16.*) ---- */
+    double loss_scale;           /**< fp16.loss_scale: 0 (default) dynamic (fp16 only), > 0 static; bf16/fp32
+                                      ignore it (no scaling) */
+    int initial_scale_power;     /**< fp16.initial_scale_power: first dynamic scale 2^power; default 16 */
+    unsigned loss_scale_window;  /**< fp16.loss_scale_window: steps without overflow before doubling; default 1000 */
+    unsigned hysteresis;         /**< fp16.hysteresis: overflows tolerated before the scale drops; default 2 */
+    int consecutive_hysteresis;  /**< fp16.consecutive_hysteresis: refill hysteresis after every good step; default 0 */
+    double min_loss_scale;       /**< fp16.min_loss_scale; default 1 */
+
+    /* ---- clipping, accumulation, overflow ---- */
+    double max_grad_norm;        /**< gradient_clipping: 0 (default) no clipping, else the global norm cap */
+    unsigned grad_accum_steps;   /**< gradient_accumulation_steps: micro-steps per update; default 1 */
+    zo_optim_clip_mode clip_mode; /**< default ZO_OPTIM_CLIP_TWO_PASS */
+    zo_optim_nonfinite nonfinite; /**< bf16/fp32/static fp16 policy; default ZO_OPTIM_NONFINITE_ERROR */
+
+    /* ---- delayed parameter update ---- */
+    int dpu;                     /**< 1: delayed parameter update (see the file comment); default 0 */
+    unsigned dpu_warmup_steps;   /**< boundaries run without delay first; default 1 */
+
+    /* ---- CPU ---- */
+    int nthreads;                /**< optimizer threads; 0 (default): the CPUs this process may use */
+    int numa_node;               /**< node for pinned memory and the store; -1 (default): the device's */
+} zo_optim_config;
+
+/** Fill *cfg with the defaults listed above. NULL ignored. */
+ZO_API void zo_optim_config_default(zo_optim_config *cfg);
+
+/**
+ * Create an engine: lays out the sub-groups, creates the store (and the swap
+ * store for NVMe placement), registers every sub-group's master / m / v
+ * (zero), allocates the accumulators, staging and parameter buffers,
+ * creates two device streams and starts the worker thread. Masters start
+ * at zero: initialise them with zo_optim_init_from_device(),
+ * zo_optim_state_import() or zo_optim_load().
+ * @return 0; -EINVAL (out or cfg NULL, struct_size out of range, no groups,
+ *         a group without tensors or with a zero numel, NULL dev); ZO_ECONFIG
+ *         (a value out of range: dtype, sub_group_size, buffer_count,
+ *         hyperparameters, speculative mode with Adagrad/Lion/bf16 states,
+ *         NVMe placement without nvme_path or swap...; the detail names the
+ *         field); -EEXIST (two tensors with one name); ZO_EBUDGET (pinned_bytes
+ *         cannot hold what the placement needs: the detail says how much);
+ *         ZO_ENOTSUP (a feature not available in this build); -ENOMEM;
+ *         errors of zo_swap_create(), zo_store_create(), zo_stream_create().
+ * Blocks (allocates, pins, may create files).
+ */
+ZO_API int zo_optim_create(zo_optim **out, const zo_optim_config *cfg);
+
+/**
+ * Stop the engine: waits for a step in flight (its result is kept in the
+ * store but nothing more is copied to the device), then frees everything.
+ * Safe during an async step. NULL (or *o NULL) ok; clears *o.
+ */
+ZO_API void zo_optim_destroy(zo_optim **o);
+
+/** The engine's last error detail ("" if none). */
+ZO_API const char *zo_optim_errmsg(const zo_optim *o);
+
+/* ---- tensors ------------------------------------------------------------------ */
+
+/** Number of tensors over all groups. 0 if o is NULL. */
+ZO_API unsigned zo_optim_tensor_count(const zo_optim *o);
+/** Find a tensor's global index by name. @return 0; -ENOENT; -EINVAL (NULL). */
+ZO_API int zo_optim_tensor_index(const zo_optim *o, const char *name, unsigned *index);
+/** Elements, group and name of tensor `index`. Any out pointer may be NULL.
+ *  @return 0; -EINVAL (NULL o, index out of range). */
+ZO_API int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *numel, unsigned *group,
+                               const char **name);
+
+/* ---- initialisation, export, import ----------------------------------------------- */
+
+/**
+ * Initialise every master from the device parameters (widened to fp32)
+ * and zero the states; also fills the parameter buffers. Needs dev_params
+ * in every group. Blocks until done.
+ * @return 0; ZO_ESTATE (a group has no dev_params; or a step in flight or
+ *         gradients pending); device copy errors; store errors.
+ */
+ZO_API int zo_optim_init_from_device(zo_optim *o);
+
+/**
+ * Copy elements [off, off + n) of one state of tensor `index` out, converted
+ * to `dtype` (F32, BF16 or F16; rounded to nearest even). For a torch-style
+ * state_dict. Waits for a step in flight first. Blocks.
+ * @return 0; -EINVAL (NULL, index or range out of bounds); ZO_ENOTSUP
+ *         (dtype; or the state is unused by the group's optimizer); store errors.
+ */
+ZO_API int zo_optim_state_export(zo_optim *o, unsigned index, zo_optim_state which, void *dst, zo_dtype dtype,
+                                 uint64_t off, uint64_t n);
+
+/**
+ * Copy elements [off, off + n) of one state of tensor `index` in from
+ * `src` of type `dtype` (F32, BF16, F16; widened exactly). Importing
+ * masters also rewrites the low-precision parameter buffer for the range
+ * (not the device params: zo_optim_push_params() does that). Blocks.
+ * @return as zo_optim_state_export(); ZO_ESTATE (a step in flight).
+ */
+ZO_API int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, const void *src,
+                                 zo_dtype dtype, uint64_t off, uint64_t n);
+
+/**
+ * Copy the parameter buffers (the masters cast to param_dtype) to the
+ * device parameters of every group that has dev_params, and wait.
+ * @return 0; ZO_ESTATE (a step in flight); device errors.
+ */
+ZO_API int zo_optim_push_params(zo_optim *o);
+
+/* ---- gradient intake ---------------------------------------------------------------- */
+
+/**
+ * Hand over the gradient of tensor `index`: `numel` elements of grad_dtype
+ * at device pointer `dev_grad`, valid once `ready` completes (NULL: already
+ * valid). The copy is queued on the engine's device -> host stream behind
+ * `ready` and the call returns at once; the device memory must stay valid
+ * and unchanged until the copy is done (zo_optim_grads_done() or the next
+ * step call). Within one accumulation window the first gradient of a
+ * tensor overwrites its accumulator and later ones are added in fp32; a
+ * tensor that gets none in a window has a zero gradient.
+ * @return 0; -EINVAL (NULL, index out of range); ZO_ESTATE (a step is
+ *         being applied to the accumulators this gradient would land in:
+ *         only possible without DPU between step_async and wait); device
+ *         errors (also a failed earlier copy).
+ */
+ZO_API int zo_optim_grad(zo_optim *o, unsigned index, const void *dev_grad, struct zo_event *ready);
+
+/** One entry of a gradient bucket. */
+typedef struct zo_optim_grad_ref {
+    unsigned index;       /**< tensor */
+    const void *dev_grad; /**< its gradient in device memory */
+} zo_optim_grad_ref;
+
+/** zo_optim_grad() for n gradients behind one event. @return as zo_optim_grad(); on an
+ *  error entries before the bad one are queued. */
+ZO_API int zo_optim_grad_bucket(zo_optim *o, const zo_optim_grad_ref *refs, unsigned n, struct zo_event *ready);
+
+/**
+ * Hand over a gradient already in host memory (any host memory, grad_dtype
+ * or `dtype`: F32, BF16, F16): accumulated at once, synchronously. For
+ * frameworks that copy device -> host themselves (e.g. into a pinned
+ * torch tensor with non_blocking copies, then synchronize).
+ * @return as zo_optim_grad(); ZO_ENOTSUP (dtype).
+ */
+ZO_API int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dtype dtype);
+
+/** Block until every gradient handed over so far has landed in the accumulators.
+ *  @return 0 or the first copy error (the window's gradients are then lost: ZO_ESTATE
+ *  until the next boundary discards them). */
+ZO_API int zo_optim_grads_done(zo_optim *o);
+
+/**
+ * This rank's partial of the global gradient norm for the current
+ * boundary: waits for the gradients, then *sumsq = sum of the squares of
+ * the accumulated (still loss-scaled) gradients, in double, summed tensor
+ * by tensor in index order, and *nonfinite = count of inf/NaN elements.
+ * Combine ranks: total = sum of sumsq; norm = sqrt(total) / loss_scale.
+ * Either out may be NULL. @return 0; -EINVAL; copy errors.
+ */
+ZO_API int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite);
+
+/* ---- the step ---------------------------------------------------------------------- */
+
+/** Options of one step call; fill with zo_optim_step_opts_default(). */
+typedef struct zo_optim_step_opts {
+    size_t struct_size;   /**< sizeof(zo_optim_step_opts) */
+    double global_sumsq;  /**< combined sum of squares over all ranks (zo_optim_grad_norm_partial());
+                               < 0 (default): this engine's own */
+    int global_nonfinite; /**< 1: some rank overflowed, 0: none; -1 (default): this engine's own */
+} zo_optim_step_opts;
+
+/** Defaults: local norm and overflow. NULL ignored. */
+ZO_API void zo_optim_step_opts_default(zo_optim_step_opts *opts);
+
+/**
+ * End of a micro-step. Not at an accumulation boundary: waits for the
+ * micro-step's gradients to land and returns. At a boundary: starts the
+ * update (norm, overflow check, fused step, parameter copy-back) on the
+ * worker thread and returns; zo_optim_wait() collects the result. With DPU
+ * (after the warm-up) it first finishes the previous step: waits for its
+ * update, copies its parameters to the device. opts may be NULL.
+ * @return 0 (started, or accumulated); ZO_ESTATE (a step already in flight
+ *         without DPU: call zo_optim_wait() first); the previous step's error
+ *         under DPU; copy errors of the gradients; -EINVAL.
+ */
+ZO_API int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *opts);
+
+/** Result of a step (zo_optim_wait(), zo_optim_step()). */
+typedef struct zo_optim_step_result {
+    int64_t step;        /**< updates applied so far (a skipped boundary does not count) */
+    int boundary;        /**< 1 if the call ended an accumulation window */
+    int skipped;         /**< 1 if the update was skipped (overflow) */
+    int clipped;         /**< 1 if the clip coefficient was below 1 */
+    int rolled_back;     /**< speculative: 1 if sub-groups were rolled back */
+    double grad_norm;    /**< unscaled global norm (NaN/inf on overflow) */
+    double clip_coef;    /**< coefficient applied */
+    double loss_scale;   /**< scale the gradients carried (the scale is then updated) */
+    uint64_t nonfinite;  /**< inf/NaN elements found */
+} zo_optim_step_result;
+
+/**
+ * Wait for the step in flight (no-op when none): its update and the copy of
+ * its parameters to the device. Under DPU this also ends the delay: the
+ * device params are current afterwards. res may be NULL.
+ * @return 0; ZO_ENONFINITE (non-finite gradients under
+ *         ZO_OPTIM_NONFINITE_ERROR: nothing was updated); store, device and
+ *         kernel errors (a failed NVMe step leaves the masters as before the
+ *         step for the sub-groups not yet written back: see docs/optim.md).
+ */
+ZO_API int zo_optim_wait(zo_optim *o, zo_optim_step_result *res);
+
+/** zo_optim_step_async() then zo_optim_wait(). */
+ZO_API int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res);
+
+/** ZO_PENDING while a step is in flight, else 0 (or the finished step's error, kept for
+ *  zo_optim_wait()). Never blocks; any thread. -EINVAL (NULL). */
+ZO_API int zo_optim_poll(zo_optim *o);
+
+/**
+ * An eventfd that becomes readable when a step finishes (its update done,
+ * before the DPU parameter copy). Owned by the engine; do not close it.
+ * Read it (8 bytes) to re-arm. Any thread. @return the fd, or -EINVAL.
+ */
+ZO_API int zo_optim_eventfd(zo_optim *o);
+
+/** 1 if the device params hold the result of the latest applied update, 0 if
+ *  an update is in flight or not yet copied (DPU). -EINVAL (NULL). Any thread. */
+ZO_API int zo_optim_params_current(zo_optim *o);
+
+/**
+ * Set the learning rate of group `group` for the next updates (LR
+ * schedules). Other hyperparameters: zo_optim_set_hparams().
+ * @return 0; -EINVAL (NULL, group out of range); ZO_ECONFIG (lr not finite or < 0).
+ */
+ZO_API int zo_optim_set_lr(zo_optim *o, unsigned group, double lr);
+/** Replace a group's hyperparameters (kind must stay). step, grad_scale and clip_coef are the engine's.
+ *  @return 0; -EINVAL; ZO_ECONFIG (out of range, kind changed). */
+ZO_API int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *hp);
+
+/* ---- library-owned host buffers -------------------------------------------------------- */
+
+/**
+ * The host buffer holding tensor `index`'s latest parameters in
+ * param_dtype (the masters cast by the fused step), for frameworks that copy
+ * to the device themselves with non-blocking copies. Under DPU the engine
+ * double-buffers: the returned buffer is the one of the latest finished
+ * update and stays unchanged until the step after next begins. Valid until
+ * destroy. @return 0; -EINVAL; ZO_ESTATE (a step in flight without DPU).
+ */
+ZO_API int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host);
+
+/* ---- save / load ----------------------------------------------------------------------- */
+
+/**
+ * Save everything (masters, states, step counts, loss scaler, accumulation
+ * position, config fingerprint) as checkpoint <root>/<name> through the
+ * store's crash-safe checkpoints, keeping the last `keep_last` (0: all).
+ * user_json (NULL or a JSON value) is stored beside the engine's own record.
+ * Waits for a step in flight first. Refused mid-accumulation window.
+ * @return 0; -EINVAL; ZO_ESTATE (gradients accumulated but not applied);
+ *         errors of zo_store_checkpoint().
+ */
+ZO_API int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep_last,
+                         const char *user_json);
+
+/**
+ * Load checkpoint `name` (NULL: the latest) of `root`: masters, states,
+ * counts and scaler; rewrites the parameter buffers and (with dev_params)
+ * the device params. A run resumed from it continues bit-identically.
+ * user_json, if not NULL, receives the caller's JSON (truncated to len, NUL-terminated).
+ * @return 0; -EINVAL; ZO_EFORMAT (not an optim checkpoint, or the config
+ *         fingerprint differs: layout, dtypes, optimizer kinds); -ENOENT;
+ *         errors of zo_store_restore(); ZO_ESTATE (step in flight).
+ */
+ZO_API int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_json, size_t len);
+
+/* ---- info and timeline --------------------------------------------------------------------- */
+
+/** Engine state. */
+typedef struct zo_optim_info {
+    int64_t step;            /**< updates applied */
+    uint64_t micro_steps;    /**< micro-steps seen */
+    uint64_t skipped_steps;  /**< boundaries skipped (overflow) */
+    uint64_t rollbacks;      /**< speculative steps rolled back */
+    double loss_scale;       /**< current scale (1 without scaling) */
+    unsigned ntensors, ngroups, nsubgroups;
+    uint64_t numel;          /**< elements over all tensors */
+    uint64_t pinned_bytes;   /**< pinned host memory the engine holds */
+    uint64_t host_bytes;     /**< other host memory it holds (accumulators...) */
+    int dpu_active;          /**< 1 once past the DPU warm-up */
+} zo_optim_info;
+
+/** @return 0; -EINVAL. Any thread (a snapshot). */
+ZO_API int zo_optim_get_info(zo_optim *o, zo_optim_info *info);
+
+/** Where the time of one step went. Durations in nanoseconds (sums over the
+ *  step's pieces; pieces overlap, so they may add up to more than total). */
+typedef struct zo_optim_timeline {
+    int64_t step;            /**< the update this describes (its value after the update) */
+    uint64_t total_ns;       /**< from the boundary's step call to the end of its copy-back */
+    uint64_t d2h_ns;         /**< gradient copies device -> host (this window) */
+    uint64_t d2h_bytes;
+    uint64_t norm_ns;        /**< gradient statistics pass */
+    uint64_t compute_ns;     /**< fused optimizer kernels (and rollbacks) */
+    uint64_t nvme_read_ns;   /**< NVMe reads of master / states */
+    uint64_t nvme_read_bytes;
+    uint64_t nvme_write_ns;  /**< NVMe write-backs */
+    uint64_t nvme_write_bytes;
+    uint64_t h2d_ns;         /**< parameter copies host -> device */
+    uint64_t h2d_bytes;
+    uint64_t stall_ns;       /**< the worker blocked waiting for data (gradients, NVMe) */
+} zo_optim_timeline;
+
+/** The timeline of the latest finished update. @return 0; -EINVAL; -ENOENT (no update yet). */
+ZO_API int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl);
+
+/**
+ * The latest timeline as one JSON object ({"step":..,"total_ns":..,...}) into
+ * buf (NUL-terminated, truncated to len). @return the length the full text
+ * needs (without the NUL), or -EINVAL / -ENOENT.
+ */
+ZO_API int zo_optim_timeline_json(zo_optim *o, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* ZOFFLOAD_OPTIM_H */

@@ -262,6 +262,12 @@ SIZED_STRUCTS = {
     "zo_ckpt_options": (CkptOptions, "zo_ckpt_options_default", ()),
 }
 
+#: every struct the bindings mirror, by C name (the ABI test checks each
+#: one's size and field offsets against the C compiler)
+C_STRUCTS = {k: v[0] for k, v in SIZED_STRUCTS.items()}
+C_STRUCTS.update({"zo_pinned_info": PinnedInfo, "zo_pinned_stats": PinnedStats,
+                  "zo_grad_stats": GradStats, "zo_ckpt_entry": CkptEntry})
+
 _SCRATCH = 4096
 
 

@@ -186,6 +186,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if grad_hooks not in ("auto", "step"):
             raise ValueError("grad_hooks must be 'auto' or 'step', not %r" % (grad_hooks,))
         self.max_grad_norm = max_grad_norm
+        for g in self.param_groups:
+            g.setdefault("step", 0)
         if isinstance(loss_scale, LossScaler):
             self.scaler = loss_scale
         elif loss_scale is None:

@@ -188,6 +188,39 @@ def check(rc, func, handle_msg=None):
     raise _errors.from_code(rc, func, strerror(rc), d)
 
 
+class Handle:
+    """Base of the classes that own one library handle: `_destroy` names
+    the C destroy function (it takes T ** and clears it), `_what` the object
+    for messages. close() is idempotent; the handle is also destroyed when
+    the object is collected, and `with` closes it."""
+
+    _destroy = None
+    _what = "object"
+    _h = None
+
+    def _live(self):
+        if not self._h:
+            raise ValueError("%s is closed" % self._what)
+        return self._h
+
+    def close(self):
+        if self._h:
+            getattr(lib, self._destroy)(ctypes.byref(self._h))
+            self._h = c_void_p()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # interpreter shutdown: the library may be gone
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
 # --------------------------------------------------------------------------
 # Structures. Each starts with struct_size where the C one does; the test
 # suite compares every size and field offset with the C compiler's

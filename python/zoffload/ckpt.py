@@ -64,29 +64,16 @@ def latest(root):
     return buf.value.decode()
 
 
-class Reader:
+class Reader(_lib.Handle):
     """An open, validated checkpoint; read tensors by name."""
+
+    _destroy = "zo_ckpt_close"
+    _what = "checkpoint reader"
 
     def __init__(self, root, name=None):
         self._h = ctypes.c_void_p()
         check(lib.zo_ckpt_open(ctypes.byref(self._h), str(root).encode(),
                                None if name is None else str(name).encode()), "zo_ckpt_open")
-
-    def close(self):
-        if self._h:
-            lib.zo_ckpt_close(ctypes.byref(self._h))
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     @property
     def name(self):

@@ -144,8 +144,11 @@ def variant():
     return lib.zo_cpuadam_variant().decode()
 
 
-class Team:
+class Team(_lib.Handle):
     """A ``zo_cpuadam_team``: thread count, optional CPU pinning and variant."""
+
+    _destroy = "zo_cpuadam_team_destroy"
+    _what = "cpuadam team"
 
     def __init__(self, nthreads=None, pin=False, numa_node=-1, variant=None, tile_elems=None):
         cfg = _lib.new_struct("zo_cpuadam_team_config")
@@ -164,11 +167,6 @@ class Team:
     def _msg(self):
         return lib.zo_cpuadam_team_errmsg(self._h).decode(errors="replace") if self._h else ""
 
-    def _live(self):
-        if not self._h:
-            raise ValueError("cpuadam team is closed")
-        return self._h
-
     @property
     def nthreads(self):
         return check(lib.zo_cpuadam_team_threads(self._live()), "zo_cpuadam_team_threads")
@@ -186,20 +184,3 @@ class Team:
         check(lib.zo_cpuadam_team_grad_stats(self._live(), v.ptr, v.dtype, v.n, ctypes.byref(st)),
               "zo_cpuadam_team_grad_stats", self._msg)
         return st.sumsq, st.nonfinite
-
-    def close(self):
-        if self._h:
-            lib.zo_cpuadam_team_destroy(ctypes.byref(self._h))
-            self._h = ctypes.c_void_p()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

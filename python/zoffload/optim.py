@@ -157,9 +157,12 @@ def _declare():
     _declared = True
 
 
-class Device:
+class Device(_lib.Handle):
     """A ``zo_dev`` (the host backend by default: "device memory" is host
     memory, the reference every backend is tested against)."""
+
+    _destroy = "zo_dev_close"
+    _what = "device"
 
     def __init__(self, kind="host", ordinal=0):
         cfg = _lib.new_struct("zo_dev_config")
@@ -173,24 +176,14 @@ class Device:
 
     @property
     def handle(self):
-        return self._h
-
-    def close(self):
-        if self._h:
-            lib.zo_dev_close(ctypes.byref(self._h))
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
+        return self._live()
 
 
 def _result(r):
     return {f: getattr(r, f) for f, _ in OptimStepResult._fields_}
 
 
-class Engine:
+class Engine(_lib.Handle):
     """A ``zo_optim`` engine.
 
     groups: list of dicts, one per parameter group:
@@ -207,6 +200,9 @@ class Engine:
     the default hyperparameters (kind, lr, betas, eps, weight_decay,
     bias_correction). `device` is a :class:`Device` (default: a host one).
     """
+
+    _destroy = "zo_optim_destroy"
+    _what = "zo_optim engine"
 
     def __init__(self, groups, device=None, kind="adamw", **kw):
         _declare()
@@ -291,28 +287,6 @@ class Engine:
 
     def _c(self, rc, fn):
         return check(rc, fn, self._msg)
-
-    def _live(self):
-        if not self._h:
-            raise ValueError("zo_optim engine is closed")
-        return self._h
-
-    def close(self):
-        """Destroy the engine (waits for a step in flight)."""
-        if getattr(self, "_h", None):
-            lib.zo_optim_destroy(ctypes.byref(self._h))
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # -------------------------------------------------------------- tensors
     def __len__(self):

@@ -383,8 +383,10 @@ class Engine(_lib.Handle):
     def set_lr(self, group, lr):
         self._c(lib.zo_optim_set_lr(self._live(), int(group), float(lr)), "zo_optim_set_lr")
 
-    def set_hparams(self, group, kind=None, **hp):
-        h = _ca.hparams(self._kind if kind is None else kind, **hp)
+    def set_hparams(self, group, hp=None, kind=None, **kw):
+        """Replace group's hyperparameters: an OptimHparams (from
+        zoffload.cpuadam.hparams()) or keywords as hparams() takes."""
+        h = hp if hp is not None else _ca.hparams(self._kind if kind is None else kind, **kw)
         self._c(lib.zo_optim_set_hparams(self._live(), int(group), ctypes.byref(h)),
                 "zo_optim_set_hparams")
 

@@ -54,6 +54,7 @@ import torch
 from . import _lib
 from ._lib import check, lib
 from . import arrays
+from . import errors as _errors
 from . import ckpt as _ckpt
 from . import cpuadam as _ca
 from . import mem as _mem
@@ -147,6 +148,219 @@ class _Segment:
         return flat[o:o + p.numel()].view(p.shape)
 
 
+
+class _EngineBackend:
+    """OffloadOptimizer's state in zo_optim engines (optim.h): one engine per
+    parameter dtype (an engine has one device dtype); with several, the
+    global norm and overflow are combined across them as across ranks.
+    Gradients are handed over from host memory (zo_optim_grad_host) and the
+    new parameters copied from the engines' parameter buffers, so any torch
+    device works; masters and states live in pinned host memory or on NVMe."""
+
+    def __init__(self, opt, *, state_dtype, nthreads, numa_node, offload_device, nvme_path,
+                 sub_group_size, pinned_bytes, pin_memory, buffer_count):
+        from . import optim as _optim
+        self.opt = opt
+        self.engines = []           # [(dtype, Engine, {torch group: engine group}, [param idx])]
+        self.where = [None] * len(opt._plist)     # param index -> (engine no, tensor index)
+        self.timings = {"grad_stats": 0.0, "update": 0.0, "copy_back": 0.0, "fence": 0.0}
+        self.last = None
+        self.steps_skipped = 0
+        dtypes = sorted({p.dtype for _, p in opt._plist}, key=str)
+        sc = opt._scaler_cfg
+        for dt in dtypes:
+            gmap, groups, idx = {}, [], []
+            for gi, g in enumerate(opt.param_groups):
+                mine = [i for i, (pg, p) in enumerate(opt._plist) if pg == gi and p.dtype == dt]
+                if not mine:
+                    continue
+                gmap[gi] = len(groups)
+                grp = {"numel": [opt._plist[i][1].numel() for i in mine],
+                       "names": ["p%d" % i for i in mine],
+                       "state_dtype": "bf16" if state_dtype == torch.bfloat16 else "f32"}
+                groups.append(grp)
+                idx.extend(mine)
+            kw = dict(param_dtype=_ZO_DT[dt], placement=offload_device,
+                      max_grad_norm=opt.max_grad_norm or 0.0,
+                      dpu=opt.delay_update, dpu_warmup_steps=opt.dpu_warmup,
+                      nthreads=nthreads or 0, numa_node=numa_node,
+                      pin_memory=pin_memory,
+                      nonfinite="skip" if opt._skip_nonfinite else "error")
+            if nvme_path is not None:
+                kw["nvme_path"] = nvme_path
+            if sub_group_size:
+                kw["sub_group_size"] = int(sub_group_size)
+            if pinned_bytes:
+                kw["pinned_bytes"] = int(pinned_bytes)
+            if buffer_count:
+                kw["buffer_count"] = int(buffer_count)
+            if sc is not None:
+                kw.update(sc)
+            e = _optim.Engine(groups, kind=opt._zo_kind_id(), **kw)
+            no = len(self.engines)
+            self.engines.append((dt, e, gmap, idx))
+            for t, i in enumerate(idx):
+                self.where[i] = (no, t)
+        self._params_from_torch()
+        self._set_hparams()
+
+    # -- helpers
+    def _set_hparams(self):
+        opt = self.opt
+        for dt, e, gmap, _ in self.engines:
+            for gi, eg in gmap.items():
+                g = opt.param_groups[gi]
+                e.set_hparams(eg, opt._hparams(g, g.get("step", 0) + 1))
+
+    def _params_from_torch(self):
+        with torch.no_grad():
+            for i, (gi, p) in enumerate(self.opt._plist):
+                no, t = self.where[i]
+                e = self.engines[no][1]
+                e.import_state(t, "master", p.detach().to("cpu", torch.float32).reshape(-1))
+
+    def copy_back(self):
+        t0 = _now()
+        with torch.no_grad():
+            for i, (gi, p) in enumerate(self.opt._plist):
+                no, t = self.where[i]
+                buf = self.engines[no][1].param_buffer(t, like="torch")
+                p.data.copy_(buf.view(p.shape))
+        self.timings["copy_back"] += _now() - t0
+
+    # -- gradients
+    def take_grad(self, i, p):
+        g = p.grad
+        no, t = self.where[i]
+        host = g.detach()
+        if host.device.type != "cpu" or not host.is_contiguous():
+            host = host.to("cpu").contiguous()
+        self.engines[no][1].grad_host(t, host.reshape(-1))
+        p.grad = None
+
+    # -- step
+    def step(self):
+        opt = self.opt
+        self._set_hparams()
+        t0 = _now()
+        if len(self.engines) > 1:
+            sumsq, nonfinite = 0.0, 0
+            for _, e, _, _ in self.engines:
+                s, n = e.grad_norm_partial()
+                sumsq += s
+                nonfinite += n
+            for _, e, _, _ in self.engines:
+                e.step_async(global_sumsq=sumsq, global_nonfinite=nonfinite > 0)
+        else:
+            self.engines[0][1].step_async()
+        self.timings["grad_stats"] += _now() - t0
+        delayed = opt.delay_update and self.engines[0][1].info()["dpu_active"]
+        if delayed:
+            # step_async finished the previous update; its parameters are in
+            # the buffers now and stay there until the step after next.
+            self.copy_back()
+            res = None
+            step = self.engines[0][1].info()["step"]
+            for g in opt.param_groups:
+                g["step"] = step
+        else:
+            res = self._wait_all()
+            self.copy_back()
+        if res is not None:
+            self._account(res)
+        return res
+
+    def _wait_all(self):
+        t0 = _now()
+        res = None
+        for _, e, _, _ in self.engines:
+            r = e.wait()
+            res = r if res is None else res
+        self.timings["update"] += _now() - t0
+        return res
+
+    def _account(self, res):
+        self.last = res
+        opt = self.opt
+        if res["boundary"]:
+            if res["skipped"]:
+                self.steps_skipped += 1
+            opt.last_grad_norm = res["grad_norm"]
+        step = res["step"]
+        for g in opt.param_groups:
+            g["step"] = step
+        for gi, p in opt._plist:
+            opt.state[p]["step"].fill_(step)
+
+    def wait(self):
+        t0 = _now()
+        res = self._wait_all()
+        self.timings["fence"] += _now() - t0
+        self.copy_back()
+        if res is not None and res.get("boundary"):
+            self._account(res)
+
+    @property
+    def loss_scale(self):
+        return self.engines[0][1].info()["loss_scale"]
+
+    # -- state
+    def export_param(self, i):
+        opt = self.opt
+        p = opt._plist[i][1]
+        no, t = self.where[i]
+        e = self.engines[no][1]
+        out = {}
+        for nm in opt._state_names:
+            dst = torch.empty(p.shape, dtype=opt.state_dtype)
+            e.export_state(t, nm, dst.view(-1))
+            out[nm] = dst
+        if p.dtype != torch.float32:
+            m = torch.empty(p.shape, dtype=torch.float32)
+            e.export_state(t, "master", m.view(-1))
+            out["master_param"] = m
+        return out
+
+    def import_param(self, i, s, p):
+        no, t = self.where[i]
+        e = self.engines[no][1]
+        for nm in self.opt._state_names:
+            if nm in s:
+                src = s[nm].detach().to("cpu")
+                if tuple(src.shape) != tuple(p.shape):
+                    raise ValueError("state %r has shape %s, param %s"
+                                     % (nm, tuple(src.shape), tuple(p.shape)))
+                if src.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                    src = src.float()
+                e.import_state(t, nm, src.contiguous().reshape(-1))
+        m = s.get("master_param")
+        m = m.detach().to("cpu", torch.float32) if m is not None else p.detach().to("cpu", torch.float32)
+        e.import_state(t, "master", m.contiguous().reshape(-1))
+
+    def fill_state(self, i, name, value):
+        no, t = self.where[i]
+        p = self.opt._plist[i][1]
+        self.engines[no][1].import_state(t, name, torch.full((p.numel(),), float(value)))
+
+    def save(self, root, name, keep_last, user):
+        for no, (dt, e, _, _) in enumerate(self.engines):
+            e.save(os.path.join(str(root), "engine%d" % no), name, keep_last,
+                   json.dumps(user))
+
+    def load(self, root, name):
+        user = None
+        for no, (dt, e, _, _) in enumerate(self.engines):
+            txt = e.load(os.path.join(str(root), "engine%d" % no), name)
+            user = json.loads(txt) if txt else user
+        self.copy_back()
+        return user
+
+    def close(self):
+        for _, e, _, _ in self.engines:
+            e.close()
+        self.engines = []
+
+
 class OffloadOptimizer(torch.optim.Optimizer):
     """Base class; use :class:`OffloadAdamW`, :class:`OffloadAdam`,
     :class:`OffloadAdagrad` or :class:`OffloadLion`.
@@ -161,7 +375,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
     state_dtype:     torch.float32 (default) or torch.bfloat16 for the two states
     nthreads:        CPU threads of the kernels (default: the CPUs this process may use)
     numa_node:       NUMA node for the pinned buffers (-1: no binding)
-    offload_device:  "cpu" (pinned host memory); "nvme" needs the zo_optim engine
+    offload_device:  "cpu" (pinned host memory) or "nvme" (zo_optim engine only)
+    nvme_path:       directory of the swap files for offload_device="nvme"
+    engine:          "auto" (zo_optim when the library has a working one, else
+                     "kernels"), "zo_optim" (the C engine, optim.h), or "kernels"
+                     (this module drives the cpuadam kernels over pinned buffers)
+    sub_group_size, pinned_bytes, pin_memory, buffer_count: zo_optim settings
+                     (DeepSpeed's names; ignored by the kernels engine)
     """
 
     _kind = None
@@ -171,14 +391,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults, *, max_grad_norm=None, loss_scale=None,
                  delay_update=False, dpu_warmup=0, grad_hooks="auto", state_dtype=torch.float32,
-                 nthreads=None, numa_node=-1, offload_device="cpu", nvme_path=None):
+                 nthreads=None, numa_node=-1, offload_device="cpu", nvme_path=None,
+                 engine="auto", sub_group_size=None, pinned_bytes=None, pin_memory=True,
+                 buffer_count=None):
         super().__init__(params, defaults)
         if offload_device not in ("cpu", "nvme"):
             raise ValueError("offload_device must be 'cpu' or 'nvme', not %r" % (offload_device,))
-        if offload_device == "nvme":
-            raise NotImplementedError(
-                "offload_device='nvme' needs the zo_optim engine, which this build of the "
-                "bindings does not use yet; use offload_device='cpu'")
+        if engine not in ("auto", "zo_optim", "kernels"):
+            raise ValueError("engine must be 'auto', 'zo_optim' or 'kernels', not %r" % (engine,))
+        if offload_device == "nvme" and engine == "kernels":
+            raise ValueError("offload_device='nvme' needs engine='zo_optim'")
         if state_dtype not in (torch.float32, torch.bfloat16):
             raise TypeError("state_dtype must be torch.float32 or torch.bfloat16")
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
@@ -199,8 +421,30 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.delay_update = bool(delay_update)
         self.dpu_warmup = int(dpu_warmup)
         self.state_dtype = state_dtype
-        self._team = _ca.Team(nthreads=nthreads)
+        self.last_grad_norm = None
+        self._eb = None
+        self._skip_nonfinite = False
         self._check_params()
+        for gi, p in self._plist:
+            self.state[p]["step"] = torch.zeros((), dtype=torch.float32)
+        if engine != "kernels":
+            try:
+                self._eb = _EngineBackend(
+                    self, state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
+                    offload_device=offload_device, nvme_path=nvme_path,
+                    sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
+                    pin_memory=pin_memory, buffer_count=buffer_count)
+            except (_errors.NotSupported, _errors.LibraryNotFound):
+                if engine == "zo_optim" or offload_device == "nvme":
+                    raise
+        self.engine = "zo_optim" if self._eb is not None else "kernels"
+        self._hooks = []
+        self.grad_hook_mode = self._install_hooks(grad_hooks)
+        self.steps_skipped = 0
+        if self._eb is not None:
+            self.timings = self._eb.timings
+            return
+        self._team = _ca.Team(nthreads=nthreads)
         self._layout(state_dtype, numa_node)
         self._cur = 0                       # grad buffer the hooks fill
         self._written = [False] * len(self._plist)
@@ -208,11 +452,28 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._pending_copy = False          # DPU: its result is not in the params yet
         self._copy_event = None
         self._executor = None
-        self.steps_skipped = 0
         self.timings = {"grad_stats": 0.0, "update": 0.0, "copy_back": 0.0, "fence": 0.0}
-        self._hooks = []
-        self.grad_hook_mode = self._install_hooks(grad_hooks)
         self._load_masters_from_params()
+
+    @property
+    def _scaler_cfg(self):
+        """The loss scaler as zo_optim config fields. Without a scaler the
+        engine must not scale on its own (fp16 defaults to dynamic there)."""
+        sc = self.scaler
+        if sc is None:
+            return {"loss_scale": 1.0}
+        if not sc.dynamic:
+            return {"loss_scale": sc.scale}
+        power = math.log2(sc.scale)
+        if power != int(power):
+            raise ValueError("zo_optim: a dynamic loss scale starts at a power of two, not %r"
+                             % sc.scale)
+        return {"loss_scale": 0.0, "initial_scale_power": int(power),
+                "loss_scale_window": sc.window, "hysteresis": sc.hysteresis,
+                "min_loss_scale": sc.min_scale}
+
+    def _zo_kind_id(self):
+        return self._zo_kind
 
     # ------------------------------------------------------------ layout
     def _check_params(self):
@@ -260,7 +521,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for i, (gi, p) in enumerate(self._plist):
             seg, k = self._where[i]
             st = self.state[p]
-            st["step"] = torch.zeros((), dtype=torch.float32)
             for nm in self._state_names:
                 st[nm] = seg.view(seg.states[nm], k)
             if p.dtype != torch.float32:
@@ -309,6 +569,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             return
         if g.is_sparse:
             raise RuntimeError("sparse gradients are not supported")
+        if self._eb is not None:
+            return self._eb.take_grad(i, p)
         seg, k = self._where[i]
         buf = seg.view(seg.grads[self._cur], k)
         with torch.no_grad():
@@ -367,6 +629,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def _fence(self):
         """Wait for a delayed update and put its result into the params."""
+        if self._eb is not None:
+            return self._eb.wait()
         if self._pending is not None:
             t0 = _now()
             fut, self._pending = self._pending, None
@@ -392,6 +656,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        if self._eb is not None:
+            self._collect_step_grads()
+            self._eb.step()
+            self.steps_skipped = self._eb.steps_skipped
+            return loss
         self._fence()
         # Gradients that bypassed the hooks (grad_hooks="step", or a .grad
         # set by hand) are taken here.
@@ -456,16 +725,27 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none=True):
         """Forget gradients handed over since the last step (and any .grad)."""
-        self._written = [False] * len(self._plist)
+        if self._eb is None:
+            self._written = [False] * len(self._plist)
         super().zero_grad(set_to_none=set_to_none)
 
     def scale_loss(self, loss):
         """loss * the current loss scale (identity without loss scaling)."""
-        return loss * self.scaler.scale if self.scaler is not None else loss
+        s = self.loss_scale
+        return loss * s if s != 1.0 else loss
 
     @property
     def loss_scale(self):
+        if self._eb is not None:
+            return self._eb.loss_scale
         return self.scaler.scale if self.scaler is not None else 1.0
+
+    def timeline(self):
+        """zo_optim engine: where the latest update's time went (a dict per
+        engine, see zo_optim_timeline); None with the kernels engine."""
+        if self._eb is None:
+            return None
+        return [e.timeline() for _, e, _, _ in self._eb.engines]
 
     # ------------------------------------------------------------ state
     def state_dict(self):
@@ -475,6 +755,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._fence()
         sd = super().state_dict()
         sd["state"] = {k: {n: t.clone() for n, t in v.items()} for k, v in sd["state"].items()}
+        if self._eb is not None:
+            for i in range(len(self._plist)):
+                sd["state"].setdefault(i, {}).update(self._eb.export_param(i))
         sd["zoffload"] = {"format": _FORMAT, "kind": self._kind,
                           "scaler": self.scaler.state_dict() if self.scaler else None}
         return sd
@@ -504,10 +787,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for sid, p in zip(ids, order):
                 i = pidx[id(p)]
-                seg, k = self._where[i]
                 s = st.get(sid)
                 if s is None:
                     continue
+                if "step" in s:
+                    self.state[p]["step"].fill_(float(s["step"]))
+                if self._eb is not None:
+                    self._eb.import_param(i, s, p)
+                    continue
+                seg, k = self._where[i]
                 for nm in self._state_names:
                     if nm in s:
                         dst = seg.view(seg.states[nm], k)
@@ -520,8 +808,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     m.copy_(s["master_param"])
                 else:
                     m.copy_(p.detach().to("cpu", torch.float32))
-                if "step" in s:
-                    self.state[p]["step"].fill_(float(s["step"]))
         for g, sg in zip(self.param_groups, groups):
             for key, val in sg.items():
                 if key != "params":
@@ -533,6 +819,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         z = state_dict.get("zoffload")
         if z and z.get("scaler") and self.scaler is not None:
             self.scaler.load_state_dict(z["scaler"])
+        if self._eb is not None:
+            self._eb._set_hparams()
+            self._eb.copy_back()
+            return
         self._refresh_out_and_params()
 
     def _refresh_out_and_params(self):
@@ -552,6 +842,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._fence()
         step = self.param_groups[0].get("step", 0)
         name = name or "step%d" % step
+        if self._eb is not None:
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+            self._eb.save(root, name, keep_last,
+                          _jsonable({"format": _FORMAT, "kind": self._kind, "param_groups": groups}))
+            return name
         tensors = {}
         for j, seg in enumerate(self._segments):
             tensors["seg%d.master" % j] = seg.master
@@ -571,6 +866,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
         verifying every checksum; the model parameters are set from the
         restored masters. Returns the checkpoint's name."""
         self._fence()
+        if self._eb is not None:
+            user = self._eb.load(root, name) or {}
+            if user.get("format") != _FORMAT or user.get("kind") != self._kind:
+                raise ValueError("checkpoint %s was not written by %s" % (root, type(self).__name__))
+            for g, sg in zip(self.param_groups, user["param_groups"]):
+                for k, v in sg.items():
+                    g[k] = tuple(v) if isinstance(v, list) else v
+            for gi, p in self._plist:
+                self.state[p]["step"].fill_(self.param_groups[gi].get("step", 0))
+            self._eb._set_hparams()
+            return name or _ckpt.latest(os.path.join(str(root), "engine0"))
         with _ckpt.Reader(root, name) as r:
             user = r.user or {}
             if user.get("format") != _FORMAT or user.get("kind") != self._kind:
@@ -603,6 +909,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for h in self._hooks:
             (h[1] if isinstance(h, tuple) else h).remove()
         self._hooks = []
+        if self._eb is not None:
+            self._eb.close()
+            return
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
@@ -610,7 +919,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def __del__(self):
         try:
-            if self._executor is not None:
+            if getattr(self, "_executor", None) is not None:
                 self._executor.shutdown(wait=True)
         except Exception:
             pass
@@ -676,6 +985,7 @@ class OffloadAdagrad(OffloadOptimizer):
     as torch's)."""
 
     _kind = "adagrad"
+    _zo_kind = _ca.ADAGRAD
     _state_names = ("sum",)
     _slots = {"exp_avg_sq": "sum"}
 
@@ -686,8 +996,12 @@ class OffloadAdagrad(OffloadOptimizer):
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                       initial_accumulator_value=initial_accumulator_value,
                                       eps=eps), **kw)
-        for seg in self._segments:
-            seg.states["sum"].fill_(initial_accumulator_value)
+        if self._eb is not None:
+            for i in range(len(self._plist)):
+                self._eb.fill_state(i, "sum", initial_accumulator_value)
+        else:
+            for seg in self._segments:
+                seg.states["sum"].fill_(initial_accumulator_value)
 
     def _hparams(self, g, step):
         clr = g["lr"] / (1 + (step - 1) * g["lr_decay"])
@@ -699,6 +1013,7 @@ class OffloadLion(OffloadOptimizer):
     """Lion (Chen et al. 2023) offloaded."""
 
     _kind = "lion"
+    _zo_kind = _ca.LION
     _state_names = ("exp_avg",)
     _slots = {"exp_avg": "exp_avg"}
 

@@ -408,6 +408,20 @@ ZO_API int zo_optim_wait(zo_optim *o, zo_optim_step_result *res);
 /** zo_optim_step_async() then zo_optim_wait(). */
 ZO_API int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res);
 
+/**
+ * The result of the latest finished boundary (under DPU the step whose
+ * result step_async() fenced). @return 0; -EINVAL; -ENOENT (none yet).
+ */
+ZO_API int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res);
+
+/**
+ * The loss scale the framework multiplies the loss by for the backward
+ * passes of the current accumulation window (1 without fp16 scaling). It
+ * changes only in step calls: read it after each boundary's step call.
+ * Under DPU a step's scale update reaches the window after next. 0 if o is NULL.
+ */
+ZO_API double zo_optim_loss_scale(const zo_optim *o);
+
 /** ZO_PENDING while a step is in flight, else 0 (or the finished step's error, kept for
  *  zo_optim_wait()). Never blocks; any thread. -EINVAL (NULL). */
 ZO_API int zo_optim_poll(zo_optim *o);

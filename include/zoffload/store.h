@@ -34,15 +34,17 @@
  *   prefetch never evicts a copy needed sooner than the one it fetches.
  *   zo_store_prefetch() is an explicit hint with the same rules.
  *
- * Streams
- *   zo_store_stream_open() walks a tensor in slot-sized pieces through
- *   reserved pool slots with read-ahead and write-behind: the building
- *   block of an optimizer step that reads (master, m, v) of sub-group i+1
- *   and i+2 while it updates i and writes i-1 back.
+ * Streams and group sweeps
+ *   zo_store_stream_open() walks one tensor in slot-sized pieces through
+ *   reserved pool slots with read-ahead and write-behind.
+ *   zo_store_sweep_open() walks an ordered list of groups of tensors (an
+ *   optimizer's (master, m, v) sub-groups, element sizes free) in element
+ *   lockstep inside one slot reservation, reading sub-group i+1 and i+2
+ *   while i is updated and i-1 written back: the optimizer step.
  *
  * Thread safety: a zo_store may be used from any number of threads. One
  * mover thread runs every transfer; completion callbacks only queue events
- * for it. A stream belongs to one thread at a time.
+ * for it. A stream or a sweep belongs to one thread at a time.
  */
 #ifndef ZOFFLOAD_STORE_H
 #define ZOFFLOAD_STORE_H
@@ -87,7 +89,7 @@ typedef struct zo_store_config {
     struct zo_swap *swap;    /**< NVMe tier (not owned); NULL: no NVMe tier */
     uint64_t nvme_bytes;     /**< NVMe tier budget (0: as much as the swap store gives) */
     size_t slot_size;        /**< pinned pool slot, a multiple of the swap chunk size; default 4 MiB */
-    unsigned slots;          /**< pool slots; default 8 (0 with no NVMe tier and no device tier is allowed) */
+    unsigned slots;          /**< pool slots; default 16 (0 with no NVMe tier and no device tier is allowed) */
     int numa_node;           /**< node for pinned memory; -1 (default): the device's node, else none */
     unsigned pin_flags;      /**< ZO_PIN_* flags for the host tier and the pool; default ZO_PIN_HUGE */
     zo_trace_mode trace;     /**< default ZO_TRACE_AUTO */
@@ -118,7 +120,7 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *cfg);
  * Wait for every transfer, free the tiers, the pool and every tensor
  * (their handles become invalid). Dirty copies are not written back (call
  * zo_store_flush() first to keep them in their home tier). Outstanding
- * requests and streams must have been waited for / closed. NULL ok; clears *s.
+ * requests, streams and sweeps must have been waited for / closed. NULL ok; clears *s.
  */
 ZO_API void zo_store_destroy(zo_store **s);
 
@@ -294,6 +296,147 @@ ZO_API int zo_store_stream_done(zo_store_stream *st, const zo_store_piece *p);
 /** Wait for write-behind, release the slots, free. Returns the first error
  *  of the stream's transfers. NULL ok; clears *st. */
 ZO_API int zo_store_stream_close(zo_store_stream **st);
+
+/* ---- group sweeps ------------------------------------------------------------------------ */
+/*
+ * A sweep walks an ordered list of groups once. A group is n tensors with
+ * the same element count (element sizes may differ: an fp32 master with
+ * bf16 m and v); every piece covers the same element range
+ * [elem_off, elem_off + nelem) of each tensor of its group, so the tensors
+ * stay in step whatever their dtypes. The sweep holds one fixed slot
+ * reservation for its whole life and reads ahead across group boundaries:
+ * the next group's first pieces load while the caller updates this group's
+ * last ones and the previous ones write back. It is the NVMe step of an
+ * offload optimizer: one sweep per step over every sub-group.
+ *
+ * Tensors homed in the host tier are not copied: their piece pointers point
+ * into the home copy, and writes land there directly. Every other tensor
+ * goes through pool slots (read from its freshest copy, written back to its
+ * home), so the same loop serves host and NVMe placement.
+ */
+#define ZO_SWEEP_MAX_TENSORS 8 /**< tensors per group, at most */
+
+typedef struct zo_store_sweep zo_store_sweep;
+
+/** What a sweep walks. Fill with zo_store_sweep_desc_default() first. */
+typedef struct zo_store_sweep_desc {
+    size_t struct_size;               /**< sizeof(zo_store_sweep_desc), set by the defaults function */
+    unsigned ntensors;                /**< tensors per group, 1..ZO_SWEEP_MAX_TENSORS; default 1 */
+    unsigned mode[ZO_SWEEP_MAX_TENSORS]; /**< per position in the group: ZO_STREAM_READ and/or
+                                           ZO_STREAM_WRITE; default READ|WRITE */
+    size_t ngroups;                   /**< groups, walked in order (>= 1) */
+    zo_tensor *const *tensors;        /**< ngroups * ntensors handles, group after group:
+                                           tensors[g * ntensors + k] is position k of group g */
+    unsigned depth;                   /**< pieces loaded ahead of the one handed out; 1..64, default 2 */
+    uint64_t piece_elems;             /**< most elements per piece; 0 (default): the largest the slot
+                                           reservation allows (>= 1 MiB per tensor piece when it can) */
+    unsigned max_slots;               /**< most pool slots to reserve; 0 (default): what the layout
+                                           needs, at most the unreserved slots less one */
+} zo_store_sweep_desc;
+
+/** Fill *d with the defaults above. NULL is ignored. */
+ZO_API void zo_store_sweep_desc_default(zo_store_sweep_desc *d);
+
+/** One piece of a sweep: the same element range of every tensor of a group. */
+typedef struct zo_store_sweep_piece {
+    size_t group;       /**< index of the group */
+    uint64_t elem_off;  /**< first element of the piece in the group's tensors */
+    uint64_t nelem;     /**< elements in the piece (0: the sweep is over) */
+    uint64_t index;     /**< piece number in the sweep, from 0 */
+    int group_last;     /**< 1 on the last piece of its group */
+    void *ptr[ZO_SWEEP_MAX_TENSORS]; /**< per position: element elem_off of that tensor (host memory) */
+} zo_store_sweep_piece;
+
+/** A sweep's layout, fixed at open. */
+typedef struct zo_store_sweep_info {
+    uint64_t piece_elems;   /**< elements per piece (the last piece of a group may be shorter) */
+    uint64_t pieces;        /**< pieces in the whole sweep */
+    unsigned depth;         /**< pieces loaded ahead */
+    unsigned frames;        /**< pieces the sweep can have in flight at once (loading, held, writing) */
+    unsigned slots;         /**< pool slots reserved (0 if every tensor is homed in the host tier) */
+    unsigned slots_peak;    /**< most slots it has held at once (never above slots) */
+} zo_store_sweep_info;
+
+/**
+ * Open a sweep. Checks every group, claims every tensor (as a stream would:
+ * acquires with WRITE are refused while it is open, and with a WRITE
+ * position any acquire of that tensor), and reserves the pool slots for its
+ * whole life. Pieces are cut in elements: as large as the reservation
+ * allows for `depth` pieces ahead plus the one held (plus the one writing
+ * back with a WRITE position), keeping each piece a multiple of the swap
+ * chunk. A group is given back (its tensors usable again) as soon as its
+ * last piece is done and written. A tensor homed in the host tier whose
+ * home copy is stale (a newer device copy) is flushed first.
+ * @return 0; -EINVAL (NULL, ntensors 0 or > ZO_SWEEP_MAX_TENSORS, ngroups
+ *         0, a mode 0 or with unknown bits, depth 0 or > 64, a NULL tensor,
+ *         tensors of one group with different element counts, a tensor
+ *         whose bytes are not a whole number of elements, a tensor listed
+ *         twice in the sweep; struct_size of a different version: detail
+ *         names the field); ZO_ECONFIG (a tensor needs pool slots and the
+ *         store has none); -EBUSY (not enough unreserved slots for even the
+ *         smallest pieces; a tensor held for writing, referenced (with a
+ *         WRITE position), streamed, being unregistered, or in a checkpoint
+ *         being written (WRITE)); -ENOMEM; errors of zo_store_flush().
+ *         Blocks while the tensors' background transfers finish and while
+ *         stale host-homed tensors are flushed.
+ */
+ZO_API int zo_store_sweep_open(zo_store *s, const zo_store_sweep_desc *d, zo_store_sweep **out);
+
+/**
+ * Next piece, in order (group by group, element range by element range);
+ * blocks until every tensor of it is loaded (stall time counted). At the
+ * end p->nelem is 0. Up to `depth` pieces may be held at once.
+ * @return 0; the sweep's first transfer error (a read's or a write-back's:
+ *         ZO_ECORRUPT, -EIO...; detail names the tensor and offset);
+ *         ZO_ESTATE (depth pieces held: call zo_store_sweep_done() first);
+ *         -EINVAL (NULL).
+ */
+ZO_API int zo_store_sweep_next(zo_store_sweep *sw, zo_store_sweep_piece *p);
+
+/**
+ * Done with a piece: the WRITE positions of it are written back (slot
+ * backed tensors; host-homed ones were written in place) and its slots are
+ * reused for the pieces ahead. Pieces may be done in any order.
+ * @return 0; -EINVAL (NULL, or p is not a piece this sweep handed out and
+ *         still holds). Does not block; write-back errors surface in
+ *         zo_store_sweep_next() and zo_store_sweep_close().
+ */
+ZO_API int zo_store_sweep_done(zo_store_sweep *sw, const zo_store_sweep_piece *p);
+
+/** Layout and slot use of a sweep. @return 0; -EINVAL (NULL). */
+ZO_API int zo_store_sweep_get_info(zo_store_sweep *sw, zo_store_sweep_info *info);
+
+/**
+ * Finish a sweep, also in the middle: pieces still held count as done
+ * (written back), loads ahead are waited for and dropped, groups never
+ * reached keep their contents. Releases the slots and every tensor; frees.
+ * Blocks until the write-backs finish. NULL ok; clears *sw.
+ * @return 0 or the first error of the sweep's transfers. A WRITE group the
+ *         error hit has undefined contents in the pieces not written.
+ */
+ZO_API int zo_store_sweep_close(zo_store_sweep **sw);
+
+/* ---- tier sizing ------------------------------------------------------------------------ */
+/** Bytes a device or host tier needs for a set of tensors. */
+typedef struct zo_store_tier_need {
+    uint64_t exact;      /**< the tier budget that holds all of them at once in an empty tier
+                              (each one rounded to the tier's allocation granule) */
+    uint64_t any_layout; /**< a budget that lets them be acquired one after another, in the order
+                              given, each kept referenced, whatever the free space looks like
+                              (other copies unreferenced): the fragmentation headroom included */
+} zo_store_tier_need;
+
+/**
+ * How many bytes `tier` (ZO_TIER_DEVICE or ZO_TIER_HOST) needs for the n
+ * tensors described (usable before zo_store_create(): set host_bytes or
+ * device_bytes from it). cfg may be NULL (defaults). A desc's bytes or
+ * shape and dtype give its size, as in zo_store_register().
+ * @return 0; -EINVAL (NULL out, n > 0 with descs NULL, a NULL desc, a desc
+ *         whose size is 0 or does not match its shape, tier not DEVICE or
+ *         HOST; struct_size mismatch).
+ */
+ZO_API int zo_store_tier_bytes_needed(const zo_store_config *cfg, zo_tier tier, const zo_tensor_desc *const *descs,
+                                      size_t n, zo_store_tier_need *out);
 
 /* ---- host copies and checkpoints ------------------------------------------------------ */
 /**

@@ -1,10 +1,20 @@
-/* skeleton: every entry point answers ZO_ENOTSUP until implemented */
-#define ZO_MODULE "optim"
-#include "core/internal.h"
-#include <zoffload/optim.h>
-#include <zoffload/dev.h>
+/*
+ * The offload optimizer engine: configuration, sub-group layout, buffers,
+ * gradient intake and the step calls of the driving thread. The update
+ * itself runs on the worker (step.c); state import/export and save/load are
+ * in state.c.
+ */
+#include "optim_internal.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <zoffload/mem.h>
+#include <zoffload/swap.h>
+#include <zoffload/vec.h>
 
 void zo_optim_group_default(zo_optim_group *g)
 {
@@ -44,152 +54,943 @@ void zo_optim_config_default(zo_optim_config *cfg)
     cfg->numa_node = -1;
 }
 
-int zo_optim_create(zo_optim **out, const zo_optim_config *cfg)
+void zo_optim_step_opts_default(zo_optim_step_opts *opts)
 {
-    return ZO_ENOTSUP;
-}
-
-void zo_optim_destroy(zo_optim **o)
-{
-    
+    if (!opts)
+        return;
+    memset(opts, 0, sizeof(*opts));
+    opts->struct_size = sizeof(*opts);
+    opts->global_sumsq = -1.0;
+    opts->global_nonfinite = -1;
 }
 
 const char *zo_optim_errmsg(const zo_optim *o)
 {
-    return "";
+    return o ? o->err.msg : "";
 }
+
+/* ---- helpers ------------------------------------------------------------------- */
+
+static const char *const state_suffix[ZO_OPTIM_STATE_COUNT] = {"master", "exp_avg", "exp_avg_sq"};
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+{
+    const unsigned char *b = p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+static uint64_t fnv_u64(uint64_t h, uint64_t v)
+{
+    return fnv1a(h, &v, sizeof(v));
+}
+
+/* Which states an optimizer uses. */
+static void states_used(zo_optim_kind k, int used[ZO_OPTIM_STATE_COUNT])
+{
+    used[ZO_OPTIM_STATE_MASTER] = 1;
+    used[ZO_OPTIM_STATE_EXP_AVG] = k != ZO_OPTIM_ADAGRAD;
+    used[ZO_OPTIM_STATE_EXP_AVG_SQ] = k != ZO_OPTIM_LION;
+}
+
+/* Validate hyperparameters by the kernel's own rules: one step on one element. */
+static int check_hparams(zo_optim *o, const zo_optim_hparams *hp, unsigned g, zo_dtype sdt)
+{
+    float p = 0.f, gr = 0.f, m = 0.f, v = 0.f;
+    uint16_t m16 = 0, v16 = 0;
+    zo_cpuadam_tensors t;
+    zo_cpuadam_tensors_default(&t);
+    t.n = 1;
+    t.param = &p;
+    t.grad = &gr;
+    t.grad_dtype = ZO_DTYPE_F32;
+    t.state_dtype = sdt;
+    t.exp_avg = sdt == ZO_DTYPE_BF16 ? (void *)&m16 : (void *)&m;
+    t.exp_avg_sq = sdt == ZO_DTYPE_BF16 ? (void *)&v16 : (void *)&v;
+    int r = zo_cpuadam_step(hp, &t, 1);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r == -EINVAL ? ZO_ECONFIG : r, "zo_optim_create: group %u hyperparameters: %s", g,
+                       zo_last_error_detail());
+    return 0;
+}
+
+void zo__acc_add(float *dst, const void *src, zo_dtype dt, size_t n, int first)
+{
+    if (first) {
+        zo_vec_cast(dst, ZO_DTYPE_F32, src, dt, n);
+        return;
+    }
+    if (dt == ZO_DTYPE_F32) {
+        const float *s = src;
+        for (size_t i = 0; i < n; i++)
+            dst[i] += s[i];
+    } else if (dt == ZO_DTYPE_BF16) {
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)s[i] << 16;
+            float f;
+            memcpy(&f, &u, sizeof(f));
+            dst[i] += f;
+        }
+    } else {
+        /* widen a tile at a time with the dispatched cast, then add */
+        float tmp[1024];
+        const uint16_t *s = src;
+        for (size_t i = 0; i < n; i += 1024) {
+            size_t k = ZO_MIN(n - i, (size_t)1024);
+            zo_vec_cast(tmp, ZO_DTYPE_F32, s + i, ZO_DTYPE_F16, k);
+            for (size_t j = 0; j < k; j++)
+                dst[i + j] += tmp[j];
+        }
+    }
+}
+
+/* Host memory the engine allocates: pinned (and registered with the device)
+ * when asked and within the budget, else ordinary aligned memory. */
+static int host_alloc(zo_optim *o, void **out, size_t bytes, int want_pinned, int *pinned)
+{
+    *pinned = 0;
+    if (want_pinned && o->cfg.pin_memory &&
+        (!o->cfg.pinned_bytes || o->pinned_bytes + bytes <= o->cfg.pinned_bytes)) {
+        zo_pin_opts po;
+        zo_pin_opts_default(&po);
+        po.numa_node = o->cfg.numa_node;
+        po.dev = o->dev;
+        po.flags = 0;
+        if (zo_pinned_alloc(out, bytes, &po) == 0) {
+            *pinned = 1;
+            o->pinned_bytes += bytes;
+            return 0;
+        }
+    }
+    int r = zo_aligned_alloc(out, ZO_ALIGN_UP(bytes, (size_t)64), 64);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_create: cannot allocate %zu bytes of host memory", bytes);
+    memset(*out, 0, bytes);
+    o->host_bytes += bytes;
+    return 0;
+}
+
+static void host_free(void *p, int pinned)
+{
+    if (pinned)
+        zo_pinned_free(p);
+    else
+        zo_aligned_free(p);
+}
+
+/* ---- layout --------------------------------------------------------------------- */
+
+static int layout(zo_optim *o, const zo_optim_config *cfg)
+{
+    unsigned nt = 0;
+    for (unsigned g = 0; g < cfg->ngroups; g++) {
+        const zo_optim_group *ug = &cfg->groups[g];
+        if (ug->struct_size < sizeof(zo_optim_group) && ug->struct_size != 0)
+            return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u struct_size %zu is not that of a zo_optim_group",
+                           g, ug->struct_size);
+        if (ug->struct_size > sizeof(zo_optim_group))
+            return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u struct_size %zu is newer than this library",
+                           g, ug->struct_size);
+        if (ug->ntensors == 0 || !ug->numel)
+            return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u has no tensors", g);
+        if (ug->ntensors > (1u << 24) || nt + ug->ntensors > (1u << 24))
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: more than 2^24 tensors");
+        nt += ug->ntensors;
+    }
+    o->groups = calloc(cfg->ngroups, sizeof(*o->groups));
+    o->tensors = calloc(nt, sizeof(*o->tensors));
+    if (!o->groups || !o->tensors)
+        return -ENOMEM;
+    o->ngroups = cfg->ngroups;
+    o->nt = nt;
+    uint64_t fp = 0xcbf29ce484222325ull;
+    fp = fnv_u64(fp, 1); /* layout version */
+    fp = fnv_u64(fp, (uint64_t)o->pdt);
+    fp = fnv_u64(fp, (uint64_t)o->gdt);
+    fp = fnv_u64(fp, cfg->ngroups);
+    unsigned ti = 0, nsg = 0;
+    uint64_t off = 0;
+    for (unsigned g = 0; g < cfg->ngroups; g++) {
+        const zo_optim_group *ug = &cfg->groups[g];
+        zo__og *og = &o->groups[g];
+        og->hp = ug->hparams ? *ug->hparams : cfg->hparams;
+        og->place = ug->placement == ZO_OPTIM_PLACE_DEFAULT ? cfg->placement : ug->placement;
+        if (og->place != ZO_OPTIM_PLACE_HOST && og->place != ZO_OPTIM_PLACE_NVME)
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u placement %d unknown", g, (int)og->place);
+        og->sgsize = ug->sub_group_size ? ug->sub_group_size : cfg->sub_group_size;
+        if (og->sgsize < 64 || og->sgsize > ((uint64_t)1 << 32))
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u sub_group_size %llu out of [64, 2^32]", g,
+                           (unsigned long long)og->sgsize);
+        og->sdt = ug->struct_size ? ug->state_dtype : ZO_DTYPE_F32;
+        if (og->sdt != ZO_DTYPE_F32 && og->sdt != ZO_DTYPE_BF16)
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_dtype %s (f32 or bf16)", g,
+                           zo_dtype_name(og->sdt));
+        if (og->hp.struct_size != sizeof(zo_optim_hparams) || og->hp.kind < 0 || og->hp.kind >= ZO_OPTIM_KIND_COUNT)
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u hparams not filled by "
+                           "zo_optim_hparams_default()", g);
+        og->hp.step = 1;
+        og->hp.grad_scale = 1.0;
+        og->hp.clip_coef = 1.0;
+        int r = check_hparams(o, &og->hp, g, og->sdt);
+        if (r < 0)
+            return r;
+        if (cfg->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE &&
+            ((og->hp.kind != ZO_OPTIM_ADAMW && og->hp.kind != ZO_OPTIM_ADAM) || og->sdt != ZO_DTYPE_F32))
+            return ZO_FAIL(&o->err, ZO_ECONFIG,
+                           "zo_optim_create: group %u: the speculative step needs Adam/AdamW with fp32 states "
+                           "(rollback), not %s with %s states", g,
+                           og->hp.kind == ZO_OPTIM_LION ? "Lion" : og->hp.kind == ZO_OPTIM_ADAGRAD ? "Adagrad" : "Adam",
+                           zo_dtype_name(og->sdt));
+        states_used(og->hp.kind, og->used);
+        og->first_tensor = ti;
+        og->ntensors = ug->ntensors;
+        og->off = off;
+        og->has_dev = ug->dev_params != NULL;
+        fp = fnv_u64(fp, (uint64_t)og->hp.kind);
+        fp = fnv_u64(fp, (uint64_t)og->sdt);
+        fp = fnv_u64(fp, og->sgsize);
+        fp = fnv_u64(fp, ug->ntensors);
+        for (unsigned i = 0; i < ug->ntensors; i++, ti++) {
+            zo__ot *t = &o->tensors[ti];
+            if (ug->numel[i] == 0 || ug->numel[i] > ((uint64_t)1 << 48))
+                return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u tensor %u has numel %llu", g, i,
+                               (unsigned long long)ug->numel[i]);
+            char def[48];
+            const char *nm = ug->names ? ug->names[i] : NULL;
+            if (!nm) {
+                snprintf(def, sizeof(def), "g%u.t%u", g, i);
+                nm = def;
+            }
+            size_t len = strlen(nm);
+            if (len == 0 || len > ZO_OPTIM_NAME_MAX || strchr(nm, '/'))
+                return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u tensor %u: name must be 1..%d bytes "
+                               "without '/'", g, i, ZO_OPTIM_NAME_MAX);
+            for (unsigned j = 0; j < ti; j++)
+                if (!strcmp(o->tensors[j].name, nm))
+                    return ZO_FAIL(&o->err, -EEXIST, "zo_optim_create: two tensors named '%s'", nm);
+            if (!(t->name = strdup(nm)))
+                return -ENOMEM;
+            t->numel = ug->numel[i];
+            t->off = off;
+            t->group = g;
+            t->dev = ug->dev_params ? ug->dev_params[i] : NULL;
+            if (ug->dev_params && !t->dev)
+                return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u tensor %u: dev_params entry NULL", g, i);
+            off += t->numel;
+            fp = fnv_u64(fp, t->numel);
+            fp = fnv1a(fp, nm, len + 1);
+        }
+        og->numel = off - og->off;
+        og->first_sg = nsg;
+        og->nsg = (unsigned)((og->numel + og->sgsize - 1) / og->sgsize);
+        nsg += og->nsg;
+    }
+    o->numel = off;
+    o->fingerprint = fp;
+    o->sgs = calloc(nsg, sizeof(*o->sgs));
+    if (!o->sgs)
+        return -ENOMEM;
+    o->nsg = nsg;
+    for (unsigned g = 0; g < o->ngroups; g++) {
+        zo__og *og = &o->groups[g];
+        for (unsigned k = 0; k < og->nsg; k++) {
+            zo__sg *sg = &o->sgs[og->first_sg + k];
+            sg->group = g;
+            sg->off = og->off + (uint64_t)k * og->sgsize;
+            sg->n = ZO_MIN(og->sgsize, og->off + og->numel - sg->off);
+        }
+    }
+    return 0;
+}
+
+static uint64_t state_bytes(const zo_optim *o, const zo__sg *sg, int k)
+{
+    return sg->n * (k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(o->groups[sg->group].sdt));
+}
+
+/* Store, swap and the sub-groups' store tensors. */
+static int make_store(zo_optim *o)
+{
+    uint64_t host_tier = 0;
+    int nvme = 0;
+    for (unsigned i = 0; i < o->nsg; i++) {
+        zo__sg *sg = &o->sgs[i];
+        zo__og *og = &o->groups[sg->group];
+        if (og->place == ZO_OPTIM_PLACE_NVME) {
+            nvme = 1;
+            continue;
+        }
+        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+            if (og->used[k])
+                host_tier += ZO_ALIGN_UP(state_bytes(o, sg, k), (uint64_t)4096);
+    }
+    if (nvme)
+        /* NVMe placement is built on the store's group-stream sweep API,
+         * which has not landed yet; no private I/O path in the meantime. */
+        return ZO_FAIL(&o->err, ZO_ENOTSUP,
+                       "zo_optim_create: NVMe placement needs the store's group streams (not in this build yet)");
+    size_t slot = (size_t)1 << 20;
+    unsigned slots = 8; /* zo_store_read/write, checkpoints and restores stream through the pool (restore needs > 4) */
+    uint64_t need = host_tier + (uint64_t)slots * slot + o->cfg.grad_staging_bytes;
+    if (o->cfg.pinned_bytes && need > o->cfg.pinned_bytes)
+        return ZO_FAIL(&o->err, ZO_EBUDGET,
+                       "zo_optim_create: pinned_bytes %llu cannot hold what host placement needs: %llu (masters and "
+                       "states %llu, pool %llu, gradient staging %zu)",
+                       (unsigned long long)o->cfg.pinned_bytes, (unsigned long long)need,
+                       (unsigned long long)host_tier, (unsigned long long)slots * slot, o->cfg.grad_staging_bytes);
+    zo_store_config sc;
+    zo_store_config_default(&sc);
+    sc.dev = NULL; /* the engine moves device data itself */
+    sc.host_bytes = host_tier;
+    sc.slot_size = slot;
+    sc.slots = slots;
+    sc.numa_node = o->cfg.numa_node;
+    sc.pin_flags = o->cfg.pin_memory ? 0 : ZO_PIN_NO_LOCK;
+    sc.trace = ZO_TRACE_OFF;
+    int r = zo_store_create(&o->store, &sc);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_create: store: %s", zo_last_error_detail());
+    o->pinned_bytes += host_tier + (uint64_t)slots * slot;
+    for (unsigned i = 0; i < o->nsg; i++) {
+        zo__sg *sg = &o->sgs[i];
+        zo__og *og = &o->groups[sg->group];
+        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++) {
+            if (!og->used[k])
+                continue;
+            char name[64];
+            snprintf(name, sizeof(name), "optim.sg%u.%s", i, state_suffix[k]);
+            zo_tensor_desc d;
+            zo_tensor_desc_default(&d);
+            d.name = name;
+            d.dtype = k == ZO_OPTIM_STATE_MASTER ? ZO_DTYPE_F32 : og->sdt;
+            d.ndim = 1;
+            d.shape[0] = sg->n;
+            d.home = og->place == ZO_OPTIM_PLACE_NVME ? ZO_TIER_NVME : ZO_TIER_HOST;
+            if ((r = zo_store_register(o->store, &d, &sg->t[k])) < 0)
+                return ZO_FAIL(&o->err, r, "zo_optim_create: registering %s: %s", name, zo_store_errmsg(o->store));
+        }
+    }
+    return 0;
+}
+
+int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
+{
+    if (out)
+        *out = NULL;
+    if (!out || !ucfg)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_create: NULL %s", out ? "cfg" : "out");
+    zo_optim *o = calloc(1, sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    o->efd = -1;
+    zo_optim_config_default(&o->cfg);
+    int r = ZO_STRUCT_IN(&o->cfg, ucfg, sizeof(zo_optim_config), &o->err, "zo_optim_create");
+    if (r < 0) {
+        free(o);
+        return r;
+    }
+    const zo_optim_config *cfg = &o->cfg;
+    pthread_mutex_init(&o->lock, NULL);
+    pthread_cond_init(&o->cond, NULL);
+    if (!cfg->dev) {
+        r = ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: no device (dev)");
+        goto fail;
+    }
+    if (!cfg->groups || cfg->ngroups == 0) {
+        r = ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: no parameter groups");
+        goto fail;
+    }
+    o->dev = cfg->dev;
+    o->pdt = cfg->param_dtype;
+    o->gdt = cfg->grad_dtype == ZO_DTYPE_COUNT ? cfg->param_dtype : cfg->grad_dtype;
+    if (o->pdt != ZO_DTYPE_F32 && o->pdt != ZO_DTYPE_BF16 && o->pdt != ZO_DTYPE_F16) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: param_dtype %s (bf16, f16 or f32)", zo_dtype_name(o->pdt));
+        goto fail;
+    }
+    if (o->gdt != ZO_DTYPE_F32 && o->gdt != ZO_DTYPE_BF16 && o->gdt != ZO_DTYPE_F16) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: grad_dtype %s (bf16, f16 or f32)", zo_dtype_name(o->gdt));
+        goto fail;
+    }
+    o->pes = zo_dtype_size(o->pdt);
+    o->ges = zo_dtype_size(o->gdt);
+    if (cfg->buffer_count < 4 || cfg->buffer_count > 1024) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: buffer_count %u out of [4, 1024]", cfg->buffer_count);
+        goto fail;
+    }
+    if (cfg->grad_staging_bytes < (64u << 10) || cfg->grad_staging_bytes > ((size_t)1 << 32)) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: grad_staging_bytes %zu out of [64 KiB, 4 GiB]",
+                    cfg->grad_staging_bytes);
+        goto fail;
+    }
+    if (cfg->grad_accum_steps < 1) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: grad_accum_steps must be >= 1");
+        goto fail;
+    }
+    if (!(cfg->max_grad_norm >= 0) || !isfinite(cfg->max_grad_norm)) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: max_grad_norm %g (finite, >= 0)", cfg->max_grad_norm);
+        goto fail;
+    }
+    if (!(cfg->loss_scale >= 0) || !isfinite(cfg->loss_scale) || cfg->initial_scale_power < 0 ||
+        cfg->initial_scale_power > 64 || cfg->loss_scale_window < 1 || cfg->hysteresis < 1 ||
+        !(cfg->min_loss_scale > 0) || !isfinite(cfg->min_loss_scale)) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG,
+                    "zo_optim_create: loss scaling out of range (loss_scale %g >= 0, initial_scale_power %d in "
+                    "[0, 64], loss_scale_window %u >= 1, hysteresis %u >= 1, min_loss_scale %g > 0)",
+                    cfg->loss_scale, cfg->initial_scale_power, cfg->loss_scale_window, cfg->hysteresis,
+                    cfg->min_loss_scale);
+        goto fail;
+    }
+    if ((unsigned)cfg->clip_mode > ZO_OPTIM_CLIP_SPECULATIVE || (unsigned)cfg->nonfinite > ZO_OPTIM_NONFINITE_SKIP ||
+        (cfg->dpu != 0 && cfg->dpu != 1) || cfg->nthreads < 0 || cfg->nthreads > 1024) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: clip_mode, nonfinite, dpu or nthreads out of range");
+        goto fail;
+    }
+    if ((r = layout(o, ucfg)) < 0)
+        goto fail;
+    o->cfg.groups = NULL;
+    o->cfg.nvme_path = NULL;
+    if (ucfg->nvme_path && !(o->nvme_path = strdup(ucfg->nvme_path))) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    zo__scaler_init(&o->scaler, cfg, o->pdt);
+    o->win_scale[0] = o->win_scale[1] = o->scaler.scale;
+    if ((r = make_store(o)) < 0)
+        goto fail;
+
+    zo_cpuadam_team_config tc;
+    zo_cpuadam_team_config_default(&tc);
+    if (cfg->nthreads)
+        tc.nthreads = cfg->nthreads;
+    if ((r = zo_cpuadam_team_create(&o->team, &tc)) < 0) {
+        ZO_FAIL(&o->err, r, "zo_optim_create: cpuadam team: %s", zo_last_error_detail());
+        goto fail;
+    }
+
+    /* buffers: accumulators (pageable: they are only touched by the CPU),
+     * staging (pinned: the DMA target), parameter buffers (pinned while the
+     * budget allows: the H2D source) */
+    o->nwin = cfg->dpu ? 2 : 1;
+    o->npbuf = cfg->dpu ? 2 : 1;
+    size_t accb, pb;
+    if (zo__mul_size((size_t)o->numel, 4, &accb) < 0 || zo__mul_size((size_t)o->numel, o->pes, &pb) < 0) {
+        r = ZO_FAIL(&o->err, -ENOMEM, "zo_optim_create: model too large");
+        goto fail;
+    }
+    for (unsigned w = 0; w < o->nwin; w++) {
+        int pinned;
+        if ((r = host_alloc(o, (void **)&o->acc[w], accb, 0, &pinned)) < 0)
+            goto fail;
+        if (!(o->arrivals[w] = calloc(o->nt, sizeof(uint32_t)))) {
+            r = -ENOMEM;
+            goto fail;
+        }
+    }
+    o->staging_bytes = cfg->grad_staging_bytes;
+    if ((r = host_alloc(o, &o->staging, o->staging_bytes, 1, &o->staging_pinned)) < 0)
+        goto fail;
+    for (unsigned b = 0; b < o->npbuf; b++)
+        if ((r = host_alloc(o, &o->pbuf[b], pb, 1, &o->pbuf_pinned[b])) < 0)
+            goto fail;
+    if ((r = zo_stream_create(o->dev, &o->d2h)) < 0 || (r = zo_stream_create(o->dev, &o->h2d)) < 0 ||
+        (r = zo_event_create(o->dev, &o->ev_win[0])) < 0 || (r = zo_event_create(o->dev, &o->ev_win[1])) < 0) {
+        ZO_FAIL(&o->err, r, "zo_optim_create: device streams: %s", zo_dev_errmsg(o->dev));
+        goto fail;
+    }
+    o->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (o->efd < 0) {
+        r = ZO_FAIL(&o->err, -errno, "zo_optim_create: eventfd: %s", zo_strerror(-errno));
+        goto fail;
+    }
+    o->params_current = 1;
+    o->ws = ZO__W_IDLE;
+    if ((r = -pthread_create(&o->worker, NULL, zo__optim_worker, o)) < 0) {
+        ZO_FAIL(&o->err, r, "zo_optim_create: worker thread");
+        goto fail;
+    }
+    o->worker_started = 1;
+    *out = o;
+    return 0;
+fail:
+    zo_optim_destroy(&o);
+    return r;
+}
+
+void zo_optim_destroy(zo_optim **op)
+{
+    if (!op || !*op)
+        return;
+    zo_optim *o = *op;
+    *op = NULL;
+    if (o->worker_started) {
+        pthread_mutex_lock(&o->lock);
+        while (o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING)
+            pthread_cond_wait(&o->cond, &o->lock);
+        pthread_mutex_unlock(&o->lock);
+        zo__wstate_set(o, ZO__W_EXIT);
+        pthread_join(o->worker, NULL);
+    }
+    if (o->d2h)
+        zo_stream_sync(o->d2h);
+    if (o->h2d)
+        zo_stream_sync(o->h2d);
+    zo_stream_destroy(&o->d2h);
+    zo_stream_destroy(&o->h2d);
+    zo_event_destroy(&o->ev_win[0]);
+    zo_event_destroy(&o->ev_win[1]);
+    zo_cpuadam_team_destroy(&o->team);
+    zo_store_destroy(&o->store);
+    if (o->own_swap)
+        zo_swap_destroy(&o->swap);
+    for (unsigned w = 0; w < 2; w++) {
+        zo_aligned_free(o->acc[w]);
+        free(o->arrivals[w]);
+        if (o->pbuf[w])
+            host_free(o->pbuf[w], o->pbuf_pinned[w]);
+    }
+    if (o->staging)
+        host_free(o->staging, o->staging_pinned);
+    if (o->efd >= 0)
+        close(o->efd);
+    if (o->tensors)
+        for (unsigned i = 0; i < o->nt; i++)
+            free(o->tensors[i].name);
+    free(o->tensors);
+    free(o->groups);
+    free(o->sgs);
+    free(o->nvme_path);
+    pthread_mutex_destroy(&o->lock);
+    pthread_cond_destroy(&o->cond);
+    free(o);
+}
+
+/* ---- tensors ------------------------------------------------------------------- */
 
 unsigned zo_optim_tensor_count(const zo_optim *o)
 {
-    return 0;
+    return o ? o->nt : 0;
 }
 
 int zo_optim_tensor_index(const zo_optim *o, const char *name, unsigned *index)
 {
-    return ZO_ENOTSUP;
+    if (!o || !name || !index)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_tensor_index: NULL argument");
+    for (unsigned i = 0; i < o->nt; i++)
+        if (!strcmp(o->tensors[i].name, name)) {
+            *index = i;
+            return 0;
+        }
+    return ZO_FAIL(NULL, -ENOENT, "zo_optim_tensor_index: no tensor '%s'", name);
 }
 
 int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *numel, unsigned *group, const char **name)
 {
-    return ZO_ENOTSUP;
+    if (!o || index >= o->nt)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_tensor_get: %s", o ? "index out of range" : "NULL engine");
+    if (numel)
+        *numel = o->tensors[index].numel;
+    if (group)
+        *group = o->tensors[index].group;
+    if (name)
+        *name = o->tensors[index].name;
+    return 0;
 }
 
-int zo_optim_init_from_device(zo_optim *o)
+/* ---- gradient intake -------------------------------------------------------------- */
+
+typedef struct d2h_job {
+    zo_optim *o;
+    float *dst;
+    size_t n;
+    int first;
+    unsigned win;
+    uint64_t t0;
+} d2h_job;
+
+static void d2h_begin(void *arg)
 {
-    return ZO_ENOTSUP;
+    ((d2h_job *)arg)->t0 = zo__now_ns();
 }
 
-int zo_optim_state_export(zo_optim *o, unsigned index, zo_optim_state which, void *dst, zo_dtype dtype, uint64_t off, uint64_t n)
+static void d2h_land(void *arg)
 {
-    return ZO_ENOTSUP;
+    d2h_job *j = arg;
+    zo__acc_add(j->dst, j->o->staging, j->o->gdt, j->n, j->first);
+    atomic_fetch_add(&j->o->d2h_ns[j->win], zo__now_ns() - j->t0);
+    atomic_fetch_add(&j->o->d2h_bytes[j->win], (uint64_t)j->n * j->o->ges);
+    free(j);
 }
 
-int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, const void *src, zo_dtype dtype, uint64_t off, uint64_t n)
+/* Gradients may be handed over unless the worker is applying the window they
+ * would land in (possible only without DPU: one window). */
+static int intake_ok(zo_optim *o, const char *fn)
 {
-    return ZO_ENOTSUP;
+    pthread_mutex_lock(&o->lock);
+    /* DONE counts too: without DPU the window is free only once wait() collected the step */
+    int busy = o->ws != ZO__W_IDLE && o->job.win == o->win;
+    pthread_mutex_unlock(&o->lock);
+    if (busy)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "%s: a step is being applied to the accumulators: zo_optim_wait() first",
+                       fn);
+    return 0;
 }
 
-int zo_optim_push_params(zo_optim *o)
+static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
 {
-    return ZO_ENOTSUP;
-}
-
-int zo_optim_grad(zo_optim *o, unsigned index, const void *dev_grad, struct zo_event *ready)
-{
-    return ZO_ENOTSUP;
+    zo__ot *t = &o->tensors[index];
+    unsigned w = o->win;
+    int first = o->arrivals[w][index]++ == 0;
+    size_t chunk = o->staging_bytes / o->ges;
+    for (uint64_t e = 0; e < t->numel; e += chunk) {
+        size_t n = (size_t)ZO_MIN((uint64_t)chunk, t->numel - e);
+        d2h_job *j = malloc(sizeof(*j));
+        if (!j)
+            return -ENOMEM;
+        *j = (d2h_job){.o = o, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w};
+        int r;
+        if ((r = zo_stream_host_fn(o->d2h, d2h_begin, j)) < 0 ||
+            (r = zo_memcpy_async(o->d2h, o->staging, (const char *)dev_grad + e * o->ges, n * o->ges,
+                                 ZO_COPY_D2H)) < 0 ||
+            (r = zo_stream_host_fn(o->d2h, d2h_land, j)) < 0) {
+            /* the job may already be queued (begin): it is leaked rather than freed under the stream */
+            return ZO_FAIL(&o->err, r, "zo_optim_grad: tensor '%s': queueing the copy: %s", t->name,
+                           zo_dev_errmsg(o->dev));
+        }
+    }
+    return 0;
 }
 
 int zo_optim_grad_bucket(zo_optim *o, const zo_optim_grad_ref *refs, unsigned n, struct zo_event *ready)
 {
-    return ZO_ENOTSUP;
+    if (!o || (!refs && n))
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_grad: NULL argument");
+    int r = intake_ok(o, "zo_optim_grad");
+    if (r < 0)
+        return r;
+    for (unsigned i = 0; i < n; i++)
+        if (refs[i].index >= o->nt || !refs[i].dev_grad)
+            return ZO_FAIL(&o->err, -EINVAL, "zo_optim_grad: entry %u: %s", i,
+                           refs[i].dev_grad ? "tensor index out of range" : "NULL gradient");
+    if (ready && (r = zo_stream_wait_event(o->d2h, ready)) < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_grad: waiting on the ready event: %s", zo_dev_errmsg(o->dev));
+    for (unsigned i = 0; i < n; i++)
+        if ((r = grad_one(o, refs[i].index, refs[i].dev_grad)) < 0)
+            return r;
+    return 0;
+}
+
+int zo_optim_grad(zo_optim *o, unsigned index, const void *dev_grad, struct zo_event *ready)
+{
+    zo_optim_grad_ref ref = {.index = index, .dev_grad = dev_grad};
+    return zo_optim_grad_bucket(o, &ref, 1, ready);
 }
 
 int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dtype dtype)
 {
-    return ZO_ENOTSUP;
+    if (!o || !host_grad || index >= o->nt)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_grad_host: %s",
+                       !o || !host_grad ? "NULL argument" : "tensor index out of range");
+    if (dtype != ZO_DTYPE_F32 && dtype != ZO_DTYPE_BF16 && dtype != ZO_DTYPE_F16)
+        return ZO_FAIL(&o->err, ZO_ENOTSUP, "zo_optim_grad_host: dtype %s (f32, bf16 or f16)", zo_dtype_name(dtype));
+    int r = intake_ok(o, "zo_optim_grad_host");
+    if (r < 0)
+        return r;
+    /* queued device copies of the same tensor land first: keep the order */
+    if ((r = zo_stream_sync(o->d2h)) < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_grad_host: an earlier gradient copy failed: %s", zo_dev_errmsg(o->dev));
+    zo__ot *t = &o->tensors[index];
+    unsigned w = o->win;
+    int first = o->arrivals[w][index]++ == 0;
+    uint64_t t0 = zo__now_ns();
+    zo__acc_add(o->acc[w] + t->off, host_grad, dtype, (size_t)t->numel, first);
+    atomic_fetch_add(&o->d2h_ns[w], zo__now_ns() - t0);
+    atomic_fetch_add(&o->d2h_bytes[w], t->numel * zo_dtype_size(dtype));
+    return 0;
 }
 
 int zo_optim_grads_done(zo_optim *o)
 {
-    return ZO_ENOTSUP;
+    if (!o)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_grads_done: NULL engine");
+    int r = zo_stream_sync(o->d2h);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_grads_done: a gradient copy failed: %s", zo_dev_errmsg(o->dev));
+    return 0;
 }
 
 int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite)
 {
-    return ZO_ENOTSUP;
+    if (!o)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_grad_norm_partial: NULL engine");
+    int r = intake_ok(o, "zo_optim_grad_norm_partial");
+    if (r < 0)
+        return r;
+    if ((r = zo_optim_grads_done(o)) < 0)
+        return r;
+    unsigned w = o->win;
+    /* tensors without a gradient this window are zero */
+    for (unsigned i = 0; i < o->nt; i++)
+        if (!o->arrivals[w][i]) {
+            memset(o->acc[w] + o->tensors[i].off, 0, o->tensors[i].numel * 4);
+            o->arrivals[w][i] = 1;
+        }
+    double s = 0;
+    uint64_t nf = 0;
+    if ((r = zo__sg_stats(o, o->acc[w], &s, &nf)) < 0)
+        return r;
+    if (sumsq)
+        *sumsq = s;
+    if (nonfinite)
+        *nonfinite = nf;
+    return 0;
 }
 
-void zo_optim_step_opts_default(zo_optim_step_opts *opts)
+/* ---- the step calls ---------------------------------------------------------------- */
+
+/* Wait for the worker to finish a job and collect its result. */
+static int collect(zo_optim *o, zo_optim_step_result *res)
 {
-    
+    pthread_mutex_lock(&o->lock);
+    while (o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING)
+        pthread_cond_wait(&o->cond, &o->lock);
+    int r = 0;
+    if (o->ws == ZO__W_DONE) {
+        r = o->job_err;
+        if (res)
+            *res = o->job_res;
+        pthread_mutex_unlock(&o->lock);
+        zo__wstate_set(o, ZO__W_IDLE);
+        return r;
+    }
+    pthread_mutex_unlock(&o->lock);
+    return r;
 }
 
-int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *opts)
+/* DPU: the parameters of the latest update go to the device now. */
+static int push_pending(zo_optim *o)
 {
-    return ZO_ENOTSUP;
+    if (!o->push_pending)
+        return 0;
+    uint64_t t0 = zo__now_ns();
+    int r = zo__push_range(o, o->pcur, 0, o->numel);
+    if (r == 0)
+        r = zo_stream_sync(o->h2d);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: copying the parameters to the device: %s", zo_dev_errmsg(o->dev));
+    o->push_pending = 0;
+    pthread_mutex_lock(&o->lock);
+    o->tl.h2d_ns += zo__now_ns() - t0;
+    o->tl.h2d_bytes += o->numel * o->pes;
+    pthread_mutex_unlock(&o->lock);
+    o->params_current = 1;
+    return 0;
+}
+
+int zo__optim_quiesce(zo_optim *o, const char *fn)
+{
+    int r = collect(o, NULL);
+    int r2 = push_pending(o);
+    (void)fn;
+    return r < 0 ? r : r2;
+}
+
+int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
+{
+    if (!o)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_step_async: NULL engine");
+    zo_optim_step_opts opts;
+    zo_optim_step_opts_default(&opts);
+    int r;
+    if (uopts && (r = ZO_STRUCT_IN(&opts, uopts, sizeof(zo_optim_step_opts), &o->err, "zo_optim_step_async")) < 0)
+        return r;
+    if (opts.global_nonfinite < -1 || opts.global_nonfinite > 1 || isnan(opts.global_sumsq))
+        return ZO_FAIL(&o->err, -EINVAL, "zo_optim_step_async: global_nonfinite %d / global_sumsq %g out of range",
+                       opts.global_nonfinite, opts.global_sumsq);
+    uint64_t t_call = zo__now_ns();
+    pthread_mutex_lock(&o->lock);
+    int busy = o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING || o->ws == ZO__W_DONE;
+    pthread_mutex_unlock(&o->lock);
+    o->micro++;
+    int boundary = o->micro % o->cfg.grad_accum_steps == 0;
+    if (!boundary) {
+        if ((r = zo_optim_grads_done(o)) < 0)
+            return r;
+        return 0;
+    }
+    if (busy && !o->cfg.dpu) {
+        o->micro--;
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_step_async: a step is in flight: zo_optim_wait() first");
+    }
+    /* DPU: finish the previous update and copy its params (the framework's
+     * backward is done with the old ones by now) */
+    int prev_err = collect(o, NULL);
+    if ((r = push_pending(o)) < 0)
+        return r;
+    o->boundaries++;
+    int delayed = o->cfg.dpu && o->boundaries > o->cfg.dpu_warmup_steps;
+    zo__job job = {.win = o->win,
+                   .pbuf = o->npbuf == 2 ? o->pcur ^ 1u : 0,
+                   .delayed = delayed,
+                   .scale = o->win_scale[o->win],
+                   .opts = opts,
+                   .t_call = t_call};
+    if ((r = zo_event_record(o->ev_win[o->win], o->d2h)) < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_step_async: %s", zo_dev_errmsg(o->dev));
+    pthread_mutex_lock(&o->lock);
+    o->job = job;
+    o->job_err = 0;
+    memset(&o->job_res, 0, sizeof(o->job_res));
+    pthread_mutex_unlock(&o->lock);
+    o->params_current = 0;
+    /* the next window opens now: with DPU it is the other accumulator; its
+     * gradients carry the scale known now (read before the worker owns the
+     * scaler again) */
+    unsigned next = (o->win + 1) % o->nwin;
+    o->win_scale[next] = o->scaler.scale;
+    zo__wstate_set(o, ZO__W_QUEUED);
+    o->win = next;
+    return prev_err;
 }
 
 int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
 {
-    return ZO_ENOTSUP;
+    if (!o)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_wait: NULL engine");
+    zo_optim_step_result rr;
+    memset(&rr, 0, sizeof(rr));
+    int r = collect(o, &rr);
+    if (!rr.boundary) {
+        /* nothing was in flight: no boundary ended here */
+        pthread_mutex_lock(&o->lock);
+        rr.step = o->step;
+        pthread_mutex_unlock(&o->lock);
+        rr.loss_scale = o->win_scale[o->win];
+        rr.clip_coef = 1.0;
+    }
+    int r2 = push_pending(o);
+    if (res)
+        *res = rr;
+    if (r == 0 && r2 == 0) {
+        o->params_current = 1;
+        o->win_scale[o->win] = o->scaler.scale;
+    }
+    return r < 0 ? r : r2;
 }
 
 int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res)
 {
-    return ZO_ENOTSUP;
+    int r = zo_optim_step_async(o, opts);
+    int r2 = o ? zo_optim_wait(o, res) : r;
+    return r < 0 ? r : r2;
 }
 
 int zo_optim_poll(zo_optim *o)
 {
-    return ZO_ENOTSUP;
+    if (!o)
+        return -EINVAL;
+    pthread_mutex_lock(&o->lock);
+    int r = o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING ? ZO_PENDING : o->ws == ZO__W_DONE ? o->job_err : 0;
+    pthread_mutex_unlock(&o->lock);
+    return r;
 }
 
 int zo_optim_eventfd(zo_optim *o)
 {
-    return ZO_ENOTSUP;
+    return o ? o->efd : -EINVAL;
 }
 
 int zo_optim_params_current(zo_optim *o)
 {
-    return ZO_ENOTSUP;
+    return o ? o->params_current : -EINVAL;
+}
+
+int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res)
+{
+    if (!o || !res)
+        return -EINVAL;
+    pthread_mutex_lock(&o->lock);
+    int r = o->have_res ? 0 : -ENOENT;
+    if (o->have_res)
+        *res = o->last_res;
+    pthread_mutex_unlock(&o->lock);
+    return r;
+}
+
+double zo_optim_loss_scale(const zo_optim *o)
+{
+    return o ? o->win_scale[o->win] : 0.0;
 }
 
 int zo_optim_set_lr(zo_optim *o, unsigned group, double lr)
 {
-    return ZO_ENOTSUP;
+    if (!o || group >= o->ngroups)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_lr: %s", o ? "group out of range" : "NULL engine");
+    zo_optim_hparams hp = o->groups[group].hp;
+    hp.lr = lr;
+    return zo_optim_set_hparams(o, group, &hp);
 }
 
-int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *hp)
+int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uhp)
 {
-    return ZO_ENOTSUP;
+    if (!o || group >= o->ngroups || !uhp)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_hparams: %s",
+                       !o || !uhp ? "NULL argument" : "group out of range");
+    zo__og *og = &o->groups[group];
+    if (uhp->struct_size != sizeof(zo_optim_hparams) || uhp->kind != og->hp.kind)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_set_hparams: struct_size or optimizer kind differs");
+    zo_optim_hparams hp = *uhp;
+    hp.step = 1;
+    hp.grad_scale = 1.0;
+    hp.clip_coef = 1.0;
+    int r = check_hparams(o, &hp, group, og->sdt);
+    if (r < 0)
+        return r;
+    /* the worker reads hp while it runs: change it between steps only */
+    pthread_mutex_lock(&o->lock);
+    while (o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING)
+        pthread_cond_wait(&o->cond, &o->lock);
+    og->hp = hp;
+    pthread_mutex_unlock(&o->lock);
+    return 0;
 }
 
 int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
 {
-    return ZO_ENOTSUP;
-}
-
-int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep_last, const char *user_json)
-{
-    return ZO_ENOTSUP;
-}
-
-int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_json, size_t len)
-{
-    return ZO_ENOTSUP;
+    if (!o || !host || index >= o->nt)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_param_buffer: %s",
+                       !o || !host ? "NULL argument" : "index out of range");
+    pthread_mutex_lock(&o->lock);
+    int busy = (o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING) && o->npbuf == 1;
+    unsigned b = o->pcur;
+    pthread_mutex_unlock(&o->lock);
+    if (busy)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_param_buffer: a step is writing the buffer: wait first");
+    *host = (const char *)o->pbuf[b] + o->tensors[index].off * o->pes;
+    return 0;
 }
 
 int zo_optim_get_info(zo_optim *o, zo_optim_info *info)
 {
-    return ZO_ENOTSUP;
-}
-
-int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl)
-{
-    return ZO_ENOTSUP;
-}
-
-int zo_optim_timeline_json(zo_optim *o, char *buf, size_t len)
-{
-    return ZO_ENOTSUP;
+    if (!o || !info)
+        return -EINVAL;
+    memset(info, 0, sizeof(*info));
+    pthread_mutex_lock(&o->lock);
+    info->step = o->step;
+    info->skipped_steps = o->skipped;
+    info->rollbacks = o->rollbacks;
+    pthread_mutex_unlock(&o->lock);
+    info->micro_steps = o->micro;
+    info->loss_scale = o->win_scale[o->win];
+    info->ntensors = o->nt;
+    info->ngroups = o->ngroups;
+    info->nsubgroups = o->nsg;
+    info->numel = o->numel;
+    info->pinned_bytes = o->pinned_bytes;
+    info->host_bytes = o->host_bytes;
+    info->dpu_active = o->cfg.dpu && o->boundaries > o->cfg.dpu_warmup_steps;
+    return 0;
 }

@@ -182,6 +182,8 @@ static void job_finish(zo_store *s, zo__job *j)
 {
     if (j->kind == JOB_STREAM)
         zo__stream_piece_done(s, j);
+    else if (j->kind == JOB_SWEEP)
+        zo__sweep_piece_done(s, j);
     else
         zo__store_job_done(s, j);
     s->jobs_active--;

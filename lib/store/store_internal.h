@@ -104,7 +104,7 @@ typedef struct zo__ep {
     int fixed;           /* a slot: offsets do not apply */
 } zo__ep;
 
-enum { JOB_LOAD = 0, JOB_WRITEBACK = 1, JOB_STREAM = 2 };
+enum { JOB_LOAD = 0, JOB_WRITEBACK = 1, JOB_STREAM = 2, JOB_SWEEP = 3 };
 
 struct zo__job {
     zo_store *s;
@@ -123,6 +123,7 @@ struct zo__job {
     int err;
     char detail[ZO_ERRMSG_LEN];
     struct zo_store_stream *stream; /* JOB_STREAM */
+    struct zo_store_sweep *sweep;   /* JOB_SWEEP (spiece: the frame) */
     unsigned spiece;     /* JOB_STREAM: index in the stream ring */
     int queued;          /* in a slot wait queue */
     zo__job *qnext;
@@ -210,6 +211,7 @@ struct zo_store {
     unsigned pool_peak, pool_in_use;
     zo__job *slotq_hi, *slotq_lo; /* jobs waiting for a slot */
     struct zo_store_stream *streams; /* open streams */
+    struct zo_store_sweep *sweeps;   /* open group sweeps (sweep.c) */
 
     /* tensors */
     zo_tensor *tensors;
@@ -283,7 +285,17 @@ void zo__trace_free(zo_store *s);
 /* stream.c */
 void zo__stream_piece_done(zo_store *s, zo__job *j);
 void zo__streams_pump(zo_store *s);
+/* Why t cannot be streamed with `mode` now (NULL: it can). *settling: a
+ * write would have to wait for transfers of it in flight first. */
+const char *zo__stream_claim_busy(zo_store *s, zo_tensor *t, unsigned mode, int *settling);
 /* tests: see zo_store.write_hook (NULL: none) */
 void zo__store_set_write_hook(zo_store *s, void (*fn)(zo_store *s, zo_tensor *t, void *user), void *user);
+
+/* sweep.c */
+void zo__sweep_piece_done(zo_store *s, zo__job *j);
+void zo__sweeps_pump(zo_store *s);
+/* Allocation granules of the tier arenas (zo_store_create) */
+#define ZO__DEV_GRANULE 256u
+#define ZO__HOST_GRANULE 4096u
 
 #endif /* ZO_STORE_INTERNAL_H */

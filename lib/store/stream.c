@@ -72,6 +72,7 @@ void zo__streams_pump(zo_store *s)
 {
     for (zo_store_stream *st = s->streams; st; st = st->snext)
         stream_pump(s, st);
+    zo__sweeps_pump(s);
 }
 
 void zo__stream_piece_done(zo_store *s, zo__job *j)
@@ -99,6 +100,26 @@ void zo__stream_piece_done(zo_store *s, zo__job *j)
     pthread_cond_broadcast(&s->cond);
 }
 
+const char *zo__stream_claim_busy(zo_store *s, zo_tensor *t, unsigned mode, int *settling)
+{
+    const char *busy = NULL;
+    *settling = 0;
+    if (t->stream_write)
+        busy = "a write stream is open on it";
+    else if (t->dying)
+        busy = "it is being unregistered";
+    else if ((mode & ZO_STREAM_WRITE) && s->ckpt_active)
+        busy = "a checkpoint is being written";
+    for (int x = 0; !busy && x < ZO__NTIERS; x++)
+        if (t->c[x].write_held)
+            busy = "it is held for writing";
+    /* a write stream waits for transfers of the tensor to finish */
+    *settling = !busy && (mode & ZO_STREAM_WRITE) && zo__tensor_busy(t);
+    if (*settling && (t->streams || t->c[ZO_TIER_DEVICE].refs || t->c[ZO_TIER_HOST].refs))
+        busy = "it is referenced or streamed";
+    return busy;
+}
+
 /* Open a stream over [r0, r1) (piece aligned). Lock held. wait: block until
  * slots and the tensor are free instead of returning -EBUSY. need_home: the
  * home copy must be current once nothing is in flight (a write of part of
@@ -115,21 +136,8 @@ static int stream_open_locked(zo_store *s, zo_tensor *t, unsigned mode, unsigned
                        "store stream: depth %u needs %u slots; the pool has %u (one is kept for transfers)", depth,
                        quota, s->nslots);
     for (;;) {
-        const char *busy = NULL;
-        int slots = 0;
-        if (t->stream_write)
-            busy = "a write stream is open on it";
-        else if (t->dying)
-            busy = "it is being unregistered";
-        else if ((mode & ZO_STREAM_WRITE) && s->ckpt_active)
-            busy = "a checkpoint is being written";
-        for (int x = 0; !busy && x < ZO__NTIERS; x++)
-            if (t->c[x].write_held)
-                busy = "it is held for writing";
-        /* a write stream waits for transfers of the tensor to finish */
-        int settling = !busy && (mode & ZO_STREAM_WRITE) && zo__tensor_busy(t);
-        if (settling && (t->streams || t->c[ZO_TIER_DEVICE].refs || t->c[ZO_TIER_HOST].refs))
-            busy = "it is referenced or streamed";
+        int slots = 0, settling;
+        const char *busy = zo__stream_claim_busy(s, t, mode, &settling);
         if (!busy && !settling && s->reserved + quota > s->nslots - 1) {
             busy = "not enough unreserved pool slots (other streams hold them)";
             slots = 1;

@@ -1,0 +1,162 @@
+/*
+ * Internal state of the offload optimizer engine (include/zoffload/optim.h).
+ *
+ * Threads: the caller's thread drives the engine (one at a time, the API's
+ * contract); one worker thread runs the updates. Ownership between them:
+ *  - the caller thread owns the intake window `win` (acc[win], arrivals[win],
+ *    the d2h stream) and the counters only it changes (micro, boundaries);
+ *  - while a job is queued or running, the worker owns acc[job.win],
+ *    arrivals[job.win], pbuf[job.pbuf], the store tensors, the team, the h2d
+ *    stream, and the counters the update changes (step, scaler...), which it
+ *    publishes under `lock` when it finishes.
+ */
+#ifndef ZO_OPTIM_INTERNAL_H
+#define ZO_OPTIM_INTERNAL_H
+
+#define ZO_MODULE "optim"
+#include "core/internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include <zoffload/dev.h>
+#include <zoffload/optim.h>
+#include <zoffload/store.h>
+#include <zoffload/swap.h>
+
+#define ZO_OPTIM_NAME_MAX 200
+
+/* One tensor as the framework declared it: a range of the flat element space. */
+typedef struct zo__ot {
+    char *name;
+    uint64_t numel;
+    uint64_t off;   /* global flat element offset */
+    unsigned group;
+    void *dev;      /* device params, or NULL */
+} zo__ot;
+
+/* A sub-group: the unit of the step; its states are store tensors. */
+typedef struct zo__sg {
+    unsigned group;
+    uint64_t off; /* global flat element offset */
+    uint64_t n;
+    zo_tensor *t[ZO_OPTIM_STATE_COUNT]; /* NULL for a state the optimizer does not use */
+} zo__sg;
+
+typedef struct zo__og {
+    zo_optim_hparams hp;
+    zo_optim_placement place;
+    uint64_t sgsize;
+    zo_dtype sdt;
+    unsigned first_tensor, ntensors;
+    unsigned first_sg, nsg;
+    uint64_t off, numel;
+    int has_dev;
+    int used[ZO_OPTIM_STATE_COUNT];
+} zo__og;
+
+/* Worker state machine: one transition function, zo__wstate_set(). */
+typedef enum zo__wstate {
+    ZO__W_IDLE = 0,    /* no job; result (if any) collected */
+    ZO__W_QUEUED = 1,  /* a job waits for the worker */
+    ZO__W_RUNNING = 2, /* the worker runs it */
+    ZO__W_DONE = 3,    /* finished; result not yet collected */
+    ZO__W_EXIT = 4,    /* destroy asked the worker to leave */
+} zo__wstate;
+
+typedef struct zo__job {
+    unsigned win;           /* accumulator window holding the gradients */
+    unsigned pbuf;          /* parameter buffer the update writes */
+    int delayed;            /* DPU: do not copy the params to the device */
+    double scale;           /* loss scale the window's gradients carry */
+    zo_optim_step_opts opts;
+    uint64_t t_call;        /* when the boundary's step call came */
+} zo__job;
+
+/* DeepSpeed's DynamicLossScaler state. */
+typedef struct zo__scaler {
+    int dynamic;
+    double scale;
+    int64_t cur_iter, last_overflow_iter;
+    unsigned cur_hysteresis;
+} zo__scaler;
+
+struct zo_optim {
+    zo_optim_config cfg; /* caller's config; groups/nvme_path pointers cleared */
+    char *nvme_path;
+    zo_errbuf err;
+    zo_dev *dev;
+    zo_dtype pdt, gdt;
+    size_t pes, ges;
+
+    zo__og *groups;
+    unsigned ngroups;
+    zo__ot *tensors;
+    unsigned nt;
+    zo__sg *sgs;
+    unsigned nsg;
+    uint64_t numel;
+    uint64_t fingerprint;
+
+    zo_swap *swap;
+    int own_swap;
+    zo_store *store;
+    zo_cpuadam_team *team;
+
+    /* gradient intake */
+    unsigned nwin;      /* 2 under DPU, else 1 */
+    unsigned win;       /* window receiving gradients */
+    float *acc[2];
+    uint32_t *arrivals[2];
+    double win_scale[2];
+    void *staging;
+    size_t staging_bytes;
+    int staging_pinned;
+    zo_stream *d2h, *h2d;
+    zo_event *ev_win[2];
+    _Atomic uint64_t d2h_ns[2], d2h_bytes[2];
+
+    /* parameter buffers (param dtype, flat layout) */
+    void *pbuf[2];
+    int pbuf_pinned[2];
+    unsigned npbuf;
+    unsigned pcur;       /* buffer holding the latest applied update */
+    int push_pending;    /* DPU: pbuf[pcur] not yet copied to the device */
+    _Atomic int params_current;
+
+    /* worker */
+    pthread_t worker;
+    int worker_started;
+    pthread_mutex_t lock;
+    pthread_cond_t cond;
+    zo__wstate ws;
+    zo__job job;
+    int job_err;
+    zo_optim_step_result job_res;
+    int efd;
+
+    /* counters (published under lock by the worker) */
+    int64_t step;
+    uint64_t micro, boundaries, skipped, rollbacks;
+    zo__scaler scaler;
+    zo_optim_step_result last_res;
+    int have_res;
+    zo_optim_timeline tl;
+    int have_tl;
+
+    uint64_t pinned_bytes, host_bytes;
+};
+
+/* step.c */
+void *zo__optim_worker(void *arg);
+int zo__wstate_set(zo_optim *o, zo__wstate to);
+void zo__scaler_init(zo__scaler *sc, const zo_optim_config *cfg, zo_dtype pdt);
+void zo__scaler_update(zo__scaler *sc, const zo_optim_config *cfg, int overflow);
+int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi);
+int zo__sg_stats(zo_optim *o, const float *acc, double *sumsq, uint64_t *nonfinite);
+
+/* optim.c */
+int zo__optim_quiesce(zo_optim *o, const char *fn);
+void zo__acc_add(float *dst, const void *src, zo_dtype dt, size_t n, int first);
+
+#endif /* ZO_OPTIM_INTERNAL_H */

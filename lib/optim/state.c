@@ -1,0 +1,416 @@
+/*
+ * The engine's state seen from outside: initialisation of the masters,
+ * per-tensor export / import of masters and states, save / load through the
+ * store's crash-safe checkpoints, and the timeline.
+ */
+#include "optim_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zoffload/swap.h>
+#include <zoffload/vec.h>
+
+#define TILE_ELEMS ((size_t)1 << 20) /* elements staged per store read / write */
+
+/* dst (ddt) = src (sdt): zo_vec_cast where it has the pair, else via fp32. */
+static int convert(void *dst, zo_dtype ddt, const void *src, zo_dtype sdt, size_t n, float *scratch)
+{
+    if (ddt == sdt || ddt == ZO_DTYPE_F32 || sdt == ZO_DTYPE_F32)
+        return zo_vec_cast(dst, ddt, src, sdt, n);
+    int r = zo_vec_cast(scratch, ZO_DTYPE_F32, src, sdt, n);
+    return r < 0 ? r : zo_vec_cast(dst, ddt, scratch, ZO_DTYPE_F32, n);
+}
+
+static int check_range(zo_optim *o, const char *fn, unsigned index, zo_optim_state which, zo_dtype dtype,
+                       uint64_t off, uint64_t n, const void *buf)
+{
+    if (!o)
+        return ZO_FAIL(NULL, -EINVAL, "%s: NULL engine", fn);
+    if (!buf || index >= o->nt || (unsigned)which >= ZO_OPTIM_STATE_COUNT || n == 0 ||
+        off > o->tensors[index].numel || n > o->tensors[index].numel - off)
+        return ZO_FAIL(&o->err, -EINVAL, "%s: %s", fn,
+                       !buf ? "NULL buffer"
+                       : index >= o->nt ? "tensor index out of range"
+                       : (unsigned)which >= ZO_OPTIM_STATE_COUNT ? "unknown state"
+                                                                  : "range outside the tensor");
+    if (dtype != ZO_DTYPE_F32 && dtype != ZO_DTYPE_BF16 && dtype != ZO_DTYPE_F16)
+        return ZO_FAIL(&o->err, ZO_ENOTSUP, "%s: dtype %s (f32, bf16 or f16)", fn, zo_dtype_name(dtype));
+    if (!o->groups[o->tensors[index].group].used[which])
+        return ZO_FAIL(&o->err, ZO_ENOTSUP, "%s: the group's optimizer has no state %d", fn, (int)which);
+    return 0;
+}
+
+static zo_dtype state_dtype(const zo_optim *o, unsigned group, int k)
+{
+    return k == ZO_OPTIM_STATE_MASTER ? ZO_DTYPE_F32 : o->groups[group].sdt;
+}
+
+/* Walk flat range [lo, hi) of one state through the sub-groups it crosses,
+ * a tile at a time: write (src given) or read (dst given), converting
+ * between `dtype` and the state's type. */
+static int state_io(zo_optim *o, unsigned group, int k, uint64_t lo, uint64_t hi, void *dst, const void *src,
+                    zo_dtype dtype, int update_pbuf)
+{
+    zo__og *og = &o->groups[group];
+    zo_dtype sdt = state_dtype(o, group, k);
+    size_t ses = zo_dtype_size(sdt), des = zo_dtype_size(dtype);
+    void *tmp = malloc(TILE_ELEMS * 4);
+    float *scratch = malloc(TILE_ELEMS * 4);
+    int r = 0;
+    if (!tmp || !scratch) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (uint64_t e = lo; e < hi;) {
+        unsigned si = og->first_sg + (unsigned)((e - og->off) / og->sgsize);
+        zo__sg *sg = &o->sgs[si];
+        size_t cnt = (size_t)ZO_MIN(ZO_MIN(hi, sg->off + sg->n) - e, (uint64_t)TILE_ELEMS);
+        uint64_t boff = (e - sg->off) * ses;
+        if (dst) {
+            if ((r = zo_store_read(o->store, sg->t[k], boff, tmp, cnt * ses)) < 0)
+                break;
+            if ((r = convert((char *)dst + (e - lo) * des, dtype, tmp, sdt, cnt, scratch)) < 0)
+                break;
+        } else {
+            if ((r = convert(tmp, sdt, src ? (const char *)src + (e - lo) * des : NULL, dtype, cnt, scratch)) < 0)
+                break;
+            if ((r = zo_store_write(o->store, sg->t[k], boff, tmp, cnt * ses)) < 0)
+                break;
+            if (update_pbuf && (r = zo_vec_cast((char *)o->pbuf[o->pcur] + e * o->pes, o->pdt, tmp, ZO_DTYPE_F32,
+                                                cnt)) < 0)
+                break;
+        }
+        e += cnt;
+    }
+    if (r < 0)
+        ZO_FAIL(&o->err, r, "zo_optim: state %s: %s", dst ? "read" : "write",
+                zo_store_errmsg(o->store)[0] ? zo_store_errmsg(o->store) : zo_last_error_detail());
+out:
+    free(tmp);
+    free(scratch);
+    return r;
+}
+
+int zo_optim_state_export(zo_optim *o, unsigned index, zo_optim_state which, void *dst, zo_dtype dtype,
+                          uint64_t off, uint64_t n)
+{
+    int r = check_range(o, "zo_optim_state_export", index, which, dtype, off, n, dst);
+    if (r < 0)
+        return r;
+    if ((r = zo__optim_quiesce(o, "zo_optim_state_export")) < 0)
+        return r;
+    zo__ot *t = &o->tensors[index];
+    return state_io(o, t->group, which, t->off + off, t->off + off + n, dst, NULL, dtype, 0);
+}
+
+int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, const void *src, zo_dtype dtype,
+                          uint64_t off, uint64_t n)
+{
+    int r = check_range(o, "zo_optim_state_import", index, which, dtype, off, n, src);
+    if (r < 0)
+        return r;
+    if ((r = zo__optim_quiesce(o, "zo_optim_state_import")) < 0)
+        return r;
+    zo__ot *t = &o->tensors[index];
+    return state_io(o, t->group, which, t->off + off, t->off + off + n, NULL, src, dtype,
+                    which == ZO_OPTIM_STATE_MASTER);
+}
+
+/* Zero the optimizer states (not the masters) of every sub-group. */
+static int zero_states(zo_optim *o)
+{
+    void *z = calloc(TILE_ELEMS, 4);
+    if (!z)
+        return -ENOMEM;
+    int r = 0;
+    for (unsigned i = 0; i < o->nsg && r == 0; i++) {
+        zo__sg *sg = &o->sgs[i];
+        for (int k = 1; k < ZO_OPTIM_STATE_COUNT && r == 0; k++) {
+            if (!sg->t[k])
+                continue;
+            size_t es = zo_dtype_size(state_dtype(o, sg->group, k));
+            for (uint64_t e = 0; e < sg->n && r == 0; e += TILE_ELEMS) {
+                size_t cnt = (size_t)ZO_MIN(sg->n - e, (uint64_t)TILE_ELEMS);
+                r = zo_store_write(o->store, sg->t[k], e * es, z, cnt * es);
+            }
+        }
+    }
+    free(z);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: zeroing the states: %s", zo_store_errmsg(o->store));
+    return 0;
+}
+
+int zo_optim_init_from_device(zo_optim *o)
+{
+    if (!o)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_init_from_device: NULL engine");
+    for (unsigned g = 0; g < o->ngroups; g++)
+        if (!o->groups[g].has_dev)
+            return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_init_from_device: group %u has no dev_params", g);
+    int r = zo__optim_quiesce(o, "zo_optim_init_from_device");
+    if (r < 0)
+        return r;
+    /* the device params, exactly, into the parameter buffer; then widened */
+    for (unsigned i = 0; i < o->nt; i++) {
+        zo__ot *t = &o->tensors[i];
+        if ((r = zo_memcpy_async(o->h2d, (char *)o->pbuf[o->pcur] + t->off * o->pes, t->dev, t->numel * o->pes,
+                                 ZO_COPY_D2H)) < 0)
+            break;
+    }
+    if (r == 0)
+        r = zo_stream_sync(o->h2d);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_init_from_device: copying the device params: %s", zo_dev_errmsg(o->dev));
+    for (unsigned g = 0; g < o->ngroups && r == 0; g++) {
+        zo__og *og = &o->groups[g];
+        r = state_io(o, g, ZO_OPTIM_STATE_MASTER, og->off, og->off + og->numel, NULL,
+                     (const char *)o->pbuf[o->pcur] + og->off * o->pes, o->pdt, 0);
+    }
+    if (r == 0)
+        r = zero_states(o);
+    if (r == 0)
+        o->params_current = 1;
+    return r;
+}
+
+int zo_optim_push_params(zo_optim *o)
+{
+    if (!o)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_push_params: NULL engine");
+    int r = zo__optim_quiesce(o, "zo_optim_push_params");
+    if (r < 0)
+        return r;
+    if ((r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
+        r = zo_stream_sync(o->h2d);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_push_params: %s", zo_dev_errmsg(o->dev));
+    o->params_current = 1;
+    return 0;
+}
+
+/* ---- save / load --------------------------------------------------------------------- */
+
+#define OPTIM_FORMAT 1
+
+static int pending_grads(const zo_optim *o)
+{
+    if (o->micro % o->cfg.grad_accum_steps)
+        return 1;
+    for (unsigned i = 0; i < o->nt; i++)
+        if (o->arrivals[o->win][i])
+            return 1;
+    return 0;
+}
+
+int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep_last, const char *user_json)
+{
+    if (!o || !root || !name)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_save: NULL argument");
+    int r = zo__optim_quiesce(o, "zo_optim_save");
+    if (r < 0)
+        return r;
+    if (pending_grads(o))
+        return ZO_FAIL(&o->err, ZO_ESTATE,
+                       "zo_optim_save: gradients accumulated but not applied (save at a step boundary)");
+    size_t cap = 512 + (size_t)o->ngroups * 160 + (user_json ? strlen(user_json) : 4);
+    char *js = malloc(cap);
+    if (!js)
+        return -ENOMEM;
+    size_t n = (size_t)snprintf(js, cap,
+                                "{\"zo_optim\":{\"format\":%d,\"fingerprint\":\"%016" PRIx64 "\",\"step\":%" PRId64
+                                ",\"micro\":%" PRIu64 ",\"boundaries\":%" PRIu64 ",\"skipped\":%" PRIu64
+                                ",\"rollbacks\":%" PRIu64 ",\"scale\":\"%a\",\"scaler_iter\":%" PRId64
+                                ",\"last_overflow\":%" PRId64 ",\"hysteresis\":%u,\"groups\":[",
+                                OPTIM_FORMAT, o->fingerprint, o->step, o->micro, o->boundaries, o->skipped,
+                                o->rollbacks, o->scaler.scale, o->scaler.cur_iter, o->scaler.last_overflow_iter,
+                                o->scaler.cur_hysteresis);
+    for (unsigned g = 0; g < o->ngroups; g++) {
+        const zo_optim_hparams *hp = &o->groups[g].hp;
+        n += (size_t)snprintf(js + n, cap - n, "%s\"%a,%a,%a,%a,%a,%d\"", g ? "," : "", hp->lr, hp->beta1,
+                              hp->beta2, hp->eps, hp->weight_decay, hp->bias_correction);
+    }
+    snprintf(js + n, cap - n, "]},\"user\":%s}", user_json ? user_json : "null");
+    r = zo_store_checkpoint(o->store, root, name, NULL, 0, keep_last, js);
+    free(js);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_save: %s", zo_store_errmsg(o->store));
+    return 0;
+}
+
+/* Value after "key": inside the engine's record (before "user"). */
+static const char *field(const char *js, const char *end, const char *key)
+{
+    char pat[48];
+    snprintf(pat, sizeof(pat), "\"%s\":", key);
+    const char *p = strstr(js, pat);
+    return p && p < end ? p + strlen(pat) : NULL;
+}
+
+static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *step, uint64_t c[4],
+                        zo_optim_hparams *hps)
+{
+    const char *rec = strstr(js, "{\"zo_optim\":{");
+    const char *end = rec ? strstr(rec, "]},\"user\":") : NULL;
+    if (!rec || !end)
+        return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: not an optimizer checkpoint (no engine record)");
+    const char *p;
+    int fmt = 0;
+    if (!(p = field(rec, end, "format")) || sscanf(p, "%d", &fmt) != 1 || fmt != OPTIM_FORMAT)
+        return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: record format %d, this library reads %d", fmt,
+                       OPTIM_FORMAT);
+    uint64_t fpr = 0;
+    if (!(p = field(rec, end, "fingerprint")) || sscanf(p, "\"%" SCNx64 "\"", &fpr) != 1)
+        return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: no config fingerprint");
+    if (fpr != o->fingerprint)
+        return ZO_FAIL(&o->err, ZO_EFORMAT,
+                       "zo_optim_load: config fingerprint %016" PRIx64 " differs from this engine's %016" PRIx64
+                       " (tensors, sizes, names, dtypes, optimizers or sub-group sizes changed)",
+                       fpr, o->fingerprint);
+    const char *keys[] = {"micro", "boundaries", "skipped", "rollbacks"};
+    for (int i = 0; i < 4; i++)
+        if (!(p = field(rec, end, keys[i])) || sscanf(p, "%" SCNu64, &c[i]) != 1)
+            return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: field %s missing", keys[i]);
+    *sc = o->scaler;
+    if (!(p = field(rec, end, "step")) || sscanf(p, "%" SCNd64, step) != 1 ||
+        !(p = field(rec, end, "scale")) || sscanf(p, "\"%la\"", &sc->scale) != 1 ||
+        !(p = field(rec, end, "scaler_iter")) || sscanf(p, "%" SCNd64, &sc->cur_iter) != 1 ||
+        !(p = field(rec, end, "last_overflow")) || sscanf(p, "%" SCNd64, &sc->last_overflow_iter) != 1 ||
+        !(p = field(rec, end, "hysteresis")) || sscanf(p, "%u", &sc->cur_hysteresis) != 1)
+        return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: step or scaler fields missing");
+    if (!(p = field(rec, end, "groups")) || *p != '[')
+        return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: groups missing");
+    p++;
+    for (unsigned g = 0; g < o->ngroups; g++) {
+        hps[g] = o->groups[g].hp;
+        int used = 0;
+        if (sscanf(p, "%*[,]\"%la,%la,%la,%la,%la,%d\"%n", &hps[g].lr, &hps[g].beta1, &hps[g].beta2, &hps[g].eps,
+                   &hps[g].weight_decay, &hps[g].bias_correction, &used) != 6 &&
+            sscanf(p, "\"%la,%la,%la,%la,%la,%d\"%n", &hps[g].lr, &hps[g].beta1, &hps[g].beta2, &hps[g].eps,
+                   &hps[g].weight_decay, &hps[g].bias_correction, &used) != 6)
+            return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: hyperparameters of group %u missing", g);
+        p += used;
+        if (p > end)
+            return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: hyperparameters run past the record");
+    }
+    return 0;
+}
+
+int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_json, size_t len)
+{
+    if (!o || !root)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_load: NULL argument");
+    int r = zo__optim_quiesce(o, "zo_optim_load");
+    if (r < 0)
+        return r;
+    zo_ckpt_reader *rd = NULL;
+    if ((r = zo_ckpt_open(&rd, root, name)) < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_last_error_detail());
+    char *nm = strdup(zo_ckpt_name(rd));
+    char *js = strdup(zo_ckpt_user_json(rd) ? zo_ckpt_user_json(rd) : "");
+    zo_ckpt_close(&rd);
+    zo_optim_hparams *hps = calloc(o->ngroups, sizeof(*hps));
+    if (!nm || !js || !hps) {
+        r = -ENOMEM;
+        goto out;
+    }
+    zo__scaler sc;
+    int64_t step = 0;
+    uint64_t c[4];
+    /* everything is checked before anything is overwritten */
+    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0)
+        goto out;
+    if ((r = zo_store_restore(o->store, root, nm)) < 0) {
+        ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_store_errmsg(o->store));
+        goto out;
+    }
+    o->step = step;
+    o->micro = c[0];
+    o->boundaries = c[1];
+    o->skipped = c[2];
+    o->rollbacks = c[3];
+    o->scaler = sc;
+    for (unsigned g = 0; g < o->ngroups; g++)
+        o->groups[g].hp = hps[g];
+    for (unsigned w = 0; w < o->nwin; w++) {
+        memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+        o->win_scale[w] = sc.scale;
+    }
+    o->push_pending = 0;
+    o->have_res = 0;
+    /* the parameter buffer from the masters (the cast the fused step does) */
+    float *tmp = malloc(TILE_ELEMS * 4);
+    if (!tmp) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (unsigned g = 0; g < o->ngroups && r == 0; g++) {
+        zo__og *og = &o->groups[g];
+        for (uint64_t e = og->off; e < og->off + og->numel && r == 0;) {
+            size_t cnt = (size_t)ZO_MIN(og->off + og->numel - e, (uint64_t)TILE_ELEMS);
+            if ((r = state_io(o, g, ZO_OPTIM_STATE_MASTER, e, e + cnt, tmp, NULL, ZO_DTYPE_F32, 0)) == 0)
+                r = zo_vec_cast((char *)o->pbuf[o->pcur] + e * o->pes, o->pdt, tmp, ZO_DTYPE_F32, cnt);
+            e += cnt;
+        }
+    }
+    free(tmp);
+    if (r < 0)
+        goto out;
+    if ((r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
+        r = zo_stream_sync(o->h2d);
+    if (r < 0) {
+        ZO_FAIL(&o->err, r, "zo_optim_load: copying the params to the device: %s", zo_dev_errmsg(o->dev));
+        goto out;
+    }
+    o->params_current = 1;
+    if (user_json && len) {
+        const char *u = strstr(js, "]},\"user\":");
+        u = u ? u + strlen("]},\"user\":") : "null";
+        size_t ul = strlen(u);
+        if (ul && u[ul - 1] == '}')
+            ul--; /* the closing brace of the outer object */
+        size_t k = ZO_MIN(ul, len - 1);
+        memcpy(user_json, u, k);
+        user_json[k] = '\0';
+    }
+out:
+    free(nm);
+    free(js);
+    free(hps);
+    return r;
+}
+
+/* ---- timeline ------------------------------------------------------------------------- */
+
+int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl)
+{
+    if (!o || !tl)
+        return -EINVAL;
+    pthread_mutex_lock(&o->lock);
+    int r = o->have_tl ? 0 : -ENOENT;
+    if (o->have_tl)
+        *tl = o->tl;
+    pthread_mutex_unlock(&o->lock);
+    return r;
+}
+
+int zo_optim_timeline_json(zo_optim *o, char *buf, size_t len)
+{
+    zo_optim_timeline t;
+    int r = zo_optim_get_timeline(o, &t);
+    if (r < 0)
+        return r;
+    if (!buf && len)
+        return -EINVAL;
+    int n = snprintf(buf, len,
+                     "{\"step\":%" PRId64 ",\"total_ns\":%" PRIu64 ",\"d2h_ns\":%" PRIu64 ",\"d2h_bytes\":%" PRIu64
+                     ",\"norm_ns\":%" PRIu64 ",\"compute_ns\":%" PRIu64 ",\"nvme_read_ns\":%" PRIu64
+                     ",\"nvme_read_bytes\":%" PRIu64 ",\"nvme_write_ns\":%" PRIu64 ",\"nvme_write_bytes\":%" PRIu64
+                     ",\"h2d_ns\":%" PRIu64 ",\"h2d_bytes\":%" PRIu64 ",\"stall_ns\":%" PRIu64 "}",
+                     t.step, t.total_ns, t.d2h_ns, t.d2h_bytes, t.norm_ns, t.compute_ns, t.nvme_read_ns,
+                     t.nvme_read_bytes, t.nvme_write_ns, t.nvme_write_bytes, t.h2d_ns, t.h2d_bytes, t.stall_ns);
+    return n;
+}

@@ -1,0 +1,434 @@
+/*
+ * The update, on the engine's worker thread: gradient statistics, overflow
+ * policy and loss scaler, the fused cpuadam pass per sub-group (two-pass or
+ * speculative with rollback), and the copy of each finished sub-group's
+ * parameters to the device.
+ */
+#include "optim_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- worker state machine --------------------------------------------------------- */
+
+int zo__wstate_set(zo_optim *o, zo__wstate to)
+{
+    pthread_mutex_lock(&o->lock);
+    zo__wstate from = o->ws;
+    int ok;
+    switch (to) {
+    case ZO__W_QUEUED: ok = from == ZO__W_IDLE; break;
+    case ZO__W_RUNNING: ok = from == ZO__W_QUEUED; break;
+    case ZO__W_DONE: ok = from == ZO__W_RUNNING; break;
+    case ZO__W_IDLE: ok = from == ZO__W_DONE; break;
+    case ZO__W_EXIT: ok = from == ZO__W_IDLE || from == ZO__W_DONE; break;
+    default: ok = 0;
+    }
+    if (ok)
+        o->ws = to;
+    pthread_cond_broadcast(&o->cond);
+    pthread_mutex_unlock(&o->lock);
+    if (!ok) {
+        ZO_LOGE("optim worker: illegal transition %d -> %d", (int)from, (int)to);
+        return ZO_EINTERNAL;
+    }
+    return 0;
+}
+
+/* ---- DeepSpeed's DynamicLossScaler -------------------------------------------------- */
+
+void zo__scaler_init(zo__scaler *sc, const zo_optim_config *cfg, zo_dtype pdt)
+{
+    memset(sc, 0, sizeof(*sc));
+    sc->last_overflow_iter = -1;
+    sc->cur_hysteresis = cfg->hysteresis;
+    if (pdt != ZO_DTYPE_F16) {
+        sc->scale = 1.0; /* bf16 / fp32: no scaling */
+    } else if (cfg->loss_scale > 0) {
+        sc->scale = cfg->loss_scale; /* static */
+    } else {
+        sc->dynamic = 1;
+        sc->scale = ldexp(1.0, cfg->initial_scale_power);
+    }
+}
+
+/* deepspeed/runtime/fp16/loss_scaler.py DynamicLossScaler.update_scale,
+ * scale_factor 2 */
+void zo__scaler_update(zo__scaler *sc, const zo_optim_config *cfg, int overflow)
+{
+    if (!sc->dynamic)
+        return;
+    if (overflow) {
+        if (cfg->hysteresis == 1 || sc->cur_hysteresis == 1)
+            sc->scale = fmax(sc->scale / 2.0, cfg->min_loss_scale);
+        else
+            sc->cur_hysteresis--;
+        sc->last_overflow_iter = sc->cur_iter;
+    } else {
+        if (cfg->consecutive_hysteresis)
+            sc->cur_hysteresis = cfg->hysteresis;
+        if ((sc->cur_iter - sc->last_overflow_iter) % cfg->loss_scale_window == 0) {
+            if (!cfg->consecutive_hysteresis)
+                sc->cur_hysteresis = cfg->hysteresis;
+            sc->scale *= 2.0;
+        }
+    }
+    sc->cur_iter++;
+}
+
+/* ---- pieces ------------------------------------------------------------------------ */
+
+/* Queue the copy of params [lo, hi) (flat elements) from pbuf[pb] to the
+ * device params of the tensors they belong to. */
+int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
+{
+    /* tensors are sorted by offset: binary search the first that ends after lo */
+    unsigned a = 0, b = o->nt;
+    while (a < b) {
+        unsigned m = a + (b - a) / 2;
+        if (o->tensors[m].off + o->tensors[m].numel <= lo)
+            a = m + 1;
+        else
+            b = m;
+    }
+    for (unsigned i = a; i < o->nt && o->tensors[i].off < hi; i++) {
+        zo__ot *t = &o->tensors[i];
+        if (!t->dev)
+            continue;
+        uint64_t s = ZO_MAX(lo, t->off), e = ZO_MIN(hi, t->off + t->numel);
+        int r = zo_memcpy_async(o->h2d, (char *)t->dev + (s - t->off) * o->pes, (const char *)o->pbuf[pb] + s * o->pes,
+                                (size_t)(e - s) * o->pes, ZO_COPY_H2D);
+        if (r < 0)
+            return r;
+    }
+    return 0;
+}
+
+/* Sum of squares and inf/NaN count of the accumulated gradients: one
+ * zo_cpuadam_grad_stats() per sub-group, summed in sub-group order. The
+ * same order in both step modes, so they agree on the norm to the bit. */
+static int one_sg_stats(zo_optim *o, const zo__sg *sg, const float *acc, zo_grad_stats *gs)
+{
+    int r = zo_cpuadam_team_grad_stats(o->team, acc + sg->off, ZO_DTYPE_F32, (size_t)sg->n, gs);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: gradient statistics: %s", zo_cpuadam_team_errmsg(o->team));
+    return 0;
+}
+
+int zo__sg_stats(zo_optim *o, const float *acc, double *sumsq, uint64_t *nonfinite)
+{
+    double s = 0;
+    uint64_t nf = 0;
+    for (unsigned i = 0; i < o->nsg; i++) {
+        zo_grad_stats gs;
+        int r = one_sg_stats(o, &o->sgs[i], acc, &gs);
+        if (r < 0)
+            return r;
+        s += gs.sumsq;
+        nf += gs.nonfinite;
+    }
+    *sumsq = s;
+    *nonfinite = nf;
+    return 0;
+}
+
+/* The state pointers of a sub-group, held for writing during the step. */
+typedef struct sg_ptrs {
+    void *p[ZO_OPTIM_STATE_COUNT];
+} sg_ptrs;
+
+static int sg_acquire(zo_optim *o, zo__sg *sg, sg_ptrs *sp)
+{
+    zo_store_req *req[ZO_OPTIM_STATE_COUNT] = {0};
+    int r = 0, k;
+    memset(sp, 0, sizeof(*sp));
+    for (k = 0; k < ZO_OPTIM_STATE_COUNT; k++) {
+        if (!sg->t[k])
+            continue;
+        if ((r = zo_store_acquire(o->store, sg->t[k], ZO_TIER_HOST, ZO_ACQ_WRITE, &req[k])) < 0)
+            break;
+    }
+    int err = r;
+    for (int j = 0; j < k; j++) {
+        if (!req[j])
+            continue;
+        r = zo_store_wait(o->store, req[j], &sp->p[j]);
+        if (r < 0 && !err)
+            err = r;
+        if (r < 0)
+            sp->p[j] = NULL;
+    }
+    if (err < 0) {
+        for (int j = 0; j < ZO_OPTIM_STATE_COUNT; j++)
+            if (sp->p[j])
+                zo_store_release(o->store, sg->t[j], ZO_TIER_HOST, 0);
+        return ZO_FAIL(&o->err, err, "zo_optim: sub-group state: %s", zo_store_errmsg(o->store));
+    }
+    return 0;
+}
+
+static void sg_release(zo_optim *o, zo__sg *sg)
+{
+    for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+        if (sg->t[k])
+            zo_store_release(o->store, sg->t[k], ZO_TIER_HOST, 0);
+}
+
+/* One fused kernel call (or its rollback) over a whole sub-group. */
+static int sg_kernel(zo_optim *o, zo__sg *sg, const sg_ptrs *sp, const float *acc, unsigned pb, double scale,
+                     double coef, int rollback)
+{
+    zo__og *og = &o->groups[sg->group];
+    zo_optim_hparams hp = og->hp;
+    hp.step = o->step + 1;
+    hp.grad_scale = 1.0 / scale;
+    hp.clip_coef = coef;
+    zo_cpuadam_tensors t;
+    zo_cpuadam_tensors_default(&t);
+    t.n = (size_t)sg->n;
+    t.param = sp->p[ZO_OPTIM_STATE_MASTER];
+    t.grad = acc + sg->off;
+    t.grad_dtype = ZO_DTYPE_F32;
+    t.exp_avg = sp->p[ZO_OPTIM_STATE_EXP_AVG];
+    t.exp_avg_sq = sp->p[ZO_OPTIM_STATE_EXP_AVG_SQ];
+    t.state_dtype = og->sdt;
+    t.param_out = (char *)o->pbuf[pb] + sg->off * o->pes;
+    t.out_dtype = o->pdt;
+    int r = rollback ? zo_cpuadam_team_rollback(o->team, &hp, &t) : zo_cpuadam_team_step(o->team, &hp, &t);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: %s of sub-group %u: %s", rollback ? "rollback" : "update",
+                       (unsigned)(sg - o->sgs), zo_cpuadam_team_errmsg(o->team));
+    return 0;
+}
+
+static double clip_coef(const zo_optim *o, double norm)
+{
+    if (o->cfg.max_grad_norm <= 0)
+        return 1.0;
+    double c = o->cfg.max_grad_norm / (norm + 1e-6);
+    return c < 1.0 ? c : 1.0;
+}
+
+/* Update sub-groups [0, nsg) with (scale, coef); push each when done unless delayed. */
+static int sweep(zo_optim *o, const zo__job *job, const float *acc, double coef, int rollback, unsigned upto,
+                 zo_optim_timeline *tl)
+{
+    for (unsigned i = 0; i < upto; i++) {
+        zo__sg *sg = &o->sgs[i];
+        sg_ptrs sp;
+        int r = sg_acquire(o, sg, &sp);
+        if (r < 0)
+            return r;
+        uint64_t t0 = zo__now_ns();
+        r = sg_kernel(o, sg, &sp, acc, job->pbuf, job->scale, coef, rollback);
+        tl->compute_ns += zo__now_ns() - t0;
+        sg_release(o, sg);
+        if (r < 0)
+            return r;
+        if (!job->delayed && !rollback && (r = zo__push_range(o, job->pbuf, sg->off, sg->off + sg->n)) < 0)
+            return ZO_FAIL(&o->err, r, "zo_optim: queueing the parameter copy: %s", zo_dev_errmsg(o->dev));
+    }
+    return 0;
+}
+
+/* The speculative step: check and update each sub-group at once with
+ * coefficient 1; roll back when the global norm or an overflow says so. */
+static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo_optim_step_result *res,
+                           zo_optim_timeline *tl, int *overflow)
+{
+    double sumsq = 0;
+    uint64_t nf = 0;
+    unsigned done = 0;
+    int r = 0;
+    for (unsigned i = 0; i < o->nsg; i++) {
+        zo__sg *sg = &o->sgs[i];
+        zo_grad_stats gs;
+        uint64_t t0 = zo__now_ns();
+        r = one_sg_stats(o, sg, acc, &gs);
+        tl->norm_ns += zo__now_ns() - t0;
+        if (r < 0)
+            break;
+        sumsq += gs.sumsq;
+        nf += gs.nonfinite;
+        if (gs.nonfinite) {
+            /* an overflow: the rest is not updated; the rest's statistics
+             * still count (for the reported count) */
+            continue;
+        }
+        if (nf)
+            continue;
+        sg_ptrs sp;
+        if ((r = sg_acquire(o, sg, &sp)) < 0)
+            break;
+        t0 = zo__now_ns();
+        r = sg_kernel(o, sg, &sp, acc, job->pbuf, job->scale, 1.0, 0);
+        tl->compute_ns += zo__now_ns() - t0;
+        sg_release(o, sg);
+        if (r < 0)
+            break;
+        done = i + 1;
+        if (!job->delayed && (r = zo__push_range(o, job->pbuf, sg->off, sg->off + sg->n)) < 0)
+            break;
+    }
+    double norm = sqrt(sumsq) / job->scale;
+    res->grad_norm = nf ? (double)INFINITY : norm;
+    res->nonfinite = nf;
+    *overflow = nf != 0;
+    double coef = nf ? 1.0 : clip_coef(o, norm);
+    int undo = r < 0 || nf || coef < 1.0;
+    if (undo && done && !job->delayed) {
+        /* the copies queued so far read the buffer the rollback rewrites */
+        int r2 = zo_stream_sync(o->h2d);
+        if (r2 < 0 && r == 0)
+            r = ZO_FAIL(&o->err, r2, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
+    }
+    if (undo && done) {
+        /* take back what was applied, newest state first does not matter: sub-groups are disjoint */
+        int r2 = sweep(o, job, acc, 1.0, 1, done, tl);
+        if (r2 < 0)
+            return r2; /* the masters of [0, done) are now neither before nor after: reported */
+        res->rolled_back = 1;
+        pthread_mutex_lock(&o->lock);
+        o->rollbacks++;
+        pthread_mutex_unlock(&o->lock);
+        if (!job->delayed && (r2 = zo__push_range(o, job->pbuf, 0, o->sgs[done - 1].off + o->sgs[done - 1].n)) < 0)
+            return r2;
+    }
+    if (r < 0)
+        return r;
+    if (nf)
+        return 0;
+    res->clip_coef = coef;
+    res->clipped = coef < 1.0;
+    if (coef < 1.0)
+        return sweep(o, job, acc, coef, 0, o->nsg, tl);
+    return 0;
+}
+
+static void finish_window(zo_optim *o, unsigned w)
+{
+    memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+}
+
+static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, zo_optim_timeline *tl)
+{
+    unsigned w = job->win;
+    float *acc = o->acc[w];
+    uint64_t t0 = zo__now_ns();
+    int r = zo_event_sync(o->ev_win[w]);
+    tl->stall_ns += zo__now_ns() - t0;
+    tl->d2h_ns = atomic_exchange(&o->d2h_ns[w], 0);
+    tl->d2h_bytes = atomic_exchange(&o->d2h_bytes[w], 0);
+    if (r < 0) {
+        finish_window(o, w);
+        return ZO_FAIL(&o->err, r, "zo_optim: a gradient copy failed; the window's gradients are dropped: %s",
+                       zo_dev_errmsg(o->dev));
+    }
+    for (unsigned i = 0; i < o->nt; i++)
+        if (!o->arrivals[w][i])
+            memset(acc + o->tensors[i].off, 0, o->tensors[i].numel * 4);
+    res->loss_scale = job->scale;
+    res->clip_coef = 1.0;
+    int overflow = 0;
+    int speculative = o->cfg.clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && job->opts.global_sumsq < 0 &&
+                      job->opts.global_nonfinite < 0;
+    if (speculative) {
+        r = run_speculative(o, job, acc, res, tl, &overflow);
+    } else {
+        double sumsq = 0;
+        uint64_t nf = 0;
+        t0 = zo__now_ns();
+        if (job->opts.global_sumsq < 0 || job->opts.global_nonfinite < 0)
+            r = zo__sg_stats(o, acc, &sumsq, &nf);
+        tl->norm_ns += zo__now_ns() - t0;
+        if (job->opts.global_sumsq >= 0)
+            sumsq = job->opts.global_sumsq;
+        if (job->opts.global_nonfinite >= 0)
+            overflow = job->opts.global_nonfinite;
+        else
+            overflow = nf != 0;
+        res->nonfinite = nf;
+        double norm = sqrt(sumsq) / job->scale;
+        res->grad_norm = overflow ? (double)INFINITY : norm;
+        if (r == 0 && !overflow) {
+            double coef = clip_coef(o, norm);
+            res->clip_coef = coef;
+            res->clipped = coef < 1.0;
+            r = sweep(o, job, acc, coef, 0, o->nsg, tl);
+        }
+    }
+    finish_window(o, w);
+    if (r < 0)
+        return r;
+    if (!job->delayed) {
+        t0 = zo__now_ns();
+        r = zo_stream_sync(o->h2d);
+        tl->h2d_ns += zo__now_ns() - t0;
+        if (r < 0)
+            return ZO_FAIL(&o->err, r, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
+    }
+    if (overflow) {
+        int policy_skip = o->scaler.dynamic || o->cfg.nonfinite == ZO_OPTIM_NONFINITE_SKIP;
+        pthread_mutex_lock(&o->lock);
+        zo__scaler_update(&o->scaler, &o->cfg, 1);
+        o->skipped++;
+        pthread_mutex_unlock(&o->lock);
+        res->skipped = 1;
+        if (!policy_skip)
+            return ZO_FAIL(&o->err, ZO_ENONFINITE,
+                           "zo_optim: %llu inf/NaN gradient elements; the step was not applied",
+                           (unsigned long long)res->nonfinite);
+        return 0;
+    }
+    pthread_mutex_lock(&o->lock);
+    zo__scaler_update(&o->scaler, &o->cfg, 0);
+    o->step++;
+    o->pcur = job->pbuf;
+    if (job->delayed)
+        o->push_pending = 1;
+    pthread_mutex_unlock(&o->lock);
+    if (!job->delayed)
+        tl->h2d_bytes = o->numel * o->pes;
+    return 0;
+}
+
+void *zo__optim_worker(void *arg)
+{
+    zo_optim *o = arg;
+    for (;;) {
+        pthread_mutex_lock(&o->lock);
+        while (o->ws != ZO__W_QUEUED && o->ws != ZO__W_EXIT)
+            pthread_cond_wait(&o->cond, &o->lock);
+        zo__wstate st = o->ws;
+        zo__job job = o->job;
+        pthread_mutex_unlock(&o->lock);
+        if (st == ZO__W_EXIT)
+            break;
+        zo__wstate_set(o, ZO__W_RUNNING);
+        zo_optim_step_result res;
+        memset(&res, 0, sizeof(res));
+        zo_optim_timeline tl;
+        memset(&tl, 0, sizeof(tl));
+        res.boundary = 1;
+        int r = run_job(o, &job, &res, &tl);
+        tl.total_ns = zo__now_ns() - job.t_call;
+        pthread_mutex_lock(&o->lock);
+        res.step = o->step;
+        tl.step = o->step;
+        o->job_err = r;
+        o->job_res = res;
+        o->last_res = res;
+        o->have_res = 1;
+        o->tl = tl;
+        o->have_tl = 1;
+        pthread_mutex_unlock(&o->lock);
+        zo__wstate_set(o, ZO__W_DONE);
+        uint64_t one = 1;
+        if (write(o->efd, &one, sizeof(one)) < 0) {
+            /* the counter is only full after 2^64-1 unread completions */
+        }
+    }
+    return NULL;
+}

@@ -1,0 +1,911 @@
+/*
+ * zo_optim, the offload optimizer engine, on the host device backend (real
+ * streams, events and copy threads; real pinned memory; the real store).
+ *
+ * Every numeric test runs the engine and, beside it, an in-memory reference:
+ * the same cpuadam kernels on plain arrays, with the gradient accumulation,
+ * norm (per sub-group statistics summed in order), clip coefficient, loss
+ * scaler and DPU schedule the engine documents in optim.h, and compares the
+ * masters, states and device params bit for bit.
+ */
+#include <math.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <zoffload/zoffload.h>
+
+#include "zo_test.h"
+
+#define NTHREADS 2
+#define SGSIZE 65536u
+
+/* the model: group 0 AdamW (small tensors packed, a large one cut across
+ * sub-groups), group 1 Adam with L2 decay */
+static const uint64_t g0_numel[] = {1000, 70000, 3, 130001};
+static const uint64_t g1_numel[] = {4097, 50};
+#define NT0 4
+#define NT1 2
+#define NT (NT0 + NT1)
+
+typedef struct model {
+    zo_dtype pdt, gdt;
+    uint64_t numel[NT], off[NT], total;
+    uint64_t goff[2], gnumel[2];
+    zo_optim_hparams hp[2];
+} model;
+
+static void model_init(model *m, zo_dtype pdt, zo_dtype gdt)
+{
+    memset(m, 0, sizeof(*m));
+    m->pdt = pdt;
+    m->gdt = gdt;
+    uint64_t off = 0;
+    for (int i = 0; i < NT; i++) {
+        m->numel[i] = i < NT0 ? g0_numel[i] : g1_numel[i - NT0];
+        m->off[i] = off;
+        off += m->numel[i];
+        if (i == NT0 - 1)
+            m->gnumel[0] = off;
+    }
+    m->total = off;
+    m->goff[1] = m->gnumel[0];
+    m->gnumel[1] = off - m->gnumel[0];
+    ck_assert_int_eq(zo_optim_hparams_default(&m->hp[0], ZO_OPTIM_ADAMW), 0);
+    m->hp[0].lr = 1e-2;
+    ck_assert_int_eq(zo_optim_hparams_default(&m->hp[1], ZO_OPTIM_ADAM), 0);
+    m->hp[1].lr = 5e-3;
+    m->hp[1].weight_decay = 1e-2;
+}
+
+static float init_param(uint64_t e)
+{
+    return (float)(0.5 * cos(0.001 * (double)e + 0.3));
+}
+
+/* store a float as dtype */
+static void put(void *buf, zo_dtype dt, uint64_t i, float f)
+{
+    if (dt == ZO_DTYPE_F32)
+        ((float *)buf)[i] = f;
+    else if (dt == ZO_DTYPE_BF16)
+        ((uint16_t *)buf)[i] = zo_f32_to_bf16(f);
+    else
+        ((uint16_t *)buf)[i] = zo_f32_to_f16(f);
+}
+
+static float get(const void *buf, zo_dtype dt, uint64_t i)
+{
+    if (dt == ZO_DTYPE_F32)
+        return ((const float *)buf)[i];
+    if (dt == ZO_DTYPE_BF16)
+        return zo_bf16_to_f32(((const uint16_t *)buf)[i]);
+    return zo_f16_to_f32(((const uint16_t *)buf)[i]);
+}
+
+/* The gradient of element e (global) in micro-step `ms`, as a function of
+ * the params the forward saw (so a delayed update shows). Odd steps have a
+ * large amplitude (clipped at max norm 1), even ones a small one. */
+static float grad_value(uint64_t e, int ms, float param_seen, double scale)
+{
+    double amp = (ms % 2) ? 1e-2 : 1e-3;
+    return (float)(scale * amp * (sin(0.003 * (double)e + 0.7 * ms) + param_seen));
+}
+
+/* ---- the reference --------------------------------------------------------------- */
+
+typedef struct ref {
+    model *m;
+    float *master, *m1, *v, *acc;
+    void *out; /* params in pdt, as the device holds them */
+    int64_t step;
+    zo_cpuadam_team *team;
+    int first[NT];
+} ref;
+
+static void ref_init(ref *r, model *m)
+{
+    memset(r, 0, sizeof(*r));
+    r->m = m;
+    r->master = calloc(m->total, 4);
+    r->m1 = calloc(m->total, 4);
+    r->v = calloc(m->total, 4);
+    r->acc = calloc(m->total, 4);
+    r->out = calloc(m->total, 4);
+    for (uint64_t e = 0; e < m->total; e++) {
+        put(r->out, m->pdt, e, init_param(e));
+        r->master[e] = get(r->out, m->pdt, e);
+    }
+    zo_cpuadam_team_config tc;
+    zo_cpuadam_team_config_default(&tc);
+    tc.nthreads = NTHREADS;
+    ck_assert_int_eq(zo_cpuadam_team_create(&r->team, &tc), 0);
+    for (int i = 0; i < NT; i++)
+        r->first[i] = 1;
+}
+
+static void ref_free(ref *r)
+{
+    free(r->master);
+    free(r->m1);
+    free(r->v);
+    free(r->acc);
+    free(r->out);
+    zo_cpuadam_team_destroy(&r->team);
+}
+
+/* accumulate one tensor's gradient (in gdt) */
+static void ref_grad(ref *r, int i, const void *g)
+{
+    model *m = r->m;
+    float *a = r->acc + m->off[i];
+    for (uint64_t k = 0; k < m->numel[i]; k++) {
+        float f = get(g, m->gdt, k);
+        a[k] = r->first[i] ? f : a[k] + f;
+    }
+    r->first[i] = 0;
+}
+
+/* The boundary: returns 1 if applied, 0 if overflowed. */
+static int ref_step(ref *r, double scale, double max_norm, double *norm_out)
+{
+    model *m = r->m;
+    for (int i = 0; i < NT; i++) {
+        if (r->first[i])
+            memset(r->acc + m->off[i], 0, m->numel[i] * 4);
+        r->first[i] = 1;
+    }
+    double sumsq = 0;
+    uint64_t nf = 0;
+    for (int g = 0; g < 2; g++)
+        for (uint64_t o = 0; o < m->gnumel[g]; o += SGSIZE) {
+            zo_grad_stats gs;
+            uint64_t n = m->gnumel[g] - o < SGSIZE ? m->gnumel[g] - o : SGSIZE;
+            ck_assert_int_eq(zo_cpuadam_team_grad_stats(r->team, r->acc + m->goff[g] + o, ZO_DTYPE_F32, n, &gs), 0);
+            sumsq += gs.sumsq;
+            nf += gs.nonfinite;
+        }
+    if (nf)
+        return 0;
+    double norm = sqrt(sumsq) / scale;
+    if (norm_out)
+        *norm_out = norm;
+    double coef = 1.0;
+    if (max_norm > 0) {
+        coef = max_norm / (norm + 1e-6);
+        if (coef > 1.0)
+            coef = 1.0;
+    }
+    r->step++;
+    for (int g = 0; g < 2; g++) {
+        zo_optim_hparams hp = m->hp[g];
+        hp.step = r->step;
+        hp.grad_scale = 1.0 / scale;
+        hp.clip_coef = coef;
+        zo_cpuadam_tensors t;
+        zo_cpuadam_tensors_default(&t);
+        uint64_t o = m->goff[g];
+        t.n = m->gnumel[g];
+        t.param = r->master + o;
+        t.grad = r->acc + o;
+        t.grad_dtype = ZO_DTYPE_F32;
+        t.exp_avg = r->m1 + o;
+        t.exp_avg_sq = r->v + o;
+        t.state_dtype = ZO_DTYPE_F32;
+        t.param_out = (char *)r->out + o * zo_dtype_size(m->pdt);
+        t.out_dtype = m->pdt;
+        ck_assert_int_eq(zo_cpuadam_team_step(r->team, &hp, &t), 0);
+    }
+    return 1;
+}
+
+/* ---- the engine under test ------------------------------------------------------------ */
+
+typedef struct eng {
+    model *m;
+    zo_dev *dev;
+    void *dparam[NT], *dgrad[NT];
+    zo_optim *o;
+    zo_optim_config cfg;
+    zo_optim_group grp[2];
+    const char *names[NT];
+} eng;
+
+static const char *const tnames[NT] = {"embed", "w1", "bias", "w2", "head", "norm"};
+
+static void eng_config(eng *e, model *m)
+{
+    memset(e, 0, sizeof(*e));
+    e->m = m;
+    ck_assert_int_eq(zo_dev_open(&e->dev, NULL), 0);
+    size_t pes = zo_dtype_size(m->pdt), ges = zo_dtype_size(m->gdt);
+    for (int i = 0; i < NT; i++) {
+        ck_assert_int_eq(zo_dev_malloc(e->dev, &e->dparam[i], m->numel[i] * pes), 0);
+        ck_assert_int_eq(zo_dev_malloc(e->dev, &e->dgrad[i], m->numel[i] * ges), 0);
+        /* host backend: device memory is host memory */
+        for (uint64_t k = 0; k < m->numel[i]; k++)
+            put(e->dparam[i], m->pdt, k, init_param(m->off[i] + k));
+        e->names[i] = tnames[i];
+    }
+    zo_optim_config_default(&e->cfg);
+    e->cfg.dev = e->dev;
+    e->cfg.param_dtype = m->pdt;
+    e->cfg.grad_dtype = m->gdt;
+    e->cfg.sub_group_size = SGSIZE;
+    e->cfg.nthreads = NTHREADS;
+    e->cfg.grad_staging_bytes = 64 << 10; /* small: gradients stream through it in pieces */
+    for (int g = 0; g < 2; g++) {
+        zo_optim_group_default(&e->grp[g]);
+        e->grp[g].ntensors = g ? NT1 : NT0;
+        e->grp[g].numel = g ? g1_numel : g0_numel;
+        e->grp[g].names = e->names + (g ? NT0 : 0);
+        e->grp[g].dev_params = e->dparam + (g ? NT0 : 0);
+        e->grp[g].hparams = &m->hp[g];
+    }
+    e->cfg.groups = e->grp;
+    e->cfg.ngroups = 2;
+}
+
+static void eng_create(eng *e)
+{
+    int r = zo_optim_create(&e->o, &e->cfg);
+    ck_assert_msg(r == 0, "create: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    ck_assert_int_eq(zo_optim_init_from_device(e->o), 0);
+}
+
+static void eng_free(eng *e)
+{
+    zo_optim_destroy(&e->o);
+    ck_assert_ptr_null(e->o);
+    for (int i = 0; i < NT; i++) {
+        zo_dev_free(e->dev, e->dparam[i]);
+        zo_dev_free(e->dev, e->dgrad[i]);
+    }
+    zo_dev_close(&e->dev);
+}
+
+/* fill the device gradient of tensor i for micro-step ms from the params
+ * the device holds now */
+static void fill_grad(eng *e, int i, int ms, double scale)
+{
+    model *m = e->m;
+    for (uint64_t k = 0; k < m->numel[i]; k++)
+        put(e->dgrad[i], m->gdt, k, grad_value(m->off[i] + k, ms, get(e->dparam[i], m->pdt, k), scale));
+}
+
+/* masters, states and device params equal the reference, bit for bit */
+static void compare(eng *e, ref *r, const char *when)
+{
+    model *m = e->m;
+    size_t pes = zo_dtype_size(m->pdt);
+    for (int i = 0; i < NT; i++) {
+        uint64_t n = m->numel[i];
+        float *buf = malloc(n * 4);
+        const float *want[3] = {r->master + m->off[i], r->m1 + m->off[i], r->v + m->off[i]};
+        for (int k = 0; k < 3; k++) {
+            ck_assert_int_eq(zo_optim_state_export(e->o, (unsigned)i, (zo_optim_state)k, buf, ZO_DTYPE_F32, 0, n), 0);
+            for (uint64_t j = 0; j < n; j++)
+                ZO_EXPECT(memcmp(&buf[j], &want[k][j], 4) == 0, "%s: tensor %d state %d elem %llu: %a != %a", when,
+                          i, k, (unsigned long long)j, (double)buf[j], (double)want[k][j]);
+        }
+        free(buf);
+        ck_assert_msg(memcmp(e->dparam[i], (char *)r->out + m->off[i] * pes, n * pes) == 0,
+                      "%s: device params of tensor %d differ", when, i);
+    }
+}
+
+/* One training run: `steps` boundaries of `accum` micro-steps each. */
+static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, double max_norm)
+{
+    model m;
+    model_init(&m, pdt, gdt);
+    ref r;
+    ref_init(&r, &m);
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.grad_accum_steps = accum;
+    e.cfg.max_grad_norm = max_norm;
+    eng_create(&e);
+    int ms = 0;
+    int clipped = 0;
+    for (int s = 1; s <= steps; s++) {
+        for (unsigned a = 0; a < accum; a++) {
+            ms++;
+            double scale = zo_optim_loss_scale(e.o);
+            for (int i = NT - 1; i >= 0; i--) { /* backward order */
+                if (s == 2 && i == 2)
+                    continue; /* a tensor without a gradient this step: zero */
+                fill_grad(&e, i, ms, scale);
+                ref_grad(&r, i, e.dgrad[i]);
+                ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+            }
+            zo_optim_step_result res;
+            int rc = zo_optim_step(e.o, NULL, &res);
+            ck_assert_msg(rc == 0, "step: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e.o));
+            ck_assert_int_eq(res.boundary, a + 1 == accum);
+            if (a + 1 == accum) {
+                double norm = 0;
+                ck_assert_int_eq(ref_step(&r, scale, max_norm, &norm), 1);
+                ck_assert_int_eq(res.step, s);
+                ck_assert_msg(res.grad_norm == norm, "norm %a != %a", res.grad_norm, norm);
+                clipped += res.clipped;
+            }
+        }
+        char when[32];
+        snprintf(when, sizeof(when), "step %d", s);
+        compare(&e, &r, when);
+        ck_assert_int_eq(zo_optim_params_current(e.o), 1);
+    }
+    if (max_norm > 0)
+        ck_assert_msg(clipped > 0 && (accum > 1 || clipped < steps), "clipping should hit some steps, not all (%d)",
+                      clipped);
+    zo_optim_timeline tl;
+    ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
+    ck_assert_int_eq(tl.step, steps);
+    ck_assert(tl.d2h_bytes > 0 && tl.h2d_bytes == m.total * zo_dtype_size(pdt) && tl.compute_ns > 0);
+    char js[1024];
+    int n = zo_optim_timeline_json(e.o, js, sizeof(js));
+    ck_assert(n > 0 && (size_t)n < sizeof(js) && strstr(js, "\"compute_ns\":"));
+    eng_free(&e);
+    ref_free(&r);
+}
+
+/* dtypes x accumulation x clipping; fp16 runs with the dynamic scaler (no overflow) */
+static const struct {
+    zo_dtype pdt, gdt;
+    unsigned accum;
+    int steps;
+    double max_norm;
+} plain_cases[] = {
+    {ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 4, 1.0},
+    {ZO_DTYPE_F32, ZO_DTYPE_F32, 3, 4, 1.0},
+    {ZO_DTYPE_BF16, ZO_DTYPE_BF16, 2, 3, 0.0},
+    {ZO_DTYPE_F16, ZO_DTYPE_F16, 1, 3, 1.0},
+    {ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 2, 1.0}, /* fp32 gradients of bf16 params */
+};
+
+START_TEST(test_optim_plain)
+{
+    run_plain(plain_cases[_i].pdt, plain_cases[_i].gdt, plain_cases[_i].accum, plain_cases[_i].steps,
+              plain_cases[_i].max_norm);
+}
+END_TEST
+
+/* ---- fp16 overflow: skip, hysteresis, scale window ----------------------------------- */
+
+START_TEST(test_optim_fp16_scaler)
+{
+    model m;
+    model_init(&m, ZO_DTYPE_F16, ZO_DTYPE_F16);
+    ref r;
+    ref_init(&r, &m);
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.initial_scale_power = 10;
+    e.cfg.loss_scale_window = 2;
+    e.cfg.hysteresis = 2;
+    eng_create(&e);
+    /* iter 0, 1 overflow (the second lowers the scale: hysteresis 2); 2 good;
+     * 3 good: (3 - 1) % 2 == 0 doubles it again */
+    const double want_scale[] = {1024, 1024, 512, 512, 1024};
+    for (int s = 0; s < 4; s++) {
+        double scale = zo_optim_loss_scale(e.o);
+        ck_assert_msg(scale == want_scale[s], "iter %d scale %g", s, scale);
+        for (int i = 0; i < NT; i++) {
+            fill_grad(&e, i, s + 1, scale);
+            if (s < 2 && i == 3)
+                put(e.dgrad[i], m.gdt, 77, s ? NAN : INFINITY);
+            ref_grad(&r, i, e.dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+        }
+        zo_optim_step_result res;
+        ck_assert_int_eq(zo_optim_step(e.o, NULL, &res), 0);
+        int applied = ref_step(&r, scale, 0, NULL);
+        ck_assert_int_eq(applied, s >= 2);
+        ck_assert_int_eq(res.skipped, s < 2);
+        ck_assert_int_eq(res.loss_scale, scale);
+        compare(&e, &r, "fp16 scaler");
+    }
+    ck_assert(zo_optim_loss_scale(e.o) == want_scale[4]);
+    zo_optim_info info;
+    ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+    ck_assert_int_eq(info.skipped_steps, 2);
+    ck_assert_int_eq(info.step, 2);
+    eng_free(&e);
+    ref_free(&r);
+}
+END_TEST
+
+/* bf16: inf/NaN is an error (default) or a counted skip; never in the masters */
+START_TEST(test_optim_nonfinite_policy)
+{
+    for (int policy = 0; policy < 2; policy++) {
+        model m;
+        model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+        ref r;
+        ref_init(&r, &m);
+        eng e;
+        eng_config(&e, &m);
+        e.cfg.nonfinite = policy ? ZO_OPTIM_NONFINITE_SKIP : ZO_OPTIM_NONFINITE_ERROR;
+        eng_create(&e);
+        for (int s = 1; s <= 3; s++) {
+            for (int i = 0; i < NT; i++) {
+                fill_grad(&e, i, s, 1.0);
+                if (s == 2 && i == 4)
+                    put(e.dgrad[i], m.gdt, 5, NAN);
+                ref_grad(&r, i, e.dgrad[i]);
+                ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+            }
+            zo_optim_step_result res;
+            int rc = zo_optim_step(e.o, NULL, &res);
+            int applied = ref_step(&r, 1.0, 0, NULL);
+            ck_assert_int_eq(applied, s != 2);
+            if (s == 2) {
+                ck_assert_int_eq(rc, policy ? 0 : ZO_ENONFINITE);
+                ck_assert_int_eq(res.skipped, 1);
+                ck_assert_int_eq(res.nonfinite, 1);
+            } else {
+                ck_assert_int_eq(rc, 0);
+            }
+            compare(&e, &r, "nonfinite");
+        }
+        eng_free(&e);
+        ref_free(&r);
+    }
+}
+END_TEST
+
+/* ---- DPU --------------------------------------------------------------------------------- */
+
+/* The forward of step k sees the result of step k-1 for k <= K+1, of step
+ * k-2 after; the engine's final state equals that schedule run in memory. */
+START_TEST(test_optim_dpu)
+{
+    const int K = 2, N = 7;
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    ref r;
+    ref_init(&r, &m);
+    size_t pb = m.total * 2;
+    void **hist = calloc((size_t)N + 1, sizeof(void *));
+    hist[0] = malloc(pb);
+    memcpy(hist[0], r.out, pb);
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.dpu = 1;
+    e.cfg.dpu_warmup_steps = (unsigned)K;
+    e.cfg.max_grad_norm = 1.0;
+    eng_create(&e);
+    int efd = zo_optim_eventfd(e.o);
+    ck_assert(efd >= 0);
+    void *seen = malloc(pb);
+    for (int k = 1; k <= N; k++) {
+        /* what the device holds now is what the forward of step k sees */
+        int want = k <= K + 1 ? k - 1 : k - 2;
+        for (int i = 0; i < NT; i++)
+            memcpy((char *)seen + m.off[i] * 2, e.dparam[i], m.numel[i] * 2);
+        ck_assert_msg(memcmp(seen, hist[want], pb) == 0, "forward %d does not see step %d's params", k, want);
+        ck_assert_int_eq(zo_optim_grads_done(e.o), 0); /* the previous copies read dgrad */
+        for (int i = NT - 1; i >= 0; i--) {
+            fill_grad(&e, i, k, 1.0);
+            ref_grad(&r, i, e.dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+        }
+        int rc = zo_optim_step_async(e.o, NULL);
+        ck_assert_msg(rc == 0, "step_async %d: %s (%s)", k, zo_strerror(rc), zo_optim_errmsg(e.o));
+        ck_assert_int_eq(ref_step(&r, 1.0, 1.0, NULL), 1);
+        hist[k] = malloc(pb);
+        memcpy(hist[k], r.out, pb);
+        if (k <= K) {
+            ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0); /* warm-up: no delay */
+            ck_assert_int_eq(zo_optim_params_current(e.o), 1);
+        }
+    }
+    /* the eventfd says the last update finished */
+    struct pollfd pfd = {.fd = efd, .events = POLLIN};
+    ck_assert_int_eq(poll(&pfd, 1, 10000), 1);
+    zo_optim_step_result res;
+    ck_assert_int_eq(zo_optim_wait(e.o, &res), 0);
+    ck_assert_int_eq(res.step, N);
+    ck_assert_int_eq(zo_optim_params_current(e.o), 1);
+    ck_assert_int_eq(zo_optim_poll(e.o), 0);
+    compare(&e, &r, "dpu");
+    zo_optim_info info;
+    zo_optim_get_info(e.o, &info);
+    ck_assert_int_eq(info.dpu_active, 1);
+    eng_free(&e);
+    ref_free(&r);
+    for (int k = 0; k <= N; k++)
+        free(hist[k]);
+    free(hist);
+    free(seen);
+}
+END_TEST
+
+/* ---- save / load ------------------------------------------------------------------------- */
+
+static void train(eng *e, ref *r, int from, int to)
+{
+    for (int s = from; s <= to; s++) {
+        for (int i = 0; i < NT; i++) {
+            fill_grad(e, i, s, 1.0);
+            if (r)
+                ref_grad(r, i, e->dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(e->o, (unsigned)i, e->dgrad[i], NULL), 0);
+        }
+        ck_assert_int_eq(zo_optim_step(e->o, NULL, NULL), 0);
+        if (r)
+            ref_step(r, 1.0, 1.0, NULL);
+    }
+}
+
+START_TEST(test_optim_save_load)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    ref r;
+    ref_init(&r, &m);
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.max_grad_norm = 1.0;
+    eng_create(&e);
+    train(&e, &r, 1, 3);
+    /* mid-accumulation saves are refused */
+    fill_grad(&e, 0, 9, 1.0);
+    ck_assert_int_eq(zo_optim_grad(e.o, 0, e.dgrad[0], NULL), 0);
+    ck_assert_int_eq(zo_optim_save(e.o, dir, "bad", 0, NULL), ZO_ESTATE);
+    zo_optim_destroy(&e.o);
+    /* a fresh engine at step 3 again: the reference has 3 steps too */
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    /* masters from the reference by import (the host-buffer init path) */
+    for (int i = 0; i < NT; i++) {
+        for (int k = 0; k < 3; k++) {
+            const float *src = (k == 0 ? r.master : k == 1 ? r.m1 : r.v) + m.off[i];
+            ck_assert_int_eq(zo_optim_state_import(e.o, (unsigned)i, (zo_optim_state)k, src, ZO_DTYPE_F32, 0,
+                                                   m.numel[i]), 0);
+        }
+    }
+    ck_assert_int_eq(zo_optim_push_params(e.o), 0);
+    compare(&e, &r, "imported");
+    /* the engine's step count is 0 here (save/load carries it): a real run */
+    zo_optim_destroy(&e.o);
+    for (int i = 0; i < NT; i++)
+        for (uint64_t k = 0; k < m.numel[i]; k++)
+            put(e.dparam[i], m.pdt, k, init_param(m.off[i] + k));
+    eng_create(&e);
+    ref_free(&r);
+    ref_init(&r, &m);
+    train(&e, &r, 1, 3);
+    ck_assert_int_eq(zo_optim_save(e.o, dir, "step-3", 2, "{\"epoch\": 7, \"note\": \"x}\"}"), 0);
+    train(&e, &r, 4, 6); /* the uninterrupted run */
+    compare(&e, &r, "uninterrupted");
+    /* resume in a new engine: device params scrambled first, load restores them */
+    zo_optim_destroy(&e.o);
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    for (int i = 0; i < NT; i++)
+        memset(e.dparam[i], 0x5a, m.numel[i] * 2);
+    char uj[128];
+    int rc = zo_optim_load(e.o, dir, NULL, uj, sizeof(uj));
+    ck_assert_msg(rc == 0, "load: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e.o));
+    /* the checkpoint stores the JSON value, not its spelling: compare without blanks */
+    char *w = uj;
+    for (char *q = uj; *q; q++)
+        if (*q != ' ')
+            *w++ = *q;
+    *w = '\0';
+    ck_assert_str_eq(uj, "{\"epoch\":7,\"note\":\"x}\"}");
+    zo_optim_info info;
+    zo_optim_get_info(e.o, &info);
+    ck_assert_int_eq(info.step, 3);
+    train(&e, NULL, 4, 6);
+    compare(&e, &r, "resumed");
+    /* a different model refuses the checkpoint before touching anything */
+    zo_optim_destroy(&e.o);
+    e.grp[1].numel = g0_numel; /* other sizes */
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    ck_assert_int_eq(zo_optim_load(e.o, dir, "step-3", NULL, 0), ZO_EFORMAT);
+    zo_optim_destroy(&e.o);
+    e.grp[1].numel = g1_numel;
+    eng_free(&e);
+    ref_free(&r);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* export / import in bf16 and f16; host gradient intake; external norm */
+START_TEST(test_optim_export_import)
+{
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    ref r;
+    ref_init(&r, &m);
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.max_grad_norm = 1.0;
+    eng_create(&e);
+    /* host intake, and the partial norm fed back as the "global" one */
+    for (int s = 1; s <= 2; s++) {
+        for (int i = 0; i < NT; i++) {
+            fill_grad(&e, i, s, 1.0);
+            ref_grad(&r, i, e.dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad_host(e.o, (unsigned)i, e.dgrad[i], ZO_DTYPE_BF16), 0);
+        }
+        zo_optim_step_opts so;
+        zo_optim_step_opts_default(&so);
+        uint64_t nf = 9;
+        ck_assert_int_eq(zo_optim_grad_norm_partial(e.o, &so.global_sumsq, &nf), 0);
+        ck_assert_int_eq(nf, 0);
+        so.global_nonfinite = 0;
+        ck_assert_int_eq(zo_optim_step(e.o, &so, NULL), 0);
+        ref_step(&r, 1.0, 1.0, NULL);
+    }
+    compare(&e, &r, "host intake");
+    unsigned idx;
+    ck_assert_int_eq(zo_optim_tensor_index(e.o, "w2", &idx), 0);
+    ck_assert_int_eq(idx, 3);
+    ck_assert_int_eq(zo_optim_tensor_index(e.o, "nope", &idx), -ENOENT);
+    uint64_t n = m.numel[3];
+    uint16_t *b = malloc(n * 2);
+    ck_assert_int_eq(zo_optim_state_export(e.o, 3, ZO_OPTIM_STATE_EXP_AVG, b, ZO_DTYPE_BF16, 0, n), 0);
+    for (uint64_t j = 0; j < n; j++)
+        ZO_EXPECT(b[j] == zo_f32_to_bf16(r.m1[m.off[3] + j]), "bf16 export elem %llu", (unsigned long long)j);
+    ck_assert_int_eq(zo_optim_state_export(e.o, 3, ZO_OPTIM_STATE_MASTER, b, ZO_DTYPE_F16, 100, 5), 0);
+    for (int j = 0; j < 5; j++)
+        ck_assert_uint_eq(b[j], zo_f32_to_f16(r.master[m.off[3] + 100 + j]));
+    /* import a slice of masters: the param buffer follows */
+    float vals[3] = {1.5f, -2.25f, 0.125f};
+    ck_assert_int_eq(zo_optim_state_import(e.o, 1, ZO_OPTIM_STATE_MASTER, vals, ZO_DTYPE_F32, 69997, 3), 0);
+    const void *pbuf;
+    ck_assert_int_eq(zo_optim_param_buffer(e.o, 1, &pbuf), 0);
+    for (int j = 0; j < 3; j++)
+        ck_assert_uint_eq(((const uint16_t *)pbuf)[69997 + j], zo_f32_to_bf16(vals[j]));
+    /* bad ranges and states */
+    ck_assert_int_eq(zo_optim_state_export(e.o, 1, ZO_OPTIM_STATE_MASTER, b, ZO_DTYPE_F32, 69998, 3), -EINVAL);
+    ck_assert_int_eq(zo_optim_state_export(e.o, NT, ZO_OPTIM_STATE_MASTER, b, ZO_DTYPE_F32, 0, 1), -EINVAL);
+    ck_assert_int_eq(zo_optim_state_export(e.o, 1, ZO_OPTIM_STATE_MASTER, b, ZO_DTYPE_U8, 0, 1), ZO_ENOTSUP);
+    free(b);
+    eng_free(&e);
+    ref_free(&r);
+}
+END_TEST
+
+/* ---- speculative step ------------------------------------------------------------------- */
+
+START_TEST(test_optim_speculative)
+{
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    /* Adam's L2 term feeds the (rollback-perturbed) master into m and v;
+     * without it the state bounds below are the rollback's own */
+    m.hp[1].weight_decay = 0;
+    /* two engines side by side, fed the same gradients */
+    eng a, b;
+    eng_config(&a, &m);
+    eng_config(&b, &m);
+    a.cfg.max_grad_norm = b.cfg.max_grad_norm = 1.0;
+    b.cfg.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
+    eng_create(&a);
+    eng_create(&b);
+    float *xa = malloc(m.total * 4), *xb = malloc(m.total * 4);
+    int nrb = 0;
+    for (int s = 1; s <= 5; s++) {
+        for (int i = 0; i < NT; i++) {
+            fill_grad(&a, i, s, 1.0);
+            memcpy(b.dgrad[i], a.dgrad[i], m.numel[i] * 2);
+            if (s == 5 && i == 4) { /* in group 1: group 0's sub-groups are rolled back */
+                put(a.dgrad[i], m.gdt, 3, INFINITY);
+                put(b.dgrad[i], m.gdt, 3, INFINITY);
+            }
+            ck_assert_int_eq(zo_optim_grad(a.o, (unsigned)i, a.dgrad[i], NULL), 0);
+            ck_assert_int_eq(zo_optim_grad(b.o, (unsigned)i, b.dgrad[i], NULL), 0);
+        }
+        zo_optim_step_result ra, rb;
+        int rca = zo_optim_step(a.o, NULL, &ra), rcb = zo_optim_step(b.o, NULL, &rb);
+        ck_assert_int_eq(rca, rcb);
+        ck_assert_int_eq(ra.clipped, rb.clipped);
+        ck_assert_int_eq(ra.skipped, rb.skipped);
+        ck_assert(ra.grad_norm == rb.grad_norm);
+        /* odd steps clip (rolled back and redone), even ones do not; step 5 overflows */
+        ck_assert_int_eq(rb.rolled_back, (s % 2) == 1);
+        ck_assert_int_eq(rb.skipped, s == 5);
+        nrb += rb.rolled_back;
+        for (int k = 0; k < 3; k++) {
+            for (int i = 0; i < NT; i++) {
+                ck_assert_int_eq(zo_optim_state_export(a.o, (unsigned)i, (zo_optim_state)k, xa + m.off[i],
+                                                       ZO_DTYPE_F32, 0, m.numel[i]), 0);
+                ck_assert_int_eq(zo_optim_state_export(b.o, (unsigned)i, (zo_optim_state)k, xb + m.off[i],
+                                                       ZO_DTYPE_F32, 0, m.numel[i]), 0);
+            }
+            /* after a rollback: the states come back within a few ulps of
+             * max(state, (1-beta) g) / beta, so m and v stay close in absolute
+             * terms; a master can move by up to about one update (lr) per
+             * rollback where v came back with a large relative error (tiny
+             * gradients, early steps: cpuadam.h) */
+            double maxabs = 0;
+            for (uint64_t j = 0; j < m.total; j++)
+                maxabs = fmax(maxabs, fabs((double)xa[j]));
+            for (uint64_t j = 0; j < m.total; j++) {
+                double d = fabs((double)xa[j] - (double)xb[j]);
+                double tol = 1e-5 * fabs((double)xa[j]) + (k == 0 ? 2 * 1e-2 * nrb : 1e-5 * maxabs);
+                ZO_EXPECT(d <= tol, "step %d state %d elem %llu: %a vs %a", s, k, (unsigned long long)j,
+                          (double)xa[j], (double)xb[j]);
+            }
+        }
+    }
+    /* with no clipping and no overflow the two modes agree bit for bit */
+    eng c, d;
+    eng_config(&c, &m);
+    eng_config(&d, &m);
+    d.cfg.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
+    eng_create(&c);
+    eng_create(&d);
+    ref r;
+    ref_init(&r, &m);
+    for (int s = 1; s <= 3; s++) {
+        for (int i = 0; i < NT; i++) {
+            fill_grad(&c, i, s, 1.0);
+            memcpy(d.dgrad[i], c.dgrad[i], m.numel[i] * 2);
+            ref_grad(&r, i, c.dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(c.o, (unsigned)i, c.dgrad[i], NULL), 0);
+            ck_assert_int_eq(zo_optim_grad(d.o, (unsigned)i, d.dgrad[i], NULL), 0);
+        }
+        zo_optim_step_result rd;
+        ck_assert_int_eq(zo_optim_step(c.o, NULL, NULL), 0);
+        ck_assert_int_eq(zo_optim_step(d.o, NULL, &rd), 0);
+        ck_assert_int_eq(rd.rolled_back, 0);
+        ref_step(&r, 1.0, 0, NULL);
+    }
+    compare(&c, &r, "two-pass");
+    compare(&d, &r, "speculative");
+    free(xa);
+    free(xb);
+    ref_free(&r);
+    eng_free(&a);
+    eng_free(&b);
+    eng_free(&c);
+    eng_free(&d);
+}
+END_TEST
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+START_TEST(test_optim_errors)
+{
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    eng e;
+    eng_config(&e, &m);
+    zo_optim *o = (zo_optim *)&e; /* must be cleared on failure */
+    ck_assert_int_eq(zo_optim_create(&o, NULL), -EINVAL);
+    ck_assert_ptr_null(o);
+    ck_assert_int_eq(zo_optim_create(NULL, &e.cfg), -EINVAL);
+    zo_optim_config c = e.cfg;
+    c.struct_size = 8;
+    ck_assert_int_eq(zo_optim_create(&o, &c), -EINVAL);
+    c = e.cfg;
+    c.dev = NULL;
+    ck_assert_int_eq(zo_optim_create(&o, &c), -EINVAL);
+    c = e.cfg;
+    c.param_dtype = ZO_DTYPE_U8;
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    c = e.cfg;
+    c.sub_group_size = 10;
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    /* a zero-size tensor */
+    uint64_t bad[NT0] = {1000, 0, 3, 130001};
+    zo_optim_group g[2] = {e.grp[0], e.grp[1]};
+    g[0].numel = bad;
+    c = e.cfg;
+    c.groups = g;
+    ck_assert_int_eq(zo_optim_create(&o, &c), -EINVAL);
+    ck_assert(strstr(zo_last_error_detail(), "numel") != NULL);
+    /* duplicate names */
+    const char *dup[NT0] = {"a", "b", "a", "c"};
+    g[0] = e.grp[0];
+    g[0].names = dup;
+    ck_assert_int_eq(zo_optim_create(&o, &c), -EEXIST);
+    /* hyperparameters out of range */
+    zo_optim_hparams hp = m.hp[0];
+    hp.beta1 = 1.5;
+    g[0] = e.grp[0];
+    g[0].hparams = &hp;
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    /* speculative with Lion */
+    zo_optim_hparams_default(&hp, ZO_OPTIM_LION);
+    c.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    /* an impossible pinned budget */
+    c = e.cfg;
+    c.pinned_bytes = 1 << 20;
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_EBUDGET);
+    ck_assert(strstr(zo_last_error_detail(), "pinned_bytes") != NULL);
+    /* NVMe placement is not available until the store's group streams land */
+    c = e.cfg;
+    c.placement = ZO_OPTIM_PLACE_NVME;
+    c.nvme_path = "/var/tmp";
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ENOTSUP);
+    ck_assert_ptr_null(o);
+
+    /* a working engine: bad calls */
+    eng_create(&e);
+    ck_assert_int_eq(zo_optim_grad(e.o, NT, e.dgrad[0], NULL), -EINVAL);
+    ck_assert_int_eq(zo_optim_grad(e.o, 0, NULL, NULL), -EINVAL);
+    ck_assert_int_eq(zo_optim_grad_host(e.o, 0, e.dgrad[0], ZO_DTYPE_U8), ZO_ENOTSUP);
+    ck_assert_int_eq(zo_optim_set_lr(e.o, 2, 1e-3), -EINVAL);
+    ck_assert_int_eq(zo_optim_set_lr(e.o, 0, -1.0), ZO_ECONFIG);
+    ck_assert_int_eq(zo_optim_set_lr(e.o, 0, 2e-3), 0);
+    zo_optim_hparams lion;
+    zo_optim_hparams_default(&lion, ZO_OPTIM_LION);
+    ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &lion), ZO_ECONFIG);
+    /* without DPU, a second step while one is in flight is refused, and so is intake */
+    for (int i = 0; i < NT; i++) {
+        fill_grad(&e, i, 1, 1.0);
+        ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+    }
+    ck_assert_int_eq(zo_optim_step_async(e.o, NULL), 0);
+    ck_assert_int_eq(zo_optim_step_async(e.o, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_grad(e.o, 0, e.dgrad[0], NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0);
+    ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0); /* nothing in flight: no-op */
+    eng_free(&e);
+    /* NULL tolerance */
+    zo_optim_destroy(NULL);
+    o = NULL;
+    zo_optim_destroy(&o);
+    ck_assert_int_eq(zo_optim_poll(NULL), -EINVAL);
+    ck_assert_str_eq(zo_optim_errmsg(NULL), "");
+}
+END_TEST
+
+/* destroy while a step runs (and while DPU copies are pending) */
+START_TEST(test_optim_destroy_async)
+{
+    for (int dpu = 0; dpu < 2; dpu++) {
+        model m;
+        model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+        eng e;
+        eng_config(&e, &m);
+        e.cfg.dpu = dpu;
+        e.cfg.dpu_warmup_steps = 0;
+        eng_create(&e);
+        for (int s = 1; s <= 2; s++) {
+            ck_assert_int_eq(zo_optim_grads_done(e.o), 0);
+            for (int i = 0; i < NT; i++) {
+                fill_grad(&e, i, s, 1.0);
+                ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+            }
+            ck_assert_int_eq(zo_optim_step_async(e.o, NULL), 0);
+            if (!dpu)
+                break;
+        }
+        /* gradients still being copied for the next window, too */
+        for (int i = 0; i < NT; i++)
+            ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), dpu ? 0 : ZO_ESTATE);
+        zo_optim_destroy(&e.o);
+        eng_free(&e);
+    }
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("optim");
+    TCase *tc = tcase_create("host");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_optim_plain, 0, (int)(sizeof(plain_cases) / sizeof(plain_cases[0])));
+    tcase_add_test(tc, test_optim_fp16_scaler);
+    tcase_add_test(tc, test_optim_nonfinite_policy);
+    tcase_add_test(tc, test_optim_dpu);
+    tcase_add_test(tc, test_optim_save_load);
+    tcase_add_test(tc, test_optim_export_import);
+    tcase_add_test(tc, test_optim_speculative);
+    tcase_add_test(tc, test_optim_errors);
+    tcase_add_test(tc, test_optim_destroy_async);
+    suite_add_tcase(s, tc);
+    return zo_test_run(s);
+}

@@ -151,6 +151,8 @@ def _declare():
     d("zo_optim_get_info", c_int, [c_void_p, P(OptimInfo)])
     d("zo_optim_get_timeline", c_int, [c_void_p, P(OptimTimeline)])
     d("zo_optim_timeline_json", c_int, [c_void_p, ctypes.c_char_p, c_size_t])
+    if lib.has("zo_optim_set_step"):
+        d("zo_optim_set_step", c_int, [c_void_p, c_i64])
     if lib.has("zo_optim_config_from_json"):
         d("zo_optim_config_from_json", c_int, [P(OptimConfig), c_char_p])
     _lib.SIZED_STRUCTS.update(_SIZED)
@@ -389,6 +391,20 @@ class Engine(_lib.Handle):
         h = hp if hp is not None else _ca.hparams(self._kind if kind is None else kind, **kw)
         self._c(lib.zo_optim_set_hparams(self._live(), int(group), ctypes.byref(h)),
                 "zo_optim_set_hparams")
+
+    def can_set_step(self):
+        """Whether this library lets the step count be set (zo_optim_set_step),
+        which restoring from a framework state dict needs."""
+        return lib.has("zo_optim_set_step")
+
+    def set_step(self, step):
+        """Set the number of updates applied (bias correction continues from it)."""
+        if not self.can_set_step():
+            raise _lib._errors.NotSupported(
+                _lib._errors.ZO_ENOTSUP, "zo_optim_set_step", "not supported",
+                "this libzoffload has no zo_optim_set_step: a state dict's step count cannot be "
+                "given to the engine (zo_optim_load restores it from an engine checkpoint)")
+        self._c(lib.zo_optim_set_step(self._live(), int(step)), "zo_optim_set_step")
 
     def param_buffer(self, i, like="numpy"):
         """The engine's buffer of tensor i's latest parameters in param_dtype,

@@ -241,6 +241,11 @@ class _EngineBackend:
     # -- step
     def step(self):
         opt = self.opt
+        if opt.delay_update:
+            # The fence: finish the update of the previous step and put its
+            # parameters into the model (the forward of the next step uses
+            # them), before this step's update starts.
+            self.wait()
         self._set_hparams()
         t0 = _now()
         if len(self.engines) > 1:
@@ -256,13 +261,10 @@ class _EngineBackend:
         self.timings["grad_stats"] += _now() - t0
         delayed = opt.delay_update and self.engines[0][1].info()["dpu_active"]
         if delayed:
-            # step_async finished the previous update; its parameters are in
-            # the buffers now and stay there until the step after next.
-            self.copy_back()
+            # runs while the next forward/backward do; wait() collects it
             res = None
-            step = self.engines[0][1].info()["step"]
             for g in opt.param_groups:
-                g["step"] = step
+                g["step"] = g.get("step", 0) + 1
         else:
             res = self._wait_all()
             self.copy_back()
@@ -784,6 +786,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
         pidx = {id(p): i for i, (_, p) in enumerate(self._plist)}
         order = [p for g in self.param_groups for p in g["params"]]
         st = state_dict["state"]
+        if self._eb is not None:
+            steps = {int(float(s["step"])) for s in st.values() if "step" in s}
+            if len(steps) > 1:
+                raise ValueError("zo_optim keeps one step count; the state dict has %s"
+                                 % sorted(steps))
+            if steps and steps != {0} and not self._eb.engines[0][1].can_set_step():
+                # refuse before anything is imported
+                self._eb.engines[0][1].set_step(0)
         with torch.no_grad():
             for sid, p in zip(ids, order):
                 i = pidx[id(p)]
@@ -820,6 +830,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if z and z.get("scaler") and self.scaler is not None:
             self.scaler.load_state_dict(z["scaler"])
         if self._eb is not None:
+            for _, e, _, _ in self._eb.engines:
+                if steps and steps != {0}:
+                    e.set_step(max(steps))
             self._eb._set_hparams()
             self._eb.copy_back()
             return

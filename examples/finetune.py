@@ -181,7 +181,8 @@ def run(args, which, data):
     if which == "zoffload":
         opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                            max_grad_norm=args.max_grad_norm, delay_update=args.delay_update,
-                           nthreads=args.threads,
+                           nthreads=args.threads, engine=args.engine,
+                           offload_device=args.offload, nvme_path=args.nvme_path,
                            loss_scale="dynamic" if args.dtype == "fp16" else None)
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
@@ -235,6 +236,9 @@ def run(args, which, data):
         st = zmem.pinned_stats()
         res["pinned_mib"] = (st["locked_bytes"] + st["unlocked_bytes"]) / 2 ** 20
         res["kernel_ms"] = {k: 1e3 * v / n for k, v in opt.timings.items()}
+        res["engine"] = opt.engine
+        tl = opt.timeline()
+        res["timeline"] = tl[0] if tl else None
         if args.save:
             name = opt.save(args.save)
             print("  saved optimizer checkpoint %s/%s" % (args.save, name))
@@ -248,10 +252,14 @@ def report(r):
              r["fwd_ms"] + r["bwd_ms"] + r["opt_ms"], r["fwd_ms"], r["bwd_ms"], r["opt_ms"]))
     if "kernel_ms" in r:
         k = r["kernel_ms"]
-        print("[%s] optimizer per step: grad stats %.2f ms, update %.2f ms, copy back %.2f ms, "
-              "DPU fence wait %.2f ms; pinned %.1f MiB"
-              % (r["which"], k["grad_stats"], k["update"], k["copy_back"], k["fence"],
+        print("[%s] optimizer per step (%s engine): %s; pinned %.1f MiB"
+              % (r["which"], r["engine"], ", ".join("%s %.2f ms" % kv for kv in k.items()),
                  r["pinned_mib"]))
+    if r.get("timeline"):
+        t = r["timeline"]
+        print("[%s] zo_optim last update: total %.2f ms = norm %.2f + compute %.2f ms, "
+              "stalls %.2f ms" % (r["which"], t["total_ns"] / 1e6, t["norm_ns"] / 1e6,
+                                  t["compute_ns"] / 1e6, t["stall_ns"] / 1e6))
     print("[%s] peak host memory (max RSS of the process so far) %.0f MiB"
           % (r["which"], r["peak_rss_mib"]))
 
@@ -272,6 +280,11 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="optimizer threads")
     ap.add_argument("--delay-update", action="store_true", help="DPU (overlap the update)")
+    ap.add_argument("--engine", choices=["auto", "zo_optim", "kernels"], default="auto",
+                    help="OffloadAdamW's engine (default: zo_optim where the library has it)")
+    ap.add_argument("--offload", choices=["cpu", "nvme"], default="cpu",
+                    help="where masters and states live")
+    ap.add_argument("--nvme-path", default=None, help="swap directory for --offload nvme")
     ap.add_argument("--data", nargs="*", default=None,
                     help="text files or directories (default: /usr/share/common-licenses)")
     ap.add_argument("--compare", choices=["torch"], default=None,

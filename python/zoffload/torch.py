@@ -163,7 +163,9 @@ class _EngineBackend:
         self.opt = opt
         self.engines = []           # [(dtype, Engine, {torch group: engine group}, [param idx])]
         self.where = [None] * len(opt._plist)     # param index -> (engine no, tensor index)
-        self.timings = {"grad_stats": 0.0, "update": 0.0, "copy_back": 0.0, "fence": 0.0}
+        # seconds spent in: step_async (launch), waiting for undelayed updates
+        # (update), copying parameters back (copy_back), DPU fences (fence)
+        self.timings = {"launch": 0.0, "update": 0.0, "copy_back": 0.0, "fence": 0.0}
         self.last = None
         self.steps_skipped = 0
         dtypes = sorted({p.dtype for _, p in opt._plist}, key=str)
@@ -258,7 +260,7 @@ class _EngineBackend:
                 e.step_async(global_sumsq=sumsq, global_nonfinite=nonfinite > 0)
         else:
             self.engines[0][1].step_async()
-        self.timings["grad_stats"] += _now() - t0
+        self.timings["launch"] += _now() - t0
         delayed = opt.delay_update and self.engines[0][1].info()["dpu_active"]
         if delayed:
             # runs while the next forward/backward do; wait() collects it
@@ -266,19 +268,19 @@ class _EngineBackend:
             for g in opt.param_groups:
                 g["step"] = g.get("step", 0) + 1
         else:
+            t0 = _now()
             res = self._wait_all()
+            self.timings["update"] += _now() - t0
             self.copy_back()
         if res is not None:
             self._account(res)
         return res
 
     def _wait_all(self):
-        t0 = _now()
         res = None
         for _, e, _, _ in self.engines:
             r = e.wait()
             res = r if res is None else res
-        self.timings["update"] += _now() - t0
         return res
 
     def _account(self, res):

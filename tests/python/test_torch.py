@@ -402,6 +402,23 @@ def test_zo_optim_refuses_a_step_count_it_cannot_take():
             assert torch.equal(before["state"][k][n], after["state"][k][n])
 
 
+def test_nvme_offload_equals_torch(tmp_path):
+    """Masters and states on NVMe (the swap store in tmp_path) through zo_optim."""
+    if _zo_optim_unavailable():
+        pytest.skip("zo_optim engine unavailable")
+    m1, data = model(), batches(10)
+    m2 = copy.deepcopy(m1)
+    try:
+        opt = OffloadAdamW(m2.parameters(), lr=1e-2, offload_device="nvme",
+                           nvme_path=str(tmp_path), sub_group_size=256)
+    except zoffload.NotSupported as e:
+        pytest.skip("NVMe placement unavailable: %s" % e)
+    train(m1, torch.optim.AdamW(m1.parameters(), lr=1e-2), data)
+    train(m2, opt, data)
+    assert_close_params(m1, m2)
+    assert opt.timeline()[0]["nvme_read_bytes"] > 0
+
+
 def test_bad_arguments():
     with pytest.raises(TypeError, match="only float32, float16 and bfloat16"):
         OffloadAdamW([torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))])
@@ -420,6 +437,10 @@ def test_bad_arguments():
         OffloadAdamW([p], betas=(1.0, 0.9))
     with pytest.raises(ValueError, match="max_grad_norm"):
         OffloadAdamW([p], max_grad_norm=-1)
+    with pytest.raises(ValueError, match="needs engine='zo_optim'"):
+        OffloadAdamW([p], offload_device="nvme", engine="kernels")
+    with pytest.raises(ValueError, match="offload_device"):
+        OffloadAdamW([p], offload_device="gpu")
     with pytest.raises(ValueError, match="amsgrad"):
         q = torch.nn.Parameter(torch.zeros(3))
         t = torch.optim.AdamW([q], amsgrad=True)

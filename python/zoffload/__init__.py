@@ -18,6 +18,7 @@ from . import errors
 from .errors import (ZoError, InvalidArgument, NotSupported, NoDevice, CorruptError, BudgetError,
                      StateError, NonFiniteError, LibraryOSError, LibraryNotFound)
 from . import _lib
+from . import arrays
 
 __version__ = "0.1.0"
 

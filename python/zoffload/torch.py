@@ -347,6 +347,8 @@ class _EngineBackend:
         self.engines[no][1].import_state(t, name, torch.full((p.numel(),), float(value)))
 
     def save(self, root, name, keep_last, user):
+        # one engine checkpoint root per engine, under the caller's root
+        os.makedirs(str(root), mode=0o700, exist_ok=True)
         for no, (dt, e, _, _) in enumerate(self.engines):
             e.save(os.path.join(str(root), "engine%d" % no), name, keep_last,
                    json.dumps(user))
@@ -873,6 +875,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                               "shapes": [list(p.shape) for _, p in s.params]}
                              for s in self._segments],
                 "scaler": self.scaler.state_dict() if self.scaler else None}
+        os.makedirs(str(root), mode=0o700, exist_ok=True)
         _ckpt.save(root, name, tensors, user=_jsonable(user), keep_last=keep_last)
         return name
 

@@ -60,7 +60,7 @@ from . import cpuadam as _ca
 from . import mem as _mem
 
 __all__ = ["OffloadAdamW", "OffloadAdam", "OffloadAdagrad", "OffloadLion", "OffloadOptimizer",
-           "LossScaler", "from_deepspeed_config", "offload_parameters"]
+           "LossScaler", "from_deepspeed_config"]
 
 _ZO_DT = {torch.float32: arrays.F32, torch.float16: arrays.F16, torch.bfloat16: arrays.BF16}
 _FORMAT = "zoffload.torch.OffloadOptimizer/1"
@@ -1095,7 +1095,3 @@ def from_deepspeed_config(params, config):
         kw["delay_update"] = True
     return cls(params, **hp, **kw)
 
-
-def offload_parameters(*a, **kw):
-    raise NotImplementedError("offload_parameters (ZeRO-3 parameter offload through the store) "
-                              "is not implemented in this version")

@@ -14,11 +14,14 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <zoffload/zoffload.h>
 
 #include "zo_test.h"
+
+#include "aio/aio_internal.h"
 
 #define NTHREADS 2
 #define SGSIZE 65536u
@@ -249,6 +252,14 @@ static void eng_config(eng *e, model *m)
     e->cfg.ngroups = 2;
 }
 
+/* a model, its reference and an engine configured for it (not created) */
+static void setup(model *m, ref *r, eng *e, zo_dtype pdt, zo_dtype gdt)
+{
+    model_init(m, pdt, gdt);
+    ref_init(r, m);
+    eng_config(e, m);
+}
+
 static void eng_create(eng *e)
 {
     int r = zo_optim_create(&e->o, &e->cfg);
@@ -298,16 +309,21 @@ static void compare(eng *e, ref *r, const char *when)
 }
 
 /* One training run: `steps` boundaries of `accum` micro-steps each. */
-static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, double max_norm)
+static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, double max_norm, int nvme)
 {
     model m;
-    model_init(&m, pdt, gdt);
     ref r;
-    ref_init(&r, &m);
     eng e;
-    eng_config(&e, &m);
+    setup(&m, &r, &e, pdt, gdt);
     e.cfg.grad_accum_steps = accum;
     e.cfg.max_grad_norm = max_norm;
+    char dir[256] = "";
+    if (nvme) {
+        zo_test_mkdtemp(dir, sizeof(dir));
+        e.cfg.placement = ZO_OPTIM_PLACE_NVME;
+        e.cfg.nvme_path = dir;
+        e.cfg.buffer_count = 5; /* read-ahead depth 3 */
+    }
     eng_create(&e);
     int ms = 0;
     int clipped = 0;
@@ -349,8 +365,12 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
     char js[1024];
     int n = zo_optim_timeline_json(e.o, js, sizeof(js));
     ck_assert(n > 0 && (size_t)n < sizeof(js) && strstr(js, "\"compute_ns\":"));
+    if (nvme)
+        ck_assert(tl.nvme_read_bytes > 0 && tl.nvme_write_bytes > 0);
     eng_free(&e);
     ref_free(&r);
+    if (nvme)
+        zo_test_rmtree(dir);
 }
 
 /* dtypes x accumulation x clipping; fp16 runs with the dynamic scaler (no overflow) */
@@ -359,18 +379,22 @@ static const struct {
     unsigned accum;
     int steps;
     double max_norm;
+    int nvme;
 } plain_cases[] = {
-    {ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 4, 1.0},
-    {ZO_DTYPE_F32, ZO_DTYPE_F32, 3, 4, 1.0},
-    {ZO_DTYPE_BF16, ZO_DTYPE_BF16, 2, 3, 0.0},
-    {ZO_DTYPE_F16, ZO_DTYPE_F16, 1, 3, 1.0},
-    {ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 2, 1.0}, /* fp32 gradients of bf16 params */
+    {ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 4, 1.0, 0},
+    {ZO_DTYPE_F32, ZO_DTYPE_F32, 3, 4, 1.0, 0},
+    {ZO_DTYPE_BF16, ZO_DTYPE_BF16, 2, 3, 0.0, 0},
+    {ZO_DTYPE_F16, ZO_DTYPE_F16, 1, 3, 1.0, 0},
+    {ZO_DTYPE_BF16, ZO_DTYPE_F32, 2, 2, 1.0, 0}, /* fp32 gradients of bf16 params */
+    /* NVMe placement: the same reference, so bit-identical to host placement */
+    {ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 4, 1.0, 1},
+    {ZO_DTYPE_F32, ZO_DTYPE_F32, 2, 2, 1.0, 1},
 };
 
 START_TEST(test_optim_plain)
 {
     run_plain(plain_cases[_i].pdt, plain_cases[_i].gdt, plain_cases[_i].accum, plain_cases[_i].steps,
-              plain_cases[_i].max_norm);
+              plain_cases[_i].max_norm, plain_cases[_i].nvme);
 }
 END_TEST
 
@@ -379,11 +403,9 @@ END_TEST
 START_TEST(test_optim_fp16_scaler)
 {
     model m;
-    model_init(&m, ZO_DTYPE_F16, ZO_DTYPE_F16);
     ref r;
-    ref_init(&r, &m);
     eng e;
-    eng_config(&e, &m);
+    setup(&m, &r, &e, ZO_DTYPE_F16, ZO_DTYPE_F16);
     e.cfg.initial_scale_power = 10;
     e.cfg.loss_scale_window = 2;
     e.cfg.hysteresis = 2;
@@ -424,11 +446,9 @@ START_TEST(test_optim_nonfinite_policy)
 {
     for (int policy = 0; policy < 2; policy++) {
         model m;
-        model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
         ref r;
-        ref_init(&r, &m);
         eng e;
-        eng_config(&e, &m);
+        setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
         e.cfg.nonfinite = policy ? ZO_OPTIM_NONFINITE_SKIP : ZO_OPTIM_NONFINITE_ERROR;
         eng_create(&e);
         for (int s = 1; s <= 3; s++) {
@@ -499,10 +519,8 @@ START_TEST(test_optim_dpu)
         ck_assert_int_eq(ref_step(&r, 1.0, 1.0, NULL), 1);
         hist[k] = malloc(pb);
         memcpy(hist[k], r.out, pb);
-        if (k <= K) {
-            ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0); /* warm-up: no delay */
-            ck_assert_int_eq(zo_optim_params_current(e.o), 1);
-        }
+        /* warm-up: no delay, step_async itself landed the update */
+        ck_assert_int_eq(zo_optim_params_current(e.o), k <= K);
     }
     /* the eventfd says the last update finished */
     struct pollfd pfd = {.fd = efd, .events = POLLIN};
@@ -547,11 +565,9 @@ START_TEST(test_optim_save_load)
     char dir[256];
     zo_test_mkdtemp(dir, sizeof(dir));
     model m;
-    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
     ref r;
-    ref_init(&r, &m);
     eng e;
-    eng_config(&e, &m);
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
     e.cfg.max_grad_norm = 1.0;
     eng_create(&e);
     train(&e, &r, 1, 3);
@@ -621,11 +637,9 @@ END_TEST
 START_TEST(test_optim_export_import)
 {
     model m;
-    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
     ref r;
-    ref_init(&r, &m);
     eng e;
-    eng_config(&e, &m);
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
     e.cfg.max_grad_norm = 1.0;
     eng_create(&e);
     /* host intake, and the partial norm fed back as the "global" one */
@@ -824,12 +838,24 @@ START_TEST(test_optim_errors)
     c.pinned_bytes = 1 << 20;
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_EBUDGET);
     ck_assert(strstr(zo_last_error_detail(), "pinned_bytes") != NULL);
-    /* NVMe placement is not available until the store's group streams land */
+    /* NVMe placement without a place, or with a pinned budget below the least pool */
     c = e.cfg;
     c.placement = ZO_OPTIM_PLACE_NVME;
-    c.nvme_path = "/var/tmp";
-    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ENOTSUP);
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    c.nvme_path = dir;
+    c.pinned_bytes = 8 << 20;
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_EBUDGET);
     ck_assert_ptr_null(o);
+    /* a budget the pool can shrink into */
+    c.pinned_bytes = 48 << 20;
+    ck_assert_int_eq(zo_optim_create(&o, &c), 0);
+    zo_optim_info info;
+    ck_assert_int_eq(zo_optim_get_info(o, &info), 0);
+    ck_assert_uint_le(info.pinned_bytes, 48 << 20);
+    zo_optim_destroy(&o);
+    zo_test_rmtree(dir);
 
     /* a working engine: bad calls */
     eng_create(&e);
@@ -892,6 +918,87 @@ START_TEST(test_optim_destroy_async)
 }
 END_TEST
 
+/* ---- NVMe: a full disk mid-step ----------------------------------------------------------- */
+
+typedef struct wfault {
+    _Atomic int armed;
+    _Atomic int writes; /* writes let through once armed */
+    _Atomic int hits;
+} wfault;
+
+static int64_t wfault_hook(void *user, const zo__aio_fault_site *st)
+{
+    wfault *f = user;
+    if (!atomic_load(&f->armed) || st->op != ZO__OP_WRITE)
+        return 0;
+    if (atomic_fetch_sub(&f->writes, 1) > 0)
+        return 0;
+    atomic_fetch_add(&f->hits, 1);
+    return -ENOSPC;
+}
+
+/* The step fails with the disk's error, the engine refuses to go on with
+ * states it cannot vouch for, and the last checkpoint restores a state
+ * from which training continues exactly as the uninterrupted run. */
+START_TEST(test_optim_nvme_diskfull)
+{
+    char dir[256], swapdir[300], ckdir[300];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(swapdir, sizeof(swapdir), "%s/swap", dir);
+    snprintf(ckdir, sizeof(ckdir), "%s/ckpt", dir);
+    ck_assert_int_eq(mkdir(swapdir, 0700), 0);
+    const char *dirs[1] = {swapdir};
+    zo_swap_config wc;
+    zo_swap_config_default(&wc);
+    wc.dirs = dirs;
+    wc.ndirs = 1;
+    wc.arena_size = 16 << 20;
+    zo_swap *swap;
+    ck_assert_int_eq(zo_swap_create(&swap, &wc), 0);
+    wfault f;
+    atomic_init(&f.armed, 0);
+    atomic_init(&f.writes, 0);
+    atomic_init(&f.hits, 0);
+    zo__aio_set_fault(zo_swap_get_aio(swap), wfault_hook, &f);
+
+    model m;
+    ref r;
+    eng e;
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    e.cfg.placement = ZO_OPTIM_PLACE_NVME;
+    e.cfg.swap = swap;
+    e.cfg.max_grad_norm = 1.0;
+    eng_create(&e);
+    train(&e, &r, 1, 2);
+    ck_assert_int_eq(zo_optim_save(e.o, ckdir, "step-2", 0, NULL), 0);
+    /* step 3: a few write-backs land, then the disk is full */
+    atomic_store(&f.writes, 3);
+    atomic_store(&f.armed, 1);
+    for (int i = 0; i < NT; i++) {
+        fill_grad(&e, i, 3, 1.0);
+        ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+    }
+    int rc = zo_optim_step(e.o, NULL, NULL);
+    ck_assert_msg(rc == -ENOSPC, "step on a full disk: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e.o));
+    ck_assert_int_gt(atomic_load(&f.hits), 0);
+    atomic_store(&f.armed, 0);
+    /* no more steps, saves or exports on undefined states */
+    ck_assert_int_eq(zo_optim_step(e.o, NULL, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_save(e.o, ckdir, "bad", 0, NULL), ZO_ESTATE);
+    float x;
+    ck_assert_int_eq(zo_optim_state_export(e.o, 0, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), ZO_ESTATE);
+    /* the checkpoint restores, and the run goes on as the uninterrupted one */
+    ck_assert_int_eq(zo_optim_load(e.o, ckdir, NULL, NULL, 0), 0);
+    compare(&e, &r, "restored");
+    train(&e, &r, 3, 4);
+    compare(&e, &r, "after the full disk");
+    eng_free(&e);
+    ref_free(&r);
+    zo_swap_destroy(&swap);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("optim");
@@ -906,6 +1013,7 @@ int main(void)
     tcase_add_test(tc, test_optim_speculative);
     tcase_add_test(tc, test_optim_errors);
     tcase_add_test(tc, test_optim_destroy_async);
+    tcase_add_test(tc, test_optim_nvme_diskfull);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

@@ -45,14 +45,20 @@
  *     and never has to undo anything: it is the default because its result
  *     is bit-identical to a plain run of the cpuadam kernels.
  *   - ZO_OPTIM_CLIP_SPECULATIVE (SuperOffload): each sub-group is checked
- *     and updated at once with clip coefficient 1, without waiting for the
- *     global norm; when the norm turns out to exceed `max_grad_norm`, or an
- *     overflow is found, the sub-groups already updated are rolled back
- *     with zo_cpuadam_rollback() and the step is redone with the clip
- *     coefficient (or skipped). Identical to two-pass when nothing is
- *     clipped and nothing overflows; after a rollback the states are within
- *     the rollback's rounding bounds (cpuadam.h) of the two-pass result.
- *     Adam / AdamW with fp32 states only (ZO_ECONFIG otherwise).
+ *     and updated at once with clip coefficient 1, without a separate norm
+ *     pass over all gradients first (the statistics of a sub-group are
+ *     taken just before its update, while its gradients are in cache);
+ *     when the norm turns out to exceed `max_grad_norm`, or an overflow is
+ *     found, the sub-groups already updated are rolled back with
+ *     zo_cpuadam_rollback() and the step is redone with the clip
+ *     coefficient (or skipped). Identical to two-pass, bit for bit, when
+ *     nothing is clipped and nothing overflows. After a rollback the states
+ *     are within the rollback's rounding bounds (cpuadam.h): m and v within
+ *     a few ulps of max(state, (1-beta) g) / beta, and a master may move by
+ *     up to about one update (lr) where v came back with a large relative
+ *     error (tiny gradients in early steps). Adam / AdamW with fp32 states
+ *     only (ZO_ECONFIG otherwise). The update starts at the boundary's step
+ *     call, not yet while backward still produces gradients.
  *   Clip coefficient (DeepSpeed's): with norm = sqrt(sumsq) / loss_scale,
  *   coef = max_grad_norm / (norm + 1e-6) when that is below 1, else 1.
  *
@@ -71,11 +77,24 @@
  *   device runs forward/backward of step N+1. The new parameters of step N
  *   are copied to the device at the next step call (after the framework's
  *   backward of N+1 has finished with the old ones) or at zo_optim_wait().
- *   The first `dpu_warmup_steps` (K) boundaries run without delay. Which
+ *   The first `dpu_warmup_steps` (K) boundaries run without delay:
+ *   zo_optim_step_async() blocks until their update reached the device. Which
  *   parameters the forward of step k (1-based, counting boundaries) sees:
  *     k <= K + 1:  the result of step k - 1 (the initial params for k = 1)
  *     k >= K + 2:  the result of step k - 2.
  *   Gradients of step k are always applied to the masters of step k - 1.
+ *
+ * Failures during an update
+ *   A step that fails while states are being written (an I/O error or a
+ *   full disk under NVMe placement, surfacing from the store's sweep)
+ *   leaves the masters neither all before nor all after the step: the
+ *   sub-groups before the failure hold the new values, the failing piece is
+ *   undefined, the rest hold the old ones (making it all-before would need
+ *   a second copy of the states on disk). The engine then refuses steps,
+ *   saves, exports and imports with ZO_ESTATE until zo_optim_load()
+ *   restores a checkpoint (or zo_optim_init_from_device() starts over). A
+ *   failure before any state is written (a gradient copy) drops the
+ *   window's gradients and changes nothing.
  *
  * Multi-rank (later)
  *   A rank declares only the tensors (or tensor slices) whose state it owns.
@@ -239,7 +258,9 @@ ZO_API void zo_optim_config_default(zo_optim_config *cfg);
  *         field); -EEXIST (two tensors with one name); ZO_EBUDGET (pinned_bytes
  *         cannot hold what the placement needs: the detail says how much);
  *         ZO_ENOTSUP (a feature not available in this build); -ENOMEM;
- *         errors of zo_swap_create(), zo_store_create(), zo_stream_create().
+ *         errors of zo_swap_create(), zo_store_create(), zo_stream_create(),
+ *         zo_store_register() (-ENOSPC: the swap store cannot hold the
+ *         NVMe-placed states).
  * Blocks (allocates, pins, may create files).
  */
 ZO_API int zo_optim_create(zo_optim **out, const zo_optim_config *cfg);
@@ -376,8 +397,11 @@ ZO_API void zo_optim_step_opts_default(zo_optim_step_opts *opts);
  * (after the warm-up) it first finishes the previous step: waits for its
  * update, copies its parameters to the device. opts may be NULL.
  * @return 0 (started, or accumulated); ZO_ESTATE (a step already in flight
- *         without DPU: call zo_optim_wait() first); the previous step's error
- *         under DPU; copy errors of the gradients; -EINVAL.
+ *         or not yet collected without DPU: call zo_optim_wait() first; or an
+ *         earlier step failed mid-update: load a checkpoint); the previous
+ *         step's error under DPU (this step is started all the same,
+ *         unless that error left the states undefined: then it is not); copy
+ *         errors of the gradients; -EINVAL (bad opts).
  */
 ZO_API int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *opts);
 
@@ -397,11 +421,12 @@ typedef struct zo_optim_step_result {
 /**
  * Wait for the step in flight (no-op when none): its update and the copy of
  * its parameters to the device. Under DPU this also ends the delay: the
- * device params are current afterwards. res may be NULL.
+ * device params are current afterwards. res may be NULL; when no step was
+ * in flight it gets boundary 0, the current step count and loss scale.
  * @return 0; ZO_ENONFINITE (non-finite gradients under
- *         ZO_OPTIM_NONFINITE_ERROR: nothing was updated); store, device and
- *         kernel errors (a failed NVMe step leaves the masters as before the
- *         step for the sub-groups not yet written back: see docs/optim.md).
+ *         ZO_OPTIM_NONFINITE_ERROR: nothing was updated); store errors
+ *         (-EIO, -ENOSPC, ZO_ECORRUPT: see "Failures during an update"),
+ *         device and kernel errors.
  */
 ZO_API int zo_optim_wait(zo_optim *o, zo_optim_step_result *res);
 
@@ -512,13 +537,15 @@ typedef struct zo_optim_timeline {
     uint64_t d2h_bytes;
     uint64_t norm_ns;        /**< gradient statistics pass */
     uint64_t compute_ns;     /**< fused optimizer kernels (and rollbacks) */
-    uint64_t nvme_read_ns;   /**< NVMe reads of master / states */
-    uint64_t nvme_read_bytes;
-    uint64_t nvme_write_ns;  /**< NVMe write-backs */
-    uint64_t nvme_write_bytes;
+    uint64_t nvme_read_ns;   /**< waiting for sub-group pieces to load (the part of the NVMe reads the
+                                  read-ahead did not hide; ~0 under host placement) */
+    uint64_t nvme_read_bytes; /**< bytes read from NVMe */
+    uint64_t nvme_write_ns;  /**< waiting for the last write-backs at the end of each sweep */
+    uint64_t nvme_write_bytes; /**< bytes written to NVMe */
     uint64_t h2d_ns;         /**< parameter copies host -> device */
     uint64_t h2d_bytes;
-    uint64_t stall_ns;       /**< the worker blocked waiting for data (gradients, NVMe) */
+    uint64_t stall_ns;       /**< the worker blocked waiting for data: gradients still copying, plus the
+                                  store's stall time (NVMe pieces not yet loaded) */
 } zo_optim_timeline;
 
 /** The timeline of the latest finished update. @return 0; -EINVAL; -ENOENT (no update yet). */

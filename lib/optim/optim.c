@@ -12,6 +12,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <zoffload/aio.h>
 #include <zoffload/mem.h>
 #include <zoffload/swap.h>
 #include <zoffload/vec.h>
@@ -312,46 +313,92 @@ static uint64_t state_bytes(const zo_optim *o, const zo__sg *sg, int k)
     return sg->n * (k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(o->groups[sg->group].sdt));
 }
 
-/* Store, swap and the sub-groups' store tensors. */
+/* Store, swap and the sub-groups' store tensors. Pinned memory: the host
+ * tier (host placement) plus the slot pool plus the gradient staging must
+ * fit pinned_bytes; with NVMe placement the pool's slot size shrinks to fit,
+ * down to the least a sweep can work with. */
 static int make_store(zo_optim *o)
 {
-    uint64_t host_tier = 0;
-    int nvme = 0;
+    uint64_t host_tier = 0, nvme_bytes = 0;
+    int nvme = 0, mixed_width = 0;
     for (unsigned i = 0; i < o->nsg; i++) {
         zo__sg *sg = &o->sgs[i];
         zo__og *og = &o->groups[sg->group];
-        if (og->place == ZO_OPTIM_PLACE_NVME) {
-            nvme = 1;
-            continue;
-        }
-        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
-            if (og->used[k])
+        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++) {
+            if (!og->used[k])
+                continue;
+            if (og->place == ZO_OPTIM_PLACE_NVME) {
+                nvme = 1;
+                nvme_bytes += ZO_ALIGN_UP(state_bytes(o, sg, k), (uint64_t)1 << 20);
+                mixed_width |= og->sdt != ZO_DTYPE_F32;
+            } else {
                 host_tier += ZO_ALIGN_UP(state_bytes(o, sg, k), (uint64_t)4096);
+            }
+        }
     }
-    if (nvme)
-        /* NVMe placement is built on the store's group-stream sweep API,
-         * which has not landed yet; no private I/O path in the meantime. */
-        return ZO_FAIL(&o->err, ZO_ENOTSUP,
-                       "zo_optim_create: NVMe placement needs the store's group streams (not in this build yet)");
-    size_t slot = (size_t)1 << 20;
-    unsigned slots = 8; /* zo_store_read/write, checkpoints and restores stream through the pool (restore needs > 4) */
+    int r;
+    size_t chunk = 0;
+    if (nvme) {
+        if (o->cfg.swap) {
+            o->swap = o->cfg.swap;
+        } else {
+            if (!o->nvme_path)
+                return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: NVMe placement needs nvme_path (or swap)");
+            const char *dirs[1] = {o->nvme_path};
+            zo_aio_config ac;
+            zo_aio_config_default(&ac);
+            ac.block_size = o->cfg.aio_block_size;
+            ac.queue_depth = o->cfg.aio_queue_depth;
+            ac.threads = o->cfg.aio_threads;
+            zo_swap_config wc;
+            zo_swap_config_default(&wc);
+            wc.dirs = dirs;
+            wc.ndirs = 1;
+            wc.aio_cfg = &ac;
+            /* arenas no larger than the states need (small models, tests) */
+            wc.arena_size = ZO_MIN(wc.arena_size, ZO_ALIGN_UP(nvme_bytes, (uint64_t)1 << 20) + ((uint64_t)1 << 20));
+            if ((r = zo_swap_create(&o->swap, &wc)) < 0)
+                return ZO_FAIL(&o->err, r, "zo_optim_create: swap store in %s: %s", o->nvme_path,
+                               zo_last_error_detail());
+            o->own_swap = 1;
+        }
+        zo_swap_info si;
+        zo_swap_get_info(o->swap, &si);
+        chunk = si.chunk_size;
+    }
+    /* a sweep holds buffer_count pieces of (master, m, v), one slot each;
+     * two more slots serve reads, writes and checkpoints beside it */
+    unsigned slots = nvme ? 3 * o->cfg.buffer_count + 2 : 8;
+    size_t slot = nvme ? (size_t)4 << 20 : (size_t)1 << 20;
+    size_t min_slot = nvme ? chunk * (mixed_width ? 2 : 1) : (size_t)1 << 20;
+    if (nvme) {
+        slot = ZO_MAX(ZO_ALIGN_UP(slot, chunk), min_slot);
+        if (o->cfg.pinned_bytes && o->cfg.pinned_bytes > host_tier + o->cfg.grad_staging_bytes) {
+            uint64_t room = (o->cfg.pinned_bytes - host_tier - o->cfg.grad_staging_bytes) / slots;
+            if (room < slot)
+                slot = (size_t)(room / chunk * chunk);
+        }
+        if (slot < min_slot)
+            slot = min_slot; /* the budget check below reports it */
+    }
     uint64_t need = host_tier + (uint64_t)slots * slot + o->cfg.grad_staging_bytes;
     if (o->cfg.pinned_bytes && need > o->cfg.pinned_bytes)
         return ZO_FAIL(&o->err, ZO_EBUDGET,
-                       "zo_optim_create: pinned_bytes %llu cannot hold what host placement needs: %llu (masters and "
-                       "states %llu, pool %llu, gradient staging %zu)",
+                       "zo_optim_create: pinned_bytes %llu cannot hold what the placement needs: %llu (host-placed "
+                       "masters and states %llu, pool %u x %zu, gradient staging %zu)",
                        (unsigned long long)o->cfg.pinned_bytes, (unsigned long long)need,
-                       (unsigned long long)host_tier, (unsigned long long)slots * slot, o->cfg.grad_staging_bytes);
+                       (unsigned long long)host_tier, slots, slot, o->cfg.grad_staging_bytes);
     zo_store_config sc;
     zo_store_config_default(&sc);
     sc.dev = NULL; /* the engine moves device data itself */
     sc.host_bytes = host_tier;
+    sc.swap = o->swap;
     sc.slot_size = slot;
     sc.slots = slots;
     sc.numa_node = o->cfg.numa_node;
     sc.pin_flags = o->cfg.pin_memory ? 0 : ZO_PIN_NO_LOCK;
     sc.trace = ZO_TRACE_OFF;
-    int r = zo_store_create(&o->store, &sc);
+    r = zo_store_create(&o->store, &sc);
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_create: store: %s", zo_last_error_detail());
     o->pinned_bytes += host_tier + (uint64_t)slots * slot;
@@ -790,11 +837,17 @@ static int push_pending(zo_optim *o)
     return 0;
 }
 
-int zo__optim_quiesce(zo_optim *o, const char *fn)
+int zo__optim_quiesce(zo_optim *o, int for_load)
 {
     int r = collect(o, NULL);
+    if (for_load) {
+        /* a load replaces whatever the step in flight left, failed or not */
+        o->push_pending = 0;
+        return 0;
+    }
     int r2 = push_pending(o);
-    (void)fn;
+    if (r == 0 && r2 == 0 && o->failed)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim: a step failed mid-update; zo_optim_load() a checkpoint first");
     return r < 0 ? r : r2;
 }
 
@@ -810,6 +863,9 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     if (opts.global_nonfinite < -1 || opts.global_nonfinite > 1 || isnan(opts.global_sumsq))
         return ZO_FAIL(&o->err, -EINVAL, "zo_optim_step_async: global_nonfinite %d / global_sumsq %g out of range",
                        opts.global_nonfinite, opts.global_sumsq);
+    if (o->failed)
+        return ZO_FAIL(&o->err, ZO_ESTATE,
+                       "zo_optim_step_async: an earlier step failed mid-update; zo_optim_load() a checkpoint first");
     uint64_t t_call = zo__now_ns();
     pthread_mutex_lock(&o->lock);
     int busy = o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING || o->ws == ZO__W_DONE;
@@ -828,6 +884,12 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     /* DPU: finish the previous update and copy its params (the framework's
      * backward is done with the old ones by now) */
     int prev_err = collect(o, NULL);
+    if (o->failed) {
+        /* the step just collected failed mid-update: nothing more on those states */
+        o->micro--;
+        return prev_err < 0 ? prev_err
+                            : ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_step_async: an earlier step failed mid-update");
+    }
     if ((r = push_pending(o)) < 0)
         return r;
     o->boundaries++;
@@ -853,6 +915,14 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     o->win_scale[next] = o->scaler.scale;
     zo__wstate_set(o, ZO__W_QUEUED);
     o->win = next;
+    if (o->cfg.dpu && !delayed) {
+        /* a DPU warm-up boundary: no delay, so the next forward must see
+         * this update; block until it has reached the device */
+        r = collect(o, NULL);
+        if (r == 0)
+            o->params_current = 1;
+        return r < 0 ? r : prev_err;
+    }
     return prev_err;
 }
 

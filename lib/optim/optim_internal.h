@@ -145,6 +145,8 @@ struct zo_optim {
     int have_tl;
 
     uint64_t pinned_bytes, host_bytes;
+    /* a step failed while writing states: they are undefined until a load */
+    _Atomic int failed;
 };
 
 /* step.c */
@@ -156,7 +158,7 @@ int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi);
 int zo__sg_stats(zo_optim *o, const float *acc, double *sumsq, uint64_t *nonfinite);
 
 /* optim.c */
-int zo__optim_quiesce(zo_optim *o, const char *fn);
+int zo__optim_quiesce(zo_optim *o, int for_load);
 void zo__acc_add(float *dst, const void *src, zo_dtype dt, size_t n, int first);
 
 #endif /* ZO_OPTIM_INTERNAL_H */

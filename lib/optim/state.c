@@ -100,7 +100,7 @@ int zo_optim_state_export(zo_optim *o, unsigned index, zo_optim_state which, voi
     int r = check_range(o, "zo_optim_state_export", index, which, dtype, off, n, dst);
     if (r < 0)
         return r;
-    if ((r = zo__optim_quiesce(o, "zo_optim_state_export")) < 0)
+    if ((r = zo__optim_quiesce(o, 0)) < 0)
         return r;
     zo__ot *t = &o->tensors[index];
     return state_io(o, t->group, which, t->off + off, t->off + off + n, dst, NULL, dtype, 0);
@@ -112,7 +112,7 @@ int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, con
     int r = check_range(o, "zo_optim_state_import", index, which, dtype, off, n, src);
     if (r < 0)
         return r;
-    if ((r = zo__optim_quiesce(o, "zo_optim_state_import")) < 0)
+    if ((r = zo__optim_quiesce(o, 0)) < 0)
         return r;
     zo__ot *t = &o->tensors[index];
     return state_io(o, t->group, which, t->off + off, t->off + off + n, NULL, src, dtype,
@@ -151,7 +151,7 @@ int zo_optim_init_from_device(zo_optim *o)
     for (unsigned g = 0; g < o->ngroups; g++)
         if (!o->groups[g].has_dev)
             return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_init_from_device: group %u has no dev_params", g);
-    int r = zo__optim_quiesce(o, "zo_optim_init_from_device");
+    int r = zo__optim_quiesce(o, 1); /* everything is rewritten: also after a failed step */
     if (r < 0)
         return r;
     /* the device params, exactly, into the parameter buffer; then widened */
@@ -172,8 +172,10 @@ int zo_optim_init_from_device(zo_optim *o)
     }
     if (r == 0)
         r = zero_states(o);
-    if (r == 0)
+    if (r == 0) {
         o->params_current = 1;
+        o->failed = 0;
+    }
     return r;
 }
 
@@ -181,7 +183,7 @@ int zo_optim_push_params(zo_optim *o)
 {
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_push_params: NULL engine");
-    int r = zo__optim_quiesce(o, "zo_optim_push_params");
+    int r = zo__optim_quiesce(o, 0);
     if (r < 0)
         return r;
     if ((r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
@@ -210,7 +212,7 @@ int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep
 {
     if (!o || !root || !name)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_save: NULL argument");
-    int r = zo__optim_quiesce(o, "zo_optim_save");
+    int r = zo__optim_quiesce(o, 0);
     if (r < 0)
         return r;
     if (pending_grads(o))
@@ -303,7 +305,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
 {
     if (!o || !root)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_load: NULL argument");
-    int r = zo__optim_quiesce(o, "zo_optim_load");
+    int r = zo__optim_quiesce(o, 1);
     if (r < 0)
         return r;
     zo_ckpt_reader *rd = NULL;
@@ -341,6 +343,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     }
     o->push_pending = 0;
     o->have_res = 0;
+    o->failed = 0;
     /* the parameter buffer from the masters (the cast the fused step does) */
     float *tmp = malloc(TILE_ELEMS * 4);
     if (!tmp) {

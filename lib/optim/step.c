@@ -134,75 +134,6 @@ int zo__sg_stats(zo_optim *o, const float *acc, double *sumsq, uint64_t *nonfini
     return 0;
 }
 
-/* The state pointers of a sub-group, held for writing during the step. */
-typedef struct sg_ptrs {
-    void *p[ZO_OPTIM_STATE_COUNT];
-} sg_ptrs;
-
-static int sg_acquire(zo_optim *o, zo__sg *sg, sg_ptrs *sp)
-{
-    zo_store_req *req[ZO_OPTIM_STATE_COUNT] = {0};
-    int r = 0, k;
-    memset(sp, 0, sizeof(*sp));
-    for (k = 0; k < ZO_OPTIM_STATE_COUNT; k++) {
-        if (!sg->t[k])
-            continue;
-        if ((r = zo_store_acquire(o->store, sg->t[k], ZO_TIER_HOST, ZO_ACQ_WRITE, &req[k])) < 0)
-            break;
-    }
-    int err = r;
-    for (int j = 0; j < k; j++) {
-        if (!req[j])
-            continue;
-        r = zo_store_wait(o->store, req[j], &sp->p[j]);
-        if (r < 0 && !err)
-            err = r;
-        if (r < 0)
-            sp->p[j] = NULL;
-    }
-    if (err < 0) {
-        for (int j = 0; j < ZO_OPTIM_STATE_COUNT; j++)
-            if (sp->p[j])
-                zo_store_release(o->store, sg->t[j], ZO_TIER_HOST, 0);
-        return ZO_FAIL(&o->err, err, "zo_optim: sub-group state: %s", zo_store_errmsg(o->store));
-    }
-    return 0;
-}
-
-static void sg_release(zo_optim *o, zo__sg *sg)
-{
-    for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
-        if (sg->t[k])
-            zo_store_release(o->store, sg->t[k], ZO_TIER_HOST, 0);
-}
-
-/* One fused kernel call (or its rollback) over a whole sub-group. */
-static int sg_kernel(zo_optim *o, zo__sg *sg, const sg_ptrs *sp, const float *acc, unsigned pb, double scale,
-                     double coef, int rollback)
-{
-    zo__og *og = &o->groups[sg->group];
-    zo_optim_hparams hp = og->hp;
-    hp.step = o->step + 1;
-    hp.grad_scale = 1.0 / scale;
-    hp.clip_coef = coef;
-    zo_cpuadam_tensors t;
-    zo_cpuadam_tensors_default(&t);
-    t.n = (size_t)sg->n;
-    t.param = sp->p[ZO_OPTIM_STATE_MASTER];
-    t.grad = acc + sg->off;
-    t.grad_dtype = ZO_DTYPE_F32;
-    t.exp_avg = sp->p[ZO_OPTIM_STATE_EXP_AVG];
-    t.exp_avg_sq = sp->p[ZO_OPTIM_STATE_EXP_AVG_SQ];
-    t.state_dtype = og->sdt;
-    t.param_out = (char *)o->pbuf[pb] + sg->off * o->pes;
-    t.out_dtype = o->pdt;
-    int r = rollback ? zo_cpuadam_team_rollback(o->team, &hp, &t) : zo_cpuadam_team_step(o->team, &hp, &t);
-    if (r < 0)
-        return ZO_FAIL(&o->err, r, "zo_optim: %s of sub-group %u: %s", rollback ? "rollback" : "update",
-                       (unsigned)(sg - o->sgs), zo_cpuadam_team_errmsg(o->team));
-    return 0;
-}
-
 static double clip_coef(const zo_optim *o, double norm)
 {
     if (o->cfg.max_grad_norm <= 0)
@@ -211,24 +142,141 @@ static double clip_coef(const zo_optim *o, double norm)
     return c < 1.0 ? c : 1.0;
 }
 
-/* Update sub-groups [0, nsg) with (scale, coef); push each when done unless delayed. */
-static int sweep(zo_optim *o, const zo__job *job, const float *acc, double coef, int rollback, unsigned upto,
-                 zo_optim_timeline *tl)
+/* One fused kernel call (or its rollback) over one piece of a sub-group. */
+static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t elem_off,
+                        uint64_t n, const float *acc, unsigned pb, double scale, double coef, int rollback)
 {
-    for (unsigned i = 0; i < upto; i++) {
-        zo__sg *sg = &o->sgs[i];
-        sg_ptrs sp;
-        int r = sg_acquire(o, sg, &sp);
-        if (r < 0)
-            return r;
+    const zo__og *og = &o->groups[sg->group];
+    zo_optim_hparams hp = og->hp;
+    hp.step = o->step + 1;
+    hp.grad_scale = 1.0 / scale;
+    hp.clip_coef = coef;
+    uint64_t e = sg->off + elem_off;
+    zo_cpuadam_tensors t;
+    zo_cpuadam_tensors_default(&t);
+    t.n = (size_t)n;
+    t.param = st[ZO_OPTIM_STATE_MASTER];
+    t.grad = acc + e;
+    t.grad_dtype = ZO_DTYPE_F32;
+    t.exp_avg = st[ZO_OPTIM_STATE_EXP_AVG];
+    t.exp_avg_sq = st[ZO_OPTIM_STATE_EXP_AVG_SQ];
+    t.state_dtype = og->sdt;
+    t.param_out = (char *)o->pbuf[pb] + e * o->pes;
+    t.out_dtype = o->pdt;
+    int r = rollback ? zo_cpuadam_team_rollback(o->team, &hp, &t) : zo_cpuadam_team_step(o->team, &hp, &t);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: %s of sub-group %u: %s", rollback ? "rollback" : "update",
+                       (unsigned)(sg - o->sgs), zo_cpuadam_team_errmsg(o->team));
+    return 0;
+}
+
+/* What one walk over the sub-groups does. */
+typedef struct walk {
+    const zo__job *job;
+    const float *acc;
+    double coef;
+    int rollback;    /* take back the update instead of applying it */
+    int speculative; /* check each sub-group's gradients before updating it; stop at an overflow */
+    unsigned upto;   /* only sub-groups [0, upto) */
+    double sumsq;    /* speculative: statistics of the sub-groups reached */
+    uint64_t nonfinite;
+    unsigned done;   /* sub-groups [0, done) fully updated */
+    int stopped;     /* an overflow stopped the walk */
+} walk;
+
+/* Walk one engine group's sub-groups below w->upto through one store sweep:
+ * master, m, v in element lockstep, `buffer_count - 2` pieces read ahead,
+ * each piece updated in place and written behind, its new params queued to
+ * the device. Host-homed states are walked in place, NVMe ones through the
+ * pool: the same loop serves both placements. */
+static int walk_group(zo_optim *o, unsigned g, walk *w, zo_optim_timeline *tl)
+{
+    zo__og *og = &o->groups[g];
+    unsigned first = og->first_sg, nsg = ZO_MIN(w->upto, og->first_sg + og->nsg) - first;
+    int pos[ZO_OPTIM_STATE_COUNT], nt = 0;
+    for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+        pos[k] = og->used[k] ? nt++ : -1;
+    zo_tensor **ts = malloc((size_t)nsg * (size_t)nt * sizeof(*ts));
+    if (!ts)
+        return -ENOMEM;
+    for (unsigned i = 0; i < nsg; i++)
+        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+            if (pos[k] >= 0)
+                ts[(size_t)i * (size_t)nt + (size_t)pos[k]] = o->sgs[first + i].t[k];
+    zo_store_sweep_desc d;
+    zo_store_sweep_desc_default(&d);
+    d.ntensors = (unsigned)nt;
+    for (int k = 0; k < nt; k++)
+        d.mode[k] = ZO_STREAM_READ | ZO_STREAM_WRITE;
+    d.ngroups = nsg;
+    d.tensors = ts;
+    d.depth = o->cfg.buffer_count - 2;
+    zo_store_sweep *sw = NULL;
+    int r = zo_store_sweep_open(o->store, &d, &sw);
+    free(ts);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: opening the sweep of group %u: %s", g, zo_store_errmsg(o->store));
+    const zo__job *job = w->job;
+    for (;;) {
+        zo_store_sweep_piece pc;
         uint64_t t0 = zo__now_ns();
-        r = sg_kernel(o, sg, &sp, acc, job->pbuf, job->scale, coef, rollback);
+        r = zo_store_sweep_next(sw, &pc);
+        tl->nvme_read_ns += zo__now_ns() - t0;
+        if (r < 0) {
+            ZO_FAIL(&o->err, r, "zo_optim: loading group %u: %s", g, zo_store_errmsg(o->store));
+            break;
+        }
+        if (pc.nelem == 0)
+            break;
+        const zo__sg *sg = &o->sgs[first + pc.group];
+        if (w->speculative && pc.elem_off == 0) {
+            zo_grad_stats gs;
+            t0 = zo__now_ns();
+            r = one_sg_stats(o, sg, w->acc, &gs);
+            tl->norm_ns += zo__now_ns() - t0;
+            if (r == 0) {
+                w->sumsq += gs.sumsq;
+                w->nonfinite += gs.nonfinite;
+                w->stopped = gs.nonfinite != 0; /* an overflow: nothing from here on is updated */
+            }
+            if (r < 0 || w->stopped) {
+                zo_store_sweep_done(sw, &pc);
+                break;
+            }
+        }
+        void *st[ZO_OPTIM_STATE_COUNT];
+        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+            st[k] = pos[k] >= 0 ? pc.ptr[pos[k]] : NULL;
+        t0 = zo__now_ns();
+        r = piece_kernel(o, sg, st, pc.elem_off, pc.nelem, w->acc, job->pbuf, job->scale, w->coef, w->rollback);
         tl->compute_ns += zo__now_ns() - t0;
-        sg_release(o, sg);
+        int r2 = zo_store_sweep_done(sw, &pc);
+        if (r == 0 && r2 < 0)
+            r = ZO_FAIL(&o->err, r2, "zo_optim: %s", zo_store_errmsg(o->store));
         if (r < 0)
+            break;
+        if (!job->delayed && !w->rollback &&
+            (r = zo__push_range(o, job->pbuf, sg->off + pc.elem_off, sg->off + pc.elem_off + pc.nelem)) < 0) {
+            ZO_FAIL(&o->err, r, "zo_optim: queueing the parameter copy: %s", zo_dev_errmsg(o->dev));
+            break;
+        }
+        if (pc.group_last)
+            w->done = first + (unsigned)pc.group + 1;
+    }
+    uint64_t t0 = zo__now_ns();
+    int rc = zo_store_sweep_close(&sw);
+    tl->nvme_write_ns += zo__now_ns() - t0;
+    if (r == 0 && rc < 0)
+        r = ZO_FAIL(&o->err, rc, "zo_optim: writing group %u back: %s", g, zo_store_errmsg(o->store));
+    return r;
+}
+
+static int walk_all(zo_optim *o, walk *w, zo_optim_timeline *tl)
+{
+    for (unsigned g = 0; g < o->ngroups && o->groups[g].first_sg < w->upto; g++) {
+        int r = walk_group(o, g, w, tl);
+        if (r < 0 || w->stopped)
             return r;
-        if (!job->delayed && !rollback && (r = zo__push_range(o, job->pbuf, sg->off, sg->off + sg->n)) < 0)
-            return ZO_FAIL(&o->err, r, "zo_optim: queueing the parameter copy: %s", zo_dev_errmsg(o->dev));
     }
     return 0;
 }
@@ -238,72 +286,45 @@ static int sweep(zo_optim *o, const zo__job *job, const float *acc, double coef,
 static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo_optim_step_result *res,
                            zo_optim_timeline *tl, int *overflow)
 {
-    double sumsq = 0;
-    uint64_t nf = 0;
-    unsigned done = 0;
-    int r = 0;
-    for (unsigned i = 0; i < o->nsg; i++) {
-        zo__sg *sg = &o->sgs[i];
-        zo_grad_stats gs;
-        uint64_t t0 = zo__now_ns();
-        r = one_sg_stats(o, sg, acc, &gs);
-        tl->norm_ns += zo__now_ns() - t0;
-        if (r < 0)
-            break;
-        sumsq += gs.sumsq;
-        nf += gs.nonfinite;
-        if (gs.nonfinite) {
-            /* an overflow: the rest is not updated; the rest's statistics
-             * still count (for the reported count) */
-            continue;
+    walk w = {.job = job, .acc = acc, .coef = 1.0, .speculative = 1, .upto = o->nsg};
+    int r = walk_all(o, &w, tl);
+    if (r < 0)
+        return r;
+    if (w.stopped) /* the statistics of the sub-groups never reached, for the count */
+        for (unsigned i = w.done + 1; i < o->nsg; i++) {
+            zo_grad_stats gs;
+            if ((r = one_sg_stats(o, &o->sgs[i], acc, &gs)) < 0)
+                return r;
+            w.nonfinite += gs.nonfinite;
         }
-        if (nf)
-            continue;
-        sg_ptrs sp;
-        if ((r = sg_acquire(o, sg, &sp)) < 0)
-            break;
-        t0 = zo__now_ns();
-        r = sg_kernel(o, sg, &sp, acc, job->pbuf, job->scale, 1.0, 0);
-        tl->compute_ns += zo__now_ns() - t0;
-        sg_release(o, sg);
-        if (r < 0)
-            break;
-        done = i + 1;
-        if (!job->delayed && (r = zo__push_range(o, job->pbuf, sg->off, sg->off + sg->n)) < 0)
-            break;
-    }
-    double norm = sqrt(sumsq) / job->scale;
+    uint64_t nf = w.nonfinite;
+    double norm = sqrt(w.sumsq) / job->scale;
     res->grad_norm = nf ? (double)INFINITY : norm;
     res->nonfinite = nf;
     *overflow = nf != 0;
     double coef = nf ? 1.0 : clip_coef(o, norm);
-    int undo = r < 0 || nf || coef < 1.0;
-    if (undo && done && !job->delayed) {
-        /* the copies queued so far read the buffer the rollback rewrites */
-        int r2 = zo_stream_sync(o->h2d);
-        if (r2 < 0 && r == 0)
-            r = ZO_FAIL(&o->err, r2, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
-    }
-    if (undo && done) {
-        /* take back what was applied, newest state first does not matter: sub-groups are disjoint */
-        int r2 = sweep(o, job, acc, 1.0, 1, done, tl);
-        if (r2 < 0)
-            return r2; /* the masters of [0, done) are now neither before nor after: reported */
+    if ((nf || coef < 1.0) && w.done) {
+        if (!job->delayed && (r = zo_stream_sync(o->h2d)) < 0) /* those copies read what the rollback rewrites */
+            return ZO_FAIL(&o->err, r, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
+        walk rb = {.job = job, .acc = acc, .coef = 1.0, .rollback = 1, .upto = w.done};
+        if ((r = walk_all(o, &rb, tl)) < 0)
+            return r;
         res->rolled_back = 1;
         pthread_mutex_lock(&o->lock);
         o->rollbacks++;
         pthread_mutex_unlock(&o->lock);
-        if (!job->delayed && (r2 = zo__push_range(o, job->pbuf, 0, o->sgs[done - 1].off + o->sgs[done - 1].n)) < 0)
-            return r2;
+        if (!job->delayed && nf &&
+            (r = zo__push_range(o, job->pbuf, 0, o->sgs[w.done - 1].off + o->sgs[w.done - 1].n)) < 0)
+            return r;
     }
-    if (r < 0)
-        return r;
     if (nf)
         return 0;
     res->clip_coef = coef;
     res->clipped = coef < 1.0;
-    if (coef < 1.0)
-        return sweep(o, job, acc, coef, 0, o->nsg, tl);
+    if (coef < 1.0) {
+        walk redo = {.job = job, .acc = acc, .coef = coef, .upto = o->nsg};
+        return walk_all(o, &redo, tl);
+    }
     return 0;
 }
 
@@ -331,6 +352,8 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
             memset(acc + o->tensors[i].off, 0, o->tensors[i].numel * 4);
     res->loss_scale = job->scale;
     res->clip_coef = 1.0;
+    zo_store_stats sa, sb;
+    zo_store_get_stats(o->store, &sa);
     int overflow = 0;
     int speculative = o->cfg.clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && job->opts.global_sumsq < 0 &&
                       job->opts.global_nonfinite < 0;
@@ -356,12 +379,21 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
             double coef = clip_coef(o, norm);
             res->clip_coef = coef;
             res->clipped = coef < 1.0;
-            r = sweep(o, job, acc, coef, 0, o->nsg, tl);
+            walk wk = {.job = job, .acc = acc, .coef = coef, .upto = o->nsg};
+            r = walk_all(o, &wk, tl);
         }
     }
     finish_window(o, w);
-    if (r < 0)
+    zo_store_get_stats(o->store, &sb);
+    tl->nvme_read_bytes = sb.moved[ZO_TIER_NVME][ZO_TIER_HOST] - sa.moved[ZO_TIER_NVME][ZO_TIER_HOST];
+    tl->nvme_write_bytes = sb.moved[ZO_TIER_HOST][ZO_TIER_NVME] - sa.moved[ZO_TIER_HOST][ZO_TIER_NVME];
+    tl->stall_ns += sb.stall_ns - sa.stall_ns;
+    if (r < 0) {
+        /* sub-groups before the failure hold the new states, the failed piece
+         * is undefined, the rest the old ones: refuse to go on until a load */
+        o->failed = 1;
         return r;
+    }
     if (!job->delayed) {
         t0 = zo__now_ns();
         r = zo_stream_sync(o->h2d);

@@ -13,8 +13,9 @@
 # Default: a CPU-only torch from PyTorch's CPU wheel index (so pip does not
 # pull the nvidia-* CUDA wheels, gigabytes this comparison never uses), then
 # DeepSpeed ($DS_VERSION, default the newest 0.19.x) installed *without
-# build isolation*: its setup.py imports torch, and in an isolated build
-# environment it would fetch a second, CUDA torch just to read its version.
+# build isolation* (its setup.py imports torch, and in an isolated build
+# environment it would fetch a second, CUDA torch just to read its version)
+# and without letting pip resolve its torch requirement (see below).
 # DS_BUILD_OPS=0: DeepSpeed's ops (cpu_adam, async_io) are JIT-built on
 # first use by the benchmark scripts, with the compiler flags that fit this
 # torch.
@@ -80,9 +81,13 @@ else
     }
 fi
 pip="$venv/bin/pip"
-# DeepSpeed's own build and run requirements, so the no-isolation build finds them
-"$pip" install -q numpy ninja packaging psutil py-cpuinfo pydantic hjson msgpack tqdm einops
-say "installing deepspeed==$ds_version without build isolation (DS_BUILD_OPS=0: ops are JIT-built)"
-DS_BUILD_OPS=0 DS_ACCELERATOR=cpu "$pip" install -q --no-build-isolation "deepspeed==$ds_version"
+# DeepSpeed's requirements (requirements/requirements.txt) except torch, then
+# DeepSpeed itself with --no-deps: left to resolve its torch requirement, pip
+# would replace the torch above with PyPI's default one, a CUDA build that
+# drags gigabytes of nvidia-* wheels (it does so for Debian's 1.13.0a0, a
+# pre-release version that does not satisfy DeepSpeed 0.19's pin).
+"$pip" install -q einops hjson msgpack ninja numpy 'packaging>=20.0' psutil py-cpuinfo 'pydantic>=2.0.0' tqdm
+say "installing deepspeed==$ds_version without build isolation or dependencies (DS_BUILD_OPS=0: ops are JIT-built)"
+DS_BUILD_OPS=0 DS_ACCELERATOR=cpu "$pip" install -q --no-build-isolation --no-deps "deepspeed==$ds_version"
 "$venv/bin/python" -c 'import deepspeed, torch; print("deepspeed", deepspeed.__version__, "torch", torch.__version__, "cuda", torch.version.cuda)'
 say "done: $venv"

@@ -111,5 +111,13 @@ def aio_builder():
         from deepspeed.ops.op_builder.cpu.async_io import AsyncIOBuilder
     except ImportError:
         from deepspeed.ops.op_builder.async_io import AsyncIOBuilder
-    fix_cxx_std(AsyncIOBuilder)
+    # 0.19's CPU async_io also JIT-builds the pin_memory op first
+    extra = []
+    try:
+        from deepspeed.ops.op_builder.pin_memory import PinMemoryBuilder
+        extra.append(PinMemoryBuilder)
+    except ImportError:
+        pass
+    for cls in cpu_op_builder_classes() + extra + [AsyncIOBuilder]:
+        fix_cxx_std(cls)
     return AsyncIOBuilder()

@@ -21,8 +21,9 @@
 # torch.
 #
 # --system-torch: a venv over Debian's python3-torch (1.13) instead, with
-# DeepSpeed 0.14.4, the newest line that builds against torch 1.13 (the
-# combination the numbers in docs/benchmarks.md were measured with).
+# DeepSpeed 0.14.4 (the combination the numbers in docs/benchmarks.md were
+# measured with; DeepSpeed 0.19.8 also installs and imports over it), and
+# libtorch-dev, whose headers the JIT-built ops compile against.
 #
 # DeepSpeed's async_io op links libaio: libaio-dev is installed with apt
 # when missing (sudo when not root). The script is idempotent: an existing
@@ -53,6 +54,19 @@ if [ ! -e /usr/include/libaio.h ]; then
         $sudo apt-get install -y -qq --no-install-recommends libaio-dev
     else
         say "libaio development headers are missing (libaio-dev / libaio-devel); DeepSpeed's async_io op needs them"
+        exit 1
+    fi
+fi
+
+# ---- --system-torch: Debian's torch headers (the JIT-built ops include torch/extension.h) ----
+if [ $system_torch = 1 ] && [ ! -e /usr/include/torch/extension.h ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+        sudo=""
+        [ "$(id -u)" = 0 ] || sudo=sudo
+        say "installing libtorch-dev (the headers DeepSpeed's JIT-built ops compile against)"
+        $sudo apt-get install -y -qq --no-install-recommends libtorch-dev
+    else
+        say "torch/extension.h is missing: install your distribution's libtorch development package"
         exit 1
     fi
 fi

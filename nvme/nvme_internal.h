@@ -1,7 +1,7 @@
 /*
- * nvme internals: the CRC32C kernel table (run-time dispatch), the extent
- * allocator (also used by the tiered store for its host and device arenas)
- * and small shared helpers. Not installed.
+ * nvme internals: the CRC32C kernel table (run-time dispatch), test hooks
+ * and small shared helpers. The extent allocator the swap store carves its
+ * arenas with is a platform utility: core/extent.h. Not installed.
  */
 #ifndef ZO_NVME_INTERNAL_H
 #define ZO_NVME_INTERNAL_H
@@ -50,44 +50,6 @@ void zo__crc_dsp_init_sse42(zo__crc_dsp *dsp); /* x86/crc32c_sse42.c */
 /* Checksum of one chunk with the kind's fastest kernel (no argument checks). */
 uint64_t zo__csum(zo_csum_kind kind, const void *p, size_t n);
 
-/* ---- extent allocator -------------------------------------------------------- */
-/* Best-fit allocator over [0, size) with a sorted, coalescing free list.
- * Every length is rounded up to `granule` (a power of two); starts are
- * aligned as asked. Not thread-safe: callers lock. */
-typedef struct zo__ext_span {
-    uint64_t off, len;
-} zo__ext_span;
-
-typedef struct zo__extalloc {
-    uint64_t size;     /* bytes managed */
-    uint64_t granule;  /* length rounding and minimum start alignment */
-    uint64_t used;     /* bytes allocated (rounded) */
-    zo__ext_span *free;
-    size_t nfree, cap;
-} zo__extalloc;
-
-int zo__ext_init(zo__extalloc *a, uint64_t size, uint64_t granule);
-void zo__ext_fini(zo__extalloc *a);
-/* Round len as the allocator does. */
-static inline uint64_t zo__ext_round(const zo__extalloc *a, uint64_t len)
-{
-    return (len + a->granule - 1) & ~(a->granule - 1);
-}
-/* Allocate len bytes starting at a multiple of align (a power of two; values
- * below the granule mean the granule). -ENOSPC if no free extent fits,
- * -EINVAL for len 0, -ENOMEM if the free list cannot grow. */
-int zo__ext_alloc(zo__extalloc *a, uint64_t len, uint64_t align, uint64_t *off);
-/* Return [off, off+len) (len as passed to alloc). -EINVAL if it is not
- * inside the managed range or overlaps free space (double free). */
-int zo__ext_free(zo__extalloc *a, uint64_t off, uint64_t len);
-/* Extend the managed range to new_size (> size): the new bytes are free. */
-int zo__ext_grow(zo__extalloc *a, uint64_t new_size);
-/* Largest free extent (bytes). */
-uint64_t zo__ext_largest(const zo__extalloc *a);
-/* Check the free list invariants (sorted, disjoint, coalesced, in range,
- * sizes consistent with `used`). 0 or -EINVAL. For tests. */
-int zo__ext_check(const zo__extalloc *a);
-
 /* ---- fault injection (tests) ------------------------------------------------------ */
 /* Called before each chunk's I/O of a swap write or read is queued (write:
  * 1 for a write); a negative return fails the queueing with that error, as
@@ -96,6 +58,14 @@ int zo__ext_check(const zo__extalloc *a);
 typedef int (*zo__swap_queue_fault_fn)(void *user, int write, uint64_t chunk_idx);
 struct zo_swap;
 void zo__swap_set_queue_fault(struct zo_swap *s, zo__swap_queue_fault_fn fn, void *user);
+/* Called while a swap store creates an arena file (after the file exists,
+ * before its space is reserved), in the thread that grows the store, with
+ * no lock of the store held; a negative return fails the growth with that
+ * error, as a failed fallocate would. Tests use it to hold a growth open
+ * and check that the store keeps working meanwhile. fn NULL removes it;
+ * set it while no allocation is running. */
+typedef int (*zo__swap_grow_hook_fn)(void *user, const char *path);
+void zo__swap_set_grow_hook(struct zo_swap *s, zo__swap_grow_hook_fn fn, void *user);
 
 /* ---- helpers ------------------------------------------------------------------- */
 /* fsync a directory by path. 0 or -errno. */

@@ -1,16 +1,24 @@
-/* The swap store: arena files in one or more directories, striping, the
- * extent allocator, and swap in/out through the aio engine with a checksum
- * per chunk (computed before a chunk's write is queued, verified as soon as
- * its read completes, on the engine thread that completed it). */
+/* The swap store: arena files in one or more directories, striping, arena
+ * space carved by the core's extent allocator, and swap in/out through the
+ * aio engine with a checksum per chunk. A chunk's write is queued first and
+ * its checksum computed from the source buffer while the write is in
+ * flight; a read chunk is verified as soon as its read completes. Both run
+ * on the store's checksum threads (csum_threads), or inline when there are
+ * none: the write's checksum in the submitting thread, the read's check on
+ * the engine thread that completed it. */
 #define ZO_MODULE "swap"
 #include "core/internal.h"
+#include "core/extent.h"
+#include "core/list.h"
 #include "nvme/nvme_internal.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,14 +28,17 @@
 
 typedef struct arena {
     zo_file *f;
+    int lockfd;       /* holds flock(LOCK_EX) on the file for the arena's life */
     char *path;
     zo__extalloc ext; /* offsets in the file; ext.size == bytes reserved */
+    zo_file_info fi;  /* how the file was opened (direct, alignment) */
 } arena;
 
 typedef struct swap_dir {
     char *path;
     arena **arenas;
     unsigned narenas, cap;
+    int growing; /* a thread is creating an arena here (s->lock dropped) */
 } swap_dir;
 
 /* A run of a stripe stored contiguously in one arena. soff: offset inside
@@ -66,7 +77,7 @@ typedef struct chunk_ctx {
     uint32_t len;
     _Atomic int parts; /* write: the I/O and the checksum, each finishing once */
     int64_t res;       /* the I/O's result */
-    struct chunk_ctx *vnext; /* checksum-thread queue */
+    zo_qnode vnode;    /* on the checksum threads' queue */
 } chunk_ctx;
 
 enum { IO_READ = 0, IO_WRITE = 1 };
@@ -93,13 +104,15 @@ struct zo_swap {
     unsigned ndirs;
     unsigned instance;
     unsigned next_dir;       /* striping start of the next allocation */
-    unsigned arena_seq;
+    _Atomic unsigned arena_seq; /* <n> of the next arena file name */
     uint64_t granule;        /* extent granule: max(4096, O_DIRECT offset alignment) */
     zo_swap_info info;
     int info_set;
 
     pthread_mutex_t lock;    /* tables, arenas, inflight, io completion */
     pthread_cond_t cond;     /* io done, inflight dropped */
+    pthread_cond_t gcond;    /* an arena growth finished (published or failed) */
+    uint64_t growing_bytes;  /* arena bytes being created with the lock dropped */
     salloc **tab;            /* handle table: slot i holds id with index i+1 */
     uint32_t *gen;
     size_t ntab, captab;
@@ -114,18 +127,38 @@ struct zo_swap {
     unsigned nvthr;
     pthread_mutex_t vlock;
     pthread_cond_t vcond;
-    chunk_ctx *vhead, *vtail;
+    zo_queue vq;             /* chunks to checksum or verify, FIFO */
     int vstop;
 
     uint64_t arena_bytes, arena_files, allocated, nallocs;
     _Atomic uint64_t bytes_written, bytes_read, chunks_written, chunks_read, chunks_verified, chunks_zero;
     _Atomic uint64_t corrupt, csum_ns, io_errors;
+    pthread_mutex_t elock;   /* err: one whole message at a time */
     zo_errbuf err;
     zo__swap_queue_fault_fn qfault; /* tests: fail the queueing of a chunk */
     void *qfault_user;
+    zo__swap_grow_hook_fn ghook;    /* tests: runs while an arena is created */
+    void *ghook_user;
 };
 
 static _Atomic unsigned swap_instances;
+
+/* Record a failure in the store's message. API calls from any thread and
+ * waiters finishing failed I/O (the store's mover among them) fail at the
+ * same time, so, as in aio, the detail is formatted in the calling thread's
+ * own buffer (zo_last_error_detail()) and copied to s->err under elock:
+ * zo_swap_errmsg() shows one whole message, never the bytes of two. Code
+ * that needs the reason of a failure it just saw reads
+ * zo_last_error_detail(), never s->err, which another thread may have
+ * overwritten since. */
+static int swap_fail_publish(zo_swap *s, int err)
+{
+    pthread_mutex_lock(&s->elock);
+    snprintf(s->err.msg, sizeof(s->err.msg), "%s", zo_last_error_detail());
+    pthread_mutex_unlock(&s->elock);
+    return err;
+}
+#define SWAP_FAIL(s, err, ...) swap_fail_publish((s), ZO_FAIL(NULL, (err), __VA_ARGS__))
 
 ZO_API void zo_swap_config_default(zo_swap_config *cfg)
 {
@@ -153,6 +186,12 @@ void zo__swap_set_queue_fault(zo_swap *s, zo__swap_queue_fault_fn fn, void *user
 {
     s->qfault_user = user;
     s->qfault = fn;
+}
+
+void zo__swap_set_grow_hook(zo_swap *s, zo__swap_grow_hook_fn fn, void *user)
+{
+    s->ghook_user = user;
+    s->ghook = fn;
 }
 
 /* ---- directories and arenas -------------------------------------------------- */
@@ -187,6 +226,110 @@ int zo__fsync_dir(const char *path)
     return r;
 }
 
+/* ---- arena files: creation, the life lock, stale leftovers --------------------------
+ * Each arena file is held with flock(LOCK_EX) on a descriptor of its own
+ * from just after it is created until the store closes it; the kernel drops
+ * the lock when the process dies, however it dies. A file named like an
+ * arena that nobody holds is therefore a leftover of a dead store: it is
+ * reclaimed (unlinked) by the next store created in that directory, and a
+ * restarted process whose pid is the dead one's (pid 1 in every container)
+ * reclaims the file in its way instead of failing with -EEXIST. The lock is
+ * the only evidence used: a pid says nothing across pid namespaces sharing
+ * a directory. Between a file's creation and its lock it is empty, so
+ * reclaiming skips empty files (they hold no space either). */
+
+/* Does `name` look like an arena file, zo-swap.<pid>.<instance>.<n>? */
+static int arena_name(const char *name)
+{
+    if (strncmp(name, "zo-swap.", 8) != 0)
+        return 0;
+    const char *p = name + 8;
+    for (int field = 0; field < 3; field++) {
+        if (*p < '0' || *p > '9')
+            return 0;
+        while (*p >= '0' && *p <= '9')
+            p++;
+        if (field < 2 && *p++ != '.')
+            return 0;
+    }
+    return *p == 0;
+}
+
+/* Reclaim `name` in directory dirfd if it is a stale arena: a regular file
+ * of ours, not empty, that nobody holds locked. 1: removed, 0: left alone
+ * (live, empty, not ours, gone), <0: unlink failed. */
+static int arena_reclaim(int dirfd, const char *dpath, const char *name)
+{
+    int fd = openat(dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return 0; /* gone, a symlink (ELOOP) or unreadable: never ours to remove */
+    int r = 0;
+    struct stat st, now;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid())
+        goto out;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        goto out; /* a live store holds it (or is just taking it) */
+    /* the lock is ours: whoever created the file is gone, or has just
+     * created it and waits for our lock to take its own (then it is still
+     * empty). Remove only a file that is still the one we locked. */
+    if (fstat(fd, &st) != 0 || st.st_size == 0 || fstatat(dirfd, name, &now, AT_SYMLINK_NOFOLLOW) != 0 ||
+        now.st_ino != st.st_ino || now.st_dev != st.st_dev)
+        goto out;
+    if (unlinkat(dirfd, name, 0) != 0) {
+        r = -errno;
+        ZO_LOGW("swap: cannot remove stale arena %s/%s: %s", dpath, name, strerror(errno));
+        goto out;
+    }
+    ZO_LOGI("swap: removed stale arena %s/%s (%llu bytes) left by a store that is gone", dpath, name,
+            (unsigned long long)st.st_size);
+    r = 1;
+out:
+    close(fd); /* drops our flock */
+    return r;
+}
+
+/* Remove every stale arena in directory `path`. Returns the number removed;
+ * a directory that cannot be listed is logged and skipped (the store works
+ * without the space). */
+static int arenas_reclaim_dir(const char *path)
+{
+    int dfd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    DIR *dir = dfd >= 0 ? fdopendir(dfd) : NULL;
+    if (!dir) {
+        ZO_LOGW("swap: cannot list %s for stale arenas: %s", path, strerror(errno));
+        if (dfd >= 0)
+            close(dfd);
+        return 0;
+    }
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(dir)))
+        if (arena_name(de->d_name) && arena_reclaim(dirfd(dir), path, de->d_name) == 1)
+            n++;
+    closedir(dir);
+    return n;
+}
+
+/* Create `path` (O_EXCL, O_NOFOLLOW, 0600) and take its life lock. The
+ * lock waits for a reclaimer that may hold it for an instant. 0 and *fd,
+ * or -errno (-EEXIST: the name is taken; -ELOOP: a symlink is planted). */
+static int arena_file_create(const char *path, int *fd)
+{
+    int f = open(path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (f < 0)
+        return -errno;
+    while (flock(f, LOCK_EX) != 0) {
+        if (errno == EINTR)
+            continue;
+        int r = -errno;
+        unlink(path);
+        close(f);
+        return r;
+    }
+    *fd = f;
+    return 0;
+}
+
 static void arena_close(zo_swap *s, arena *ar)
 {
     if (!ar)
@@ -194,45 +337,67 @@ static void arena_close(zo_swap *s, arena *ar)
     zo_file_close(&ar->f);
     if (!s->cfg.keep_files && ar->path && unlink(ar->path) != 0)
         ZO_LOGW("could not remove arena %s: %s", ar->path, strerror(errno));
+    /* unlock last: until then no other store may take the file for stale */
+    if (ar->lockfd >= 0)
+        close(ar->lockfd);
     zo__ext_fini(&ar->ext);
     free(ar->path);
     free(ar);
 }
 
-/* Create a new arena of `size` bytes in directory d, reserved with
- * fallocate. Called with s->lock held. */
-static int arena_new(zo_swap *s, swap_dir *d, uint64_t size, arena **out)
+/* Create an arena of `size` bytes in directory d and reserve it with
+ * fallocate. Called WITHOUT s->lock: the reservation of a large arena
+ * takes long (a second per GiB on some filesystems), and completions and
+ * every other call need the lock meanwhile. The arena is private to the
+ * caller until arena_publish(). */
+static int arena_create(zo_swap *s, swap_dir *d, uint64_t size, arena **out)
 {
     int r;
-    if (s->cfg.max_bytes && (s->arena_bytes > s->cfg.max_bytes || size > s->cfg.max_bytes - s->arena_bytes))
-        return ZO_FAIL(&s->err, ZO_EBUDGET,
-                       "swap: growing by %llu bytes would exceed max_bytes %llu (arenas hold %llu)",
-                       (unsigned long long)size, (unsigned long long)s->cfg.max_bytes,
-                       (unsigned long long)s->arena_bytes);
-    if (d->narenas == d->cap) {
-        unsigned cap = d->cap ? d->cap * 2 : 4;
-        arena **a = realloc(d->arenas, cap * sizeof(*a));
-        if (!a)
-            return -ENOMEM;
-        d->arenas = a;
-        d->cap = cap;
-    }
+    *out = NULL;
     arena *ar = calloc(1, sizeof(*ar));
     size_t plen = strlen(d->path) + 64;
     if (!ar || !(ar->path = malloc(plen))) {
         free(ar);
         return -ENOMEM;
     }
-    snprintf(ar->path, plen, "%s/zo-swap.%ld.%u.%u", d->path, (long)getpid(), s->instance, s->arena_seq++);
-    unsigned fl = ZO_FILE_READ | ZO_FILE_WRITE | ZO_FILE_CREATE | ZO_FILE_EXCL | ZO_FILE_NOFOLLOW;
+    ar->lockfd = -1;
+    unsigned seq = atomic_fetch_add(&s->arena_seq, 1);
+    for (int attempt = 0;; attempt++) {
+        snprintf(ar->path, plen, "%s/zo-swap.%ld.%u.%u", d->path, (long)getpid(), s->instance, seq);
+        r = arena_file_create(ar->path, &ar->lockfd);
+        if (r != -EEXIST || attempt == 16)
+            break;
+        /* Our name is taken. A stale arena of a dead store that had our pid
+         * (a restarted container) is reclaimed and the name reused; a live
+         * one (another pid namespace sharing the directory), an empty
+         * leftover or anything planted (never followed) makes us take the
+         * next name. */
+        int dfd = open(d->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        int rr = dfd >= 0 ? arena_reclaim(dfd, d->path, strrchr(ar->path, '/') + 1) : 0;
+        if (dfd >= 0)
+            close(dfd);
+        if (rr != 1)
+            seq = atomic_fetch_add(&s->arena_seq, 1);
+    }
+    if (r < 0) {
+        SWAP_FAIL(s, r, "swap: cannot create arena %s: %s", ar->path, zo_strerror(r));
+        free(ar->path);
+        free(ar);
+        return r;
+    }
+    unsigned fl = ZO_FILE_READ | ZO_FILE_WRITE | ZO_FILE_NOFOLLOW;
     if (s->cfg.buffered)
         fl |= ZO_FILE_BUFFERED;
     r = zo_file_open(&ar->f, ar->path, fl);
     if (r < 0) {
-        ZO_FAIL(&s->err, r, "swap: cannot create arena %s: %s", ar->path, zo_strerror(r));
-        free(ar->path);
-        free(ar);
-        return r;
+        SWAP_FAIL(s, r, "swap: cannot open arena %s: %s", ar->path, zo_strerror(r));
+        goto fail;
+    }
+    r = ZO_UNLIKELY(s->ghook != NULL) ? s->ghook(s->ghook_user, ar->path) : 0;
+    if (r < 0) {
+        SWAP_FAIL(s, r, "swap: cannot reserve %llu bytes for arena %s: %s", (unsigned long long)size, ar->path,
+                  zo_strerror(r));
+        goto fail;
     }
     r = zo_file_allocate(ar->f, 0, size);
     if (r == -EOPNOTSUPP) {
@@ -243,41 +408,63 @@ static int arena_new(zo_swap *s, swap_dir *d, uint64_t size, arena **out)
         r = zo_file_truncate(ar->f, size);
     }
     if (r < 0) {
-        ZO_FAIL(&s->err, r, "swap: cannot reserve %llu bytes for arena %s: %s", (unsigned long long)size, ar->path,
-                zo_strerror(r));
-        zo_file_close(&ar->f);
-        unlink(ar->path);
-        free(ar->path);
-        free(ar);
-        return r;
+        SWAP_FAIL(s, r, "swap: cannot reserve %llu bytes for arena %s: %s", (unsigned long long)size, ar->path,
+                  zo_strerror(r));
+        goto fail;
     }
-    zo_file_info fi;
-    memset(&fi, 0, sizeof(fi));
-    fi.offset_align = SWAP_GRANULE;
-    if (zo_file_get_info(ar->f, &fi) == 0 && !s->info_set) {
-        s->info.direct = fi.direct;
-        s->info.io_align = ZO_MAX(fi.offset_align, fi.mem_align);
-        if (s->info.io_align < SWAP_GRANULE)
-            s->info.io_align = SWAP_GRANULE;
-        snprintf(s->info.fallback, sizeof(s->info.fallback), "%s", fi.fallback);
-        s->info_set = 1;
-        if (!fi.direct)
-            ZO_LOGI("swap: %s opened buffered: %s", ar->path, fi.fallback);
+    ar->fi.offset_align = SWAP_GRANULE;
+    if (zo_file_get_info(ar->f, &ar->fi) != 0) {
+        memset(&ar->fi, 0, sizeof(ar->fi));
+        ar->fi.offset_align = SWAP_GRANULE;
+        ar->fi.direct = !s->cfg.buffered;
     }
     /* extents start and end on the direct-I/O alignment of this file */
-    r = zo__ext_init(&ar->ext, size, ZO_MAX((uint64_t)SWAP_GRANULE, (uint64_t)fi.offset_align));
-    if (r < 0) {
-        zo_file_close(&ar->f);
-        unlink(ar->path);
-        free(ar->path);
-        free(ar);
-        return r;
-    }
-    d->arenas[d->narenas++] = ar;
-    s->arena_bytes += size;
-    s->arena_files++;
+    r = zo__ext_init(&ar->ext, size, ZO_MAX((uint64_t)SWAP_GRANULE, (uint64_t)ar->fi.offset_align));
+    if (r < 0)
+        goto fail;
     *out = ar;
     return 0;
+fail:
+    zo_file_close(&ar->f);
+    unlink(ar->path);
+    close(ar->lockfd);
+    free(ar->path);
+    free(ar);
+    return r;
+}
+
+/* Make room in d's arena list for one more (done before the lock is
+ * dropped for a growth, so publishing cannot fail). Under s->lock. */
+static int dir_reserve(swap_dir *d)
+{
+    if (d->narenas < d->cap)
+        return 0;
+    unsigned cap = d->cap ? d->cap * 2 : 4;
+    arena **a = realloc(d->arenas, cap * sizeof(*a));
+    if (!a)
+        return -ENOMEM;
+    d->arenas = a;
+    d->cap = cap;
+    return 0;
+}
+
+/* Add a created arena to d, visible to every allocation. Under s->lock,
+ * after dir_reserve(). */
+static void arena_publish(zo_swap *s, swap_dir *d, arena *ar)
+{
+    d->arenas[d->narenas++] = ar;
+    s->arena_bytes += ar->ext.size;
+    s->arena_files++;
+    if (!s->info_set) {
+        s->info.direct = ar->fi.direct;
+        s->info.io_align = ZO_MAX(ar->fi.offset_align, ar->fi.mem_align);
+        if (s->info.io_align < SWAP_GRANULE)
+            s->info.io_align = SWAP_GRANULE;
+        snprintf(s->info.fallback, sizeof(s->info.fallback), "%s", ar->fi.fallback);
+        s->info_set = 1;
+        if (!ar->fi.direct)
+            ZO_LOGI("swap: %s opened buffered: %s", ar->path, ar->fi.fallback);
+    }
 }
 
 /* ---- placement ------------------------------------------------------------------ */
@@ -317,7 +504,12 @@ static int seg_push_or_free(stripe *st, unsigned *cap, arena *ar, uint64_t off, 
 
 /* Place a stripe of `len` payload bytes in directory d: one extent in an
  * existing arena, else a new arena, else (max_bytes reached) pieces of
- * whole chunks from the free space left. Called with s->lock held. */
+ * whole chunks from the free space left. Called with s->lock held; drops
+ * it while a new arena is created (see arena_create()). One thread at a
+ * time grows a directory: the others wait for its arena and look again,
+ * so concurrent allocations do not each add an arena. Bytes being created
+ * count against max_bytes, and a thread that would exceed it waits for the
+ * growths in flight before it settles for the free space. */
 static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
 {
     uint64_t chunk = s->cfg.chunk_size;
@@ -326,28 +518,51 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
     unsigned cap = 0;
     st->len = len;
     uint64_t off;
-    for (unsigned i = 0; i < d->narenas; i++)
-        if (zo__ext_alloc(&d->arenas[i]->ext, need, align, &off) == 0)
-            return seg_push_or_free(st, &cap, d->arenas[i], off, need);
-    arena *ar;
     uint64_t size = ZO_MAX(s->cfg.arena_size, ZO_ALIGN_UP(need, chunk));
-    int r = arena_new(s, d, size, &ar);
-    if (r == 0) {
-        r = zo__ext_alloc(&ar->ext, need, align, &off);
+    char why[ZO_ERRMSG_LEN];
+    int r;
+    for (;;) {
+        for (unsigned i = 0; i < d->narenas; i++)
+            if (zo__ext_alloc(&d->arenas[i]->ext, need, align, &off) == 0)
+                return seg_push_or_free(st, &cap, d->arenas[i], off, need);
+        uint64_t ahead = s->arena_bytes + s->growing_bytes;
+        int over = s->cfg.max_bytes && (ahead > s->cfg.max_bytes || size > s->cfg.max_bytes - ahead);
+        if (d->growing || (over && s->growing_bytes)) {
+            pthread_cond_wait(&s->gcond, &s->lock);
+            continue;
+        }
+        if (over) {
+            snprintf(why, sizeof(why), "swap: growing by %llu bytes would exceed max_bytes %llu (arenas hold %llu)",
+                     (unsigned long long)size, (unsigned long long)s->cfg.max_bytes,
+                     (unsigned long long)s->arena_bytes);
+            break;
+        }
+        if ((r = dir_reserve(d)) < 0)
+            return r;
+        d->growing = 1;
+        s->growing_bytes += size;
+        pthread_mutex_unlock(&s->lock);
+        arena *ar;
+        r = arena_create(s, d, size, &ar);
+        pthread_mutex_lock(&s->lock);
+        d->growing = 0;
+        s->growing_bytes -= size;
+        pthread_cond_broadcast(&s->gcond);
         if (r < 0)
-            return ZO_FAIL(&s->err, ZO_EINTERNAL, "swap: a fresh arena of %llu bytes cannot hold %llu",
-                           (unsigned long long)size, (unsigned long long)need);
+            return r;
+        /* the arena is still ours alone: take our extent before others see it */
+        r = zo__ext_alloc(&ar->ext, need, align, &off);
+        arena_publish(s, d, ar);
+        if (r < 0)
+            return SWAP_FAIL(s, ZO_EINTERNAL, "swap: a fresh arena of %llu bytes cannot hold %llu",
+                             (unsigned long long)size, (unsigned long long)need);
         return seg_push_or_free(st, &cap, ar, off, need);
     }
-    if (r != ZO_EBUDGET)
-        return r;
     /* No room to grow: gather whole chunks from the free space. A piece may
      * start at any granule: chunk_locate() only needs every piece but the
      * last to hold whole chunks, so that no chunk (its I/O and checksum)
      * straddles two pieces; O_DIRECT only needs the granule. Asking for chunk
      * alignment here would refuse free space that holds the bytes. */
-    char why[ZO_ERRMSG_LEN];
-    snprintf(why, sizeof(why), "%s", s->err.msg);
     uint64_t soff = 0;
     while (soff < need) {
         arena *best = NULL;
@@ -363,8 +578,8 @@ static int stripe_place(zo_swap *s, swap_dir *d, uint64_t len, stripe *st)
         uint64_t take = want <= best_len ? want : best_len / chunk * chunk;
         if (!best || take == 0 || zo__ext_alloc(&best->ext, take, s->granule, &off) < 0) {
             stripe_release(st);
-            return ZO_FAIL(&s->err, ZO_EBUDGET, "%s; the free space left in %s is too fragmented or too small",
-                           why, d->path);
+            return SWAP_FAIL(s, ZO_EBUDGET, "%s; the free space left in %s is too fragmented or too small",
+                             why, d->path);
         }
         take = zo__ext_round(&best->ext, take);
         r = seg_push(st, &cap, (seg){best, off, soff, take});
@@ -438,6 +653,8 @@ ZO_API void zo_swap_destroy(zo_swap **sp)
     zo_aio_destroy(&s->own_aio);
     pthread_mutex_destroy(&s->lock);
     pthread_cond_destroy(&s->cond);
+    pthread_mutex_destroy(&s->elock);
+    pthread_cond_destroy(&s->gcond);
     free(s);
     *sp = NULL;
 }
@@ -472,9 +689,12 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
                        zo_csum_name(cfg.checksum));
     if (cfg.csum_threads > 64)
         return ZO_FAIL(NULL, ZO_ECONFIG, "zo_swap_create: csum_threads %u is absurd (at most 64)", cfg.csum_threads);
-    if (cfg.arena_size < cfg.chunk_size)
-        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_swap_create: arena_size %llu is below chunk_size %zu",
-                       (unsigned long long)cfg.arena_size, cfg.chunk_size);
+    /* a small run sizes its arenas from what it needs: anything from one
+     * byte is fine and rounds up to whole chunks (one at least) */
+    if (cfg.arena_size == 0 || cfg.arena_size > (1ull << 56))
+        return ZO_FAIL(NULL, ZO_ECONFIG,
+                       "zo_swap_create: arena_size %llu must be in [1, 2^56] (it is rounded up to chunk_size)",
+                       (unsigned long long)cfg.arena_size);
     cfg.arena_size = ZO_ALIGN_UP(cfg.arena_size, (uint64_t)cfg.chunk_size);
     for (unsigned i = 0; i < cfg.ndirs; i++) {
         int r = zo__check_dir(NULL, "swap directory", cfg.dirs[i]);
@@ -490,8 +710,11 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
         return -ENOMEM;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
+    pthread_mutex_init(&s->elock, NULL);
+    pthread_cond_init(&s->gcond, NULL);
     pthread_mutex_init(&s->vlock, NULL);
     pthread_cond_init(&s->vcond, NULL);
+    zo_queue_init(&s->vq);
     s->cfg = cfg;
     s->cfg.dirs = NULL;
     s->ndirs = cfg.ndirs;
@@ -541,18 +764,26 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
             goto fail;
         s->aio = s->own_aio;
     }
+    for (unsigned i = 0; i < cfg.ndirs; i++)
+        arenas_reclaim_dir(s->dirs[i].path);
     if (cfg.reserve) {
         uint64_t size = ZO_ALIGN_UP(cfg.reserve, (uint64_t)cfg.chunk_size);
-        pthread_mutex_lock(&s->lock);
-        for (unsigned i = 0; i < cfg.ndirs && r == 0; i++) {
-            arena *ar;
-            r = arena_new(s, &s->dirs[i], size, &ar);
-        }
-        pthread_mutex_unlock(&s->lock);
-        if (r < 0) {
-            ZO_FAIL(NULL, r, "%s", s->err.msg);
+        if (cfg.max_bytes && size > cfg.max_bytes / cfg.ndirs) {
+            r = ZO_FAIL(NULL, ZO_EBUDGET, "zo_swap_create: reserve %llu bytes in each of %u directories exceeds max_bytes %llu",
+                        (unsigned long long)size, cfg.ndirs, (unsigned long long)cfg.max_bytes);
             goto fail;
         }
+        /* nobody else knows s yet: no lock needed while the arenas grow */
+        for (unsigned i = 0; i < cfg.ndirs && r == 0; i++) {
+            arena *ar;
+            r = arena_create(s, &s->dirs[i], size, &ar);
+            if (r == 0 && (r = dir_reserve(&s->dirs[i])) < 0)
+                arena_close(s, ar);
+            else if (r == 0)
+                arena_publish(s, &s->dirs[i], ar);
+        }
+        if (r < 0)
+            goto fail;
     }
     *out = s;
     return 0;
@@ -574,9 +805,10 @@ static salloc *lookup(zo_swap *s, zo_swap_id id)
 ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_id *id)
 {
     if (!s || !id || bytes == 0)
-        return ZO_FAIL(s ? &s->err : NULL, -EINVAL, "zo_swap_alloc: %s", !s || !id ? "NULL argument" : "0 bytes");
+        return s ? SWAP_FAIL(s, -EINVAL, "zo_swap_alloc: %s", !id ? "NULL argument" : "0 bytes")
+                 : ZO_FAIL(NULL, -EINVAL, "zo_swap_alloc: NULL store");
     if (bytes > (1ull << 56))
-        return ZO_FAIL(&s->err, -EFBIG, "zo_swap_alloc: %llu bytes is too large", (unsigned long long)bytes);
+        return SWAP_FAIL(s, -EFBIG, "zo_swap_alloc: %llu bytes is too large", (unsigned long long)bytes);
     *id = 0;
     uint64_t chunk = s->cfg.chunk_size;
     salloc *al = calloc(1, sizeof(*al));
@@ -646,8 +878,8 @@ ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_i
     }
     if (r < 0) {
         char why[ZO_ERRMSG_LEN];
-        snprintf(why, sizeof(why), "%s", r == -ENOMEM ? "out of memory" : s->err.msg);
-        ZO_FAIL(&s->err, r, "zo_swap_alloc of %llu bytes for '%s': %s", (unsigned long long)bytes, al->name, why);
+        snprintf(why, sizeof(why), "%s", r == -ENOMEM ? "out of memory" : zo_last_error_detail());
+        SWAP_FAIL(s, r, "zo_swap_alloc of %llu bytes for '%s': %s", (unsigned long long)bytes, al->name, why);
         salloc_free(s, al);
     }
     pthread_mutex_unlock(&s->lock);
@@ -662,11 +894,11 @@ ZO_API int zo_swap_free(zo_swap *s, zo_swap_id id)
     salloc *al = lookup(s, id);
     if (!al) {
         pthread_mutex_unlock(&s->lock);
-        return ZO_FAIL(&s->err, -ENOENT, "zo_swap_free: unknown handle 0x%llx", (unsigned long long)id);
+        return SWAP_FAIL(s, -ENOENT, "zo_swap_free: unknown handle 0x%llx", (unsigned long long)id);
     }
     if (al->inflight) {
         pthread_mutex_unlock(&s->lock);
-        return ZO_FAIL(&s->err, -EBUSY, "zo_swap_free: '%s' has %u I/O in flight", al->name, al->inflight);
+        return SWAP_FAIL(s, -EBUSY, "zo_swap_free: '%s' has %u I/O in flight", al->name, al->inflight);
     }
     size_t slot = (size_t)(id & 0xffffffffu) - 1;
     s->tab[slot] = NULL;
@@ -811,14 +1043,12 @@ static void *csum_main(void *arg)
     zo_swap *s = arg;
     pthread_mutex_lock(&s->vlock);
     for (;;) {
-        while (!s->vhead && !s->vstop)
+        while (zo_queue_empty(&s->vq) && !s->vstop)
             pthread_cond_wait(&s->vcond, &s->vlock);
-        chunk_ctx *c = s->vhead;
-        if (!c)
+        zo_qnode *n = zo_queue_pop(&s->vq);
+        if (!n)
             break;
-        s->vhead = c->vnext;
-        if (!s->vhead)
-            s->vtail = NULL;
+        chunk_ctx *c = zo_queue_entry(n, chunk_ctx, vnode);
         pthread_mutex_unlock(&s->vlock);
         if (c->io->op == IO_WRITE)
             write_csum(c);
@@ -833,13 +1063,8 @@ static void *csum_main(void *arg)
 /* Hand a chunk to the checksum threads. */
 static void csum_queue(zo_swap *s, chunk_ctx *c)
 {
-    c->vnext = NULL;
     pthread_mutex_lock(&s->vlock);
-    if (s->vtail)
-        s->vtail->vnext = c;
-    else
-        s->vhead = c;
-    s->vtail = c;
+    zo_queue_push(&s->vq, &c->vnode);
     pthread_cond_signal(&s->vcond);
     pthread_mutex_unlock(&s->vlock);
 }
@@ -881,22 +1106,22 @@ static int io_start(zo_swap *s, int op, zo_swap_id id, uint64_t off, void *buf, 
     if (out)
         *out = NULL;
     if (!buf || len == 0)
-        return ZO_FAIL(&s->err, -EINVAL, "%s: %s", fn, buf ? "len 0" : "NULL buffer");
+        return SWAP_FAIL(s, -EINVAL, "%s: %s", fn, buf ? "len 0" : "NULL buffer");
     uint64_t chunk = s->cfg.chunk_size;
     pthread_mutex_lock(&s->lock);
     salloc *al = lookup(s, id);
     if (!al) {
         pthread_mutex_unlock(&s->lock);
-        return ZO_FAIL(&s->err, -ENOENT, "%s: unknown handle 0x%llx", fn, (unsigned long long)id);
+        return SWAP_FAIL(s, -ENOENT, "%s: unknown handle 0x%llx", fn, (unsigned long long)id);
     }
     if (off > al->bytes || len > al->bytes - off || (off % chunk) != 0 ||
         ((off + len) % chunk != 0 && off + len != al->bytes)) {
         pthread_mutex_unlock(&s->lock);
-        return ZO_FAIL(&s->err, -EINVAL,
-                       "%s: range [%llu, +%zu) of '%s' (%llu bytes) must lie inside it and start and end on "
-                       "%llu-byte chunk boundaries (or at its end)",
-                       fn, (unsigned long long)off, len, al->name, (unsigned long long)al->bytes,
-                       (unsigned long long)chunk);
+        return SWAP_FAIL(s, -EINVAL,
+                         "%s: range [%llu, +%zu) of '%s' (%llu bytes) must lie inside it and start and end on "
+                         "%llu-byte chunk boundaries (or at its end)",
+                         fn, (unsigned long long)off, len, al->name, (unsigned long long)al->bytes,
+                         (unsigned long long)chunk);
     }
     uint64_t c0 = off / chunk, nc = (len + chunk - 1) / chunk;
     zo_swap_io *io = calloc(1, sizeof(*io) + nc * sizeof(chunk_ctx));
@@ -1008,7 +1233,7 @@ static int io_finish(zo_swap *s, zo_swap_io *io)
 {
     int err = atomic_load(&io->err);
     if (err < 0)
-        ZO_FAIL(&s->err, err, "%s", io->detail);
+        SWAP_FAIL(s, err, "%s", io->detail);
     free(io);
     return err;
 }
@@ -1031,7 +1256,7 @@ ZO_API int zo_swap_test(zo_swap *s, zo_swap_io *io)
     pthread_mutex_lock(&s->lock);
     int done = io->done;
     pthread_mutex_unlock(&s->lock);
-    return done ? io_finish(s, io) : -EBUSY;
+    return done ? io_finish(s, io) : ZO_PENDING;
 }
 
 ZO_API int zo_swap_wait_all(zo_swap *s)
@@ -1047,7 +1272,7 @@ ZO_API int zo_swap_wait_all(zo_swap *s)
     s->async_err = 0;
     pthread_mutex_unlock(&s->lock);
     if (err < 0)
-        ZO_FAIL(&s->err, err, "%s", detail);
+        SWAP_FAIL(s, err, "%s", detail);
     return err;
 }
 

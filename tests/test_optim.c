@@ -497,7 +497,11 @@ START_TEST(test_optim_dpu)
     eng_config(&e, &m);
     e.cfg.dpu = 1;
     e.cfg.dpu_warmup_steps = (unsigned)K;
-    e.cfg.max_grad_norm = 1.0;
+    /* _i 1: the speculative step (started at the step call under DPU);
+     * without clipping it is bit-identical to two-pass */
+    double max_norm = _i ? 0.0 : 1.0;
+    e.cfg.max_grad_norm = max_norm;
+    e.cfg.clip_mode = _i ? ZO_OPTIM_CLIP_SPECULATIVE : ZO_OPTIM_CLIP_TWO_PASS;
     eng_create(&e);
     int efd = zo_optim_eventfd(e.o);
     ck_assert(efd >= 0);
@@ -514,9 +518,13 @@ START_TEST(test_optim_dpu)
             ref_grad(&r, i, e.dgrad[i]);
             ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
         }
+        /* an LR schedule: set while the previous update may still run; it
+         * applies to the update this step call starts */
+        m.hp[0].lr = 1e-2 / k;
+        ck_assert_int_eq(zo_optim_set_lr(e.o, 0, m.hp[0].lr), 0);
         int rc = zo_optim_step_async(e.o, NULL);
         ck_assert_msg(rc == 0, "step_async %d: %s (%s)", k, zo_strerror(rc), zo_optim_errmsg(e.o));
-        ck_assert_int_eq(ref_step(&r, 1.0, 1.0, NULL), 1);
+        ck_assert_int_eq(ref_step(&r, 1.0, max_norm, NULL), 1);
         hist[k] = malloc(pb);
         memcpy(hist[k], r.out, pb);
         /* warm-up: no delay, step_async itself landed the update */
@@ -708,16 +716,35 @@ START_TEST(test_optim_speculative)
     float *xa = malloc(m.total * 4), *xb = malloc(m.total * 4);
     int nrb = 0;
     for (int s = 1; s <= 5; s++) {
+        zo_optim_info info0; /* before the first gradient: the eager update starts with it */
+        zo_optim_get_info(b.o, &info0);
         for (int i = 0; i < NT; i++) {
             fill_grad(&a, i, s, 1.0);
             memcpy(b.dgrad[i], a.dgrad[i], m.numel[i] * 2);
-            if (s == 5 && i == 4) { /* in group 1: group 0's sub-groups are rolled back */
+            if (s == 5 && i == 0) { /* in the sub-group walked last: the others are rolled back */
                 put(a.dgrad[i], m.gdt, 3, INFINITY);
                 put(b.dgrad[i], m.gdt, 3, INFINITY);
             }
             ck_assert_int_eq(zo_optim_grad(a.o, (unsigned)i, a.dgrad[i], NULL), 0);
             ck_assert_int_eq(zo_optim_grad(b.o, (unsigned)i, b.dgrad[i], NULL), 0);
         }
+        /* the speculative engine updates every sub-group before the step call
+         * (all gradients are in): wait for it to show */
+        zo_optim_info info1;
+        ck_assert_int_eq(zo_optim_grads_done(b.o), 0);
+        for (int t = 0; t < 10000 && s != 5; t++) {
+            zo_optim_get_info(b.o, &info1);
+            if (info1.eager_subgroups == info0.eager_subgroups + info1.nsubgroups)
+                break;
+            usleep(1000);
+        }
+        zo_optim_get_info(b.o, &info1);
+        if (s != 5)
+            ck_assert_uint_eq(info1.eager_subgroups, info0.eager_subgroups + info1.nsubgroups);
+        /* a second gradient for a tensor in the last micro-step is refused */
+        ck_assert_int_eq(zo_optim_grad(b.o, 2, b.dgrad[2], NULL), ZO_ESTATE);
+        /* and so is a save or a wait while the window is open */
+        ck_assert_int_eq(zo_optim_wait(b.o, NULL), ZO_ESTATE);
         zo_optim_step_result ra, rb;
         int rca = zo_optim_step(a.o, NULL, &ra), rcb = zo_optim_step(b.o, NULL, &rb);
         ck_assert_int_eq(rca, rcb);
@@ -786,6 +813,61 @@ START_TEST(test_optim_speculative)
 }
 END_TEST
 
+/* bf16 optimizer states in one group: host and NVMe placement agree bit for
+ * bit (NVMe walks fp32 masters beside bf16 states through the pool) */
+START_TEST(test_optim_bf16_states)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    eng a, b;
+    eng_config(&a, &m);
+    eng_config(&b, &m);
+    a.grp[1].state_dtype = b.grp[1].state_dtype = ZO_DTYPE_BF16;
+    a.cfg.max_grad_norm = b.cfg.max_grad_norm = 1.0;
+    b.cfg.placement = ZO_OPTIM_PLACE_NVME;
+    b.cfg.nvme_path = dir;
+    eng_create(&a);
+    eng_create(&b);
+    for (int s = 1; s <= 3; s++) {
+        for (int i = 0; i < NT; i++) {
+            fill_grad(&a, i, s, 1.0);
+            memcpy(b.dgrad[i], a.dgrad[i], m.numel[i] * 2);
+            ck_assert_int_eq(zo_optim_grad(a.o, (unsigned)i, a.dgrad[i], NULL), 0);
+            ck_assert_int_eq(zo_optim_grad(b.o, (unsigned)i, b.dgrad[i], NULL), 0);
+        }
+        ck_assert_int_eq(zo_optim_step(a.o, NULL, NULL), 0);
+        ck_assert_int_eq(zo_optim_step(b.o, NULL, NULL), 0);
+    }
+    for (int i = 0; i < NT; i++) {
+        uint64_t n = m.numel[i];
+        uint16_t *x = malloc(n * 2), *y = malloc(n * 2);
+        for (int k = 0; k < 3; k++) {
+            ck_assert_int_eq(zo_optim_state_export(a.o, (unsigned)i, (zo_optim_state)k, x, ZO_DTYPE_BF16, 0, n), 0);
+            ck_assert_int_eq(zo_optim_state_export(b.o, (unsigned)i, (zo_optim_state)k, y, ZO_DTYPE_BF16, 0, n), 0);
+            ck_assert_msg(memcmp(x, y, n * 2) == 0, "tensor %d state %d differs", i, k);
+        }
+        ck_assert(memcmp(a.dparam[i], b.dparam[i], n * 2) == 0);
+        free(x);
+        free(y);
+    }
+    /* the bf16 states really are bf16: m of group 1 holds no fp32-only bits */
+    uint64_t n = m.numel[4];
+    float *mf = malloc(n * 4);
+    ck_assert_int_eq(zo_optim_state_export(a.o, 4, ZO_OPTIM_STATE_EXP_AVG, mf, ZO_DTYPE_F32, 0, n), 0);
+    for (uint64_t j = 0; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, &mf[j], 4);
+        ZO_EXPECT((u & 0xffff) == 0, "elem %llu: %a is not a bf16 value", (unsigned long long)j, (double)mf[j]);
+    }
+    free(mf);
+    eng_free(&a);
+    eng_free(&b);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* ---- errors ------------------------------------------------------------------------------ */
 
 START_TEST(test_optim_errors)
@@ -818,6 +900,10 @@ START_TEST(test_optim_errors)
     c.groups = g;
     ck_assert_int_eq(zo_optim_create(&o, &c), -EINVAL);
     ck_assert(strstr(zo_last_error_detail(), "numel") != NULL);
+    /* a group not filled by the defaults function */
+    g[0] = e.grp[0];
+    g[0].struct_size = 0;
+    ck_assert_int_eq(zo_optim_create(&o, &c), -EINVAL);
     /* duplicate names */
     const char *dup[NT0] = {"a", "b", "a", "c"};
     g[0] = e.grp[0];
@@ -1007,10 +1093,11 @@ int main(void)
     tcase_add_loop_test(tc, test_optim_plain, 0, (int)(sizeof(plain_cases) / sizeof(plain_cases[0])));
     tcase_add_test(tc, test_optim_fp16_scaler);
     tcase_add_test(tc, test_optim_nonfinite_policy);
-    tcase_add_test(tc, test_optim_dpu);
+    tcase_add_loop_test(tc, test_optim_dpu, 0, 2);
     tcase_add_test(tc, test_optim_save_load);
     tcase_add_test(tc, test_optim_export_import);
     tcase_add_test(tc, test_optim_speculative);
+    tcase_add_test(tc, test_optim_bf16_states);
     tcase_add_test(tc, test_optim_errors);
     tcase_add_test(tc, test_optim_destroy_async);
     tcase_add_test(tc, test_optim_nvme_diskfull);

@@ -47,4 +47,33 @@ void zo_machine_json(const zo_machine *m, zo_json *j, const char *key);
 /* The filesystem and block device behind a path: "ext4 on /dev/vda" */
 void zo_path_storage(const char *path, char *buf, size_t len);
 
+/* Median of n values (n >= 1); v is not reordered. */
+double zo_median(const double *v, unsigned n);
+
+/* ---- fio, for comparisons on the same path ---------------------------------- */
+typedef struct zo_fio_job {
+    const char *fio;           /* the binary; NULL: fio in PATH */
+    const char *filename;      /* --filename (several: ':'-separated) */
+    uint64_t size;             /* --size, per job */
+    uint64_t bs;               /* --bs */
+    unsigned iodepth, numjobs; /* --iodepth, --numjobs */
+    uint64_t offset_increment; /* --offset_increment (0: not given) */
+    const char *rw;            /* --rw: "read", "write", "rw"... */
+    unsigned rwmixread;        /* --rwmixread with rw "rw" (0: not given) */
+    unsigned loops;            /* --loops (0: not given) */
+    int direct;                /* --direct */
+    int fixedbufs, sqpoll;     /* --fixedbufs, --sqthread_poll=1 */
+    const char *iomem;         /* --iomem (NULL: fio's default, malloc) */
+} zo_fio_job;
+
+typedef struct zo_fio_result {
+    double bw[2];   /* read, write: bytes/s */
+    double cpu_s;   /* user + system CPU seconds of every job */
+    char err[256];  /* why it failed */
+} zo_fio_result;
+
+/* Run fio (ioengine io_uring, --registerfiles --thread, group reporting,
+ * terse output) and parse its bandwidths. 0, or -1 with res->err set. */
+int zo_fio_run(const zo_fio_job *job, zo_fio_result *res);
+
 #endif

@@ -1531,114 +1531,37 @@ static int run_fio(const opts *o, const target *tg, const params *pp, int mode, 
         fl += (size_t)snprintf(filenames + fl, sizeof(filenames) - fl, "%s%s", i ? ":" : "", tg[i].path);
     uint64_t total = o->size * (uint64_t)o->npaths;
     uint64_t per_job = total / pp->threads;
-    char a_name[] = "--name=zo-vs-fio", a_file[sizeof(filenames) + 16], a_size[64], a_bs[64], a_qd[64], a_jobs[64],
-         a_rw[64], a_mix[64], a_loops[64], a_direct[32], a_inc[64], a_iomem[80];
-    snprintf(a_file, sizeof(a_file), "--filename=%s", filenames);
-    snprintf(a_size, sizeof(a_size), "--size=%llu", (unsigned long long)per_job);
-    snprintf(a_bs, sizeof(a_bs), "--bs=%llu", (unsigned long long)pp->bs);
-    snprintf(a_qd, sizeof(a_qd), "--iodepth=%u", pp->qd);
-    snprintf(a_jobs, sizeof(a_jobs), "--numjobs=%u", pp->threads);
-    snprintf(a_inc, sizeof(a_inc), "--offset_increment=%llu", (unsigned long long)per_job);
-    snprintf(a_rw, sizeof(a_rw), "--rw=%s", mode < 0 ? "rw" : mode == OP_READ ? "read" : "write");
-    snprintf(a_mix, sizeof(a_mix), "--rwmixread=%u", o->mix_r ? o->mix_r * 100 / (o->mix_r + o->mix_w) : 50);
-    snprintf(a_loops, sizeof(a_loops), "--loops=%u", o->loops);
-    snprintf(a_direct, sizeof(a_direct), "--direct=%d", o->direct);
-    const char *argv[32];
-    int n = 0;
-    argv[n++] = o->fio ? o->fio : "fio";
-    argv[n++] = a_name;
-    argv[n++] = a_file;
-    argv[n++] = a_size;
-    argv[n++] = a_bs;
-    argv[n++] = a_qd;
-    argv[n++] = a_jobs;
-    argv[n++] = a_inc;
-    argv[n++] = a_rw;
-    if (mode < 0)
-        argv[n++] = a_mix;
-    argv[n++] = a_loops;
-    argv[n++] = a_direct;
-    argv[n++] = "--ioengine=io_uring";
-    if (o->registered)
-        argv[n++] = "--fixedbufs";
-    argv[n++] = "--registerfiles";
-    if (o->sqpoll)
-        argv[n++] = "--sqthread_poll=1";
-    if (o->fio_iomem) {
-        snprintf(a_iomem, sizeof(a_iomem), "--iomem=%s", o->fio_iomem);
-        argv[n++] = a_iomem;
-    }
-    argv[n++] = "--thread";
-    argv[n++] = "--group_reporting";
-    argv[n++] = "--output-format=terse";
-    argv[n++] = "--terse-version=3";
-    argv[n] = NULL;
-
-    int pfd[2];
-    if (pipe2(pfd, O_CLOEXEC) != 0)
-        return snprintf(fr->err, sizeof(fr->err), "pipe: %s", strerror(errno)), -1;
-    pid_t pid = fork();
-    if (pid < 0) {
-        close(pfd[0]);
-        close(pfd[1]);
-        return snprintf(fr->err, sizeof(fr->err), "fork: %s", strerror(errno)), -1;
-    }
-    if (pid == 0) {
-        dup2(pfd[1], 1);
-        execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "zo-aio-bench: cannot run %s: %s\n", argv[0], strerror(errno));
-        _exit(127);
-    }
-    close(pfd[1]);
-    char out[16384];
-    size_t got = 0;
-    ssize_t k;
-    while ((k = read(pfd[0], out + got, sizeof(out) - 1 - got)) > 0)
-        got += (size_t)k;
-    out[got] = '\0';
-    close(pfd[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        snprintf(fr->err, sizeof(fr->err), "%s exited with status %d%s", argv[0],
-                 WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-                 WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (not installed? give --fio PATH)" : "");
+    zo_fio_job jb = {
+        .fio = o->fio,
+        .filename = filenames,
+        .size = per_job,
+        .bs = pp->bs,
+        .iodepth = pp->qd,
+        .numjobs = pp->threads,
+        .offset_increment = per_job,
+        .rw = mode < 0 ? "rw" : mode == OP_READ ? "read" : "write",
+        .rwmixread = mode < 0 ? (o->mix_r ? o->mix_r * 100 / (o->mix_r + o->mix_w) : 50) : 0,
+        .loops = o->loops,
+        .direct = o->direct,
+        .fixedbufs = o->registered,
+        .sqpoll = o->sqpoll,
+        .iomem = o->fio_iomem,
+    };
+    zo_fio_result r;
+    if (zo_fio_run(&jb, &r) != 0) {
+        snprintf(fr->err, sizeof(fr->err), "%s", r.err);
         return -1;
     }
-    /* terse v3: 6..9 read kb, bw, iops, runtime ms; 47..50 the same for
-     * writes; 88/89 user/system CPU in percent of the runtime */
-    char *line = strstr(out, "3;fio-");
-    if (!line)
-        return snprintf(fr->err, sizeof(fr->err), "cannot parse fio's output"), -1;
-    char *fields[140];
-    int nf = 0;
-    for (char *save = NULL, *t = strtok_r(line, ";\n", &save); t && nf < 140; t = strtok_r(NULL, ";\n", &save))
-        fields[nf++] = t;
-    if (nf < 90)
-        return snprintf(fr->err, sizeof(fr->err), "fio's terse output has %d fields", nf), -1;
-    double rkb = atof(fields[5]), rms = atof(fields[8]), wkb = atof(fields[46]), wms = atof(fields[49]);
-    fr->bw[OP_READ] = rms > 0 ? rkb * 1024.0 / (rms / 1000.0) : 0;
-    fr->bw[OP_WRITE] = wms > 0 ? wkb * 1024.0 / (wms / 1000.0) : 0;
-    double runtime_s = (rms > wms ? rms : wms) / 1000.0;
-    fr->cpu_s = (atof(fields[87]) + atof(fields[88])) / 100.0 * runtime_s * pp->threads;
+    fr->bw[OP_READ] = r.bw[0];
+    fr->bw[OP_WRITE] = r.bw[1];
+    fr->cpu_s = r.cpu_s;
     fr->ok = 1;
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(double *v, unsigned n)
 {
-    double *c = malloc(n * sizeof(double));
-    memcpy(c, v, n * sizeof(double));
-    qsort(c, n, sizeof(double), cmp_double);
-    double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
-    free(c);
-    return m;
+    return zo_median(v, n);
 }
 
 static int cmd_vs_fio(const opts *o, target *tg, const zo_machine *m)

@@ -8,6 +8,13 @@
  *                     stall time of each and the median ratio.
  *   --checksums       CRC32C (every variant this CPU runs) and XXH3 speed
  *                     on the same buffer, alternating, medians.
+ *   --optim           an offload optimizer's step: one group sweep
+ *                     (READ|WRITE) over N bytes of NVMe-homed state
+ *                     (fp32 master + m + v, states fp32 or bf16) with an
+ *                     in-place update per element; read and write GB/s,
+ *                     and with --vs-fio fio (io_uring, direct, fixedbufs,
+ *                     registerfiles) mixed read/write of the same bytes on
+ *                     the same path, alternating pairs, medians.
  *
  * Exit status: 0 success; 1 a run failed; 2 bad usage or input. */
 #include <ctype.h>
@@ -36,6 +43,12 @@ typedef struct opts {
     zo_dev_kind dev;
     int checksums, json;
     uint64_t csum_size;
+    /* --optim */
+    int optim, vs_fio;
+    uint64_t state_bytes, group_elems, slot_size;
+    zo_dtype state_dtype;
+    unsigned depth, slots;
+    const char *fio, *fio_iomem;
 } opts;
 
 static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -64,6 +77,20 @@ static void usage(FILE *f)
                "  --lookahead N         trace entries fetched ahead (default 4)\n"
                "  --iters N             iterations measured per run, after one warm-up (default 4)\n"
                "  --pairs N             alternating pairs (default 5)\n"
+               "optimizer sweep:\n"
+               "  --optim               one group sweep per run over --state bytes of NVMe-homed\n"
+               "                        (master fp32, m, v), updated in place; read/write GB/s\n"
+               "  --state SIZE          bytes of master + m + v (default 4G)\n"
+               "  --state-dtype f32|bf16  m and v (default f32)\n"
+               "  --group-elems N       elements per sub-group (default 8388608)\n"
+               "  --depth N             pieces read ahead (default 2)\n"
+               "  --slot-size SIZE      pool slot (default: the store's, 4M)\n"
+               "  --slots N             pool slots (default: the store's, 16)\n"
+               "  --vs-fio              alternate with fio (io_uring, direct, fixedbufs, registerfiles;\n"
+               "                        mixed read/write of the same bytes on the same path)\n"
+               "  --fio PATH            the fio binary (default: fio in PATH)\n"
+               "  --fio-iomem MODE      fio's buffer memory (--iomem=MODE), e.g. shmhuge\n"
+               "  --pairs N             runs (pairs with --vs-fio; default 5)\n"
                "checksums:\n"
                "  --checksums           CRC32C variants and XXH3 speed, alternating (median of --pairs)\n"
                "  --checksum-size SIZE  buffer (default 64M)\n"
@@ -81,15 +108,56 @@ static int parse_u(const char *s, unsigned long long lo, unsigned long long hi, 
     return errno || *end || *v < lo || *v > hi ? -1 : 0;
 }
 
+/* A numeric option: an integer in [lo, hi], or with `range` a size (said in
+ * words in the message). Exactly one of u, u64 is set. */
+typedef struct num_opt {
+    int id;
+    const char *name;
+    unsigned long long lo, hi;
+    unsigned *u;
+    uint64_t *u64;
+    const char *range;
+} num_opt;
+
+/* 1: c is one of nums (parsed into its field, or *rc the usage exit); 0: not */
+static int num_opt_parse(const num_opt *nums, size_t n, int c, const char *arg, int *rc)
+{
+    for (size_t i = 0; i < n; i++) {
+        const num_opt *d = &nums[i];
+        if (d->id != c)
+            continue;
+        unsigned long long v = 0;
+        *rc = 0;
+        if (d->range) {
+            uint64_t sz;
+            if (zo_parse_size(arg, &sz) || sz < d->lo || sz > d->hi)
+                *rc = bad("%s %s: not a size from %s", d->name, arg, d->range);
+            v = sz;
+        } else if (parse_u(arg, d->lo, d->hi, &v)) {
+            *rc = bad("%s %s: must be %llu..%llu", d->name, arg, d->lo, d->hi);
+        }
+        if (*rc == 0 && d->u)
+            *d->u = (unsigned)v;
+        else if (*rc == 0)
+            *d->u64 = v;
+        return 1;
+    }
+    return 0;
+}
+
 static int parse_opts(int argc, char **argv, opts *o)
 {
-    enum { O_PATH = 256, O_T, O_TS, O_DT, O_DEV, O_CMS, O_LA, O_IT, O_PR, O_CS, O_CSS, O_JSON, O_HELP };
+    enum { O_PATH = 256, O_T, O_TS, O_DT, O_DEV, O_CMS, O_LA, O_IT, O_PR, O_CS, O_CSS, O_JSON, O_HELP,
+           O_OPTIM, O_STATE, O_SDT, O_GE, O_DEPTH, O_SLS, O_SLOTS, O_VSFIO, O_FIO, O_FIOMEM };
     static const struct option lo[] = {
         {"path", 1, 0, O_PATH},       {"tensors", 1, 0, O_T},     {"tensor-size", 1, 0, O_TS},
         {"device-tensors", 1, 0, O_DT}, {"device", 1, 0, O_DEV},  {"compute-ms", 1, 0, O_CMS},
         {"lookahead", 1, 0, O_LA},    {"iters", 1, 0, O_IT},      {"pairs", 1, 0, O_PR},
         {"checksums", 0, 0, O_CS},    {"checksum-size", 1, 0, O_CSS}, {"json", 0, 0, O_JSON},
-        {"help", 0, 0, O_HELP},       {0, 0, 0, 0},
+        {"help", 0, 0, O_HELP},       {"optim", 0, 0, O_OPTIM},   {"state", 1, 0, O_STATE},
+        {"state-dtype", 1, 0, O_SDT}, {"group-elems", 1, 0, O_GE}, {"depth", 1, 0, O_DEPTH},
+        {"slot-size", 1, 0, O_SLS},   {"slots", 1, 0, O_SLOTS},   {"vs-fio", 0, 0, O_VSFIO},
+        {"fio", 1, 0, O_FIO},         {"fio-iomem", 1, 0, O_FIOMEM}, {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
     o->path = "/var/tmp";
@@ -102,26 +170,34 @@ static int parse_opts(int argc, char **argv, opts *o)
     o->lookahead = 4;
     o->dev = ZO_DEV_HOST;
     o->csum_size = 64u << 20;
-    unsigned long long v;
-    int c;
+    o->state_bytes = 4ull << 30;
+    o->state_dtype = ZO_DTYPE_F32;
+    o->group_elems = 8u << 20;
+    o->depth = 2;
+    int c, rc;
     opterr = 0;
+    const num_opt nums[] = {
+        {O_T, "--tensors", 2, 100000, &o->tensors, NULL, NULL},
+        {O_DT, "--device-tensors", 1, 100000, &o->device_tensors, NULL, NULL},
+        {O_TS, "--tensor-size", 1, 1ull << 36, NULL, &o->tensor_size, "1 byte to 64G"},
+        {O_LA, "--lookahead", 1, 4096, &o->lookahead, NULL, NULL},
+        {O_IT, "--iters", 1, 10000, &o->iters, NULL, NULL},
+        {O_PR, "--pairs", 1, 1000, &o->pairs, NULL, NULL},
+        {O_CSS, "--checksum-size", 1, 16ull << 30, NULL, &o->csum_size, "1 byte to 16G"},
+        {O_STATE, "--state", 12, 1ull << 42, NULL, &o->state_bytes, "12 bytes to 4T"},
+        {O_GE, "--group-elems", 1, 1ull << 34, NULL, &o->group_elems, NULL},
+        {O_DEPTH, "--depth", 1, 64, &o->depth, NULL, NULL},
+        {O_SLS, "--slot-size", 1, 1u << 30, NULL, &o->slot_size, "1 byte to 1G"},
+        {O_SLOTS, "--slots", 2, 65536, &o->slots, NULL, NULL},
+    };
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+        if (num_opt_parse(nums, sizeof(nums) / sizeof(nums[0]), c, optarg, &rc)) {
+            if (rc)
+                return rc;
+            continue;
+        }
         switch (c) {
         case O_PATH: o->path = optarg; break;
-        case O_T:
-            if (parse_u(optarg, 2, 100000, &v))
-                return bad("--tensors %s: must be 2..100000", optarg);
-            o->tensors = (unsigned)v;
-            break;
-        case O_DT:
-            if (parse_u(optarg, 1, 100000, &v))
-                return bad("--device-tensors %s: must be 1..100000", optarg);
-            o->device_tensors = (unsigned)v;
-            break;
-        case O_TS:
-            if (zo_parse_size(optarg, &o->tensor_size) || o->tensor_size == 0 || o->tensor_size > (1ull << 36))
-                return bad("--tensor-size %s: not a size from 1 byte to 64G", optarg);
-            break;
         case O_DEV:
             if (zo_dev_kind_parse(optarg, &o->dev))
                 return bad("--device %s: expected host or cuda", optarg);
@@ -136,27 +212,17 @@ static int parse_opts(int argc, char **argv, opts *o)
                     return bad("--compute-ms %s: a number of milliseconds 0..60000, or auto", optarg);
             }
             break;
-        case O_LA:
-            if (parse_u(optarg, 1, 4096, &v))
-                return bad("--lookahead %s: must be 1..4096", optarg);
-            o->lookahead = (unsigned)v;
-            break;
-        case O_IT:
-            if (parse_u(optarg, 1, 10000, &v))
-                return bad("--iters %s: must be 1..10000", optarg);
-            o->iters = (unsigned)v;
-            break;
-        case O_PR:
-            if (parse_u(optarg, 1, 1000, &v))
-                return bad("--pairs %s: must be 1..1000", optarg);
-            o->pairs = (unsigned)v;
-            break;
         case O_CS: o->checksums = 1; break;
-        case O_CSS:
-            if (zo_parse_size(optarg, &o->csum_size) || o->csum_size == 0 || o->csum_size > (16ull << 30))
-                return bad("--checksum-size %s: not a size from 1 byte to 16G", optarg);
-            break;
         case O_JSON: o->json = 1; break;
+        case O_OPTIM: o->optim = 1; break;
+        case O_SDT:
+            if (zo_dtype_parse(optarg, &o->state_dtype) ||
+                (o->state_dtype != ZO_DTYPE_F32 && o->state_dtype != ZO_DTYPE_BF16))
+                return bad("--state-dtype %s: expected f32 or bf16", optarg);
+            break;
+        case O_VSFIO: o->vs_fio = 1; break;
+        case O_FIO: o->fio = optarg; break;
+        case O_FIOMEM: o->fio_iomem = optarg; break;
         case 'h':
         case O_HELP: usage(stdout); exit(0);
         default: return bad("unknown option or missing value: %s (--help lists them)", argv[optind - 1]);
@@ -164,6 +230,10 @@ static int parse_opts(int argc, char **argv, opts *o)
     }
     if (optind < argc)
         return bad("unexpected argument '%s'", argv[optind]);
+    if (o->vs_fio && !o->optim)
+        return bad("--vs-fio compares the --optim sweep with fio: add --optim");
+    if (o->optim && o->checksums)
+        return bad("--optim and --checksums: run them separately");
     if (o->device_tensors >= o->tensors)
         return bad("--device-tensors %u must be below --tensors %u (else nothing is ever evicted)",
                    o->device_tensors, o->tensors);
@@ -180,20 +250,9 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double median(const double *v, unsigned n)
 {
-    double *c = malloc(n * sizeof(double));
-    memcpy(c, v, n * sizeof(double));
-    qsort(c, n, sizeof(double), cmp_d);
-    double m = n % 2 ? c[n / 2] : 0.5 * (c[n / 2 - 1] + c[n / 2]);
-    free(c);
-    return m;
+    return zo_median(v, n);
 }
 
 static void sleep_s(double s)
@@ -201,6 +260,15 @@ static void sleep_s(double s)
     struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
     while (nanosleep(&ts, &ts) != 0)
         ;
+}
+
+/* The machine, then "label path (filesystem on device)" */
+static void print_where(const zo_machine *m, const char *label, const char *path)
+{
+    zo_machine_print(m, stdout);
+    char sto[512];
+    zo_path_storage(path, sto, sizeof(sto));
+    printf("%s %s (%s)\n", label, path, sto);
 }
 
 /* ---- replay ----------------------------------------------------------------------- */
@@ -222,29 +290,40 @@ static void env_close(env *e)
         rmdir(e->dir);
 }
 
+/* The swap store of a run: a private directory under --path (dir, removed
+ * by the caller once the swap store is destroyed) and a zo_swap in it.
+ * 0, EXIT_RUN (said why; dir[0] is 0 if there is nothing to remove), or a
+ * negative error of zo_swap_create(). */
+static int swap_open(const char *path, char *dir, size_t dirlen, zo_swap **out)
+{
+    snprintf(dir, dirlen, "%s/zo-store-bench.%ld", path, (long)getpid());
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        fprintf(stderr, "zo-store-bench: cannot create %s: %s\n", dir, strerror(errno));
+        dir[0] = 0;
+        return EXIT_RUN;
+    }
+    const char *dirs[] = {dir};
+    zo_swap_config sc;
+    zo_swap_config_default(&sc);
+    sc.dirs = dirs;
+    sc.ndirs = 1;
+    return zo_swap_create(out, &sc);
+}
+
 static int env_open(const opts *o, env *e, zo_trace_mode trace)
 {
     memset(e, 0, sizeof(*e));
-    snprintf(e->dir, sizeof(e->dir), "%s/zo-store-bench.%ld", o->path, (long)getpid());
-    if (mkdir(e->dir, 0700) != 0 && errno != EEXIST) {
-        fprintf(stderr, "zo-store-bench: cannot create %s: %s\n", e->dir, strerror(errno));
-        e->dir[0] = 0;
+    int rc = swap_open(o->path, e->dir, sizeof(e->dir), &e->swap);
+    if (rc == EXIT_RUN)
         return EXIT_RUN;
-    }
-    int rc;
+    if (rc != 0)
+        goto fail;
     zo_dev_config dc;
     zo_dev_config_default(&dc);
     dc.kind = o->dev;
     uint64_t dev_bytes = (uint64_t)o->device_tensors * ((o->tensor_size + 4095) & ~4095ull) + (1u << 20);
     dc.host_mem_limit = dev_bytes + (1u << 20);
     if ((rc = zo_dev_open(&e->dev, &dc)) != 0)
-        goto fail;
-    const char *dirs[] = {e->dir};
-    zo_swap_config sc;
-    zo_swap_config_default(&sc);
-    sc.dirs = dirs;
-    sc.ndirs = 1;
-    if ((rc = zo_swap_create(&e->swap, &sc)) != 0)
         goto fail;
     zo_store_config cfg;
     zo_store_config_default(&cfg);
@@ -359,10 +438,7 @@ static int cmd_replay(const opts *o, const zo_machine *m)
     int rc = 0;
     if (!o->json) {
         printf("zo-store-bench %s: replay, no prefetch vs trace-driven prefetch\n", zo_version_string());
-        zo_machine_print(m, stdout);
-        char sto[512];
-        zo_path_storage(o->path, sto, sizeof(sto));
-        printf("swap:    %s (%s)\n", o->path, sto);
+        print_where(m, "swap:   ", o->path);
         printf("tensors: %u x %.2f MiB on NVMe, device tier (%s) holds %u; lookahead %u; compute %.2f ms per "
                "access%s\n",
                o->tensors, (double)o->tensor_size / (1 << 20), zo_dev_kind_name(o->dev), o->device_tensors,
@@ -520,6 +596,377 @@ static int cmd_checksums(const opts *o, const zo_machine *m)
     return 0;
 }
 
+/* ---- optimizer sweep ------------------------------------------------------------------ */
+typedef struct optim_env {
+    zo_swap *swap;
+    zo_store *st;
+    zo_tensor **t;       /* ngroups x (master, m, v) */
+    size_t ngroups;
+    size_t chunk;        /* the swap chunk size */
+    char dir[4200];
+    char fio_file[4300];
+} optim_env;
+
+/* The update of every element: an Adam-shaped recurrence, cheap enough not
+ * to hide the I/O, exact to repeat for the check at the end. */
+static inline void upd(float *p, float *m, float *v)
+{
+    *m = 0.9f * *m + 0.1f;
+    *v = 0.999f * *v + 0.001f;
+    *p += 1e-3f * *m;
+}
+
+/* bf16 <-> f32 inline (the update must not hide the I/O): round to
+ * nearest even, as zo_f32_to_bf16() does for finite values (all of these) */
+static inline float bf16_f32(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t f32_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
+}
+
+static void optim_update(const opts *o, void *const *ptr, uint64_t n)
+{
+    float *p = ptr[0];
+    if (o->state_dtype == ZO_DTYPE_F32) {
+        float *m = ptr[1], *v = ptr[2];
+        for (uint64_t i = 0; i < n; i++)
+            upd(&p[i], &m[i], &v[i]);
+    } else {
+        uint16_t *m = ptr[1], *v = ptr[2];
+        for (uint64_t i = 0; i < n; i++) {
+            float mf = bf16_f32(m[i]), vf = bf16_f32(v[i]);
+            upd(&p[i], &mf, &vf);
+            m[i] = f32_bf16(mf);
+            v[i] = f32_bf16(vf);
+        }
+    }
+}
+
+/* The values every element holds after `steps` updates (the same rounding) */
+static void optim_expect(const opts *o, unsigned steps, float *p, float *m, float *v)
+{
+    *p = 1.0f;
+    *m = *v = 0.0f;
+    for (unsigned k = 0; k < steps; k++) {
+        upd(p, m, v);
+        if (o->state_dtype == ZO_DTYPE_BF16) {
+            *m = zo_bf16_to_f32(zo_f32_to_bf16(*m));
+            *v = zo_bf16_to_f32(zo_f32_to_bf16(*v));
+        }
+    }
+}
+
+static void optim_close(optim_env *e)
+{
+    zo_store_destroy(&e->st);
+    zo_swap_destroy(&e->swap);
+    free(e->t);
+    if (e->fio_file[0])
+        unlink(e->fio_file);
+    if (e->dir[0])
+        rmdir(e->dir);
+}
+
+static int optim_sweep(const opts *o, optim_env *e, unsigned mode, int init, double *secs, zo_store_sweep_info *info)
+{
+    zo_store_sweep_desc d;
+    zo_store_sweep_desc_default(&d);
+    d.ntensors = 3;
+    d.ngroups = e->ngroups;
+    d.tensors = e->t;
+    d.depth = o->depth;
+    d.mode[0] = d.mode[1] = d.mode[2] = mode;
+    zo_store_sweep *sw;
+    double t0 = now_s();
+    int rc = zo_store_sweep_open(e->st, &d, &sw);
+    if (rc)
+        return rc;
+    if (info)
+        zo_store_sweep_get_info(sw, info);
+    zo_store_sweep_piece pc;
+    size_t esz = zo_dtype_size(o->state_dtype);
+    while ((rc = zo_store_sweep_next(sw, &pc)) == 0 && pc.nelem) {
+        if (init) {
+            float *p = pc.ptr[0];
+            for (uint64_t i = 0; i < pc.nelem; i++)
+                p[i] = 1.0f;
+            memset(pc.ptr[1], 0, pc.nelem * esz); /* 0.0 in f32 and bf16 */
+            memset(pc.ptr[2], 0, pc.nelem * esz);
+        } else {
+            optim_update(o, pc.ptr, pc.nelem);
+        }
+        if ((rc = zo_store_sweep_done(sw, &pc)) != 0)
+            break;
+    }
+    int rc2 = zo_store_sweep_close(&sw);
+    *secs = now_s() - t0;
+    return rc ? rc : rc2;
+}
+
+static int optim_open(const opts *o, optim_env *e, uint64_t *nelem_total)
+{
+    memset(e, 0, sizeof(*e));
+    int rc = swap_open(o->path, e->dir, sizeof(e->dir), &e->swap);
+    if (rc == EXIT_RUN)
+        return EXIT_RUN;
+    size_t esz = zo_dtype_size(o->state_dtype);
+    uint64_t total = o->state_bytes / (4 + 2 * esz);
+    if (total == 0)
+        total = 1;
+    *nelem_total = total;
+    e->ngroups = (size_t)((total + o->group_elems - 1) / o->group_elems);
+    if (rc != 0)
+        goto fail;
+    zo_swap_info si;
+    zo_swap_get_info(e->swap, &si);
+    e->chunk = si.chunk_size;
+    zo_store_config cfg;
+    zo_store_config_default(&cfg);
+    cfg.swap = e->swap;
+    cfg.trace = ZO_TRACE_OFF;
+    if (o->slot_size)
+        cfg.slot_size = (size_t)o->slot_size;
+    if (o->slots)
+        cfg.slots = o->slots;
+    if ((rc = zo_store_create(&e->st, &cfg)) != 0)
+        goto fail;
+    if (!(e->t = calloc(e->ngroups * 3, sizeof(*e->t)))) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    static const char *const sname[3] = {"master", "exp_avg", "exp_avg_sq"};
+    for (size_t g = 0; g < e->ngroups && rc == 0; g++) {
+        uint64_t left = total - g * o->group_elems, n = left < o->group_elems ? left : o->group_elems;
+        for (int k = 0; k < 3 && rc == 0; k++) {
+            char name[64];
+            snprintf(name, sizeof(name), "group%zu.%s", g, sname[k]);
+            zo_tensor_desc d;
+            zo_tensor_desc_default(&d);
+            d.name = name;
+            d.dtype = k ? o->state_dtype : ZO_DTYPE_F32;
+            d.ndim = 1;
+            d.shape[0] = n;
+            d.home = ZO_TIER_NVME;
+            rc = zo_store_register(e->st, &d, &e->t[g * 3 + k]);
+        }
+    }
+    double secs;
+    if (rc == 0) /* untimed: every byte written once, so reads meet real data */
+        rc = optim_sweep(o, e, ZO_STREAM_WRITE, 1, &secs, NULL);
+    if (rc)
+        goto fail;
+    snprintf(e->fio_file, sizeof(e->fio_file), "%s/fio.dat", e->dir);
+    return 0;
+fail:
+    fprintf(stderr, "zo-store-bench: setting up the optimizer state failed: %s (%s)\n", zo_strerror(rc),
+            zo_last_error_detail());
+    optim_close(e);
+    return EXIT_RUN;
+}
+
+/* Every group's first, middle and last element hold what `steps` updates give */
+static int optim_check(const opts *o, optim_env *e, unsigned steps)
+{
+    float want[3];
+    optim_expect(o, steps, &want[0], &want[1], &want[2]);
+    size_t esz = zo_dtype_size(o->state_dtype);
+    for (size_t g = 0; g < e->ngroups; g++) {
+        zo_tensor_info ti;
+        zo_store_tensor_info(e->st, e->t[g * 3], &ti);
+        uint64_t n = ti.bytes / 4, at[3] = {0, n / 2, n - 1};
+        for (int a = 0; a < 3; a++)
+            for (int k = 0; k < 3; k++) {
+                size_t sz = k ? esz : 4;
+                uint8_t b[4] = {0};
+                int rc = zo_store_read(e->st, e->t[g * 3 + k], at[a] * sz, b, sz);
+                float got;
+                if (sz == 4) {
+                    memcpy(&got, b, 4);
+                } else {
+                    uint16_t h;
+                    memcpy(&h, b, 2);
+                    got = zo_bf16_to_f32(h);
+                }
+                if (rc || memcmp(&got, &want[k], 4) != 0) {
+                    fprintf(stderr, "zo-store-bench: group %zu tensor %d element %llu: %s, %.9g (want %.9g after %u "
+                                    "updates)\n",
+                            g, k, (unsigned long long)at[a], rc ? zo_strerror(rc) : "read", (double)got,
+                            (double)want[k], steps);
+                    return EXIT_RUN;
+                }
+            }
+    }
+    return 0;
+}
+
+static int cmd_optim(const opts *o, const zo_machine *m)
+{
+    optim_env e;
+    uint64_t nelem;
+    if (optim_open(o, &e, &nelem))
+        return EXIT_RUN;
+    size_t esz = zo_dtype_size(o->state_dtype);
+    uint64_t bytes = nelem * (4 + 2 * esz); /* read once and written once per sweep */
+    unsigned P = o->pairs;
+    double *zr = calloc(P, sizeof(double)), *zw = calloc(P, sizeof(double)), *fr = calloc(P, sizeof(double)),
+           *fw = calloc(P, sizeof(double)), *ratio = calloc(P, sizeof(double)), *stall = calloc(P, sizeof(double));
+    int rc = 0;
+    if (!zr || !zw || !fr || !fw || !ratio || !stall) {
+        rc = EXIT_RUN;
+        goto out;
+    }
+    /* one warm-up step, untimed: it also gives the layout the sweeps pick */
+    zo_store_sweep_info info;
+    double s0;
+    if ((rc = optim_sweep(o, &e, ZO_STREAM_READ | ZO_STREAM_WRITE, 0, &s0, &info)) != 0) {
+        fprintf(stderr, "zo-store-bench: sweep failed: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+        rc = EXIT_RUN;
+        goto out;
+    }
+    unsigned steps = 1;
+    /* fio's requests as the sweep's: chunk-sized, as many in flight as its
+     * frames ahead and the one writing hold chunks */
+    uint64_t qd = (info.depth + 1) * info.piece_elems * (4 + 2 * esz) / e.chunk;
+    zo_fio_job fj = {
+        .fio = o->fio,
+        .filename = e.fio_file,
+        .size = (2 * bytes + e.chunk - 1) / e.chunk * e.chunk,
+        .bs = e.chunk,
+        .iodepth = (unsigned)(qd < 1 ? 1 : qd > 256 ? 256 : qd),
+        .numjobs = 1,
+        .rw = "rw",
+        .rwmixread = 50,
+        .direct = 1,
+        .fixedbufs = 1,
+        .iomem = o->fio_iomem,
+    };
+    if (!o->json) {
+        printf("zo-store-bench %s: optimizer sweep%s\n", zo_version_string(), o->vs_fio ? " vs fio" : "");
+        print_where(m, "path:   ", o->path);
+        printf("state:   %.1f MiB: %zu groups of up to %llu elements, master f32, m and v %s; depth %u, pieces of "
+               "%llu elements, %u slots reserved\n",
+               (double)bytes / (1 << 20), e.ngroups, (unsigned long long)o->group_elems, zo_dtype_name(o->state_dtype),
+               info.depth, (unsigned long long)info.piece_elems, info.slots);
+        if (o->vs_fio)
+            printf("fio:     --rw=rw --rwmixread=50 --size=%llu --bs=%llu --iodepth=%u --direct=1 --ioengine=io_uring "
+                   "--fixedbufs --registerfiles%s%s\n",
+                   (unsigned long long)fj.size, (unsigned long long)fj.bs, fj.iodepth, o->fio_iomem ? " --iomem=" : "",
+                   o->fio_iomem ? o->fio_iomem : "");
+        printf("runs:    %u%s, after one warm-up step (GB/s, GB = 10^9 bytes; each step reads and writes every byte of "
+               "the state once)\n\n",
+               P, o->vs_fio ? " pairs, alternating fio, zoffload" : "");
+        if (o->vs_fio)
+            printf("%5s %10s %10s %10s %10s %8s\n", "pair", "fio rd", "fio wr", "zo rd", "zo wr", "ratio");
+        else
+            printf("%5s %10s %10s %10s\n", "run", "zo rd", "zo wr", "stall s");
+    }
+    for (unsigned p = 0; p < P && rc == 0; p++) {
+        if (o->vs_fio) {
+            zo_fio_result res;
+            if (zo_fio_run(&fj, &res) != 0) {
+                fprintf(stderr, "zo-store-bench: fio failed: %s\n", res.err);
+                rc = EXIT_RUN;
+                break;
+            }
+            fr[p] = res.bw[0];
+            fw[p] = res.bw[1];
+        }
+        double secs;
+        zo_store_reset_stats(e.st);
+        rc = optim_sweep(o, &e, ZO_STREAM_READ | ZO_STREAM_WRITE, 0, &secs, &info);
+        if (rc) {
+            fprintf(stderr, "zo-store-bench: sweep failed: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+            rc = EXIT_RUN;
+            break;
+        }
+        steps++;
+        zo_store_stats st;
+        zo_store_get_stats(e.st, &st);
+        stall[p] = (double)st.stall_ns * 1e-9;
+        zr[p] = zw[p] = (double)bytes / secs;
+        ratio[p] = o->vs_fio && fr[p] + fw[p] > 0 ? (zr[p] + zw[p]) / (fr[p] + fw[p]) : 0;
+        if (!o->json && o->vs_fio)
+            printf("%5u %10.3f %10.3f %10.3f %10.3f %8.3f\n", p + 1, fr[p] * 1e-9, fw[p] * 1e-9, zr[p] * 1e-9,
+                   zw[p] * 1e-9, ratio[p]);
+        else if (!o->json)
+            printf("%5u %10.3f %10.3f %10.3f\n", p + 1, zr[p] * 1e-9, zw[p] * 1e-9, stall[p]);
+    }
+    if (rc == 0)
+        rc = optim_check(o, &e, steps);
+    if (rc == 0) {
+        if (o->json) {
+            zo_json j;
+            zj_init(&j, stdout, 1);
+            zj_obj_begin(&j, NULL);
+            zj_str(&j, "tool", "zo-store-bench");
+            zj_str(&j, "mode", o->vs_fio ? "optim-vs-fio" : "optim");
+            zj_str(&j, "version", zo_version_string());
+            zo_machine_json(m, &j, "machine");
+            zj_obj_begin(&j, "config");
+            zj_str(&j, "path", o->path);
+            zj_uint(&j, "state_bytes", bytes);
+            zj_str(&j, "state_dtype", zo_dtype_name(o->state_dtype));
+            zj_uint(&j, "group_elems", o->group_elems);
+            zj_uint(&j, "groups", e.ngroups);
+            zj_uint(&j, "depth", info.depth);
+            zj_uint(&j, "piece_elems", info.piece_elems);
+            zj_uint(&j, "slots_reserved", info.slots);
+            if (o->vs_fio) {
+                zj_uint(&j, "fio_size", fj.size);
+                zj_uint(&j, "fio_bs", fj.bs);
+                zj_uint(&j, "fio_iodepth", fj.iodepth);
+                zj_str(&j, "fio_iomem", o->fio_iomem ? o->fio_iomem : "malloc (fio's default)");
+            }
+            zj_obj_end(&j);
+            zj_uint(&j, "pairs", P);
+            const struct {
+                const char *k;
+                double *v;
+                int fio;
+            } arr[] = {{"read_bytes_per_s", zr, 0},     {"write_bytes_per_s", zw, 0}, {"stall_s", stall, 0},
+                       {"fio_read_bytes_per_s", fr, 1}, {"fio_write_bytes_per_s", fw, 1}, {"ratios", ratio, 1}};
+            for (size_t a = 0; a < sizeof(arr) / sizeof(arr[0]); a++) {
+                if (arr[a].fio && !o->vs_fio)
+                    continue;
+                zj_arr_begin(&j, arr[a].k);
+                for (unsigned p = 0; p < P; p++)
+                    zj_num(&j, NULL, arr[a].v[p]);
+                zj_arr_end(&j);
+                char key[64];
+                snprintf(key, sizeof(key), "%s_median", arr[a].k);
+                zj_num(&j, key, median(arr[a].v, P));
+            }
+            zj_bool(&j, "verified", 1);
+            zj_obj_end(&j);
+            zj_end(&j);
+        } else {
+            printf("\nmedians: zoffload read %.3f GB/s, write %.3f GB/s", median(zr, P) * 1e-9, median(zw, P) * 1e-9);
+            if (o->vs_fio)
+                printf("; fio read %.3f GB/s, write %.3f GB/s; ratio (read + write) %.3f", median(fr, P) * 1e-9,
+                       median(fw, P) * 1e-9, median(ratio, P));
+            printf("\nchecked: every group's first, middle and last elements hold %u updates\n", steps);
+        }
+    }
+out:
+    free(zr);
+    free(zw);
+    free(fr);
+    free(fw);
+    free(ratio);
+    free(stall);
+    optim_close(&e);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     opts o;
@@ -528,5 +975,7 @@ int main(int argc, char **argv)
         return rc;
     zo_machine m;
     zo_machine_get(&m);
+    if (o.optim)
+        return cmd_optim(&o, &m);
     return o.checksums ? cmd_checksums(&o, &m) : cmd_replay(&o, &m);
 }

@@ -57,8 +57,15 @@
  *     a few ulps of max(state, (1-beta) g) / beta, and a master may move by
  *     up to about one update (lr) where v came back with a large relative
  *     error (tiny gradients in early steps). Adam / AdamW with fp32 states
- *     only (ZO_ECONFIG otherwise). The update starts at the boundary's step
- *     call, not yet while backward still produces gradients.
+ *     only (ZO_ECONFIG otherwise). Without DPU the update starts while
+ *     backward still runs: the last micro-step's first gradient starts the
+ *     job, and the worker walks the sub-groups in reverse order (backward's
+ *     order), updating each as soon as every tensor in it has its gradient;
+ *     the step call closes the window (the rest, with zeros for tensors
+ *     that got none, follow). Hyperparameter changes must therefore come
+ *     before the last micro-step's backward, and a tensor's gradient must be
+ *     handed over once in the last micro-step (a second: ZO_ESTATE). With
+ *     DPU the speculative update starts at the step call.
  *   Clip coefficient (DeepSpeed's): with norm = sqrt(sumsq) / loss_scale,
  *   coef = max_grad_norm / (norm + 1e-6) when that is below 1, else 1.
  *
@@ -197,9 +204,10 @@ typedef struct zo_optim_config {
                                       unless `swap` is given); copied */
     int pin_memory;              /**< offload_optimizer.pin_memory: 1 (default) page-lock host buffers (within
                                       pinned_bytes); 0 pageable (still within the budget, counted) */
-    unsigned buffer_count;       /**< offload_optimizer.buffer_count: sub-groups in flight through pinned
-                                      buffers with NVMe placement (read-ahead depth = buffer_count - 2,
-                                      >= 2); default 4, >= 4 */
+    unsigned buffer_count;       /**< offload_optimizer.buffer_count: sweep pieces (of master, m, v) in
+                                      flight through pinned slots with NVMe placement: read-ahead depth =
+                                      buffer_count - 2, one in the kernel, one writing back; the pool has
+                                      3 x buffer_count + 2 slots; default 4, in [4, 1024] */
     uint64_t sub_group_size;     /**< zero_optimization.sub_group_size, elements per sub-group; default 2^24
                                       (64 MiB of fp32); >= 64 */
     uint64_t pinned_bytes;       /**< budget of pinned host memory the engine may hold (0: unlimited); an
@@ -337,8 +345,10 @@ ZO_API int zo_optim_push_params(zo_optim *o);
  * tensor that gets none in a window has a zero gradient.
  * @return 0; -EINVAL (NULL, index out of range); ZO_ESTATE (a step is
  *         being applied to the accumulators this gradient would land in:
- *         only possible without DPU between step_async and wait); device
- *         errors (also a failed earlier copy).
+ *         only possible without DPU between step_async and wait; speculative
+ *         mode: a second gradient for the tensor in the last micro-step, or
+ *         an earlier step failed mid-update); device errors (also a failed
+ *         earlier copy).
  */
 ZO_API int zo_optim_grad(zo_optim *o, unsigned index, const void *dev_grad, struct zo_event *ready);
 
@@ -464,7 +474,9 @@ ZO_API int zo_optim_params_current(zo_optim *o);
 
 /**
  * Set the learning rate of group `group` for the next updates (LR
- * schedules). Other hyperparameters: zo_optim_set_hparams().
+ * schedules): the update started by the next boundary's step call uses it;
+ * an update already in flight (DPU) keeps its own. Does not block. Other
+ * hyperparameters: zo_optim_set_hparams().
  * @return 0; -EINVAL (NULL, group out of range); ZO_ECONFIG (lr not finite or < 0).
  */
 ZO_API int zo_optim_set_lr(zo_optim *o, unsigned group, double lr);
@@ -523,6 +535,8 @@ typedef struct zo_optim_info {
     uint64_t pinned_bytes;   /**< pinned host memory the engine holds */
     uint64_t host_bytes;     /**< other host memory it holds (accumulators...) */
     int dpu_active;          /**< 1 once past the DPU warm-up */
+    uint64_t eager_subgroups; /**< speculative: sub-group updates done before the step call closed their
+                                   window (while backward still handed gradients over) */
 } zo_optim_info;
 
 /** @return 0; -EINVAL. Any thread (a snapshot). */

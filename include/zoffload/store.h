@@ -373,7 +373,9 @@ typedef struct zo_store_sweep_info {
  *         whose bytes are not a whole number of elements, a tensor listed
  *         twice in the sweep; struct_size of a different version: detail
  *         names the field); ZO_ECONFIG (a tensor needs pool slots and the
- *         store has none); -EBUSY (not enough unreserved slots for even the
+ *         store has none; or slot_size is below chunk * widest / narrowest
+ *         element size: a piece starts on a swap chunk of every tensor, so
+ *         with 1 MiB chunks, fp32 next to bf16 needs slots of 2 MiB); -EBUSY (not enough unreserved slots for even the
  *         smallest pieces; a tensor held for writing, referenced (with a
  *         WRITE position), streamed, being unregistered, or in a checkpoint
  *         being written (WRITE)); -ENOMEM; errors of zo_store_flush().

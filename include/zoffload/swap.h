@@ -9,14 +9,22 @@
  *   Each swap directory holds arena files `zo-swap.<pid>.<instance>.<n>`,
  *   created mode 0600 with O_EXCL | O_NOFOLLOW and reserved on disk with
  *   fallocate() when they are created or grown, so a full disk fails the
- *   allocation up front rather than a write half way. An allocation
+ *   allocation up front rather than a write half way. A store holds each
+ *   of its arena files with flock(LOCK_EX) for the file's life; an arena
+ *   file nobody holds belongs to a store that is gone (a killed process),
+ *   and zo_swap_create() removes such stale files from its directories, so
+ *   a restarted process (with the same pid, as pid 1 in a container) just
+ *   works. Files another live process holds are never touched. An allocation
  *   (zo_swap_alloc()) is cut into chunks of `chunk_size` bytes; with several
- *   directories chunk i goes to directory (i mod ndirs), so one tensor is
- *   striped across every drive. Every chunk written gets a checksum,
- *   computed on the source buffer while its write is in flight; every
- *   chunk read is verified in the destination buffer as soon as its read
- *   completes (on a checksum thread, off the I/O threads), and a mismatch fails the read with ZO_ECORRUPT whose detail
- *   names the tensor, the byte offset, the arena file and both checksums.
+ *   directories chunk i goes to directory ((first + i) mod ndirs), where
+ *   `first` rotates from one allocation to the next (so small allocations
+ *   spread over the drives too), and one tensor is striped across every
+ *   drive. Every chunk written gets a checksum, computed on the source
+ *   buffer while its write is in flight; every chunk read is verified in
+ *   the destination buffer as soon as its read completes (on a checksum
+ *   thread, off the I/O threads; inline when csum_threads is 0), and a
+ *   mismatch fails the read with ZO_ECORRUPT whose detail names the tensor,
+ *   the byte offset, the arena file and both checksums.
  *   Arena files are removed by zo_swap_destroy() unless `keep_files` is set.
  *
  * Checkpoints (zo_ckpt_*)
@@ -97,12 +105,12 @@ typedef struct zo_swap_config {
     size_t struct_size;       /**< sizeof(zo_swap_config), set by the defaults function */
     const char *const *dirs;  /**< swap directories (required; several = striping); copied */
     unsigned ndirs;           /**< number of entries in dirs, 1..ZO_SWAP_MAX_DIRS */
-    uint64_t arena_size;      /**< size of one arena file and growth step; default 1 GiB */
+    uint64_t arena_size;      /**< size of one arena file and growth step, rounded up to whole chunks: a value below chunk_size gives one chunk, so a small run sizes it from what it needs instead of reserving 1 GiB; 1 .. 2^56; default 1 GiB */
     uint64_t reserve;         /**< bytes to reserve per directory at create (fails early if the disk cannot hold them); default 0 */
     uint64_t max_bytes;       /**< cap on arena bytes over all directories; 0 = until a disk is full (default) */
     size_t chunk_size;        /**< stripe unit and checksum granule: power of two >= 4096; default 1 MiB */
     zo_csum_kind checksum;    /**< default ZO_CSUM_CRC32C */
-    int keep_files;           /**< keep arena files on destroy; default 0 */
+    int keep_files;           /**< keep arena files on destroy (for inspection: nobody holds them then, so the next store created in that directory removes them as stale); default 0 */
     int buffered;             /**< open arenas without O_DIRECT; default 0 */
     struct zo_aio *aio;       /**< engine to use (not owned); NULL: create one from aio_cfg */
     const struct zo_aio_config *aio_cfg; /**< config of the engine created when aio is NULL (NULL = defaults) */
@@ -116,9 +124,13 @@ ZO_API void zo_swap_config_default(zo_swap_config *cfg);
  * Create a swap store. Each directory must exist, be a directory (not a
  * symlink to one: pass the real path), be writable, and, if others may
  * write to it, have the sticky bit (else a local user could plant files).
- * Arena files of `reserve` bytes are created at once when reserve > 0.
- * @return 0; -EINVAL (NULL, no dirs); ZO_ECONFIG (bad chunk size, too
- *         many dirs, unknown checksum: detail names the field); ZO_ENOTSUP
+ * Stale arena files of stores that are gone (see above) are removed from
+ * every directory first. Arena files of `reserve` bytes are created at once
+ * when reserve > 0.
+ * @return 0; -EINVAL (NULL, no dirs); ZO_ECONFIG (bad chunk size or
+ *         arena_size, too many dirs, unknown checksum: detail names the
+ *         field); ZO_EBUDGET (reserve in every directory exceeds
+ *         max_bytes); ZO_ENOTSUP
  *         (XXH3 without libxxhash); -ENOENT, -ENOTDIR, -ELOOP (symlink),
  *         -EACCES, -EROFS, -EPERM (world-writable without sticky bit);
  *         -ENOSPC (reserve does not fit); errors of zo_aio_create();
@@ -133,7 +145,10 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *cfg);
  */
 ZO_API void zo_swap_destroy(zo_swap **s);
 
-/** The store's last error detail ("" if none). */
+/** The store's last error detail ("" if none): the most recent failure of
+ *  any thread using the store, written whole under the store's lock. For
+ *  the detail of your own call's failure, zo_last_error_detail() (thread
+ *  local) is exact; this one may already hold another thread's. */
 ZO_API const char *zo_swap_errmsg(const zo_swap *s);
 
 /** The engine the store uses (its own or the one given). */
@@ -145,8 +160,12 @@ ZO_API struct zo_aio *zo_swap_get_aio(zo_swap *s);
  * Contents read as zeros until written.
  * @return 0 and *id; -EINVAL (bytes 0, NULL); ZO_EBUDGET (max_bytes would be
  *         exceeded); -ENOSPC (a disk is full: nothing was written);
- *         -EFBIG; other -errno of fallocate; -ENOMEM. Blocks when arenas
- *         grow. Thread-safe.
+ *         -EFBIG; other -errno of open or fallocate; -ENOMEM. Thread-safe.
+ *         Blocks while an arena grows; the store's lock is not held
+ *         meanwhile, so I/O, completions and other calls (allocations that
+ *         fit the arenas there are included) go on; an allocation that
+ *         needs a directory another thread is growing waits for that arena
+ *         and looks again.
  */
 ZO_API int zo_swap_alloc(zo_swap *s, uint64_t bytes, const char *name, zo_swap_id *id);
 
@@ -201,7 +220,11 @@ ZO_API int zo_swap_read(zo_swap *s, zo_swap_id id, uint64_t off, void *buf, size
  *  zo_last_error_detail()); -EINVAL (s or io NULL). Only one thread may
  *  wait for a given io. */
 ZO_API int zo_swap_wait(zo_swap *s, zo_swap_io *io);
-/** -EBUSY if io is in flight (io stays valid); else as zo_swap_wait(). */
+/** Poll io without blocking. @return ZO_PENDING (positive) while it is in
+ *  flight (io stays valid); once it has finished, as zo_swap_wait(): 0 or
+ *  its (negative) error, and io is released. -EINVAL (s or io NULL).
+ *  A finished io's error may be any code, -EBUSY included, so test for
+ *  ZO_PENDING, never for an error code. */
 ZO_API int zo_swap_test(zo_swap *s, zo_swap_io *io);
 /** Wait until no I/O of the store is in flight. Returns 0, or the first
  *  error of an io nobody waited for (since the last call); -EINVAL (NULL). */

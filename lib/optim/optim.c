@@ -190,12 +190,12 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
     unsigned nt = 0;
     for (unsigned g = 0; g < cfg->ngroups; g++) {
         const zo_optim_group *ug = &cfg->groups[g];
-        if (ug->struct_size < sizeof(zo_optim_group) && ug->struct_size != 0)
-            return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u struct_size %zu is not that of a zo_optim_group",
-                           g, ug->struct_size);
-        if (ug->struct_size > sizeof(zo_optim_group))
-            return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u struct_size %zu is newer than this library",
-                           g, ug->struct_size);
+        /* the first published version is today's: anything else was not
+         * filled by zo_optim_group_default() */
+        if (ug->struct_size != sizeof(zo_optim_group))
+            return ZO_FAIL(&o->err, -EINVAL,
+                           "zo_optim_create: group %u struct_size %zu is not that of a zo_optim_group (%zu): fill it "
+                           "with zo_optim_group_default()", g, ug->struct_size, sizeof(zo_optim_group));
         if (ug->ntensors == 0 || !ug->numel)
             return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u has no tensors", g);
         if (ug->ntensors > (1u << 24) || nt + ug->ntensors > (1u << 24))
@@ -226,7 +226,7 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
         if (og->sgsize < 64 || og->sgsize > ((uint64_t)1 << 32))
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u sub_group_size %llu out of [64, 2^32]", g,
                            (unsigned long long)og->sgsize);
-        og->sdt = ug->struct_size ? ug->state_dtype : ZO_DTYPE_F32;
+        og->sdt = ug->state_dtype;
         if (og->sdt != ZO_DTYPE_F32 && og->sdt != ZO_DTYPE_BF16)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_dtype %s (f32 or bf16)", g,
                            zo_dtype_name(og->sdt));
@@ -246,6 +246,7 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
                            "(rollback), not %s with %s states", g,
                            og->hp.kind == ZO_OPTIM_LION ? "Lion" : og->hp.kind == ZO_OPTIM_ADAGRAD ? "Adagrad" : "Adam",
                            zo_dtype_name(og->sdt));
+        og->hp_next = og->hp;
         states_used(og->hp.kind, og->used);
         og->first_tensor = ti;
         og->ntensors = ug->ntensors;
@@ -306,6 +307,15 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
         }
     }
     return 0;
+}
+
+/* The sub-groups [*a, *b) tensor t overlaps. */
+static void tensor_sgs(const zo_optim *o, unsigned t, unsigned *a, unsigned *b)
+{
+    const zo__ot *ot = &o->tensors[t];
+    const zo__og *og = &o->groups[ot->group];
+    *a = og->first_sg + (unsigned)((ot->off - og->off) / og->sgsize);
+    *b = og->first_sg + (unsigned)((ot->off + ot->numel - 1 - og->off) / og->sgsize) + 1;
 }
 
 static uint64_t state_bytes(const zo_optim *o, const zo__sg *sg, int k)
@@ -496,14 +506,15 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: clip_mode, nonfinite, dpu or nthreads out of range");
         goto fail;
     }
-    if ((r = layout(o, ucfg)) < 0)
+    /* read the caller's values from our copy (never past its struct_size) */
+    if ((r = layout(o, &o->cfg)) < 0)
         goto fail;
-    o->cfg.groups = NULL;
-    o->cfg.nvme_path = NULL;
-    if (ucfg->nvme_path && !(o->nvme_path = strdup(ucfg->nvme_path))) {
+    if (o->cfg.nvme_path && !(o->nvme_path = strdup(o->cfg.nvme_path))) {
         r = -ENOMEM;
         goto fail;
     }
+    o->cfg.groups = NULL; /* read during create only */
+    o->cfg.nvme_path = NULL;
     zo__scaler_init(&o->scaler, cfg, o->pdt);
     o->win_scale[0] = o->win_scale[1] = o->scaler.scale;
     if ((r = make_store(o)) < 0)
@@ -543,6 +554,27 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     for (unsigned b = 0; b < o->npbuf; b++)
         if ((r = host_alloc(o, &o->pbuf[b], pb, 1, &o->pbuf_pinned[b])) < 0)
             goto fail;
+    o->eager = cfg->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && !cfg->dpu;
+    o->sg_list = calloc(o->nsg, sizeof(*o->sg_list));
+    o->sg_sumsq = calloc(o->nsg, sizeof(*o->sg_sumsq));
+    o->sg_nf = calloc(o->nsg, sizeof(*o->sg_nf));
+    o->sg_stats = calloc(o->nsg, 1);
+    o->sg_updated = calloc(o->nsg, 1);
+    o->sg_ntens = calloc(o->nsg, sizeof(*o->sg_ntens));
+    o->sg_wait = calloc(o->nsg, sizeof(*o->sg_wait));
+    o->t_chunks = calloc(o->nt, sizeof(*o->t_chunks));
+    o->t_final = calloc(o->nt, 1);
+    if (!o->sg_list || !o->sg_sumsq || !o->sg_nf || !o->sg_stats || !o->sg_updated || !o->sg_ntens || !o->sg_wait ||
+        !o->t_chunks || !o->t_final) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    for (unsigned t = 0; t < o->nt; t++) {
+        unsigned a, b;
+        tensor_sgs(o, t, &a, &b);
+        for (unsigned i = a; i < b; i++)
+            o->sg_ntens[i]++;
+    }
     if ((r = zo_stream_create(o->dev, &o->d2h)) < 0 || (r = zo_stream_create(o->dev, &o->h2d)) < 0 ||
         (r = zo_event_create(o->dev, &o->ev_win[0])) < 0 || (r = zo_event_create(o->dev, &o->ev_win[1])) < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_create: device streams: %s", zo_dev_errmsg(o->dev));
@@ -575,6 +607,8 @@ void zo_optim_destroy(zo_optim **op)
     *op = NULL;
     if (o->worker_started) {
         pthread_mutex_lock(&o->lock);
+        o->abort = 1; /* an eager step waiting for gradients stops */
+        pthread_cond_broadcast(&o->cond);
         while (o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING)
             pthread_cond_wait(&o->cond, &o->lock);
         pthread_mutex_unlock(&o->lock);
@@ -610,6 +644,15 @@ void zo_optim_destroy(zo_optim **op)
     free(o->groups);
     free(o->sgs);
     free(o->nvme_path);
+    free(o->sg_list);
+    free(o->sg_sumsq);
+    free(o->sg_nf);
+    free(o->sg_stats);
+    free(o->sg_updated);
+    free(o->sg_ntens);
+    free(o->sg_wait);
+    free(o->t_chunks);
+    free(o->t_final);
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->cond);
     free(o);
@@ -655,8 +698,21 @@ typedef struct d2h_job {
     size_t n;
     int first;
     unsigned win;
+    int track;      /* eager: a piece of the tensor's last micro-step gradient */
+    unsigned index; /* tensor */
     uint64_t t0;
 } d2h_job;
+
+/* Eager: tensor t's last gradient has landed; its sub-groups may be ready.
+ * Called under lock. */
+static void tensor_complete(zo_optim *o, unsigned t)
+{
+    unsigned a, b;
+    tensor_sgs(o, t, &a, &b);
+    for (unsigned i = a; i < b; i++)
+        o->sg_wait[i]--;
+    pthread_cond_broadcast(&o->cond);
+}
 
 static void d2h_begin(void *arg)
 {
@@ -669,6 +725,12 @@ static void d2h_land(void *arg)
     zo__acc_add(j->dst, j->o->staging, j->o->gdt, j->n, j->first);
     atomic_fetch_add(&j->o->d2h_ns[j->win], zo__now_ns() - j->t0);
     atomic_fetch_add(&j->o->d2h_bytes[j->win], (uint64_t)j->n * j->o->ges);
+    if (j->track) {
+        pthread_mutex_lock(&j->o->lock);
+        if (--j->o->t_chunks[j->index] == 0)
+            tensor_complete(j->o, j->index);
+        pthread_mutex_unlock(&j->o->lock);
+    }
     free(j);
 }
 
@@ -678,7 +740,7 @@ static int intake_ok(zo_optim *o, const char *fn)
 {
     pthread_mutex_lock(&o->lock);
     /* DONE counts too: without DPU the window is free only once wait() collected the step */
-    int busy = o->ws != ZO__W_IDLE && o->job.win == o->win;
+    int busy = o->ws != ZO__W_IDLE && o->job.win == o->win && !o->eager_open;
     pthread_mutex_unlock(&o->lock);
     if (busy)
         return ZO_FAIL(&o->err, ZO_ESTATE, "%s: a step is being applied to the accumulators: zo_optim_wait() first",
@@ -686,18 +748,74 @@ static int intake_ok(zo_optim *o, const char *fn)
     return 0;
 }
 
+/* Eager speculative step: the last micro-step's first gradient starts the
+ * update job; the worker then updates each sub-group as soon as every tensor
+ * in it has its gradient, while backward goes on. */
+static int eager_start(zo_optim *o)
+{
+    if (o->failed)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim: an earlier step failed mid-update; load a checkpoint first");
+    zo__job job = {.win = o->win, .pbuf = 0, .delayed = 0, .eager = 1, .scale = o->win_scale[o->win],
+                   .t_call = zo__now_ns()};
+    zo_optim_step_opts_default(&job.opts);
+    pthread_mutex_lock(&o->lock);
+    for (unsigned g = 0; g < o->ngroups; g++) /* the worker is idle here */
+        o->groups[g].hp = o->groups[g].hp_next;
+    for (unsigned i = 0; i < o->nsg; i++)
+        o->sg_wait[i] = o->sg_ntens[i];
+    memset(o->t_chunks, 0, o->nt * sizeof(*o->t_chunks));
+    memset(o->t_final, 0, o->nt);
+    o->closed = 0;
+    o->landed = 0;
+    o->job = job;
+    o->job_err = 0;
+    memset(&o->job_res, 0, sizeof(o->job_res));
+    pthread_mutex_unlock(&o->lock);
+    o->params_current = 0;
+    o->eager_open = 1;
+    return zo__wstate_set(o, ZO__W_QUEUED);
+}
+
+/* Eager mode, last micro-step: count the pieces of tensor `index`'s gradient
+ * still to land. Returns 1 when the pieces must report their landing, 0 when
+ * not tracked, or an error. */
+static int eager_track(zo_optim *o, unsigned index, uint32_t pieces)
+{
+    if (!o->eager || (o->micro + 1) % o->cfg.grad_accum_steps)
+        return 0;
+    int r;
+    if (!o->eager_open && (r = eager_start(o)) < 0)
+        return r;
+    pthread_mutex_lock(&o->lock);
+    if (o->t_final[index]) {
+        pthread_mutex_unlock(&o->lock);
+        return ZO_FAIL(&o->err, ZO_ESTATE,
+                       "zo_optim_grad: tensor '%s' got a second gradient in the last micro-step: the speculative "
+                       "step may already have used the first (hand each gradient over once)",
+                       o->tensors[index].name);
+    }
+    o->t_final[index] = 1;
+    o->t_chunks[index] += pieces;
+    pthread_mutex_unlock(&o->lock);
+    return 1;
+}
+
 static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
 {
     zo__ot *t = &o->tensors[index];
     unsigned w = o->win;
-    int first = o->arrivals[w][index]++ == 0;
     size_t chunk = o->staging_bytes / o->ges;
+    int track = eager_track(o, index, (uint32_t)((t->numel + chunk - 1) / chunk));
+    if (track < 0)
+        return track;
+    int first = o->arrivals[w][index]++ == 0;
     for (uint64_t e = 0; e < t->numel; e += chunk) {
         size_t n = (size_t)ZO_MIN((uint64_t)chunk, t->numel - e);
         d2h_job *j = malloc(sizeof(*j));
         if (!j)
             return -ENOMEM;
-        *j = (d2h_job){.o = o, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w};
+        *j = (d2h_job){.o = o, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w, .track = track,
+                       .index = index};
         int r;
         if ((r = zo_stream_host_fn(o->d2h, d2h_begin, j)) < 0 ||
             (r = zo_memcpy_async(o->d2h, o->staging, (const char *)dev_grad + e * o->ges, n * o->ges,
@@ -751,11 +869,20 @@ int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dt
         return ZO_FAIL(&o->err, r, "zo_optim_grad_host: an earlier gradient copy failed: %s", zo_dev_errmsg(o->dev));
     zo__ot *t = &o->tensors[index];
     unsigned w = o->win;
+    int track = eager_track(o, index, 1);
+    if (track < 0)
+        return track;
     int first = o->arrivals[w][index]++ == 0;
     uint64_t t0 = zo__now_ns();
     zo__acc_add(o->acc[w] + t->off, host_grad, dtype, (size_t)t->numel, first);
     atomic_fetch_add(&o->d2h_ns[w], zo__now_ns() - t0);
     atomic_fetch_add(&o->d2h_bytes[w], t->numel * zo_dtype_size(dtype));
+    if (track) {
+        pthread_mutex_lock(&o->lock);
+        if (--o->t_chunks[index] == 0)
+            tensor_complete(o, index);
+        pthread_mutex_unlock(&o->lock);
+    }
     return 0;
 }
 
@@ -801,6 +928,9 @@ int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite)
 /* Wait for the worker to finish a job and collect its result. */
 static int collect(zo_optim *o, zo_optim_step_result *res)
 {
+    if (o->eager_open) /* the worker waits for gradients only the caller can hand over */
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim: the last micro-step's gradients are being handed over: end the "
+                       "micro-step with zo_optim_step_async() first");
     pthread_mutex_lock(&o->lock);
     while (o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING)
         pthread_cond_wait(&o->cond, &o->lock);
@@ -839,10 +969,14 @@ static int push_pending(zo_optim *o)
 
 int zo__optim_quiesce(zo_optim *o, int for_load)
 {
+    if (o->eager_open)
+        return collect(o, NULL); /* ZO_ESTATE: mid-window */
     int r = collect(o, NULL);
     if (for_load) {
-        /* a load replaces whatever the step in flight left, failed or not */
+        /* a load replaces whatever the step in flight left, failed or not;
+         * no copy may still read the buffers it rewrites */
         o->push_pending = 0;
+        zo_stream_sync(o->h2d);
         return 0;
     }
     int r2 = push_pending(o);
@@ -877,6 +1011,22 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
             return r;
         return 0;
     }
+    if (o->eager_open) {
+        /* the eager update runs already: close its window */
+        r = zo_event_record(o->ev_win[o->win], o->d2h);
+        if (r < 0) {
+            ZO_FAIL(&o->err, r, "zo_optim_step_async: %s", zo_dev_errmsg(o->dev));
+            zo_stream_sync(o->d2h); /* the worker must not read gradients still landing */
+        }
+        pthread_mutex_lock(&o->lock);
+        o->job.opts = opts;
+        o->closed = 1;
+        pthread_cond_broadcast(&o->cond);
+        pthread_mutex_unlock(&o->lock);
+        o->eager_open = 0;
+        o->boundaries++;
+        return r;
+    }
     if (busy && !o->cfg.dpu) {
         o->micro--;
         return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_step_async: a step is in flight: zo_optim_wait() first");
@@ -893,6 +1043,8 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     if ((r = push_pending(o)) < 0)
         return r;
     o->boundaries++;
+    for (unsigned g = 0; g < o->ngroups; g++) /* the worker is idle here */
+        o->groups[g].hp = o->groups[g].hp_next;
     int delayed = o->cfg.dpu && o->boundaries > o->cfg.dpu_warmup_steps;
     zo__job job = {.win = o->win,
                    .pbuf = o->npbuf == 2 ? o->pcur ^ 1u : 0,
@@ -1019,12 +1171,8 @@ int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uh
     int r = check_hparams(o, &hp, group, og->sdt);
     if (r < 0)
         return r;
-    /* the worker reads hp while it runs: change it between steps only */
-    pthread_mutex_lock(&o->lock);
-    while (o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING)
-        pthread_cond_wait(&o->cond, &o->lock);
-    og->hp = hp;
-    pthread_mutex_unlock(&o->lock);
+    /* the worker reads hp while it runs (DPU): the change waits for the next update */
+    og->hp_next = hp;
     return 0;
 }
 
@@ -1062,5 +1210,6 @@ int zo_optim_get_info(zo_optim *o, zo_optim_info *info)
     info->pinned_bytes = o->pinned_bytes;
     info->host_bytes = o->host_bytes;
     info->dpu_active = o->cfg.dpu && o->boundaries > o->cfg.dpu_warmup_steps;
+    info->eager_subgroups = o->eager_updates;
     return 0;
 }

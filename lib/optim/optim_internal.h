@@ -44,7 +44,8 @@ typedef struct zo__sg {
 } zo__sg;
 
 typedef struct zo__og {
-    zo_optim_hparams hp;
+    zo_optim_hparams hp;      /* what the update in flight uses (the worker's) */
+    zo_optim_hparams hp_next; /* set between steps; becomes hp when the next update starts */
     zo_optim_placement place;
     uint64_t sgsize;
     zo_dtype sdt;
@@ -68,6 +69,7 @@ typedef struct zo__job {
     unsigned win;           /* accumulator window holding the gradients */
     unsigned pbuf;          /* parameter buffer the update writes */
     int delayed;            /* DPU: do not copy the params to the device */
+    int eager;              /* speculative, started by the last micro-step's first gradient */
     double scale;           /* loss scale the window's gradients carry */
     zo_optim_step_opts opts;
     uint64_t t_call;        /* when the boundary's step call came */
@@ -147,6 +149,25 @@ struct zo_optim {
     uint64_t pinned_bytes, host_bytes;
     /* a step failed while writing states: they are undefined until a load */
     _Atomic int failed;
+
+    /* speculative step state (per sub-group) */
+    unsigned *sg_list;       /* walk order scratch (worker) */
+    double *sg_sumsq;        /* statistics per sub-group (worker) */
+    uint64_t *sg_nf;
+    uint8_t *sg_stats, *sg_updated;
+    /* eager speculative step (speculative without DPU): sub-groups are
+     * updated as the last micro-step's gradients complete them. Under lock:
+     * sg_wait, t_chunks, t_final, closed, abort. */
+    int eager;               /* the mode is on */
+    int eager_open;          /* caller: an eager job runs, the window is not closed */
+    unsigned *sg_ntens;      /* tensors overlapping each sub-group */
+    unsigned *sg_wait;       /* of those, not yet complete */
+    uint32_t *t_chunks;      /* copies of the tensor's last gradient still landing */
+    uint8_t *t_final;        /* the tensor got its last micro-step's gradient */
+    int closed;              /* the step call closed the window */
+    int abort;               /* destroy: stop waiting */
+    int landed;              /* worker: the closed window's copies were waited for */
+    _Atomic uint64_t eager_updates; /* sub-group updates finished before their window closed */
 };
 
 /* step.c */

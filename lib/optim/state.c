@@ -231,7 +231,7 @@ int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep
                                 o->rollbacks, o->scaler.scale, o->scaler.cur_iter, o->scaler.last_overflow_iter,
                                 o->scaler.cur_hysteresis);
     for (unsigned g = 0; g < o->ngroups; g++) {
-        const zo_optim_hparams *hp = &o->groups[g].hp;
+        const zo_optim_hparams *hp = &o->groups[g].hp_next;
         n += (size_t)snprintf(js + n, cap - n, "%s\"%a,%a,%a,%a,%a,%d\"", g ? "," : "", hp->lr, hp->beta1,
                               hp->beta2, hp->eps, hp->weight_decay, hp->bias_correction);
     }
@@ -287,7 +287,7 @@ static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *st
         return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: groups missing");
     p++;
     for (unsigned g = 0; g < o->ngroups; g++) {
-        hps[g] = o->groups[g].hp;
+        hps[g] = o->groups[g].hp_next;
         int used = 0;
         if (sscanf(p, "%*[,]\"%la,%la,%la,%la,%la,%d\"%n", &hps[g].lr, &hps[g].beta1, &hps[g].beta2, &hps[g].eps,
                    &hps[g].weight_decay, &hps[g].bias_correction, &used) != 6 &&
@@ -336,7 +336,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     o->rollbacks = c[3];
     o->scaler = sc;
     for (unsigned g = 0; g < o->ngroups; g++)
-        o->groups[g].hp = hps[g];
+        o->groups[g].hp = o->groups[g].hp_next = hps[g];
     for (unsigned w = 0; w < o->nwin; w++) {
         memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
         o->win_scale[w] = sc.scale;

@@ -170,45 +170,77 @@ static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_S
     return 0;
 }
 
-/* What one walk over the sub-groups does. */
+/* What one walk over a list of sub-groups does. */
 typedef struct walk {
     const zo__job *job;
     const float *acc;
     double coef;
-    int rollback;    /* take back the update instead of applying it */
-    int speculative; /* check each sub-group's gradients before updating it; stop at an overflow */
-    unsigned upto;   /* only sub-groups [0, upto) */
-    double sumsq;    /* speculative: statistics of the sub-groups reached */
-    uint64_t nonfinite;
-    unsigned done;   /* sub-groups [0, done) fully updated */
-    int stopped;     /* an overflow stopped the walk */
+    int rollback;        /* take back the update instead of applying it */
+    int speculative;     /* check each sub-group's gradients before updating it; stop at an overflow */
+    int eager;           /* wait for each sub-group's gradients of the last micro-step (speculative) */
+    const unsigned *list; /* sub-group indices, in walk order */
+    unsigned n;
+    int stopped;         /* an overflow stopped the walk */
 } walk;
 
-/* Walk one engine group's sub-groups below w->upto through one store sweep:
- * master, m, v in element lockstep, `buffer_count - 2` pieces read ahead,
- * each piece updated in place and written behind, its new params queued to
- * the device. Host-homed states are walked in place, NVMe ones through the
- * pool: the same loop serves both placements. */
-static int walk_group(zo_optim *o, unsigned g, walk *w, zo_optim_timeline *tl)
+/* Eager speculative step: once the window is closed by the step call,
+ * wait for every copy (errors surface here) and zero the tensors that got
+ * no gradient. */
+static int eager_land(zo_optim *o, const zo__job *job)
+{
+    if (o->landed)
+        return 0;
+    int r = zo_event_sync(o->ev_win[job->win]);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: a gradient copy failed: %s", zo_dev_errmsg(o->dev));
+    for (unsigned t = 0; t < o->nt; t++)
+        if (!o->arrivals[job->win][t])
+            memset(o->acc[job->win] + o->tensors[t].off, 0, o->tensors[t].numel * 4);
+    o->landed = 1;
+    return 0;
+}
+
+/* Block until sub-group i's gradients are complete (every tensor it holds
+ * got its last micro-step's gradient) or the window is closed; i = -1:
+ * until the window is closed. */
+static int eager_wait(zo_optim *o, long i, const zo__job *job, zo_optim_timeline *tl)
+{
+    uint64_t t0 = zo__now_ns();
+    pthread_mutex_lock(&o->lock);
+    while ((i < 0 || o->sg_wait[i]) && !o->closed && !o->abort)
+        pthread_cond_wait(&o->cond, &o->lock);
+    int closed = o->closed, abort = o->abort;
+    pthread_mutex_unlock(&o->lock);
+    tl->stall_ns += zo__now_ns() - t0;
+    if (abort)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim: the engine is being destroyed");
+    return closed ? eager_land(o, job) : 0;
+}
+
+/* Walk sub-groups list[0..n) (all of engine group g) through one store
+ * sweep: master, m, v in element lockstep, `buffer_count - 2` pieces read
+ * ahead, each piece updated in place and written behind, its new params
+ * queued to the device. Host-homed states are walked in place, NVMe ones
+ * through the pool: the same loop serves both placements. */
+static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n, walk *w, zo_optim_timeline *tl)
 {
     zo__og *og = &o->groups[g];
-    unsigned first = og->first_sg, nsg = ZO_MIN(w->upto, og->first_sg + og->nsg) - first;
     int pos[ZO_OPTIM_STATE_COUNT], nt = 0;
     for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
         pos[k] = og->used[k] ? nt++ : -1;
-    zo_tensor **ts = malloc((size_t)nsg * (size_t)nt * sizeof(*ts));
+    zo_tensor **ts = malloc((size_t)n * (size_t)nt * sizeof(*ts));
     if (!ts)
         return -ENOMEM;
-    for (unsigned i = 0; i < nsg; i++)
+    for (unsigned i = 0; i < n; i++)
         for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
             if (pos[k] >= 0)
-                ts[(size_t)i * (size_t)nt + (size_t)pos[k]] = o->sgs[first + i].t[k];
+                ts[(size_t)i * (size_t)nt + (size_t)pos[k]] = o->sgs[list[i]].t[k];
     zo_store_sweep_desc d;
     zo_store_sweep_desc_default(&d);
     d.ntensors = (unsigned)nt;
     for (int k = 0; k < nt; k++)
         d.mode[k] = ZO_STREAM_READ | ZO_STREAM_WRITE;
-    d.ngroups = nsg;
+    d.ngroups = n;
     d.tensors = ts;
     d.depth = o->cfg.buffer_count - 2;
     zo_store_sweep *sw = NULL;
@@ -228,15 +260,21 @@ static int walk_group(zo_optim *o, unsigned g, walk *w, zo_optim_timeline *tl)
         }
         if (pc.nelem == 0)
             break;
-        const zo__sg *sg = &o->sgs[first + pc.group];
+        unsigned si = list[pc.group];
+        const zo__sg *sg = &o->sgs[si];
         if (w->speculative && pc.elem_off == 0) {
+            if (w->eager && (r = eager_wait(o, si, job, tl)) < 0) {
+                zo_store_sweep_done(sw, &pc);
+                break;
+            }
             zo_grad_stats gs;
             t0 = zo__now_ns();
             r = one_sg_stats(o, sg, w->acc, &gs);
             tl->norm_ns += zo__now_ns() - t0;
             if (r == 0) {
-                w->sumsq += gs.sumsq;
-                w->nonfinite += gs.nonfinite;
+                o->sg_sumsq[si] = gs.sumsq;
+                o->sg_nf[si] = gs.nonfinite;
+                o->sg_stats[si] = 1;
                 w->stopped = gs.nonfinite != 0; /* an overflow: nothing from here on is updated */
             }
             if (r < 0 || w->stopped) {
@@ -260,8 +298,13 @@ static int walk_group(zo_optim *o, unsigned g, walk *w, zo_optim_timeline *tl)
             ZO_FAIL(&o->err, r, "zo_optim: queueing the parameter copy: %s", zo_dev_errmsg(o->dev));
             break;
         }
-        if (pc.group_last)
-            w->done = first + (unsigned)pc.group + 1;
+        if (pc.group_last && w->speculative) {
+            o->sg_updated[si] = 1;
+            pthread_mutex_lock(&o->lock);
+            if (w->eager && !o->closed)
+                o->eager_updates++;
+            pthread_mutex_unlock(&o->lock);
+        }
     }
     uint64_t t0 = zo__now_ns();
     int rc = zo_store_sweep_close(&sw);
@@ -271,59 +314,99 @@ static int walk_group(zo_optim *o, unsigned g, walk *w, zo_optim_timeline *tl)
     return r;
 }
 
-static int walk_all(zo_optim *o, walk *w, zo_optim_timeline *tl)
+/* Walk the list, one sweep per run of sub-groups of the same engine group. */
+static int walk_list(zo_optim *o, walk *w, zo_optim_timeline *tl)
 {
-    for (unsigned g = 0; g < o->ngroups && o->groups[g].first_sg < w->upto; g++) {
-        int r = walk_group(o, g, w, tl);
+    for (unsigned a = 0; a < w->n;) {
+        unsigned g = o->sgs[w->list[a]].group, b = a + 1;
+        while (b < w->n && o->sgs[w->list[b]].group == g)
+            b++;
+        int r = walk_group(o, g, w->list + a, b - a, w, tl);
         if (r < 0 || w->stopped)
             return r;
+        a = b;
     }
     return 0;
 }
 
+/* The sub-groups, in order (or reversed: backward produces the last layers' gradients first). */
+static void order(zo_optim *o, unsigned *list, int reversed)
+{
+    for (unsigned i = 0; i < o->nsg; i++)
+        list[i] = reversed ? o->nsg - 1 - i : i;
+}
+
 /* The speculative step: check and update each sub-group at once with
- * coefficient 1; roll back when the global norm or an overflow says so. */
+ * coefficient 1 (eagerly, as its gradients complete, when the job was
+ * started by the last micro-step's first gradient); roll back what the
+ * global norm or an overflow invalidates. */
 static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo_optim_step_result *res,
                            zo_optim_timeline *tl, int *overflow)
 {
-    walk w = {.job = job, .acc = acc, .coef = 1.0, .speculative = 1, .upto = o->nsg};
-    int r = walk_all(o, &w, tl);
+    unsigned *list = o->sg_list;
+    memset(o->sg_stats, 0, o->nsg);
+    memset(o->sg_updated, 0, o->nsg);
+    order(o, list, job->eager);
+    walk w = {.job = job, .acc = acc, .coef = 1.0, .speculative = 1, .eager = job->eager, .list = list, .n = o->nsg};
+    int r = walk_list(o, &w, tl);
+    if (r == 0 && job->eager)
+        r = eager_wait(o, -1, job, tl); /* the step call closes the window */
     if (r < 0)
         return r;
-    if (w.stopped) /* the statistics of the sub-groups never reached, for the count */
-        for (unsigned i = w.done + 1; i < o->nsg; i++) {
+    /* statistics of the sub-groups an overflow kept the walk from; the sum
+     * in sub-group order, as the two-pass step sums it */
+    double sumsq = 0;
+    uint64_t nf = 0;
+    for (unsigned i = 0; i < o->nsg; i++) {
+        if (!o->sg_stats[i]) {
             zo_grad_stats gs;
             if ((r = one_sg_stats(o, &o->sgs[i], acc, &gs)) < 0)
                 return r;
-            w.nonfinite += gs.nonfinite;
+            o->sg_sumsq[i] = gs.sumsq;
+            o->sg_nf[i] = gs.nonfinite;
         }
-    uint64_t nf = w.nonfinite;
-    double norm = sqrt(w.sumsq) / job->scale;
-    res->grad_norm = nf ? (double)INFINITY : norm;
+        sumsq += o->sg_sumsq[i];
+        nf += o->sg_nf[i];
+    }
+    pthread_mutex_lock(&o->lock);
+    zo_optim_step_opts opts = o->job.opts; /* the step call's, given at close */
+    pthread_mutex_unlock(&o->lock);
+    if (opts.global_sumsq >= 0)
+        sumsq = opts.global_sumsq;
+    int ovf = nf != 0 || opts.global_nonfinite == 1;
+    double norm = sqrt(sumsq) / job->scale;
+    res->grad_norm = ovf ? (double)INFINITY : norm;
     res->nonfinite = nf;
-    *overflow = nf != 0;
-    double coef = nf ? 1.0 : clip_coef(o, norm);
-    if ((nf || coef < 1.0) && w.done) {
+    *overflow = ovf;
+    double coef = ovf ? 1.0 : clip_coef(o, norm);
+    unsigned nupd = 0;
+    for (unsigned i = 0; i < o->nsg; i++)
+        if (o->sg_updated[i])
+            list[nupd++] = i;
+    if ((ovf || coef < 1.0) && nupd) {
         if (!job->delayed && (r = zo_stream_sync(o->h2d)) < 0) /* those copies read what the rollback rewrites */
             return ZO_FAIL(&o->err, r, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
-        walk rb = {.job = job, .acc = acc, .coef = 1.0, .rollback = 1, .upto = w.done};
-        if ((r = walk_all(o, &rb, tl)) < 0)
+        walk rb = {.job = job, .acc = acc, .coef = 1.0, .rollback = 1, .list = list, .n = nupd};
+        if ((r = walk_list(o, &rb, tl)) < 0)
             return r;
         res->rolled_back = 1;
         pthread_mutex_lock(&o->lock);
         o->rollbacks++;
         pthread_mutex_unlock(&o->lock);
-        if (!job->delayed && nf &&
-            (r = zo__push_range(o, job->pbuf, 0, o->sgs[w.done - 1].off + o->sgs[w.done - 1].n)) < 0)
+        if (!job->delayed && ovf)
+            for (unsigned k = 0; k < nupd && r == 0; k++)
+                r = zo__push_range(o, job->pbuf, o->sgs[list[k]].off, o->sgs[list[k]].off + o->sgs[list[k]].n);
+        if (r < 0)
             return r;
     }
-    if (nf)
+    if (ovf)
         return 0;
     res->clip_coef = coef;
     res->clipped = coef < 1.0;
     if (coef < 1.0) {
-        walk redo = {.job = job, .acc = acc, .coef = coef, .upto = o->nsg};
-        return walk_all(o, &redo, tl);
+        order(o, list, 0);
+        walk redo = {.job = job, .acc = acc, .coef = coef, .list = list, .n = o->nsg};
+        return walk_list(o, &redo, tl);
     }
     return 0;
 }
@@ -337,26 +420,28 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
 {
     unsigned w = job->win;
     float *acc = o->acc[w];
-    uint64_t t0 = zo__now_ns();
-    int r = zo_event_sync(o->ev_win[w]);
-    tl->stall_ns += zo__now_ns() - t0;
-    tl->d2h_ns = atomic_exchange(&o->d2h_ns[w], 0);
-    tl->d2h_bytes = atomic_exchange(&o->d2h_bytes[w], 0);
-    if (r < 0) {
-        finish_window(o, w);
-        return ZO_FAIL(&o->err, r, "zo_optim: a gradient copy failed; the window's gradients are dropped: %s",
-                       zo_dev_errmsg(o->dev));
+    uint64_t t0;
+    int r = 0;
+    if (!job->eager) {
+        t0 = zo__now_ns();
+        r = zo_event_sync(o->ev_win[w]);
+        tl->stall_ns += zo__now_ns() - t0;
+        if (r < 0) {
+            finish_window(o, w);
+            return ZO_FAIL(&o->err, r, "zo_optim: a gradient copy failed; the window's gradients are dropped: %s",
+                           zo_dev_errmsg(o->dev));
+        }
+        for (unsigned i = 0; i < o->nt; i++)
+            if (!o->arrivals[w][i])
+                memset(acc + o->tensors[i].off, 0, o->tensors[i].numel * 4);
     }
-    for (unsigned i = 0; i < o->nt; i++)
-        if (!o->arrivals[w][i])
-            memset(acc + o->tensors[i].off, 0, o->tensors[i].numel * 4);
     res->loss_scale = job->scale;
     res->clip_coef = 1.0;
     zo_store_stats sa, sb;
     zo_store_get_stats(o->store, &sa);
     int overflow = 0;
-    int speculative = o->cfg.clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && job->opts.global_sumsq < 0 &&
-                      job->opts.global_nonfinite < 0;
+    int speculative = job->eager || (o->cfg.clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && job->opts.global_sumsq < 0 &&
+                                     job->opts.global_nonfinite < 0);
     if (speculative) {
         r = run_speculative(o, job, acc, res, tl, &overflow);
     } else {
@@ -379,19 +464,26 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
             double coef = clip_coef(o, norm);
             res->clip_coef = coef;
             res->clipped = coef < 1.0;
-            walk wk = {.job = job, .acc = acc, .coef = coef, .upto = o->nsg};
-            r = walk_all(o, &wk, tl);
+            order(o, o->sg_list, 0);
+            walk wk = {.job = job, .acc = acc, .coef = coef, .list = o->sg_list, .n = o->nsg};
+            r = walk_list(o, &wk, tl);
         }
     }
     finish_window(o, w);
+    tl->d2h_ns = atomic_exchange(&o->d2h_ns[w], 0);
+    tl->d2h_bytes = atomic_exchange(&o->d2h_bytes[w], 0);
     zo_store_get_stats(o->store, &sb);
     tl->nvme_read_bytes = sb.moved[ZO_TIER_NVME][ZO_TIER_HOST] - sa.moved[ZO_TIER_NVME][ZO_TIER_HOST];
     tl->nvme_write_bytes = sb.moved[ZO_TIER_HOST][ZO_TIER_NVME] - sa.moved[ZO_TIER_HOST][ZO_TIER_NVME];
     tl->stall_ns += sb.stall_ns - sa.stall_ns;
     if (r < 0) {
         /* sub-groups before the failure hold the new states, the failed piece
-         * is undefined, the rest the old ones: refuse to go on until a load */
+         * is undefined, the rest the old ones: refuse to go on until a load.
+         * The copies already queued read the parameter buffer a load
+         * rewrites: let them finish first. */
         o->failed = 1;
+        if (!job->delayed)
+            zo_stream_sync(o->h2d);
         return r;
     }
     if (!job->delayed) {

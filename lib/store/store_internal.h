@@ -21,7 +21,7 @@
 #include <stdbool.h>
 
 #include "core/internal.h"
-#include "nvme/nvme_internal.h"
+#include "core/extent.h"
 
 #include <zoffload/dev.h>
 #include <zoffload/store.h>

@@ -172,9 +172,13 @@ static int plan(zo_store *s, zo_store_sweep *sw, const zo_store_sweep_desc *d)
      * chunk for every element size (element sizes are powers of two) */
     size_t chunk = s->chunk ? s->chunk : 4096;
     uint64_t gran = chunk / emin;
+    if ((size_t)gran * emax > s->slot_size)
+        return ZO_FAIL(&s->err, ZO_ECONFIG,
+                       "zo_store_sweep_open: pieces start on swap chunks of every tensor: %llu elements (a %zu-byte "
+                       "chunk of %zu-byte elements), which for %zu-byte elements take %llu bytes, more than a slot "
+                       "(%zu); use slots of at least that, or a smaller swap chunk",
+                       (unsigned long long)gran, chunk, emin, emax, (unsigned long long)(gran * emax), s->slot_size);
     uint64_t most = s->slot_size / emax / gran * gran; /* one piece of the widest position fills a slot */
-    if (most == 0)
-        most = gran;
     if (d->piece_elems)
         most = ZO_MIN(most, ZO_MAX(gran, d->piece_elems / gran * gran));
     /* no room for pieces larger than the largest group */
@@ -185,22 +189,30 @@ static int plan(zo_store *s, zo_store_sweep *sw, const zo_store_sweep_desc *d)
     unsigned avail = s->nslots - 1 > s->reserved ? s->nslots - 1 - s->reserved : 0;
     if (d->max_slots)
         avail = ZO_MIN(avail, d->max_slots);
-    for (uint64_t ne = most; ne >= gran; ne -= gran) {
-        if ((size_t)ne * emax > s->slot_size)
-            continue;
+    /* no piece larger than the bytes of avail slots allow, packed perfectly */
+    uint64_t frame_bytes = 0;
+    for (unsigned k = 0; k < sw->nt; k++)
+        frame_bytes += esz[k];
+    frame_bytes *= sw->nframes;
+    uint64_t bound = (uint64_t)avail * s->slot_size / frame_bytes / gran * gran;
+    /* largest first; the step grows after a few tries so a huge slot with a
+     * small chunk does not mean millions of packings */
+    uint64_t ne = ZO_MIN(most, bound), step = gran;
+    for (unsigned tries = 0; ne >= gran; tries++) {
         unsigned need = pack(sw, esz, ne, s->slot_size, NULL, NULL);
         if (need <= avail) {
             sw->piece_elems = ne;
             sw->nslots = need;
             return 0;
         }
+        if (tries >= 16)
+            step *= 2;
+        if (ne - gran < step)
+            ne = ne == gran ? 0 : gran;
+        else
+            ne -= step;
     }
     unsigned need = pack(sw, esz, gran, s->slot_size, NULL, NULL);
-    if ((size_t)gran * emax > s->slot_size)
-        return ZO_FAIL(&s->err, ZO_ECONFIG,
-                       "zo_store_sweep_open: one swap chunk of elements (%llu) of a %zu-byte type does not fit a "
-                       "%zu-byte slot",
-                       (unsigned long long)gran, emax, s->slot_size);
     return ZO_FAIL(&s->err, -EBUSY,
                    "zo_store_sweep_open: depth %u needs at least %u pool slots; %u are free to reserve (pool %u, "
                    "%u reserved by others, one kept for transfers%s)",
@@ -336,6 +348,23 @@ static int start_move(zo_store *s, zo_store_sweep *sw, unsigned f, unsigned k, i
     return 0;
 }
 
+/* The frame's reads (LOADING, dir READ) or write-backs (WRITING, dir WRITE)
+ * of its slot-backed positions; then READY / FREE once they are done. The
+ * frame counts one extra pending move while they are queued: a move that
+ * ends at once (a failed queueing) must not finish the frame before the
+ * others are queued. */
+static void frame_moves(zo_store *s, zo_store_sweep *sw, unsigned f, unsigned dir)
+{
+    sw_frame *fr = &sw->fr[f];
+    fr->pending++;
+    for (unsigned k = 0; k < sw->nt; k++)
+        if ((sw->mode[k] & dir) && !ten_at(sw, fr->group, k)->direct)
+            if (start_move(s, sw, f, k, dir == ZO_STREAM_WRITE) < 0)
+                break;
+    if (--fr->pending == 0)
+        frame_set(s, sw, f, dir == ZO_STREAM_READ ? FR_READY : FR_FREE);
+}
+
 void zo__sweep_piece_done(zo_store *s, zo__job *j)
 {
     zo_store_sweep *sw = j->sweep;
@@ -391,12 +420,7 @@ static void sweep_pump(zo_store *s, zo_store_sweep *sw)
             sw->load_off = 0;
         }
         frame_set(s, sw, f, FR_LOADING);
-        for (unsigned k = 0; k < sw->nt; k++)
-            if ((sw->mode[k] & ZO_STREAM_READ) && !ten_at(sw, fr->group, k)->direct)
-                if (start_move(s, sw, f, k, 0) < 0)
-                    break;
-        if (!fr->pending)
-            frame_set(s, sw, f, FR_READY);
+        frame_moves(s, sw, f, ZO_STREAM_READ);
     }
 }
 
@@ -505,7 +529,7 @@ ZO_API int zo_store_sweep_open(zo_store *s, const zo_store_sweep_desc *ud, zo_st
     if ((r = check_desc(s, &d, sw)) < 0)
         goto fail;
     pthread_mutex_lock(&s->lock);
-    for (int tries = 0;; tries++) {
+    for (int flushes = 0;;) {
         /* wait for background transfers of written tensors; refuse what
          * the caller (or another thread) holds */
         const char *busy = NULL;
@@ -529,7 +553,7 @@ ZO_API int zo_store_sweep_open(zo_store *s, const zo_store_sweep_desc *ud, zo_st
         zo_tensor *stale = stale_home(sw);
         if (!stale)
             break;
-        if (tries >= 8) {
+        if (flushes++ >= 8) {
             r = ZO_FAIL(&s->err, -EBUSY, "zo_store_sweep_open: '%s' keeps being written while the sweep opens",
                         stale->name);
             goto fail_locked;
@@ -643,14 +667,11 @@ out:
 /* Retire held frame f: write-backs of its WRITE positions (lock held). */
 static void frame_done(zo_store *s, zo_store_sweep *sw, unsigned f)
 {
-    sw_frame *fr = &sw->fr[f];
     sw->held--;
     frame_set(s, sw, f, FR_WRITING);
-    for (unsigned k = 0; k < sw->nt && !sw->err; k++)
-        if ((sw->mode[k] & ZO_STREAM_WRITE) && !ten_at(sw, fr->group, k)->direct)
-            if (start_move(s, sw, f, k, 1) < 0)
-                break;
-    if (!fr->pending)
+    if (!sw->err) /* after an error nothing more is written */
+        frame_moves(s, sw, f, ZO_STREAM_WRITE);
+    else
         frame_set(s, sw, f, FR_FREE);
 }
 

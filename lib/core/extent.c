@@ -3,9 +3,9 @@
  * and device arenas (offsets into one big allocation). Small free lists are
  * the norm (extents are megabytes), so plain arrays with memmove are faster
  * than trees here and simpler to check. */
-#define ZO_MODULE "nvme"
+#define ZO_MODULE "extent"
 #include "core/internal.h"
-#include "nvme/nvme_internal.h"
+#include "core/extent.h"
 
 #include <stdlib.h>
 #include <string.h>

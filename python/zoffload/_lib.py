@@ -318,6 +318,16 @@ def c_struct_size(cname):
     return size
 
 
+_OUT_SLACK = 1024
+
+
+def out_struct(cls):
+    """An instance of an output struct (one the library fills and that has
+    no struct_size) backed by at least 1 KiB: a newer library whose struct
+    grew writes its extra fields into the slack instead of past our memory."""
+    return cls.from_buffer(bytearray(max(ctypes.sizeof(cls), _OUT_SLACK)))
+
+
 def new_struct(cname, *extra):
     """A struct filled by its C default function.
 

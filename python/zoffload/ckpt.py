@@ -88,7 +88,7 @@ class Reader(_lib.Handle):
         """[(name, zo_dtype, shape tuple, bytes)] in checkpoint order."""
         out = []
         for i in range(lib.zo_ckpt_count(self._h)):
-            e = _lib.CkptEntry()
+            e = _lib.out_struct(_lib.CkptEntry)
             check(lib.zo_ckpt_get_entry(self._h, i, ctypes.byref(e)), "zo_ckpt_get_entry")
             out.append((e.name.decode(), e.dtype, tuple(e.shape[j] for j in range(e.ndim)),
                         e.bytes))
@@ -106,7 +106,7 @@ class Reader(_lib.Handle):
         """Read tensor `name` into array/tensor `out` (same byte size and
         element type), verifying checksums."""
         i = self._index(name)
-        e = _lib.CkptEntry()
+        e = _lib.out_struct(_lib.CkptEntry)
         check(lib.zo_ckpt_get_entry(self._h, i, ctypes.byref(e)), "zo_ckpt_get_entry")
         v = arrays.view(out, "out", writable=True, as_dtype=e.dtype if e.dtype in
                         (arrays.BF16, arrays.F16) else None)
@@ -120,7 +120,7 @@ class Reader(_lib.Handle):
     def read(self, name, like="numpy"):
         """Tensor `name` as a new numpy array (bf16 as uint16) or CPU torch tensor."""
         i = self._index(name)
-        e = _lib.CkptEntry()
+        e = _lib.out_struct(_lib.CkptEntry)
         check(lib.zo_ckpt_get_entry(self._h, i, ctypes.byref(e)), "zo_ckpt_get_entry")
         shape = tuple(e.shape[j] for j in range(e.ndim))
         if like == "torch":

@@ -131,7 +131,7 @@ def rollback(param, grad, exp_avg, exp_avg_sq, param_out=None, *, kind="adamw",
 def grad_stats(grad, nthreads=None, grad_dtype=None, team=None):
     """(sum of squares as a float, number of inf/NaN elements) of `grad`."""
     v = arrays.view(grad, "grad", dtypes=_GRAD_TYPES, as_dtype=grad_dtype)
-    st = _lib.GradStats()
+    st = _lib.out_struct(_lib.GradStats)
     if team is not None:
         return team.grad_stats_view(v)
     check(lib.zo_cpuadam_grad_stats(v.ptr, v.dtype, v.n, int(nthreads or default_threads()),
@@ -180,7 +180,7 @@ class Team(_lib.Handle):
               "zo_cpuadam_team_step", self._msg)
 
     def grad_stats_view(self, v):
-        st = _lib.GradStats()
+        st = _lib.out_struct(_lib.GradStats)
         check(lib.zo_cpuadam_team_grad_stats(self._live(), v.ptr, v.dtype, v.n, ctypes.byref(st)),
               "zo_cpuadam_team_grad_stats", self._msg)
         return st.sumsq, st.nonfinite

@@ -127,7 +127,7 @@ def pinned_info(x):
     if it is not in pinned memory from this library."""
     v = arrays.view(x, "x", min_elems=0) if not isinstance(x, int) else None
     addr = x if v is None else v.ptr
-    info = _lib.PinnedInfo()
+    info = _lib.out_struct(_lib.PinnedInfo)
     rc = lib.zo_pinned_query(addr, ctypes.byref(info))
     if rc == -2:  # -ENOENT
         raise ValueError("memory at 0x%x is not a live pinned allocation" % addr)
@@ -137,7 +137,7 @@ def pinned_info(x):
 
 def pinned_stats():
     """Process-wide pinned memory counters as a dict."""
-    st = _lib.PinnedStats()
+    st = _lib.out_struct(_lib.PinnedStats)
     lib.zo_pinned_stats_get(ctypes.byref(st))
     out = {f: getattr(st, f) for f, _ in _lib.PinnedStats._fields_}
     out["last_fallback"] = st.last_fallback.decode(errors="replace")

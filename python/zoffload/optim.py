@@ -85,7 +85,8 @@ class OptimInfo(ctypes.Structure):
     _fields_ = [("step", c_i64), ("micro_steps", c_u64), ("skipped_steps", c_u64),
                 ("rollbacks", c_u64), ("loss_scale", c_double), ("ntensors", c_uint),
                 ("ngroups", c_uint), ("nsubgroups", c_uint), ("numel", c_u64),
-                ("pinned_bytes", c_u64), ("host_bytes", c_u64), ("dpu_active", c_int)]
+                ("pinned_bytes", c_u64), ("host_bytes", c_u64), ("dpu_active", c_int),
+                ("eager_subgroups", c_u64)]
 
 
 class OptimTimeline(ctypes.Structure):
@@ -361,13 +362,13 @@ class Engine(_lib.Handle):
     def wait(self):
         """Wait for the step in flight; its result as a dict (step, boundary,
         skipped, clipped, rolled_back, grad_norm, clip_coef, loss_scale, nonfinite)."""
-        r = OptimStepResult()
+        r = _lib.out_struct(OptimStepResult)
         self._c(lib.zo_optim_wait(self._live(), ctypes.byref(r)), "zo_optim_wait")
         return _result(r)
 
     def step(self, global_sumsq=None, global_nonfinite=None):
         o = self._opts(global_sumsq, global_nonfinite)
-        r = OptimStepResult()
+        r = _lib.out_struct(OptimStepResult)
         self._c(lib.zo_optim_step(self._live(), ctypes.byref(o), ctypes.byref(r)), "zo_optim_step")
         return _result(r)
 
@@ -443,13 +444,13 @@ class Engine(_lib.Handle):
 
     # -------------------------------------------------------------- info
     def info(self):
-        i = OptimInfo()
+        i = _lib.out_struct(OptimInfo)
         self._c(lib.zo_optim_get_info(self._live(), ctypes.byref(i)), "zo_optim_get_info")
         return {f: getattr(i, f) for f, _ in OptimInfo._fields_}
 
     def timeline(self):
         """The latest update's timeline as a dict, or None before the first."""
-        t = OptimTimeline()
+        t = _lib.out_struct(OptimTimeline)
         rc = lib.zo_optim_get_timeline(self._live(), ctypes.byref(t))
         if rc == -2:
             return None

@@ -166,6 +166,8 @@ class Device(_lib.Handle):
 
     _destroy = "zo_dev_close"
     _what = "device"
+    _users = 0
+    _close_pending = False
 
     def __init__(self, kind="host", ordinal=0):
         cfg = _lib.new_struct("zo_dev_config")
@@ -180,6 +182,21 @@ class Device(_lib.Handle):
     @property
     def handle(self):
         return self._live()
+
+    def close(self):
+        """Close the device; deferred while an engine still uses it (garbage
+        collection may finalize a device before the engine over it: closing
+        it then would pull the device out from under the engine)."""
+        if self._users > 0:
+            self._close_pending = True
+            return
+        super().close()
+
+    def _release(self):
+        self._users -= 1
+        if self._users == 0 and self._close_pending:
+            self._close_pending = False
+            super().close()
 
 
 def _result(r):
@@ -282,6 +299,7 @@ class Engine(_lib.Handle):
         self.param_dtype = cfg.param_dtype
         self._h = c_void_p()
         check(lib.zo_optim_create(ctypes.byref(self._h), ctypes.byref(cfg)), "zo_optim_create")
+        self._dev._users += 1
         self._keep = None  # the arrays were read during create only
 
     # -------------------------------------------------------------- helpers
@@ -290,6 +308,13 @@ class Engine(_lib.Handle):
 
     def _c(self, rc, fn):
         return check(rc, fn, self._msg)
+
+    def close(self):
+        """Destroy the engine (waits for a step in flight), then let go of
+        its device (closed now if it was closed, or collected, meanwhile)."""
+        if self._h:
+            super().close()
+            self._dev._release()
 
     # -------------------------------------------------------------- tensors
     def __len__(self):

@@ -48,6 +48,7 @@ import ctypes
 import json
 import math
 import os
+import weakref
 
 import torch
 
@@ -160,7 +161,7 @@ class _EngineBackend:
     def __init__(self, opt, *, state_dtype, nthreads, numa_node, offload_device, nvme_path,
                  sub_group_size, pinned_bytes, pin_memory, buffer_count):
         from . import optim as _optim
-        self.opt = opt
+        self.opt = weakref.proxy(opt)      # no cycle: the optimizer owns this
         self.engines = []           # [(dtype, Engine, {torch group: engine group}, [param idx])]
         self.where = [None] * len(opt._plist)     # param index -> (engine no, tensor index)
         # seconds spent in: step_async (launch), waiting for undelayed updates
@@ -557,16 +558,25 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 self._hooks.append((acc, h))
         return "post_accumulate_grad_hook" if _has_post_accumulate_hook() else "accumulate_grad_node"
 
+    # The hooks hold the optimizer weakly: a model must not keep an optimizer
+    # alive (and taking its gradients) after the program dropped it.
     def _make_post_hook(self, i):
+        ref = weakref.ref(self)
+
         def hook(p):
-            self._take_grad(i, p)
+            opt = ref()
+            if opt is not None:
+                opt._take_grad(i, p)
         return hook
 
     def _make_node_hook(self, i):
         p = self._plist[i][1]
+        ref = weakref.ref(self)
 
         def hook(grad_inputs, grad_outputs):
-            self._take_grad(i, p)
+            opt = ref()
+            if opt is not None:
+                opt._take_grad(i, p)
         return hook
 
     def _take_grad(self, i, p):
@@ -937,9 +947,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def __del__(self):
         try:
+            for h in getattr(self, "_hooks", ()):
+                (h[1] if isinstance(h, tuple) else h).remove()
             if getattr(self, "_executor", None) is not None:
                 self._executor.shutdown(wait=True)
-        except Exception:
+        except Exception:  # interpreter shutdown
             pass
 
 

@@ -22,6 +22,11 @@ from . import arrays
 
 __version__ = "0.1.0"
 
+__all__ = ["errors", "arrays", "ZoError", "InvalidArgument", "NotSupported", "NoDevice",
+           "CorruptError", "BudgetError", "StateError", "NonFiniteError", "LibraryOSError",
+           "LibraryNotFound", "library_path", "version", "build_features", "strerror",
+           "set_log_level", "parse_size"]
+
 BUILD_CUDA = 1 << 0
 BUILD_NCCL = 1 << 1
 BUILD_LIBURING = 1 << 2

@@ -44,7 +44,6 @@ DeepSpeed's offload does; ``amsgrad``, ``maximize``, ``foreach``,
 """
 
 import concurrent.futures
-import ctypes
 import json
 import math
 import os
@@ -52,8 +51,6 @@ import weakref
 
 import torch
 
-from . import _lib
-from ._lib import check, lib
 from . import arrays
 from . import errors as _errors
 from . import ckpt as _ckpt

@@ -2,7 +2,6 @@
 reference schedules (DPU, clipping, loss scaling), state round trips, and
 argument errors. CPU tensors stand in for device memory."""
 import copy
-import math
 
 import pytest
 

@@ -643,15 +643,21 @@ static inline uint16_t f32_bf16(float f)
     return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
 }
 
+/* Vectorised (gcc: O3 for this function only; clang vectorises at -O2):
+ * a scalar loop of 4-5 ns per element kept pace with the disk on a 2-core
+ * machine and made the sweep CPU-bound, measuring the loop, not the I/O. */
+#if defined(__GNUC__) && !defined(__clang__)
+__attribute__((optimize("O3")))
+#endif
 static void optim_update(const opts *o, void *const *ptr, uint64_t n)
 {
-    float *p = ptr[0];
+    float *restrict p = ptr[0];
     if (o->state_dtype == ZO_DTYPE_F32) {
-        float *m = ptr[1], *v = ptr[2];
+        float *restrict m = ptr[1], *restrict v = ptr[2];
         for (uint64_t i = 0; i < n; i++)
             upd(&p[i], &m[i], &v[i]);
     } else {
-        uint16_t *m = ptr[1], *v = ptr[2];
+        uint16_t *restrict m = ptr[1], *restrict v = ptr[2];
         for (uint64_t i = 0; i < n; i++) {
             float mf = bf16_f32(m[i]), vf = bf16_f32(v[i]);
             upd(&p[i], &mf, &vf);

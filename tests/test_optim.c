@@ -337,6 +337,14 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
                 fill_grad(&e, i, ms, scale);
                 ref_grad(&r, i, e.dgrad[i]);
                 ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+                if (s == 3 && i == 1 && a + 1 == accum) {
+                    /* a second gradient in the last micro-step: the statistics
+                     * taken when the first landed are stale (its sub-groups
+                     * must be recomputed by the step) */
+                    ck_assert_int_eq(zo_optim_grads_done(e.o), 0);
+                    ref_grad(&r, i, e.dgrad[i]);
+                    ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+                }
             }
             zo_optim_step_result res;
             int rc = zo_optim_step(e.o, NULL, &res);
@@ -348,6 +356,17 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
                 ck_assert_int_eq(res.step, s);
                 ck_assert_msg(res.grad_norm == norm, "norm %a != %a", res.grad_norm, norm);
                 clipped += res.clipped;
+                zo_optim_timeline stl;
+                ck_assert_int_eq(zo_optim_get_timeline(e.o, &stl), 0);
+                /* every tensor got its gradient: the statistics were taken at
+                 * intake and the step made no pass of its own */
+                if (s != 2 && s != 3)
+                    ck_assert_msg(stl.norm_ns == 0, "step %d: a statistics pass of %llu ns", s,
+                                  (unsigned long long)stl.norm_ns);
+                ck_assert(stl.update_ns > 0 && stl.update_ns <= stl.total_ns);
+                zo_optim_info inf;
+                ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
+                ck_assert_uint_eq(inf.updates_done, (uint64_t)s);
             }
         }
         char when[32];
@@ -365,8 +384,16 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
     char js[1024];
     int n = zo_optim_timeline_json(e.o, js, sizeof(js));
     ck_assert(n > 0 && (size_t)n < sizeof(js) && strstr(js, "\"compute_ns\":"));
-    if (nvme)
-        ck_assert(tl.nvme_read_bytes > 0 && tl.nvme_write_bytes > 0);
+    if (nvme) {
+        /* exactly the fp32 states (12 B/param) in and out per step, nothing else */
+        ck_assert_uint_eq(tl.nvme_read_bytes, m.total * 12);
+        ck_assert_uint_eq(tl.nvme_write_bytes, m.total * 12);
+        zo_optim_info inf;
+        ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
+        ck_assert_uint_eq(inf.nvme_read_bytes_total, (uint64_t)steps * m.total * 12);
+        ck_assert_uint_eq(inf.nvme_write_bytes_total, (uint64_t)steps * m.total * 12);
+    }
+    ck_assert(strstr(js, "\"update_ns\":"));
     eng_free(&e);
     ref_free(&r);
     if (nvme)

@@ -309,15 +309,6 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
     return 0;
 }
 
-/* The sub-groups [*a, *b) tensor t overlaps. */
-static void tensor_sgs(const zo_optim *o, unsigned t, unsigned *a, unsigned *b)
-{
-    const zo__ot *ot = &o->tensors[t];
-    const zo__og *og = &o->groups[ot->group];
-    *a = og->first_sg + (unsigned)((ot->off - og->off) / og->sgsize);
-    *b = og->first_sg + (unsigned)((ot->off + ot->numel - 1 - og->off) / og->sgsize) + 1;
-}
-
 static uint64_t state_bytes(const zo_optim *o, const zo__sg *sg, int k)
 {
     return sg->n * (k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(o->groups[sg->group].sdt));
@@ -524,7 +515,7 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     zo_cpuadam_team_config_default(&tc);
     if (cfg->nthreads)
         tc.nthreads = cfg->nthreads;
-    if ((r = zo_cpuadam_team_create(&o->team, &tc)) < 0) {
+    if ((r = zo_cpuadam_team_create(&o->team, &tc)) < 0 || (r = zo_cpuadam_team_create(&o->iteam, &tc)) < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_create: cpuadam team: %s", zo_last_error_detail());
         goto fail;
     }
@@ -561,20 +552,18 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     o->sg_stats = calloc(o->nsg, 1);
     o->sg_updated = calloc(o->nsg, 1);
     o->sg_ntens = calloc(o->nsg, sizeof(*o->sg_ntens));
-    o->sg_wait = calloc(o->nsg, sizeof(*o->sg_wait));
-    o->t_chunks = calloc(o->nt, sizeof(*o->t_chunks));
-    o->t_final = calloc(o->nt, 1);
-    if (!o->sg_list || !o->sg_sumsq || !o->sg_nf || !o->sg_stats || !o->sg_updated || !o->sg_ntens || !o->sg_wait ||
-        !o->t_chunks || !o->t_final) {
+    if (!o->sg_list || !o->sg_sumsq || !o->sg_nf || !o->sg_stats || !o->sg_updated || !o->sg_ntens) {
         r = -ENOMEM;
         goto fail;
     }
     for (unsigned t = 0; t < o->nt; t++) {
         unsigned a, b;
-        tensor_sgs(o, t, &a, &b);
+        zo__tensor_sgs(o, t, &a, &b);
         for (unsigned i = a; i < b; i++)
             o->sg_ntens[i]++;
     }
+    if ((r = zo__gst_alloc(o)) < 0)
+        goto fail;
     if ((r = zo_stream_create(o->dev, &o->d2h)) < 0 || (r = zo_stream_create(o->dev, &o->h2d)) < 0 ||
         (r = zo_event_create(o->dev, &o->ev_win[0])) < 0 || (r = zo_event_create(o->dev, &o->ev_win[1])) < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_create: device streams: %s", zo_dev_errmsg(o->dev));
@@ -624,6 +613,7 @@ void zo_optim_destroy(zo_optim **op)
     zo_event_destroy(&o->ev_win[0]);
     zo_event_destroy(&o->ev_win[1]);
     zo_cpuadam_team_destroy(&o->team);
+    zo_cpuadam_team_destroy(&o->iteam);
     zo_store_destroy(&o->store);
     if (o->own_swap)
         zo_swap_destroy(&o->swap);
@@ -650,9 +640,7 @@ void zo_optim_destroy(zo_optim **op)
     free(o->sg_stats);
     free(o->sg_updated);
     free(o->sg_ntens);
-    free(o->sg_wait);
-    free(o->t_chunks);
-    free(o->t_final);
+    zo__gst_free(o);
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->cond);
     free(o);
@@ -703,17 +691,6 @@ typedef struct d2h_job {
     uint64_t t0;
 } d2h_job;
 
-/* Eager: tensor t's last gradient has landed; its sub-groups may be ready.
- * Called under lock. */
-static void tensor_complete(zo_optim *o, unsigned t)
-{
-    unsigned a, b;
-    tensor_sgs(o, t, &a, &b);
-    for (unsigned i = a; i < b; i++)
-        o->sg_wait[i]--;
-    pthread_cond_broadcast(&o->cond);
-}
-
 static void d2h_begin(void *arg)
 {
     ((d2h_job *)arg)->t0 = zo__now_ns();
@@ -725,12 +702,8 @@ static void d2h_land(void *arg)
     zo__acc_add(j->dst, j->o->staging, j->o->gdt, j->n, j->first);
     atomic_fetch_add(&j->o->d2h_ns[j->win], zo__now_ns() - j->t0);
     atomic_fetch_add(&j->o->d2h_bytes[j->win], (uint64_t)j->n * j->o->ges);
-    if (j->track) {
-        pthread_mutex_lock(&j->o->lock);
-        if (--j->o->t_chunks[j->index] == 0)
-            tensor_complete(j->o, j->index);
-        pthread_mutex_unlock(&j->o->lock);
-    }
+    if (j->track)
+        zo__gst_landed(j->o, j->win, j->index);
     free(j);
 }
 
@@ -761,10 +734,7 @@ static int eager_start(zo_optim *o)
     pthread_mutex_lock(&o->lock);
     for (unsigned g = 0; g < o->ngroups; g++) /* the worker is idle here */
         o->groups[g].hp = o->groups[g].hp_next;
-    for (unsigned i = 0; i < o->nsg; i++)
-        o->sg_wait[i] = o->sg_ntens[i];
-    memset(o->t_chunks, 0, o->nt * sizeof(*o->t_chunks));
-    memset(o->t_final, 0, o->nt);
+    /* the window's landing counts (gst) were reset when it was last finished */
     o->closed = 0;
     o->landed = 0;
     o->job = job;
@@ -776,28 +746,17 @@ static int eager_start(zo_optim *o)
     return zo__wstate_set(o, ZO__W_QUEUED);
 }
 
-/* Eager mode, last micro-step: count the pieces of tensor `index`'s gradient
- * still to land. Returns 1 when the pieces must report their landing, 0 when
- * not tracked, or an error. */
-static int eager_track(zo_optim *o, unsigned index, uint32_t pieces)
+/* Tensor `index`'s gradient goes into the current window in `pieces`
+ * copies. In the window's last micro-step the copies report their landing
+ * (intake statistics, and the eager step waits on them), and in eager mode
+ * the first such gradient starts the update. Returns 1 when the pieces must
+ * report their landing (zo__gst_landed), 0 when not, or an error. */
+static int track_last(zo_optim *o, unsigned index, uint32_t pieces)
 {
-    if (!o->eager || (o->micro + 1) % o->cfg.grad_accum_steps)
-        return 0;
     int r;
-    if (!o->eager_open && (r = eager_start(o)) < 0)
+    if (o->eager && !((o->micro + 1) % o->cfg.grad_accum_steps) && !o->eager_open && (r = eager_start(o)) < 0)
         return r;
-    pthread_mutex_lock(&o->lock);
-    if (o->t_final[index]) {
-        pthread_mutex_unlock(&o->lock);
-        return ZO_FAIL(&o->err, ZO_ESTATE,
-                       "zo_optim_grad: tensor '%s' got a second gradient in the last micro-step: the speculative "
-                       "step may already have used the first (hand each gradient over once)",
-                       o->tensors[index].name);
-    }
-    o->t_final[index] = 1;
-    o->t_chunks[index] += pieces;
-    pthread_mutex_unlock(&o->lock);
-    return 1;
+    return zo__gst_track(o, o->win, index, pieces);
 }
 
 static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
@@ -805,7 +764,7 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
     zo__ot *t = &o->tensors[index];
     unsigned w = o->win;
     size_t chunk = o->staging_bytes / o->ges;
-    int track = eager_track(o, index, (uint32_t)((t->numel + chunk - 1) / chunk));
+    int track = track_last(o, index, (uint32_t)((t->numel + chunk - 1) / chunk));
     if (track < 0)
         return track;
     int first = o->arrivals[w][index]++ == 0;
@@ -869,7 +828,7 @@ int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dt
         return ZO_FAIL(&o->err, r, "zo_optim_grad_host: an earlier gradient copy failed: %s", zo_dev_errmsg(o->dev));
     zo__ot *t = &o->tensors[index];
     unsigned w = o->win;
-    int track = eager_track(o, index, 1);
+    int track = track_last(o, index, 1);
     if (track < 0)
         return track;
     int first = o->arrivals[w][index]++ == 0;
@@ -877,12 +836,8 @@ int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dt
     zo__acc_add(o->acc[w] + t->off, host_grad, dtype, (size_t)t->numel, first);
     atomic_fetch_add(&o->d2h_ns[w], zo__now_ns() - t0);
     atomic_fetch_add(&o->d2h_bytes[w], t->numel * zo_dtype_size(dtype));
-    if (track) {
-        pthread_mutex_lock(&o->lock);
-        if (--o->t_chunks[index] == 0)
-            tensor_complete(o, index);
-        pthread_mutex_unlock(&o->lock);
-    }
+    if (track)
+        zo__gst_landed(o, w, index);
     return 0;
 }
 
@@ -914,7 +869,7 @@ int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite)
         }
     double s = 0;
     uint64_t nf = 0;
-    if ((r = zo__sg_stats(o, o->acc[w], &s, &nf)) < 0)
+    if ((r = zo__sg_stats(o, w, o->acc[w], &s, &nf, NULL)) < 0)
         return r;
     if (sumsq)
         *sumsq = s;
@@ -1200,6 +1155,9 @@ int zo_optim_get_info(zo_optim *o, zo_optim_info *info)
     info->step = o->step;
     info->skipped_steps = o->skipped;
     info->rollbacks = o->rollbacks;
+    info->updates_done = o->updates_done;
+    info->nvme_read_bytes_total = o->nvme_read_total;
+    info->nvme_write_bytes_total = o->nvme_write_total;
     pthread_mutex_unlock(&o->lock);
     info->micro_steps = o->micro;
     info->loss_scale = o->win_scale[o->win];

@@ -339,6 +339,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
         o->groups[g].hp = o->groups[g].hp_next = hps[g];
     for (unsigned w = 0; w < o->nwin; w++) {
         memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+        zo__gst_reset(o, w);
         o->win_scale[w] = sc.scale;
     }
     o->push_pending = 0;
@@ -412,8 +413,9 @@ int zo_optim_timeline_json(zo_optim *o, char *buf, size_t len)
                      "{\"step\":%" PRId64 ",\"total_ns\":%" PRIu64 ",\"d2h_ns\":%" PRIu64 ",\"d2h_bytes\":%" PRIu64
                      ",\"norm_ns\":%" PRIu64 ",\"compute_ns\":%" PRIu64 ",\"nvme_read_ns\":%" PRIu64
                      ",\"nvme_read_bytes\":%" PRIu64 ",\"nvme_write_ns\":%" PRIu64 ",\"nvme_write_bytes\":%" PRIu64
-                     ",\"h2d_ns\":%" PRIu64 ",\"h2d_bytes\":%" PRIu64 ",\"stall_ns\":%" PRIu64 "}",
+                     ",\"h2d_ns\":%" PRIu64 ",\"h2d_bytes\":%" PRIu64 ",\"stall_ns\":%" PRIu64 ",\"update_ns\":%" PRIu64 "}",
                      t.step, t.total_ns, t.d2h_ns, t.d2h_bytes, t.norm_ns, t.compute_ns, t.nvme_read_ns,
-                     t.nvme_read_bytes, t.nvme_write_ns, t.nvme_write_bytes, t.h2d_ns, t.h2d_bytes, t.stall_ns);
+                     t.nvme_read_bytes, t.nvme_write_ns, t.nvme_write_bytes, t.h2d_ns, t.h2d_bytes, t.stall_ns,
+                     t.update_ns);
     return n;
 }

@@ -106,24 +106,34 @@ int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
     return 0;
 }
 
-/* Sum of squares and inf/NaN count of the accumulated gradients: one
- * zo_cpuadam_grad_stats() per sub-group, summed in sub-group order. The
- * same order in both step modes, so they agree on the norm to the bit. */
-static int one_sg_stats(zo_optim *o, const zo__sg *sg, const float *acc, zo_grad_stats *gs)
+/* Sum of squares and inf/NaN count of sub-group i's accumulated gradients
+ * in window w: the ones taken at intake when they are complete (gstats.c),
+ * else one zo_cpuadam_team_grad_stats() now. Both give the same bits. */
+static int one_sg_stats(zo_optim *o, unsigned w, unsigned i, const float *acc, zo_grad_stats *gs, uint64_t *ns)
 {
+    if (zo__gst_get(o, w, i, gs))
+        return 0;
+    const zo__sg *sg = &o->sgs[i];
+    uint64_t t0 = zo__now_ns();
     int r = zo_cpuadam_team_grad_stats(o->team, acc + sg->off, ZO_DTYPE_F32, (size_t)sg->n, gs);
+    if (ns)
+        *ns += zo__now_ns() - t0;
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim: gradient statistics: %s", zo_cpuadam_team_errmsg(o->team));
     return 0;
 }
 
-int zo__sg_stats(zo_optim *o, const float *acc, double *sumsq, uint64_t *nonfinite)
+/* The statistics of all sub-groups, summed in sub-group order: the same
+ * order in both step modes (and in zo_optim_grad_norm_partial()), so they
+ * agree on the norm to the bit. *ns (if set) gets the time of the ones
+ * computed here (not taken at intake). */
+int zo__sg_stats(zo_optim *o, unsigned w, const float *acc, double *sumsq, uint64_t *nonfinite, uint64_t *ns)
 {
     double s = 0;
     uint64_t nf = 0;
     for (unsigned i = 0; i < o->nsg; i++) {
         zo_grad_stats gs;
-        int r = one_sg_stats(o, &o->sgs[i], acc, &gs);
+        int r = one_sg_stats(o, w, i, acc, &gs, ns);
         if (r < 0)
             return r;
         s += gs.sumsq;
@@ -207,7 +217,7 @@ static int eager_wait(zo_optim *o, long i, const zo__job *job, zo_optim_timeline
 {
     uint64_t t0 = zo__now_ns();
     pthread_mutex_lock(&o->lock);
-    while ((i < 0 || o->sg_wait[i]) && !o->closed && !o->abort)
+    while ((i < 0 || o->gst[job->win].left[i]) && !o->closed && !o->abort)
         pthread_cond_wait(&o->cond, &o->lock);
     int closed = o->closed, abort = o->abort;
     pthread_mutex_unlock(&o->lock);
@@ -268,9 +278,7 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
                 break;
             }
             zo_grad_stats gs;
-            t0 = zo__now_ns();
-            r = one_sg_stats(o, sg, w->acc, &gs);
-            tl->norm_ns += zo__now_ns() - t0;
+            r = one_sg_stats(o, job->win, si, w->acc, &gs, &tl->norm_ns);
             if (r == 0) {
                 o->sg_sumsq[si] = gs.sumsq;
                 o->sg_nf[si] = gs.nonfinite;
@@ -360,7 +368,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo
     for (unsigned i = 0; i < o->nsg; i++) {
         if (!o->sg_stats[i]) {
             zo_grad_stats gs;
-            if ((r = one_sg_stats(o, &o->sgs[i], acc, &gs)) < 0)
+            if ((r = one_sg_stats(o, job->win, i, acc, &gs, &tl->norm_ns)) < 0)
                 return r;
             o->sg_sumsq[i] = gs.sumsq;
             o->sg_nf[i] = gs.nonfinite;
@@ -414,6 +422,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo
 static void finish_window(zo_optim *o, unsigned w)
 {
     memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+    zo__gst_reset(o, w);
 }
 
 static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, zo_optim_timeline *tl)
@@ -447,10 +456,8 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
     } else {
         double sumsq = 0;
         uint64_t nf = 0;
-        t0 = zo__now_ns();
         if (job->opts.global_sumsq < 0 || job->opts.global_nonfinite < 0)
-            r = zo__sg_stats(o, acc, &sumsq, &nf);
-        tl->norm_ns += zo__now_ns() - t0;
+            r = zo__sg_stats(o, w, acc, &sumsq, &nf, &tl->norm_ns);
         if (job->opts.global_sumsq >= 0)
             sumsq = job->opts.global_sumsq;
         if (job->opts.global_nonfinite >= 0)
@@ -536,9 +543,15 @@ void *zo__optim_worker(void *arg)
         zo_optim_timeline tl;
         memset(&tl, 0, sizeof(tl));
         res.boundary = 1;
+        uint64_t t0 = zo__now_ns();
         int r = run_job(o, &job, &res, &tl);
-        tl.total_ns = zo__now_ns() - job.t_call;
+        uint64_t t1 = zo__now_ns();
+        tl.update_ns = t1 - t0;
+        tl.total_ns = t1 - job.t_call;
         pthread_mutex_lock(&o->lock);
+        o->updates_done++;
+        o->nvme_read_total += tl.nvme_read_bytes;
+        o->nvme_write_total += tl.nvme_write_bytes;
         res.step = o->step;
         tl.step = o->step;
         o->job_err = r;

@@ -566,10 +566,11 @@ typedef struct zo_optim_timeline {
     uint64_t h2d_bytes;
     uint64_t stall_ns;       /**< the worker blocked waiting for data: gradients still copying, plus the
                                   store's stall time (NVMe pieces not yet loaded) */
-    uint64_t update_ns;      /**< the worker's own time on the update: from taking the job to the update
-                                  done (its parameter copies included unless delayed). Unlike total_ns it
-                                  excludes the wait for the step call and, under DPU, for the next step
-                                  call's parameter copy: the optimizer's cost to set against compute */
+    uint64_t update_ns;      /**< the worker's own time on the update: from the window's gradients
+                                  having landed (an eager speculative job: from its start) to the update
+                                  done, its parameter copies included unless delayed. Unlike total_ns it
+                                  excludes the wait for the gradient copies and, under DPU, for the next
+                                  step call's parameter copy: the optimizer's cost to set against compute */
 } zo_optim_timeline;
 
 /** The timeline of the latest finished update. @return 0; -EINVAL; -ENOENT (no update yet). */

@@ -425,12 +425,17 @@ static void finish_window(zo_optim *o, unsigned w)
     zo__gst_reset(o, w);
 }
 
-static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, zo_optim_timeline *tl)
+/* *t_upd: when the update proper started (the window's gradients landed;
+ * an eager job's own start, its waits for gradients being its overlap
+ * with backward). */
+static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, zo_optim_timeline *tl,
+                   uint64_t *t_upd)
 {
     unsigned w = job->win;
     float *acc = o->acc[w];
     uint64_t t0;
     int r = 0;
+    *t_upd = zo__now_ns();
     if (!job->eager) {
         t0 = zo__now_ns();
         r = zo_event_sync(o->ev_win[w]);
@@ -440,6 +445,7 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
             return ZO_FAIL(&o->err, r, "zo_optim: a gradient copy failed; the window's gradients are dropped: %s",
                            zo_dev_errmsg(o->dev));
         }
+        *t_upd = zo__now_ns();
         for (unsigned i = 0; i < o->nt; i++)
             if (!o->arrivals[w][i])
                 memset(acc + o->tensors[i].off, 0, o->tensors[i].numel * 4);
@@ -543,8 +549,8 @@ void *zo__optim_worker(void *arg)
         zo_optim_timeline tl;
         memset(&tl, 0, sizeof(tl));
         res.boundary = 1;
-        uint64_t t0 = zo__now_ns();
-        int r = run_job(o, &job, &res, &tl);
+        uint64_t t0;
+        int r = run_job(o, &job, &res, &tl, &t0);
         uint64_t t1 = zo__now_ns();
         tl.update_ns = t1 - t0;
         tl.total_ns = t1 - job.t_call;

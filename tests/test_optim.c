@@ -373,6 +373,12 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
         snprintf(when, sizeof(when), "step %d", s);
         compare(&e, &r, when);
         ck_assert_int_eq(zo_optim_params_current(e.o), 1);
+        for (int i = 0; i < NT; i++) { /* the host copy holds them too (read back after direct steps) */
+            const void *pb;
+            ck_assert_int_eq(zo_optim_param_buffer(e.o, (unsigned)i, &pb), 0);
+            ck_assert_msg(memcmp(pb, (char *)r.out + m.off[i] * zo_dtype_size(pdt), m.numel[i] * zo_dtype_size(pdt)) == 0,
+                          "%s: parameter buffer of tensor %d differs", when, i);
+        }
     }
     if (max_norm > 0)
         ck_assert_msg(clipped > 0 && (accum > 1 || clipped < steps), "clipping should hit some steps, not all (%d)",
@@ -418,10 +424,20 @@ static const struct {
     {ZO_DTYPE_F32, ZO_DTYPE_F32, 2, 2, 1.0, 1},
 };
 
+/* engine internals (lib/optim/optim_internal.h): use the parameter buffer
+ * and copies on the host backend too, the path a GPU takes */
+extern int zo__optim_force_copy;
+
 START_TEST(test_optim_plain)
 {
-    run_plain(plain_cases[_i].pdt, plain_cases[_i].gdt, plain_cases[_i].accum, plain_cases[_i].steps,
-              plain_cases[_i].max_norm, plain_cases[_i].nvme);
+    /* on the host backend the fused kernel writes the device params itself;
+     * each case runs that way and through the parameter buffer */
+    for (int copy = 0; copy < 2; copy++) {
+        zo__optim_force_copy = copy;
+        run_plain(plain_cases[_i].pdt, plain_cases[_i].gdt, plain_cases[_i].accum, plain_cases[_i].steps,
+                  plain_cases[_i].max_norm, plain_cases[_i].nvme);
+    }
+    zo__optim_force_copy = 0;
 }
 END_TEST
 

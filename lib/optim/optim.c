@@ -17,6 +17,8 @@
 #include <zoffload/swap.h>
 #include <zoffload/vec.h>
 
+int zo__optim_force_copy;
+
 void zo_optim_group_default(zo_optim_group *g)
 {
     if (!g)
@@ -525,6 +527,7 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
      * budget allows: the H2D source) */
     o->nwin = cfg->dpu ? 2 : 1;
     o->npbuf = cfg->dpu ? 2 : 1;
+    o->direct = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && !cfg->dpu && !zo__optim_force_copy;
     size_t accb, pb;
     if (zo__mul_size((size_t)o->numel, 4, &accb) < 0 || zo__mul_size((size_t)o->numel, o->pes, &pb) < 0) {
         r = ZO_FAIL(&o->err, -ENOMEM, "zo_optim_create: model too large");
@@ -1142,6 +1145,9 @@ int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
     pthread_mutex_unlock(&o->lock);
     if (busy)
         return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_param_buffer: a step is writing the buffer: wait first");
+    int r = zo__pbuf_fresh(o);
+    if (r < 0)
+        return r;
     *host = (const char *)o->pbuf[b] + o->tensors[index].off * o->pes;
     return 0;
 }

@@ -148,6 +148,12 @@ struct zo_optim {
     int pbuf_pinned[2];
     unsigned npbuf;
     unsigned pcur;       /* buffer holding the latest applied update */
+    /* host backend without DPU: "device" params are host memory, so the
+     * fused kernel writes them itself instead of writing pbuf and copying
+     * (the copy was 4 B/param of extra traffic on the same cores). pbuf is
+     * then stale for tensors with device params until zo__pbuf_fresh(). */
+    int direct;
+    int pbuf_stale;      /* written by the worker during a job, read by the caller after it */
     int push_pending;    /* DPU: pbuf[pcur] not yet copied to the device */
     _Atomic int params_current;
 
@@ -200,6 +206,10 @@ int zo__wstate_set(zo_optim *o, zo__wstate to);
 void zo__scaler_init(zo__scaler *sc, const zo_optim_config *cfg, zo_dtype pdt);
 void zo__scaler_update(zo__scaler *sc, const zo_optim_config *cfg, int overflow);
 int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi);
+int zo__pbuf_fresh(zo_optim *o);
+/* Test hook: nonzero makes engines created afterwards use the parameter
+ * buffer and copies even on the host backend (the path a GPU takes). */
+extern int zo__optim_force_copy;
 int zo__sg_stats(zo_optim *o, unsigned win, const float *acc, double *sumsq, uint64_t *nonfinite, uint64_t *ns);
 
 /* gstats.c: intake-time gradient statistics (zo__gst) */

@@ -114,6 +114,9 @@ int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, con
         return r;
     if ((r = zo__optim_quiesce(o, 0)) < 0)
         return r;
+    /* the parameter buffer follows the masters: it must hold the rest too */
+    if (which == ZO_OPTIM_STATE_MASTER && (r = zo__pbuf_fresh(o)) < 0)
+        return r;
     zo__ot *t = &o->tensors[index];
     return state_io(o, t->group, which, t->off + off, t->off + off + n, NULL, src, dtype,
                     which == ZO_OPTIM_STATE_MASTER);
@@ -165,6 +168,7 @@ int zo_optim_init_from_device(zo_optim *o)
         r = zo_stream_sync(o->h2d);
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_init_from_device: copying the device params: %s", zo_dev_errmsg(o->dev));
+    o->pbuf_stale = 0;
     for (unsigned g = 0; g < o->ngroups && r == 0; g++) {
         zo__og *og = &o->groups[g];
         r = state_io(o, g, ZO_OPTIM_STATE_MASTER, og->off, og->off + og->numel, NULL,
@@ -184,7 +188,7 @@ int zo_optim_push_params(zo_optim *o)
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_push_params: NULL engine");
     int r = zo__optim_quiesce(o, 0);
-    if (r < 0)
+    if (r < 0 || (r = zo__pbuf_fresh(o)) < 0)
         return r;
     if ((r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
         r = zo_stream_sync(o->h2d);
@@ -363,6 +367,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     free(tmp);
     if (r < 0)
         goto out;
+    o->pbuf_stale = 0; /* rebuilt from the masters */
     if ((r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0) {

@@ -80,11 +80,9 @@ void zo__scaler_update(zo__scaler *sc, const zo_optim_config *cfg, int overflow)
 
 /* ---- pieces ------------------------------------------------------------------------ */
 
-/* Queue the copy of params [lo, hi) (flat elements) from pbuf[pb] to the
- * device params of the tensors they belong to. */
-int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
+/* The first tensor that ends after flat element lo (tensors are sorted by offset). */
+static unsigned tensor_at(const zo_optim *o, uint64_t lo)
 {
-    /* tensors are sorted by offset: binary search the first that ends after lo */
     unsigned a = 0, b = o->nt;
     while (a < b) {
         unsigned m = a + (b - a) / 2;
@@ -93,7 +91,14 @@ int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
         else
             b = m;
     }
-    for (unsigned i = a; i < o->nt && o->tensors[i].off < hi; i++) {
+    return a;
+}
+
+/* Queue the copy of params [lo, hi) (flat elements) from pbuf[pb] to the
+ * device params of the tensors they belong to. */
+int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
+{
+    for (unsigned i = tensor_at(o, lo); i < o->nt && o->tensors[i].off < hi; i++) {
         zo__ot *t = &o->tensors[i];
         if (!t->dev)
             continue;
@@ -152,16 +157,39 @@ static double clip_coef(const zo_optim *o, double norm)
     return c < 1.0 ? c : 1.0;
 }
 
-/* One fused kernel call (or its rollback) over one piece of a sub-group. */
-static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t elem_off,
-                        uint64_t n, const float *acc, unsigned pb, double scale, double coef, int rollback)
+/* The parameter buffer again holds every tensor's latest params: after
+ * direct steps (the kernel wrote the device params, which are host memory)
+ * they are copied back from the device. Caller's thread, no job running. */
+int zo__pbuf_fresh(zo_optim *o)
+{
+    if (!o->pbuf_stale)
+        return 0;
+    int r = 0;
+    for (unsigned i = 0; i < o->nt && r == 0; i++) {
+        zo__ot *t = &o->tensors[i];
+        if (t->dev)
+            r = zo_memcpy_async(o->h2d, (char *)o->pbuf[o->pcur] + t->off * o->pes, t->dev, t->numel * o->pes,
+                                ZO_COPY_D2H);
+    }
+    if (r == 0)
+        r = zo_stream_sync(o->h2d);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: reading the parameters back: %s", zo_dev_errmsg(o->dev));
+    o->pbuf_stale = 0;
+    return 0;
+}
+
+/* One fused kernel call (or its rollback) over flat elements [e, e + n) of
+ * a sub-group, whose states start at st (element e), writing the
+ * param-dtype copy to `out`. */
+static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t e, uint64_t n,
+                       const float *acc, void *out, double scale, double coef, int rollback)
 {
     const zo__og *og = &o->groups[sg->group];
     zo_optim_hparams hp = og->hp;
     hp.step = o->step + 1;
     hp.grad_scale = 1.0 / scale;
     hp.clip_coef = coef;
-    uint64_t e = sg->off + elem_off;
     zo_cpuadam_tensors t;
     zo_cpuadam_tensors_default(&t);
     t.n = (size_t)n;
@@ -171,12 +199,49 @@ static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_S
     t.exp_avg = st[ZO_OPTIM_STATE_EXP_AVG];
     t.exp_avg_sq = st[ZO_OPTIM_STATE_EXP_AVG_SQ];
     t.state_dtype = og->sdt;
-    t.param_out = (char *)o->pbuf[pb] + e * o->pes;
+    t.param_out = out;
     t.out_dtype = o->pdt;
     int r = rollback ? zo_cpuadam_team_rollback(o->team, &hp, &t) : zo_cpuadam_team_step(o->team, &hp, &t);
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim: %s of sub-group %u: %s", rollback ? "rollback" : "update",
                        (unsigned)(sg - o->sgs), zo_cpuadam_team_errmsg(o->team));
+    return 0;
+}
+
+/* The fused kernel (or its rollback) over one piece of a sub-group. The
+ * params go to the parameter buffer pb, or in direct mode straight into
+ * the device params of the tensors that have them (one call per tensor the
+ * piece crosses: the update is elementwise, so the bits are the same). */
+static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t elem_off,
+                        uint64_t n, const float *acc, unsigned pb, double scale, double coef, int rollback)
+{
+    uint64_t lo = sg->off + elem_off, hi = lo + n;
+    if (!o->direct)
+        return kernel_call(o, sg, st, lo, n, acc, (char *)o->pbuf[pb] + lo * o->pes, scale, coef, rollback);
+    o->pbuf_stale = 1;
+    const zo__og *og = &o->groups[sg->group];
+    size_t sz[ZO_OPTIM_STATE_COUNT];
+    for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+        sz[k] = k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(og->sdt);
+    /* runs of tensors without device params go to pbuf in one call */
+    for (unsigned i = tensor_at(o, lo); lo < hi;) {
+        const zo__ot *t = &o->tensors[i];
+        uint64_t e = ZO_MIN(hi, t->off + t->numel);
+        if (!t->dev)
+            while (i + 1 < o->nt && !o->tensors[i + 1].dev && e < hi) {
+                i++;
+                e = ZO_MIN(hi, o->tensors[i].off + o->tensors[i].numel);
+            }
+        void *s2[ZO_OPTIM_STATE_COUNT];
+        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+            s2[k] = st[k] ? (char *)st[k] + (lo - sg->off - elem_off) * sz[k] : NULL;
+        void *out = t->dev ? (char *)t->dev + (lo - t->off) * o->pes : (char *)o->pbuf[pb] + lo * o->pes;
+        int r = kernel_call(o, sg, s2, lo, e - lo, acc, out, scale, coef, rollback);
+        if (r < 0)
+            return r;
+        lo = e;
+        i++;
+    }
     return 0;
 }
 
@@ -301,7 +366,7 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
             r = ZO_FAIL(&o->err, r2, "zo_optim: %s", zo_store_errmsg(o->store));
         if (r < 0)
             break;
-        if (!job->delayed && !w->rollback &&
+        if (!job->delayed && !w->rollback && !o->direct &&
             (r = zo__push_range(o, job->pbuf, sg->off + pc.elem_off, sg->off + pc.elem_off + pc.nelem)) < 0) {
             ZO_FAIL(&o->err, r, "zo_optim: queueing the parameter copy: %s", zo_dev_errmsg(o->dev));
             break;
@@ -401,7 +466,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo
         pthread_mutex_lock(&o->lock);
         o->rollbacks++;
         pthread_mutex_unlock(&o->lock);
-        if (!job->delayed && ovf)
+        if (!job->delayed && !o->direct && ovf)
             for (unsigned k = 0; k < nupd && r == 0; k++)
                 r = zo__push_range(o, job->pbuf, o->sgs[list[k]].off, o->sgs[list[k]].off + o->sgs[list[k]].n);
         if (r < 0)

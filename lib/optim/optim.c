@@ -185,6 +185,21 @@ static void host_free(void *p, int pinned)
         zo_aligned_free(p);
 }
 
+/* The parameter buffer exists (direct mode makes it on first use; its
+ * contents are then the device's, read back by zo__pbuf_fresh()). Caller's
+ * thread, no job running. */
+int zo__pbuf_need(zo_optim *o)
+{
+    if (o->pbuf[o->pcur])
+        return 0;
+    int r = host_alloc(o, &o->pbuf[o->pcur], (size_t)o->numel * o->pes, 1, &o->pbuf_pinned[o->pcur]);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: cannot allocate the %llu-byte parameter buffer",
+                       (unsigned long long)(o->numel * o->pes));
+    o->pbuf_stale = 1;
+    return 0;
+}
+
 /* ---- layout --------------------------------------------------------------------- */
 
 static int layout(zo_optim *o, const zo_optim_config *cfg)
@@ -545,7 +560,13 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     o->staging_bytes = cfg->grad_staging_bytes;
     if ((r = host_alloc(o, &o->staging, o->staging_bytes, 1, &o->staging_pinned)) < 0)
         goto fail;
-    for (unsigned b = 0; b < o->npbuf; b++)
+    /* direct mode needs the parameter buffer only for tensors without
+     * device params; otherwise it is made when first asked for
+     * (zo__pbuf_need): 2 B/param less host memory */
+    int need_pbuf = !o->direct;
+    for (unsigned g = 0; g < o->ngroups; g++)
+        need_pbuf |= !o->groups[g].has_dev;
+    for (unsigned b = 0; b < o->npbuf && need_pbuf; b++)
         if ((r = host_alloc(o, &o->pbuf[b], pb, 1, &o->pbuf_pinned[b])) < 0)
             goto fail;
     o->eager = cfg->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && !cfg->dpu;

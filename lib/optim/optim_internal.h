@@ -207,6 +207,7 @@ void zo__scaler_init(zo__scaler *sc, const zo_optim_config *cfg, zo_dtype pdt);
 void zo__scaler_update(zo__scaler *sc, const zo_optim_config *cfg, int overflow);
 int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi);
 int zo__pbuf_fresh(zo_optim *o);
+int zo__pbuf_need(zo_optim *o);
 /* Test hook: nonzero makes engines created afterwards use the parameter
  * buffer and copies even on the host backend (the path a GPU takes). */
 extern int zo__optim_force_copy;

@@ -157,6 +157,16 @@ int zo_optim_init_from_device(zo_optim *o)
     int r = zo__optim_quiesce(o, 1); /* everything is rewritten: also after a failed step */
     if (r < 0)
         return r;
+    if (!o->pbuf[o->pcur]) {
+        /* direct mode without a parameter buffer: widen the device params
+         * (host memory) in place */
+        for (unsigned i = 0; i < o->nt && r == 0; i++) {
+            zo__ot *t = &o->tensors[i];
+            r = state_io(o, t->group, ZO_OPTIM_STATE_MASTER, t->off, t->off + t->numel, NULL, t->dev, o->pdt, 0);
+        }
+        o->pbuf_stale = 1;
+        goto states;
+    }
     /* the device params, exactly, into the parameter buffer; then widened */
     for (unsigned i = 0; i < o->nt; i++) {
         zo__ot *t = &o->tensors[i];
@@ -174,6 +184,7 @@ int zo_optim_init_from_device(zo_optim *o)
         r = state_io(o, g, ZO_OPTIM_STATE_MASTER, og->off, og->off + og->numel, NULL,
                      (const char *)o->pbuf[o->pcur] + og->off * o->pes, o->pdt, 0);
     }
+states:
     if (r == 0)
         r = zero_states(o);
     if (r == 0) {
@@ -327,7 +338,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     int64_t step = 0;
     uint64_t c[4];
     /* everything is checked before anything is overwritten */
-    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0)
+    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0 || (r = zo__pbuf_need(o)) < 0)
         goto out;
     if ((r = zo_store_restore(o->store, root, nm)) < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_store_errmsg(o->store));

@@ -162,9 +162,9 @@ static double clip_coef(const zo_optim *o, double norm)
  * they are copied back from the device. Caller's thread, no job running. */
 int zo__pbuf_fresh(zo_optim *o)
 {
-    if (!o->pbuf_stale)
-        return 0;
-    int r = 0;
+    int r = zo__pbuf_need(o);
+    if (r < 0 || !o->pbuf_stale)
+        return r;
     for (unsigned i = 0; i < o->nt && r == 0; i++) {
         zo__ot *t = &o->tensors[i];
         if (t->dev)

@@ -588,8 +588,12 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     }
     if ((r = zo__gst_alloc(o)) < 0)
         goto fail;
-    if ((r = zo_stream_create(o->dev, &o->d2h)) < 0 || (r = zo_stream_create(o->dev, &o->h2d)) < 0 ||
-        (r = zo_event_create(o->dev, &o->ev_win[0])) < 0 || (r = zo_event_create(o->dev, &o->ev_win[1])) < 0) {
+    o->stage_half = o->staging_bytes / 2 / 64 * 64;
+    if ((r = zo_stream_create(o->dev, &o->d2h)) < 0 || (r = zo_stream_create(o->dev, &o->land)) < 0 ||
+        (r = zo_stream_create(o->dev, &o->h2d)) < 0 || (r = zo_event_create(o->dev, &o->ev_win[0])) < 0 ||
+        (r = zo_event_create(o->dev, &o->ev_win[1])) < 0 || (r = zo_event_create(o->dev, &o->ev_copied[0])) < 0 ||
+        (r = zo_event_create(o->dev, &o->ev_copied[1])) < 0 || (r = zo_event_create(o->dev, &o->ev_freed[0])) < 0 ||
+        (r = zo_event_create(o->dev, &o->ev_freed[1])) < 0 || (r = zo_event_create(o->dev, &o->ev_tail)) < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_create: device streams: %s", zo_dev_errmsg(o->dev));
         goto fail;
     }
@@ -630,9 +634,17 @@ void zo_optim_destroy(zo_optim **op)
     }
     if (o->d2h)
         zo_stream_sync(o->d2h);
+    if (o->land)
+        zo_stream_sync(o->land);
     if (o->h2d)
         zo_stream_sync(o->h2d);
     zo_stream_destroy(&o->d2h);
+    zo_stream_destroy(&o->land);
+    for (unsigned b = 0; b < 2; b++) {
+        zo_event_destroy(&o->ev_copied[b]);
+        zo_event_destroy(&o->ev_freed[b]);
+    }
+    zo_event_destroy(&o->ev_tail);
     zo_stream_destroy(&o->h2d);
     zo_event_destroy(&o->ev_win[0]);
     zo_event_destroy(&o->ev_win[1]);
@@ -706,6 +718,7 @@ int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *numel, unsi
 
 typedef struct d2h_job {
     zo_optim *o;
+    const void *src; /* the staging half */
     float *dst;
     size_t n;
     int first;
@@ -723,8 +736,12 @@ static void d2h_begin(void *arg)
 static void d2h_land(void *arg)
 {
     d2h_job *j = arg;
-    zo__acc_add(j->dst, j->o->staging, j->o->gdt, j->n, j->first);
-    atomic_fetch_add(&j->o->d2h_ns[j->win], zo__now_ns() - j->t0);
+    zo__acc_add(j->dst, j->src, j->o->gdt, j->n, j->first);
+    /* chunks overlap (copy of k + 1 during the accumulate of k): count the
+     * union of their spans, not the sum */
+    uint64_t now = zo__now_ns(), from = ZO_MAX(j->t0, j->o->land_end);
+    j->o->land_end = now;
+    atomic_fetch_add(&j->o->d2h_ns[j->win], now - from);
     atomic_fetch_add(&j->o->d2h_bytes[j->win], (uint64_t)j->n * j->o->ges);
     if (j->track)
         zo__gst_landed(j->o, j->win, j->index);
@@ -787,7 +804,7 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
 {
     zo__ot *t = &o->tensors[index];
     unsigned w = o->win;
-    size_t chunk = o->staging_bytes / o->ges;
+    size_t chunk = o->stage_half / o->ges;
     int track = track_last(o, index, (uint32_t)((t->numel + chunk - 1) / chunk));
     if (track < 0)
         return track;
@@ -797,13 +814,17 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
         d2h_job *j = malloc(sizeof(*j));
         if (!j)
             return -ENOMEM;
-        *j = (d2h_job){.o = o, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w, .track = track,
-                       .index = index};
+        unsigned b = o->stage_next;
+        o->stage_next ^= 1u;
+        void *half = (char *)o->staging + b * o->stage_half;
+        *j = (d2h_job){.o = o, .src = half, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w,
+                       .track = track, .index = index};
         int r;
-        if ((r = zo_stream_host_fn(o->d2h, d2h_begin, j)) < 0 ||
-            (r = zo_memcpy_async(o->d2h, o->staging, (const char *)dev_grad + e * o->ges, n * o->ges,
-                                 ZO_COPY_D2H)) < 0 ||
-            (r = zo_stream_host_fn(o->d2h, d2h_land, j)) < 0) {
+        if ((r = zo_stream_wait_event(o->d2h, o->ev_freed[b])) < 0 || (r = zo_stream_host_fn(o->d2h, d2h_begin, j)) < 0 ||
+            (r = zo_memcpy_async(o->d2h, half, (const char *)dev_grad + e * o->ges, n * o->ges, ZO_COPY_D2H)) < 0 ||
+            (r = zo_event_record(o->ev_copied[b], o->d2h)) < 0 ||
+            (r = zo_stream_wait_event(o->land, o->ev_copied[b])) < 0 ||
+            (r = zo_stream_host_fn(o->land, d2h_land, j)) < 0 || (r = zo_event_record(o->ev_freed[b], o->land)) < 0) {
             /* the job may already be queued (begin): it is leaked rather than freed under the stream */
             return ZO_FAIL(&o->err, r, "zo_optim_grad: tensor '%s': queueing the copy: %s", t->name,
                            zo_dev_errmsg(o->dev));
@@ -848,8 +869,8 @@ int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dt
     if (r < 0)
         return r;
     /* queued device copies of the same tensor land first: keep the order */
-    if ((r = zo_stream_sync(o->d2h)) < 0)
-        return ZO_FAIL(&o->err, r, "zo_optim_grad_host: an earlier gradient copy failed: %s", zo_dev_errmsg(o->dev));
+    if ((r = zo_optim_grads_done(o)) < 0)
+        return r;
     zo__ot *t = &o->tensors[index];
     unsigned w = o->win;
     int track = track_last(o, index, 1);
@@ -869,9 +890,20 @@ int zo_optim_grads_done(zo_optim *o)
 {
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_grads_done: NULL engine");
-    int r = zo_stream_sync(o->d2h);
-    if (r < 0)
+    int r = zo_stream_sync(o->d2h), r2 = zo_stream_sync(o->land);
+    if (r < 0 || (r = r2) < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_grads_done: a gradient copy failed: %s", zo_dev_errmsg(o->dev));
+    return 0;
+}
+
+/* The window's gradients: ev_win[win] marks the end of every copy and
+ * accumulate queued so far (the land stream joined with the copy stream). */
+static int close_window(zo_optim *o)
+{
+    int r;
+    if ((r = zo_event_record(o->ev_tail, o->d2h)) < 0 || (r = zo_stream_wait_event(o->land, o->ev_tail)) < 0 ||
+        (r = zo_event_record(o->ev_win[o->win], o->land)) < 0)
+        return r;
     return 0;
 }
 
@@ -992,10 +1024,11 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     }
     if (o->eager_open) {
         /* the eager update runs already: close its window */
-        r = zo_event_record(o->ev_win[o->win], o->d2h);
+        r = close_window(o);
         if (r < 0) {
             ZO_FAIL(&o->err, r, "zo_optim_step_async: %s", zo_dev_errmsg(o->dev));
             zo_stream_sync(o->d2h); /* the worker must not read gradients still landing */
+            zo_stream_sync(o->land);
         }
         pthread_mutex_lock(&o->lock);
         o->job.opts = opts;
@@ -1031,7 +1064,7 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
                    .scale = o->win_scale[o->win],
                    .opts = opts,
                    .t_call = t_call};
-    if ((r = zo_event_record(o->ev_win[o->win], o->d2h)) < 0)
+    if ((r = close_window(o)) < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_step_async: %s", zo_dev_errmsg(o->dev));
     pthread_mutex_lock(&o->lock);
     o->job = job;

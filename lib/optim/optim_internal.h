@@ -138,8 +138,16 @@ struct zo_optim {
     void *staging;
     size_t staging_bytes;
     int staging_pinned;
-    zo_stream *d2h, *h2d;
-    zo_event *ev_win[2];
+    /* Gradient copies are double-buffered: staging is two halves; chunk k
+     * is copied into half k % 2 on d2h while chunk k - 1 is accumulated from
+     * the other half on `land` (copied[b]: the copy into half b is done;
+     * freed[b]: its accumulate is done, the half may be overwritten). */
+    size_t stage_half;  /* bytes per half */
+    unsigned stage_next; /* half the next chunk uses (caller thread) */
+    uint64_t land_end;   /* when the latest accumulate ended (land stream only) */
+    zo_stream *d2h, *land, *h2d;
+    zo_event *ev_copied[2], *ev_freed[2], *ev_tail;
+    zo_event *ev_win[2];  /* recorded on `land` at the step call: every gradient of the window landed */
     _Atomic uint64_t d2h_ns[2], d2h_bytes[2];
     zo__gst gst[2];
 

@@ -543,6 +543,7 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     o->nwin = cfg->dpu ? 2 : 1;
     o->npbuf = cfg->dpu ? 2 : 1;
     o->direct = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && !cfg->dpu && !zo__optim_force_copy;
+    o->host_grads = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && !zo__optim_force_copy;
     size_t accb, pb;
     if (zo__mul_size((size_t)o->numel, 4, &accb) < 0 || zo__mul_size((size_t)o->numel, o->pes, &pb) < 0) {
         r = ZO_FAIL(&o->err, -ENOMEM, "zo_optim_create: model too large");
@@ -558,7 +559,8 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         }
     }
     o->staging_bytes = cfg->grad_staging_bytes;
-    if ((r = host_alloc(o, &o->staging, o->staging_bytes, 1, &o->staging_pinned)) < 0)
+    /* host backend: gradients are read in place, no staging */
+    if (!o->host_grads && (r = host_alloc(o, &o->staging, o->staging_bytes, 1, &o->staging_pinned)) < 0)
         goto fail;
     /* direct mode needs the parameter buffer only for tensors without
      * device params; otherwise it is made when first asked for
@@ -814,14 +816,24 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
         d2h_job *j = malloc(sizeof(*j));
         if (!j)
             return -ENOMEM;
+        const void *src = (const char *)dev_grad + e * o->ges;
+        int r;
+        if (o->host_grads) {
+            /* "device" memory is host memory: accumulate from it in place */
+            *j = (d2h_job){.o = o, .src = src, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w,
+                           .track = track, .index = index};
+            if ((r = zo_stream_host_fn(o->land, d2h_begin, j)) < 0 || (r = zo_stream_host_fn(o->land, d2h_land, j)) < 0)
+                return ZO_FAIL(&o->err, r, "zo_optim_grad: tensor '%s': queueing the accumulate: %s", t->name,
+                               zo_dev_errmsg(o->dev));
+            continue;
+        }
         unsigned b = o->stage_next;
         o->stage_next ^= 1u;
         void *half = (char *)o->staging + b * o->stage_half;
         *j = (d2h_job){.o = o, .src = half, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w,
                        .track = track, .index = index};
-        int r;
         if ((r = zo_stream_wait_event(o->d2h, o->ev_freed[b])) < 0 || (r = zo_stream_host_fn(o->d2h, d2h_begin, j)) < 0 ||
-            (r = zo_memcpy_async(o->d2h, half, (const char *)dev_grad + e * o->ges, n * o->ges, ZO_COPY_D2H)) < 0 ||
+            (r = zo_memcpy_async(o->d2h, half, src, n * o->ges, ZO_COPY_D2H)) < 0 ||
             (r = zo_event_record(o->ev_copied[b], o->d2h)) < 0 ||
             (r = zo_stream_wait_event(o->land, o->ev_copied[b])) < 0 ||
             (r = zo_stream_host_fn(o->land, d2h_land, j)) < 0 || (r = zo_event_record(o->ev_freed[b], o->land)) < 0) {
@@ -844,7 +856,7 @@ int zo_optim_grad_bucket(zo_optim *o, const zo_optim_grad_ref *refs, unsigned n,
         if (refs[i].index >= o->nt || !refs[i].dev_grad)
             return ZO_FAIL(&o->err, -EINVAL, "zo_optim_grad: entry %u: %s", i,
                            refs[i].dev_grad ? "tensor index out of range" : "NULL gradient");
-    if (ready && (r = zo_stream_wait_event(o->d2h, ready)) < 0)
+    if (ready && (r = zo_stream_wait_event(o->host_grads ? o->land : o->d2h, ready)) < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_grad: waiting on the ready event: %s", zo_dev_errmsg(o->dev));
     for (unsigned i = 0; i < n; i++)
         if ((r = grad_one(o, refs[i].index, refs[i].dev_grad)) < 0)

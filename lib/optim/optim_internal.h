@@ -161,6 +161,9 @@ struct zo_optim {
      * (the copy was 4 B/param of extra traffic on the same cores). pbuf is
      * then stale for tensors with device params until zo__pbuf_fresh(). */
     int direct;
+    /* host backend: gradients are accumulated straight from "device"
+     * memory (host memory) on the land stream, without the staging copy */
+    int host_grads;
     int pbuf_stale;      /* written by the worker during a job, read by the caller after it */
     int push_pending;    /* DPU: pbuf[pcur] not yet copied to the device */
     _Atomic int params_current;
@@ -217,7 +220,8 @@ int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi);
 int zo__pbuf_fresh(zo_optim *o);
 int zo__pbuf_need(zo_optim *o);
 /* Test hook: nonzero makes engines created afterwards use the parameter
- * buffer and copies even on the host backend (the path a GPU takes). */
+ * buffer, the staging and copies even on the host backend (the path a GPU
+ * takes). */
 extern int zo__optim_force_copy;
 int zo__sg_stats(zo_optim *o, unsigned win, const float *acc, double *sumsq, uint64_t *nonfinite, uint64_t *ns);
 

@@ -14,17 +14,18 @@ Runs, alternating A B C D A B C D ..., on one preallocated file:
 at the same block size, queue depth, threads and size; prints every pair
 and the median of each and of the ratios against DeepSpeed.
 
-Setting up (once): DeepSpeed lives in a private virtual environment
-(default /work/.venv-ds) built with
-    /usr/bin/python3 -m venv --system-site-packages VENV   (sees Debian's torch)
-    VENV/bin/pip install deepspeed==0.14.4
-and its async_io op is JIT-built on first use (needs libaio-dev: apt-get
-install libaio-dev). --setup does these steps when the package index is
-reachable. Not part of CI.
+Setting up (once): DeepSpeed lives in a private virtual environment made
+by benchmarks/setup_ds_venv.sh (a CPU-only torch and DeepSpeed 0.19 from
+PyPI, libaio-dev; --system-torch: Debian's torch 1.13 with DeepSpeed
+0.14.4); --setup runs it when the venv is missing. The async_io op is
+JIT-built on first use by DeepSpeed's CPU-side builder, the one that links
+libaio (with DeepSpeed 0.19 the generic AsyncIOBuilder is the CUDA-side
+one, whose op fails to load on a CPU torch: undefined symbol io_submit;
+see benchmarks/_ds_common.py). Not part of CI.
 
-usage: benchmarks/ds_aio_bench.py [--setup] [--size 1G] [--block-size 1M]
-       [--queue-depth 32] [--threads 1] [--pairs 5] [--path FILE]
-       [--zo-bench build/tools/zo-aio-bench] [--venv /work/.venv-ds]
+usage: benchmarks/ds_aio_bench.py [--setup] [--system-torch] [--size 1G]
+       [--block-size 1M] [--queue-depth 32] [--threads 1] [--pairs 5]
+       [--path FILE] [--zo-bench build/tools/zo-aio-bench] [--venv VENV]
        [--no-fio] [--no-plain] [--json]
 """
 import argparse
@@ -37,7 +38,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-DS_VERSION = "0.14.4"  # the newest line that builds against torch 1.13
+sys.path.insert(0, HERE)
+import _ds_common  # noqa: E402
 
 
 def parse_size(s):
@@ -54,29 +56,8 @@ def sh(cmd, **kw):
     return subprocess.run(cmd, check=True, **kw)
 
 
-def setup_venv(venv):
-    py = os.path.join(venv, "bin", "python")
-    if not os.path.exists(py):
-        print(f"creating {venv} (with Debian's site packages, for torch)", file=sys.stderr)
-        sh(["/usr/bin/python3", "-m", "venv", "--system-site-packages", venv])
-    try:
-        sh([py, "-c", "import deepspeed"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    except subprocess.CalledProcessError:
-        print(f"installing deepspeed=={DS_VERSION} into {venv}", file=sys.stderr)
-        sh([os.path.join(venv, "bin", "pip"), "install", "-q", f"deepspeed=={DS_VERSION}"])
-    if not os.path.exists("/usr/include/libaio.h"):
-        sys.exit("libaio-dev is missing (DeepSpeed's async_io op needs it): apt-get install libaio-dev")
-
-
-def in_venv(venv):
-    return os.path.realpath(sys.prefix) == os.path.realpath(venv)
-
-
 def load_ds_aio():
-    # The CPU accelerator maps op_builder.AsyncIOBuilder to a stub; the real
-    # builder (libaio) is in op_builder.async_io.
-    from deepspeed.ops.op_builder.async_io import AsyncIOBuilder
-    b = AsyncIOBuilder()
+    b = _ds_common.aio_builder()
     if not b.is_compatible(verbose=False):
         sys.exit("DeepSpeed reports async_io as incompatible here (libaio-dev missing?)")
     t0 = time.time()
@@ -124,7 +105,9 @@ def fio_run(args, op, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--setup", action="store_true", help="create the venv and install deepspeed if needed")
-    ap.add_argument("--venv", default="/work/.venv-ds")
+    ap.add_argument("--venv", default=_ds_common.DEFAULT_VENV)
+    ap.add_argument("--system-torch", action="store_true",
+                    help="with --setup: the venv over Debian's torch 1.13 (DeepSpeed 0.14.4)")
     ap.add_argument("--size", type=parse_size, default=1 << 30)
     ap.add_argument("--block-size", type=parse_size, default=1 << 20)
     ap.add_argument("--queue-depth", type=int, default=32)
@@ -139,15 +122,15 @@ def main():
     if args.size % args.threads:
         sys.exit("--size must divide evenly by --threads (DeepSpeed's handle splits the bytes evenly)")
 
-    if not in_venv(args.venv):
+    if not _ds_common.in_venv(args.venv):
         if args.setup:
-            setup_venv(args.venv)
-        py = os.path.join(args.venv, "bin", "python")
+            _ds_common.ensure_venv(args.venv, args.system_torch)
+        py = _ds_common.venv_python(args.venv)
         if not os.path.exists(py):
             sys.exit(f"{args.venv} does not exist: run with --setup (needs the package index)")
         os.execv(py, [py] + sys.argv)
 
-    import torch  # noqa: E402  (from the venv, i.e. Debian's torch 1.13)
+    import torch  # noqa: E402  (the venv's)
     import deepspeed  # noqa: E402
     mod, build_s = load_ds_aio()
     if not os.access(args.zo_bench, os.X_OK):

@@ -17,20 +17,19 @@ measured in the same run for reference. zoffload is called through ctypes
 on the built shared library, in the same process, on arrays of the same
 size allocated the same way (torch tensors).
 
-Setup: DeepSpeed needs a virtual environment that sees Debian's torch. When
-run with a python that cannot import deepspeed, the script creates (or
-reuses) VENV with `/usr/bin/python3 -m venv --system-site-packages`,
-pip-installs deepspeed (default 0.14.4, which works with torch 1.13) under
-an flock on VENV.lock, and re-runs itself inside it. DeepSpeed's CPU Adam
-is JIT-built on first use (-O3 -march=native -fopenmp -D__AVX512__ on an
-AVX-512 machine). DeepSpeed 0.14.4's CPU op builder omits -std=c++17 (its
-CUDA builders pass it) while torch 1.13's cpp_extension adds -std=c++14,
-so the build fails in simd.h (std::is_same_v); the script appends
--std=c++17 to that builder's flags before loading.
+Setup: DeepSpeed lives in a virtual environment made by
+benchmarks/setup_ds_venv.sh (a CPU-only torch and DeepSpeed 0.19 from PyPI;
+--system-torch: Debian's torch 1.13 with DeepSpeed 0.14.4). When run with
+a python that cannot import deepspeed, the script makes (or reuses) VENV
+with it, under an flock on VENV.lock, and re-runs itself inside it.
+DeepSpeed's CPU Adam is JIT-built on first use (-O3 -march=native -fopenmp
+-D__AVX512__ on an AVX-512 machine) with the C++ standard this torch needs
+(benchmarks/_ds_common.py: C++17 at least, newer where torch's headers ask
+for it; forcing c++17 breaks newer torch, omitting it breaks torch 1.13).
 
 Usage (from the repository root, after `meson compile -C build`):
   flock /work/.bench.lock /usr/bin/python3 benchmarks/ds_cpuadam_bench.py \
-      --n 1e8 --threads 2 --pairs 7 --venv /work/.venv-ds
+      --n 1e8 --threads 2 --pairs 7 [--venv VENV] [--system-torch]
 """
 import argparse
 import ctypes
@@ -43,7 +42,8 @@ import subprocess
 import sys
 import time
 
-DS_VERSION = "0.14.4"
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _ds_common  # noqa: E402
 
 
 def parse_args():
@@ -52,8 +52,11 @@ def parse_args():
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--pairs", type=int, default=7, help="alternating pairs per comparison (>= 5 for a claim)")
     ap.add_argument("--lib", default=None, help="libzoffload.so (default: build/libzoffload.so next to this script)")
-    ap.add_argument("--venv", default=os.environ.get("ZO_DS_VENV", os.path.expanduser("~/.cache/zoffload/venv-ds")))
-    ap.add_argument("--deepspeed", default=DS_VERSION, help="version to pip-install if missing")
+    ap.add_argument("--venv", default=_ds_common.DEFAULT_VENV)
+    ap.add_argument("--system-torch", action="store_true",
+                    help="make the venv over Debian's torch 1.13 (DeepSpeed 0.14.4) if it is missing")
+    ap.add_argument("--deepspeed", default=None, help="DeepSpeed version to install if missing "
+                    "(default: setup_ds_venv.sh's)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--in-venv", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -71,18 +74,10 @@ def have_deepspeed(python):
 
 def ensure_venv(a):
     """Create or reuse the venv (under its lock); return its python."""
-    py = os.path.join(a.venv, "bin", "python")
     os.makedirs(os.path.dirname(os.path.abspath(a.venv)), exist_ok=True)
     with open(a.venv.rstrip("/") + ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.exists(py):
-            print("creating %s (system site packages: Debian's torch)" % a.venv, file=sys.stderr)
-            subprocess.run(["/usr/bin/python3", "-m", "venv", "--system-site-packages", a.venv], check=True)
-        if not have_deepspeed(py):
-            print("installing deepspeed==%s into %s" % (a.deepspeed, a.venv), file=sys.stderr)
-            env = dict(os.environ, DS_BUILD_OPS="0")
-            subprocess.run([py, "-m", "pip", "install", "deepspeed==%s" % a.deepspeed], check=True, env=env)
-    return py
+        return _ds_common.ensure_venv(a.venv, a.system_torch, a.deepspeed)
 
 
 def reexec(a):
@@ -158,16 +153,8 @@ class Zo:
 # ---- the benchmark -----------------------------------------------------------------
 def load_deepspeed():
     import deepspeed
-    from deepspeed.accelerator import get_accelerator
-    if get_accelerator()._name == "cpu":
-        from deepspeed.ops.op_builder.cpu import builder as cpu_builder
-        orig = cpu_builder.CPUOpBuilder.cxx_args
-
-        def cxx_args(self):
-            args = orig(self)
-            return args if any(f.startswith("-std=") for f in args) else args + ["-std=c++17"]
-
-        cpu_builder.CPUOpBuilder.cxx_args = cxx_args
+    for cls in _ds_common.cpu_op_builder_classes():
+        _ds_common.fix_cxx_std(cls)
     from deepspeed.ops.adam import DeepSpeedCPUAdam
     from deepspeed.ops.op_builder import CPUAdamBuilder
     return deepspeed, DeepSpeedCPUAdam, CPUAdamBuilder

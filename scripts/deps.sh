@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Install the Debian packages zoffload builds and tests with, if missing.
 # The CUDA toolkit is expected in /usr/local/cuda (or $CUDA_PATH); without
-# it the build simply has no CUDA backend.
+# it the build simply has no CUDA backend. The python3-* packages are for the
+# Python bindings' tests (they run with /usr/bin/python3).
 set -euo pipefail
 pkgs=(meson ninja-build pkg-config gcc g++ liburing-dev libnuma-dev libhwloc-dev check fio
-      libcjson-dev libxxhash-dev util-linux binutils libopenblas-dev)
+      libcjson-dev libxxhash-dev util-linux binutils libopenblas-dev
+      python3-numpy python3-torch python3-pytest)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -710,6 +710,26 @@ START_TEST(test_optim_export_import)
         ref_step(&r, 1.0, 1.0, NULL);
     }
     compare(&e, &r, "host intake");
+    /* the update count a framework restores from its own state_dict: the next
+     * update's bias correction follows it, exactly as the reference's */
+    zo_optim_info inf;
+    ck_assert_int_eq(zo_optim_set_step(e.o, -1), -EINVAL);
+    ck_assert_int_eq(zo_optim_set_step(e.o, 7), 0);
+    ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
+    ck_assert_int_eq(inf.step, 7);
+    r.step = 7;
+    for (int i = 0; i < NT; i++) {
+        fill_grad(&e, i, 3, 1.0);
+        ref_grad(&r, i, e.dgrad[i]);
+        ck_assert_int_eq(zo_optim_grad_host(e.o, (unsigned)i, e.dgrad[i], ZO_DTYPE_BF16), 0);
+    }
+    ck_assert_int_eq(zo_optim_step_async(e.o, NULL), 0);
+    ck_assert_int_eq(zo_optim_set_step(e.o, 1), ZO_ESTATE); /* not between updates */
+    ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0);
+    ref_step(&r, 1.0, 1.0, NULL);
+    compare(&e, &r, "after set_step(7)");
+    ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
+    ck_assert_int_eq(inf.step, 8);
     unsigned idx;
     ck_assert_int_eq(zo_optim_tensor_index(e.o, "w2", &idx), 0);
     ck_assert_int_eq(idx, 3);

@@ -45,6 +45,8 @@ static size_t pinned_now(void)
 /* set: the next env_open() gives the swap store a 4-thread pread/pwrite
  * engine (a test hook that blocks one I/O leaves the others running) */
 static int env_threads_aio;
+/* set: the next env_open() uses this prefetch cap (0: the default) */
+static uint64_t env_prefetch_bytes;
 
 static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slot, unsigned slots, size_t chunk,
                      zo_trace_mode trace)
@@ -78,6 +80,7 @@ static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slo
     e->cfg.slot_size = slot;
     e->cfg.slots = slots;
     e->cfg.trace = trace;
+    e->cfg.prefetch_bytes = env_prefetch_bytes;
     int r = zo_store_create(&e->st, &e->cfg);
     ck_assert_msg(r == 0, "zo_store_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
     env_pinned = pinned_now();
@@ -85,6 +88,12 @@ static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slo
 
 static void env_close(env *e)
 {
+    if (e->st) {
+        pthread_mutex_lock(&e->st->lock);
+        uint64_t bad = e->st->bad_transitions;
+        pthread_mutex_unlock(&e->st->lock);
+        ck_assert_msg(bad == 0, "%llu illegal copy state transitions (see the log)", (unsigned long long)bad);
+    }
     zo_store_destroy(&e->st);
     ck_assert_ptr_null(e->st);
     zo_swap_destroy(&e->swap);
@@ -140,6 +149,10 @@ static void check_budgets(zo_store *s, const zo_store_config *c)
               "pinned %llu != host tier + pool", (unsigned long long)st.pinned_bytes);
     size_t now = pinned_now();
     ZO_EXPECT(now == env_pinned, "pinned memory in use %zu, %zu after create", now, env_pinned);
+    pthread_mutex_lock(&s->lock);
+    uint64_t bad = s->bad_transitions;
+    pthread_mutex_unlock(&s->lock);
+    ZO_EXPECT(bad == 0, "%llu illegal copy state transitions (see the log)", (unsigned long long)bad);
 }
 
 /* Every tier pair, exact bytes. */
@@ -1213,6 +1226,314 @@ START_TEST(test_store_prefetch)
 }
 END_TEST
 
+/* Prefetch must never thrash (issue 9, item 2). Host cache over NVMe homes;
+ * R (20 MiB) is held while the trace says A (14 MiB) comes next. A fits in
+ * neither the free 8 MiB nor the 8 MiB plus the 4 MiB of S (needed later
+ * than A, so a legal victim). The store used to evict S for A, find that A
+ * still did not fit and give up; the next pump (S is in the lookahead)
+ * reloaded S into the space just freed, its completion pumped again, and
+ * the loop ran for as long as R was held: thousands of prefetches, each
+ * one evicted unused. Now a prefetch decides whether it fits before it
+ * evicts anything. */
+START_TEST(test_store_prefetch_no_thrash)
+{
+    env e;
+    env_prefetch_bytes = 32 * MiB; /* no cap: the space decides */
+    env_open(&e, 0, 32 * MiB, 1 * MiB, 4, 64 * KiB, ZO_TRACE_AUTO);
+    env_prefetch_bytes = 0;
+    zo_tensor *R = reg(e.st, "R", 20 * MiB, ZO_TIER_NVME), *S = reg(e.st, "S", 4 * MiB, ZO_TIER_NVME),
+              *A = reg(e.st, "A", 14 * MiB, ZO_TIER_NVME);
+    zo_tensor *all[3] = {R, S, A};
+    uint8_t *buf = malloc(20 * MiB);
+    for (int i = 0; i < 3; i++) {
+        uint64_t n = i == 0 ? 20 * MiB : i == 1 ? 4 * MiB : 14 * MiB;
+        pattern(buf, n, (uint64_t)i, 1);
+        ck_assert_int_eq(zo_store_write(e.st, all[i], 0, buf, n), 0);
+    }
+    uint64_t issued = 0, wasted = 0;
+    for (int it = 0; it < 4; it++) {
+        zo_store_stats a, b;
+        zo_store_get_stats(e.st, &a);
+        acq(e.st, R, ZO_TIER_HOST, 0);
+        uint8_t *p = acq(e.st, S, ZO_TIER_HOST, 0);
+        pattern(buf, 4 * MiB, 1, 1);
+        ck_assert_int_eq(memcmp(p, buf, 4 * MiB), 0);
+        ck_assert_int_eq(zo_store_release(e.st, S, ZO_TIER_HOST, 0), 0);
+        sleep_ns(60000000ull); /* "compute" with R held: the window the loop ran in */
+        ck_assert_int_eq(zo_store_release(e.st, R, ZO_TIER_HOST, 0), 0);
+        p = acq(e.st, A, ZO_TIER_HOST, 0);
+        pattern(buf, 14 * MiB, 2, 1);
+        ck_assert_int_eq(memcmp(p, buf, 14 * MiB), 0);
+        ck_assert_int_eq(zo_store_release(e.st, A, ZO_TIER_HOST, 0), 0);
+        ck_assert_int_eq(zo_store_step(e.st), 0);
+        zo_store_get_stats(e.st, &b);
+        fprintf(stderr, "no-thrash iteration %d: prefetches issued %llu, used %llu, wasted %llu, dropped %llu\n", it,
+                (unsigned long long)(b.prefetch_issued - a.prefetch_issued),
+                (unsigned long long)(b.prefetch_used - a.prefetch_used),
+                (unsigned long long)(b.prefetch_wasted - a.prefetch_wasted),
+                (unsigned long long)(b.prefetch_dropped - a.prefetch_dropped));
+        if (it > 0) { /* the first one recorded the trace */
+            issued += b.prefetch_issued - a.prefetch_issued;
+            wasted += b.prefetch_wasted - a.prefetch_wasted;
+        }
+    }
+    /* three entries an iteration: a handful of prefetches, none wasted */
+    ck_assert_msg(issued <= 3 * 3, "%llu prefetches issued in 3 iterations of 3 accesses", (unsigned long long)issued);
+    ck_assert_msg(wasted == 0, "%llu of %llu prefetches evicted unused", (unsigned long long)wasted,
+                  (unsigned long long)issued);
+    check_budgets(e.st, &e.cfg);
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
+/* Registering a device-homed tensor zeroes it. It used to do that on the
+ * store's shared host->device stream and sync it: it waited for every
+ * transfer queued there (and could take another copy's error, which its
+ * piece then never saw). Here that stream is held by a gate: the register
+ * must finish anyway. */
+typedef struct gate {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int open, reg_done;
+} gate;
+
+static void gate_fn(void *arg)
+{
+    gate *g = arg;
+    pthread_mutex_lock(&g->mu);
+    while (!g->open)
+        pthread_cond_wait(&g->cv, &g->mu);
+    pthread_mutex_unlock(&g->mu);
+}
+
+typedef struct reg_arg {
+    env *e;
+    gate *g;
+    zo_tensor *t;
+} reg_arg;
+
+static void *reg_dev_main(void *arg)
+{
+    reg_arg *a = arg;
+    a->t = reg(a->e->st, "dev-homed", 256 * KiB, ZO_TIER_DEVICE);
+    pthread_mutex_lock(&a->g->mu);
+    a->g->reg_done = 1;
+    pthread_cond_broadcast(&a->g->cv);
+    pthread_mutex_unlock(&a->g->mu);
+    return NULL;
+}
+
+START_TEST(test_store_register_own_stream)
+{
+    env e;
+    env_open(&e, 4 * MiB, 4 * MiB, 256 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    gate g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    ck_assert_int_eq(zo_stream_host_fn(e.st->h2d, gate_fn, &g), 0);
+    reg_arg a = {&e, &g, NULL};
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, reg_dev_main, &a), 0);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 5;
+    pthread_mutex_lock(&g.mu);
+    while (!g.reg_done && pthread_cond_timedwait(&g.cv, &g.mu, &dl) == 0)
+        ;
+    int done = g.reg_done;
+    g.open = 1; /* let the stream go either way, so the thread can end */
+    pthread_cond_broadcast(&g.cv);
+    pthread_mutex_unlock(&g.mu);
+    pthread_join(th, NULL);
+    ck_assert_msg(done, "registering a device-homed tensor waited for the transfers on the shared stream");
+    uint8_t *p = acq(e.st, a.t, ZO_TIER_DEVICE, 0), *z = calloc(1, 256 * KiB);
+    ck_assert_int_eq(memcmp(p, z, 256 * KiB), 0); /* host backend: device memory is host memory */
+    free(z);
+    ck_assert_int_eq(zo_store_release(e.st, a.t, ZO_TIER_DEVICE, 0), 0);
+    env_close(&e);
+}
+END_TEST
+
+/* A device piece whose copy was queued but whose completion could not be
+ * tracked (its status function, now its fence, could not be queued) used
+ * to fail at once: the slot went back to the pool while the copy could
+ * still write into it. Now the store waits for the copy first. The device
+ * stream is held by a gate; the failing acquire must not complete before
+ * the gate opens. */
+static void *gate_open_after(void *arg)
+{
+    gate *g = arg;
+    sleep_ns(200000000ull);
+    pthread_mutex_lock(&g->mu);
+    g->open = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+START_TEST(test_store_untracked_copy)
+{
+    env e;
+    env_open(&e, 4 * MiB, 0, 256 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    zo_tensor *t = reg(e.st, "w", 512 * KiB, ZO_TIER_NVME);
+    uint8_t *buf = malloc(512 * KiB);
+    pattern(buf, 512 * KiB, 7, 1);
+    ck_assert_int_eq(zo_store_write(e.st, t, 0, buf, 512 * KiB), 0);
+    gate g = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    ck_assert_int_eq(zo_stream_host_fn(e.st->h2d, gate_fn, &g), 0);
+    pthread_t th;
+    ck_assert_int_eq(pthread_create(&th, NULL, gate_open_after, &g), 0);
+    zo__dev_fail_fences(e.dev, 1, -ENOMEM);
+    zo_store_req *q;
+    ck_assert_int_eq(zo_store_acquire(e.st, t, ZO_TIER_DEVICE, 0, &q), 0);
+    void *p;
+    int r = zo_store_wait(e.st, q, &p);
+    pthread_mutex_lock(&g.mu);
+    int opened = g.open;
+    pthread_mutex_unlock(&g.mu);
+    pthread_join(th, NULL);
+    zo__dev_fail_fences(e.dev, 0, 0);
+    ck_assert_int_eq(r, -ENOMEM);
+    ck_assert_msg(opened, "the acquire failed while its copy into a pool slot's data was still queued");
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    ck_assert_uint_eq(st.pool_in_use, 0);
+    /* and the store goes on */
+    p = acq(e.st, t, ZO_TIER_DEVICE, 0);
+    ck_assert_int_eq(memcmp(p, buf, 512 * KiB), 0);
+    ck_assert_int_eq(zo_store_release(e.st, t, ZO_TIER_DEVICE, 0), 0);
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
+/* Names live in a hash table now (registration was O(n) per tensor). The
+ * cost only shows at ~10^5 tensors, which a unit test on a shared runner
+ * cannot time reliably; this checks what the table must keep right:
+ * lookups, duplicates, names freed by unregister and claimed again, growth
+ * past several doublings. */
+START_TEST(test_store_names)
+{
+    enum { N = 3000 };
+    env e;
+    env_open(&e, 0, N * 4096ull + MiB, 256 * KiB, 4, 64 * KiB, ZO_TRACE_OFF);
+    zo_tensor **t = calloc(N, sizeof(*t));
+    char nm[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(nm, sizeof(nm), "layer.%d.w", i);
+        t[i] = reg(e.st, nm, 100, ZO_TIER_HOST);
+    }
+    zo_tensor_desc d;
+    zo_tensor_desc_default(&d);
+    d.bytes = 100;
+    d.dtype = ZO_DTYPE_U8;
+    d.home = ZO_TIER_HOST;
+    zo_tensor *dup = NULL;
+    for (int i = 0; i < N; i += 7) {
+        snprintf(nm, sizeof(nm), "layer.%d.w", i);
+        zo_tensor *f = NULL;
+        ck_assert_int_eq(zo_store_find(e.st, nm, &f), 0);
+        ck_assert_ptr_eq(f, t[i]);
+        d.name = nm;
+        ck_assert_int_eq(zo_store_register(e.st, &d, &dup), -EEXIST);
+    }
+    ck_assert_int_eq(zo_store_find(e.st, "layer.3000.w", &dup), -ENOENT);
+    for (int i = 0; i < N; i += 2)
+        ck_assert_int_eq(zo_store_unregister(e.st, &t[i]), 0);
+    for (int i = 0; i < N; i++) {
+        snprintf(nm, sizeof(nm), "layer.%d.w", i);
+        zo_tensor *f = NULL;
+        ck_assert_int_eq(zo_store_find(e.st, nm, &f), i % 2 ? 0 : -ENOENT);
+        if (i % 2 == 0)
+            t[i] = reg(e.st, nm, 100, ZO_TIER_HOST); /* the name is free again */
+    }
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(zo_store_unregister(e.st, &t[i]), 0);
+    free(t);
+    env_close(&e);
+}
+END_TEST
+
+/* The offload optimizer's situation (shared/repro/store_optimizer_proto.c,
+ * nvme-acq): (master f32, m bf16, v bf16) groups homed on NVMe, a host
+ * cache half again the largest group, the trace on; each step
+ * acquires a group for writing, hints the next group, updates it and
+ * releases it with write-behind. Prefetches evicted unused must stay under
+ * 5% of those issued, and no acquire may fail with ZO_EBUDGET. */
+START_TEST(test_store_prefetch_optimizer)
+{
+    enum { NG = 5, NS = 3, STEPS = 4 };
+    static const uint64_t nel[NG] = {256 * 1024, 768 * 1024 + 123, 257, 512 * 1024, 16 * 1024 + 7};
+    env e;
+    uint64_t group_max = 0;
+    for (int i = 0; i < NG; i++) {
+        uint64_t g = round_up(nel[i] * 4, 4096) + 2 * round_up(nel[i] * 2, 4096);
+        group_max = g > group_max ? g : group_max;
+    }
+    /* 1.5 groups: below about 1.3 the copies a group holds can still split
+     * the free space so that its last member finds no contiguous room
+     * (ZO_EBUDGET, "fragmented between referenced copies"), see
+     * docs/store.md */
+    env_open(&e, 0, round_up(group_max * 3 / 2, 4096), 256 * KiB, 16, 64 * KiB, ZO_TRACE_AUTO);
+    zo_tensor *t[NG][NS];
+    uint64_t ver[NG][NS];
+    uint8_t *buf = malloc(nel[1] * 4);
+    for (int i = 0; i < NG; i++)
+        for (int k = 0; k < NS; k++) {
+            char nm[32];
+            snprintf(nm, sizeof(nm), "p%d.%s", i, k == 0 ? "master" : k == 1 ? "m" : "v");
+            t[i][k] = reg(e.st, nm, nel[i] * (k == 0 ? 4 : 2), ZO_TIER_NVME);
+            ver[i][k] = 0; /* zeros */
+        }
+    for (int step = 0; step < STEPS; step++) {
+        for (int i = 0; i < NG; i++) {
+            zo_store_req *q[NS];
+            void *ptr[NS];
+            for (int k = 0; k < NS; k++)
+                ck_assert_int_eq(zo_store_acquire(e.st, t[i][k], ZO_TIER_HOST, ZO_ACQ_WRITE, &q[k]), 0);
+            if (i + 1 < NG)
+                for (int k = 0; k < NS; k++)
+                    ck_assert_int_eq(zo_store_prefetch(e.st, t[i + 1][k], ZO_TIER_HOST), 0);
+            for (int k = 0; k < NS; k++) {
+                int r = zo_store_wait(e.st, q[k], &ptr[k]);
+                ck_assert_msg(r == 0, "step %d p%d/%d: %s (%s)", step, i, k, zo_strerror(r), zo_last_error_detail());
+            }
+            for (int k = 0; k < NS; k++) {
+                uint64_t n = nel[i] * (k == 0 ? 4 : 2), id = (uint64_t)(i * NS + k);
+                if (ver[i][k]) {
+                    pattern(buf, n, id, ver[i][k]);
+                    ck_assert_msg(memcmp(ptr[k], buf, n) == 0, "step %d p%d/%d: contents", step, i, k);
+                }
+                pattern(ptr[k], n, id, ++ver[i][k]);
+                ck_assert_int_eq(zo_store_release(e.st, t[i][k], ZO_TIER_HOST, ZO_REL_WRITEBACK), 0);
+            }
+        }
+        ck_assert_int_eq(zo_store_step(e.st), 0);
+    }
+    ck_assert_int_eq(zo_store_flush(e.st, NULL), 0);
+    zo_store_stats st;
+    zo_store_get_stats(e.st, &st);
+    fprintf(stderr, "optimizer replay: prefetches issued %llu, used %llu, wasted %llu, dropped %llu; hits %llu misses "
+            "%llu\n", (unsigned long long)st.prefetch_issued, (unsigned long long)st.prefetch_used,
+            (unsigned long long)st.prefetch_wasted, (unsigned long long)st.prefetch_dropped,
+            (unsigned long long)st.hits, (unsigned long long)st.misses);
+    ck_assert_uint_ge(st.prefetch_used, NG); /* it did prefetch */
+    ck_assert_msg(st.prefetch_wasted * 20 < st.prefetch_issued, "%llu of %llu prefetches evicted unused",
+                  (unsigned long long)st.prefetch_wasted, (unsigned long long)st.prefetch_issued);
+    for (int i = 0; i < NG; i++) /* the data made it home */
+        for (int k = 0; k < NS; k++) {
+            uint64_t n = nel[i] * (k == 0 ? 4 : 2);
+            uint8_t *got = malloc(n);
+            ck_assert_int_eq(zo_store_read(e.st, t[i][k], 0, got, n), 0);
+            pattern(buf, n, (uint64_t)(i * NS + k), ver[i][k]);
+            ck_assert_int_eq(memcmp(got, buf, n), 0);
+            free(got);
+        }
+    check_budgets(e.st, &e.cfg);
+    free(buf);
+    env_close(&e);
+}
+END_TEST
+
 /* The order changes: the next iteration is recorded and replaces the trace. */
 START_TEST(test_store_rerecord)
 {
@@ -2081,6 +2402,15 @@ int main(int argc, char **argv)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_store_prefetch);
     tcase_add_test(tc, test_store_rerecord);
+    suite_add_tcase(s, tc);
+    /* regressions of issue 9 (prefetch thrash, copy machinery) */
+    tc = tcase_create("machinery");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_store_prefetch_no_thrash);
+    tcase_add_test(tc, test_store_prefetch_optimizer);
+    tcase_add_test(tc, test_store_register_own_stream);
+    tcase_add_test(tc, test_store_untracked_copy);
+    tcase_add_test(tc, test_store_names);
     suite_add_tcase(s, tc);
     /* a hang is the bug these look for: fail it in bounded time */
     tc = tcase_create("errors");

@@ -387,6 +387,7 @@ static int iteration(const opts *o, env *e, double compute_s)
 typedef struct replay_res {
     double stall_s, wall_s;
     uint64_t demand, prefetched, used, stalls;
+    uint64_t issued, wasted, dropped; /* prefetches: started, evicted unused, hints dropped */
 } replay_res;
 
 static int replay(const opts *o, zo_trace_mode trace, double compute_s, replay_res *rr)
@@ -407,6 +408,9 @@ static int replay(const opts *o, zo_trace_mode trace, double compute_s, replay_r
     rr->prefetched = st.prefetch_bytes;
     rr->used = st.prefetch_used;
     rr->stalls = st.stalls;
+    rr->issued = st.prefetch_issued;
+    rr->wasted = st.prefetch_wasted;
+    rr->dropped = st.prefetch_dropped;
     env_close(&e);
     return rc ? EXIT_RUN : 0;
 }
@@ -500,6 +504,9 @@ static int cmd_replay(const opts *o, const zo_machine *m)
             zj_num(&j, "wall_on_median_s", median(won, P));
             zj_num(&j, "compute_only_s", ideal);
             zj_uint(&j, "last_on_prefetch_used", last_on.used);
+            zj_uint(&j, "last_on_prefetch_issued", last_on.issued);
+            zj_uint(&j, "last_on_prefetch_wasted", last_on.wasted);
+            zj_uint(&j, "last_on_prefetch_dropped", last_on.dropped);
             zj_uint(&j, "last_on_demand_bytes", last_on.demand);
             zj_uint(&j, "last_on_stalls", last_on.stalls);
             zj_obj_end(&j);
@@ -513,6 +520,9 @@ static int cmd_replay(const opts *o, const zo_machine *m)
                    "acquires waited\n",
                    (unsigned long long)last_on.used, (double)last_on.demand / (1 << 20),
                    (unsigned long long)last_on.stalls, o->iters * o->tensors);
+            printf("prefetches: %llu issued, %llu used, %llu evicted unused (wasted), %llu hints dropped\n",
+                   (unsigned long long)last_on.issued, (unsigned long long)last_on.used,
+                   (unsigned long long)last_on.wasted, (unsigned long long)last_on.dropped);
         }
     }
     free(off);

@@ -484,6 +484,15 @@ ZO_API int zo_optim_set_lr(zo_optim *o, unsigned group, double lr);
  *  @return 0; -EINVAL; ZO_ECONFIG (out of range, kind changed). */
 ZO_API int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *hp);
 
+/**
+ * Set the number of updates applied so far (the next update is step + 1:
+ * Adam's bias correction uses it). For frameworks that restore the count
+ * from their own state_dict instead of zo_optim_load(). Between updates
+ * only. @return 0; -EINVAL (NULL, step < 0); ZO_ESTATE (an update in flight
+ * or not yet collected with zo_optim_wait()).
+ */
+ZO_API int zo_optim_set_step(zo_optim *o, int64_t step);
+
 /* ---- library-owned host buffers -------------------------------------------------------- */
 
 /**

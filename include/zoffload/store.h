@@ -581,7 +581,12 @@ typedef struct zo_store_stats {
     uint64_t demand_bytes;           /**< bytes loaded because an acquire needed them */
     uint64_t prefetch_bytes;         /**< bytes loaded ahead of need */
     uint64_t hits, misses;           /**< acquires that found a resident / in-flight copy vs had to load */
-    uint64_t prefetch_issued, prefetch_used, prefetch_dropped, prefetch_wasted; /**< wasted: evicted unused */
+    /** Prefetch loads started; acquires that found a prefetched copy; hints
+     *  dropped (no room without evicting what is needed sooner); prefetched
+     *  copies evicted for room before their use (the thrash counter: a copy
+     *  whose data was rewritten or whose tensor was unregistered first is
+     *  not counted). */
+    uint64_t prefetch_issued, prefetch_used, prefetch_dropped, prefetch_wasted;
     uint64_t evictions, writebacks, writeback_bytes;
     uint64_t stalls;                 /**< waits that blocked */
     uint64_t stall_ns;               /**< time blocked in zo_store_wait / stream_next */

@@ -63,6 +63,28 @@ static void insert_at(zo__extalloc *a, size_t i, uint64_t off, uint64_t len)
     a->nfree++;
 }
 
+/* Allocate [start, start+len) out of free span i, which holds it. */
+static int take(zo__extalloc *a, size_t i, uint64_t start, uint64_t len)
+{
+    /* splitting may leave a piece before and after: one more entry at most */
+    if (reserve(a, a->nfree + 1) < 0)
+        return -ENOMEM;
+    zo__ext_span f = a->free[i];
+    uint64_t head = start - f.off, tail = f.off + f.len - (start + len);
+    if (head && tail) {
+        a->free[i].len = head;
+        insert_at(a, i + 1, start + len, tail);
+    } else if (head) {
+        a->free[i].len = head;
+    } else if (tail) {
+        a->free[i] = (zo__ext_span){start + len, tail};
+    } else {
+        erase_at(a, i);
+    }
+    a->used += len;
+    return 0;
+}
+
 int zo__ext_alloc(zo__extalloc *a, uint64_t len, uint64_t align, uint64_t *off)
 {
     if (len == 0 || len > UINT64_MAX - a->granule)
@@ -90,24 +112,27 @@ int zo__ext_alloc(zo__extalloc *a, uint64_t len, uint64_t align, uint64_t *off)
     }
     if (best == SIZE_MAX)
         return -ENOSPC;
-    /* splitting may leave a piece before and after: one more entry at most */
-    if (reserve(a, a->nfree + 1) < 0)
-        return -ENOMEM;
-    zo__ext_span f = a->free[best];
-    uint64_t head = best_start - f.off, tail = f.off + f.len - (best_start + len);
-    if (head && tail) {
-        a->free[best].len = head;
-        insert_at(a, best + 1, best_start + len, tail);
-    } else if (head) {
-        a->free[best].len = head;
-    } else if (tail) {
-        a->free[best] = (zo__ext_span){best_start + len, tail};
-    } else {
-        erase_at(a, best);
+    int r = take(a, best, best_start, len);
+    if (r == 0)
+        *off = best_start;
+    return r;
+}
+
+int zo__ext_claim(zo__extalloc *a, uint64_t off, uint64_t len)
+{
+    if (len == 0 || len > UINT64_MAX - a->granule || off % a->granule)
+        return -EINVAL;
+    len = zo__ext_round(a, len);
+    if (off > a->size || len > a->size - off)
+        return -EINVAL;
+    for (size_t i = 0; i < a->nfree; i++) {
+        const zo__ext_span *f = &a->free[i];
+        if (f->off > off)
+            break; /* sorted: no later span starts at or before off */
+        if (off - f->off < f->len)
+            return f->len - (off - f->off) >= len ? take(a, i, off, len) : -ENOSPC;
     }
-    a->used += len;
-    *off = best_start;
-    return 0;
+    return -ENOSPC;
 }
 
 int zo__ext_free(zo__extalloc *a, uint64_t off, uint64_t len)

@@ -36,6 +36,12 @@ static inline uint64_t zo__ext_round(const zo__extalloc *a, uint64_t len)
  * below the granule mean the granule). -ENOSPC if no free extent fits,
  * -EINVAL for len 0, -ENOMEM if the free list cannot grow. */
 int zo__ext_alloc(zo__extalloc *a, uint64_t len, uint64_t align, uint64_t *off);
+/* Allocate exactly [off, off+len) (len rounded as alloc does, off a multiple
+ * of the granule): for a caller that chose the place itself (the store puts
+ * prefetched copies where they leave the rest of its arena contiguous).
+ * -ENOSPC if part of it is not free, -EINVAL for a range outside the
+ * allocator or a misaligned off, -ENOMEM if the free list cannot grow. */
+int zo__ext_claim(zo__extalloc *a, uint64_t off, uint64_t len);
 /* Return [off, off+len) (len as passed to alloc). -EINVAL if it is not
  * inside the managed range or overlaps free space (double free). */
 int zo__ext_free(zo__extalloc *a, uint64_t off, uint64_t len);

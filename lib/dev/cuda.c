@@ -238,6 +238,41 @@ static int cuda_host_fn_status(zo_stream *s, zo__host_status_fn fn, void *arg)
     return 0;
 }
 
+/* Fences are events without timing (the cheapest kind), polled by their
+ * owner: nothing runs on a driver thread and the stream is never held for
+ * host code. An event query reports the context's sticky error, if any. */
+static int cuda_fence_record(zo_stream *s, void **impl)
+{
+    ZO_CHECK(select_dev(s->dev));
+    cudaEvent_t ev;
+    CU(s->dev, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+    cudaError_t e = cudaEventRecord(ev, (cudaStream_t)s->impl);
+    if (e != cudaSuccess) {
+        cudaEventDestroy(ev);
+        return cu_fail(s->dev, e, "cudaEventRecord");
+    }
+    *impl = ev;
+    return 0;
+}
+
+static int cuda_fence_query(zo_dev *d, void *impl)
+{
+    ZO_CHECK(select_dev(d));
+    cudaError_t e = cudaEventQuery((cudaEvent_t)impl);
+    if (e == cudaErrorNotReady)
+        return -EBUSY;
+    if (e != cudaSuccess)
+        return cu_fail(d, e, "device copy (cudaEventQuery)");
+    return 0;
+}
+
+static void cuda_fence_destroy(zo_dev *d, void *impl)
+{
+    /* a pending event's resources are released once it completes */
+    if (select_dev(d) == 0)
+        cudaEventDestroy((cudaEvent_t)impl);
+}
+
 static int cuda_event_create(zo_dev *d, zo_event *e)
 {
     ZO_CHECK(select_dev(d));
@@ -354,6 +389,9 @@ const zo_dev_ops zo__dev_cuda_ops = {
     .memset_async = cuda_memset_async,
     .host_fn = cuda_host_fn,
     .host_fn_status = cuda_host_fn_status,
+    .fence_record = cuda_fence_record,
+    .fence_query = cuda_fence_query,
+    .fence_destroy = cuda_fence_destroy,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

@@ -316,6 +316,107 @@ int zo__stream_host_fn_status(zo_stream *s, zo__host_status_fn fn, void *arg)
     return s->dev->ops->host_fn_status(s, fn, arg);
 }
 
+/* ---- fences --------------------------------------------------------------- */
+struct zo__fence {
+    zo_dev *dev;
+    void *impl;              /* the backend's (fence_record), or NULL: the fallback below */
+    int result;              /* latched once not -EBUSY */
+    /* fallback on host_fn_status: the status function fills these */
+    atomic_int done;
+    int err;
+    atomic_int refs;         /* the owner and the queued status function */
+    void (*notify)(void *arg);
+    void *arg;
+};
+
+static void fence_unref(zo__fence *f)
+{
+    if (atomic_fetch_sub(&f->refs, 1) == 1)
+        free(f);
+}
+
+static void fence_status_fn(void *arg, int err)
+{
+    zo__fence *f = arg;
+    void (*notify)(void *) = f->notify;
+    void *narg = f->arg;
+    f->err = err;
+    atomic_store_explicit(&f->done, 1, memory_order_release);
+    /* the owner may destroy the fence as soon as done is seen: notify
+     * with the copies taken before */
+    fence_unref(f);
+    if (notify)
+        notify(narg);
+}
+
+int zo__fence_record(zo_stream *s, void (*notify)(void *arg), void *arg, zo__fence **out)
+{
+    if (!s || !out)
+        return ZO_FAIL(s ? &s->dev->err : NULL, -EINVAL, "zo__fence_record: NULL argument");
+    *out = NULL;
+    zo_dev *d = s->dev;
+    int n = atomic_load(&d->fence_faults);
+    while (n > 0 && !atomic_compare_exchange_weak(&d->fence_faults, &n, n - 1))
+        ;
+    if (n > 0)
+        return ZO_FAIL(&d->err, atomic_load(&d->fence_fault_err), "zo__fence_record: injected failure");
+    zo__fence *f = calloc(1, sizeof(*f));
+    if (!f)
+        return ZO_FAIL(&d->err, -ENOMEM, "zo__fence_record: out of memory");
+    f->dev = d;
+    f->result = -EBUSY;
+    f->notify = notify;
+    f->arg = arg;
+    int r;
+    if (d->ops->fence_record) {
+        atomic_store(&f->refs, 1);
+        r = d->ops->fence_record(s, &f->impl);
+    } else {
+        atomic_store(&f->refs, 2);
+        r = d->ops->host_fn_status(s, fence_status_fn, f);
+        if (r < 0)
+            atomic_store(&f->refs, 1);
+    }
+    if (r < 0) {
+        free(f);
+        return r;
+    }
+    *out = f;
+    return 0;
+}
+
+int zo__fence_query(zo__fence *f)
+{
+    if (!f)
+        return -EINVAL;
+    if (f->result != -EBUSY)
+        return f->result;
+    if (f->impl)
+        f->result = f->dev->ops->fence_query(f->dev, f->impl);
+    else if (atomic_load_explicit(&f->done, memory_order_acquire))
+        f->result = f->err;
+    return f->result;
+}
+
+void zo__fence_destroy(zo__fence **fp)
+{
+    if (!fp || !*fp)
+        return;
+    zo__fence *f = *fp;
+    *fp = NULL;
+    if (f->impl)
+        f->dev->ops->fence_destroy(f->dev, f->impl);
+    fence_unref(f);
+}
+
+void zo__dev_fail_fences(zo_dev *d, int n, int err)
+{
+    if (!d)
+        return;
+    atomic_store(&d->fence_fault_err, err);
+    atomic_store(&d->fence_faults, n);
+}
+
 /* ---- events --------------------------------------------------------------- */
 ZO_API int zo_event_create(zo_dev *d, zo_event **out)
 {

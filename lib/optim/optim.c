@@ -1200,6 +1200,24 @@ int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uh
     return 0;
 }
 
+int zo_optim_set_step(zo_optim *o, int64_t step)
+{
+    if (!o || step < 0)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_step: %s",
+                       o ? "step must be >= 0" : "NULL engine");
+    pthread_mutex_lock(&o->lock);
+    /* the worker reads the count as it starts an update (bias correction):
+     * only between updates, with nothing waiting to be collected */
+    int busy = o->ws != ZO__W_IDLE || o->push_pending;
+    if (!busy)
+        o->step = step;
+    pthread_mutex_unlock(&o->lock);
+    if (busy)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_set_step: an update is in flight or not collected: call "
+                       "zo_optim_wait() first");
+    return 0;
+}
+
 int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
 {
     if (!o || !host || index >= o->nt)

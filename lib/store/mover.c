@@ -4,26 +4,25 @@
  *
  * A piece is one or two moves: NVMe <-> device goes through a pool slot
  * (stage 0 into the slot, stage 1 out of it); every other pair is direct.
- * Callbacks (aio engine threads, device stream threads) only append the
- * piece to the event queue; the mover thread takes the store lock and
- * advances it. */
+ * How a move completes: a swap read/write's callback (aio engine thread)
+ * appends the piece to the event queue; a device copy is followed by a
+ * fence the mover polls (no callback on a driver thread, none holding the
+ * stream); a host <-> host copy is queued for the mover, which copies with
+ * no lock held. The mover then takes the store lock and advances the
+ * pieces. (That the caller's thread no longer copies under the lock has
+ * no test: nothing outside the mover can tell which thread ran a memcpy;
+ * the stream tests check the bytes.) */
 #include "store/store_internal.h"
-
-#include "dev/dev_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ---- events ----------------------------------------------------------------------- */
 static void push_event(zo_store *s, zo__piece *p)
 {
     pthread_mutex_lock(&s->evlock);
-    p->evnext = NULL;
-    if (s->evtail)
-        s->evtail->evnext = p;
-    else
-        s->evhead = p;
-    s->evtail = p;
+    zo_queue_push(&s->evq, &p->qn);
     pthread_cond_signal(&s->evcond);
     pthread_mutex_unlock(&s->evlock);
 }
@@ -37,14 +36,14 @@ static void piece_swap_cb(void *user, int err)
     push_event(p->j->s, p);
 }
 
-static void piece_dev_cb(void *arg, int err)
+/* A fence's notify (host backend: its stream thread reached the fence). */
+static void fence_wake(void *arg)
 {
-    zo__piece *p = arg;
-    if (err < 0) {
-        p->err = err;
-        snprintf(p->detail, sizeof(p->detail), "device copy failed: %s", zo_strerror(err));
-    }
-    push_event(p->j->s, p);
+    zo_store *s = arg;
+    pthread_mutex_lock(&s->evlock);
+    s->dev_ready = 1;
+    pthread_cond_signal(&s->evcond);
+    pthread_mutex_unlock(&s->evlock);
 }
 
 /* ---- slots ----------------------------------------------------------------------------- */
@@ -81,16 +80,19 @@ static void job_slot_put(zo_store *s, int slot)
     s->jobs_using--;
 }
 
+/* Jobs waiting for a slot: demand (0) before prefetch (1), FIFO in each. */
 static void slotq_push(zo_store *s, zo__job *j)
 {
     if (j->queued)
         return;
-    zo__job **pp = j->prefetch ? &s->slotq_lo : &s->slotq_hi;
-    while (*pp)
-        pp = &(*pp)->qnext;
-    j->qnext = NULL;
-    *pp = j;
+    zo_list_add_tail(&s->slotq[j->prefetch ? 1 : 0], &j->qlink);
     j->queued = 1;
+}
+
+static void slotq_remove(zo__job *j)
+{
+    zo_list_del(&j->qlink);
+    j->queued = 0;
 }
 
 /* Slots came free: streams below their quota first (guaranteed), then
@@ -99,11 +101,10 @@ void zo__slots_pump(zo_store *s)
 {
     zo__streams_pump(s);
     for (int q = 0; q < 2; q++) {
-        zo__job **head = q == 0 ? &s->slotq_hi : &s->slotq_lo;
-        while (*head && s->nfree && s->jobs_using < s->nslots - s->reserved) {
-            zo__job *j = *head;
-            *head = j->qnext;
-            j->queued = 0;
+        zo_list *n;
+        while ((n = zo_list_first(&s->slotq[q])) && s->nfree && s->jobs_using < s->nslots - s->reserved) {
+            zo__job *j = zo_list_entry(n, zo__job, qlink);
+            slotq_remove(j);
             zo__job_pump(s, j);
             if (j->queued)
                 break; /* took what it could and wants more: keep the order */
@@ -131,18 +132,46 @@ int zo__move(zo_store *s, zo__piece *p, const zo__ep *from, uint64_t foff, const
         return zo_swap_write(s->swap, to->sid, toff, from->p + foff, len, piece_swap_cb, p, NULL);
     }
     if (from->kind == EP_HOST && to->kind == EP_HOST) {
-        memcpy(to->p + toff, from->p + foff, len);
-        push_event(s, p);
+        /* the mover copies it outside the store lock: a 16 MiB memcpy
+         * held every caller of the store up. The buffers are safe without
+         * the lock: the source has a reader, the destination is loading. */
+        p->hdst = to->p + toff;
+        p->hsrc = from->p + foff;
+        p->hlen = len;
+        pthread_mutex_lock(&s->evlock);
+        zo_queue_push(&s->hostq, &p->qn);
+        pthread_cond_signal(&s->evcond);
+        pthread_mutex_unlock(&s->evlock);
         return 0;
     }
-    zo_stream *st = to->kind == EP_DEV ? s->h2d : s->d2h;
-    zo_copy_kind k = to->kind == EP_DEV ? ZO_COPY_H2D : ZO_COPY_D2H;
+    int q = to->kind == EP_DEV ? 0 : 1;
+    zo_stream *st = q == 0 ? s->h2d : s->d2h;
+    zo_copy_kind k = q == 0 ? ZO_COPY_H2D : ZO_COPY_D2H;
     if (from->kind == EP_DEV && to->kind == EP_DEV)
         return ZO_EINTERNAL;
     r = zo_memcpy_async(st, to->p + toff, from->p + foff, len, k);
-    if (r == 0)
-        r = zo__stream_host_fn_status(st, piece_dev_cb, p);
-    return r;
+    if (r < 0)
+        return r; /* nothing queued */
+    r = zo__fence_record(st, fence_wake, s, &p->fence);
+    if (r < 0) {
+        /* The copy is queued and may still write into the piece's buffer
+         * (a pool slot, which goes back to the pool with this error):
+         * wait for it first. Only the store queues work on this stream,
+         * under the store lock, and every copy before this one has its
+         * fence already, so the sync reports no one else's error. */
+        int e = zo_stream_sync(st);
+        if (e < 0)
+            ZO_LOGW("store: device copy failed while its completion could not be tracked: %s", zo_strerror(e));
+        return r;
+    }
+    pthread_mutex_lock(&s->evlock);
+    zo_queue_push(&s->devq[q], &p->qn);
+    /* the fence may have been reached already, its notify spent while
+     * the queue was empty: the mover polls now */
+    s->dev_ready = 1;
+    pthread_cond_signal(&s->evcond);
+    pthread_mutex_unlock(&s->evlock);
+    return 0;
 }
 
 static void piece_stage(zo_store *s, zo__piece *p)
@@ -174,6 +203,7 @@ zo__job *zo__job_new(zo_store *s, int kind, zo_tensor *t)
     j->s = s;
     j->kind = kind;
     j->t = t;
+    zo_list_init(&j->qlink);
     s->jobs_active++;
     return j;
 }
@@ -220,13 +250,8 @@ void zo__job_pump(zo_store *s, zo__job *j)
         piece_stage(s, p);
     }
     if (!j->inflight && (j->err || j->next_off >= j->r1)) {
-        if (j->queued) { /* drop it from a slot queue */
-            for (zo__job **pp = j->prefetch ? &s->slotq_lo : &s->slotq_hi; *pp; pp = &(*pp)->qnext)
-                if (*pp == j) {
-                    *pp = j->qnext;
-                    break;
-                }
-        }
+        if (j->queued)
+            slotq_remove(j);
         job_finish(s, j);
     }
 }
@@ -252,25 +277,89 @@ static void piece_event(zo_store *s, zo__piece *p)
 }
 
 /* ---- the thread ---------------------------------------------------------------------------- */
+/* Fence polling while device moves are in flight and no notify comes (CUDA):
+ * from 20 us, doubling while nothing completes, up to 1 ms. */
+#define POLL_MIN_NS 20000ull
+#define POLL_MAX_NS 1000000ull
+
+/* Move the device pieces whose fences are done, in stream order, to done.
+ * Mover thread; the fence queries run without a lock (only this thread
+ * pops the fence queues). */
+static void poll_fences(zo_store *s, zo_queue *done)
+{
+    for (int q = 0; q < 2; q++) {
+        for (;;) {
+            pthread_mutex_lock(&s->evlock);
+            zo_qnode *n = zo_queue_peek(&s->devq[q]);
+            pthread_mutex_unlock(&s->evlock);
+            if (!n)
+                break;
+            zo__piece *p = zo_queue_entry(n, zo__piece, qn);
+            int r = zo__fence_query(p->fence);
+            if (r == -EBUSY)
+                break; /* the later ones are queued behind it */
+            if (r < 0) {
+                p->err = r;
+                snprintf(p->detail, sizeof(p->detail), "device copy failed: %s (%s)", zo_strerror(r),
+                         zo_last_error_detail());
+            }
+            zo__fence_destroy(&p->fence);
+            pthread_mutex_lock(&s->evlock);
+            zo_queue_pop(&s->devq[q]);
+            pthread_mutex_unlock(&s->evlock);
+            zo_queue_push(done, &p->qn);
+        }
+    }
+}
+
 static void *mover_main(void *arg)
 {
     zo_store *s = arg;
+    uint64_t poll_ns = POLL_MIN_NS;
     for (;;) {
+        zo_queue list, host;
         pthread_mutex_lock(&s->evlock);
-        while (!s->evhead && !s->stop)
-            pthread_cond_wait(&s->evcond, &s->evlock);
-        zo__piece *list = s->evhead;
-        s->evhead = s->evtail = NULL;
-        int stop = s->stop && !list;
+        for (;;) {
+            if (!zo_queue_empty(&s->evq) || !zo_queue_empty(&s->hostq) || s->dev_ready || s->stop)
+                break;
+            if (zo_queue_empty(&s->devq[0]) && zo_queue_empty(&s->devq[1])) {
+                pthread_cond_wait(&s->evcond, &s->evlock);
+                continue;
+            }
+            struct timespec dl;
+            clock_gettime(CLOCK_REALTIME, &dl);
+            uint64_t ns = (uint64_t)dl.tv_nsec + poll_ns;
+            dl.tv_sec += (time_t)(ns / 1000000000u);
+            dl.tv_nsec = (long)(ns % 1000000000u);
+            if (pthread_cond_timedwait(&s->evcond, &s->evlock, &dl) != 0)
+                break; /* time to poll */
+        }
+        zo_queue_init(&list);
+        zo_queue_init(&host);
+        zo_queue_splice(&list, &s->evq);
+        zo_queue_splice(&host, &s->hostq);
+        s->dev_ready = 0;
+        int fences = !zo_queue_empty(&s->devq[0]) || !zo_queue_empty(&s->devq[1]);
+        int stop = s->stop && zo_queue_empty(&list) && zo_queue_empty(&host) && !fences;
         pthread_mutex_unlock(&s->evlock);
         if (stop)
             break;
-        pthread_mutex_lock(&s->lock);
-        while (list) {
-            zo__piece *p = list;
-            list = p->evnext;
-            piece_event(s, p);
+        /* host -> host moves: the copying without any lock */
+        for (zo_qnode *n; (n = zo_queue_pop(&host));) {
+            zo__piece *p = zo_queue_entry(n, zo__piece, qn);
+            memcpy(p->hdst, p->hsrc, p->hlen);
+            zo_queue_push(&list, &p->qn);
         }
+        if (fences) {
+            size_t before = list.len;
+            poll_fences(s, &list);
+            poll_ns = list.len > before ? POLL_MIN_NS : ZO_MIN(2 * poll_ns, POLL_MAX_NS);
+        }
+        if (zo_queue_empty(&list))
+            continue;
+        pthread_mutex_lock(&s->lock);
+        for (zo_qnode *n; (n = zo_queue_pop(&list));)
+            piece_event(s, zo_queue_entry(n, zo__piece, qn));
         zo__slots_pump(s);
         zo__store_retry_parked(s);
         zo__trace_pump(s);
@@ -284,6 +373,12 @@ int zo__mover_start(zo_store *s)
 {
     pthread_mutex_init(&s->evlock, NULL);
     pthread_cond_init(&s->evcond, NULL);
+    zo_queue_init(&s->evq);
+    zo_queue_init(&s->hostq);
+    zo_queue_init(&s->devq[0]);
+    zo_queue_init(&s->devq[1]);
+    zo_list_init(&s->slotq[0]);
+    zo_list_init(&s->slotq[1]);
     int r = pthread_create(&s->mover, NULL, mover_main, s);
     if (r)
         return ZO_FAIL(&s->err, -r, "store: cannot start the mover thread: %s", strerror(r));

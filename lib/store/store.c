@@ -59,9 +59,42 @@ ZO_API void zo_tensor_desc_default(zo_tensor_desc *d)
 }
 
 /* ---- copies ------------------------------------------------------------------------ */
+static const char *const copy_state_names[ZO__CS_COUNT] = {"absent", "loading", "resident", "writeback",
+                                                             "receiving"};
+
+/* Legal transitions: the table in store_internal.h. */
+static const unsigned char copy_legal[ZO__CS_COUNT][ZO__CS_COUNT] = {
+    [ZO__CS_ABSENT] = {[ZO__CS_LOADING] = 1, [ZO__CS_RESIDENT] = 1},
+    [ZO__CS_LOADING] = {[ZO__CS_ABSENT] = 1, [ZO__CS_RESIDENT] = 1},
+    [ZO__CS_RESIDENT] = {[ZO__CS_ABSENT] = 1, [ZO__CS_LOADING] = 1, [ZO__CS_RESIDENT] = 1, [ZO__CS_WRITEBACK] = 1,
+                         [ZO__CS_RECEIVING] = 1},
+    [ZO__CS_WRITEBACK] = {[ZO__CS_RESIDENT] = 1},
+    [ZO__CS_RECEIVING] = {[ZO__CS_RESIDENT] = 1},
+};
+
+void zo__copy_to(zo_store *s, zo_tensor *t, zo_tier x, zo__copy_state to)
+{
+    zo__copy *c = &t->c[x];
+    zo__copy_state from = c->state;
+    /* what else each state needs: only a home copy receives, only a
+     * non-home copy is written back, a reload only replaces stale data,
+     * nothing is freed under a reader */
+    int ok = copy_legal[from][to] && (to != ZO__CS_RECEIVING || x == t->home) &&
+             (to != ZO__CS_WRITEBACK || x != t->home) &&
+             (!(from == ZO__CS_RESIDENT && to == ZO__CS_LOADING) || c->ver != t->cur_ver) &&
+             (to != ZO__CS_ABSENT || !c->readers);
+    if (!ok) {
+        /* a bug in the store: say so loudly, count it (tests), go on */
+        s->bad_transitions++;
+        ZO_LOGE("store: illegal copy transition %s -> %s ('%s', %s tier, %u readers)", copy_state_names[from],
+                copy_state_names[to], t->name, zo_tier_name(x), c->readers);
+    }
+    c->state = to;
+}
+
 int zo__store_current(const zo_tensor *t, zo_tier x)
 {
-    return t->c[x].state == C_RESIDENT && t->c[x].ver == t->cur_ver;
+    return zo__copy_has_data(&t->c[x]) && t->c[x].ver == t->cur_ver;
 }
 
 /* The only current copy: freeing it would lose the data. */
@@ -125,29 +158,24 @@ zo__ep zo__store_ep(zo_store *s, zo_tensor *t, zo_tier x)
 static void lru_unlink(zo__tier *tr, zo_tensor *t, zo_tier x)
 {
     zo__copy *c = &t->c[x];
-    if (c->lprev)
-        c->lprev->c[x].lnext = c->lnext;
-    else if (tr->lru_head == t)
-        tr->lru_head = c->lnext;
-    if (c->lnext)
-        c->lnext->c[x].lprev = c->lprev;
-    c->lprev = c->lnext = NULL;
+    if (zo_list_linked(&c->lnode)) {
+        zo_list_del(&c->lnode);
+        tr->ncopies--;
+    }
 }
 
-/* Append at the tail (most recent). O(n) to find the tail keeps the node
- * small; lists hold the non-home copies of one tier. */
+/* Append at the tail (most recent); O(1). */
 static void lru_append(zo__tier *tr, zo_tensor *t, zo_tier x)
 {
-    if (!tr->lru_head) {
-        tr->lru_head = t;
-        return;
-    }
-    zo_tensor *q = tr->lru_head;
-    while (q->c[x].lnext)
-        q = q->c[x].lnext;
-    q->c[x].lnext = t;
-    t->c[x].lprev = q;
+    zo_list_add_tail(&tr->lru, &t->c[x].lnode);
+    tr->ncopies++;
 }
+
+/* Walk the non-home copies of tier x, least recently used first: v is the
+ * tensor. The body must not unlink the current copy. */
+#define lru_for_each(pos, v, tr) \
+    for ((pos) = (tr)->lru.next; (pos) != &(tr)->lru && ((v) = zo_list_entry(pos, zo__copy, lnode)->owner, 1); \
+         (pos) = (pos)->next)
 
 void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x)
 {
@@ -158,7 +186,6 @@ void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x)
     if (c->prefetched) {
         tr->prefetched_bytes -= c->len;
         c->prefetched = 0;
-        s->st.prefetch_wasted++;
     }
     zo__ext_free(&tr->ext, c->off, c->len);
     tr->used -= c->len;
@@ -166,7 +193,7 @@ void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x)
         tr->home_bytes -= c->len;
     else
         lru_unlink(tr, t, x);
-    c->state = C_ABSENT;
+    zo__copy_to(s, t, x, ZO__CS_ABSENT);
     c->len = c->off = 0;
     c->ptr = NULL;
     c->drop_after = 0;
@@ -174,13 +201,23 @@ void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x)
     c->wb_fail = 0;
 }
 
+/* Evict v's copy in tier x to make room. A prefetched copy evicted before
+ * its use is a wasted prefetch (the thrash counter); one freed because its
+ * data was replaced, its load failed or its tensor went away is not. */
+static void evict(zo_store *s, zo_tensor *v, zo_tier x)
+{
+    s->st.evictions++;
+    if (v->c[x].prefetched && v->c[x].ver == v->cur_ver)
+        s->st.prefetch_wasted++;
+    zo__store_copy_free(s, v, x);
+}
+
 /* Free a non-home copy nobody needs: stale, or asked to be dropped and not
  * the only current copy. */
 void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x)
 {
     zo__copy *c = &t->c[x];
-    if (x == t->home || c->state != C_RESIDENT || c->refs || c->readers || c->incoming || c->wb_pending ||
-        c->waiters)
+    if (x == t->home || c->state != ZO__CS_RESIDENT || zo__copy_busy(c))
         return;
     if (c->ver != t->cur_ver || (c->drop_after && !sole_current(t, x))) {
         s->st.evictions++;
@@ -189,66 +226,228 @@ void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x)
 }
 
 /* ---- space ------------------------------------------------------------------------- */
-/* Pick an eviction victim in tier x for tensor `for_t`: unreferenced,
- * resident, idle. Stale copies first; then the farthest next use (trace)
- * or the least recently used. A prefetch only takes copies needed later
- * than its own target (dist). A dirty copy whose write-back failed in this
- * round is passed over and reported in *failed (the first one). */
-static zo_tensor *pick_victim(zo_store *s, zo_tier x, const zo_tensor *for_t, int prefetch, uint64_t dist,
-                              int *inflight, zo_tensor **failed)
+/* Is v's copy in tier x a possible eviction victim for for_t? 1: yes
+ * (*score set: higher is a better victim; UINT64_MAX for a stale copy,
+ * which costs nothing); 0: no; -1: no, but a transfer in flight will free
+ * or settle it (worth waiting for). A prefetch only takes copies needed
+ * later than its own target (dist) and, without a trace, never another
+ * hint. A dirty copy whose write-back failed in this round is passed over
+ * and reported in *failed (the first one). */
+static int victim_ok(zo_store *s, zo_tier x, zo_tensor *v, const zo_tensor *for_t, int prefetch, uint64_t dist,
+                     int have_trace, uint64_t *score, zo_tensor **failed)
 {
+    zo__copy *c = &v->c[x];
     zo__tier *tr = &s->tier[x];
-    zo_tensor *best = NULL;
-    uint64_t best_score = 0;
-    int have_trace = s->trace_mode == ZO_TRACE_AUTO && !s->recording && s->ntrace;
-    for (zo_tensor *v = tr->lru_head; v; v = v->c[x].lnext) {
-        zo__copy *c = &v->c[x];
-        /* busy, or a write-back that has to wait for another one */
-        if (c->state == C_LOADING || c->readers || c->wb_pending || c->wb_wanted || c->incoming ||
-            v->stream_write || (sole_current(v, x) && v->c[v->home].incoming)) {
-            if (!c->refs)
-                (*inflight)++;
-            continue;
-        }
-        if (v == for_t || c->state != C_RESIDENT || c->refs || c->waiters)
-            continue;
-        if (c->wb_fail && c->wb_fail_round == tr->space_round && sole_current(v, x)) {
-            /* writing it back again now would most likely fail the same
-             * way: retried from the next round (or by a flush) */
-            if (!*failed)
-                *failed = v;
-            continue;
-        }
-        if (c->ver != v->cur_ver)
-            return v; /* stale: free, costs nothing */
-        uint64_t score;
-        if (have_trace) {
-            uint64_t d = zo__trace_dist(s, v);
-            if (prefetch && d != ZO__DIST_INF && d <= dist)
-                continue;
-            score = d == ZO__DIST_INF ? UINT64_MAX : d + 1;
-        } else {
-            if (prefetch && c->prefetched)
-                continue; /* a hint does not push out another hint */
-            score = UINT64_MAX - c->lru; /* older is better */
-        }
-        /* prefer clean victims on ties of distance */
-        if (!best || score > best_score || (score == best_score && !sole_current(v, x))) {
-            best = v;
-            best_score = score;
-        }
+    /* busy, or a write-back that has to wait for another one */
+    if (zo__copy_in_flight(c) || c->readers || c->wb_wanted || v->stream_write ||
+        (sole_current(v, x) && v->c[v->home].state == ZO__CS_RECEIVING))
+        return c->refs ? 0 : -1;
+    if (v == for_t || c->state != ZO__CS_RESIDENT || c->refs || c->waiters || c->parked)
+        return 0;
+    if (c->wb_fail && c->wb_fail_round == tr->space_round && sole_current(v, x)) {
+        /* writing it back again now would most likely fail the same way:
+         * retried from the next round (or by a flush) */
+        if (failed && !*failed)
+            *failed = v;
+        return 0;
     }
-    return best;
+    if (c->ver != v->cur_ver) {
+        *score = UINT64_MAX; /* stale: free, costs nothing */
+        return 1;
+    }
+    if (have_trace) {
+        uint64_t d = zo__trace_dist(s, v);
+        if (prefetch && d != ZO__DIST_INF && d <= dist)
+            return 0;
+        *score = d == ZO__DIST_INF ? UINT64_MAX - 1 : d + 1;
+    } else {
+        if (prefetch && c->prefetched)
+            return 0; /* a hint does not push out another hint */
+        *score = UINT64_MAX - 1 - c->lru; /* older is better */
+    }
+    return 1;
+}
+
+static int have_trace(const zo_store *s)
+{
+    return s->trace_mode == ZO_TRACE_AUTO && !s->recording && s->ntrace;
 }
 
 static uint64_t pinned_bytes(zo_store *s, zo_tier x)
 {
     zo__tier *tr = &s->tier[x];
     uint64_t b = tr->home_bytes;
-    for (zo_tensor *v = tr->lru_head; v; v = v->c[x].lnext)
+    zo_list *pos;
+    zo_tensor *v;
+    lru_for_each(pos, v, tr)
         if (v->c[x].refs)
             b += v->c[x].len;
     return b;
+}
+
+/* t's copy in tier x gets [off, off+need) of the arena. */
+static void copy_place(zo_store *s, zo_tensor *t, zo_tier x, uint64_t off, uint64_t need)
+{
+    zo__copy *c = &t->c[x];
+    zo__tier *tr = &s->tier[x];
+    c->off = off;
+    c->len = need;
+    c->ptr = tr->base + off;
+    tr->used += need;
+    if (tr->used > tr->peak)
+        tr->peak = tr->used;
+    if (x == t->home)
+        tr->home_bytes += need;
+    else
+        lru_append(tr, t, x);
+}
+
+/* A stretch of a tier's arena a prefetch could use: free space (v NULL)
+ * or a copy it may evict. */
+typedef struct span_item {
+    uint64_t off, len;
+    uint64_t cost;       /* of evicting it (0: free space, a stale copy) */
+    zo_tensor *v;
+    int dirty;
+} span_item;
+
+static int span_cmp(const void *a, const void *b)
+{
+    const span_item *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Choose where t's copy goes in tier x before anything is evicted (issue
+ * 9: a prefetch that evicted victims and then found it still did not fit
+ * gave up, and the next pump reloaded what it had evicted into the space
+ * just freed, over and over). The arena is seen as its free extents plus
+ * the copies this load may evict (victim_ok: for a prefetch only those
+ * needed later than its target); the cheapest contiguous window of them
+ * that holds the copy is chosen: fewest dirty victims, then the least
+ * cost (the bytes of victims needed soon: the trace needs them within the
+ * lookahead, or, without a trace, a hint loaded them and they are not used
+ * yet; other victims cost nothing, so the place decides among them), then
+ * place: prefetched copies go to the top of the arena,
+ * demand loads to the bottom, so a copy loaded ahead does not split the
+ * free space the copies in use now leave behind.
+ * 0: placed (the window's victims evicted). ZO_EBUDGET: no window (nothing
+ * evicted); *inflight counts copies a transfer in flight will settle.
+ * -EAGAIN: the window holds dirty victims: their write-backs started (each
+ * freed once home), try again then (a prefetch gets ZO_EBUDGET). */
+static int window_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist, int *inflight,
+                        zo_tensor **failed)
+{
+    zo__tier *tr = &s->tier[x];
+    uint64_t need = zo__ext_round(&tr->ext, t->bytes);
+    size_t cap = tr->ext.nfree + tr->ncopies, n = 0;
+    span_item *it = malloc((cap ? cap : 1) * sizeof(*it));
+    if (!it)
+        return -ENOMEM;
+    for (size_t i = 0; i < tr->ext.nfree; i++)
+        it[n++] = (span_item){tr->ext.free[i].off, tr->ext.free[i].len, 0, NULL, 0};
+    int ht = have_trace(s);
+    zo_list *pos;
+    zo_tensor *v;
+    lru_for_each(pos, v, tr) {
+        uint64_t score = 0;
+        if (n == cap)
+            break;
+        int ok = victim_ok(s, x, v, t, prefetch, dist, ht, &score, failed);
+        if (ok < 0)
+            (*inflight)++;
+        if (ok <= 0)
+            continue;
+        /* needed soon: within the lookahead of the trace; without one, a
+         * copy a hint loaded and nobody used yet (evicting it wastes it) */
+        int stale = score == UINT64_MAX,
+            near = !stale && (ht ? score - 1 <= s->cfg.lookahead : v->c[x].prefetched);
+        it[n++] = (span_item){v->c[x].off, v->c[x].len, near ? v->c[x].len : 0, v, !stale && sole_current(v, x)};
+    }
+    qsort(it, n, sizeof(*it), span_cmp);
+    /* two pointers over each run of adjacent items */
+    size_t best_a = SIZE_MAX, best_b = 0;
+    uint64_t best_dirty = 0, best_cost = 0, best_at = 0;
+    size_t a = 0;
+    uint64_t sum = 0, cost = 0, dirty = 0;
+    for (size_t b = 0; b < n; b++) {
+        if (b > a && it[b - 1].off + it[b - 1].len != it[b].off) {
+            a = b; /* a gap (a copy that stays): a new run */
+            sum = cost = dirty = 0;
+        }
+        sum += it[b].len;
+        cost += it[b].cost;
+        dirty += it[b].dirty;
+        /* shrink from the left while the window still holds the copy */
+        while (a < b && sum - it[a].len >= need) {
+            sum -= it[a].len;
+            cost -= it[a].cost;
+            dirty -= it[a].dirty;
+            a++;
+        }
+        if (sum < need)
+            continue;
+        /* where the copy would start: the window's top end for a prefetch,
+         * its bottom for a demand load */
+        uint64_t at = prefetch ? it[b].off + it[b].len - need : it[a].off;
+        int better = best_a == SIZE_MAX || dirty < best_dirty || (dirty == best_dirty && cost < best_cost) ||
+                     (dirty == best_dirty && cost == best_cost && (prefetch ? at > best_at : at < best_at));
+        if (better) {
+            best_a = a;
+            best_b = b;
+            best_dirty = dirty;
+            best_cost = cost;
+            best_at = at;
+        }
+    }
+    int r = ZO_EBUDGET;
+    if (best_a == SIZE_MAX)
+        goto out; /* does not fit: evict nothing */
+    if (best_dirty) {
+        for (size_t i = best_a; i <= best_b; i++)
+            if (it[i].dirty && (r = zo__store_start_writeback(s, it[i].v, x, 1)) < 0)
+                goto out;
+        r = prefetch ? ZO_EBUDGET : -EAGAIN;
+        goto out;
+    }
+    for (size_t i = best_a; i <= best_b; i++)
+        if (it[i].v)
+            evict(s, it[i].v, x);
+    if ((r = zo__ext_claim(&tr->ext, best_at, need)) == 0)
+        copy_place(s, t, x, best_at, need);
+    else if (r != -ENOMEM)
+        r = ZO_FAIL(&s->err, ZO_EINTERNAL, "%s tier: planned window [%llu, +%llu) for '%s' is not free", zo_tier_name(x),
+                    (unsigned long long)best_at, (unsigned long long)need, t->name);
+out:
+    free(it);
+    return r;
+}
+
+/* A prefetch's space: never evicts unless it then fits (window_space). */
+static int prefetch_space(zo_store *s, zo_tensor *t, zo_tier x, uint64_t dist)
+{
+    zo__tier *tr = &s->tier[x];
+    /* Demand first: an acquire waiting for space in the tier gets what
+     * frees up. A prefetch taking it made the acquire evict more, the pump
+     * reload that, and so on (the same thrash, on the demand side). */
+    if (!zo_list_empty(&tr->parked))
+        return ZO_EBUDGET;
+    /* Nearest first: no room is taken while an entry the trace needs
+     * sooner in this tier has no copy yet (the trace pump stops at such an
+     * entry; an explicit hint obeys the same rule). Loading the later
+     * members of a group around the first one's future place split the
+     * free space, and the first one's acquire failed for fragmentation. */
+    if (have_trace(s) && dist != ZO__DIST_INF) {
+        size_t n = s->ntrace, lim = ZO_MIN((size_t)dist, (size_t)64);
+        for (size_t k = 0; k < lim; k++) {
+            const zo__trace_ent *e = &s->trace[(s->pos + k) % n];
+            if (e->tier != x || e->t == t || e->t->dying || e->t->stream_write)
+                continue;
+            if (!zo__copy_current_or_loading(e->t, x))
+                return ZO_EBUDGET;
+        }
+    }
+    int inflight = 0;
+    return window_space(s, t, x, 1, dist, &inflight, NULL);
 }
 
 /* Give t a copy's worth of space in tier x (device/host). 0: c->off/len/ptr
@@ -263,45 +462,24 @@ int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t
      * beside it would race it into the same buffer, and whichever finished
      * first would mark the copy resident while the other still wrote. */
     if (c->len)
-        return c->readers || c->incoming || c->state == C_LOADING ? -EAGAIN : 0;
+        return c->readers || zo__copy_in_flight(c) ? -EAGAIN : 0;
+    if (prefetch)
+        return prefetch_space(s, t, x, dist);
+    /* First come, first served: while an acquire waits for space in the
+     * tier, later ones queue behind it. Jumping the queue, the next members
+     * of a group took the holes the first one was waiting to merge, and it
+     * failed for fragmentation. The head always resolves (it waits only for
+     * transfers in flight), so the queue moves. */
+    if (!zo_list_empty(&tr->parked))
+        return -EAGAIN;
     uint64_t need = zo__ext_round(&tr->ext, t->bytes);
-    int started_wb = 0;
     zo_tensor *failed = NULL;
-    for (;;) {
-        uint64_t off;
-        if (zo__ext_alloc(&tr->ext, t->bytes, 256, &off) == 0) {
-            c->off = off;
-            c->len = need;
-            c->ptr = tr->base + off;
-            tr->used += need;
-            if (tr->used > tr->peak)
-                tr->peak = tr->used;
-            if (x == t->home)
-                tr->home_bytes += need;
-            else
-                lru_append(tr, t, x);
-            return 0;
-        }
-        int inflight = 0;
-        zo_tensor *v = pick_victim(s, x, t, prefetch, dist, &inflight, &failed);
-        if (!v) {
-            if (prefetch)
-                return ZO_EBUDGET;
-            if (inflight || started_wb)
-                return -EAGAIN;
-            break;
-        }
-        if (sole_current(v, x)) {
-            /* dirty: write it home first, free it when that completes */
-            int r = zo__store_start_writeback(s, v, x, 1);
-            if (r < 0)
-                return r;
-            started_wb = 1;
-            continue;
-        }
-        s->st.evictions++;
-        zo__store_copy_free(s, v, x);
-    }
+    int inflight = 0;
+    int r = window_space(s, t, x, 0, 0, &inflight, &failed);
+    if (r != ZO_EBUDGET)
+        return r;
+    if (inflight)
+        return -EAGAIN;
     uint64_t pinned = pinned_bytes(s, x);
     if (pinned + need > tr->budget)
         return ZO_FAIL(&s->err, ZO_EBUDGET,
@@ -362,11 +540,11 @@ int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uin
         return -ENOMEM;
     if (c->prefetched) {
         /* a stale copy loaded by a hint and never used: its space is
-         * reused now, so it stops counting against the prefetch cap */
+         * reused now, so it stops counting against the prefetch cap (not
+         * wasted by the store: its data was replaced) */
         s->tier[x].prefetched_bytes -= c->len;
-        s->st.prefetch_wasted++;
     }
-    c->state = C_LOADING;
+    zo__copy_to(s, t, x, ZO__CS_LOADING);
     c->ver = t->cur_ver;
     c->prefetched = prefetch;
     if (prefetch) {
@@ -394,16 +572,17 @@ int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop)
         c->wb_wanted = 0;
         return 0;
     }
-    if (c->write_held || t->stream_write || t->c[t->home].incoming || t->c[t->home].readers) {
+    zo__copy *home = &t->c[t->home];
+    if (c->write_held || t->stream_write || zo__copy_in_flight(home) || home->readers) {
         /* still being modified, another write-back is landing in the home
-         * copy, or a load of an older version still reads it (writing
-         * under it would tear what it reads, and fail it with a checksum
-         * error): start when that ends */
+         * copy (or a load fills it), or a load of an older version still
+         * reads it (writing under it would tear what it reads, and fail it
+         * with a checksum error): start when that ends */
         c->wb_wanted = 1;
         c->drop_after |= drop;
         return 0;
     }
-    if (c->wb_pending) {
+    if (c->state == ZO__CS_WRITEBACK) {
         c->drop_after |= drop;
         return 0;
     }
@@ -413,10 +592,10 @@ int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop)
     if (!j)
         return -ENOMEM;
     c->readers++;
-    c->wb_pending = 1;
+    zo__copy_to(s, t, x, ZO__CS_WRITEBACK);
     c->wb_wanted = 0;
     c->drop_after |= drop;
-    t->c[t->home].incoming++;
+    zo__copy_to(s, t, t->home, ZO__CS_RECEIVING);
     t->wb_count++;
     j->src = x;
     j->dst = t->home;
@@ -427,14 +606,23 @@ int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop)
 }
 
 /* ---- requests ------------------------------------------------------------------------ */
+static void req_wait_on(zo__copy *c, zo_store_req *r)
+{
+    zo_list_add_tail(&c->wq, &r->link);
+    c->waiters++;
+}
+
 static void req_unlink(zo__copy *c, zo_store_req *r)
 {
-    for (zo_store_req **pp = &c->waiters; *pp; pp = &(*pp)->next)
-        if (*pp == r) {
-            *pp = r->next;
-            break;
-        }
-    r->next = NULL;
+    if (!zo_list_linked(&r->link))
+        return;
+    zo_list_del(&r->link);
+    if (r->parked) {
+        r->parked = 0;
+        c->parked--;
+    } else {
+        c->waiters--;
+    }
 }
 
 static void req_complete(zo_store *s, zo_store_req *r, int err, const char *detail)
@@ -469,40 +657,49 @@ static void make_writer(zo_store *s, zo_tensor *t, zo_tier x)
             zo__store_maybe_free(s, t, (zo_tier)y);
 }
 
+/* O(1): to the tail of the tier's space queue. */
 static void park(zo_store *s, zo_store_req *r)
 {
-    req_unlink(&r->t->c[r->tier], r);
+    zo__copy *c = &r->t->c[r->tier];
+    req_unlink(c, r);
     r->parked = 1;
-    zo_store_req **pp = &s->tier[r->tier].parked;
-    while (*pp)
-        pp = &(*pp)->next;
-    *pp = r;
+    c->parked++;
+    zo_list_add_tail(&s->tier[r->tier].parked, &r->link);
 }
 
 /* Move the waiters of t's copy in tier x forward: complete those whose copy
  * is ready, start the load the others need, park them if space must be
- * freed first. */
+ * freed first. Only the waiter at hand leaves the list meanwhile. */
 void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x)
 {
     zo__copy *c = &t->c[x];
-    zo_store_req *r = c->waiters;
-    while (r) {
-        zo_store_req *next = r->next;
-        if (c->state == C_RESIDENT && c->ver == t->cur_ver) {
+    /* Each waiter once: what runs for one (a load whose job fails at once
+     * settles this copy again) may take others off the list, so the walk
+     * starts over from the head after each, skipping those seen. */
+    uint64_t gen = ++s->settle_gen;
+    for (zo_list *pos = c->wq.next; pos != &c->wq;) {
+        zo_store_req *r = zo_list_entry(pos, zo_store_req, link);
+        if (r->visit == gen) {
+            pos = pos->next;
+            continue;
+        }
+        r->visit = gen;
+    again:
+        if (zo__store_current(t, x)) {
             if (!(r->flags & ZO_ACQ_WRITE)) {
                 req_complete(s, r, 0, NULL);
-            } else if (!c->readers && !c->incoming) {
+            } else if (!c->readers && c->state == ZO__CS_RESIDENT) {
                 make_writer(s, t, x);
                 req_complete(s, r, 0, NULL);
             }
-        } else if (c->state != C_LOADING) {
+        } else if (!zo__copy_in_flight(c)) {
             int e;
             if (r->flags & ZO_ACQ_DISCARD) {
                 e = zo__store_space(s, t, x, 0, 0);
                 if (e == 0) {
-                    c->state = C_RESIDENT;
+                    zo__copy_to(s, t, x, ZO__CS_RESIDENT);
                     c->ver = t->cur_ver;
-                    continue; /* completes on the next pass of this waiter */
+                    goto again; /* completes now */
                 }
             } else {
                 e = zo__store_start_load(s, t, x, 0, 0);
@@ -516,22 +713,28 @@ void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x)
             else if (e < 0)
                 req_complete(s, r, e, zo_store_errmsg(s));
         }
-        r = next;
+        pos = c->wq.next;
     }
 }
 
 void zo__store_retry_parked(zo_store *s)
 {
     for (int x = 0; x < ZO__NTIERS; x++) {
-        zo_store_req *list = s->tier[x].parked;
-        s->tier[x].parked = NULL;
-        while (list) {
-            zo_store_req *r = list;
-            list = r->next;
-            r->parked = 0;
+        zo__tier *tr = &s->tier[x];
+        if (zo_list_empty(&tr->parked))
+            continue;
+        /* detached, so the first to retry finds the queue empty and the
+         * others park behind it again in their order */
+        zo_list list;
+        zo_list_init(&list);
+        for (zo_list *n; (n = zo_list_pop_head(&tr->parked));)
+            zo_list_add_tail(&list, n);
+        for (zo_list *n; (n = zo_list_pop_head(&list));) {
+            zo_store_req *r = zo_list_entry(n, zo_store_req, link);
             zo__copy *c = &r->t->c[r->tier];
-            r->next = c->waiters;
-            c->waiters = r;
+            r->parked = 0;
+            c->parked--;
+            req_wait_on(c, r);
             zo__store_settle(s, r->t, r->tier);
         }
     }
@@ -558,11 +761,11 @@ void zo__store_job_done(zo_store *s, zo__job *j)
                  * not theirs; the waiters load the current data */
                 zo__store_settle(s, t, j->dst);
             } else {
-                while (dst->waiters)
-                    req_complete(s, dst->waiters, j->err, zo_store_errmsg(s));
+                for (zo_list *n; (n = zo_list_first(&dst->wq));)
+                    req_complete(s, zo_list_entry(n, zo_store_req, link), j->err, zo_store_errmsg(s));
             }
         } else {
-            dst->state = C_RESIDENT;
+            zo__copy_to(s, t, j->dst, ZO__CS_RESIDENT);
             s->st.moved[j->src][j->dst] += t->bytes;
             if (j->prefetch)
                 s->st.prefetch_bytes += t->bytes;
@@ -572,8 +775,8 @@ void zo__store_job_done(zo_store *s, zo__job *j)
             zo__store_maybe_free(s, t, j->dst); /* loaded a version already replaced */
         }
     } else {
-        src->wb_pending = 0;
-        dst->incoming--;
+        zo__copy_to(s, t, j->src, ZO__CS_RESIDENT);
+        zo__copy_to(s, t, j->dst, ZO__CS_RESIDENT);
         t->wb_count--;
         if (j->err) {
             src->drop_after = 0; /* the only current copy: keep it */
@@ -603,7 +806,7 @@ void zo__store_job_done(zo_store *s, zo__job *j)
     /* write-backs that waited for this one, or for a load reading the home
      * copy */
     zo__copy *home = &t->c[t->home];
-    if (!home->incoming && !home->readers)
+    if (!zo__copy_in_flight(home) && !home->readers)
         for (int y = 0; y < ZO__NTIERS; y++)
             if (t->c[y].wb_wanted && !t->c[y].write_held)
                 zo__store_start_writeback(s, t, (zo_tier)y, t->c[y].drop_after);
@@ -638,13 +841,11 @@ ZO_API void zo_store_destroy(zo_store **sp)
         tensor_free(t);
     }
     zo__trace_free(s);
+    free(s->htab);
     for (int x = 0; x < ZO__NTIERS; x++) {
-        zo_store_req *r = s->tier[x].parked;
-        while (r) { /* never waited for: the caller broke the contract; do not leak */
-            zo_store_req *n = r->next;
-            free(r);
-            r = n;
-        }
+        /* never waited for: the caller broke the contract; do not leak */
+        for (zo_list *n; (n = zo_list_pop_head(&s->tier[x].parked));)
+            free(zo_list_entry(n, zo_store_req, link));
         zo__ext_fini(&s->tier[x].ext);
     }
     if (s->h2d) {
@@ -654,6 +855,8 @@ ZO_API void zo_store_destroy(zo_store **sp)
     }
     zo_stream_destroy(&s->h2d);
     zo_stream_destroy(&s->d2h);
+    zo_stream_destroy(&s->zero);
+    pthread_mutex_destroy(&s->zero_lock);
     if (s->tier[ZO_TIER_DEVICE].base)
         zo_dev_free(s->dev, s->tier[ZO_TIER_DEVICE].base);
     if (s->tier[ZO_TIER_HOST].base) {
@@ -756,14 +959,18 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
     s->recording = 1;
     pthread_mutex_init(&s->lock, NULL);
     pthread_cond_init(&s->cond, NULL);
+    pthread_mutex_init(&s->zero_lock, NULL);
     int r = 0;
     if (s->cfg.numa_node == -1 && s->dev) {
         zo_dev_info di;
         if (zo_dev_get_info(s->dev, &di) == 0 && di.numa_node >= 0)
             s->cfg.numa_node = di.numa_node;
     }
-    for (int x = 0; x < ZO__NTIERS; x++)
+    for (int x = 0; x < ZO__NTIERS; x++) {
         zo__ext_init(&s->tier[x].ext, 0, 4096);
+        zo_list_init(&s->tier[x].lru);
+        zo_list_init(&s->tier[x].parked);
+    }
     if (cfg.device_bytes) {
         void *p;
         if ((r = zo_dev_malloc(s->dev, &p, (size_t)cfg.device_bytes)) < 0) {
@@ -772,7 +979,8 @@ ZO_API int zo_store_create(zo_store **out, const zo_store_config *ucfg)
             goto fail;
         }
         s->tier[ZO_TIER_DEVICE].base = p;
-        if ((r = zo_stream_create(s->dev, &s->h2d)) < 0 || (r = zo_stream_create(s->dev, &s->d2h)) < 0)
+        if ((r = zo_stream_create(s->dev, &s->h2d)) < 0 || (r = zo_stream_create(s->dev, &s->d2h)) < 0 ||
+            (r = zo_stream_create(s->dev, &s->zero)) < 0)
             goto fail;
         zo__ext_fini(&s->tier[ZO_TIER_DEVICE].ext);
         if ((r = zo__ext_init(&s->tier[ZO_TIER_DEVICE].ext, cfg.device_bytes, 256)) < 0)
@@ -823,35 +1031,72 @@ fail:
 }
 
 /* ---- registry ------------------------------------------------------------------------- */
-static zo_tensor *find_locked(zo_store *s, const char *name)
+/* Names: a hash table (FNV-1a, chained, doubled at load 1/2) holds every
+ * claimed name, registered or being registered, so registering n tensors
+ * is O(n), not O(n^2). Registration drops the lock to allocate and zero
+ * the home copy; the name is claimed first, so a second registration of it
+ * fails instead of both succeeding. */
+static uint64_t name_hash(const char *name)
 {
-    for (zo_tensor *t = s->tensors; t; t = t->next)
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *p = (const unsigned char *)name; *p; p++)
+        h = (h ^ *p) * 0x100000001b3ull;
+    return h;
+}
+
+static zo_tensor *name_lookup(zo_store *s, const char *name)
+{
+    if (!s->hcap)
+        return NULL;
+    for (zo_tensor *t = s->htab[name_hash(name) & (s->hcap - 1)]; t; t = t->hnext)
         if (strcmp(t->name, name) == 0)
             return t;
     return NULL;
 }
 
-/* Registration drops the lock to allocate and zero the home copy; the name
- * is claimed on this list first, so a second registration of it fails
- * instead of both succeeding. */
-static int name_claimed(zo_store *s, const char *name)
+static zo_tensor *find_locked(zo_store *s, const char *name)
 {
-    if (find_locked(s, name))
-        return 1;
-    for (zo_tensor *t = s->registering; t; t = t->rnext)
-        if (strcmp(t->name, name) == 0)
-            return 1;
+    zo_tensor *t = name_lookup(s, name);
+    return t && t->listed ? t : NULL;
+}
+
+static int claim(zo_store *s, zo_tensor *t)
+{
+    if ((s->hcount + 1) * 2 > s->hcap) {
+        size_t cap = s->hcap ? s->hcap * 2 : 64;
+        zo_tensor **tab = calloc(cap, sizeof(*tab));
+        if (!tab)
+            return -ENOMEM;
+        for (size_t i = 0; i < s->hcap; i++)
+            for (zo_tensor *u = s->htab[i], *n; u; u = n) {
+                n = u->hnext;
+                size_t b = name_hash(u->name) & (cap - 1);
+                u->hnext = tab[b];
+                tab[b] = u;
+            }
+        free(s->htab);
+        s->htab = tab;
+        s->hcap = cap;
+    }
+    size_t b = name_hash(t->name) & (s->hcap - 1);
+    t->hnext = s->htab[b];
+    s->htab[b] = t;
+    s->hcount++;
     return 0;
 }
 
+/* The name is free again (a failed registration, an unregistered tensor). */
 static void unclaim(zo_store *s, zo_tensor *t)
 {
-    for (zo_tensor **pp = &s->registering; *pp; pp = &(*pp)->rnext)
+    if (!s->hcap)
+        return;
+    for (zo_tensor **pp = &s->htab[name_hash(t->name) & (s->hcap - 1)]; *pp; pp = &(*pp)->hnext)
         if (*pp == t) {
-            *pp = t->rnext;
+            *pp = t->hnext;
+            s->hcount--;
             break;
         }
-    t->rnext = NULL;
+    t->hnext = NULL;
 }
 
 ZO_API int zo_store_find(zo_store *s, const char *name, zo_tensor **out)
@@ -902,15 +1147,23 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
     t->bytes = bytes;
     t->home = d.home;
     t->cur_ver = 1;
+    for (int x = 0; x < ZO__NTIERS; x++) {
+        zo_list_init(&t->c[x].lnode);
+        zo_list_init(&t->c[x].wq);
+        t->c[x].owner = t;
+    }
     int r = 0;
     pthread_mutex_lock(&s->lock);
-    if (name_claimed(s, d.name)) {
+    if (name_lookup(s, d.name)) {
         pthread_mutex_unlock(&s->lock);
         tensor_free(t);
         return ZO_FAIL(&s->err, -EEXIST, "zo_store_register: '%s' is registered already", d.name);
     }
-    t->rnext = s->registering;
-    s->registering = t;
+    if (claim(s, t) < 0) {
+        pthread_mutex_unlock(&s->lock);
+        tensor_free(t);
+        return -ENOMEM;
+    }
     if (d.home == ZO_TIER_NVME) {
         zo__tier *tr = &s->tier[ZO_TIER_NVME];
         t->nvme_len = ZO_ALIGN_UP(bytes, (uint64_t)4096);
@@ -938,7 +1191,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
             tensor_free(t);
             return r;
         }
-        t->c[ZO_TIER_NVME].state = C_RESIDENT;
+        zo__copy_to(s, t, ZO_TIER_NVME, ZO__CS_RESIDENT);
         t->c[ZO_TIER_NVME].ver = 1;
     } else {
         s->tier[d.home].space_round++;
@@ -950,7 +1203,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
             tensor_free(t);
             return r;
         }
-        t->c[d.home].state = C_RESIDENT;
+        zo__copy_to(s, t, d.home, ZO__CS_RESIDENT);
         t->c[d.home].ver = 1;
     }
     pthread_mutex_unlock(&s->lock);
@@ -958,9 +1211,11 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
     if (d.home == ZO_TIER_HOST) {
         memset(t->c[ZO_TIER_HOST].ptr, 0, bytes);
     } else if (d.home == ZO_TIER_DEVICE) {
-        r = zo_memset_async(s->h2d, t->c[ZO_TIER_DEVICE].ptr, 0, bytes);
+        pthread_mutex_lock(&s->zero_lock);
+        r = zo_memset_async(s->zero, t->c[ZO_TIER_DEVICE].ptr, 0, bytes);
         if (r == 0)
-            r = zo_stream_sync(s->h2d);
+            r = zo_stream_sync(s->zero);
+        pthread_mutex_unlock(&s->zero_lock);
         if (r < 0) {
             pthread_mutex_lock(&s->lock);
             zo__store_copy_free(s, t, d.home);
@@ -971,7 +1226,7 @@ ZO_API int zo_store_register(zo_store *s, const zo_tensor_desc *ud, zo_tensor **
         }
     }
     pthread_mutex_lock(&s->lock);
-    unclaim(s, t);
+    t->listed = 1;
     t->next = s->tensors;
     if (s->tensors)
         s->tensors->prev = t;
@@ -986,11 +1241,9 @@ int zo__tensor_busy(const zo_tensor *t)
 {
     if (t->streams || t->wb_count)
         return 1;
-    for (int x = 0; x < ZO__NTIERS; x++) {
-        const zo__copy *c = &t->c[x];
-        if (c->refs || c->readers || c->incoming || c->waiters || c->state == C_LOADING)
+    for (int x = 0; x < ZO__NTIERS; x++)
+        if (zo__copy_busy(&t->c[x]))
             return 1;
-    }
     return 0;
 }
 
@@ -1031,6 +1284,7 @@ ZO_API int zo_store_unregister(zo_store *s, zo_tensor **tp)
         zo_swap_free(s->swap, t->sid);
     }
     zo__trace_forget_tensor(s, t);
+    unclaim(s, t);
     if (t->prev)
         t->prev->next = t->next;
     else
@@ -1059,7 +1313,7 @@ ZO_API int zo_store_tensor_info(zo_store *s, const zo_tensor *t, zo_tensor_info 
     info->home = t->home;
     for (int x = 0; x < ZO__NTIERS; x++) {
         const zo__copy *c = &t->c[x];
-        if (c->state == C_LOADING || c->wb_pending)
+        if (c->state == ZO__CS_LOADING || c->state == ZO__CS_WRITEBACK)
             info->state[x] = ZO_COPY_INFLIGHT;
         else if (zo__store_current(t, (zo_tier)x))
             info->state[x] = ZO_COPY_RESIDENT;
@@ -1143,11 +1397,9 @@ ZO_API int zo_store_acquire(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
         c->write_held = 1;
     c->drop_after = 0;
     c->lru = ++s->tick;
-    if (x != t->home && c->len) {
-        lru_unlink(&s->tier[x], t, x);
-        lru_append(&s->tier[x], t, x);
-    }
-    int hit = (c->state == C_RESIDENT || c->state == C_LOADING) && c->ver == t->cur_ver;
+    if (x != t->home && c->len)
+        zo_list_move_tail(&s->tier[x].lru, &c->lnode);
+    int hit = zo__copy_current_or_loading(t, x);
     if (hit) {
         s->st.hits++;
         if (c->prefetched) {
@@ -1159,8 +1411,8 @@ ZO_API int zo_store_acquire(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
         s->st.misses++;
         req->demand = 1;
     }
-    req->next = c->waiters;
-    c->waiters = req;
+    zo_list_init(&req->link);
+    req_wait_on(c, req);
     zo__store_settle(s, t, x);
     zo__trace_pump(s);
     pthread_mutex_unlock(&s->lock);
@@ -1222,12 +1474,7 @@ ZO_API int zo_store_release(zo_store *s, zo_tensor *t, zo_tier x, unsigned flags
     pthread_mutex_lock(&s->lock);
     zo__copy *c = &t->c[x];
     /* references of acquires still waiting are not the caller's to drop */
-    unsigned waiting = 0;
-    for (zo_store_req *q = c->waiters; q; q = q->next)
-        waiting++;
-    for (zo_store_req *q = s->tier[x].parked; q; q = q->next)
-        waiting += q->t == t && q->tier == x;
-    if (c->refs <= waiting) {
+    if (c->refs <= c->waiters + c->parked) {
         pthread_mutex_unlock(&s->lock);
         return ZO_FAIL(&s->err, ZO_ESTATE, "zo_store_release: '%s' holds no completed reference in the %s tier",
                        t->name, zo_tier_name(x));
@@ -1260,9 +1507,7 @@ ZO_API int zo_store_prefetch(zo_store *s, zo_tensor *t, zo_tier x)
     if (r < 0)
         return r;
     pthread_mutex_lock(&s->lock);
-    zo__copy *c = &t->c[x];
-    if (!t->stream_write && !t->dying &&
-        !((c->state == C_RESIDENT || c->state == C_LOADING) && c->ver == t->cur_ver)) {
+    if (!t->stream_write && !t->dying && !zo__copy_current_or_loading(t, x)) {
         uint64_t dist = zo__trace_dist(s, t);
         if (zo__store_start_load(s, t, x, 1, dist == ZO__DIST_INF ? 0 : dist) < 0)
             s->st.prefetch_dropped++;
@@ -1301,7 +1546,7 @@ ZO_API int zo_store_flush(zo_store *s, zo_tensor *only)
                 if (x == (int)t->home || !zo__store_current(t, (zo_tier)x) || c->write_held)
                     continue;
                 pending = 1;
-                if (!c->wb_pending && !c->wb_wanted) {
+                if (c->state != ZO__CS_WRITEBACK && !c->wb_wanted) {
                     int r = zo__store_start_writeback(s, t, (zo_tier)x, 0);
                     if (r < 0 && !err) {
                         err = r;

@@ -22,6 +22,8 @@
 
 #include "core/internal.h"
 #include "core/extent.h"
+#include "core/list.h"
+#include "dev/dev_internal.h"
 
 #include <zoffload/dev.h>
 #include <zoffload/store.h>
@@ -38,17 +40,44 @@
 typedef struct zo__job zo__job;
 typedef struct zo__piece zo__piece;
 
-enum { C_ABSENT = 0, C_LOADING = 1, C_RESIDENT = 2 };
+/* The copy state machine (docs/store.md, "Copy states"). A copy's state
+ * changes in one place, zo__copy_to(), which checks the transition against
+ * this table and counts an illegal one (zo_store.bad_transitions, which the
+ * tests require to stay 0):
+ *
+ *   from \ to   ABSENT  LOADING  RESIDENT  WRITEBACK  RECEIVING
+ *   ABSENT        -       load     discard      .          .
+ *   LOADING     failed     .       landed       .          .
+ *   RESIDENT    freed  reload(1)  rewrite(2)  wb start  wb lands (home)
+ *   WRITEBACK     .        .      wb done       .          .
+ *   RECEIVING     .        .      wb done       .          .
+ *
+ * (1) a stale copy's space is reused for a load of the current version;
+ * (2) a discard acquire or a write takes the copy in place (new version).
+ * ABSENT: no data (it may hold space for a moment, between zo__store_space
+ * and the next transition). LOADING: a load fills it with version `ver`;
+ * nothing reads it. RESIDENT: holds version `ver`, readable. WRITEBACK: a
+ * non-home copy being written home: readable, not freed, not rewritten.
+ * RECEIVING: the home copy a write-back lands in: not readable until it
+ * lands. Counters beside the state: refs (acquires), readers (transfers and
+ * streams reading it, a write-back included), waiters / parked (acquires
+ * not complete yet); flags: write_held, wb_wanted, drop_after, prefetched. */
+typedef enum zo__copy_state {
+    ZO__CS_ABSENT = 0,
+    ZO__CS_LOADING,
+    ZO__CS_RESIDENT,
+    ZO__CS_WRITEBACK,
+    ZO__CS_RECEIVING,
+    ZO__CS_COUNT
+} zo__copy_state;
 
 typedef struct zo__copy {
-    int state;
+    zo__copy_state state; /* change only through zo__copy_to() */
     uint64_t off, len;   /* extent in the tier arena (device/host tiers) */
     uint8_t *ptr;        /* arena base + off */
-    uint64_t ver;        /* version held (RESIDENT) or being loaded (LOADING) */
+    uint64_t ver;        /* version held (RESIDENT, WRITEBACK), being loaded (LOADING) or replaced (RECEIVING) */
     unsigned refs;       /* references taken by acquires */
     unsigned readers;    /* transfers reading this copy */
-    unsigned incoming;   /* write-backs landing in this (home) copy */
-    int wb_pending;      /* a write-back from this copy is in flight */
     int write_held;      /* acquired with WRITE; until the last reference goes */
     int wb_wanted;       /* write back once the write hold ends */
     int drop_after;      /* free once unreferenced and no longer read */
@@ -56,8 +85,11 @@ typedef struct zo__copy {
     int wb_fail;         /* the last write-back from this copy failed with this error (0: none) */
     uint64_t wb_fail_round; /* tier's space round of that failure: eviction skips it in that round */
     uint64_t lru;        /* tick of the last acquire */
-    struct zo_store_req *waiters; /* acquires waiting on this copy */
-    struct zo_tensor *lprev, *lnext; /* the tier's list of non-home copies */
+    unsigned waiters;    /* acquires waiting on this copy (on wq), not parked */
+    unsigned parked;     /* acquires of this copy parked in the tier's space queue */
+    zo_list wq;          /* those waiting on it (zo_store_req.link), in arrival order */
+    zo_list lnode;       /* on the tier's list of non-home copies (zo__tier.lru) */
+    struct zo_tensor *owner;
 } zo__copy;
 
 struct zo_tensor {
@@ -81,7 +113,8 @@ struct zo_tensor {
     uint32_t *tpos;      /* positions in the trace, ascending */
     size_t ntpos, captpos;
     struct zo_tensor *prev, *next; /* all tensors */
-    struct zo_tensor *rnext; /* zo_store.registering */
+    struct zo_tensor *hnext; /* zo_store.htab chain */
+    int listed;          /* registered (on zo_store.tensors), not just claimed */
 };
 
 /* An acquire (the public zo_store_req). */
@@ -93,7 +126,8 @@ struct zo_store_req {
     void *ptr;
     int parked;          /* waiting for space in the tier */
     int demand;          /* counted as a miss that loads */
-    struct zo_store_req *next;
+    zo_list link;        /* on its copy's wq, or parked on the tier's space queue */
+    uint64_t visit;      /* zo__store_settle's pass that saw it last */
     char detail[ZO_ERRMSG_LEN];
 };
 
@@ -128,7 +162,7 @@ struct zo__job {
     struct zo_store_sweep *sweep;   /* JOB_SWEEP (spiece: the frame) */
     unsigned spiece;     /* JOB_STREAM: index in the stream ring */
     int queued;          /* in a slot wait queue */
-    zo__job *qnext;
+    zo_list qlink;       /* on zo_store.slotq[] */
 };
 
 struct zo__piece {
@@ -138,7 +172,11 @@ struct zo__piece {
     int slot;            /* -1: none */
     int stage, nstages;
     int err;
-    zo__piece *evnext;
+    zo_qnode qn;         /* on the mover's event, host-copy or fence queue (one at a time) */
+    zo__fence *fence;    /* device move: done when this is */
+    uint8_t *hdst;       /* host -> host move, run by the mover outside the store lock */
+    const uint8_t *hsrc;
+    size_t hlen;
     char detail[ZO_ERRMSG_LEN];
 };
 
@@ -175,8 +213,9 @@ typedef struct zo__tier {
     uint64_t budget, used, peak;
     zo__extalloc ext;     /* device/host: offsets into base */
     uint8_t *base;
-    zo_tensor *lru_head;  /* non-home copies, most recent last */
-    zo_store_req *parked; /* acquires waiting for space (FIFO) */
+    zo_list lru;          /* non-home copies with space, most recent last (zo__copy.lnode) */
+    size_t ncopies;       /* on that list */
+    zo_list parked;       /* acquires waiting for space, first come first served (zo_store_req.link) */
     uint64_t home_bytes;  /* held by home copies */
     uint64_t prefetched_bytes; /* copies loaded/loading by prefetch, unused */
     uint64_t prefetch_inflight; /* bytes of prefetch loads in flight */
@@ -202,6 +241,11 @@ struct zo_store {
     int have[ZO__NTIERS];
     zo_dev *dev;
     zo_stream *h2d, *d2h;
+    /* Registration zeroes device-homed copies on a stream of its own: on
+     * h2d its sync waited for every transfer queued there and could take
+     * (and lose) the error of another piece's copy. One at a time. */
+    zo_stream *zero;
+    pthread_mutex_t zero_lock;
     zo_swap *swap;
     size_t chunk;         /* swap chunk size (0: no NVMe) */
 
@@ -211,15 +255,18 @@ struct zo_store {
     unsigned nslots, nfree, reserved, jobs_using;
     unsigned *free_slots;
     unsigned pool_peak, pool_in_use;
-    zo__job *slotq_hi, *slotq_lo; /* jobs waiting for a slot */
+    zo_list slotq[2];     /* jobs waiting for a slot: demand, prefetch (zo__job.qlink) */
     struct zo_store_stream *streams; /* open streams */
     struct zo_store_sweep *sweeps;   /* open group sweeps (sweep.c) */
 
     /* tensors */
     zo_tensor *tensors;
-    zo_tensor *registering; /* being registered: names claimed, not listed yet */
+    zo_tensor **htab;     /* names claimed, registered or being registered (store.c) */
+    size_t hcap, hcount;
     size_t ntensors;
     uint64_t tick;
+    uint64_t settle_gen;  /* zo__store_settle passes */
+    uint64_t bad_transitions; /* illegal copy state changes seen (tests: must stay 0) */
     int ckpt_active;
     /* tests: called by zo_store_write between its flush and its stream
      * open, without the lock (the window another writer can land in) */
@@ -240,14 +287,40 @@ struct zo_store {
     /* mover */
     pthread_t mover;
     int mover_started, stop;
-    pthread_mutex_t evlock;
+    pthread_mutex_t evlock;  /* guards the three queues and dev_ready */
     pthread_cond_t evcond;
-    zo__piece *evhead, *evtail;
+    zo_queue evq;            /* pieces whose move completed (callbacks push them) */
+    zo_queue hostq;          /* host -> host moves for the mover to run, unlocked */
+    zo_queue devq[2];        /* device moves in flight, in stream order: h2d, d2h */
+    int dev_ready;           /* a fence's notify: poll the fence queues now */
 
     zo_store_stats st;
 };
 
 /* store.c */
+/* The one place a copy changes state (table above). */
+void zo__copy_to(zo_store *s, zo_tensor *t, zo_tier x, zo__copy_state to);
+/* A transfer fills, reads or writes it (LOADING, WRITEBACK, RECEIVING). */
+static inline int zo__copy_in_flight(const zo__copy *c)
+{
+    return c->state == ZO__CS_LOADING || c->state == ZO__CS_WRITEBACK || c->state == ZO__CS_RECEIVING;
+}
+/* Holds readable data of version c->ver. */
+static inline int zo__copy_has_data(const zo__copy *c)
+{
+    return c->state == ZO__CS_RESIDENT || c->state == ZO__CS_WRITEBACK;
+}
+/* Anything keeps it: a transfer, a reference, a reader, an acquire pending. */
+static inline int zo__copy_busy(const zo__copy *c)
+{
+    return zo__copy_in_flight(c) || c->refs || c->readers || c->waiters || c->parked;
+}
+/* Current data, or a load of the current data on its way. */
+static inline int zo__copy_current_or_loading(const zo_tensor *t, zo_tier x)
+{
+    const zo__copy *c = &t->c[x];
+    return (zo__copy_has_data(c) || c->state == ZO__CS_LOADING) && c->ver == t->cur_ver;
+}
 /* Referenced, streamed, or a transfer of it in flight. */
 int zo__tensor_busy(const zo_tensor *t);
 void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x);

@@ -113,7 +113,7 @@ void zo__trace_pump(zo_store *s)
         zo__copy *c = &t->c[e->tier];
         if (!s->have[e->tier] || t->stream_write || t->dying)
             continue;
-        if ((c->state == C_RESIDENT || c->state == C_LOADING) && c->ver == t->cur_ver)
+        if (zo__copy_current_or_loading(t, e->tier))
             continue;
         if (c->waiters)
             continue; /* a demand load is being arranged */
@@ -122,7 +122,8 @@ void zo__trace_pump(zo_store *s)
             break;
         if (tr->prefetch_inflight >= ZO__PREFETCH_INFLIGHT)
             break; /* nearest first: the rest when these land */
-        zo__store_start_load(s, t, e->tier, 1, k);
+        if (zo__store_start_load(s, t, e->tier, 1, k) == ZO_EBUDGET)
+            break; /* no room for it: a farther entry would take the room its demand load needs */
     }
 }
 

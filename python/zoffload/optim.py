@@ -1,0 +1,483 @@
+"""The offload optimizer engine (optim.h, ``zo_optim``) from Python.
+
+:class:`Engine` owns a ``zo_optim``: fp32 masters and states in pinned host
+memory or on NVMe, fp32 gradient accumulators, the fused step, DPU, loss
+scaling, clipping, crash-safe save/load. From Python the framework hands
+gradients over from host memory (:meth:`Engine.grad_host`) and copies the
+new parameters from the engine's parameter buffers
+(:meth:`Engine.param_buffer`), so any framework tensor works, on any
+device; zoffload.torch builds OffloadAdamW on it.
+
+Example (numpy, host backend)::
+
+    import numpy as np
+    from zoffload.optim import Engine
+    e = Engine([{"numel": [1000, 10]}], param_dtype="f32", kind="adamw", lr=1e-3)
+    e.import_state(0, "master", np.random.rand(1000).astype(np.float32))
+    e.grad_host(0, np.ones(1000, np.float32))
+    res = e.step()
+"""
+
+import ctypes
+
+from . import _lib
+from ._lib import lib, check, c_int, c_uint, c_size_t, c_double, c_u64, c_i64, c_void_p, c_char_p, P
+from . import arrays
+from . import cpuadam as _ca
+
+PLACE_DEFAULT, PLACE_HOST, PLACE_NVME = -1, 0, 1
+PLACEMENTS = {"default": PLACE_DEFAULT, "cpu": PLACE_HOST, "host": PLACE_HOST, "nvme": PLACE_NVME}
+CLIP_TWO_PASS, CLIP_SPECULATIVE = 0, 1
+NONFINITE_ERROR, NONFINITE_SKIP = 0, 1
+STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ = 0, 1, 2
+STATES = {"master": STATE_MASTER, "exp_avg": STATE_EXP_AVG, "exp_avg_sq": STATE_EXP_AVG_SQ,
+          "sum": STATE_EXP_AVG_SQ}
+ZO_DTYPE_COUNT = 6
+_DT = {"f32": arrays.F32, "float32": arrays.F32, "f16": arrays.F16, "float16": arrays.F16,
+       "bf16": arrays.BF16, "bfloat16": arrays.BF16}
+
+
+def _dtype(x):
+    if isinstance(x, int):
+        return x
+    s = str(x).replace("torch.", "")
+    if s not in _DT:
+        raise TypeError("dtype %r: f32, f16 or bf16" % (x,))
+    return _DT[s]
+
+
+class OptimGroup(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("ntensors", c_uint), ("numel", P(c_u64)),
+                ("names", P(c_char_p)), ("dev_params", P(c_void_p)),
+                ("hparams", P(_lib.OptimHparams)), ("placement", c_int),
+                ("sub_group_size", c_u64), ("state_dtype", c_int)]
+
+
+class OptimConfig(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t),
+                ("dev", c_void_p), ("param_dtype", c_int), ("grad_dtype", c_int),
+                ("groups", P(OptimGroup)), ("ngroups", c_uint), ("hparams", _lib.OptimHparams),
+                ("placement", c_int), ("nvme_path", c_char_p), ("pin_memory", c_int),
+                ("buffer_count", c_uint), ("sub_group_size", c_u64), ("pinned_bytes", c_u64),
+                ("grad_staging_bytes", c_size_t),
+                ("aio_block_size", c_size_t), ("aio_queue_depth", c_uint), ("aio_threads", c_uint),
+                ("aio_single_submit", c_int), ("aio_overlap_events", c_int), ("swap", c_void_p),
+                ("loss_scale", c_double), ("initial_scale_power", c_int),
+                ("loss_scale_window", c_uint), ("hysteresis", c_uint),
+                ("consecutive_hysteresis", c_int), ("min_loss_scale", c_double),
+                ("max_grad_norm", c_double), ("grad_accum_steps", c_uint), ("clip_mode", c_int),
+                ("nonfinite", c_int), ("dpu", c_int), ("dpu_warmup_steps", c_uint),
+                ("nthreads", c_int), ("numa_node", c_int)]
+
+
+class OptimStepOpts(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("global_sumsq", c_double),
+                ("global_nonfinite", c_int)]
+
+
+class OptimStepResult(ctypes.Structure):
+    _fields_ = [("step", c_i64), ("boundary", c_int), ("skipped", c_int), ("clipped", c_int),
+                ("rolled_back", c_int), ("grad_norm", c_double), ("clip_coef", c_double),
+                ("loss_scale", c_double), ("nonfinite", c_u64)]
+
+
+class OptimInfo(ctypes.Structure):
+    _fields_ = [("step", c_i64), ("micro_steps", c_u64), ("skipped_steps", c_u64),
+                ("rollbacks", c_u64), ("loss_scale", c_double), ("ntensors", c_uint),
+                ("ngroups", c_uint), ("nsubgroups", c_uint), ("numel", c_u64),
+                ("pinned_bytes", c_u64), ("host_bytes", c_u64), ("dpu_active", c_int),
+                ("eager_subgroups", c_u64)]
+
+
+class OptimTimeline(ctypes.Structure):
+    _fields_ = [("step", c_i64), ("total_ns", c_u64), ("d2h_ns", c_u64), ("d2h_bytes", c_u64),
+                ("norm_ns", c_u64), ("compute_ns", c_u64), ("nvme_read_ns", c_u64),
+                ("nvme_read_bytes", c_u64), ("nvme_write_ns", c_u64),
+                ("nvme_write_bytes", c_u64), ("h2d_ns", c_u64), ("h2d_bytes", c_u64),
+                ("stall_ns", c_u64)]
+
+
+_SIZED = {
+    "zo_optim_group": (OptimGroup, "zo_optim_group_default", ()),
+    "zo_optim_config": (OptimConfig, "zo_optim_config_default", ()),
+    "zo_optim_step_opts": (OptimStepOpts, "zo_optim_step_opts_default", ()),
+}
+
+_lib.C_STRUCTS.update({k: v[0] for k, v in _SIZED.items()})
+_lib.C_STRUCTS.update({"zo_optim_step_result": OptimStepResult, "zo_optim_info": OptimInfo,
+                       "zo_optim_timeline": OptimTimeline})
+
+_declared = False
+
+
+def available():
+    """Whether the loaded library has the zo_optim engine's entry points."""
+    return lib.has("zo_optim_create")
+
+
+def _declare():
+    global _declared
+    if _declared:
+        return
+    if not available():
+        raise _lib._errors.LibraryNotFound(
+            "%s has no zo_optim engine (built before optim.h)" % lib.path)
+    d = lib.declare
+    d("zo_optim_group_default", None, [c_void_p])
+    d("zo_optim_config_default", None, [c_void_p])
+    d("zo_optim_step_opts_default", None, [c_void_p])
+    d("zo_optim_create", c_int, [P(c_void_p), P(OptimConfig)])
+    d("zo_optim_destroy", None, [P(c_void_p)])
+    d("zo_optim_errmsg", c_char_p, [c_void_p])
+    d("zo_optim_tensor_count", c_uint, [c_void_p])
+    d("zo_optim_tensor_index", c_int, [c_void_p, c_char_p, P(c_uint)])
+    d("zo_optim_tensor_get", c_int, [c_void_p, c_uint, P(c_u64), P(c_uint), P(c_char_p)])
+    d("zo_optim_init_from_device", c_int, [c_void_p])
+    d("zo_optim_state_export", c_int, [c_void_p, c_uint, c_int, c_void_p, c_int, c_u64, c_u64])
+    d("zo_optim_state_import", c_int, [c_void_p, c_uint, c_int, c_void_p, c_int, c_u64, c_u64])
+    d("zo_optim_push_params", c_int, [c_void_p])
+    d("zo_optim_grad_host", c_int, [c_void_p, c_uint, c_void_p, c_int])
+    d("zo_optim_grads_done", c_int, [c_void_p])
+    d("zo_optim_grad_norm_partial", c_int, [c_void_p, P(c_double), P(c_u64)])
+    d("zo_optim_step_async", c_int, [c_void_p, P(OptimStepOpts)])
+    d("zo_optim_wait", c_int, [c_void_p, P(OptimStepResult)])
+    d("zo_optim_step", c_int, [c_void_p, P(OptimStepOpts), P(OptimStepResult)])
+    d("zo_optim_poll", c_int, [c_void_p])
+    d("zo_optim_params_current", c_int, [c_void_p])
+    d("zo_optim_set_lr", c_int, [c_void_p, c_uint, c_double])
+    d("zo_optim_set_hparams", c_int, [c_void_p, c_uint, P(_lib.OptimHparams)])
+    d("zo_optim_param_buffer", c_int, [c_void_p, c_uint, P(c_void_p)])
+    d("zo_optim_save", c_int, [c_void_p, c_char_p, c_char_p, c_uint, c_char_p])
+    d("zo_optim_load", c_int, [c_void_p, c_char_p, c_char_p, ctypes.c_char_p, c_size_t])
+    d("zo_optim_get_info", c_int, [c_void_p, P(OptimInfo)])
+    d("zo_optim_get_timeline", c_int, [c_void_p, P(OptimTimeline)])
+    d("zo_optim_timeline_json", c_int, [c_void_p, ctypes.c_char_p, c_size_t])
+    if lib.has("zo_optim_set_step"):
+        d("zo_optim_set_step", c_int, [c_void_p, c_i64])
+    if lib.has("zo_optim_config_from_json"):
+        d("zo_optim_config_from_json", c_int, [P(OptimConfig), c_char_p])
+    _lib.SIZED_STRUCTS.update(_SIZED)
+    _declared = True
+
+
+class Device(_lib.Handle):
+    """A ``zo_dev`` (the host backend by default: "device memory" is host
+    memory, the reference every backend is tested against)."""
+
+    _destroy = "zo_dev_close"
+    _what = "device"
+    _users = 0
+    _close_pending = False
+
+    def __init__(self, kind="host", ordinal=0):
+        cfg = _lib.new_struct("zo_dev_config")
+        k = c_int()
+        check(lib.zo_dev_kind_parse(str(kind).encode(), ctypes.byref(k)), "zo_dev_kind_parse")
+        cfg.kind = k.value
+        cfg.ordinal = int(ordinal)
+        self._h = c_void_p()
+        check(lib.zo_dev_open(ctypes.byref(self._h), ctypes.byref(cfg)), "zo_dev_open")
+        self.kind = kind
+
+    @property
+    def handle(self):
+        return self._live()
+
+    def close(self):
+        """Close the device; deferred while an engine still uses it (garbage
+        collection may finalize a device before the engine over it: closing
+        it then would pull the device out from under the engine)."""
+        if self._users > 0:
+            self._close_pending = True
+            return
+        super().close()
+
+    def _release(self):
+        self._users -= 1
+        if self._users == 0 and self._close_pending:
+            self._close_pending = False
+            super().close()
+
+
+def _result(r):
+    return {f: getattr(r, f) for f, _ in OptimStepResult._fields_}
+
+
+class Engine(_lib.Handle):
+    """A ``zo_optim`` engine.
+
+    groups: list of dicts, one per parameter group:
+        numel (list of element counts, required), names (list or None),
+        kind/lr/betas/eps/weight_decay/bias_correction (hyperparameters;
+        missing ones from the engine-wide ones), placement ("cpu"/"nvme"),
+        sub_group_size, state_dtype ("f32"/"bf16").
+    Engine-wide keywords: every zo_optim_config field by name
+    (param_dtype, grad_dtype, placement, nvme_path, pin_memory,
+    buffer_count, sub_group_size, pinned_bytes, grad_staging_bytes,
+    loss_scale, initial_scale_power, loss_scale_window, hysteresis,
+    consecutive_hysteresis, min_loss_scale, max_grad_norm, grad_accum_steps,
+    clip_mode, nonfinite, dpu, dpu_warmup_steps, nthreads, numa_node), and
+    the default hyperparameters (kind, lr, betas, eps, weight_decay,
+    bias_correction). `device` is a :class:`Device` (default: a host one).
+    """
+
+    _destroy = "zo_optim_destroy"
+    _what = "zo_optim engine"
+
+    def __init__(self, groups, device=None, kind="adamw", **kw):
+        _declare()
+        self._dev = device if device is not None else Device("host")
+        cfg = _lib.new_struct("zo_optim_config")
+        hp_keys = ("lr", "betas", "beta1", "beta2", "eps", "weight_decay", "bias_correction")
+        hp_kw = {k: kw.pop(k) for k in list(kw) if k in hp_keys}
+        self._kind = _ca.kind_of(kind)
+        cfg.hparams = _ca.hparams(self._kind, **hp_kw)
+        cfg.dev = self._dev.handle
+        self._keep = []
+        for k, v in kw.items():
+            if k in ("param_dtype", "grad_dtype"):
+                v = ZO_DTYPE_COUNT if v is None else _dtype(v)
+            elif k == "placement":
+                v = PLACEMENTS[v] if isinstance(v, str) else int(v)
+            elif k == "nvme_path":
+                v = None if v is None else str(v).encode()
+                self._keep.append(v)
+            elif k == "clip_mode" and isinstance(v, str):
+                v = {"two_pass": CLIP_TWO_PASS, "speculative": CLIP_SPECULATIVE}[v]
+            elif k == "nonfinite" and isinstance(v, str):
+                v = {"error": NONFINITE_ERROR, "skip": NONFINITE_SKIP}[v]
+            elif k in ("dev", "groups", "ngroups", "hparams", "struct_size", "swap"):
+                raise TypeError("Engine: %r is set by the bindings" % k)
+            if not hasattr(cfg, k) or k.startswith("_"):
+                raise TypeError("Engine: unknown config field %r" % k)
+            if isinstance(v, bool):
+                v = int(v)
+            setattr(cfg, k, v)
+        garr = (OptimGroup * len(groups))()
+        self.numel = []
+        for gi, g in enumerate(groups):
+            g = dict(g)
+            grp = _lib.new_struct("zo_optim_group")
+            numel = [int(n) for n in g.pop("numel")]
+            self.numel.extend(numel)
+            arr = (c_u64 * len(numel))(*numel)
+            grp.ntensors = len(numel)
+            grp.numel = arr
+            self._keep.append(arr)
+            names = g.pop("names", None)
+            if names is not None:
+                enc = [str(n).encode() for n in names]
+                narr = (c_char_p * len(enc))(*enc)
+                grp.names = narr
+                self._keep.extend([enc, narr])
+            ghp = {k: g.pop(k) for k in list(g) if k in hp_keys}
+            gkind = g.pop("kind", None)
+            if ghp or gkind is not None:
+                base = {"lr": cfg.hparams.lr, "beta1": cfg.hparams.beta1,
+                        "beta2": cfg.hparams.beta2, "eps": cfg.hparams.eps,
+                        "weight_decay": cfg.hparams.weight_decay,
+                        "bias_correction": cfg.hparams.bias_correction}
+                if gkind is not None and _ca.kind_of(gkind) != self._kind:
+                    base = {}
+                base.update(ghp)
+                h = _ca.hparams(gkind if gkind is not None else self._kind, **base)
+                grp.hparams = ctypes.pointer(h)
+                self._keep.append(h)
+            if "placement" in g:
+                p = g.pop("placement")
+                grp.placement = PLACEMENTS[p] if isinstance(p, str) else int(p)
+            if "sub_group_size" in g:
+                grp.sub_group_size = int(g.pop("sub_group_size"))
+            if "state_dtype" in g:
+                grp.state_dtype = _dtype(g.pop("state_dtype"))
+            if g:
+                raise TypeError("Engine: unknown group keys %s" % sorted(g))
+            garr[gi] = grp
+        cfg.groups = garr
+        cfg.ngroups = len(groups)
+        self._keep.append(garr)
+        self.param_dtype = cfg.param_dtype
+        self._h = c_void_p()
+        check(lib.zo_optim_create(ctypes.byref(self._h), ctypes.byref(cfg)), "zo_optim_create")
+        self._dev._users += 1
+        self._keep = None  # the arrays were read during create only
+
+    # -------------------------------------------------------------- helpers
+    def _msg(self):
+        return lib.zo_optim_errmsg(self._h).decode(errors="replace") if self._h else ""
+
+    def _c(self, rc, fn):
+        return check(rc, fn, self._msg)
+
+    def close(self):
+        """Destroy the engine (waits for a step in flight), then let go of
+        its device (closed now if it was closed, or collected, meanwhile)."""
+        if self._h:
+            super().close()
+            self._dev._release()
+
+    # -------------------------------------------------------------- tensors
+    def __len__(self):
+        return lib.zo_optim_tensor_count(self._live())
+
+    def index(self, name):
+        i = c_uint()
+        self._c(lib.zo_optim_tensor_index(self._live(), str(name).encode(), ctypes.byref(i)),
+                "zo_optim_tensor_index")
+        return i.value
+
+    def tensor(self, i):
+        """(numel, group, name) of tensor i."""
+        n, g, nm = c_u64(), c_uint(), c_char_p()
+        self._c(lib.zo_optim_tensor_get(self._live(), int(i), ctypes.byref(n), ctypes.byref(g),
+                                        ctypes.byref(nm)), "zo_optim_tensor_get")
+        return n.value, g.value, nm.value.decode()
+
+    # -------------------------------------------------------------- state
+    def export_state(self, i, which, out, off=0):
+        """Copy a state ("master", "exp_avg", "exp_avg_sq"/"sum") of tensor i,
+        elements [off, off + out.size), into `out` (f32/bf16/f16, host)."""
+        v = arrays.view(out, "out", dtypes=(arrays.F32, arrays.BF16, arrays.F16), writable=True)
+        self._c(lib.zo_optim_state_export(self._live(), int(i), STATES[which], v.ptr, v.dtype,
+                                          int(off), v.n), "zo_optim_state_export")
+        return out
+
+    def import_state(self, i, which, src, off=0):
+        """Copy `src` into a state of tensor i at element `off`."""
+        v = arrays.view(src, "src", dtypes=(arrays.F32, arrays.BF16, arrays.F16))
+        self._c(lib.zo_optim_state_import(self._live(), int(i), STATES[which], v.ptr, v.dtype,
+                                          int(off), v.n), "zo_optim_state_import")
+
+    def push_params(self):
+        self._c(lib.zo_optim_push_params(self._live()), "zo_optim_push_params")
+
+    # -------------------------------------------------------------- gradients
+    def grad_host(self, i, grad):
+        """Accumulate the host gradient of tensor i (f32/bf16/f16, numel
+        elements), synchronously."""
+        v = arrays.view(grad, "grad", dtypes=(arrays.F32, arrays.BF16, arrays.F16))
+        if v.n != self.numel[i]:
+            raise ValueError("grad of tensor %d has %d elements, the tensor %d"
+                             % (i, v.n, self.numel[i]))
+        self._c(lib.zo_optim_grad_host(self._live(), int(i), v.ptr, v.dtype), "zo_optim_grad_host")
+
+    def grads_done(self):
+        self._c(lib.zo_optim_grads_done(self._live()), "zo_optim_grads_done")
+
+    def grad_norm_partial(self):
+        """(sum of squares of the accumulated, still scaled, gradients, inf/NaN count)."""
+        s, n = c_double(), c_u64()
+        self._c(lib.zo_optim_grad_norm_partial(self._live(), ctypes.byref(s), ctypes.byref(n)),
+                "zo_optim_grad_norm_partial")
+        return s.value, n.value
+
+    # -------------------------------------------------------------- step
+    def _opts(self, global_sumsq, global_nonfinite):
+        o = _lib.new_struct("zo_optim_step_opts")
+        if global_sumsq is not None:
+            o.global_sumsq = float(global_sumsq)
+        if global_nonfinite is not None:
+            o.global_nonfinite = 1 if global_nonfinite else 0
+        return o
+
+    def step_async(self, global_sumsq=None, global_nonfinite=None):
+        o = self._opts(global_sumsq, global_nonfinite)
+        self._c(lib.zo_optim_step_async(self._live(), ctypes.byref(o)), "zo_optim_step_async")
+
+    def wait(self):
+        """Wait for the step in flight; its result as a dict (step, boundary,
+        skipped, clipped, rolled_back, grad_norm, clip_coef, loss_scale, nonfinite)."""
+        r = _lib.out_struct(OptimStepResult)
+        self._c(lib.zo_optim_wait(self._live(), ctypes.byref(r)), "zo_optim_wait")
+        return _result(r)
+
+    def step(self, global_sumsq=None, global_nonfinite=None):
+        o = self._opts(global_sumsq, global_nonfinite)
+        r = _lib.out_struct(OptimStepResult)
+        self._c(lib.zo_optim_step(self._live(), ctypes.byref(o), ctypes.byref(r)), "zo_optim_step")
+        return _result(r)
+
+    def poll(self):
+        """True while a step is in flight."""
+        rc = lib.zo_optim_poll(self._live())
+        if rc == 1:
+            return True
+        self._c(rc, "zo_optim_poll")
+        return False
+
+    def params_current(self):
+        return bool(self._c(lib.zo_optim_params_current(self._live()), "zo_optim_params_current"))
+
+    def set_lr(self, group, lr):
+        self._c(lib.zo_optim_set_lr(self._live(), int(group), float(lr)), "zo_optim_set_lr")
+
+    def set_hparams(self, group, hp=None, kind=None, **kw):
+        """Replace group's hyperparameters: an OptimHparams (from
+        zoffload.cpuadam.hparams()) or keywords as hparams() takes."""
+        h = hp if hp is not None else _ca.hparams(self._kind if kind is None else kind, **kw)
+        self._c(lib.zo_optim_set_hparams(self._live(), int(group), ctypes.byref(h)),
+                "zo_optim_set_hparams")
+
+    def can_set_step(self):
+        """Whether this library lets the step count be set (zo_optim_set_step),
+        which restoring from a framework state dict needs."""
+        return lib.has("zo_optim_set_step")
+
+    def set_step(self, step):
+        """Set the number of updates applied (bias correction continues from it)."""
+        if not self.can_set_step():
+            raise _lib._errors.NotSupported(
+                _lib._errors.ZO_ENOTSUP, "zo_optim_set_step", "not supported",
+                "this libzoffload has no zo_optim_set_step: a state dict's step count cannot be "
+                "given to the engine (zo_optim_load restores it from an engine checkpoint)")
+        self._c(lib.zo_optim_set_step(self._live(), int(step)), "zo_optim_set_step")
+
+    def param_buffer(self, i, like="numpy"):
+        """The engine's buffer of tensor i's latest parameters in param_dtype,
+        as a zero-copy numpy array (bf16 as uint16) or CPU torch tensor. It
+        is the engine's memory: valid while the engine lives, rewritten by
+        later steps (see zo_optim_param_buffer())."""
+        p = c_void_p()
+        self._c(lib.zo_optim_param_buffer(self._live(), int(i), ctypes.byref(p)),
+                "zo_optim_param_buffer")
+        n = self.numel[i]
+        nbytes = n * arrays.DTYPE_SIZES[self.param_dtype]
+        raw = (ctypes.c_uint8 * nbytes).from_address(p.value)
+        raw._zo_engine = self  # keep the engine alive while the view lives
+        if like == "torch":
+            import torch
+            dt = {arrays.F32: torch.float32, arrays.F16: torch.float16,
+                  arrays.BF16: torch.bfloat16}[self.param_dtype]
+            return torch.frombuffer(raw, dtype=dt, count=n)
+        import numpy as np
+        dt = {arrays.F32: np.float32, arrays.F16: np.float16, arrays.BF16: np.uint16}[self.param_dtype]
+        return np.frombuffer(raw, dtype=dt, count=n)
+
+    # -------------------------------------------------------------- save / load
+    def save(self, root, name, keep_last=0, user_json=None):
+        self._c(lib.zo_optim_save(self._live(), str(root).encode(), str(name).encode(),
+                                  int(keep_last), None if user_json is None else user_json.encode()),
+                "zo_optim_save")
+
+    def load(self, root, name=None, user_len=1 << 20):
+        """Load a checkpoint; returns the caller's JSON text stored with it ("" if none)."""
+        buf = ctypes.create_string_buffer(user_len)
+        self._c(lib.zo_optim_load(self._live(), str(root).encode(),
+                                  None if name is None else str(name).encode(), buf, len(buf)),
+                "zo_optim_load")
+        return buf.value.decode()
+
+    # -------------------------------------------------------------- info
+    def info(self):
+        i = _lib.out_struct(OptimInfo)
+        self._c(lib.zo_optim_get_info(self._live(), ctypes.byref(i)), "zo_optim_get_info")
+        return {f: getattr(i, f) for f, _ in OptimInfo._fields_}
+
+    def timeline(self):
+        """The latest update's timeline as a dict, or None before the first."""
+        t = _lib.out_struct(OptimTimeline)
+        rc = lib.zo_optim_get_timeline(self._live(), ctypes.byref(t))
+        if rc == -2:
+            return None
+        self._c(rc, "zo_optim_get_timeline")
+        return {f: getattr(t, f) for f, _ in OptimTimeline._fields_}

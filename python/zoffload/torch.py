@@ -1,0 +1,1106 @@
+"""PyTorch integration: optimizers whose fp32 masters and states live off
+the device, updated by libzoffload's fused CPU kernels.
+
+    from zoffload.torch import OffloadAdamW
+    opt = OffloadAdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
+                       max_grad_norm=1.0)
+    for batch in data:
+        loss = model(batch).loss
+        loss.backward()          # gradients leave the device as they are produced
+        opt.step()               # fused unscale/clip/AdamW/cast, params copied back
+        opt.zero_grad()
+
+What happens:
+
+* The model's parameters stay where they are (GPU, or CPU standing in for
+  it), in their own dtype (bf16, fp16 or fp32). The optimizer keeps an fp32
+  master copy and the states in pinned host memory (``zo_pinned_alloc``:
+  page-locked, NUMA-local), laid out flat per (param group, dtype)
+  "segment", so one kernel call updates a whole segment.
+* Gradients are handed over as backward produces them: a hook per parameter
+  (``Tensor.register_post_accumulate_grad_hook`` on torch >= 2.1, the
+  AccumulateGrad node's hook on older torch) copies the gradient into a
+  pinned buffer in its own dtype and frees ``p.grad``, so the device never
+  holds all gradients at once. ``grad_hooks="step"`` instead collects the
+  ``.grad`` tensors at ``step()``. Gradient accumulation over several
+  backward passes adds into the buffer.
+* ``step()`` optionally computes the global gradient norm and the inf/NaN
+  count in one pass (``zo_cpuadam_grad_stats``), skips the step on overflow
+  (fp16 dynamic loss scaling), then runs the fused kernel: unscale
+  (1/loss_scale) and clip coefficient folded into one multiplier, the
+  update of master and states, and the cast of the new parameters to their
+  dtype in the same pass; the result is copied back into the parameters.
+* ``delay_update=True`` (DeepSpeed's DPU): from step ``dpu_warmup + 1`` on,
+  the update of step N runs on a background thread while forward/backward
+  of step N+1 run with the parameters of step N-1; ``step()`` of N+1 first
+  waits for it (the fence) and copies its result into the parameters, so
+  the next forward sees them. ``wait()`` is the fence on demand (before
+  evaluation or saving).
+
+Differences from torch.optim: a parameter that got no gradient in a step is
+updated with a zero gradient (its states decay; torch skips it), as
+DeepSpeed's offload does; ``amsgrad``, ``maximize``, ``foreach``,
+``capturable`` and ``differentiable`` are not offered.
+"""
+
+import concurrent.futures
+import json
+import math
+import os
+import weakref
+
+import torch
+
+from . import arrays
+from . import errors as _errors
+from . import ckpt as _ckpt
+from . import cpuadam as _ca
+from . import mem as _mem
+
+__all__ = ["OffloadAdamW", "OffloadAdam", "OffloadAdagrad", "OffloadLion", "OffloadOptimizer",
+           "LossScaler", "from_deepspeed_config"]
+
+_ZO_DT = {torch.float32: arrays.F32, torch.float16: arrays.F16, torch.bfloat16: arrays.BF16}
+_FORMAT = "zoffload.torch.OffloadOptimizer/1"
+
+
+def _has_post_accumulate_hook():
+    return hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+
+class LossScaler:
+    """Dynamic (or static) loss scaling for fp16 training, with DeepSpeed's
+    rules: the scale starts at 2**initial_scale_power; a step whose
+    gradients overflow is skipped and, after `hysteresis` overflows, the
+    scale is halved (not below min_scale); after `window` steps without
+    overflow it doubles. ``scale=<number>`` gives a static scale."""
+
+    def __init__(self, scale=None, initial_scale_power=16, window=1000, hysteresis=2,
+                 min_scale=1.0, dynamic=None):
+        self.dynamic = (scale is None) if dynamic is None else dynamic
+        self.scale = float(scale) if scale is not None else float(2 ** initial_scale_power)
+        if not (self.scale > 0 and math.isfinite(self.scale)):
+            raise ValueError("loss scale must be finite and > 0, not %r" % (scale,))
+        self.window = int(window)
+        self.hysteresis = int(hysteresis)
+        self.min_scale = float(min_scale)
+        self._good = 0
+        self._hyst = self.hysteresis
+        self.overflows = 0
+
+    def update(self, overflow):
+        if overflow:
+            self.overflows += 1
+            self._good = 0
+            if self.dynamic:
+                self._hyst -= 1
+                if self._hyst <= 0:
+                    self.scale = max(self.scale / 2.0, self.min_scale)
+                    self._hyst = self.hysteresis
+        else:
+            self._good += 1
+            if self.dynamic and self._good >= self.window:
+                self.scale *= 2.0
+                self._good = 0
+                self._hyst = self.hysteresis
+
+    def state_dict(self):
+        return {"scale": self.scale, "dynamic": self.dynamic, "window": self.window,
+                "hysteresis": self.hysteresis, "min_scale": self.min_scale, "good": self._good,
+                "hyst_left": self._hyst, "overflows": self.overflows}
+
+    def load_state_dict(self, d):
+        self.scale = float(d["scale"])
+        self.dynamic = bool(d["dynamic"])
+        self.window = int(d["window"])
+        self.hysteresis = int(d["hysteresis"])
+        self.min_scale = float(d["min_scale"])
+        self._good = int(d.get("good", 0))
+        self._hyst = int(d.get("hyst_left", self.hysteresis))
+        self.overflows = int(d.get("overflows", 0))
+
+
+class _Segment:
+    """Params of one group and one dtype, laid out flat in pinned memory."""
+
+    def __init__(self, group, dtype, params, state_names, state_dtype, n_grad_bufs, numa_node):
+        self.group = group
+        self.dtype = dtype
+        self.params = params              # [(index, param)]
+        self.offsets = []
+        off = 0
+        for _, p in params:
+            self.offsets.append(off)
+            off += p.numel()
+        self.n = off
+        pe = lambda dt: _mem.pinned_empty(self.n, dt, like="torch", numa_node=numa_node)
+        self.master = pe(torch.float32)
+        self.states = {nm: pe(state_dtype) for nm in state_names}
+        self.grads = [pe(dtype) for _ in range(n_grad_bufs)]
+        self.out = pe(dtype)
+
+    def view(self, flat, k):
+        """Param k's slice of a flat buffer, shaped like the param."""
+        _, p = self.params[k]
+        o = self.offsets[k]
+        return flat[o:o + p.numel()].view(p.shape)
+
+
+
+class _EngineBackend:
+    """OffloadOptimizer's state in zo_optim engines (optim.h): one engine per
+    parameter dtype (an engine has one device dtype); with several, the
+    global norm and overflow are combined across them as across ranks.
+    Gradients are handed over from host memory (zo_optim_grad_host) and the
+    new parameters copied from the engines' parameter buffers, so any torch
+    device works; masters and states live in pinned host memory or on NVMe."""
+
+    def __init__(self, opt, *, state_dtype, nthreads, numa_node, offload_device, nvme_path,
+                 sub_group_size, pinned_bytes, pin_memory, buffer_count):
+        from . import optim as _optim
+        self.opt = weakref.proxy(opt)      # no cycle: the optimizer owns this
+        self.engines = []           # [(dtype, Engine, {torch group: engine group}, [param idx])]
+        self.where = [None] * len(opt._plist)     # param index -> (engine no, tensor index)
+        # seconds spent in: step_async (launch), waiting for undelayed updates
+        # (update), copying parameters back (copy_back), DPU fences (fence)
+        self.timings = {"launch": 0.0, "update": 0.0, "copy_back": 0.0, "fence": 0.0}
+        self.last = None
+        self.steps_skipped = 0
+        dtypes = sorted({p.dtype for _, p in opt._plist}, key=str)
+        sc = opt._scaler_cfg
+        for dt in dtypes:
+            gmap, groups, idx = {}, [], []
+            for gi, g in enumerate(opt.param_groups):
+                mine = [i for i, (pg, p) in enumerate(opt._plist) if pg == gi and p.dtype == dt]
+                if not mine:
+                    continue
+                gmap[gi] = len(groups)
+                grp = {"numel": [opt._plist[i][1].numel() for i in mine],
+                       "names": ["p%d" % i for i in mine],
+                       "state_dtype": "bf16" if state_dtype == torch.bfloat16 else "f32"}
+                groups.append(grp)
+                idx.extend(mine)
+            kw = dict(param_dtype=_ZO_DT[dt], placement=offload_device,
+                      max_grad_norm=opt.max_grad_norm or 0.0,
+                      dpu=opt.delay_update, dpu_warmup_steps=opt.dpu_warmup,
+                      nthreads=nthreads or 0, numa_node=numa_node,
+                      pin_memory=pin_memory,
+                      nonfinite="skip" if opt._skip_nonfinite else "error")
+            if nvme_path is not None:
+                kw["nvme_path"] = nvme_path
+            if sub_group_size:
+                kw["sub_group_size"] = int(sub_group_size)
+            if pinned_bytes:
+                kw["pinned_bytes"] = int(pinned_bytes)
+            if buffer_count:
+                kw["buffer_count"] = int(buffer_count)
+            if sc is not None:
+                kw.update(sc)
+            e = _optim.Engine(groups, kind=opt._zo_kind_id(), **kw)
+            no = len(self.engines)
+            self.engines.append((dt, e, gmap, idx))
+            for t, i in enumerate(idx):
+                self.where[i] = (no, t)
+        self._params_from_torch()
+        self._set_hparams()
+
+    # -- helpers
+    def _set_hparams(self):
+        opt = self.opt
+        for dt, e, gmap, _ in self.engines:
+            for gi, eg in gmap.items():
+                g = opt.param_groups[gi]
+                e.set_hparams(eg, opt._hparams(g, g.get("step", 0) + 1))
+
+    def _params_from_torch(self):
+        with torch.no_grad():
+            for i, (gi, p) in enumerate(self.opt._plist):
+                no, t = self.where[i]
+                e = self.engines[no][1]
+                e.import_state(t, "master", p.detach().to("cpu", torch.float32).reshape(-1))
+
+    def copy_back(self):
+        t0 = _now()
+        with torch.no_grad():
+            for i, (gi, p) in enumerate(self.opt._plist):
+                no, t = self.where[i]
+                buf = self.engines[no][1].param_buffer(t, like="torch")
+                p.data.copy_(buf.view(p.shape))
+        self.timings["copy_back"] += _now() - t0
+
+    # -- gradients
+    def take_grad(self, i, p):
+        g = p.grad
+        no, t = self.where[i]
+        host = g.detach()
+        if host.device.type != "cpu" or not host.is_contiguous():
+            host = host.to("cpu").contiguous()
+        self.engines[no][1].grad_host(t, host.reshape(-1))
+        p.grad = None
+
+    # -- step
+    def step(self):
+        opt = self.opt
+        if opt.delay_update:
+            # The fence: finish the update of the previous step and put its
+            # parameters into the model (the forward of the next step uses
+            # them), before this step's update starts.
+            self.wait()
+        self._set_hparams()
+        t0 = _now()
+        if len(self.engines) > 1:
+            sumsq, nonfinite = 0.0, 0
+            for _, e, _, _ in self.engines:
+                s, n = e.grad_norm_partial()
+                sumsq += s
+                nonfinite += n
+            for _, e, _, _ in self.engines:
+                e.step_async(global_sumsq=sumsq, global_nonfinite=nonfinite > 0)
+        else:
+            self.engines[0][1].step_async()
+        self.timings["launch"] += _now() - t0
+        delayed = opt.delay_update and self.engines[0][1].info()["dpu_active"]
+        if delayed:
+            # runs while the next forward/backward do; wait() collects it
+            res = None
+            for g in opt.param_groups:
+                g["step"] = g.get("step", 0) + 1
+        else:
+            t0 = _now()
+            res = self._wait_all()
+            self.timings["update"] += _now() - t0
+            self.copy_back()
+        if res is not None:
+            self._account(res)
+        return res
+
+    def _wait_all(self):
+        res = None
+        for _, e, _, _ in self.engines:
+            r = e.wait()
+            res = r if res is None else res
+        return res
+
+    def _account(self, res):
+        self.last = res
+        opt = self.opt
+        if res["boundary"]:
+            if res["skipped"]:
+                self.steps_skipped += 1
+            opt.last_grad_norm = res["grad_norm"]
+        step = res["step"]
+        for g in opt.param_groups:
+            g["step"] = step
+        for gi, p in opt._plist:
+            opt.state[p]["step"].fill_(step)
+
+    def wait(self):
+        t0 = _now()
+        res = self._wait_all()
+        self.timings["fence"] += _now() - t0
+        self.copy_back()
+        if res is not None and res.get("boundary"):
+            self._account(res)
+
+    @property
+    def loss_scale(self):
+        return self.engines[0][1].info()["loss_scale"]
+
+    # -- state
+    def export_param(self, i):
+        opt = self.opt
+        p = opt._plist[i][1]
+        no, t = self.where[i]
+        e = self.engines[no][1]
+        out = {}
+        for nm in opt._state_names:
+            dst = torch.empty(p.shape, dtype=opt.state_dtype)
+            e.export_state(t, nm, dst.view(-1))
+            out[nm] = dst
+        if p.dtype != torch.float32:
+            m = torch.empty(p.shape, dtype=torch.float32)
+            e.export_state(t, "master", m.view(-1))
+            out["master_param"] = m
+        return out
+
+    def import_param(self, i, s, p):
+        no, t = self.where[i]
+        e = self.engines[no][1]
+        for nm in self.opt._state_names:
+            if nm in s:
+                src = s[nm].detach().to("cpu")
+                if tuple(src.shape) != tuple(p.shape):
+                    raise ValueError("state %r has shape %s, param %s"
+                                     % (nm, tuple(src.shape), tuple(p.shape)))
+                if src.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+                    src = src.float()
+                e.import_state(t, nm, src.contiguous().reshape(-1))
+        m = s.get("master_param")
+        m = m.detach().to("cpu", torch.float32) if m is not None else p.detach().to("cpu", torch.float32)
+        e.import_state(t, "master", m.contiguous().reshape(-1))
+
+    def fill_state(self, i, name, value):
+        no, t = self.where[i]
+        p = self.opt._plist[i][1]
+        self.engines[no][1].import_state(t, name, torch.full((p.numel(),), float(value)))
+
+    def save(self, root, name, keep_last, user):
+        # one engine checkpoint root per engine, under the caller's root
+        os.makedirs(str(root), mode=0o700, exist_ok=True)
+        for no, (dt, e, _, _) in enumerate(self.engines):
+            e.save(os.path.join(str(root), "engine%d" % no), name, keep_last,
+                   json.dumps(user))
+
+    def load(self, root, name):
+        user = None
+        for no, (dt, e, _, _) in enumerate(self.engines):
+            txt = e.load(os.path.join(str(root), "engine%d" % no), name)
+            user = json.loads(txt) if txt else user
+        self.copy_back()
+        return user
+
+    def close(self):
+        for _, e, _, _ in self.engines:
+            e.close()
+        self.engines = []
+
+
+class OffloadOptimizer(torch.optim.Optimizer):
+    """Base class; use :class:`OffloadAdamW`, :class:`OffloadAdam`,
+    :class:`OffloadAdagrad` or :class:`OffloadLion`.
+
+    Common keyword arguments (besides the optimizer's hyperparameters):
+
+    max_grad_norm:   clip the global L2 norm of the gradients to this (None: no clipping)
+    loss_scale:      None (no scaling), "dynamic", a number (static), or a LossScaler
+    delay_update:    DPU: overlap the update of step N with forward/backward of N+1
+    dpu_warmup:      steps run without delay first (default 0)
+    grad_hooks:      "auto" (hand gradients over during backward), "step" (at step())
+    state_dtype:     torch.float32 (default) or torch.bfloat16 for the two states
+    nthreads:        CPU threads of the kernels (default: the CPUs this process may use)
+    numa_node:       NUMA node for the pinned buffers (-1: no binding)
+    offload_device:  "cpu" (pinned host memory) or "nvme" (zo_optim engine only)
+    nvme_path:       directory of the swap files for offload_device="nvme"
+    engine:          "auto" (zo_optim when the library has a working one, else
+                     "kernels"), "zo_optim" (the C engine, optim.h), or "kernels"
+                     (this module drives the cpuadam kernels over pinned buffers)
+    sub_group_size, pinned_bytes, pin_memory, buffer_count: zo_optim settings
+                     (DeepSpeed's names; ignored by the kernels engine)
+    """
+
+    _kind = None
+    #: state names in torch's format, and the kernel slot each one fills
+    _state_names = ("exp_avg", "exp_avg_sq")
+    _slots = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
+
+    def __init__(self, params, defaults, *, max_grad_norm=None, loss_scale=None,
+                 delay_update=False, dpu_warmup=0, grad_hooks="auto", state_dtype=torch.float32,
+                 nthreads=None, numa_node=-1, offload_device="cpu", nvme_path=None,
+                 engine="auto", sub_group_size=None, pinned_bytes=None, pin_memory=True,
+                 buffer_count=None):
+        super().__init__(params, defaults)
+        if offload_device not in ("cpu", "nvme"):
+            raise ValueError("offload_device must be 'cpu' or 'nvme', not %r" % (offload_device,))
+        if engine not in ("auto", "zo_optim", "kernels"):
+            raise ValueError("engine must be 'auto', 'zo_optim' or 'kernels', not %r" % (engine,))
+        if offload_device == "nvme" and engine == "kernels":
+            raise ValueError("offload_device='nvme' needs engine='zo_optim'")
+        if state_dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError("state_dtype must be torch.float32 or torch.bfloat16")
+        if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
+            raise ValueError("max_grad_norm must be finite and > 0, not %r" % (max_grad_norm,))
+        if grad_hooks not in ("auto", "step"):
+            raise ValueError("grad_hooks must be 'auto' or 'step', not %r" % (grad_hooks,))
+        self.max_grad_norm = max_grad_norm
+        for g in self.param_groups:
+            g.setdefault("step", 0)
+        if isinstance(loss_scale, LossScaler):
+            self.scaler = loss_scale
+        elif loss_scale is None:
+            self.scaler = None
+        elif loss_scale == "dynamic":
+            self.scaler = LossScaler()
+        else:
+            self.scaler = LossScaler(scale=float(loss_scale))
+        self.delay_update = bool(delay_update)
+        self.dpu_warmup = int(dpu_warmup)
+        self.state_dtype = state_dtype
+        self.last_grad_norm = None
+        self._eb = None
+        self._skip_nonfinite = False
+        self._check_params()
+        for gi, p in self._plist:
+            self.state[p]["step"] = torch.zeros((), dtype=torch.float32)
+        if engine != "kernels":
+            try:
+                self._eb = _EngineBackend(
+                    self, state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
+                    offload_device=offload_device, nvme_path=nvme_path,
+                    sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
+                    pin_memory=pin_memory, buffer_count=buffer_count)
+            except (_errors.NotSupported, _errors.LibraryNotFound):
+                if engine == "zo_optim" or offload_device == "nvme":
+                    raise
+        self.engine = "zo_optim" if self._eb is not None else "kernels"
+        self._hooks = []
+        self.grad_hook_mode = self._install_hooks(grad_hooks)
+        self.steps_skipped = 0
+        if self._eb is not None:
+            self.timings = self._eb.timings
+            return
+        self._team = _ca.Team(nthreads=nthreads)
+        self._layout(state_dtype, numa_node)
+        self._cur = 0                       # grad buffer the hooks fill
+        self._written = [False] * len(self._plist)
+        self._pending = None                # DPU: future of the update in flight
+        self._pending_copy = False          # DPU: its result is not in the params yet
+        self._copy_event = None
+        self._executor = None
+        self.timings = {"grad_stats": 0.0, "update": 0.0, "copy_back": 0.0, "fence": 0.0}
+        self._load_masters_from_params()
+
+    @property
+    def _scaler_cfg(self):
+        """The loss scaler as zo_optim config fields. Without a scaler the
+        engine must not scale on its own (fp16 defaults to dynamic there)."""
+        sc = self.scaler
+        if sc is None:
+            return {"loss_scale": 1.0}
+        if not sc.dynamic:
+            return {"loss_scale": sc.scale}
+        power = math.log2(sc.scale)
+        if power != int(power):
+            raise ValueError("zo_optim: a dynamic loss scale starts at a power of two, not %r"
+                             % sc.scale)
+        return {"loss_scale": 0.0, "initial_scale_power": int(power),
+                "loss_scale_window": sc.window, "hysteresis": sc.hysteresis,
+                "min_loss_scale": sc.min_scale}
+
+    def _zo_kind_id(self):
+        return self._zo_kind
+
+    # ------------------------------------------------------------ layout
+    def _check_params(self):
+        plist, dev = [], None
+        seen = set()
+        for gi, g in enumerate(self.param_groups):
+            for p in g["params"]:
+                if id(p) in seen:
+                    raise ValueError("a parameter appears twice in the param groups")
+                seen.add(id(p))
+                if p.dtype not in _ZO_DT:
+                    raise TypeError("parameter of dtype %s: only float32, float16 and bfloat16 "
+                                    "parameters can be offloaded" % p.dtype)
+                if p.is_sparse or p.layout != torch.strided:
+                    raise ValueError("sparse parameters are not supported")
+                if not p.is_contiguous():
+                    raise ValueError("parameter of shape %s is not contiguous" % (tuple(p.shape),))
+                if p.numel() == 0:
+                    raise ValueError("empty parameter (0 elements)")
+                if dev is None:
+                    dev = p.device
+                elif p.device != dev:
+                    raise ValueError("parameters on two devices (%s and %s): one optimizer "
+                                     "offloads the parameters of one device" % (dev, p.device))
+                if dev.type not in ("cpu", "cuda"):
+                    raise ValueError("parameters on %s: cpu or cuda supported" % dev)
+                plist.append((gi, p))
+        if not plist:
+            raise ValueError("optimizer got an empty parameter list")
+        self.device = dev
+        self._plist = plist
+
+    def _layout(self, state_dtype, numa_node):
+        keyed = {}
+        for i, (gi, p) in enumerate(self._plist):
+            keyed.setdefault((gi, p.dtype), []).append((i, p))
+        nbufs = 2 if self.delay_update else 1
+        self._segments = []
+        self._where = [None] * len(self._plist)   # param index -> (segment, k)
+        for (gi, dt), ps in sorted(keyed.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
+            seg = _Segment(gi, dt, ps, self._state_names, state_dtype, nbufs, numa_node)
+            for k, (i, _) in enumerate(ps):
+                self._where[i] = (seg, k)
+            self._segments.append(seg)
+        for i, (gi, p) in enumerate(self._plist):
+            seg, k = self._where[i]
+            st = self.state[p]
+            for nm in self._state_names:
+                st[nm] = seg.view(seg.states[nm], k)
+            if p.dtype != torch.float32:
+                st["master_param"] = seg.view(seg.master, k)
+
+    def _load_masters_from_params(self):
+        with torch.no_grad():
+            for i, (gi, p) in enumerate(self._plist):
+                seg, k = self._where[i]
+                seg.view(seg.master, k).copy_(p.detach().to("cpu", torch.float32))
+
+    # ------------------------------------------------------------ gradient intake
+    def _install_hooks(self, mode):
+        if mode == "step":
+            return "step"
+        for i, (_, p) in enumerate(self._plist):
+            if not p.requires_grad:
+                continue
+            if _has_post_accumulate_hook():
+                h = p.register_post_accumulate_grad_hook(self._make_post_hook(i))
+                self._hooks.append(h)
+            else:
+                # torch < 2.1: hook the parameter's AccumulateGrad node (it runs
+                # after .grad is accumulated); keep the node alive, or autograd
+                # makes a new one without our hook.
+                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                h = acc.register_hook(self._make_node_hook(i))
+                self._hooks.append((acc, h))
+        return "post_accumulate_grad_hook" if _has_post_accumulate_hook() else "accumulate_grad_node"
+
+    # The hooks hold the optimizer weakly: a model must not keep an optimizer
+    # alive (and taking its gradients) after the program dropped it.
+    def _make_post_hook(self, i):
+        ref = weakref.ref(self)
+
+        def hook(p):
+            opt = ref()
+            if opt is not None:
+                opt._take_grad(i, p)
+        return hook
+
+    def _make_node_hook(self, i):
+        p = self._plist[i][1]
+        ref = weakref.ref(self)
+
+        def hook(grad_inputs, grad_outputs):
+            opt = ref()
+            if opt is not None:
+                opt._take_grad(i, p)
+        return hook
+
+    def _take_grad(self, i, p):
+        g = p.grad
+        if g is None:
+            return
+        if g.is_sparse:
+            raise RuntimeError("sparse gradients are not supported")
+        if self._eb is not None:
+            return self._eb.take_grad(i, p)
+        seg, k = self._where[i]
+        buf = seg.view(seg.grads[self._cur], k)
+        with torch.no_grad():
+            if self._written[i]:
+                buf.add_(g.detach().to("cpu"))
+            else:
+                buf.copy_(g.detach(), non_blocking=True)
+        self._written[i] = True
+        p.grad = None
+
+    def _collect_step_grads(self):
+        for i, (_, p) in enumerate(self._plist):
+            if p.grad is not None:
+                self._take_grad(i, p)
+
+    def _zero_unwritten(self, buf_index):
+        for i, w in enumerate(self._written):
+            if not w:
+                seg, k = self._where[i]
+                seg.view(seg.grads[buf_index], k).zero_()
+
+    # ------------------------------------------------------------ the step
+    def _hparams(self, group, step):
+        raise NotImplementedError
+
+    def _grad_stats(self, buf_index):
+        sumsq, nonfinite = 0.0, 0
+        for seg in self._segments:
+            v = arrays.view(seg.grads[buf_index], "grad")
+            s, nf = self._team.grad_stats_view(v)
+            sumsq += s
+            nonfinite += nf
+        return sumsq, nonfinite
+
+    def _run_update(self, buf_index, grad_scale, clip_coef, steps):
+        for seg in self._segments:
+            g = self.param_groups[seg.group]
+            h = self._hparams(g, steps[seg.group])
+            h.grad_scale = grad_scale
+            h.clip_coef = clip_coef
+            st = {slot: seg.states[nm] for slot, nm in self._slots.items()}
+            t, views = _ca.tensors(seg.master, seg.grads[buf_index], st.get("exp_avg"),
+                                   st.get("exp_avg_sq"), seg.out)
+            self._team.step(h, t)
+            del views
+
+    def _copy_back(self):
+        with torch.no_grad():
+            for seg in self._segments:
+                for k, (i, p) in enumerate(seg.params):
+                    p.data.copy_(seg.view(seg.out, k), non_blocking=True)
+        if self.device.type == "cuda":
+            # The next update rewrites `out`: it must wait for these copies.
+            self._copy_event = torch.cuda.Event()
+            self._copy_event.record()
+
+    def _fence(self):
+        """Wait for a delayed update and put its result into the params."""
+        if self._eb is not None:
+            return self._eb.wait()
+        if self._pending is not None:
+            t0 = _now()
+            fut, self._pending = self._pending, None
+            fut.result()
+            self.timings["fence"] += _now() - t0
+        if self._pending_copy:
+            self._pending_copy = False
+            t0 = _now()
+            self._copy_back()
+            self.timings["copy_back"] += _now() - t0
+
+    def wait(self):
+        """The DPU fence: finish a delayed update and copy its parameters
+        into the model. A no-op without delay_update."""
+        self._fence()
+
+    synchronize = wait
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        """One optimizer step (see the module documentation)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._eb is not None:
+            self._collect_step_grads()
+            self._eb.step()
+            self.steps_skipped = self._eb.steps_skipped
+            return loss
+        self._fence()
+        # Gradients that bypassed the hooks (grad_hooks="step", or a .grad
+        # set by hand) are taken here.
+        self._collect_step_grads()
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+            if self._copy_event is not None:
+                self._copy_event.synchronize()
+        buf = self._cur
+        self._zero_unwritten(buf)
+        self._written = [False] * len(self._plist)
+        grad_scale = 1.0 / self.scaler.scale if self.scaler is not None else 1.0
+        clip_coef = 1.0
+        self.last_grad_norm = None
+        if self.max_grad_norm is not None or self.scaler is not None:
+            t0 = _now()
+            sumsq, nonfinite = self._grad_stats(buf)
+            self.timings["grad_stats"] += _now() - t0
+            overflow = nonfinite > 0 or not math.isfinite(sumsq)
+            if self.scaler is not None:
+                self.scaler.update(overflow)
+            if overflow:
+                self.steps_skipped += 1
+                self.last_grad_norm = float("inf")
+                if self.scaler is None:
+                    raise FloatingPointError(
+                        "%d gradient elements are inf or NaN; without loss scaling the step "
+                        "cannot be skipped silently" % nonfinite)
+                return loss
+            norm = math.sqrt(sumsq) * grad_scale
+            self.last_grad_norm = norm
+            if self.max_grad_norm is not None:
+                # torch.nn.utils.clip_grad_norm_'s coefficient
+                clip_coef = min(1.0, self.max_grad_norm / (norm + 1e-6))
+        steps = []
+        for g in self.param_groups:
+            g["step"] = g.get("step", 0) + 1
+            steps.append(g["step"])
+        for i, (gi, p) in enumerate(self._plist):
+            self.state[p]["step"].fill_(steps[gi])
+        delayed = self.delay_update and steps[0] > self.dpu_warmup
+        if delayed:
+            if self._executor is None:
+                self._executor = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=1, thread_name_prefix="zoffload-dpu")
+            self._pending = self._executor.submit(self._timed_update, buf, grad_scale,
+                                                  clip_coef, steps)
+            self._pending_copy = True
+            if len(self._segments[0].grads) > 1:
+                self._cur ^= 1
+        else:
+            self._timed_update(buf, grad_scale, clip_coef, steps)
+            t0 = _now()
+            self._copy_back()
+            self.timings["copy_back"] += _now() - t0
+        return loss
+
+    def _timed_update(self, buf, grad_scale, clip_coef, steps):
+        t0 = _now()
+        self._run_update(buf, grad_scale, clip_coef, steps)
+        self.timings["update"] += _now() - t0
+
+    def zero_grad(self, set_to_none=True):
+        """Forget gradients handed over since the last step (and any .grad)."""
+        if self._eb is None:
+            self._written = [False] * len(self._plist)
+        super().zero_grad(set_to_none=set_to_none)
+
+    def scale_loss(self, loss):
+        """loss * the current loss scale (identity without loss scaling)."""
+        s = self.loss_scale
+        return loss * s if s != 1.0 else loss
+
+    @property
+    def loss_scale(self):
+        if self._eb is not None:
+            return self._eb.loss_scale
+        return self.scaler.scale if self.scaler is not None else 1.0
+
+    def timeline(self):
+        """zo_optim engine: where the latest update's time went (a dict per
+        engine, see zo_optim_timeline); None with the kernels engine."""
+        if self._eb is None:
+            return None
+        return [e.timeline() for _, e, _, _ in self._eb.engines]
+
+    # ------------------------------------------------------------ state
+    def state_dict(self):
+        """torch's format: {'state': {index: {'step', 'exp_avg', ...,
+        'master_param' (low-precision params only)}}, 'param_groups': [...]};
+        plus 'zoffload' with the loss scaler. The tensors are copies."""
+        self._fence()
+        sd = super().state_dict()
+        sd["state"] = {k: {n: t.clone() for n, t in v.items()} for k, v in sd["state"].items()}
+        if self._eb is not None:
+            for i in range(len(self._plist)):
+                sd["state"].setdefault(i, {}).update(self._eb.export_param(i))
+        sd["zoffload"] = {"format": _FORMAT, "kind": self._kind,
+                          "scaler": self.scaler.state_dict() if self.scaler else None}
+        return sd
+
+    def load_state_dict(self, state_dict):
+        """Load a state dict of this class or of the matching torch.optim
+        optimizer (then masters come from the current parameters)."""
+        self._fence()
+        groups = state_dict["param_groups"]
+        for sg in groups:
+            for flag in ("amsgrad", "maximize"):
+                if sg.get(flag):
+                    raise ValueError("state dict uses %s=True, which %s does not offer"
+                                     % (flag, type(self).__name__))
+        if len(groups) != len(self.param_groups):
+            raise ValueError("state dict has %d param groups, optimizer has %d"
+                             % (len(groups), len(self.param_groups)))
+        ids = []
+        for g, sg in zip(self.param_groups, groups):
+            if len(g["params"]) != len(sg["params"]):
+                raise ValueError("param group sizes differ (%d vs %d)"
+                                 % (len(g["params"]), len(sg["params"])))
+            ids.extend(sg["params"])
+        pidx = {id(p): i for i, (_, p) in enumerate(self._plist)}
+        order = [p for g in self.param_groups for p in g["params"]]
+        st = state_dict["state"]
+        if self._eb is not None:
+            steps = {int(float(s["step"])) for s in st.values() if "step" in s}
+            if len(steps) > 1:
+                raise ValueError("zo_optim keeps one step count; the state dict has %s"
+                                 % sorted(steps))
+            if steps and steps != {0} and not self._eb.engines[0][1].can_set_step():
+                # refuse before anything is imported
+                self._eb.engines[0][1].set_step(0)
+        with torch.no_grad():
+            for sid, p in zip(ids, order):
+                i = pidx[id(p)]
+                s = st.get(sid)
+                if s is None:
+                    continue
+                if "step" in s:
+                    self.state[p]["step"].fill_(float(s["step"]))
+                if self._eb is not None:
+                    self._eb.import_param(i, s, p)
+                    continue
+                seg, k = self._where[i]
+                for nm in self._state_names:
+                    if nm in s:
+                        dst = seg.view(seg.states[nm], k)
+                        if tuple(s[nm].shape) != tuple(dst.shape):
+                            raise ValueError("state %r of parameter %d has shape %s, param %s"
+                                             % (nm, sid, tuple(s[nm].shape), tuple(dst.shape)))
+                        dst.copy_(s[nm])
+                m = seg.view(seg.master, k)
+                if "master_param" in s:
+                    m.copy_(s["master_param"])
+                else:
+                    m.copy_(p.detach().to("cpu", torch.float32))
+        for g, sg in zip(self.param_groups, groups):
+            for key, val in sg.items():
+                if key != "params":
+                    g[key] = val
+            if "step" not in sg:
+                steps = [float(st[sid]["step"]) for sid in sg["params"]
+                         if sid in st and "step" in st[sid]]
+                g["step"] = int(max(steps)) if steps else 0
+        z = state_dict.get("zoffload")
+        if z and z.get("scaler") and self.scaler is not None:
+            self.scaler.load_state_dict(z["scaler"])
+        if self._eb is not None:
+            for _, e, _, _ in self._eb.engines:
+                if steps and steps != {0}:
+                    e.set_step(max(steps))
+            self._eb._set_hparams()
+            self._eb.copy_back()
+            return
+        self._refresh_out_and_params()
+
+    def _refresh_out_and_params(self):
+        """params <- cast(masters), through the out buffers."""
+        with torch.no_grad():
+            for seg in self._segments:
+                seg.out.copy_(seg.master.to(seg.dtype))
+        self._copy_back()
+        if self.device.type == "cuda":
+            self._copy_event.synchronize()
+
+    def save(self, root, name=None, keep_last=2):
+        """Crash-safe checkpoint of the optimizer (masters, states, steps,
+        hyperparameters, loss scaler) under directory `root` as `name`
+        (default "step<N>"). A kill at any point leaves the previous
+        checkpoint intact. Returns the name."""
+        self._fence()
+        step = self.param_groups[0].get("step", 0)
+        name = name or "step%d" % step
+        if self._eb is not None:
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+            self._eb.save(root, name, keep_last,
+                          _jsonable({"format": _FORMAT, "kind": self._kind, "param_groups": groups}))
+            return name
+        tensors = {}
+        for j, seg in enumerate(self._segments):
+            tensors["seg%d.master" % j] = seg.master
+            for nm in self._state_names:
+                tensors["seg%d.%s" % (j, nm)] = seg.states[nm]
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
+        user = {"format": _FORMAT, "kind": self._kind, "param_groups": groups,
+                "segments": [{"group": s.group, "dtype": str(s.dtype),
+                              "shapes": [list(p.shape) for _, p in s.params]}
+                             for s in self._segments],
+                "scaler": self.scaler.state_dict() if self.scaler else None}
+        os.makedirs(str(root), mode=0o700, exist_ok=True)
+        _ckpt.save(root, name, tensors, user=_jsonable(user), keep_last=keep_last)
+        return name
+
+    def load(self, root, name=None):
+        """Restore a checkpoint written by save() (default: the latest),
+        verifying every checksum; the model parameters are set from the
+        restored masters. Returns the checkpoint's name."""
+        self._fence()
+        if self._eb is not None:
+            user = self._eb.load(root, name) or {}
+            if user.get("format") != _FORMAT or user.get("kind") != self._kind:
+                raise ValueError("checkpoint %s was not written by %s" % (root, type(self).__name__))
+            for g, sg in zip(self.param_groups, user["param_groups"]):
+                for k, v in sg.items():
+                    g[k] = tuple(v) if isinstance(v, list) else v
+            for gi, p in self._plist:
+                self.state[p]["step"].fill_(self.param_groups[gi].get("step", 0))
+            self._eb._set_hparams()
+            return name or _ckpt.latest(os.path.join(str(root), "engine0"))
+        with _ckpt.Reader(root, name) as r:
+            user = r.user or {}
+            if user.get("format") != _FORMAT or user.get("kind") != self._kind:
+                raise ValueError("checkpoint %s/%s was not written by %s"
+                                 % (root, r.name, type(self).__name__))
+            segs = user["segments"]
+            mine = [{"group": s.group, "dtype": str(s.dtype),
+                     "shapes": [list(p.shape) for _, p in s.params]} for s in self._segments]
+            if segs != mine:
+                raise ValueError("checkpoint %s/%s holds a different set of parameters "
+                                 "(groups, dtypes or shapes differ)" % (root, r.name))
+            for j, seg in enumerate(self._segments):
+                r.read_into("seg%d.master" % j, seg.master)
+                for nm in self._state_names:
+                    r.read_into("seg%d.%s" % (j, nm), seg.states[nm])
+            for g, sg in zip(self.param_groups, user["param_groups"]):
+                for k, v in sg.items():
+                    g[k] = tuple(v) if isinstance(v, list) else v
+            if user.get("scaler") and self.scaler is not None:
+                self.scaler.load_state_dict(user["scaler"])
+            for i, (gi, p) in enumerate(self._plist):
+                self.state[p]["step"].fill_(self.param_groups[gi].get("step", 0))
+            self._written = [False] * len(self._plist)
+            self._refresh_out_and_params()
+            return r.name
+
+    def close(self):
+        """Finish pending work and remove the gradient hooks."""
+        self._fence()
+        for h in self._hooks:
+            (h[1] if isinstance(h, tuple) else h).remove()
+        self._hooks = []
+        if self._eb is not None:
+            self._eb.close()
+            return
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._team.close()
+
+    def __del__(self):
+        try:
+            for h in getattr(self, "_hooks", ()):
+                (h[1] if isinstance(h, tuple) else h).remove()
+            if getattr(self, "_executor", None) is not None:
+                self._executor.shutdown(wait=True)
+        except Exception:  # interpreter shutdown
+            pass
+
+
+def _now():
+    import time
+    return time.perf_counter()
+
+
+def _jsonable(x):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, torch.Tensor):
+        return x.item() if x.numel() == 1 else x.tolist()
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    return x
+
+
+def _check_betas(betas, lo_open=True):
+    b1, b2 = betas
+    if not 0.0 <= b1 < 1.0 or not 0.0 <= b2 < 1.0:
+        raise ValueError("betas must be in [0, 1), got %r" % (betas,))
+
+
+class OffloadAdamW(OffloadOptimizer):
+    """torch.optim.AdamW with masters and states offloaded (see the module
+    documentation for the extra keyword arguments)."""
+
+    _kind = "adamw"
+    _zo_kind = _ca.ADAMW
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 bias_correction=True, **kw):
+        if lr < 0 or eps < 0 or weight_decay < 0:
+            raise ValueError("lr, eps and weight_decay must be >= 0")
+        _check_betas(betas)
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay,
+                                      bias_correction=bool(bias_correction)), **kw)
+
+    def _hparams(self, g, step):
+        return _ca.hparams(self._zo_kind, lr=g["lr"], betas=g["betas"], eps=g["eps"],
+                           weight_decay=g["weight_decay"],
+                           bias_correction=1 if g.get("bias_correction", True) else 0, step=step)
+
+
+class OffloadAdam(OffloadAdamW):
+    """torch.optim.Adam (L2 weight decay) offloaded."""
+
+    _kind = "adam"
+    _zo_kind = _ca.ADAM
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, **kw):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kw)
+
+
+class OffloadAdagrad(OffloadOptimizer):
+    """torch.optim.Adagrad offloaded (lr_decay and initial_accumulator_value
+    as torch's)."""
+
+    _kind = "adagrad"
+    _zo_kind = _ca.ADAGRAD
+    _state_names = ("sum",)
+    _slots = {"exp_avg_sq": "sum"}
+
+    def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
+                 initial_accumulator_value=0.0, eps=1e-10, **kw):
+        if lr < 0 or eps < 0 or weight_decay < 0 or lr_decay < 0:
+            raise ValueError("lr, lr_decay, eps and weight_decay must be >= 0")
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
+                                      initial_accumulator_value=initial_accumulator_value,
+                                      eps=eps), **kw)
+        if self._eb is not None:
+            for i in range(len(self._plist)):
+                self._eb.fill_state(i, "sum", initial_accumulator_value)
+        else:
+            for seg in self._segments:
+                seg.states["sum"].fill_(initial_accumulator_value)
+
+    def _hparams(self, g, step):
+        clr = g["lr"] / (1 + (step - 1) * g["lr_decay"])
+        return _ca.hparams(_ca.ADAGRAD, lr=clr, eps=g["eps"], weight_decay=g["weight_decay"],
+                           step=step)
+
+
+class OffloadLion(OffloadOptimizer):
+    """Lion (Chen et al. 2023) offloaded."""
+
+    _kind = "lion"
+    _zo_kind = _ca.LION
+    _state_names = ("exp_avg",)
+    _slots = {"exp_avg": "exp_avg"}
+
+    def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **kw):
+        b1, b2 = betas
+        if not (0 <= b1 <= 1 and 0 <= b2 <= 1):
+            raise ValueError("betas must be in [0, 1], got %r" % (betas,))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), **kw)
+
+    def _hparams(self, g, step):
+        return _ca.hparams(_ca.LION, lr=g["lr"], betas=g["betas"], weight_decay=g["weight_decay"],
+                           step=step)
+
+
+def from_deepspeed_config(params, config):
+    """An offload optimizer built from a DeepSpeed config (a path or a dict):
+    "optimizer" {type, params}, "gradient_clipping", "fp16" (loss scaling)
+    and "zero_optimization"."offload_optimizer" {device, pin_memory, ...}.
+    Keys that do not apply to one device are ignored; unknown optimizer
+    types and an unusable offload device raise ValueError."""
+    if not isinstance(config, dict):
+        with open(config) as f:
+            config = json.load(f)
+    o = config.get("optimizer", {"type": "AdamW", "params": {}})
+    typ = str(o.get("type", "AdamW")).lower()
+    hp = dict(o.get("params", {}))
+    cls = {"adamw": OffloadAdamW, "adam": OffloadAdam, "adagrad": OffloadAdagrad,
+           "lion": OffloadLion}.get(typ)
+    if cls is None:
+        raise ValueError("DeepSpeed optimizer type %r not supported (AdamW, Adam, Adagrad, Lion)"
+                         % o.get("type"))
+    if typ == "adam" and hp.pop("adam_w_mode", True):
+        cls = OffloadAdamW          # DeepSpeed's "Adam" defaults to AdamW mode
+    hp.pop("torch_adam", None)
+    hp.pop("adam_w_mode", None)
+    kw = {}
+    if "betas" in hp:
+        hp["betas"] = tuple(hp["betas"])
+    clip = config.get("gradient_clipping", 0)
+    if clip:
+        kw["max_grad_norm"] = float(clip)
+    fp16 = config.get("fp16", {})
+    if fp16.get("enabled"):
+        if fp16.get("loss_scale", 0):
+            kw["loss_scale"] = LossScaler(scale=float(fp16["loss_scale"]))
+        else:
+            kw["loss_scale"] = LossScaler(
+                initial_scale_power=int(fp16.get("initial_scale_power", 16)),
+                window=int(fp16.get("loss_scale_window", 1000)),
+                hysteresis=int(fp16.get("hysteresis", 2)),
+                min_scale=float(fp16.get("min_loss_scale", 1)))
+    z = config.get("zero_optimization", {})
+    off = z.get("offload_optimizer", {})
+    dev = off.get("device", "cpu")
+    if dev not in ("cpu", "nvme", "none"):
+        raise ValueError("offload_optimizer.device %r: cpu or nvme" % dev)
+    kw["offload_device"] = "cpu" if dev == "none" else dev
+    if dev == "nvme":
+        kw["nvme_path"] = off.get("nvme_path")
+    if z.get("delay_update") or off.get("delay_update"):
+        kw["delay_update"] = True
+    return cls(params, **hp, **kw)
+

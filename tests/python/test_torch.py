@@ -1,0 +1,561 @@
+"""zoffload.torch: the offload optimizers against torch.optim and against
+reference schedules (DPU, clipping, loss scaling), state round trips, and
+argument errors. CPU tensors stand in for device memory."""
+import copy
+
+import pytest
+
+from conftest import torch_or_skip
+
+torch = torch_or_skip()
+import zoffload  # noqa: E402
+from zoffload.torch import (OffloadAdamW, OffloadAdam, OffloadAdagrad, OffloadLion,  # noqa: E402
+                            LossScaler, from_deepspeed_config)
+
+_ZO_WHY = []
+
+
+def _zo_optim_unavailable():
+    """None if the zo_optim engine works in this library, else why not."""
+    if not _ZO_WHY:
+        try:
+            OffloadAdamW([torch.nn.Parameter(torch.zeros(4))], engine="zo_optim").close()
+            _ZO_WHY.append(None)
+        except (zoffload.NotSupported, zoffload.LibraryNotFound) as e:
+            _ZO_WHY.append(str(e))
+    return _ZO_WHY[0]
+
+
+@pytest.fixture(params=["kernels", "zo_optim"])
+def engine(request):
+    """Every optimizer test runs on both engines: this module driving the
+    cpuadam kernels, and the C engine zo_optim (skipped where the library's
+    zo_optim is not implemented)."""
+    if request.param == "zo_optim":
+        why = _zo_optim_unavailable()
+        if why:
+            pytest.skip("zo_optim engine unavailable: %s" % why)
+    return request.param
+
+
+# fp32: the kernels agree with torch's arithmetic within a few ulps per step
+# (docs/cpuadam.md); after 20 steps through a small network the parameters
+# agree within this relative/absolute tolerance.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def model(dtype=torch.float32, seed=0):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(12, 24), torch.nn.Tanh(), torch.nn.Linear(24, 24),
+                            torch.nn.Tanh(), torch.nn.Linear(24, 3))
+    return m.to(dtype)
+
+
+def batches(n, seed=1, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(16, 12, generator=g).to(dtype), torch.randn(16, 3, generator=g).to(dtype))
+            for _ in range(n)]
+
+
+def loss_fn(m, b):
+    x, y = b
+    return (m(x).float() - y.float()).pow(2).mean()
+
+
+def train(m, opt, data, clip=None, scale=1.0):
+    for b in data:
+        opt.zero_grad()
+        (loss_fn(m, b) * scale).backward()
+        if clip is not None:
+            torch.nn.utils.clip_grad_norm_(m.parameters(), clip)
+        opt.step()
+    if hasattr(opt, "wait"):
+        opt.wait()
+
+
+def assert_close_params(m1, m2, rtol=RTOL, atol=ATOL):
+    for (n, a), b in zip(m1.named_parameters(), m2.parameters()):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=rtol, atol=atol, msg=n)
+
+
+@pytest.mark.parametrize("hooks", ["auto", "step"])
+def test_adamw_equals_torch_fp32(hooks, engine):
+    m1, data = model(), batches(20)
+    m2 = copy.deepcopy(m1)
+    train(m1, torch.optim.AdamW(m1.parameters(), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05),
+          data)
+    opt = OffloadAdamW(m2.parameters(), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05,
+                       grad_hooks=hooks, nthreads=2, engine=engine)
+    if hooks == "auto":
+        assert opt.grad_hook_mode in ("post_accumulate_grad_hook", "accumulate_grad_node")
+    train(m2, opt, data)
+    assert_close_params(m1, m2)
+    # the parameters moved: the test would notice an optimizer that does nothing
+    assert not torch.allclose(m2[0].weight, model()[0].weight)
+    # gradients were handed over and freed
+    if hooks == "auto":
+        assert all(p.grad is None for p in m2.parameters())
+
+
+def test_adam_adagrad_equal_torch(engine):
+    for ours, theirs, kw in ((OffloadAdam, torch.optim.Adam, dict(lr=1e-2, weight_decay=0.1)),
+                             (OffloadAdagrad, torch.optim.Adagrad,
+                              dict(lr=5e-2, lr_decay=0.01, weight_decay=0.05,
+                                   initial_accumulator_value=0.1))):
+        m1, data = model(), batches(20)
+        m2 = copy.deepcopy(m1)
+        train(m1, theirs(m1.parameters(), **kw), data)
+        train(m2, ours(m2.parameters(), nthreads=2, **kw, engine=engine), data)
+        assert_close_params(m1, m2)
+
+
+class RefLion(torch.optim.Optimizer):
+    """Lion as in the paper / lion-pytorch, in plain torch."""
+
+    def __init__(self, params, lr, betas, weight_decay):
+        super().__init__(params, dict(lr=lr, betas=betas, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self):
+        for g in self.param_groups:
+            b1, b2 = g["betas"]
+            for p in g["params"]:
+                st = self.state[p]
+                m = st.setdefault("exp_avg", torch.zeros_like(p))
+                c = m * b1 + p.grad * (1 - b1)
+                p.mul_(1 - g["lr"] * g["weight_decay"]).add_(torch.sign(c), alpha=-g["lr"])
+                m.mul_(b2).add_(p.grad, alpha=1 - b2)
+
+
+def test_lion_equals_reference(engine):
+    m1, data = model(), batches(20)
+    m2 = copy.deepcopy(m1)
+    train(m1, RefLion(m1.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1), data)
+    train(m2, OffloadLion(m2.parameters(), lr=1e-3, betas=(0.9, 0.99), weight_decay=0.1, engine=engine), data)
+    # sign() makes Lion sensitive to the last bit of c near 0: allow a rare
+    # lr-sized difference, but the bulk must agree
+    diffs = torch.cat([(a - b).abs().flatten() for a, b in zip(m1.parameters(), m2.parameters())])
+    assert (diffs > 1e-5).float().mean() < 0.01
+    assert diffs.max() < 4 * 1e-3 * 20
+
+
+def test_bf16_params_within_bf16_rounding(engine):
+    """bf16 model params; reference: fp32 masters updated by torch AdamW from
+    the same bf16 gradients, cast to bf16 after each step."""
+    mref, data = model(torch.bfloat16), batches(20, dtype=torch.bfloat16)
+    m2 = copy.deepcopy(mref)
+    masters = [p.detach().float().clone().requires_grad_(True) for p in mref.parameters()]
+    ref = torch.optim.AdamW(masters, lr=1e-2, weight_decay=0.01)
+    opt = OffloadAdamW(m2.parameters(), lr=1e-2, weight_decay=0.01, engine=engine)
+    for b in data:
+        for p in mref.parameters():
+            p.grad = None
+        loss_fn(mref, b).backward()
+        for mp, p in zip(masters, mref.parameters()):
+            mp.grad = p.grad.float()
+        ref.step()
+        with torch.no_grad():
+            for mp, p in zip(masters, mref.parameters()):
+                p.copy_(mp)
+        opt.zero_grad()
+        loss_fn(m2, b).backward()
+        opt.step()
+    sd = opt.state_dict()["state"]
+    for i, (mp, p, q) in enumerate(zip(masters, mref.parameters(), m2.parameters())):
+        assert q.dtype == torch.bfloat16
+        # within one bf16 ulp (2^-8 relative) plus fp32 master noise
+        torch.testing.assert_close(q.float(), p.float(), rtol=2 ** -7, atol=1e-5)
+        st = sd[i]
+        torch.testing.assert_close(st["master_param"], mp.detach(), rtol=1e-3, atol=1e-5)
+        assert torch.equal(st["master_param"].to(torch.bfloat16), q.detach())
+
+
+def test_clipping_equals_clip_grad_norm(engine):
+    m1, data = model(), batches(20)
+    m2 = copy.deepcopy(m1)
+    train(m1, torch.optim.AdamW(m1.parameters(), lr=1e-2), data, clip=0.05)
+    opt = OffloadAdamW(m2.parameters(), lr=1e-2, max_grad_norm=0.05, engine=engine)
+    train(m2, opt, data)
+    assert opt.last_grad_norm is not None and opt.last_grad_norm > 0.05  # it did clip
+    assert_close_params(m1, m2)
+
+
+def test_grad_accumulation(engine):
+    m1, data = model(), batches(20)
+    m2 = copy.deepcopy(m1)
+    o1 = torch.optim.AdamW(m1.parameters(), lr=1e-2)
+    o2 = OffloadAdamW(m2.parameters(), lr=1e-2, engine=engine)
+    for i in range(0, 20, 2):
+        for m, o in ((m1, o1), (m2, o2)):
+            o.zero_grad()
+            loss_fn(m, data[i]).backward()
+            loss_fn(m, data[i + 1]).backward()
+            o.step()
+    assert_close_params(m1, m2)
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 3])
+def test_dpu_equals_delayed_schedule(warmup, engine):
+    """Reference: the update of step k is applied to the masters of step
+    k-1 with the gradients of the params the forward of k saw: the result of
+    update k-1 for k <= warmup+1, else of k-2 (the update of k-1 was still
+    running; step() of k fences it after backward)."""
+    m1, data = model(), batches(12)
+    m2 = copy.deepcopy(m1)
+    master = copy.deepcopy(m1)
+    ref = torch.optim.AdamW(master.parameters(), lr=1e-2)
+    pending = False
+    for k, b in enumerate(data, 1):
+        for p in m1.parameters():
+            p.grad = None
+        loss_fn(m1, b).backward()
+        for mp, p in zip(master.parameters(), m1.parameters()):
+            mp.grad = p.grad.clone()
+        if pending:                       # the fence in step(): update k-1 reaches the model
+            m1.load_state_dict(master.state_dict())
+            pending = False
+        ref.step()
+        if k <= warmup:
+            m1.load_state_dict(master.state_dict())
+        else:
+            pending = True
+    m1.load_state_dict(master.state_dict())
+    opt = OffloadAdamW(m2.parameters(), lr=1e-2, delay_update=True, dpu_warmup=warmup, engine=engine)
+    train(m2, opt, data)
+    assert_close_params(m1, m2)
+    # and it is not the undelayed result
+    m3 = copy.deepcopy(model())
+    train(m3, torch.optim.AdamW(m3.parameters(), lr=1e-2), data)
+    assert max((a - b).abs().max().item() for a, b in zip(m3.parameters(), m2.parameters())) > 1e-4
+
+
+def test_lr_scheduler_drives_the_offload_optimizer(engine):
+    m1, data = model(), batches(10)
+    m2 = copy.deepcopy(m1)
+    o1 = torch.optim.AdamW(m1.parameters(), lr=1e-2)
+    o2 = OffloadAdamW(m2.parameters(), lr=1e-2, engine=engine)
+    s1 = torch.optim.lr_scheduler.StepLR(o1, 3, gamma=0.3)
+    s2 = torch.optim.lr_scheduler.StepLR(o2, 3, gamma=0.3)
+    for b in data:
+        for m, o, s in ((m1, o1, s1), (m2, o2, s2)):
+            o.zero_grad()
+            loss_fn(m, b).backward()
+            o.step()
+            s.step()
+    assert_close_params(m1, m2)
+
+
+def _needs_set_step(engine):
+    if engine == "zo_optim":
+        from zoffload import _lib
+        if not _lib.lib.has("zo_optim_set_step"):
+            pytest.skip("this libzoffload's zo_optim cannot take a step count from a state dict "
+                        "(no zo_optim_set_step)")
+
+
+def test_state_dict_round_trip_resumes_identically(engine):
+    _needs_set_step(engine)
+    m1, data = model(), batches(16)
+    m2 = copy.deepcopy(m1)
+    o1 = OffloadAdamW(m1.parameters(), lr=1e-2, weight_decay=0.02, engine=engine)
+    train(m1, o1, data)                         # uninterrupted 16 steps
+    o2 = OffloadAdamW(m2.parameters(), lr=1e-2, weight_decay=0.02, engine=engine)
+    train(m2, o2, data[:8])
+    sd = o2.state_dict()
+    assert set(sd["state"][0]) == {"step", "exp_avg", "exp_avg_sq"}
+    assert float(sd["state"][0]["step"]) == 8
+    msd = copy.deepcopy(m2.state_dict())
+    o2.close()
+    m3 = model(seed=5)                          # a fresh process, other weights
+    m3.load_state_dict(msd)
+    o3 = OffloadAdamW(m3.parameters(), lr=0.5, engine=engine)
+    o3.load_state_dict(sd)
+    assert o3.param_groups[0]["lr"] == 1e-2
+    train(m3, o3, data[8:])
+    for a, b in zip(m1.parameters(), m3.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_load_torch_adamw_state_dict(engine):
+    _needs_set_step(engine)
+    m1, data = model(), batches(12)
+    m2 = copy.deepcopy(m1)
+    o1 = torch.optim.AdamW(m1.parameters(), lr=1e-2)
+    train(m1, o1, data[:6])
+    m2.load_state_dict(m1.state_dict())
+    o2 = OffloadAdamW(m2.parameters(), lr=1e-2, engine=engine)
+    o2.load_state_dict(o1.state_dict())
+    train(m1, o1, data[6:])
+    train(m2, o2, data[6:])
+    assert_close_params(m1, m2)
+    # and ours loads into torch's
+    o4 = torch.optim.AdamW(m2.parameters(), lr=1e-2)
+    sd2 = o2.state_dict()  # the engine keeps its states in C: the exported dict is what torch sees
+    o4.load_state_dict(sd2)
+    torch.testing.assert_close(o4.state[m2[0].weight]["exp_avg"], sd2["state"][0]["exp_avg"])
+    assert float(o4.state[m2[0].weight]["step"]) == 12
+
+
+def test_save_load_checkpoint(tmp_path, engine):
+    m1, data = model(torch.bfloat16), batches(12, dtype=torch.bfloat16)
+    m2 = copy.deepcopy(m1)
+    o1 = OffloadAdamW(m1.parameters(), lr=1e-2, loss_scale=1024.0, engine=engine)
+    train(m1, o1, data)
+    o2 = OffloadAdamW(m2.parameters(), lr=1e-2, loss_scale=1024.0, engine=engine)
+    train(m2, o2, data[:6])
+    name = o2.save(tmp_path)
+    assert name == "step6"
+    train(m2, o2, data[6:8])                    # diverge, then go back
+    m3 = model(torch.bfloat16, seed=9)
+    o3 = OffloadAdamW(m3.parameters(), lr=1e-2, loss_scale=1024.0, engine=engine)
+    assert o3.load(tmp_path) == "step6"         # the model params come from the masters
+    assert o3.param_groups[0]["step"] == 6
+    train(m3, o3, data[6:])
+    for a, b in zip(m1.parameters(), m3.parameters()):
+        assert torch.equal(a, b)
+    # a checkpoint of another model is refused, with a reason
+    o4 = OffloadAdamW(model()[:1].parameters(), lr=1e-2, engine=engine)
+    # (the kernels engine names the reason; zo_optim's config fingerprint check refuses it)
+    with pytest.raises((ValueError, zoffload.CorruptError),
+                       match="different set of parameters" if engine == "kernels" else ""):
+        o4.load(tmp_path)
+    with pytest.raises((ValueError, zoffload.CorruptError),
+                       match="not written by OffloadAdam" if engine == "kernels" else ""):
+        OffloadAdam(model(torch.bfloat16).parameters(), engine=engine).load(tmp_path)
+
+
+class Half(torch.nn.Module):
+    """fp16 parameters computing in fp32 (CPU torch has no fp16 matmul)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner.half()
+
+    def forward(self, x):
+        h = x.float()
+        for mod in self.inner:
+            if isinstance(mod, torch.nn.Linear):
+                h = torch.nn.functional.linear(h, mod.weight.float(), mod.bias.float())
+            else:
+                h = mod(h)
+        return h
+
+
+def test_fp16_dynamic_loss_scale_skips_overflow(engine):
+    m = Half(model())
+    scaler = LossScaler(initial_scale_power=4, window=2, hysteresis=1)
+    opt = OffloadAdamW(m.parameters(), lr=1e-3, loss_scale=scaler, engine=engine)
+    before = [p.detach().clone() for p in m.parameters()]
+    x, y = batches(1, dtype=torch.float16)[0]
+    opt.zero_grad()
+    # an overflowing gradient, set by hand (step() takes .grad the hooks did not)
+    for p in m.parameters():
+        p.grad = torch.zeros_like(p)
+    next(m.parameters()).grad[0, 0] = float("inf")
+    opt.step()
+    assert opt.steps_skipped == 1 and opt.loss_scale == 8.0
+    for a, b in zip(before, m.parameters()):
+        assert torch.equal(a, b)
+    assert opt.param_groups[0]["step"] == 0
+    # then two good steps double the scale, and the update happened unscaled
+    m_ref = copy.deepcopy(m.inner).float()
+    ref = torch.optim.AdamW(m_ref.parameters(), lr=1e-3)
+    for _ in range(2):
+        s = opt.loss_scale
+        opt.zero_grad()
+        opt.scale_loss(loss_fn(m, (x, y))).backward()
+        opt.step()
+        ref.zero_grad()
+        loss_fn(m_ref, (x.float(), y.float())).backward()
+        ref.step()
+        assert s == 8.0
+    assert opt.loss_scale == 16.0
+    for a, b in zip(m.parameters(), m_ref.parameters()):
+        torch.testing.assert_close(a.float(), b, rtol=2e-3, atol=2e-3)
+
+
+def test_nonfinite_without_scaler_raises(engine):
+    m = model()
+    opt = OffloadAdamW(m.parameters(), max_grad_norm=1.0, engine=engine)
+    for p in m.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    with pytest.raises(ArithmeticError):
+        opt.step()
+        opt.wait()
+
+
+def test_zo_optim_refuses_a_step_count_it_cannot_take():
+    if _zo_optim_unavailable():
+        pytest.skip("zo_optim engine unavailable")
+    from zoffload import _lib
+    if _lib.lib.has("zo_optim_set_step"):
+        pytest.skip("this library can set the step count")
+    m = model()
+    o1 = torch.optim.AdamW(m.parameters())
+    train(m, o1, batches(2))
+    o2 = OffloadAdamW(m.parameters(), engine="zo_optim")
+    before = o2.state_dict()
+    with pytest.raises(zoffload.NotSupported, match="zo_optim_set_step"):
+        o2.load_state_dict(o1.state_dict())
+    after = o2.state_dict()                    # refused before anything was imported
+    for k in before["state"]:
+        for n in before["state"][k]:
+            assert torch.equal(before["state"][k][n], after["state"][k][n])
+
+
+def test_nvme_offload_equals_torch(tmp_path):
+    """Masters and states on NVMe (the swap store in tmp_path) through zo_optim."""
+    if _zo_optim_unavailable():
+        pytest.skip("zo_optim engine unavailable")
+    m1, data = model(), batches(10)
+    m2 = copy.deepcopy(m1)
+    try:
+        opt = OffloadAdamW(m2.parameters(), lr=1e-2, offload_device="nvme",
+                           nvme_path=str(tmp_path), sub_group_size=256)
+    except zoffload.NotSupported as e:
+        pytest.skip("NVMe placement unavailable: %s" % e)
+    train(m1, torch.optim.AdamW(m1.parameters(), lr=1e-2), data)
+    train(m2, opt, data)
+    assert_close_params(m1, m2)
+    assert opt.timeline()[0]["nvme_read_bytes"] > 0
+
+
+def test_dropped_optimizer_lets_go_of_the_gradients(engine):
+    """An optimizer the program dropped without close() must not keep
+    taking the model's gradients through its hooks (they hold it weakly)."""
+    m1, data = model(), batches(6)
+    m2 = copy.deepcopy(m1)
+    o = OffloadAdamW(m2.parameters(), lr=1e-2, engine=engine)
+    del o
+    train(m1, torch.optim.AdamW(m1.parameters(), lr=1e-2), data)
+    train(m2, OffloadAdamW(m2.parameters(), lr=1e-2, engine=engine), data)
+    assert_close_params(m1, m2)
+
+
+def test_engine_and_device_collected_in_any_order():
+    """Garbage collection may finalize a Device before the Engine over it
+    (both in one cycle): the device's close waits for the engine. (Crashed
+    with a segfault in zo_optim_destroy before; the order GC picks is not
+    under the test's control, so both orders are tried.)"""
+    import gc
+    from zoffload import optim as zoptim
+    if _zo_optim_unavailable():
+        pytest.skip("zo_optim engine unavailable")
+    for first in ("device", "engine"):
+        d = zoptim.Device("host")
+        e = zoptim.Engine([{"numel": [64]}], device=d, param_dtype="f32")
+        if first == "device":
+            d.close()               # deferred: the engine still uses it
+            assert d._h
+            e.close()
+            assert not d._h         # closed once the engine let go
+        else:
+            d.cycle, e.cycle = e, d
+            del d, e
+            gc.collect()
+
+
+def test_bad_arguments():
+    with pytest.raises(TypeError, match="only float32, float16 and bfloat16"):
+        OffloadAdamW([torch.nn.Parameter(torch.zeros(4, dtype=torch.float64))])
+    nc = torch.nn.Parameter(torch.zeros(4, 6).t())
+    with pytest.raises(ValueError, match="not contiguous"):
+        OffloadAdamW([nc])
+    with pytest.raises(ValueError, match="two devices"):
+        OffloadAdamW([torch.nn.Parameter(torch.zeros(3)),
+                      torch.nn.Parameter(torch.zeros(3, device="meta"))])
+    with pytest.raises(ValueError, match="empty parameter list"):
+        OffloadAdamW([])
+    p = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        OffloadAdamW([{"params": [p]}, {"params": [p]}])
+    with pytest.raises(ValueError, match="betas"):
+        OffloadAdamW([p], betas=(1.0, 0.9))
+    with pytest.raises(ValueError, match="max_grad_norm"):
+        OffloadAdamW([p], max_grad_norm=-1)
+    with pytest.raises(ValueError, match="needs engine='zo_optim'"):
+        OffloadAdamW([p], offload_device="nvme", engine="kernels")
+    with pytest.raises(ValueError, match="offload_device"):
+        OffloadAdamW([p], offload_device="gpu")
+    with pytest.raises(ValueError, match="amsgrad"):
+        q = torch.nn.Parameter(torch.zeros(3))
+        t = torch.optim.AdamW([q], amsgrad=True)
+        q.grad = torch.ones(3)
+        t.step()
+        OffloadAdamW([q]).load_state_dict(t.state_dict())
+
+
+def test_param_groups_and_mixed_dtypes(engine):
+    m1 = model()
+    m1[2].to(torch.bfloat16)
+    m2 = copy.deepcopy(m1)
+    groups = lambda m: [{"params": list(m[0].parameters()), "lr": 2e-2},
+                        {"params": list(m[2].parameters()) + list(m[4].parameters()),
+                         "weight_decay": 0.0}]
+    o = OffloadAdamW(groups(m2), lr=1e-2, engine=engine)
+    if engine == "kernels":
+        assert len(o._segments) == 3            # (g0,f32), (g1,bf16), (g1,f32)
+    else:
+        assert len(o._eb.engines) == 2          # one per dtype
+    x = torch.randn(4, 12)
+
+    def fwd(m):
+        h = torch.tanh(m[0](x))
+        h = torch.tanh(m[2](h.to(torch.bfloat16))).float()
+        return m[4](h).pow(2).mean()
+    for _ in range(5):
+        o.zero_grad()
+        fwd(m2).backward()
+        o.step()
+    assert m2[2].weight.dtype == torch.bfloat16
+    assert not torch.equal(m1[0].weight, m2[0].weight)
+    assert not torch.equal(m1[2].weight, m2[2].weight)
+
+
+def test_bad_hyperparameter_names_itself(engine):
+    p = torch.nn.Parameter(torch.zeros(3))
+    with pytest.raises(zoffload.InvalidArgument) as ei:
+        o = OffloadAdamW([p], lr=float("nan"), engine=engine)
+        p.grad = torch.ones(3)
+        o.step()
+    if engine == "zo_optim" and "lr nan" not in str(ei.value):
+        # optim.c check_hparams formats zo_last_error_detail() into the detail
+        # it is reading: "...group 0 hyperparameters: te, >= 0, within fp32 range"
+        pytest.xfail("zo_optim's hyperparameter detail is garbled: %s" % ei.value)
+    assert "lr nan" in str(ei.value)
+
+
+def test_deepspeed_config(tmp_path):
+    cfg = {"train_batch_size": 8,
+           "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.8, 0.95],
+                                                     "eps": 1e-7, "weight_decay": 0.1}},
+           "gradient_clipping": 1.0,
+           "fp16": {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 50},
+           "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
+                                                                   "pin_memory": True}}}
+    import json
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(cfg))
+    m = model()
+    o = from_deepspeed_config(m.parameters(), str(path))
+    assert isinstance(o, OffloadAdamW)
+    g = o.param_groups[0]
+    assert g["lr"] == 3e-3 and g["betas"] == (0.8, 0.95) and g["eps"] == 1e-7
+    assert o.max_grad_norm == 1.0 and o.scaler.scale == 256.0 and o.scaler.window == 50
+    cfg["optimizer"]["type"] = "SGD"
+    with pytest.raises(ValueError, match="SGD"):
+        from_deepspeed_config(m.parameters(), cfg)
+    # offload_optimizer.device nvme: the zo_optim engine with swap files in nvme_path
+    if _zo_optim_unavailable():
+        return
+    cfg["optimizer"]["type"] = "AdamW"
+    cfg["fp16"]["enabled"] = False
+    cfg["zero_optimization"]["offload_optimizer"] = {"device": "nvme", "nvme_path": str(tmp_path)}
+    try:
+        o = from_deepspeed_config(m.parameters(), cfg)
+    except zoffload.NotSupported as e:
+        pytest.skip("NVMe placement unavailable: %s" % e)
+    assert o.engine == "zo_optim"
+    before = m[0].weight.detach().clone()
+    train(m, o, batches(2))
+    assert not torch.equal(before, m[0].weight)

@@ -199,8 +199,14 @@ int zo_optim_push_params(zo_optim *o)
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_push_params: NULL engine");
     int r = zo__optim_quiesce(o, 0);
-    if (r < 0 || (r = zo__pbuf_fresh(o)) < 0)
+    if (r < 0)
         return r;
+    if (o->direct && (!o->pbuf[o->pcur] || o->pbuf_stale)) {
+        /* the device params are the latest (the kernel wrote them; no
+         * import since): nothing to copy */
+        o->params_current = 1;
+        return 0;
+    }
     if ((r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0)
@@ -338,7 +344,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     int64_t step = 0;
     uint64_t c[4];
     /* everything is checked before anything is overwritten */
-    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0 || (r = zo__pbuf_need(o)) < 0)
+    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0)
         goto out;
     if ((r = zo_store_restore(o->store, root, nm)) < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_store_errmsg(o->store));
@@ -360,26 +366,30 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     o->push_pending = 0;
     o->have_res = 0;
     o->failed = 0;
-    /* the parameter buffer from the masters (the cast the fused step does) */
+    /* the parameter buffer from the masters (the cast the fused step
+     * does); in direct mode without a parameter buffer (every tensor has
+     * device params, which are host memory) the device params themselves */
+    int to_dev = !o->pbuf[o->pcur];
     float *tmp = malloc(TILE_ELEMS * 4);
     if (!tmp) {
         r = -ENOMEM;
         goto out;
     }
-    for (unsigned g = 0; g < o->ngroups && r == 0; g++) {
-        zo__og *og = &o->groups[g];
-        for (uint64_t e = og->off; e < og->off + og->numel && r == 0;) {
-            size_t cnt = (size_t)ZO_MIN(og->off + og->numel - e, (uint64_t)TILE_ELEMS);
-            if ((r = state_io(o, g, ZO_OPTIM_STATE_MASTER, e, e + cnt, tmp, NULL, ZO_DTYPE_F32, 0)) == 0)
-                r = zo_vec_cast((char *)o->pbuf[o->pcur] + e * o->pes, o->pdt, tmp, ZO_DTYPE_F32, cnt);
+    for (unsigned i = 0; i < o->nt && r == 0; i++) {
+        zo__ot *t = &o->tensors[i];
+        for (uint64_t e = t->off; e < t->off + t->numel && r == 0;) {
+            size_t cnt = (size_t)ZO_MIN(t->off + t->numel - e, (uint64_t)TILE_ELEMS);
+            void *dst = to_dev ? (char *)t->dev + (e - t->off) * o->pes : (char *)o->pbuf[o->pcur] + e * o->pes;
+            if ((r = state_io(o, t->group, ZO_OPTIM_STATE_MASTER, e, e + cnt, tmp, NULL, ZO_DTYPE_F32, 0)) == 0)
+                r = zo_vec_cast(dst, o->pdt, tmp, ZO_DTYPE_F32, cnt);
             e += cnt;
         }
     }
     free(tmp);
     if (r < 0)
         goto out;
-    o->pbuf_stale = 0; /* rebuilt from the masters */
-    if ((r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
+    o->pbuf_stale = to_dev; /* rebuilt from the masters, unless it does not exist */
+    if (!to_dev && (r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_load: copying the params to the device: %s", zo_dev_errmsg(o->dev));

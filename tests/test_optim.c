@@ -585,6 +585,13 @@ START_TEST(test_optim_dpu)
     zo_optim_info info;
     zo_optim_get_info(e.o, &info);
     ck_assert_int_eq(info.dpu_active, 1);
+    ck_assert_uint_eq(info.updates_done, N);
+    /* the update's own time is part of the span from its step call to its
+     * copy-back (which under DPU waits for the next step call) */
+    zo_optim_timeline tl;
+    ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
+    ck_assert_msg(tl.update_ns > 0 && tl.update_ns <= tl.total_ns, "update_ns %llu, total_ns %llu",
+                  (unsigned long long)tl.update_ns, (unsigned long long)tl.total_ns);
     eng_free(&e);
     ref_free(&r);
     for (int k = 0; k <= N; k++)

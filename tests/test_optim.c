@@ -337,6 +337,14 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
                 fill_grad(&e, i, ms, scale);
                 ref_grad(&r, i, e.dgrad[i]);
                 ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+                if (s == 3 && i == 1 && a + 1 == accum) {
+                    /* a second gradient in the last micro-step: the statistics
+                     * taken when the first landed are stale (its sub-groups
+                     * must be recomputed by the step) */
+                    ck_assert_int_eq(zo_optim_grads_done(e.o), 0);
+                    ref_grad(&r, i, e.dgrad[i]);
+                    ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+                }
             }
             zo_optim_step_result res;
             int rc = zo_optim_step(e.o, NULL, &res);
@@ -348,12 +356,29 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
                 ck_assert_int_eq(res.step, s);
                 ck_assert_msg(res.grad_norm == norm, "norm %a != %a", res.grad_norm, norm);
                 clipped += res.clipped;
+                zo_optim_timeline stl;
+                ck_assert_int_eq(zo_optim_get_timeline(e.o, &stl), 0);
+                /* every tensor got its gradient: the statistics were taken at
+                 * intake and the step made no pass of its own */
+                if (s != 2 && s != 3)
+                    ck_assert_msg(stl.norm_ns == 0, "step %d: a statistics pass of %llu ns", s,
+                                  (unsigned long long)stl.norm_ns);
+                ck_assert(stl.update_ns > 0 && stl.update_ns <= stl.total_ns);
+                zo_optim_info inf;
+                ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
+                ck_assert_uint_eq(inf.updates_done, (uint64_t)s);
             }
         }
         char when[32];
         snprintf(when, sizeof(when), "step %d", s);
         compare(&e, &r, when);
         ck_assert_int_eq(zo_optim_params_current(e.o), 1);
+        for (int i = 0; i < NT; i++) { /* the host copy holds them too (read back after direct steps) */
+            const void *pb;
+            ck_assert_int_eq(zo_optim_param_buffer(e.o, (unsigned)i, &pb), 0);
+            ck_assert_msg(memcmp(pb, (char *)r.out + m.off[i] * zo_dtype_size(pdt), m.numel[i] * zo_dtype_size(pdt)) == 0,
+                          "%s: parameter buffer of tensor %d differs", when, i);
+        }
     }
     if (max_norm > 0)
         ck_assert_msg(clipped > 0 && (accum > 1 || clipped < steps), "clipping should hit some steps, not all (%d)",
@@ -365,8 +390,16 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
     char js[1024];
     int n = zo_optim_timeline_json(e.o, js, sizeof(js));
     ck_assert(n > 0 && (size_t)n < sizeof(js) && strstr(js, "\"compute_ns\":"));
-    if (nvme)
-        ck_assert(tl.nvme_read_bytes > 0 && tl.nvme_write_bytes > 0);
+    if (nvme) {
+        /* exactly the fp32 states (12 B/param) in and out per step, nothing else */
+        ck_assert_uint_eq(tl.nvme_read_bytes, m.total * 12);
+        ck_assert_uint_eq(tl.nvme_write_bytes, m.total * 12);
+        zo_optim_info inf;
+        ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
+        ck_assert_uint_eq(inf.nvme_read_bytes_total, (uint64_t)steps * m.total * 12);
+        ck_assert_uint_eq(inf.nvme_write_bytes_total, (uint64_t)steps * m.total * 12);
+    }
+    ck_assert(strstr(js, "\"update_ns\":"));
     eng_free(&e);
     ref_free(&r);
     if (nvme)
@@ -391,10 +424,20 @@ static const struct {
     {ZO_DTYPE_F32, ZO_DTYPE_F32, 2, 2, 1.0, 1},
 };
 
+/* engine internals (lib/optim/optim_internal.h): use the parameter buffer
+ * and copies on the host backend too, the path a GPU takes */
+extern int zo__optim_force_copy;
+
 START_TEST(test_optim_plain)
 {
-    run_plain(plain_cases[_i].pdt, plain_cases[_i].gdt, plain_cases[_i].accum, plain_cases[_i].steps,
-              plain_cases[_i].max_norm, plain_cases[_i].nvme);
+    /* on the host backend the fused kernel writes the device params itself;
+     * each case runs that way and through the parameter buffer */
+    for (int copy = 0; copy < 2; copy++) {
+        zo__optim_force_copy = copy;
+        run_plain(plain_cases[_i].pdt, plain_cases[_i].gdt, plain_cases[_i].accum, plain_cases[_i].steps,
+                  plain_cases[_i].max_norm, plain_cases[_i].nvme);
+    }
+    zo__optim_force_copy = 0;
 }
 END_TEST
 
@@ -542,6 +585,13 @@ START_TEST(test_optim_dpu)
     zo_optim_info info;
     zo_optim_get_info(e.o, &info);
     ck_assert_int_eq(info.dpu_active, 1);
+    ck_assert_uint_eq(info.updates_done, N);
+    /* the update's own time is part of the span from its step call to its
+     * copy-back (which under DPU waits for the next step call) */
+    zo_optim_timeline tl;
+    ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
+    ck_assert_msg(tl.update_ns > 0 && tl.update_ns <= tl.total_ns, "update_ns %llu, total_ns %llu",
+                  (unsigned long long)tl.update_ns, (unsigned long long)tl.total_ns);
     eng_free(&e);
     ref_free(&r);
     for (int k = 0; k <= N; k++)

@@ -490,8 +490,9 @@ static void print_progress(unsigned k, unsigned n, const iter_res *r)
     const zo_optim_timeline *t = &r->tl;
     printf("step %3u/%u  iter %8.1f ms  step %8.1f ms", k, n, r->iter_s * 1e3, r->step_s * 1e3);
     if (r->have_tl)
-        printf(" | opt %7.1f: d2h %6.1f norm %6.1f compute %7.1f nvme-rd %7.1f nvme-wr %7.1f h2d %6.1f stall %6.1f ms",
-               t->total_ns * 1e-6, t->d2h_ns * 1e-6, t->norm_ns * 1e-6, t->compute_ns * 1e-6, t->nvme_read_ns * 1e-6,
+        printf(" | opt %7.1f upd %7.1f: d2h %6.1f norm %6.1f compute %7.1f nvme-rd %7.1f nvme-wr %7.1f h2d %6.1f "
+               "stall %6.1f ms",
+               t->total_ns * 1e-6, t->update_ns * 1e-6, t->d2h_ns * 1e-6, t->norm_ns * 1e-6, t->compute_ns * 1e-6, t->nvme_read_ns * 1e-6,
                t->nvme_write_ns * 1e-6, t->h2d_ns * 1e-6, t->stall_ns * 1e-6);
     printf("\n");
     fflush(stdout);
@@ -642,7 +643,8 @@ int main(int argc, char **argv)
         printf("runs:    %u pairs, alternating bound and engine, after one warm-up step\n\n", n);
     else if (!o.json)
         printf("\n");
-    for (unsigned k = 0; k < n && !interrupted; k++) {
+    unsigned done = 0;
+    for (unsigned k = 0; k < n && !interrupted; k++, done = k) {
         if (o.vs_bound && !o.dpu && o.placement == ZO_OPTIM_PLACE_HOST) {
             if ((rc = kernel_ref_step(&kr, &b, (int64_t)k + 1, &ref_t[k])) < 0)
                 goto run_fail2;
@@ -674,8 +676,9 @@ int main(int argc, char **argv)
         }
         if ((rc = iterate(&b, &r, !o.dpu)) < 0)
             goto run_fail2;
-        if (o.dpu) /* the step's own time: its timeline, finished at the next call */
-            zo_t[k] = r.have_tl ? r.tl.total_ns * 1e-9 : r.step_s;
+        if (o.dpu) /* the update's own time (its timeline's update_ns: total_ns would count the wait for this
+                      step call too) */
+            zo_t[k] = r.have_tl ? r.tl.update_ns * 1e-9 : r.step_s;
         else
             zo_t[k] = r.step_s;
         iter_t[k] = r.iter_s;
@@ -699,6 +702,9 @@ int main(int argc, char **argv)
                        ratio[k]);
         }
     }
+    if (done == 0)
+        goto run_done; /* interrupted before the first run: nothing to report */
+    n = done; /* medians over the runs done (interrupted: fewer than asked) */
     if (o.dpu) { /* collect the last delayed update */
         zo_optim_step_result sr;
         if ((rc = zo_optim_wait(b.opt, &sr)) < 0)
@@ -759,6 +765,8 @@ int main(int argc, char **argv)
                 zj_uint(&j, "nvme_write_ns", t->nvme_write_ns);
                 zj_uint(&j, "h2d_ns", t->h2d_ns);
                 zj_uint(&j, "stall_ns", t->stall_ns);
+                zj_uint(&j, "update_ns", t->update_ns);
+                zj_uint(&j, "total_ns", t->total_ns);
                 zj_obj_end(&j);
             }
             zj_arr_end(&j);
@@ -784,7 +792,7 @@ int main(int argc, char **argv)
                    info.pinned_bytes / 1048576.0, info.host_bytes / 1048576.0, o.params * 4 / 1048576.0,
                    peak_rss() / 1048576.0);
             if (interrupted)
-                printf("interrupted: %u of %u runs done\n", n, n);
+                printf("interrupted: %u of %u runs done\n", done, o.vs_bound ? o.pairs : o.steps);
         }
     }
     rc = EXIT_OK;

@@ -546,6 +546,9 @@ typedef struct zo_optim_info {
     int dpu_active;          /**< 1 once past the DPU warm-up */
     uint64_t eager_subgroups; /**< speculative: sub-group updates done before the step call closed their
                                    window (while backward still handed gradients over) */
+    uint64_t updates_done;   /**< boundaries the worker finished (applied, skipped or failed), since create */
+    uint64_t nvme_read_bytes_total;  /**< NVMe bytes the updates read, since create (sum of the timelines') */
+    uint64_t nvme_write_bytes_total; /**< NVMe bytes the updates wrote, since create */
 } zo_optim_info;
 
 /** @return 0; -EINVAL. Any thread (a snapshot). */
@@ -558,7 +561,10 @@ typedef struct zo_optim_timeline {
     uint64_t total_ns;       /**< from the boundary's step call to the end of its copy-back */
     uint64_t d2h_ns;         /**< gradient copies device -> host (this window) */
     uint64_t d2h_bytes;
-    uint64_t norm_ns;        /**< gradient statistics pass */
+    uint64_t norm_ns;        /**< gradient statistics the step computed itself: 0 when every sub-group's
+                                  were taken as its last micro-step's gradients landed (the usual case);
+                                  sub-groups with a tensor that got no gradient, or a second one in the
+                                  last micro-step, are computed by the step */
     uint64_t compute_ns;     /**< fused optimizer kernels (and rollbacks) */
     uint64_t nvme_read_ns;   /**< waiting for sub-group pieces to load (the part of the NVMe reads the
                                   read-ahead did not hide; ~0 under host placement) */
@@ -569,6 +575,11 @@ typedef struct zo_optim_timeline {
     uint64_t h2d_bytes;
     uint64_t stall_ns;       /**< the worker blocked waiting for data: gradients still copying, plus the
                                   store's stall time (NVMe pieces not yet loaded) */
+    uint64_t update_ns;      /**< the worker's own time on the update: from the window's gradients
+                                  having landed (an eager speculative job: from its start) to the update
+                                  done, its parameter copies included unless delayed. Unlike total_ns it
+                                  excludes the wait for the gradient copies and, under DPU, for the next
+                                  step call's parameter copy: the optimizer's cost to set against compute */
 } zo_optim_timeline;
 
 /** The timeline of the latest finished update. @return 0; -EINVAL; -ENOENT (no update yet). */

@@ -17,6 +17,8 @@
 #include <zoffload/swap.h>
 #include <zoffload/vec.h>
 
+int zo__optim_force_copy;
+
 void zo_optim_group_default(zo_optim_group *g)
 {
     if (!g)
@@ -183,6 +185,21 @@ static void host_free(void *p, int pinned)
         zo_aligned_free(p);
 }
 
+/* The parameter buffer exists (direct mode makes it on first use; its
+ * contents are then the device's, read back by zo__pbuf_fresh()). Caller's
+ * thread, no job running. */
+int zo__pbuf_need(zo_optim *o)
+{
+    if (o->pbuf[o->pcur])
+        return 0;
+    int r = host_alloc(o, &o->pbuf[o->pcur], (size_t)o->numel * o->pes, 1, &o->pbuf_pinned[o->pcur]);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: cannot allocate the %llu-byte parameter buffer",
+                       (unsigned long long)(o->numel * o->pes));
+    o->pbuf_stale = 1;
+    return 0;
+}
+
 /* ---- layout --------------------------------------------------------------------- */
 
 static int layout(zo_optim *o, const zo_optim_config *cfg)
@@ -307,15 +324,6 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
         }
     }
     return 0;
-}
-
-/* The sub-groups [*a, *b) tensor t overlaps. */
-static void tensor_sgs(const zo_optim *o, unsigned t, unsigned *a, unsigned *b)
-{
-    const zo__ot *ot = &o->tensors[t];
-    const zo__og *og = &o->groups[ot->group];
-    *a = og->first_sg + (unsigned)((ot->off - og->off) / og->sgsize);
-    *b = og->first_sg + (unsigned)((ot->off + ot->numel - 1 - og->off) / og->sgsize) + 1;
 }
 
 static uint64_t state_bytes(const zo_optim *o, const zo__sg *sg, int k)
@@ -524,7 +532,7 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     zo_cpuadam_team_config_default(&tc);
     if (cfg->nthreads)
         tc.nthreads = cfg->nthreads;
-    if ((r = zo_cpuadam_team_create(&o->team, &tc)) < 0) {
+    if ((r = zo_cpuadam_team_create(&o->team, &tc)) < 0 || (r = zo_cpuadam_team_create(&o->iteam, &tc)) < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_create: cpuadam team: %s", zo_last_error_detail());
         goto fail;
     }
@@ -534,6 +542,8 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
      * budget allows: the H2D source) */
     o->nwin = cfg->dpu ? 2 : 1;
     o->npbuf = cfg->dpu ? 2 : 1;
+    o->direct = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && !cfg->dpu && !zo__optim_force_copy;
+    o->host_grads = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && !zo__optim_force_copy;
     size_t accb, pb;
     if (zo__mul_size((size_t)o->numel, 4, &accb) < 0 || zo__mul_size((size_t)o->numel, o->pes, &pb) < 0) {
         r = ZO_FAIL(&o->err, -ENOMEM, "zo_optim_create: model too large");
@@ -549,9 +559,16 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         }
     }
     o->staging_bytes = cfg->grad_staging_bytes;
-    if ((r = host_alloc(o, &o->staging, o->staging_bytes, 1, &o->staging_pinned)) < 0)
+    /* host backend: gradients are read in place, no staging */
+    if (!o->host_grads && (r = host_alloc(o, &o->staging, o->staging_bytes, 1, &o->staging_pinned)) < 0)
         goto fail;
-    for (unsigned b = 0; b < o->npbuf; b++)
+    /* direct mode needs the parameter buffer only for tensors without
+     * device params; otherwise it is made when first asked for
+     * (zo__pbuf_need): 2 B/param less host memory */
+    int need_pbuf = !o->direct;
+    for (unsigned g = 0; g < o->ngroups; g++)
+        need_pbuf |= !o->groups[g].has_dev;
+    for (unsigned b = 0; b < o->npbuf && need_pbuf; b++)
         if ((r = host_alloc(o, &o->pbuf[b], pb, 1, &o->pbuf_pinned[b])) < 0)
             goto fail;
     o->eager = cfg->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && !cfg->dpu;
@@ -561,22 +578,24 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     o->sg_stats = calloc(o->nsg, 1);
     o->sg_updated = calloc(o->nsg, 1);
     o->sg_ntens = calloc(o->nsg, sizeof(*o->sg_ntens));
-    o->sg_wait = calloc(o->nsg, sizeof(*o->sg_wait));
-    o->t_chunks = calloc(o->nt, sizeof(*o->t_chunks));
-    o->t_final = calloc(o->nt, 1);
-    if (!o->sg_list || !o->sg_sumsq || !o->sg_nf || !o->sg_stats || !o->sg_updated || !o->sg_ntens || !o->sg_wait ||
-        !o->t_chunks || !o->t_final) {
+    if (!o->sg_list || !o->sg_sumsq || !o->sg_nf || !o->sg_stats || !o->sg_updated || !o->sg_ntens) {
         r = -ENOMEM;
         goto fail;
     }
     for (unsigned t = 0; t < o->nt; t++) {
         unsigned a, b;
-        tensor_sgs(o, t, &a, &b);
+        zo__tensor_sgs(o, t, &a, &b);
         for (unsigned i = a; i < b; i++)
             o->sg_ntens[i]++;
     }
-    if ((r = zo_stream_create(o->dev, &o->d2h)) < 0 || (r = zo_stream_create(o->dev, &o->h2d)) < 0 ||
-        (r = zo_event_create(o->dev, &o->ev_win[0])) < 0 || (r = zo_event_create(o->dev, &o->ev_win[1])) < 0) {
+    if ((r = zo__gst_alloc(o)) < 0)
+        goto fail;
+    o->stage_half = o->staging_bytes / 2 / 64 * 64;
+    if ((r = zo_stream_create(o->dev, &o->d2h)) < 0 || (r = zo_stream_create(o->dev, &o->land)) < 0 ||
+        (r = zo_stream_create(o->dev, &o->h2d)) < 0 || (r = zo_event_create(o->dev, &o->ev_win[0])) < 0 ||
+        (r = zo_event_create(o->dev, &o->ev_win[1])) < 0 || (r = zo_event_create(o->dev, &o->ev_copied[0])) < 0 ||
+        (r = zo_event_create(o->dev, &o->ev_copied[1])) < 0 || (r = zo_event_create(o->dev, &o->ev_freed[0])) < 0 ||
+        (r = zo_event_create(o->dev, &o->ev_freed[1])) < 0 || (r = zo_event_create(o->dev, &o->ev_tail)) < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_create: device streams: %s", zo_dev_errmsg(o->dev));
         goto fail;
     }
@@ -617,13 +636,22 @@ void zo_optim_destroy(zo_optim **op)
     }
     if (o->d2h)
         zo_stream_sync(o->d2h);
+    if (o->land)
+        zo_stream_sync(o->land);
     if (o->h2d)
         zo_stream_sync(o->h2d);
     zo_stream_destroy(&o->d2h);
+    zo_stream_destroy(&o->land);
+    for (unsigned b = 0; b < 2; b++) {
+        zo_event_destroy(&o->ev_copied[b]);
+        zo_event_destroy(&o->ev_freed[b]);
+    }
+    zo_event_destroy(&o->ev_tail);
     zo_stream_destroy(&o->h2d);
     zo_event_destroy(&o->ev_win[0]);
     zo_event_destroy(&o->ev_win[1]);
     zo_cpuadam_team_destroy(&o->team);
+    zo_cpuadam_team_destroy(&o->iteam);
     zo_store_destroy(&o->store);
     if (o->own_swap)
         zo_swap_destroy(&o->swap);
@@ -650,9 +678,7 @@ void zo_optim_destroy(zo_optim **op)
     free(o->sg_stats);
     free(o->sg_updated);
     free(o->sg_ntens);
-    free(o->sg_wait);
-    free(o->t_chunks);
-    free(o->t_final);
+    zo__gst_free(o);
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->cond);
     free(o);
@@ -694,6 +720,7 @@ int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *numel, unsi
 
 typedef struct d2h_job {
     zo_optim *o;
+    const void *src; /* the staging half */
     float *dst;
     size_t n;
     int first;
@@ -703,17 +730,6 @@ typedef struct d2h_job {
     uint64_t t0;
 } d2h_job;
 
-/* Eager: tensor t's last gradient has landed; its sub-groups may be ready.
- * Called under lock. */
-static void tensor_complete(zo_optim *o, unsigned t)
-{
-    unsigned a, b;
-    tensor_sgs(o, t, &a, &b);
-    for (unsigned i = a; i < b; i++)
-        o->sg_wait[i]--;
-    pthread_cond_broadcast(&o->cond);
-}
-
 static void d2h_begin(void *arg)
 {
     ((d2h_job *)arg)->t0 = zo__now_ns();
@@ -722,15 +738,15 @@ static void d2h_begin(void *arg)
 static void d2h_land(void *arg)
 {
     d2h_job *j = arg;
-    zo__acc_add(j->dst, j->o->staging, j->o->gdt, j->n, j->first);
-    atomic_fetch_add(&j->o->d2h_ns[j->win], zo__now_ns() - j->t0);
+    zo__acc_add(j->dst, j->src, j->o->gdt, j->n, j->first);
+    /* chunks overlap (copy of k + 1 during the accumulate of k): count the
+     * union of their spans, not the sum */
+    uint64_t now = zo__now_ns(), from = ZO_MAX(j->t0, j->o->land_end);
+    j->o->land_end = now;
+    atomic_fetch_add(&j->o->d2h_ns[j->win], now - from);
     atomic_fetch_add(&j->o->d2h_bytes[j->win], (uint64_t)j->n * j->o->ges);
-    if (j->track) {
-        pthread_mutex_lock(&j->o->lock);
-        if (--j->o->t_chunks[j->index] == 0)
-            tensor_complete(j->o, j->index);
-        pthread_mutex_unlock(&j->o->lock);
-    }
+    if (j->track)
+        zo__gst_landed(j->o, j->win, j->index);
     free(j);
 }
 
@@ -761,10 +777,7 @@ static int eager_start(zo_optim *o)
     pthread_mutex_lock(&o->lock);
     for (unsigned g = 0; g < o->ngroups; g++) /* the worker is idle here */
         o->groups[g].hp = o->groups[g].hp_next;
-    for (unsigned i = 0; i < o->nsg; i++)
-        o->sg_wait[i] = o->sg_ntens[i];
-    memset(o->t_chunks, 0, o->nt * sizeof(*o->t_chunks));
-    memset(o->t_final, 0, o->nt);
+    /* the window's landing counts (gst) were reset when it was last finished */
     o->closed = 0;
     o->landed = 0;
     o->job = job;
@@ -776,36 +789,25 @@ static int eager_start(zo_optim *o)
     return zo__wstate_set(o, ZO__W_QUEUED);
 }
 
-/* Eager mode, last micro-step: count the pieces of tensor `index`'s gradient
- * still to land. Returns 1 when the pieces must report their landing, 0 when
- * not tracked, or an error. */
-static int eager_track(zo_optim *o, unsigned index, uint32_t pieces)
+/* Tensor `index`'s gradient goes into the current window in `pieces`
+ * copies. In the window's last micro-step the copies report their landing
+ * (intake statistics, and the eager step waits on them), and in eager mode
+ * the first such gradient starts the update. Returns 1 when the pieces must
+ * report their landing (zo__gst_landed), 0 when not, or an error. */
+static int track_last(zo_optim *o, unsigned index, uint32_t pieces)
 {
-    if (!o->eager || (o->micro + 1) % o->cfg.grad_accum_steps)
-        return 0;
     int r;
-    if (!o->eager_open && (r = eager_start(o)) < 0)
+    if (o->eager && !((o->micro + 1) % o->cfg.grad_accum_steps) && !o->eager_open && (r = eager_start(o)) < 0)
         return r;
-    pthread_mutex_lock(&o->lock);
-    if (o->t_final[index]) {
-        pthread_mutex_unlock(&o->lock);
-        return ZO_FAIL(&o->err, ZO_ESTATE,
-                       "zo_optim_grad: tensor '%s' got a second gradient in the last micro-step: the speculative "
-                       "step may already have used the first (hand each gradient over once)",
-                       o->tensors[index].name);
-    }
-    o->t_final[index] = 1;
-    o->t_chunks[index] += pieces;
-    pthread_mutex_unlock(&o->lock);
-    return 1;
+    return zo__gst_track(o, o->win, index, pieces);
 }
 
 static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
 {
     zo__ot *t = &o->tensors[index];
     unsigned w = o->win;
-    size_t chunk = o->staging_bytes / o->ges;
-    int track = eager_track(o, index, (uint32_t)((t->numel + chunk - 1) / chunk));
+    size_t chunk = o->stage_half / o->ges;
+    int track = track_last(o, index, (uint32_t)((t->numel + chunk - 1) / chunk));
     if (track < 0)
         return track;
     int first = o->arrivals[w][index]++ == 0;
@@ -814,13 +816,27 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
         d2h_job *j = malloc(sizeof(*j));
         if (!j)
             return -ENOMEM;
-        *j = (d2h_job){.o = o, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w, .track = track,
-                       .index = index};
+        const void *src = (const char *)dev_grad + e * o->ges;
         int r;
-        if ((r = zo_stream_host_fn(o->d2h, d2h_begin, j)) < 0 ||
-            (r = zo_memcpy_async(o->d2h, o->staging, (const char *)dev_grad + e * o->ges, n * o->ges,
-                                 ZO_COPY_D2H)) < 0 ||
-            (r = zo_stream_host_fn(o->d2h, d2h_land, j)) < 0) {
+        if (o->host_grads) {
+            /* "device" memory is host memory: accumulate from it in place */
+            *j = (d2h_job){.o = o, .src = src, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w,
+                           .track = track, .index = index};
+            if ((r = zo_stream_host_fn(o->land, d2h_begin, j)) < 0 || (r = zo_stream_host_fn(o->land, d2h_land, j)) < 0)
+                return ZO_FAIL(&o->err, r, "zo_optim_grad: tensor '%s': queueing the accumulate: %s", t->name,
+                               zo_dev_errmsg(o->dev));
+            continue;
+        }
+        unsigned b = o->stage_next;
+        o->stage_next ^= 1u;
+        void *half = (char *)o->staging + b * o->stage_half;
+        *j = (d2h_job){.o = o, .src = half, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w,
+                       .track = track, .index = index};
+        if ((r = zo_stream_wait_event(o->d2h, o->ev_freed[b])) < 0 || (r = zo_stream_host_fn(o->d2h, d2h_begin, j)) < 0 ||
+            (r = zo_memcpy_async(o->d2h, half, src, n * o->ges, ZO_COPY_D2H)) < 0 ||
+            (r = zo_event_record(o->ev_copied[b], o->d2h)) < 0 ||
+            (r = zo_stream_wait_event(o->land, o->ev_copied[b])) < 0 ||
+            (r = zo_stream_host_fn(o->land, d2h_land, j)) < 0 || (r = zo_event_record(o->ev_freed[b], o->land)) < 0) {
             /* the job may already be queued (begin): it is leaked rather than freed under the stream */
             return ZO_FAIL(&o->err, r, "zo_optim_grad: tensor '%s': queueing the copy: %s", t->name,
                            zo_dev_errmsg(o->dev));
@@ -840,7 +856,7 @@ int zo_optim_grad_bucket(zo_optim *o, const zo_optim_grad_ref *refs, unsigned n,
         if (refs[i].index >= o->nt || !refs[i].dev_grad)
             return ZO_FAIL(&o->err, -EINVAL, "zo_optim_grad: entry %u: %s", i,
                            refs[i].dev_grad ? "tensor index out of range" : "NULL gradient");
-    if (ready && (r = zo_stream_wait_event(o->d2h, ready)) < 0)
+    if (ready && (r = zo_stream_wait_event(o->host_grads ? o->land : o->d2h, ready)) < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_grad: waiting on the ready event: %s", zo_dev_errmsg(o->dev));
     for (unsigned i = 0; i < n; i++)
         if ((r = grad_one(o, refs[i].index, refs[i].dev_grad)) < 0)
@@ -865,11 +881,11 @@ int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dt
     if (r < 0)
         return r;
     /* queued device copies of the same tensor land first: keep the order */
-    if ((r = zo_stream_sync(o->d2h)) < 0)
-        return ZO_FAIL(&o->err, r, "zo_optim_grad_host: an earlier gradient copy failed: %s", zo_dev_errmsg(o->dev));
+    if ((r = zo_optim_grads_done(o)) < 0)
+        return r;
     zo__ot *t = &o->tensors[index];
     unsigned w = o->win;
-    int track = eager_track(o, index, 1);
+    int track = track_last(o, index, 1);
     if (track < 0)
         return track;
     int first = o->arrivals[w][index]++ == 0;
@@ -877,12 +893,8 @@ int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dt
     zo__acc_add(o->acc[w] + t->off, host_grad, dtype, (size_t)t->numel, first);
     atomic_fetch_add(&o->d2h_ns[w], zo__now_ns() - t0);
     atomic_fetch_add(&o->d2h_bytes[w], t->numel * zo_dtype_size(dtype));
-    if (track) {
-        pthread_mutex_lock(&o->lock);
-        if (--o->t_chunks[index] == 0)
-            tensor_complete(o, index);
-        pthread_mutex_unlock(&o->lock);
-    }
+    if (track)
+        zo__gst_landed(o, w, index);
     return 0;
 }
 
@@ -890,9 +902,20 @@ int zo_optim_grads_done(zo_optim *o)
 {
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_grads_done: NULL engine");
-    int r = zo_stream_sync(o->d2h);
-    if (r < 0)
+    int r = zo_stream_sync(o->d2h), r2 = zo_stream_sync(o->land);
+    if (r < 0 || (r = r2) < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_grads_done: a gradient copy failed: %s", zo_dev_errmsg(o->dev));
+    return 0;
+}
+
+/* The window's gradients: ev_win[win] marks the end of every copy and
+ * accumulate queued so far (the land stream joined with the copy stream). */
+static int close_window(zo_optim *o)
+{
+    int r;
+    if ((r = zo_event_record(o->ev_tail, o->d2h)) < 0 || (r = zo_stream_wait_event(o->land, o->ev_tail)) < 0 ||
+        (r = zo_event_record(o->ev_win[o->win], o->land)) < 0)
+        return r;
     return 0;
 }
 
@@ -914,7 +937,7 @@ int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite)
         }
     double s = 0;
     uint64_t nf = 0;
-    if ((r = zo__sg_stats(o, o->acc[w], &s, &nf)) < 0)
+    if ((r = zo__sg_stats(o, w, o->acc[w], &s, &nf, NULL)) < 0)
         return r;
     if (sumsq)
         *sumsq = s;
@@ -1013,10 +1036,11 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     }
     if (o->eager_open) {
         /* the eager update runs already: close its window */
-        r = zo_event_record(o->ev_win[o->win], o->d2h);
+        r = close_window(o);
         if (r < 0) {
             ZO_FAIL(&o->err, r, "zo_optim_step_async: %s", zo_dev_errmsg(o->dev));
             zo_stream_sync(o->d2h); /* the worker must not read gradients still landing */
+            zo_stream_sync(o->land);
         }
         pthread_mutex_lock(&o->lock);
         o->job.opts = opts;
@@ -1052,7 +1076,7 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
                    .scale = o->win_scale[o->win],
                    .opts = opts,
                    .t_call = t_call};
-    if ((r = zo_event_record(o->ev_win[o->win], o->d2h)) < 0)
+    if ((r = close_window(o)) < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_step_async: %s", zo_dev_errmsg(o->dev));
     pthread_mutex_lock(&o->lock);
     o->job = job;
@@ -1205,6 +1229,9 @@ int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
     pthread_mutex_unlock(&o->lock);
     if (busy)
         return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_param_buffer: a step is writing the buffer: wait first");
+    int r = zo__pbuf_fresh(o);
+    if (r < 0)
+        return r;
     *host = (const char *)o->pbuf[b] + o->tensors[index].off * o->pes;
     return 0;
 }
@@ -1218,6 +1245,9 @@ int zo_optim_get_info(zo_optim *o, zo_optim_info *info)
     info->step = o->step;
     info->skipped_steps = o->skipped;
     info->rollbacks = o->rollbacks;
+    info->updates_done = o->updates_done;
+    info->nvme_read_bytes_total = o->nvme_read_total;
+    info->nvme_write_bytes_total = o->nvme_write_total;
     pthread_mutex_unlock(&o->lock);
     info->micro_steps = o->micro;
     info->loss_scale = o->win_scale[o->win];

@@ -75,6 +75,29 @@ typedef struct zo__job {
     uint64_t t_call;        /* when the boundary's step call came */
 } zo__job;
 
+/* Gradient statistics taken at intake, one set per accumulator window.
+ * When every tensor overlapping a sub-group has got (and landed) its
+ * gradient of the window's last micro-step, the sub-group's sum of squares
+ * and inf/NaN count are computed at once, while the data is hot (and, with
+ * a device, while backward goes on), with a team of the same thread count
+ * and variant as the worker's: the same bits the step's own pass would
+ * give, so the step reads them instead of re-reading the accumulators.
+ * Sub-groups not complete at the step (a tensor got no gradient, or a
+ * second one in the last micro-step) are computed by the step as before.
+ * Under `lock`; landings are serial (the d2h stream's host functions, or
+ * the caller's thread after it synced that stream). Reset by the worker
+ * when it finishes the window (it owns the window then), by load, and at
+ * create. The eager speculative step waits on `left` too. */
+typedef struct zo__gst {
+    uint32_t *tpend; /* per tensor: pieces of its last-micro-step gradient still landing */
+    uint8_t *tfin;   /* per tensor: it got its last-micro-step gradient */
+    unsigned *left;  /* per sub-group: overlapping tensors whose last gradient has not landed */
+    uint8_t *ok;     /* per sub-group: sum / nf hold its statistics */
+    uint8_t *bad;    /* per sub-group: a tensor got a second last-micro-step gradient: not cached */
+    double *sum;
+    uint64_t *nf;
+} zo__gst;
+
 /* DeepSpeed's DynamicLossScaler state. */
 typedef struct zo__scaler {
     int dynamic;
@@ -104,6 +127,7 @@ struct zo_optim {
     int own_swap;
     zo_store *store;
     zo_cpuadam_team *team;
+    zo_cpuadam_team *iteam; /* intake statistics: same thread count and variant as team */
 
     /* gradient intake */
     unsigned nwin;      /* 2 under DPU, else 1 */
@@ -114,15 +138,33 @@ struct zo_optim {
     void *staging;
     size_t staging_bytes;
     int staging_pinned;
-    zo_stream *d2h, *h2d;
-    zo_event *ev_win[2];
+    /* Gradient copies are double-buffered: staging is two halves; chunk k
+     * is copied into half k % 2 on d2h while chunk k - 1 is accumulated from
+     * the other half on `land` (copied[b]: the copy into half b is done;
+     * freed[b]: its accumulate is done, the half may be overwritten). */
+    size_t stage_half;  /* bytes per half */
+    unsigned stage_next; /* half the next chunk uses (caller thread) */
+    uint64_t land_end;   /* when the latest accumulate ended (land stream only) */
+    zo_stream *d2h, *land, *h2d;
+    zo_event *ev_copied[2], *ev_freed[2], *ev_tail;
+    zo_event *ev_win[2];  /* recorded on `land` at the step call: every gradient of the window landed */
     _Atomic uint64_t d2h_ns[2], d2h_bytes[2];
+    zo__gst gst[2];
 
     /* parameter buffers (param dtype, flat layout) */
     void *pbuf[2];
     int pbuf_pinned[2];
     unsigned npbuf;
     unsigned pcur;       /* buffer holding the latest applied update */
+    /* host backend without DPU: "device" params are host memory, so the
+     * fused kernel writes them itself instead of writing pbuf and copying
+     * (the copy was 4 B/param of extra traffic on the same cores). pbuf is
+     * then stale for tensors with device params until zo__pbuf_fresh(). */
+    int direct;
+    /* host backend: gradients are accumulated straight from "device"
+     * memory (host memory) on the land stream, without the staging copy */
+    int host_grads;
+    int pbuf_stale;      /* written by the worker during a job, read by the caller after it */
     int push_pending;    /* DPU: pbuf[pcur] not yet copied to the device */
     _Atomic int params_current;
 
@@ -156,18 +198,17 @@ struct zo_optim {
     uint64_t *sg_nf;
     uint8_t *sg_stats, *sg_updated;
     /* eager speculative step (speculative without DPU): sub-groups are
-     * updated as the last micro-step's gradients complete them. Under lock:
-     * sg_wait, t_chunks, t_final, closed, abort. */
+     * updated as the last micro-step's gradients complete them (gst[win].left
+     * reaches 0). Under lock: closed, abort. */
     int eager;               /* the mode is on */
     int eager_open;          /* caller: an eager job runs, the window is not closed */
     unsigned *sg_ntens;      /* tensors overlapping each sub-group */
-    unsigned *sg_wait;       /* of those, not yet complete */
-    uint32_t *t_chunks;      /* copies of the tensor's last gradient still landing */
-    uint8_t *t_final;        /* the tensor got its last micro-step's gradient */
     int closed;              /* the step call closed the window */
     int abort;               /* destroy: stop waiting */
     int landed;              /* worker: the closed window's copies were waited for */
     _Atomic uint64_t eager_updates; /* sub-group updates finished before their window closed */
+    /* cumulative counters (worker, under lock) */
+    uint64_t updates_done, nvme_read_total, nvme_write_total;
 };
 
 /* step.c */
@@ -176,7 +217,22 @@ int zo__wstate_set(zo_optim *o, zo__wstate to);
 void zo__scaler_init(zo__scaler *sc, const zo_optim_config *cfg, zo_dtype pdt);
 void zo__scaler_update(zo__scaler *sc, const zo_optim_config *cfg, int overflow);
 int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi);
-int zo__sg_stats(zo_optim *o, const float *acc, double *sumsq, uint64_t *nonfinite);
+int zo__pbuf_fresh(zo_optim *o);
+int zo__pbuf_need(zo_optim *o);
+/* Test hook: nonzero makes engines created afterwards use the parameter
+ * buffer, the staging and copies even on the host backend (the path a GPU
+ * takes). */
+extern int zo__optim_force_copy;
+int zo__sg_stats(zo_optim *o, unsigned win, const float *acc, double *sumsq, uint64_t *nonfinite, uint64_t *ns);
+
+/* gstats.c: intake-time gradient statistics (zo__gst) */
+int zo__gst_alloc(zo_optim *o);
+void zo__gst_free(zo_optim *o);
+void zo__gst_reset(zo_optim *o, unsigned w);
+int zo__gst_track(zo_optim *o, unsigned w, unsigned t, uint32_t pieces);
+void zo__gst_landed(zo_optim *o, unsigned w, unsigned t);
+int zo__gst_get(zo_optim *o, unsigned w, unsigned i, zo_grad_stats *gs);
+void zo__tensor_sgs(const zo_optim *o, unsigned t, unsigned *a, unsigned *b);
 
 /* optim.c */
 int zo__optim_quiesce(zo_optim *o, int for_load);

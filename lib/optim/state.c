@@ -114,6 +114,9 @@ int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, con
         return r;
     if ((r = zo__optim_quiesce(o, 0)) < 0)
         return r;
+    /* the parameter buffer follows the masters: it must hold the rest too */
+    if (which == ZO_OPTIM_STATE_MASTER && (r = zo__pbuf_fresh(o)) < 0)
+        return r;
     zo__ot *t = &o->tensors[index];
     return state_io(o, t->group, which, t->off + off, t->off + off + n, NULL, src, dtype,
                     which == ZO_OPTIM_STATE_MASTER);
@@ -154,6 +157,16 @@ int zo_optim_init_from_device(zo_optim *o)
     int r = zo__optim_quiesce(o, 1); /* everything is rewritten: also after a failed step */
     if (r < 0)
         return r;
+    if (!o->pbuf[o->pcur]) {
+        /* direct mode without a parameter buffer: widen the device params
+         * (host memory) in place */
+        for (unsigned i = 0; i < o->nt && r == 0; i++) {
+            zo__ot *t = &o->tensors[i];
+            r = state_io(o, t->group, ZO_OPTIM_STATE_MASTER, t->off, t->off + t->numel, NULL, t->dev, o->pdt, 0);
+        }
+        o->pbuf_stale = 1;
+        goto states;
+    }
     /* the device params, exactly, into the parameter buffer; then widened */
     for (unsigned i = 0; i < o->nt; i++) {
         zo__ot *t = &o->tensors[i];
@@ -165,11 +178,13 @@ int zo_optim_init_from_device(zo_optim *o)
         r = zo_stream_sync(o->h2d);
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_init_from_device: copying the device params: %s", zo_dev_errmsg(o->dev));
+    o->pbuf_stale = 0;
     for (unsigned g = 0; g < o->ngroups && r == 0; g++) {
         zo__og *og = &o->groups[g];
         r = state_io(o, g, ZO_OPTIM_STATE_MASTER, og->off, og->off + og->numel, NULL,
                      (const char *)o->pbuf[o->pcur] + og->off * o->pes, o->pdt, 0);
     }
+states:
     if (r == 0)
         r = zero_states(o);
     if (r == 0) {
@@ -186,6 +201,12 @@ int zo_optim_push_params(zo_optim *o)
     int r = zo__optim_quiesce(o, 0);
     if (r < 0)
         return r;
+    if (o->direct && (!o->pbuf[o->pcur] || o->pbuf_stale)) {
+        /* the device params are the latest (the kernel wrote them; no
+         * import since): nothing to copy */
+        o->params_current = 1;
+        return 0;
+    }
     if ((r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0)
@@ -339,30 +360,36 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
         o->groups[g].hp = o->groups[g].hp_next = hps[g];
     for (unsigned w = 0; w < o->nwin; w++) {
         memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+        zo__gst_reset(o, w);
         o->win_scale[w] = sc.scale;
     }
     o->push_pending = 0;
     o->have_res = 0;
     o->failed = 0;
-    /* the parameter buffer from the masters (the cast the fused step does) */
+    /* the parameter buffer from the masters (the cast the fused step
+     * does); in direct mode without a parameter buffer (every tensor has
+     * device params, which are host memory) the device params themselves */
+    int to_dev = !o->pbuf[o->pcur];
     float *tmp = malloc(TILE_ELEMS * 4);
     if (!tmp) {
         r = -ENOMEM;
         goto out;
     }
-    for (unsigned g = 0; g < o->ngroups && r == 0; g++) {
-        zo__og *og = &o->groups[g];
-        for (uint64_t e = og->off; e < og->off + og->numel && r == 0;) {
-            size_t cnt = (size_t)ZO_MIN(og->off + og->numel - e, (uint64_t)TILE_ELEMS);
-            if ((r = state_io(o, g, ZO_OPTIM_STATE_MASTER, e, e + cnt, tmp, NULL, ZO_DTYPE_F32, 0)) == 0)
-                r = zo_vec_cast((char *)o->pbuf[o->pcur] + e * o->pes, o->pdt, tmp, ZO_DTYPE_F32, cnt);
+    for (unsigned i = 0; i < o->nt && r == 0; i++) {
+        zo__ot *t = &o->tensors[i];
+        for (uint64_t e = t->off; e < t->off + t->numel && r == 0;) {
+            size_t cnt = (size_t)ZO_MIN(t->off + t->numel - e, (uint64_t)TILE_ELEMS);
+            void *dst = to_dev ? (char *)t->dev + (e - t->off) * o->pes : (char *)o->pbuf[o->pcur] + e * o->pes;
+            if ((r = state_io(o, t->group, ZO_OPTIM_STATE_MASTER, e, e + cnt, tmp, NULL, ZO_DTYPE_F32, 0)) == 0)
+                r = zo_vec_cast(dst, o->pdt, tmp, ZO_DTYPE_F32, cnt);
             e += cnt;
         }
     }
     free(tmp);
     if (r < 0)
         goto out;
-    if ((r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
+    o->pbuf_stale = to_dev; /* rebuilt from the masters, unless it does not exist */
+    if (!to_dev && (r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_load: copying the params to the device: %s", zo_dev_errmsg(o->dev));
@@ -412,8 +439,9 @@ int zo_optim_timeline_json(zo_optim *o, char *buf, size_t len)
                      "{\"step\":%" PRId64 ",\"total_ns\":%" PRIu64 ",\"d2h_ns\":%" PRIu64 ",\"d2h_bytes\":%" PRIu64
                      ",\"norm_ns\":%" PRIu64 ",\"compute_ns\":%" PRIu64 ",\"nvme_read_ns\":%" PRIu64
                      ",\"nvme_read_bytes\":%" PRIu64 ",\"nvme_write_ns\":%" PRIu64 ",\"nvme_write_bytes\":%" PRIu64
-                     ",\"h2d_ns\":%" PRIu64 ",\"h2d_bytes\":%" PRIu64 ",\"stall_ns\":%" PRIu64 "}",
+                     ",\"h2d_ns\":%" PRIu64 ",\"h2d_bytes\":%" PRIu64 ",\"stall_ns\":%" PRIu64 ",\"update_ns\":%" PRIu64 "}",
                      t.step, t.total_ns, t.d2h_ns, t.d2h_bytes, t.norm_ns, t.compute_ns, t.nvme_read_ns,
-                     t.nvme_read_bytes, t.nvme_write_ns, t.nvme_write_bytes, t.h2d_ns, t.h2d_bytes, t.stall_ns);
+                     t.nvme_read_bytes, t.nvme_write_ns, t.nvme_write_bytes, t.h2d_ns, t.h2d_bytes, t.stall_ns,
+                     t.update_ns);
     return n;
 }

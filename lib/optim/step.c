@@ -80,11 +80,9 @@ void zo__scaler_update(zo__scaler *sc, const zo_optim_config *cfg, int overflow)
 
 /* ---- pieces ------------------------------------------------------------------------ */
 
-/* Queue the copy of params [lo, hi) (flat elements) from pbuf[pb] to the
- * device params of the tensors they belong to. */
-int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
+/* The first tensor that ends after flat element lo (tensors are sorted by offset). */
+static unsigned tensor_at(const zo_optim *o, uint64_t lo)
 {
-    /* tensors are sorted by offset: binary search the first that ends after lo */
     unsigned a = 0, b = o->nt;
     while (a < b) {
         unsigned m = a + (b - a) / 2;
@@ -93,7 +91,14 @@ int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
         else
             b = m;
     }
-    for (unsigned i = a; i < o->nt && o->tensors[i].off < hi; i++) {
+    return a;
+}
+
+/* Queue the copy of params [lo, hi) (flat elements) from pbuf[pb] to the
+ * device params of the tensors they belong to. */
+int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
+{
+    for (unsigned i = tensor_at(o, lo); i < o->nt && o->tensors[i].off < hi; i++) {
         zo__ot *t = &o->tensors[i];
         if (!t->dev)
             continue;
@@ -106,24 +111,34 @@ int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
     return 0;
 }
 
-/* Sum of squares and inf/NaN count of the accumulated gradients: one
- * zo_cpuadam_grad_stats() per sub-group, summed in sub-group order. The
- * same order in both step modes, so they agree on the norm to the bit. */
-static int one_sg_stats(zo_optim *o, const zo__sg *sg, const float *acc, zo_grad_stats *gs)
+/* Sum of squares and inf/NaN count of sub-group i's accumulated gradients
+ * in window w: the ones taken at intake when they are complete (gstats.c),
+ * else one zo_cpuadam_team_grad_stats() now. Both give the same bits. */
+static int one_sg_stats(zo_optim *o, unsigned w, unsigned i, const float *acc, zo_grad_stats *gs, uint64_t *ns)
 {
+    if (zo__gst_get(o, w, i, gs))
+        return 0;
+    const zo__sg *sg = &o->sgs[i];
+    uint64_t t0 = zo__now_ns();
     int r = zo_cpuadam_team_grad_stats(o->team, acc + sg->off, ZO_DTYPE_F32, (size_t)sg->n, gs);
+    if (ns)
+        *ns += zo__now_ns() - t0;
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim: gradient statistics: %s", zo_cpuadam_team_errmsg(o->team));
     return 0;
 }
 
-int zo__sg_stats(zo_optim *o, const float *acc, double *sumsq, uint64_t *nonfinite)
+/* The statistics of all sub-groups, summed in sub-group order: the same
+ * order in both step modes (and in zo_optim_grad_norm_partial()), so they
+ * agree on the norm to the bit. *ns (if set) gets the time of the ones
+ * computed here (not taken at intake). */
+int zo__sg_stats(zo_optim *o, unsigned w, const float *acc, double *sumsq, uint64_t *nonfinite, uint64_t *ns)
 {
     double s = 0;
     uint64_t nf = 0;
     for (unsigned i = 0; i < o->nsg; i++) {
         zo_grad_stats gs;
-        int r = one_sg_stats(o, &o->sgs[i], acc, &gs);
+        int r = one_sg_stats(o, w, i, acc, &gs, ns);
         if (r < 0)
             return r;
         s += gs.sumsq;
@@ -142,16 +157,39 @@ static double clip_coef(const zo_optim *o, double norm)
     return c < 1.0 ? c : 1.0;
 }
 
-/* One fused kernel call (or its rollback) over one piece of a sub-group. */
-static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t elem_off,
-                        uint64_t n, const float *acc, unsigned pb, double scale, double coef, int rollback)
+/* The parameter buffer again holds every tensor's latest params: after
+ * direct steps (the kernel wrote the device params, which are host memory)
+ * they are copied back from the device. Caller's thread, no job running. */
+int zo__pbuf_fresh(zo_optim *o)
+{
+    int r = zo__pbuf_need(o);
+    if (r < 0 || !o->pbuf_stale)
+        return r;
+    for (unsigned i = 0; i < o->nt && r == 0; i++) {
+        zo__ot *t = &o->tensors[i];
+        if (t->dev)
+            r = zo_memcpy_async(o->h2d, (char *)o->pbuf[o->pcur] + t->off * o->pes, t->dev, t->numel * o->pes,
+                                ZO_COPY_D2H);
+    }
+    if (r == 0)
+        r = zo_stream_sync(o->h2d);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim: reading the parameters back: %s", zo_dev_errmsg(o->dev));
+    o->pbuf_stale = 0;
+    return 0;
+}
+
+/* One fused kernel call (or its rollback) over flat elements [e, e + n) of
+ * a sub-group, whose states start at st (element e), writing the
+ * param-dtype copy to `out`. */
+static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t e, uint64_t n,
+                       const float *acc, void *out, double scale, double coef, int rollback)
 {
     const zo__og *og = &o->groups[sg->group];
     zo_optim_hparams hp = og->hp;
     hp.step = o->step + 1;
     hp.grad_scale = 1.0 / scale;
     hp.clip_coef = coef;
-    uint64_t e = sg->off + elem_off;
     zo_cpuadam_tensors t;
     zo_cpuadam_tensors_default(&t);
     t.n = (size_t)n;
@@ -161,12 +199,49 @@ static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_S
     t.exp_avg = st[ZO_OPTIM_STATE_EXP_AVG];
     t.exp_avg_sq = st[ZO_OPTIM_STATE_EXP_AVG_SQ];
     t.state_dtype = og->sdt;
-    t.param_out = (char *)o->pbuf[pb] + e * o->pes;
+    t.param_out = out;
     t.out_dtype = o->pdt;
     int r = rollback ? zo_cpuadam_team_rollback(o->team, &hp, &t) : zo_cpuadam_team_step(o->team, &hp, &t);
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim: %s of sub-group %u: %s", rollback ? "rollback" : "update",
                        (unsigned)(sg - o->sgs), zo_cpuadam_team_errmsg(o->team));
+    return 0;
+}
+
+/* The fused kernel (or its rollback) over one piece of a sub-group. The
+ * params go to the parameter buffer pb, or in direct mode straight into
+ * the device params of the tensors that have them (one call per tensor the
+ * piece crosses: the update is elementwise, so the bits are the same). */
+static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t elem_off,
+                        uint64_t n, const float *acc, unsigned pb, double scale, double coef, int rollback)
+{
+    uint64_t lo = sg->off + elem_off, hi = lo + n;
+    if (!o->direct)
+        return kernel_call(o, sg, st, lo, n, acc, (char *)o->pbuf[pb] + lo * o->pes, scale, coef, rollback);
+    o->pbuf_stale = 1;
+    const zo__og *og = &o->groups[sg->group];
+    size_t sz[ZO_OPTIM_STATE_COUNT];
+    for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+        sz[k] = k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(og->sdt);
+    /* runs of tensors without device params go to pbuf in one call */
+    for (unsigned i = tensor_at(o, lo); lo < hi;) {
+        const zo__ot *t = &o->tensors[i];
+        uint64_t e = ZO_MIN(hi, t->off + t->numel);
+        if (!t->dev)
+            while (i + 1 < o->nt && !o->tensors[i + 1].dev && e < hi) {
+                i++;
+                e = ZO_MIN(hi, o->tensors[i].off + o->tensors[i].numel);
+            }
+        void *s2[ZO_OPTIM_STATE_COUNT];
+        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+            s2[k] = st[k] ? (char *)st[k] + (lo - sg->off - elem_off) * sz[k] : NULL;
+        void *out = t->dev ? (char *)t->dev + (lo - t->off) * o->pes : (char *)o->pbuf[pb] + lo * o->pes;
+        int r = kernel_call(o, sg, s2, lo, e - lo, acc, out, scale, coef, rollback);
+        if (r < 0)
+            return r;
+        lo = e;
+        i++;
+    }
     return 0;
 }
 
@@ -207,7 +282,7 @@ static int eager_wait(zo_optim *o, long i, const zo__job *job, zo_optim_timeline
 {
     uint64_t t0 = zo__now_ns();
     pthread_mutex_lock(&o->lock);
-    while ((i < 0 || o->sg_wait[i]) && !o->closed && !o->abort)
+    while ((i < 0 || o->gst[job->win].left[i]) && !o->closed && !o->abort)
         pthread_cond_wait(&o->cond, &o->lock);
     int closed = o->closed, abort = o->abort;
     pthread_mutex_unlock(&o->lock);
@@ -268,9 +343,7 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
                 break;
             }
             zo_grad_stats gs;
-            t0 = zo__now_ns();
-            r = one_sg_stats(o, sg, w->acc, &gs);
-            tl->norm_ns += zo__now_ns() - t0;
+            r = one_sg_stats(o, job->win, si, w->acc, &gs, &tl->norm_ns);
             if (r == 0) {
                 o->sg_sumsq[si] = gs.sumsq;
                 o->sg_nf[si] = gs.nonfinite;
@@ -293,7 +366,7 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
             r = ZO_FAIL(&o->err, r2, "zo_optim: %s", zo_store_errmsg(o->store));
         if (r < 0)
             break;
-        if (!job->delayed && !w->rollback &&
+        if (!job->delayed && !w->rollback && !o->direct &&
             (r = zo__push_range(o, job->pbuf, sg->off + pc.elem_off, sg->off + pc.elem_off + pc.nelem)) < 0) {
             ZO_FAIL(&o->err, r, "zo_optim: queueing the parameter copy: %s", zo_dev_errmsg(o->dev));
             break;
@@ -360,7 +433,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo
     for (unsigned i = 0; i < o->nsg; i++) {
         if (!o->sg_stats[i]) {
             zo_grad_stats gs;
-            if ((r = one_sg_stats(o, &o->sgs[i], acc, &gs)) < 0)
+            if ((r = one_sg_stats(o, job->win, i, acc, &gs, &tl->norm_ns)) < 0)
                 return r;
             o->sg_sumsq[i] = gs.sumsq;
             o->sg_nf[i] = gs.nonfinite;
@@ -393,7 +466,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo
         pthread_mutex_lock(&o->lock);
         o->rollbacks++;
         pthread_mutex_unlock(&o->lock);
-        if (!job->delayed && ovf)
+        if (!job->delayed && !o->direct && ovf)
             for (unsigned k = 0; k < nupd && r == 0; k++)
                 r = zo__push_range(o, job->pbuf, o->sgs[list[k]].off, o->sgs[list[k]].off + o->sgs[list[k]].n);
         if (r < 0)
@@ -414,14 +487,20 @@ static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo
 static void finish_window(zo_optim *o, unsigned w)
 {
     memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+    zo__gst_reset(o, w);
 }
 
-static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, zo_optim_timeline *tl)
+/* *t_upd: when the update proper started (the window's gradients landed;
+ * an eager job's own start, its waits for gradients being its overlap
+ * with backward). */
+static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, zo_optim_timeline *tl,
+                   uint64_t *t_upd)
 {
     unsigned w = job->win;
     float *acc = o->acc[w];
     uint64_t t0;
     int r = 0;
+    *t_upd = zo__now_ns();
     if (!job->eager) {
         t0 = zo__now_ns();
         r = zo_event_sync(o->ev_win[w]);
@@ -431,6 +510,7 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
             return ZO_FAIL(&o->err, r, "zo_optim: a gradient copy failed; the window's gradients are dropped: %s",
                            zo_dev_errmsg(o->dev));
         }
+        *t_upd = zo__now_ns();
         for (unsigned i = 0; i < o->nt; i++)
             if (!o->arrivals[w][i])
                 memset(acc + o->tensors[i].off, 0, o->tensors[i].numel * 4);
@@ -447,10 +527,8 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
     } else {
         double sumsq = 0;
         uint64_t nf = 0;
-        t0 = zo__now_ns();
         if (job->opts.global_sumsq < 0 || job->opts.global_nonfinite < 0)
-            r = zo__sg_stats(o, acc, &sumsq, &nf);
-        tl->norm_ns += zo__now_ns() - t0;
+            r = zo__sg_stats(o, w, acc, &sumsq, &nf, &tl->norm_ns);
         if (job->opts.global_sumsq >= 0)
             sumsq = job->opts.global_sumsq;
         if (job->opts.global_nonfinite >= 0)
@@ -536,9 +614,15 @@ void *zo__optim_worker(void *arg)
         zo_optim_timeline tl;
         memset(&tl, 0, sizeof(tl));
         res.boundary = 1;
-        int r = run_job(o, &job, &res, &tl);
-        tl.total_ns = zo__now_ns() - job.t_call;
+        uint64_t t0;
+        int r = run_job(o, &job, &res, &tl, &t0);
+        uint64_t t1 = zo__now_ns();
+        tl.update_ns = t1 - t0;
+        tl.total_ns = t1 - job.t_call;
         pthread_mutex_lock(&o->lock);
+        o->updates_done++;
+        o->nvme_read_total += tl.nvme_read_bytes;
+        o->nvme_write_total += tl.nvme_write_bytes;
         res.step = o->step;
         tl.step = o->step;
         o->job_err = r;

@@ -86,7 +86,8 @@ class OptimInfo(ctypes.Structure):
                 ("rollbacks", c_u64), ("loss_scale", c_double), ("ntensors", c_uint),
                 ("ngroups", c_uint), ("nsubgroups", c_uint), ("numel", c_u64),
                 ("pinned_bytes", c_u64), ("host_bytes", c_u64), ("dpu_active", c_int),
-                ("eager_subgroups", c_u64)]
+                ("eager_subgroups", c_u64), ("updates_done", c_u64), ("nvme_read_bytes_total", c_u64),
+                ("nvme_write_bytes_total", c_u64)]
 
 
 class OptimTimeline(ctypes.Structure):
@@ -94,7 +95,7 @@ class OptimTimeline(ctypes.Structure):
                 ("norm_ns", c_u64), ("compute_ns", c_u64), ("nvme_read_ns", c_u64),
                 ("nvme_read_bytes", c_u64), ("nvme_write_ns", c_u64),
                 ("nvme_write_bytes", c_u64), ("h2d_ns", c_u64), ("h2d_bytes", c_u64),
-                ("stall_ns", c_u64)]
+                ("stall_ns", c_u64), ("update_ns", c_u64)]
 
 
 _SIZED = {

@@ -84,8 +84,18 @@ verify-optimizers)
     run 0 "" $small --steps 4 --clip 0 --verify --config "$scratch/spec.json"
     run 2 "speculative clipping" $small --steps 4 --verify --config "$scratch/spec.json" ;;
 backend-cuda)
-    # the model's math has no device kernels yet: refused with the reason, nothing run
-    run 2 "zo_gemm_async" $small --backend cuda ;;
+    # With a GPU (and a CUDA build) the model trains there; without, zo_dev_open's
+    # refusal with its reason, exit 2. --verify is host-only either way.
+    "$train" $small --steps 2 --backend cuda >"$scratch/out" 2>"$scratch/err"
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        grep -q "^summary" "$scratch/out" || { echo "cuda run without a summary"; cat "$scratch/out"; exit 1; }
+    else
+        [ "$rc" -eq 2 ] && grep -q "the device does not open" "$scratch/err" ||
+            { echo "cuda: exit $rc"; cat "$scratch/err"; exit 1; }
+        echo "exit 2: $(cat "$scratch/err")"
+    fi
+    run 2 "use it with --backend host" $small --steps 2 --backend cuda --verify ;;
 config-nvme-no-path)
     # a config asking for NVMe without nvme_path: a private directory under /var/tmp, removed
     printf '{"zero_optimization": {"offload_optimizer": {"device": "nvme"}}}\n' >"$scratch/nvme.json"

@@ -1,7 +1,7 @@
 /*
  * zo-train's model: an MLP regressing a random teacher (see train_model.h).
- * Every matrix product goes through train_gemm(); everything else is a
- * simple loop over a batch x W matrix.
+ * The student runs on a zo_dev (GEMMs on its compute stream); the teacher,
+ * which only generates the data, on the host with OpenBLAS.
  */
 #include "train_model.h"
 
@@ -11,17 +11,23 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zoffload/dev.h>
 #include <zoffload/mem.h>
 #include <zoffload/vec.h>
 
-/* ---- the GEMM: the one function to move onto a device ------------------------------ */
+/* Return a negative result at once (device calls queue work: the caller syncs). */
+#define TRY(expr)                                                                                                    \
+    do {                                                                                                             \
+        int try_r_ = (expr);                                                                                         \
+        if (try_r_ < 0)                                                                                              \
+            return try_r_;                                                                                           \
+    } while (0)
 
-void train_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha, const float *a, size_t lda,
-                const float *b, size_t ldb, float beta, float *c, size_t ldc)
+/* ---- the teacher's GEMM (host: the data generator, not the model) -------------------- */
+
+void train_host_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha, const float *a, size_t lda,
+                     const float *b, size_t ldb, float beta, float *c, size_t ldc)
 {
-    /* Host backend: OpenBLAS. With zo_gemm_async() (branch tiling) this
-     * becomes one call queued on the compute stream:
-     *   zo_gemm_async(s, trans_a ? ZO_GEMM_T : ZO_GEMM_N, ..., ZO_DTYPE_F32, beta, c, ldc); */
     cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, (int)m,
                 (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb, beta, c, (int)ldc);
 }
@@ -52,8 +58,8 @@ static float uniform(uint64_t seed, uint64_t i, float a)
 uint64_t train_shape_activation_bytes(const train_shape *s)
 {
     uint64_t bw = (uint64_t)s->batch * s->width * 4;
-    /* saved inputs of every layer, output, dy, dx; widened weight and fp32 gradient */
-    return bw * ((uint64_t)s->layers + 3) + 2ull * s->width * s->width * 4;
+    /* saved inputs of every layer, output, dy, dx; widened weight and fp32 gradient; ones */
+    return bw * ((uint64_t)s->layers + 3) + 2ull * s->width * s->width * 4 + (uint64_t)s->batch * 4;
 }
 
 double train_shape_flops(const train_shape *s)
@@ -64,133 +70,240 @@ double train_shape_flops(const train_shape *s)
 
 /* ---- the student ------------------------------------------------------------------------- */
 
-int train_model_init(train_model *m, const train_shape *s)
+static int dev_alloc(train_model *m, void *pp, size_t n)
+{
+    int r = zo_dev_malloc(m->dev, (void **)pp, n);
+    if (r == 0)
+        m->dev_bytes += n;
+    return r;
+}
+
+int train_model_init(train_model *m, zo_dev *dev, const train_shape *s)
 {
     memset(m, 0, sizeof(*m));
     m->shape = *s;
+    m->dev = dev;
     size_t bw = s->batch * s->width * sizeof(float), ww = s->width * s->width * sizeof(float);
     m->act = calloc(s->layers, sizeof(float *));
-    if (!m->act)
-        return -ENOMEM;
-    int r = 0;
-    for (unsigned l = 0; l < s->layers && r == 0; l++)
-        r = zo_aligned_alloc((void **)&m->act[l], bw, 64);
-    if (r == 0)
-        r = zo_aligned_alloc((void **)&m->dy, bw, 64);
-    if (r == 0)
-        r = zo_aligned_alloc((void **)&m->dx, bw, 64);
-    if (r == 0)
-        r = zo_aligned_alloc((void **)&m->out, bw, 64);
-    if (r == 0)
-        r = zo_aligned_alloc((void **)&m->wf32, ww, 64);
-    if (r == 0)
-        r = zo_aligned_alloc((void **)&m->gf32, ww, 64);
-    if (r < 0) {
+    m->ev = calloc(2 * (size_t)s->layers, sizeof(zo_event *));
+    if (!m->act || !m->ev) {
         train_model_free(m);
         return -ENOMEM;
     }
-    return 0;
+    int r = zo_stream_create(dev, &m->s);
+    for (unsigned i = 0; i < 2 * s->layers && r == 0; i++)
+        r = zo_event_create(dev, &m->ev[i]);
+    for (unsigned l = 0; l < s->layers && r == 0; l++)
+        r = dev_alloc(m, &m->act[l], bw);
+    if (r == 0)
+        r = dev_alloc(m, &m->dy, bw);
+    if (r == 0)
+        r = dev_alloc(m, &m->dx, bw);
+    if (r == 0)
+        r = dev_alloc(m, &m->out, bw);
+    if (r == 0)
+        r = dev_alloc(m, &m->wf32, ww);
+    if (r == 0)
+        r = dev_alloc(m, &m->gf32, ww);
+    if (r == 0)
+        r = dev_alloc(m, &m->ones, s->batch * sizeof(float));
+    if (r == 0 && (zo_aligned_alloc((void **)&m->ha, bw, 64) < 0 || zo_aligned_alloc((void **)&m->hb, bw, 64) < 0))
+        r = -ENOMEM;
+    /* registered: a CUDA copy from/to them is truly asynchronous */
+    if (r == 0 && (r = zo_dev_host_register(dev, m->ha, bw)) < 0)
+        zo_aligned_free(m->ha), m->ha = NULL;
+    if (r == 0 && (r = zo_dev_host_register(dev, m->hb, bw)) < 0)
+        zo_aligned_free(m->hb), m->hb = NULL;
+    if (r == 0) {
+        for (size_t i = 0; i < s->batch; i++)
+            m->ha[i] = 1.0f;
+        if ((r = zo_memcpy_async(m->s, m->ones, m->ha, s->batch * sizeof(float), ZO_COPY_H2D)) == 0)
+            r = zo_stream_sync(m->s);
+    }
+    if (r < 0)
+        train_model_free(m);
+    return r;
 }
 
 void train_model_free(train_model *m)
 {
+    if (m->s)
+        zo_stream_sync(m->s); /* nothing queued may still use what is freed below */
+    zo_stream_destroy(&m->s);
+    if (m->ev)
+        for (unsigned i = 0; i < 2 * m->shape.layers; i++)
+            zo_event_destroy(&m->ev[i]);
+    free(m->ev);
     if (m->act)
         for (unsigned l = 0; l < m->shape.layers; l++)
-            zo_aligned_free(m->act[l]);
+            zo_dev_free(m->dev, m->act[l]);
     free(m->act);
-    zo_aligned_free(m->dy);
-    zo_aligned_free(m->dx);
-    zo_aligned_free(m->out);
-    zo_aligned_free(m->wf32);
-    zo_aligned_free(m->gf32);
+    if (m->dev) {
+        zo_dev_free(m->dev, m->dy);
+        zo_dev_free(m->dev, m->dx);
+        zo_dev_free(m->dev, m->out);
+        zo_dev_free(m->dev, m->wf32);
+        zo_dev_free(m->dev, m->gf32);
+        zo_dev_free(m->dev, m->ones);
+    }
+    if (m->ha) {
+        zo_dev_host_unregister(m->dev, m->ha);
+        zo_aligned_free(m->ha);
+    }
+    if (m->hb) {
+        zo_dev_host_unregister(m->dev, m->hb);
+        zo_aligned_free(m->hb);
+    }
     memset(m, 0, sizeof(*m));
 }
 
-void train_model_init_params(train_model *m)
+int train_model_init_params(train_model *m)
 {
     const train_shape *s = &m->shape;
-    size_t ww = s->width * s->width;
+    size_t ww = s->width * s->width, pes = zo_dtype_size(s->param_dtype);
     float a = sqrtf(6.0f / (float)s->width); /* He-uniform: variance 2 / W, ReLU keeps the scale */
-    for (unsigned l = 0; l < s->layers; l++) {
+    float *w = malloc(ww * sizeof(float));
+    void *p = malloc(ww * pes);
+    int r = w && p ? 0 : -ENOMEM;
+    for (unsigned l = 0; l < s->layers && r == 0; l++) {
         for (size_t i = 0; i < ww; i++)
-            m->wf32[i] = uniform(s->seed, (uint64_t)l * ww + i, a);
-        zo_vec_cast(m->weight[l], s->param_dtype, m->wf32, ZO_DTYPE_F32, ww);
-        memset(m->gf32, 0, s->width * sizeof(float));
-        zo_vec_cast(m->bias[l], s->param_dtype, m->gf32, ZO_DTYPE_F32, s->width);
+            w[i] = uniform(s->seed, (uint64_t)l * ww + i, a);
+        zo_vec_cast(p, s->param_dtype, w, ZO_DTYPE_F32, ww);
+        /* synchronous: the host buffers are reused by the next layer */
+        if ((r = zo_memcpy_async(m->s, m->weight[l], p, ww * pes, ZO_COPY_H2D)) == 0 &&
+            (r = zo_stream_sync(m->s)) == 0) {
+            memset(w, 0, s->width * sizeof(float));
+            zo_vec_cast(p, s->param_dtype, w, ZO_DTYPE_F32, s->width);
+            if ((r = zo_memcpy_async(m->s, m->bias[l], p, s->width * pes, ZO_COPY_H2D)) == 0)
+                r = zo_stream_sync(m->s);
+        }
     }
+    free(w);
+    free(p);
+    return r;
 }
 
 /* out[b][j] = sum_i in[b][i] * w[j][i] + bias[j]: one linear layer, W x W weight in
- * PyTorch's (out, in) layout */
-static void linear(size_t batch, size_t width, const float *in, const float *w, const float *bias, float *out)
+ * PyTorch's (out, in) layout; the bias broadcast is the rank-1 GEMM ones x bias^T */
+static int linear(train_model *m, const float *in, const float *w, const float *bias, float *out)
 {
-    for (size_t b = 0; b < batch; b++)
-        memcpy(out + b * width, bias, width * sizeof(float));
-    train_gemm(0, 1, batch, width, width, 1.0f, in, width, w, width, 1.0f, out, width);
+    size_t B = m->shape.batch, W = m->shape.width;
+    int r = zo_gemm_async(m->s, ZO_GEMM_N, ZO_GEMM_N, B, W, 1, 1.0f, m->ones, 1, bias, W, ZO_DTYPE_F32, 0.0f, out, W);
+    if (r == 0)
+        r = zo_gemm_async(m->s, ZO_GEMM_N, ZO_GEMM_T, B, W, W, 1.0f, in, W, w, W, ZO_DTYPE_F32, 1.0f, out, W);
+    return r;
 }
 
-static void relu(float *x, size_t n)
+/* ---- the elementwise parts: on the host through the staging buffers ---------------------- */
+/* Each runs as a host function queued on the compute stream between a D2H
+ * copy into ha/hb and an H2D copy back, so it stays in stream order. */
+
+static void relu_fn(void *arg)
 {
+    train_model *m = arg;
+    size_t n = m->shape.batch * m->shape.width;
     for (size_t i = 0; i < n; i++)
-        x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+        m->ha[i] = m->ha[i] > 0.0f ? m->ha[i] : 0.0f;
 }
 
-double train_forward(train_model *m, const float *x, const float *y)
+/* hb = ha > 0 ? hb : 0 (ha: the layer's saved input, the output of the ReLU below) */
+static void relu_backward_fn(void *arg)
+{
+    train_model *m = arg;
+    size_t n = m->shape.batch * m->shape.width;
+    for (size_t i = 0; i < n; i++)
+        m->hb[i] = m->ha[i] > 0.0f ? m->hb[i] : 0.0f;
+}
+
+static int relu(train_model *m, float *x)
+{
+    size_t bytes = m->shape.batch * m->shape.width * sizeof(float);
+    int r = zo_memcpy_async(m->s, m->ha, x, bytes, ZO_COPY_D2H);
+    if (r == 0)
+        r = zo_stream_host_fn(m->s, relu_fn, m);
+    if (r == 0)
+        r = zo_memcpy_async(m->s, x, m->ha, bytes, ZO_COPY_H2D);
+    return r;
+}
+
+int train_forward(train_model *m, const float *x, const float *y, double *loss)
 {
     const train_shape *s = &m->shape;
-    size_t bw = s->batch * s->width;
+    size_t W = s->width, bw = s->batch * W;
     float *bias = m->gf32; /* the widened bias borrows the gradient scratch (free during forward) */
-    memcpy(m->act[0], x, bw * sizeof(float));
-    for (unsigned l = 0; l < s->layers; l++) {
-        zo_vec_cast(m->wf32, ZO_DTYPE_F32, m->weight[l], s->param_dtype, s->width * s->width);
-        zo_vec_cast(bias, ZO_DTYPE_F32, m->bias[l], s->param_dtype, s->width);
+    int r = zo_memcpy_async(m->s, m->act[0], x, bw * sizeof(float), ZO_COPY_H2D);
+    for (unsigned l = 0; l < s->layers && r == 0; l++) {
         int last = l + 1 == s->layers;
         float *dst = last ? m->out : m->act[l + 1];
-        linear(s->batch, s->width, m->act[l], m->wf32, bias, dst);
-        if (!last)
-            relu(dst, bw);
+        if ((r = zo_dev_cast(m->s, m->wf32, ZO_DTYPE_F32, m->weight[l], s->param_dtype, W * W)) == 0 &&
+            (r = zo_dev_cast(m->s, bias, ZO_DTYPE_F32, m->bias[l], s->param_dtype, W)) == 0)
+            r = linear(m, m->act[l], m->wf32, bias, dst);
+        if (r == 0 && !last)
+            r = relu(m, dst);
     }
+    /* the loss on the host: the output through the staging buffer (ha keeps
+     * it for backward's dy) */
+    if (r == 0)
+        r = zo_memcpy_async(m->s, m->ha, m->out, bw * sizeof(float), ZO_COPY_D2H);
+    int r2 = zo_stream_sync(m->s);
+    if (r < 0 || r2 < 0)
+        return r < 0 ? r : r2;
     double sum = 0;
     for (size_t i = 0; i < bw; i++) {
-        double d = (double)m->out[i] - (double)y[i];
+        double d = (double)m->ha[i] - (double)y[i];
         sum += d * d;
     }
-    return 0.5 * sum / (double)bw;
+    *loss = 0.5 * sum / (double)bw;
+    return 0;
+}
+
+/* Narrow the fp32 gradient scratch into tensor t's device gradient, mark it, hand it over. */
+static int hand_over(train_model *m, unsigned t, void *dev_grad, size_t n, train_grad_ready_fn ready, void *user)
+{
+    int r = zo_dev_cast(m->s, dev_grad, m->shape.grad_dtype, m->gf32, ZO_DTYPE_F32, n);
+    if (r == 0)
+        r = zo_event_record(m->ev[t], m->s);
+    return r < 0 ? r : ready(user, t, dev_grad, m->ev[t]);
+}
+
+static int backward(train_model *m, const float *y, double loss_scale, train_grad_ready_fn ready, void *user)
+{
+    const train_shape *s = &m->shape;
+    size_t W = s->width, B = s->batch, bw = B * W;
+    /* d loss / d out = (out - y) / (B W), times the loss scale; ha holds the
+     * output since forward's synchronized loss */
+    float k = (float)(loss_scale / (double)bw);
+    for (size_t i = 0; i < bw; i++)
+        m->hb[i] = (m->ha[i] - y[i]) * k;
+    int r = zo_memcpy_async(m->s, m->dy, m->hb, bw * sizeof(float), ZO_COPY_H2D);
+    for (unsigned l = s->layers; l-- > 0 && r == 0;) {
+        /* dW = dy^T x (W x W): the weight's gradient, handed over at once */
+        TRY(zo_gemm_async(m->s, ZO_GEMM_T, ZO_GEMM_N, W, W, B, 1.0f, m->dy, W, m->act[l], W, ZO_DTYPE_F32, 0.0f,
+                               m->gf32, W));
+        TRY(hand_over(m, l, m->gweight[l], W * W, ready, user));
+        /* db = column sums of dy = dy^T ones */
+        TRY(zo_gemm_async(m->s, ZO_GEMM_T, ZO_GEMM_N, W, 1, B, 1.0f, m->dy, W, m->ones, 1, ZO_DTYPE_F32, 0.0f,
+                               m->gf32, 1));
+        TRY(hand_over(m, s->layers + l, m->gbias[l], W, ready, user));
+        if (l == 0)
+            break; /* no gradient for the inputs */
+        /* dx = dy W, then through the ReLU of the layer below (its output is act[l]) */
+        TRY(zo_dev_cast(m->s, m->wf32, ZO_DTYPE_F32, m->weight[l], s->param_dtype, W * W));
+        TRY(zo_gemm_async(m->s, ZO_GEMM_N, ZO_GEMM_N, B, W, W, 1.0f, m->dy, W, m->wf32, W, ZO_DTYPE_F32, 0.0f,
+                               m->dx, W));
+        TRY(zo_memcpy_async(m->s, m->ha, m->act[l], bw * sizeof(float), ZO_COPY_D2H));
+        TRY(zo_memcpy_async(m->s, m->hb, m->dx, bw * sizeof(float), ZO_COPY_D2H));
+        TRY(zo_stream_host_fn(m->s, relu_backward_fn, m));
+        r = zo_memcpy_async(m->s, m->dy, m->hb, bw * sizeof(float), ZO_COPY_H2D);
+    }
+    return r;
 }
 
 int train_backward(train_model *m, const float *y, double loss_scale, train_grad_ready_fn ready, void *user)
 {
-    const train_shape *s = &m->shape;
-    size_t W = s->width, B = s->batch, bw = B * W;
-    /* d loss / d out = (out - y) / (B W), times the loss scale */
-    float k = (float)(loss_scale / (double)bw);
-    for (size_t i = 0; i < bw; i++)
-        m->dy[i] = (m->out[i] - y[i]) * k;
-    for (unsigned l = s->layers; l-- > 0;) {
-        /* dW = dy^T x (W x W): the weight's gradient, handed over at once */
-        train_gemm(1, 0, W, W, B, 1.0f, m->dy, W, m->act[l], W, 0.0f, m->gf32, W);
-        zo_vec_cast(m->gweight[l], s->grad_dtype, m->gf32, ZO_DTYPE_F32, W * W);
-        int r = ready(user, l, m->gweight[l]);
-        if (r < 0)
-            return r;
-        /* db = column sums of dy */
-        for (size_t j = 0; j < W; j++)
-            m->gf32[j] = 0.0f;
-        for (size_t b = 0; b < B; b++)
-            for (size_t j = 0; j < W; j++)
-                m->gf32[j] += m->dy[b * W + j];
-        zo_vec_cast(m->gbias[l], s->grad_dtype, m->gf32, ZO_DTYPE_F32, W);
-        if ((r = ready(user, s->layers + l, m->gbias[l])) < 0)
-            return r;
-        if (l == 0)
-            break; /* no gradient for the inputs */
-        /* dx = dy W, then through the ReLU of the layer below (its output is act[l]) */
-        zo_vec_cast(m->wf32, ZO_DTYPE_F32, m->weight[l], s->param_dtype, W * W);
-        train_gemm(0, 0, B, W, W, 1.0f, m->dy, W, m->wf32, W, 0.0f, m->dx, W);
-        for (size_t i = 0; i < bw; i++)
-            m->dy[i] = m->act[l][i] > 0.0f ? m->dx[i] : 0.0f;
-    }
-    return 0;
+    int r = backward(m, y, loss_scale, ready, user);
+    int r2 = zo_stream_sync(m->s); /* also on an error: nothing queued outlives this call */
+    return r < 0 ? r : r2;
 }
 
 /* ---- the teacher ---------------------------------------------------------------------------- */
@@ -234,9 +347,12 @@ void train_teacher_batch(train_teacher *t, uint64_t micro, float *x, float *y)
         int last = l + 1 == s->layers;
         /* alternate between scratch and y so the last layer lands in y */
         float *dst = ((s->layers - 1 - l) % 2 == 0) ? y : t->scratch;
-        linear(s->batch, W, in, t->weight + (size_t)l * W * W, t->bias + (size_t)l * W, dst);
+        for (size_t b = 0; b < s->batch; b++)
+            memcpy(dst + b * W, t->bias + (size_t)l * W, W * sizeof(float));
+        train_host_gemm(0, 1, s->batch, W, W, 1.0f, in, W, t->weight + (size_t)l * W * W, W, 1.0f, dst, W);
         if (!last)
-            relu(dst, bw);
+            for (size_t i = 0; i < bw; i++)
+                dst[i] = dst[i] > 0.0f ? dst[i] : 0.0f;
         in = dst;
     }
 }

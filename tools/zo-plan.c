@@ -190,28 +190,38 @@ static double probe_copy(void)
     return best;
 }
 
-/* The model's GEMM (train_gemm) at 1024^3: flop per second. */
+/* The model's GEMM (zo_gemm_async on a host-backend stream, as zo-train
+ * runs it) at 1024^3: flop per second; 0 if it cannot run. */
 static double probe_gemm(void)
 {
     size_t n = 1024;
+    zo_dev *dev = NULL;
+    zo_stream *s = NULL;
     float *a = NULL, *b = NULL, *c = NULL;
     double best = 0;
-    if (zo_aligned_alloc((void **)&a, n * n * 4, 64) == 0 && zo_aligned_alloc((void **)&b, n * n * 4, 64) == 0 &&
-        zo_aligned_alloc((void **)&c, n * n * 4, 64) == 0) {
-        for (size_t i = 0; i < n * n; i++) {
+    if (zo_dev_open(&dev, NULL) == 0 && zo_stream_create(dev, &s) == 0 &&
+        zo_dev_malloc(dev, (void **)&a, n * n * 4) == 0 && zo_dev_malloc(dev, (void **)&b, n * n * 4) == 0 &&
+        zo_dev_malloc(dev, (void **)&c, n * n * 4) == 0) {
+        for (size_t i = 0; i < n * n; i++) { /* host backend: device memory is host memory */
             a[i] = (float)(i % 13) * 0.1f;
             b[i] = (float)(i % 7) * 0.2f;
         }
         for (int rep = 0; rep < 3; rep++) {
             double t0 = now_s();
-            train_gemm(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            if (zo_gemm_async(s, ZO_GEMM_N, ZO_GEMM_T, n, n, n, 1.0f, a, n, b, n, ZO_DTYPE_F32, 0.0f, c, n) < 0 ||
+                zo_stream_sync(s) < 0)
+                break;
             double r = 2.0 * (double)n * n * n / (now_s() - t0);
             best = r > best ? r : best;
         }
     }
-    zo_aligned_free(a);
-    zo_aligned_free(b);
-    zo_aligned_free(c);
+    zo_stream_destroy(&s);
+    if (dev) {
+        zo_dev_free(dev, a);
+        zo_dev_free(dev, b);
+        zo_dev_free(dev, c);
+    }
+    zo_dev_close(&dev);
     return best;
 }
 

@@ -181,9 +181,9 @@ static int device_model_init(device_model *d, zo_dev *dev, const train_shape *s)
             (r = device_alloc(d, &d->grad[i], d->numel[i] * ges)) < 0)
             return r;
     }
-    if ((r = train_model_init(&d->model, s)) < 0)
+    if ((r = train_model_init(&d->model, dev, s)) < 0)
         return r;
-    d->bytes += train_shape_activation_bytes(s); /* on the host backend the activations are host memory too */
+    d->bytes += d->model.dev_bytes; /* activations, scratch, ones */
     d->model.weight = d->param;
     d->model.bias = d->param + s->layers;
     d->model.gweight = d->grad;
@@ -205,6 +205,7 @@ static int device_model_init(device_model *d, zo_dev *dev, const train_shape *s)
  * after it.
  */
 typedef struct reference {
+    zo_dev *dev;           /* its own host device, unlimited: the model's GEMMs run as on the engine's side */
     train_model model;
     unsigned ntensors, layers;
     uint64_t *off, *numel; /* [ntensors] flat offsets and sizes */
@@ -241,6 +242,7 @@ static void reference_free(reference *r)
     free(r->grad);
     free(r->first);
     zo_cpuadam_team_destroy(&r->team);
+    zo_dev_close(&r->dev);
     memset(r, 0, sizeof(*r));
 }
 
@@ -275,8 +277,12 @@ static int reference_init(reference *r, const train_shape *s, const zo_optim_con
     r->grad = calloc(n, zo_dtype_size(r->gdt));
     if (!r->master || !r->m || !r->v || !r->acc || !r->seen || !r->out || !r->prev_out || !r->grad)
         return -ENOMEM;
-    int rc = train_model_init(&r->model, s);
-    if (rc < 0)
+    /* The reference model runs on a host device of its own, through the same
+     * zo_gemm_async() host path as the engine side's model, so its losses and
+     * gradients are the same bits. Its parameters and gradients are plain
+     * arrays (host backend: "device" memory is host memory). */
+    int rc = zo_dev_open(&r->dev, NULL);
+    if (rc < 0 || (rc = train_model_init(&r->model, r->dev, s)) < 0)
         return rc;
     r->model.weight = calloc(r->ntensors, sizeof(void *));
     r->model.gweight = calloc(r->ntensors, sizeof(void *));
@@ -330,15 +336,21 @@ static int reference_start(reference *r, zo_optim *o)
 
 /* The reference's gradient hand-over: add into the fp32 accumulator (the
  * window's first gradient of a tensor overwrites it). */
-static int reference_grad(void *user, unsigned tensor, const void *g)
+static int reference_grad(void *user, unsigned tensor, const void *g, zo_event *ready)
 {
     reference *r = user;
+    int rc = zo_event_sync(ready); /* the gradient is queued: wait for it */
+    if (rc < 0)
+        return rc;
     float *a = r->acc + r->off[tensor];
     uint64_t n = r->numel[tensor];
-    float *w = r->model.gf32; /* free scratch at this point: the gradient was narrowed from it */
-    zo_vec_cast(w, ZO_DTYPE_F32, g, r->gdt, (size_t)n);
-    for (uint64_t k = 0; k < n; k++)
-        a[k] = r->first[tensor] ? w[k] : a[k] + w[k];
+    float w[256]; /* widened in pieces */
+    for (uint64_t k0 = 0; k0 < n; k0 += 256) {
+        size_t c = n - k0 < 256 ? (size_t)(n - k0) : 256;
+        zo_vec_cast(w, ZO_DTYPE_F32, (const char *)g + k0 * zo_dtype_size(r->gdt), r->gdt, c);
+        for (size_t k = 0; k < c; k++)
+            a[k0 + k] = r->first[tensor] ? w[k] : a[k0 + k] + w[k];
+    }
     r->first[tensor] = 0;
     return 0;
 }
@@ -443,8 +455,9 @@ static int reference_compare(reference *r, zo_optim *o, const device_model *d)
                     break;
                 }
         }
-        /* host backend: device memory is readable host memory */
-        if (!bad && memcmp(d->param[i], (char *)r->seen + off * pes, (size_t)n * pes)) {
+        /* the device params, read back through the model's stream */
+        if (!bad && (zo_memcpy_async(d->model.s, buf, d->param[i], (size_t)n * pes, ZO_COPY_D2H) < 0 ||
+                     zo_stream_sync(d->model.s) < 0 || memcmp(buf, (char *)r->seen + off * pes, (size_t)n * pes))) {
             fprintf(stderr, "zo-train: verify: device params of tensor %u differ\n", i);
             bad = 1;
         }
@@ -456,14 +469,14 @@ static int reference_compare(reference *r, zo_optim *o, const device_model *d)
 /* ---- the training loop ------------------------------------------------------------------------ */
 
 /* Handing a gradient to the engine: called by backward as soon as a
- * tensor's gradient is in its device buffer. Here the gradient is already
- * valid (the host backend computes synchronously), so no event; a GPU
- * framework records an event on its compute stream and passes it, and the
- * engine's copy waits for it on the engine's own stream. */
-static int engine_grad(void *user, unsigned tensor, const void *dev_grad)
+ * tensor's gradient is queued into its device buffer, with the event
+ * recorded on the compute stream after it; the engine's copy waits for that
+ * event on the engine's own stream, so backward goes on with the layers
+ * below while the copy runs, as in a GPU framework. */
+static int engine_grad(void *user, unsigned tensor, const void *dev_grad, zo_event *ready)
 {
     zo_optim *o = user;
-    int r = zo_optim_grad(o, tensor, dev_grad, NULL);
+    int r = zo_optim_grad(o, tensor, dev_grad, ready);
     if (r < 0)
         fprintf(stderr, "zo-train: zo_optim_grad(%u): %s (%s)\n", tensor, zo_strerror(r), zo_optim_errmsg(o));
     return r;
@@ -549,12 +562,11 @@ int main(int argc, char **argv)
     FILE *jf = NULL;
     totals tot = {0};
 
-    if (!strcmp(opt.backend, "cuda")) {
-        /* The model's math runs on the host (train_gemm() over OpenBLAS and
-         * plain loops); on CUDA it needs zo_gemm_async() and elementwise
-         * kernels, which this build does not have yet. */
-        fprintf(stderr, "zo-train: --backend cuda: the model's forward/backward needs the device GEMM "
-                        "(zo_gemm_async) and elementwise kernels, not in this build; use --backend host\n");
+    if (opt.verify && strcmp(opt.backend, "host")) {
+        /* the in-memory reference runs the model on the host backend's GEMM
+         * (OpenBLAS); cuBLAS sums in another order, so no bit-for-bit match */
+        fprintf(stderr, "zo-train: --verify compares bit for bit with an in-memory run on the host backend's GEMM: "
+                        "use it with --backend host\n");
         return 2;
     }
 
@@ -591,16 +603,22 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    /* ---- the device: the host backend, capped at the device budget ---- */
+    /* ---- the device: --backend (host: capped at the device budget) ---- */
     zo_dev_config dc;
     zo_dev_config_default(&dc);
-    dc.kind = ZO_DEV_HOST;
+    if ((r = zo_dev_kind_parse(opt.backend, &dc.kind)) < 0) {
+        fprintf(stderr, "zo-train: --backend %s: host or cuda\n", opt.backend);
+        return 2;
+    }
     /* By default the budget holds the device model (params, grads,
      * activations) and a little slack, never the fp32 masters and states. */
     uint64_t budget = opt.dev_budget ? opt.dev_budget : train_default_device_budget(dev_need);
-    dc.host_mem_limit = (size_t)budget;
+    if (dc.kind == ZO_DEV_HOST)
+        dc.host_mem_limit = (size_t)budget;
     if ((r = zo_dev_open(&dev, &dc)) < 0) {
-        fprintf(stderr, "zo-train: device: %s (%s)\n", zo_strerror(r), zo_last_error_detail());
+        fprintf(stderr, "zo-train: --backend %s: the device does not open: %s (%s)%s\n", opt.backend, zo_strerror(r),
+                zo_last_error_detail(), dc.kind == ZO_DEV_HOST ? "" : "; --backend host runs everywhere");
+        rc = dc.kind == ZO_DEV_HOST ? 1 : 2;
         goto out;
     }
     if ((r = device_model_init(&dm, dev, &shape)) < 0) {
@@ -720,7 +738,12 @@ int main(int argc, char **argv)
     cfg.ngroups = 2;
 
     /* ---- create the engine and give it the initial parameters ---- */
-    train_model_init_params(&dm.model);
+    if ((r = train_model_init_params(&dm.model)) < 0) {
+        fprintf(stderr, "zo-train: initial parameters: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(dev));
+        free(names);
+        free(namebuf);
+        goto out;
+    }
     r = zo_optim_create(&o, &cfg);
     free(names);
     free(namebuf);
@@ -795,15 +818,21 @@ int main(int argc, char **argv)
         for (unsigned k = 0; k < cfg.grad_accum_steps; k++, micro++) {
             train_teacher_batch(&teacher, micro, x, y);
             double tc = now_s();
-            double l = train_forward(&dm.model, x, y);
+            double l;
+            if ((r = train_forward(&dm.model, x, y, &l)) < 0) {
+                fprintf(stderr, "zo-train: forward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(dev));
+                goto out;
+            }
             /* the previous step's gradient copies must be done before
              * backward rewrites the gradient buffers */
             if ((r = zo_optim_grads_done(o)) < 0) {
                 fprintf(stderr, "zo-train: zo_optim_grads_done: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
                 goto out;
             }
-            if ((r = train_backward(&dm.model, y, scale, engine_grad, o)) < 0)
+            if ((r = train_backward(&dm.model, y, scale, engine_grad, o)) < 0) {
+                fprintf(stderr, "zo-train: backward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(dev));
                 goto out;
+            }
             compute += now_s() - tc;
             loss += l / cfg.grad_accum_steps;
             /* every micro-step ends with a step call; only the boundary updates */
@@ -812,8 +841,13 @@ int main(int argc, char **argv)
                 goto out;
             }
             if (opt.verify) {
-                ref_loss += train_forward(&ref.model, x, y) / cfg.grad_accum_steps;
-                train_backward(&ref.model, y, scale, reference_grad, &ref);
+                double rl = 0;
+                if ((r = train_forward(&ref.model, x, y, &rl)) < 0 ||
+                    (r = train_backward(&ref.model, y, scale, reference_grad, &ref)) < 0) {
+                    fprintf(stderr, "zo-train: verify: reference model: %s\n", zo_strerror(r));
+                    goto out;
+                }
+                ref_loss += rl / cfg.grad_accum_steps;
             }
         }
         /* Without DPU (or in its warm-up) the update finishes now; with it,

@@ -8,6 +8,7 @@
 #include <cblas.h>
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,6 +63,14 @@ uint64_t train_shape_activation_bytes(const train_shape *s)
     return bw * ((uint64_t)s->layers + 3) + 2ull * s->width * s->width * 4 + (uint64_t)s->batch * 4;
 }
 
+uint64_t train_shape_tiled_rest_bytes(const train_shape *s)
+{
+    uint64_t bw = (uint64_t)s->batch * s->width * 4;
+    uint64_t biases = (uint64_t)s->layers * s->width * (zo_dtype_size(s->param_dtype) + zo_dtype_size(s->grad_dtype));
+    /* saved inputs, output, dy, dx; the fp32 bias scratch; ones; biases */
+    return bw * ((uint64_t)s->layers + 3) + (uint64_t)s->width * 4 + (uint64_t)s->batch * 4 + biases;
+}
+
 double train_shape_flops(const train_shape *s)
 {
     double p = (double)s->layers * (double)s->width * (double)s->width;
@@ -69,6 +78,12 @@ double train_shape_flops(const train_shape *s)
 }
 
 /* ---- the student ------------------------------------------------------------------------- */
+
+/* A tiled layer's dW sink context. */
+struct train_tile_sink {
+    train_model *m;
+    unsigned layer;
+};
 
 static int dev_alloc(train_model *m, void *pp, size_t n)
 {
@@ -78,11 +93,144 @@ static int dev_alloc(train_model *m, void *pp, size_t n)
     return r;
 }
 
-int train_model_init(train_model *m, zo_dev *dev, const train_shape *s)
+/* Where weight tensor t (tiled) lies: layer, tile row / column, first row / column, shape. */
+typedef struct tile_pos {
+    unsigned layer, r, c;
+    uint64_t o0, i0, rows, cols;
+} tile_pos;
+
+static tile_pos tile_of(const train_model *m, unsigned t)
+{
+    const zo_tile_grid *g = &m->grid;
+    tile_pos p = {.layer = t / m->tiles};
+    unsigned k = t % m->tiles;
+    p.r = k / g->tiles_in;
+    p.c = k % g->tiles_in;
+    p.o0 = (uint64_t)p.r * g->tile_out;
+    p.i0 = (uint64_t)p.c * g->tile_in;
+    p.rows = g->out_features - p.o0 < g->tile_out ? g->out_features - p.o0 : g->tile_out;
+    p.cols = g->in_features - p.i0 < g->tile_in ? g->in_features - p.i0 : g->tile_in;
+    return p;
+}
+
+uint64_t train_model_numel(const train_model *m, unsigned t)
+{
+    const train_shape *s = &m->shape;
+    if (t >= s->layers * m->tiles)
+        return s->width; /* a bias */
+    if (!m->tl)
+        return (uint64_t)s->width * s->width;
+    tile_pos p = tile_of(m, t);
+    return p.rows * p.cols;
+}
+
+/* The student's initial weight element (row j, column i) of layer l: He-uniform,
+ * variance 2 / W (ReLU keeps the scale). */
+static float initial_weight(const train_shape *s, unsigned l, uint64_t j, uint64_t i)
+{
+    uint64_t ww = (uint64_t)s->width * s->width;
+    return uniform(s->seed, (uint64_t)l * ww + j * s->width + i, sqrtf(6.0f / (float)s->width));
+}
+
+void train_model_initial(const train_model *m, unsigned t, void *dst)
+{
+    const train_shape *s = &m->shape;
+    size_t pes = zo_dtype_size(s->param_dtype);
+    float v;
+    if (t >= s->layers * m->tiles) { /* biases start at zero */
+        v = 0.0f;
+        for (size_t i = 0; i < s->width; i++)
+            zo_vec_cast((char *)dst + i * pes, s->param_dtype, &v, ZO_DTYPE_F32, 1);
+        return;
+    }
+    tile_pos p = m->tl ? tile_of(m, t) : (tile_pos){.layer = t, .rows = s->width, .cols = s->width};
+    for (uint64_t j = 0; j < p.rows; j++)
+        for (uint64_t i = 0; i < p.cols; i++) {
+            v = initial_weight(s, p.layer, p.o0 + j, p.i0 + i);
+            zo_vec_cast((char *)dst + (j * p.cols + i) * pes, s->param_dtype, &v, ZO_DTYPE_F32, 1);
+        }
+}
+
+int train_model_tile_set(train_model *m, unsigned t, const void *param)
+{
+    tile_pos p = tile_of(m, t);
+    size_t n = (size_t)(p.rows * p.cols);
+    zo_vec_cast(m->htile, ZO_DTYPE_F32, param, m->shape.param_dtype, n); /* exact */
+    zo_tensor *tt;
+    int r = zo_tiled_linear_tile(m->tl[p.layer], p.r, p.c, &tt);
+    if (r == 0 && (r = zo_store_write(m->store, tt, 0, m->htile, n * sizeof(float))) < 0)
+        fprintf(stderr, "zo-train: writing weight tile %u: %s (%s)\n", t, zo_strerror(r), zo_store_errmsg(m->store));
+    return r;
+}
+
+int train_model_tile_get(train_model *m, unsigned t, float *dst)
+{
+    tile_pos p = tile_of(m, t);
+    zo_tensor *tt;
+    int r = zo_tiled_linear_tile(m->tl[p.layer], p.r, p.c, &tt);
+    return r < 0 ? r : zo_store_read(m->store, tt, 0, dst, (size_t)(p.rows * p.cols) * sizeof(float));
+}
+
+/* A dW tile of a tiled layer: staged to the host, narrowed to grad_dtype
+ * (as zo_dev_cast would on the device) and handed over. */
+static int tile_sink(void *ctx, const zo_tile_grad *g)
+{
+    struct train_tile_sink *k = ctx;
+    train_model *m = k->m;
+    size_t n = (size_t)g->rows * g->cols;
+    int r = zo_memcpy_async(g->stream, m->htile, g->dw, n * sizeof(float), ZO_COPY_D2H);
+    int r2 = zo_stream_sync(g->stream);
+    if (r < 0 || r2 < 0)
+        return r < 0 ? r : r2;
+    zo_vec_cast(m->htile_g, m->shape.grad_dtype, m->htile, ZO_DTYPE_F32, n);
+    unsigned t = k->layer * m->tiles + g->row * m->grid.tiles_in + g->col;
+    return m->ready(m->ready_user, t, NULL, NULL, m->htile_g);
+}
+
+static int create_tiled(train_model *m, const train_tiling *t)
+{
+    const train_shape *s = &m->shape;
+    m->store = t->store;
+    m->tl = calloc(s->layers, sizeof(*m->tl));
+    m->sinks = calloc(s->layers, sizeof(*m->sinks));
+    if (!m->tl || !m->sinks)
+        return -ENOMEM;
+    for (unsigned l = 0; l < s->layers; l++) {
+        char name[64];
+        snprintf(name, sizeof(name), "%s%u", t->prefix, l);
+        m->sinks[l] = (struct train_tile_sink){.m = m, .layer = l};
+        zo_tiled_linear_config c;
+        zo_tiled_linear_config_default(&c);
+        c.name = name;
+        c.in_features = c.out_features = s->width;
+        c.max_batch = s->batch;
+        c.dtype = ZO_DTYPE_F32; /* as the untiled layers compute: fp32 weights and activations */
+        c.home = t->home;
+        c.budget = t->layer_budget;
+        c.dw_sink = tile_sink;
+        c.dw_sink_ctx = &m->sinks[l];
+        int r = zo_tiled_linear_create(&m->tl[l], t->store, m->dev, &c);
+        if (r < 0) {
+            fprintf(stderr, "zo-train: tiled layer %u: %s: %s\n", l, zo_strerror(r), zo_last_error_detail());
+            return r;
+        }
+        zo_tiled_linear_grid(m->tl[l], &m->grid);
+        m->dev_bytes += m->grid.work_bytes;
+    }
+    m->tiles = m->grid.tiles_out * m->grid.tiles_in;
+    size_t tb = (size_t)m->grid.tile_out * m->grid.tile_in;
+    if (zo_aligned_alloc((void **)&m->htile, tb * sizeof(float), 64) < 0 ||
+        zo_aligned_alloc(&m->htile_g, tb * zo_dtype_size(s->grad_dtype), 64) < 0)
+        return -ENOMEM;
+    return 0;
+}
+
+int train_model_init(train_model *m, zo_dev *dev, const train_shape *s, const train_tiling *tiling)
 {
     memset(m, 0, sizeof(*m));
     m->shape = *s;
     m->dev = dev;
+    m->tiles = 1;
     size_t bw = s->batch * s->width * sizeof(float), ww = s->width * s->width * sizeof(float);
     m->act = calloc(s->layers, sizeof(float *));
     m->ev = calloc(2 * (size_t)s->layers, sizeof(zo_event *));
@@ -101,10 +249,11 @@ int train_model_init(train_model *m, zo_dev *dev, const train_shape *s)
         r = dev_alloc(m, &m->dx, bw);
     if (r == 0)
         r = dev_alloc(m, &m->out, bw);
-    if (r == 0)
+    /* tiled: no W x W matrix on the device; gf32 holds a bias (and db) only */
+    if (r == 0 && !tiling)
         r = dev_alloc(m, &m->wf32, ww);
     if (r == 0)
-        r = dev_alloc(m, &m->gf32, ww);
+        r = dev_alloc(m, &m->gf32, tiling ? s->width * sizeof(float) : ww);
     if (r == 0)
         r = dev_alloc(m, &m->ones, s->batch * sizeof(float));
     if (r == 0 && (zo_aligned_alloc((void **)&m->ha, bw, 64) < 0 || zo_aligned_alloc((void **)&m->hb, bw, 64) < 0))
@@ -120,6 +269,8 @@ int train_model_init(train_model *m, zo_dev *dev, const train_shape *s)
         if ((r = zo_memcpy_async(m->s, m->ones, m->ha, s->batch * sizeof(float), ZO_COPY_H2D)) == 0)
             r = zo_stream_sync(m->s);
     }
+    if (r == 0 && tiling)
+        r = create_tiled(m, tiling);
     if (r < 0)
         train_model_free(m);
     return r;
@@ -129,6 +280,13 @@ void train_model_free(train_model *m)
 {
     if (m->s)
         zo_stream_sync(m->s); /* nothing queued may still use what is freed below */
+    if (m->tl)
+        for (unsigned l = 0; l < m->shape.layers; l++)
+            zo_tiled_linear_destroy(&m->tl[l]);
+    free(m->tl);
+    free(m->sinks);
+    zo_aligned_free(m->htile);
+    zo_aligned_free(m->htile_g);
     zo_stream_destroy(&m->s);
     if (m->ev)
         for (unsigned i = 0; i < 2 * m->shape.layers; i++)
@@ -160,25 +318,21 @@ void train_model_free(train_model *m)
 int train_model_init_params(train_model *m)
 {
     const train_shape *s = &m->shape;
-    size_t ww = s->width * s->width, pes = zo_dtype_size(s->param_dtype);
-    float a = sqrtf(6.0f / (float)s->width); /* He-uniform: variance 2 / W, ReLU keeps the scale */
-    float *w = malloc(ww * sizeof(float));
-    void *p = malloc(ww * pes);
-    int r = w && p ? 0 : -ENOMEM;
-    for (unsigned l = 0; l < s->layers && r == 0; l++) {
-        for (size_t i = 0; i < ww; i++)
-            w[i] = uniform(s->seed, (uint64_t)l * ww + i, a);
-        zo_vec_cast(p, s->param_dtype, w, ZO_DTYPE_F32, ww);
-        /* synchronous: the host buffers are reused by the next layer */
-        if ((r = zo_memcpy_async(m->s, m->weight[l], p, ww * pes, ZO_COPY_H2D)) == 0 &&
-            (r = zo_stream_sync(m->s)) == 0) {
-            memset(w, 0, s->width * sizeof(float));
-            zo_vec_cast(p, s->param_dtype, w, ZO_DTYPE_F32, s->width);
-            if ((r = zo_memcpy_async(m->s, m->bias[l], p, s->width * pes, ZO_COPY_H2D)) == 0)
-                r = zo_stream_sync(m->s);
+    size_t pes = zo_dtype_size(s->param_dtype);
+    void *p = malloc((size_t)train_model_numel(m, 0) * pes);
+    int r = p ? 0 : -ENOMEM;
+    unsigned nw = s->layers * m->tiles;
+    for (unsigned t = 0; t < train_model_ntensors(m) && r == 0; t++) {
+        train_model_initial(m, t, p);
+        if (t < nw && m->tl) {
+            r = train_model_tile_set(m, t, p);
+            continue;
         }
+        void *dst = t < nw ? m->weight[t] : m->bias[t - nw];
+        /* synchronous: the host buffer is reused by the next tensor */
+        if ((r = zo_memcpy_async(m->s, dst, p, (size_t)train_model_numel(m, t) * pes, ZO_COPY_H2D)) == 0)
+            r = zo_stream_sync(m->s);
     }
-    free(w);
     free(p);
     return r;
 }
@@ -226,18 +380,32 @@ static int relu(train_model *m, float *x)
     return r;
 }
 
+/* Layer l forward into dst (bias widened into gf32 first). A tiled layer
+ * runs on its operator's own streams and blocks: the compute stream is
+ * synchronized before it (its inputs) and the work after it queues behind. */
+static int layer_forward(train_model *m, unsigned l, float *dst)
+{
+    const train_shape *s = &m->shape;
+    size_t W = s->width;
+    float *bias = m->gf32; /* the widened bias borrows the gradient scratch (free during forward) */
+    TRY(zo_dev_cast(m->s, bias, ZO_DTYPE_F32, m->bias[l], s->param_dtype, W));
+    if (m->tl) {
+        TRY(zo_stream_sync(m->s));
+        return zo_tiled_linear_forward(m->tl[l], m->act[l], s->batch, bias, dst);
+    }
+    TRY(zo_dev_cast(m->s, m->wf32, ZO_DTYPE_F32, m->weight[l], s->param_dtype, W * W));
+    return linear(m, m->act[l], m->wf32, bias, dst);
+}
+
 int train_forward(train_model *m, const float *x, const float *y, double *loss)
 {
     const train_shape *s = &m->shape;
-    size_t W = s->width, bw = s->batch * W;
-    float *bias = m->gf32; /* the widened bias borrows the gradient scratch (free during forward) */
+    size_t bw = s->batch * s->width;
     int r = zo_memcpy_async(m->s, m->act[0], x, bw * sizeof(float), ZO_COPY_H2D);
     for (unsigned l = 0; l < s->layers && r == 0; l++) {
         int last = l + 1 == s->layers;
         float *dst = last ? m->out : m->act[l + 1];
-        if ((r = zo_dev_cast(m->s, m->wf32, ZO_DTYPE_F32, m->weight[l], s->param_dtype, W * W)) == 0 &&
-            (r = zo_dev_cast(m->s, bias, ZO_DTYPE_F32, m->bias[l], s->param_dtype, W)) == 0)
-            r = linear(m, m->act[l], m->wf32, bias, dst);
+        r = layer_forward(m, l, dst);
         if (r == 0 && !last)
             r = relu(m, dst);
     }
@@ -258,51 +426,66 @@ int train_forward(train_model *m, const float *x, const float *y, double *loss)
 }
 
 /* Narrow the fp32 gradient scratch into tensor t's device gradient, mark it, hand it over. */
-static int hand_over(train_model *m, unsigned t, void *dev_grad, size_t n, train_grad_ready_fn ready, void *user)
+static int hand_over(train_model *m, unsigned t, void *dev_grad, size_t n)
 {
+    unsigned e = t < m->shape.layers * m->tiles ? t : m->shape.layers + (t - m->shape.layers * m->tiles);
     int r = zo_dev_cast(m->s, dev_grad, m->shape.grad_dtype, m->gf32, ZO_DTYPE_F32, n);
     if (r == 0)
-        r = zo_event_record(m->ev[t], m->s);
-    return r < 0 ? r : ready(user, t, dev_grad, m->ev[t]);
+        r = zo_event_record(m->ev[e], m->s);
+    return r < 0 ? r : m->ready(m->ready_user, t, dev_grad, m->ev[e], NULL);
 }
 
-static int backward(train_model *m, const float *y, double loss_scale, train_grad_ready_fn ready, void *user)
+static int backward(train_model *m, const float *y, double loss_scale)
 {
     const train_shape *s = &m->shape;
     size_t W = s->width, B = s->batch, bw = B * W;
+    unsigned nw = s->layers * m->tiles;
     /* d loss / d out = (out - y) / (B W), times the loss scale; ha holds the
      * output since forward's synchronized loss */
     float k = (float)(loss_scale / (double)bw);
     for (size_t i = 0; i < bw; i++)
         m->hb[i] = (m->ha[i] - y[i]) * k;
-    int r = zo_memcpy_async(m->s, m->dy, m->hb, bw * sizeof(float), ZO_COPY_H2D);
-    for (unsigned l = s->layers; l-- > 0 && r == 0;) {
-        /* dW = dy^T x (W x W): the weight's gradient, handed over at once */
-        TRY(zo_gemm_async(m->s, ZO_GEMM_T, ZO_GEMM_N, W, W, B, 1.0f, m->dy, W, m->act[l], W, ZO_DTYPE_F32, 0.0f,
-                               m->gf32, W));
-        TRY(hand_over(m, l, m->gweight[l], W * W, ready, user));
-        /* db = column sums of dy = dy^T ones */
-        TRY(zo_gemm_async(m->s, ZO_GEMM_T, ZO_GEMM_N, W, 1, B, 1.0f, m->dy, W, m->ones, 1, ZO_DTYPE_F32, 0.0f,
-                               m->gf32, 1));
-        TRY(hand_over(m, s->layers + l, m->gbias[l], W, ready, user));
+    TRY(zo_memcpy_async(m->s, m->dy, m->hb, bw * sizeof(float), ZO_COPY_H2D));
+    for (unsigned l = s->layers; l-- > 0;) {
+        if (m->tl) {
+            /* dW tile by tile to tile_sink() (each handed over as it exists),
+             * db into gf32, dx (not for the first layer's input) */
+            TRY(zo_stream_sync(m->s));
+            TRY(zo_tiled_linear_backward(m->tl[l], m->act[l], m->dy, B, l ? m->dx : NULL, m->gf32));
+        } else {
+            /* dW = dy^T x (W x W): the weight's gradient, handed over at once */
+            TRY(zo_gemm_async(m->s, ZO_GEMM_T, ZO_GEMM_N, W, W, B, 1.0f, m->dy, W, m->act[l], W, ZO_DTYPE_F32, 0.0f,
+                              m->gf32, W));
+            TRY(hand_over(m, l, m->gweight[l], W * W));
+            /* db = column sums of dy = dy^T ones */
+            TRY(zo_gemm_async(m->s, ZO_GEMM_T, ZO_GEMM_N, W, 1, B, 1.0f, m->dy, W, m->ones, 1, ZO_DTYPE_F32, 0.0f,
+                              m->gf32, 1));
+        }
+        TRY(hand_over(m, nw + l, m->gbias[l], W));
         if (l == 0)
             break; /* no gradient for the inputs */
-        /* dx = dy W, then through the ReLU of the layer below (its output is act[l]) */
-        TRY(zo_dev_cast(m->s, m->wf32, ZO_DTYPE_F32, m->weight[l], s->param_dtype, W * W));
-        TRY(zo_gemm_async(m->s, ZO_GEMM_N, ZO_GEMM_N, B, W, W, 1.0f, m->dy, W, m->wf32, W, ZO_DTYPE_F32, 0.0f,
-                               m->dx, W));
+        if (!m->tl) {
+            /* dx = dy W */
+            TRY(zo_dev_cast(m->s, m->wf32, ZO_DTYPE_F32, m->weight[l], s->param_dtype, W * W));
+            TRY(zo_gemm_async(m->s, ZO_GEMM_N, ZO_GEMM_N, B, W, W, 1.0f, m->dy, W, m->wf32, W, ZO_DTYPE_F32, 0.0f,
+                              m->dx, W));
+        }
+        /* dx through the ReLU of the layer below (its output is act[l]) */
         TRY(zo_memcpy_async(m->s, m->ha, m->act[l], bw * sizeof(float), ZO_COPY_D2H));
         TRY(zo_memcpy_async(m->s, m->hb, m->dx, bw * sizeof(float), ZO_COPY_D2H));
         TRY(zo_stream_host_fn(m->s, relu_backward_fn, m));
-        r = zo_memcpy_async(m->s, m->dy, m->hb, bw * sizeof(float), ZO_COPY_H2D);
+        TRY(zo_memcpy_async(m->s, m->dy, m->hb, bw * sizeof(float), ZO_COPY_H2D));
     }
-    return r;
+    return 0;
 }
 
 int train_backward(train_model *m, const float *y, double loss_scale, train_grad_ready_fn ready, void *user)
 {
-    int r = backward(m, y, loss_scale, ready, user);
+    m->ready = ready;
+    m->ready_user = user;
+    int r = backward(m, y, loss_scale);
     int r2 = zo_stream_sync(m->s); /* also on an error: nothing queued outlives this call */
+    m->ready = NULL;
     return r < 0 ? r : r2;
 }
 

@@ -23,6 +23,8 @@
 
 #include <zoffload/common.h>
 #include <zoffload/dev.h>
+#include <zoffload/store.h>
+#include <zoffload/tiling.h>
 
 /* Shape and precisions of the model. */
 typedef struct train_shape {
@@ -56,6 +58,27 @@ double train_shape_flops(const train_shape *s);
 void train_host_gemm(int trans_a, int trans_b, size_t m, size_t n, size_t k, float alpha, const float *a, size_t lda,
                      const float *b, size_t ldb, float beta, float *c, size_t ldc);
 
+/* Device bytes of the model besides its weights when every layer is tiled:
+ * activations and scratch (as above, without the W x W matrices), the
+ * fp32 bias scratch, and the biases' params and grads. The tiled layers'
+ * working memory (zo_tile_grid.work_bytes each) comes on top. */
+uint64_t train_shape_tiled_rest_bytes(const train_shape *s);
+
+/* Where backward hands each gradient (see train_backward()). */
+typedef int (*train_grad_ready_fn)(void *user, unsigned tensor, const void *dev_grad, zo_event *ready,
+                                   const void *host_grad);
+
+/* Tiled layers (docs/tiling.md "In zo-train"): every layer's weight homed
+ * in a store as a grid of fp32 tiles and streamed through a
+ * zo_tiled_linear within `budget` device bytes of working memory per layer.
+ * Each tile is a tensor of its own for the optimizer engine. */
+typedef struct train_tiling {
+    zo_store *store;
+    zo_tier home;         /* ZO_TIER_HOST (pinned) or ZO_TIER_NVME */
+    uint64_t layer_budget; /* device working memory of one layer (zo_tile_plan) */
+    const char *prefix;   /* store names "<prefix><l>": tiles "<prefix><l>.w.<r>.<c>" */
+} train_tiling;
+
 /* A model instance on a device. The device tensors of parameters and
  * gradients (in the configured dtypes) are owned by the caller (allocated on
  * the same zo_dev); the activations, the fp32 scratch and the compute stream
@@ -78,13 +101,41 @@ typedef struct train_model {
     float *out;                      /* device: batch x W model output */
     float *ones;                     /* device: batch ones (bias broadcast, bias gradient) */
     float *ha, *hb;                  /* host staging, batch x W each (registered with dev) */
-    uint64_t dev_bytes;              /* device bytes the model allocated */
+    uint64_t dev_bytes;              /* device bytes the model allocated (tiled layers included) */
+    /* tiled layers (NULL tl: every weight is one device tensor, tiles 1) */
+    zo_store *store;
+    zo_tiled_linear **tl;            /* [layers] */
+    zo_tile_grid grid;               /* the grid of every layer (all are W x W) */
+    unsigned tiles;                  /* weight tensors per layer: 1, or the grid's tiles */
+    struct train_tile_sink *sinks;   /* [layers] dW sink contexts */
+    float *htile;                    /* host: one fp32 tile (dW staging, weight refresh) */
+    void *htile_g;                   /* host: one tile in grad_dtype */
+    train_grad_ready_fn ready;      /* during backward: where gradients go */
+    void *ready_user;
 } train_model;
 
-/* Allocate the model's own device scratch, staging and stream on dev. The
- * parameter / gradient pointer arrays must be set by the caller.
- * @return 0, -ENOMEM (also: device memory), or a device error. */
-int train_model_init(train_model *m, zo_dev *dev, const train_shape *s);
+/* The model's tensors: weights (per layer one, or its tiles in row-major
+ * order) 0..layers*tiles-1, then the biases. */
+static inline unsigned train_model_ntensors(const train_model *m)
+{
+    return m->shape.layers * m->tiles + m->shape.layers;
+}
+/* Elements of tensor t. */
+uint64_t train_model_numel(const train_model *m, unsigned t);
+/* The student's initial value of tensor t, rounded to param_dtype, into dst. */
+void train_model_initial(const train_model *m, unsigned t, void *dst);
+/* Tiled weight tensor t (t < layers * tiles): write its tile from param
+ * values (param_dtype, widened to fp32 in the store) / read it back as
+ * fp32. Blocks. @return 0 or a store error. */
+int train_model_tile_set(train_model *m, unsigned t, const void *param);
+int train_model_tile_get(train_model *m, unsigned t, float *dst);
+
+/* Allocate the model's own device scratch, staging and stream on dev, and
+ * with `tiling` (NULL: none) its tiled layers. The parameter / gradient
+ * pointer arrays must be set by the caller (tiled: biases only).
+ * @return 0, -ENOMEM (also: device memory), a device error, or an error
+ *         of zo_tiled_linear_create() (ZO_EBUDGET...; detail printed). */
+int train_model_init(train_model *m, zo_dev *dev, const train_shape *s, const train_tiling *tiling);
 void train_model_free(train_model *m);
 
 /* Write the student's initial parameters into the device params (He-uniform
@@ -112,11 +163,13 @@ void train_teacher_batch(train_teacher *t, uint64_t micro, float *x, float *y);
  * until the loss is known. @return 0 or a device error. */
 int train_forward(train_model *m, const float *x, const float *y, double *loss);
 
-/* Called by train_backward() as soon as one tensor's gradient is queued
- * into its device buffer: `tensor` is the model's tensor index (weights
- * 0..L-1, then biases L..2L-1); the gradient is valid once `ready` (an
- * event on the compute stream) completes. Returning < 0 stops backward. */
-typedef int (*train_grad_ready_fn)(void *user, unsigned tensor, const void *dev_grad, zo_event *ready);
+/* train_grad_ready_fn: called by train_backward() as soon as one tensor's gradient is queued
+ * into its device buffer: `tensor` is the model's tensor index (see
+ * train_model_ntensors()); the gradient is valid once `ready` (an
+ * event on the compute stream) completes. A tiled weight's tile comes
+ * instead as host_grad (dev_grad and ready NULL): grad_dtype host memory,
+ * valid during the call only (staged from the tile's dW as the tiled
+ * backward produces it). Returning < 0 stops backward. */
 
 /* Backward of the last forward against targets y, with the loss multiplied
  * by loss_scale (fp16 loss scaling). Goes from the last layer to the first;

@@ -71,6 +71,25 @@ uint64_t train_shape_tiled_rest_bytes(const train_shape *s)
     return bw * ((uint64_t)s->layers + 3) + (uint64_t)s->width * 4 + (uint64_t)s->batch * 4 + biases;
 }
 
+uint64_t train_shape_device_bytes(const train_shape *s)
+{
+    return train_shape_params(s) * (zo_dtype_size(s->param_dtype) + zo_dtype_size(s->grad_dtype)) +
+           train_shape_activation_bytes(s);
+}
+
+int train_plan_tiles(const train_shape *s, uint64_t budget, uint64_t *layer_budget, zo_tile_grid *grid)
+{
+    *layer_budget = 0;
+    if (train_shape_device_bytes(s) <= budget)
+        return 0;
+    uint64_t rest = train_shape_tiled_rest_bytes(s);
+    if (rest >= budget)
+        return ZO_EBUDGET;
+    *layer_budget = (budget - rest) / s->layers;
+    int r = zo_tile_plan(s->batch, s->width, s->width, ZO_DTYPE_F32, *layer_budget, ZO_TILE_TRAIN, grid);
+    return r < 0 ? r : 1;
+}
+
 double train_shape_flops(const train_shape *s)
 {
     double p = (double)s->layers * (double)s->width * (double)s->width;

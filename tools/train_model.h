@@ -68,6 +68,22 @@ uint64_t train_shape_tiled_rest_bytes(const train_shape *s);
 typedef int (*train_grad_ready_fn)(void *user, unsigned tensor, const void *dev_grad, zo_event *ready,
                                    const void *host_grad);
 
+/* Device bytes of the untiled model: params, grads, activations and scratch. */
+uint64_t train_shape_device_bytes(const train_shape *s);
+
+/*
+ * The tiling rule zo-train follows and zo-plan predicts: a model whose
+ * untiled device bytes exceed `budget` gets every layer tiled; what is left
+ * of the budget after train_shape_tiled_rest_bytes() is split evenly over
+ * the layers, and each layer's grid is zo_tile_plan(batch, W, W, f32,
+ * layer budget, ZO_TILE_TRAIN).
+ * @return 0 (fits untiled: nothing set), 1 (tiled: *layer_budget and
+ *         *grid set), ZO_EBUDGET (not even tiled: the rest alone is over
+ *         the budget, or zo_tile_plan() refused; *layer_budget set), or
+ *         another error of zo_tile_plan().
+ */
+int train_plan_tiles(const train_shape *s, uint64_t budget, uint64_t *layer_budget, zo_tile_grid *grid);
+
 /* Tiled layers (docs/tiling.md "In zo-train"): every layer's weight homed
  * in a store as a grid of fp32 tiles and streamed through a
  * zo_tiled_linear within `budget` device bytes of working memory per layer.

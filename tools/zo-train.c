@@ -728,7 +728,7 @@ int main(int argc, char **argv)
                          .seed = opt.seed};
     uint64_t nparams = train_shape_params(&shape);
     size_t pes = zo_dtype_size(shape.param_dtype), ges = zo_dtype_size(shape.grad_dtype);
-    uint64_t dev_need = nparams * (pes + ges) + train_shape_activation_bytes(&shape);
+    uint64_t dev_need = train_shape_device_bytes(&shape);
     if ((double)opt.width * opt.width > (double)INT32_MAX || (double)opt.batch * opt.width > (double)INT32_MAX) {
         fprintf(stderr, "zo-train: a %" PRIu64 " x %" PRIu64 " layer at batch %" PRIu64
                         " is beyond the GEMM's 32-bit sizes\n", opt.width, opt.width, opt.batch);
@@ -772,8 +772,18 @@ int main(int argc, char **argv)
         goto out;
     }
     /* A model that does not fit a given budget whole gets tiled layers
-     * (every layer is W x W: all or none are tiled). */
-    int tiled = opt.dev_budget && dev_need > budget;
+     * (every layer is W x W: all or none are tiled), planned as zo-plan
+     * predicts (train_plan_tiles()). */
+    zo_tile_grid plan_grid;
+    uint64_t layer_budget = 0;
+    int tiled = opt.dev_budget ? train_plan_tiles(&shape, budget, &layer_budget, &plan_grid) : 0;
+    if (tiled < 0) {
+        fprintf(stderr, "zo-train: --device-budget %.1f MiB: the activations and biases need %.1f MiB, so not even a "
+                        "tiled layer fits (%s%s%s)\n", mib(budget), mib(train_shape_tiled_rest_bytes(&shape)),
+                zo_strerror(tiled), layer_budget ? ": " : "", layer_budget ? zo_last_error_detail() : "");
+        rc = 2;
+        goto out;
+    }
 
     /* ---- the engine configuration: defaults, then the JSON file, then the flags ---- */
     zo_optim_hparams hp_w, hp_b;
@@ -863,7 +873,6 @@ int main(int argc, char **argv)
     /* ---- the device model; tiled layers homed in a store ---- */
     train_tiling tiling = {0};
     if (tiled) {
-        uint64_t rest = train_shape_tiled_rest_bytes(&shape);
         if (cfg.dpu) {
             /* the tiles are rewritten from the engine's parameter buffer after
              * each zo_optim_wait(); under DPU the update in flight flips that
@@ -872,14 +881,8 @@ int main(int argc, char **argv)
             rc = 2;
             goto out;
         }
-        if (rest >= budget) {
-            fprintf(stderr, "zo-train: --device-budget %.1f MiB: the activations and biases alone need %.1f MiB, "
-                            "so not even a tiled layer fits\n", mib(budget), mib(rest));
-            rc = 2;
-            goto out;
-        }
         tiling.home = cfg.placement == ZO_OPTIM_PLACE_NVME ? ZO_TIER_NVME : ZO_TIER_HOST;
-        tiling.layer_budget = (budget - rest) / shape.layers;
+        tiling.layer_budget = layer_budget; /* zo_tiled_linear_create() plans plan_grid from it again */
         tiling.prefix = "layer";
         uint64_t wbytes = (uint64_t)shape.layers * shape.width * shape.width * 4;
         if (tiling.home == ZO_TIER_NVME) {

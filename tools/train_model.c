@@ -367,36 +367,11 @@ static int linear(train_model *m, const float *in, const float *w, const float *
     return r;
 }
 
-/* ---- the elementwise parts: on the host through the staging buffers ---------------------- */
-/* Each runs as a host function queued on the compute stream between a D2H
- * copy into ha/hb and an H2D copy back, so it stays in stream order. */
-
-static void relu_fn(void *arg)
-{
-    train_model *m = arg;
-    size_t n = m->shape.batch * m->shape.width;
-    for (size_t i = 0; i < n; i++)
-        m->ha[i] = m->ha[i] > 0.0f ? m->ha[i] : 0.0f;
-}
-
-/* hb = ha > 0 ? hb : 0 (ha: the layer's saved input, the output of the ReLU below) */
-static void relu_backward_fn(void *arg)
-{
-    train_model *m = arg;
-    size_t n = m->shape.batch * m->shape.width;
-    for (size_t i = 0; i < n; i++)
-        m->hb[i] = m->ha[i] > 0.0f ? m->hb[i] : 0.0f;
-}
+/* ---- the ReLU: a device kernel (zo_dev_relu_mask), in place ------------------------------ */
 
 static int relu(train_model *m, float *x)
 {
-    size_t bytes = m->shape.batch * m->shape.width * sizeof(float);
-    int r = zo_memcpy_async(m->s, m->ha, x, bytes, ZO_COPY_D2H);
-    if (r == 0)
-        r = zo_stream_host_fn(m->s, relu_fn, m);
-    if (r == 0)
-        r = zo_memcpy_async(m->s, x, m->ha, bytes, ZO_COPY_H2D);
-    return r;
+    return zo_dev_relu_mask(m->s, x, x, x, m->shape.batch * m->shape.width);
 }
 
 /* Layer l forward into dst (bias widened into gf32 first). A tiled layer
@@ -489,11 +464,8 @@ static int backward(train_model *m, const float *y, double loss_scale)
             TRY(zo_gemm_async(m->s, ZO_GEMM_N, ZO_GEMM_N, B, W, W, 1.0f, m->dy, W, m->wf32, W, ZO_DTYPE_F32, 0.0f,
                               m->dx, W));
         }
-        /* dx through the ReLU of the layer below (its output is act[l]) */
-        TRY(zo_memcpy_async(m->s, m->ha, m->act[l], bw * sizeof(float), ZO_COPY_D2H));
-        TRY(zo_memcpy_async(m->s, m->hb, m->dx, bw * sizeof(float), ZO_COPY_D2H));
-        TRY(zo_stream_host_fn(m->s, relu_backward_fn, m));
-        TRY(zo_memcpy_async(m->s, m->dy, m->hb, bw * sizeof(float), ZO_COPY_H2D));
+        /* dy = dx through the ReLU of the layer below (its output is act[l]) */
+        TRY(zo_dev_relu_mask(m->s, m->dy, m->dx, m->act[l], bw));
     }
     return 0;
 }

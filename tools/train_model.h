@@ -100,10 +100,10 @@ typedef struct train_tiling {
  * the same zo_dev); the activations, the fp32 scratch and the compute stream
  * are the model's. Every GEMM is a zo_gemm_async() on the compute stream;
  * the dtype conversions are zo_dev_cast(); the bias add and its gradient are
- * GEMMs with a ones vector. The ReLU, its backward and the loss run on the
- * host through a staging copy (D2H into a registered host buffer, a host
- * function queued on the stream, H2D back), in stream order: the device
- * layer has no elementwise kernels for them. */
+ * GEMMs with a ones vector, the ReLU and its backward zo_dev_relu_mask().
+ * The loss and its gradient run on the host through a staging copy (the
+ * output D2H into a registered host buffer, which the loss needs on the
+ * host anyway; the gradient H2D back), in stream order. */
 typedef struct train_model {
     train_shape shape;
     zo_dev *dev;

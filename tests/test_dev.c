@@ -511,6 +511,69 @@ START_TEST(test_kernels)
 }
 END_TEST
 
+/* Run zo_dev_relu_mask(dst, src, mask) on s and compare dst, bit for bit,
+ * with the scalar ReLU of the host copies hsrc / hmask (taken before). */
+static void relu_check(zo_stream *s, float *dst, const float *src, const float *mask, const float *hsrc,
+                       const float *hmask, size_t len, float *out, float *want, const char *what)
+{
+    ck_assert_int_eq(zo_dev_relu_mask(s, dst, src, mask, len), 0);
+    ck_assert_int_eq(zo_memcpy_async(s, out, dst, len * 4, ZO_COPY_D2H), 0);
+    ck_assert_int_eq(zo_stream_sync(s), 0);
+    for (size_t i = 0; i < len; i++)
+        want[i] = hmask[i] > 0.0f ? hsrc[i] : 0.0f;
+    ck_assert_msg(memcmp(out, want, len * 4) == 0, "relu %s differs at n=%zu", what, len);
+}
+
+/* zo_dev_relu_mask against the scalar ReLU (dst = mask > 0 ? src : 0), bit for
+ * bit, on every length 1..257 at unaligned offsets and one large length, with
+ * NaN, infinities, signed zeros and subnormals in both src and mask; in place
+ * (the forward) and with a separate mask (the backward). */
+START_TEST(test_relu_mask)
+{
+    zo_test_rng r = {zo_test_seed() ^ 11};
+    size_t big = 100003, cap = big + 8;
+    float *hs = host_buf(cap * 4), *hm = host_buf(cap * 4), *out = host_buf(cap * 4);
+    float *want = malloc(cap * 4);
+    ck_assert_ptr_nonnull(want);
+    static const float special[] = {0.0f, -0.0f, 0x1p-140f, -0x1p-140f, INFINITY, -INFINITY, NAN, 1.0f, -1.0f};
+    for (size_t i = 0; i < cap; i++) {
+        uint64_t k = zo_test_next(&r);
+        hs[i] = (k & 7) == 0 ? special[(k >> 8) % 9] : (float)((int64_t)(k >> 20) % 2001 - 1000) / 7.0f;
+        hm[i] = (k & 48) == 0 ? special[(k >> 16) % 9] : (float)((int64_t)(k >> 33) % 2001 - 1000) / 3.0f;
+    }
+    float *ds, *dm, *dd;
+    ck_assert_int_eq(zo_dev_malloc(dev, (void **)&ds, cap * 4), 0);
+    ck_assert_int_eq(zo_dev_malloc(dev, (void **)&dm, cap * 4), 0);
+    ck_assert_int_eq(zo_dev_malloc(dev, (void **)&dd, cap * 4), 0);
+    zo_stream *s;
+    ck_assert_int_eq(zo_stream_create(dev, &s), 0);
+    for (size_t n = 1; n <= 258; n++) {
+        size_t len = n == 258 ? big : n, off = n % 5; /* unaligned starts */
+        ck_assert_int_eq(zo_memcpy_async(s, ds, hs, cap * 4, ZO_COPY_H2D), 0);
+        ck_assert_int_eq(zo_memcpy_async(s, dm, hm, cap * 4, ZO_COPY_H2D), 0);
+        /* backward: a separate mask; forward: in place */
+        relu_check(s, dd + off, ds + off, dm + off, hs + off, hm + off, len, out, want, "backward");
+        relu_check(s, ds + off, ds + off, ds + off, hs + off, hs + off, len, out, want, "forward");
+    }
+    /* bad input: a shifted overlap, NULL pointers; n == 0 queues nothing */
+    ck_assert_int_eq(zo_dev_relu_mask(s, ds + 1, ds, dm, 16), -EINVAL);
+    ck_assert_int_eq(zo_dev_relu_mask(s, dd, ds, dd + 1, 16), -EINVAL);
+    ck_assert_int_eq(zo_dev_relu_mask(s, NULL, ds, dm, 16), -EINVAL);
+    ck_assert_int_eq(zo_dev_relu_mask(s, dd, ds, NULL, 16), -EINVAL);
+    ck_assert_int_eq(zo_dev_relu_mask(NULL, dd, ds, dm, 16), -EINVAL);
+    ck_assert_int_eq(zo_dev_relu_mask(s, NULL, NULL, NULL, 0), 0);
+    ck_assert_int_eq(zo_stream_sync(s), 0);
+    zo_stream_destroy(&s);
+    zo_dev_free(dev, ds);
+    zo_dev_free(dev, dm);
+    zo_dev_free(dev, dd);
+    zo_pinned_free(hs);
+    zo_pinned_free(hm);
+    zo_pinned_free(out);
+    free(want);
+}
+END_TEST
+
 START_TEST(test_host_register)
 {
     size_t n = 1u << 20;
@@ -576,6 +639,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_two_streams_overlap);
     tcase_add_test(tc, test_streams_are_concurrent);
     tcase_add_test(tc, test_kernels);
+    tcase_add_test(tc, test_relu_mask);
     tcase_add_test(tc, test_host_register);
     tcase_add_test(tc, test_destroy_drains);
     suite_add_tcase(s, tc);

@@ -68,6 +68,11 @@ typedef struct plan_in {
     train_shape shape;      /* from_train only */
     uint64_t activation_bytes;
     double flops;           /* per micro-step (from_train), else 0 */
+    /* zo-train's tiled layers (from_train, the model over the device budget):
+     * train_plan_tiles(), the rule zo-train follows */
+    int tiled;              /* 1 tiled, 0 not, < 0 not even tiled (ZO_EBUDGET...) */
+    uint64_t layer_budget;
+    zo_tile_grid grid;
     /* precision and engine */
     zo_dtype pdt, gdt, sdt;
     int nvme;               /* placement: 1 NVMe, 0 host */
@@ -190,28 +195,38 @@ static double probe_copy(void)
     return best;
 }
 
-/* The model's GEMM (train_gemm) at 1024^3: flop per second. */
+/* The model's GEMM (zo_gemm_async on a host-backend stream, as zo-train
+ * runs it) at 1024^3: flop per second; 0 if it cannot run. */
 static double probe_gemm(void)
 {
     size_t n = 1024;
+    zo_dev *dev = NULL;
+    zo_stream *s = NULL;
     float *a = NULL, *b = NULL, *c = NULL;
     double best = 0;
-    if (zo_aligned_alloc((void **)&a, n * n * 4, 64) == 0 && zo_aligned_alloc((void **)&b, n * n * 4, 64) == 0 &&
-        zo_aligned_alloc((void **)&c, n * n * 4, 64) == 0) {
-        for (size_t i = 0; i < n * n; i++) {
+    if (zo_dev_open(&dev, NULL) == 0 && zo_stream_create(dev, &s) == 0 &&
+        zo_dev_malloc(dev, (void **)&a, n * n * 4) == 0 && zo_dev_malloc(dev, (void **)&b, n * n * 4) == 0 &&
+        zo_dev_malloc(dev, (void **)&c, n * n * 4) == 0) {
+        for (size_t i = 0; i < n * n; i++) { /* host backend: device memory is host memory */
             a[i] = (float)(i % 13) * 0.1f;
             b[i] = (float)(i % 7) * 0.2f;
         }
         for (int rep = 0; rep < 3; rep++) {
             double t0 = now_s();
-            train_gemm(0, 1, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            if (zo_gemm_async(s, ZO_GEMM_N, ZO_GEMM_T, n, n, n, 1.0f, a, n, b, n, ZO_DTYPE_F32, 0.0f, c, n) < 0 ||
+                zo_stream_sync(s) < 0)
+                break;
             double r = 2.0 * (double)n * n * n / (now_s() - t0);
             best = r > best ? r : best;
         }
     }
-    zo_aligned_free(a);
-    zo_aligned_free(b);
-    zo_aligned_free(c);
+    zo_stream_destroy(&s);
+    if (dev) {
+        zo_dev_free(dev, a);
+        zo_dev_free(dev, b);
+        zo_dev_free(dev, c);
+    }
+    zo_dev_close(&dev);
     return best;
 }
 
@@ -339,7 +354,9 @@ static int load_bench(const char *file, plan_in *in)
 
 typedef struct plan_out {
     uint64_t nsub;                        /* sub-groups */
-    uint64_t dev_params, dev_grads, dev_act, dev_total;
+    uint64_t dev_params, dev_grads, dev_act, dev_tiles, dev_total;
+    uint64_t tile_home;                   /* tiled weights in their home (fp32): pinned host or NVMe */
+    uint64_t pin_tile_pool;               /* the tile store's slot pool */
     uint64_t pin_states, pin_pool, pin_staging, pin_pbuf, pin_total;
     uint64_t host_acc, host_total;
     uint64_t nvme_bytes;
@@ -373,7 +390,20 @@ static void make_plan(const plan_in *in, plan_out *p)
     p->dev_params = P * pes;
     p->dev_grads = P * ges;
     p->dev_act = in->activation_bytes;
-    p->dev_total = p->dev_params + p->dev_grads + p->dev_act;
+    if (in->tiled > 0) {
+        /* zo-train's tiled layers: only the biases are device tensors; the
+         * weights live in the store as fp32 tiles, the device holds each
+         * layer's working memory (zo_tile_grid.work_bytes) */
+        uint64_t L = in->shape.layers, W = in->shape.width, biases = L * W;
+        p->dev_params = biases * pes;
+        p->dev_grads = biases * ges;
+        p->dev_act = train_shape_tiled_rest_bytes(&in->shape) - biases * (pes + ges);
+        p->dev_tiles = L * in->grid.work_bytes;
+        p->tile_home = L * W * W * 4;
+        /* zo-train's tile store: 4 x 1 MiB slots (pinned home), 16 x 4 MiB (NVMe home) */
+        p->pin_tile_pool = in->nvme ? 16ull * (4ull << 20) : 4ull << 20;
+    }
+    p->dev_total = p->dev_params + p->dev_grads + p->dev_act + p->dev_tiles;
     uint64_t states = 0;
     for (uint64_t i = 0; i < p->nsub; i++) {
         uint64_t n = i + 1 < p->nsub ? sg : P - sg * (p->nsub - 1);
@@ -391,13 +421,23 @@ static void make_plan(const plan_in *in, plan_out *p)
     }
     p->pin_staging = in->staging;
     p->pin_pbuf = P * pes * nwin;
-    p->pin_total = p->pin_states + p->pin_pool + p->pin_staging + p->pin_pbuf;
+    p->pin_total = p->pin_states + p->pin_pool + p->pin_staging + p->pin_pbuf + p->pin_tile_pool +
+                   (in->nvme ? 0 : p->tile_home);
     p->host_acc = P * 4 * nwin;
     p->host_total = p->pin_total + p->host_acc;
 
     /* ---- where it fits ---- */
     p->fits = 1;
-    if (in->gpu_mem && p->dev_total > in->gpu_mem) {
+    if (in->tiled < 0) {
+        p->fits = 0;
+        say(p, "device: the activations and biases alone need %.0f MiB of the %.0f MiB budget: not even tiled "
+               "layers fit; a smaller batch", mib(train_shape_tiled_rest_bytes(&in->shape)), mib(in->gpu_mem));
+    }
+    if (in->tiled > 0 && in->dpu) {
+        p->fits = 0;
+        say(p, "zo-train's tiled layers need --dpu off");
+    }
+    if (in->tiled >= 0 && in->gpu_mem && p->dev_total > in->gpu_mem) {
         p->fits = 0;
         say(p, "device: needs %.0f MiB, has %.0f MiB: a smaller batch (activations) or fp16/bf16 grads", mib(p->dev_total),
             mib(in->gpu_mem));
@@ -421,7 +461,7 @@ static void make_plan(const plan_in *in, plan_out *p)
     for (unsigned i = 0; i < in->nnvme; i++) {
         struct statvfs sv;
         p->nvme_free[i] = statvfs(in->paths[i], &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : 0;
-        if (in->nvme && p->nvme_at < 0 && p->nvme_free[i] >= p->nvme_bytes)
+        if (in->nvme && p->nvme_at < 0 && p->nvme_free[i] >= p->nvme_bytes + p->tile_home)
             p->nvme_at = (int)i;
     }
     if (in->nvme && p->nvme_at < 0) {
@@ -473,12 +513,22 @@ static void print_plan(const plan_in *in, const plan_out *p)
     if (in->from_train)
         printf("zo-train: %u layers of %zu, batch %zu x %u micro-steps\n", in->shape.layers, in->shape.width,
                in->shape.batch, in->accum);
+    if (in->tiled > 0)
+        printf("tiles: the model does not fit the device budget whole -> per layer %u x %u tiles of %u x %u "
+               "(%.1f KiB fp32), %.1f MiB working memory (zo_tile_plan of %.1f MiB), weights homed in %s\n",
+               in->grid.tiles_out, in->grid.tiles_in, in->grid.tile_out, in->grid.tile_in,
+               in->grid.tile_bytes / 1024.0, mib(in->grid.work_bytes), mib(in->layer_budget),
+               in->nvme ? "NVMe" : "pinned host memory");
     printf("\n  %-26s %-48s %14s\n", "where", "what", "bytes");
     snprintf(buf, sizeof(buf), "device (%s)", in->gpu_what);
     row(buf, "parameters", p->dev_params);
     row("", "gradients", p->dev_grads);
     if (p->dev_act)
         row("", "activations and scratch (zo-train)", p->dev_act);
+    if (in->tiled > 0) {
+        snprintf(buf, sizeof(buf), "tiled weights: working memory, %u layers", in->shape.layers);
+        row("", buf, p->dev_tiles);
+    }
     if (in->gpu_mem)
         snprintf(buf, sizeof(buf), "total, of %.0f MiB: %s", mib(in->gpu_mem), p->dev_total <= in->gpu_mem ? "fits" : "DOES NOT FIT");
     else
@@ -493,6 +543,11 @@ static void print_plan(const plan_in *in, const plan_out *p)
         row("", "store slots, 8 x 1 MiB", p->pin_pool);
     }
     row("", "gradient staging (device -> host)", p->pin_staging);
+    if (in->tiled > 0) {
+        if (!in->nvme)
+            row("", "tiled weights, fp32 (their home)", p->tile_home);
+        row("", in->nvme ? "tile store slots, 16 x 4 MiB" : "tile store slots, 4 x 1 MiB", p->pin_tile_pool);
+    }
     row("", in->dpu ? "parameter buffers x2 (DPU)" : "parameter buffers", p->pin_pbuf);
     if (in->memlock)
         snprintf(buf, sizeof(buf), "total, memlock limit %.0f MiB: %s", mib(in->memlock),
@@ -507,10 +562,11 @@ static void print_plan(const plan_in *in, const plan_out *p)
         char what[128];
         snprintf(buf, sizeof(buf), "NVMe %s", in->paths[i]);
         if (in->nvme && (int)i == p->nvme_at)
-            snprintf(what, sizeof(what), "fp32 masters + states (%.0f MiB free)", mib(p->nvme_free[i]));
+            snprintf(what, sizeof(what), "fp32 masters + states%s (%.0f MiB free)",
+                     p->tile_home ? " + tiled weights" : "", mib(p->nvme_free[i]));
         else
             snprintf(what, sizeof(what), "nothing (%.0f MiB free)", mib(p->nvme_free[i]));
-        row(buf, what, (int)i == p->nvme_at ? p->nvme_bytes : 0);
+        row(buf, what, (int)i == p->nvme_at ? p->nvme_bytes + (in->nvme ? p->tile_home : 0) : 0);
     }
     printf("\nbandwidths: NVMe read %.2f GB/s, write %.2f GB/s (%s); optimizer %.0f M params/s (%s); copies %.2f GB/s "
            "(%s); GEMM %.1f GFLOP/s (%s)\n",
@@ -564,6 +620,9 @@ static void json_plan(const plan_in *in, const plan_out *p)
     zj_uint(&j, "device_params", p->dev_params);
     zj_uint(&j, "device_grads", p->dev_grads);
     zj_uint(&j, "device_activations", p->dev_act);
+    zj_uint(&j, "device_tiles", p->dev_tiles);
+    zj_uint(&j, "tiled_weights_home", p->tile_home);
+    zj_uint(&j, "pinned_tile_pool", p->pin_tile_pool);
     zj_uint(&j, "device_total", p->dev_total);
     zj_uint(&j, "pinned_states", p->pin_states);
     zj_uint(&j, "pinned_pool", p->pin_pool);
@@ -582,6 +641,21 @@ static void json_plan(const plan_in *in, const plan_out *p)
     }
     zj_arr_end(&j);
     zj_obj_end(&j);
+    /* zo-train's tiled layers (null when the model is not tiled) */
+    if (in->tiled > 0) {
+        zj_obj_begin(&j, "tiles");
+        zj_uint(&j, "layer_budget", in->layer_budget);
+        zj_uint(&j, "tile_out", in->grid.tile_out);
+        zj_uint(&j, "tile_in", in->grid.tile_in);
+        zj_uint(&j, "tiles_out", in->grid.tiles_out);
+        zj_uint(&j, "tiles_in", in->grid.tiles_in);
+        zj_uint(&j, "tile_bytes", in->grid.tile_bytes);
+        zj_uint(&j, "work_bytes", in->grid.work_bytes);
+        zj_str(&j, "home", in->nvme ? "nvme" : "host");
+        zj_obj_end(&j);
+    } else {
+        zj_num(&j, "tiles", NAN); /* null */
+    }
     zj_obj_begin(&j, "machine");
     zj_str(&j, "device", in->gpu_what);
     zj_uint(&j, "device_mem", in->gpu_mem);
@@ -916,6 +990,12 @@ int main(int argc, char **argv)
             in.gpu_what = "no GPU: not checked";
         }
         zo_dev_close(&d);
+    }
+    if (in.from_train && in.gpu_mem) {
+        /* zo-train's rule: over the device budget, every layer tiled */
+        in.tiled = train_plan_tiles(&in.shape, in.gpu_mem, &in.layer_budget, &in.grid);
+        if (in.tiled > 0)
+            in.ntensors = in.shape.layers * in.grid.tiles_out * in.grid.tiles_in + in.shape.layers;
     }
     for (unsigned i = 0; i < in.nnvme; i++) {
         struct statvfs sv;

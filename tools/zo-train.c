@@ -131,10 +131,13 @@ static double mib(uint64_t b)
 /* ---- the framework side: device tensors ---------------------------------------------------- */
 
 /* The trainer's device memory: params and grads per tensor (weights first,
- * then biases: the engine's tensor order), in the engine's dtypes. */
+ * then biases: the engine's tensor order), in the engine's dtypes. With
+ * tiled layers the weight tensors are the tiles, homed in the store (param
+ * and grad NULL): only the biases are device tensors. */
 typedef struct device_model {
     zo_dev *dev;
-    unsigned ntensors;       /* 2 L */
+    unsigned ntensors;       /* L * tiles + L */
+    unsigned nweights;       /* L * tiles: the weight tensors (group 0) */
     uint64_t *numel;         /* [ntensors] */
     void **param, **grad;    /* [ntensors] device pointers */
     uint64_t bytes;          /* device memory held by params, grads and activations */
@@ -153,8 +156,10 @@ static void device_model_free(device_model *d)
 {
     if (d->param)
         for (unsigned i = 0; i < d->ntensors; i++) {
-            zo_dev_free(d->dev, d->param[i]);
-            zo_dev_free(d->dev, d->grad[i]);
+            if (d->param[i])
+                zo_dev_free(d->dev, d->param[i]);
+            if (d->grad[i])
+                zo_dev_free(d->dev, d->grad[i]);
         }
     free(d->param);
     free(d->grad);
@@ -163,32 +168,59 @@ static void device_model_free(device_model *d)
     memset(d, 0, sizeof(*d));
 }
 
-static int device_model_init(device_model *d, zo_dev *dev, const train_shape *s)
+static int device_model_init(device_model *d, zo_dev *dev, const train_shape *s, const train_tiling *tiling)
 {
     memset(d, 0, sizeof(*d));
     d->dev = dev;
-    d->ntensors = 2 * s->layers;
+    int r;
+    if ((r = train_model_init(&d->model, dev, s, tiling)) < 0)
+        return r;
+    d->bytes += d->model.dev_bytes; /* activations, scratch, ones; tiled layers' working memory */
+    d->ntensors = train_model_ntensors(&d->model);
+    d->nweights = d->ntensors - s->layers;
     d->numel = calloc(d->ntensors, sizeof(uint64_t));
     d->param = calloc(d->ntensors, sizeof(void *));
     d->grad = calloc(d->ntensors, sizeof(void *));
     if (!d->numel || !d->param || !d->grad)
         return -ENOMEM;
     size_t pes = zo_dtype_size(s->param_dtype), ges = zo_dtype_size(s->grad_dtype);
-    int r;
     for (unsigned i = 0; i < d->ntensors; i++) {
-        d->numel[i] = i < s->layers ? (uint64_t)s->width * s->width : s->width;
+        d->numel[i] = train_model_numel(&d->model, i);
+        if (tiling && i < d->nweights)
+            continue; /* a tile: homed in the store */
         if ((r = device_alloc(d, &d->param[i], d->numel[i] * pes)) < 0 ||
             (r = device_alloc(d, &d->grad[i], d->numel[i] * ges)) < 0)
             return r;
     }
-    if ((r = train_model_init(&d->model, s)) < 0)
-        return r;
-    d->bytes += train_shape_activation_bytes(s); /* on the host backend the activations are host memory too */
     d->model.weight = d->param;
-    d->model.bias = d->param + s->layers;
+    d->model.bias = d->param + d->nweights;
     d->model.gweight = d->grad;
-    d->model.gbias = d->grad + s->layers;
+    d->model.gbias = d->grad + d->nweights;
     return 0;
+}
+
+/* The store homing the tiled layers' weights: pinned host memory for
+ * them all, or (swap given) NVMe through the store's pinned slot pool. */
+static int open_tile_store(zo_dev *dev, uint64_t weight_bytes, zo_swap *swap, zo_store **out)
+{
+    zo_store_config sc;
+    zo_store_config_default(&sc);
+    sc.dev = dev;
+    sc.trace = ZO_TRACE_OFF; /* the walker fetches each tile itself, in order */
+    if (swap) {
+        sc.swap = swap;
+        sc.host_bytes = 0;
+    } else {
+        /* every tile rounded up in the arena: room for the rounding */
+        sc.host_bytes = weight_bytes + weight_bytes / 8 + (4u << 20);
+        sc.slots = 4; /* zo_store_write() streams through the pool */
+        sc.slot_size = 1u << 20;
+    }
+    int r = zo_store_create(out, &sc);
+    if (r < 0)
+        fprintf(stderr, "zo-train: the store for the tiled weights: %s (%s)\n", zo_strerror(r),
+                zo_last_error_detail());
+    return r;
 }
 
 /* ---- the in-memory reference run (--verify) ------------------------------------------------ */
@@ -205,6 +237,8 @@ static int device_model_init(device_model *d, zo_dev *dev, const train_shape *s)
  * after it.
  */
 typedef struct reference {
+    zo_dev *dev;           /* its own host device, unlimited: the model's GEMMs run as on the engine's side */
+    zo_store *store;       /* tiled layers: its own store (pinned host home) */
     train_model model;
     unsigned ntensors, layers;
     uint64_t *off, *numel; /* [ntensors] flat offsets and sizes */
@@ -241,10 +275,13 @@ static void reference_free(reference *r)
     free(r->grad);
     free(r->first);
     zo_cpuadam_team_destroy(&r->team);
+    zo_store_destroy(&r->store); /* after the model: its tiled layers unregister their tiles */
+    zo_dev_close(&r->dev);
     memset(r, 0, sizeof(*r));
 }
 
-static int reference_init(reference *r, const train_shape *s, const zo_optim_config *cfg, const device_model *d)
+static int reference_init(reference *r, const train_shape *s, const zo_optim_config *cfg, const device_model *d,
+                          const train_tiling *tiling)
 {
     memset(r, 0, sizeof(*r));
     r->ntensors = d->ntensors;
@@ -262,7 +299,7 @@ static int reference_init(reference *r, const train_shape *s, const zo_optim_con
         r->total += d->numel[i];
         r->first[i] = 1;
     }
-    r->gsplit = r->off[s->layers];
+    r->gsplit = r->off[d->nweights];
     size_t pes = zo_dtype_size(r->pdt), n = (size_t)r->total;
     r->master = calloc(n, 4);
     r->sdt = cfg->groups[0].state_dtype;
@@ -275,8 +312,28 @@ static int reference_init(reference *r, const train_shape *s, const zo_optim_con
     r->grad = calloc(n, zo_dtype_size(r->gdt));
     if (!r->master || !r->m || !r->v || !r->acc || !r->seen || !r->out || !r->prev_out || !r->grad)
         return -ENOMEM;
-    int rc = train_model_init(&r->model, s);
+    /* The reference model runs on a host device of its own, through the same
+     * zo_gemm_async() host path as the engine side's model, so its losses and
+     * gradients are the same bits. Its parameters and gradients are plain
+     * arrays (host backend: "device" memory is host memory). */
+    int rc = zo_dev_open(&r->dev, NULL);
     if (rc < 0)
+        return rc;
+    train_tiling rt;
+    if (tiling) {
+        /* the same grid (the same per-layer budget), homed in pinned host
+         * memory: the home does not change a bit of the math */
+        rt = *tiling;
+        rt.home = ZO_TIER_HOST;
+        rt.prefix = "ref.layer";
+        uint64_t wb = 0;
+        for (unsigned i = 0; i < d->nweights; i++)
+            wb += d->numel[i] * 4;
+        if ((rc = open_tile_store(r->dev, wb, NULL, &r->store)) < 0)
+            return rc;
+        rt.store = r->store;
+    }
+    if ((rc = train_model_init(&r->model, r->dev, s, tiling ? &rt : NULL)) < 0)
         return rc;
     r->model.weight = calloc(r->ntensors, sizeof(void *));
     r->model.gweight = calloc(r->ntensors, sizeof(void *));
@@ -286,8 +343,8 @@ static int reference_init(reference *r, const train_shape *s, const zo_optim_con
         r->model.weight[i] = (char *)r->seen + r->off[i] * pes;
         r->model.gweight[i] = (char *)r->grad + r->off[i] * zo_dtype_size(r->gdt);
     }
-    r->model.bias = r->model.weight + s->layers;
-    r->model.gbias = r->model.gweight + s->layers;
+    r->model.bias = r->model.weight + d->nweights;
+    r->model.gbias = r->model.gweight + d->nweights;
     r->hp[0] = cfg->groups[0].hparams ? *cfg->groups[0].hparams : cfg->hparams;
     r->hp[1] = cfg->groups[1].hparams ? *cfg->groups[1].hparams : cfg->hparams;
     r->sub_group = cfg->sub_group_size;
@@ -295,6 +352,19 @@ static int reference_init(reference *r, const train_shape *s, const zo_optim_con
     zo_cpuadam_team_config_default(&tc);
     tc.nthreads = cfg->nthreads;
     return zo_cpuadam_team_create(&r->team, &tc);
+}
+
+/* Tiled layers: the weight tiles the reference's forward sees are written
+ * from `seen` (as zo-train writes the engine's from its parameter buffers). */
+static int reference_push_tiles(reference *r)
+{
+    if (!r->model.tl)
+        return 0;
+    size_t pes = zo_dtype_size(r->pdt);
+    int rc = 0;
+    for (unsigned i = 0; i < r->ntensors - r->layers && rc == 0; i++)
+        rc = train_model_tile_set(&r->model, i, (const char *)r->seen + r->off[i] * pes);
+    return rc;
 }
 
 /* Start where the engine starts: its masters and states (a fresh run: the
@@ -325,20 +395,30 @@ static int reference_start(reference *r, zo_optim *o)
     /* the DPU warm-up counts boundaries, applied or skipped; a checkpoint
      * carries the count, so a resumed run is past its warm-up at once */
     r->boundaries = (uint64_t)info.step + info.skipped_steps;
-    return 0;
+    return reference_push_tiles(r);
 }
 
 /* The reference's gradient hand-over: add into the fp32 accumulator (the
  * window's first gradient of a tensor overwrites it). */
-static int reference_grad(void *user, unsigned tensor, const void *g)
+static int reference_grad(void *user, unsigned tensor, const void *dev_grad, zo_event *ready, const void *host_grad)
 {
     reference *r = user;
+    const void *g = host_grad;
+    if (!g) {
+        int rc = zo_event_sync(ready); /* the gradient is queued: wait for it */
+        if (rc < 0)
+            return rc;
+        g = dev_grad; /* host backend: device memory is host memory */
+    }
     float *a = r->acc + r->off[tensor];
     uint64_t n = r->numel[tensor];
-    float *w = r->model.gf32; /* free scratch at this point: the gradient was narrowed from it */
-    zo_vec_cast(w, ZO_DTYPE_F32, g, r->gdt, (size_t)n);
-    for (uint64_t k = 0; k < n; k++)
-        a[k] = r->first[tensor] ? w[k] : a[k] + w[k];
+    float w[256]; /* widened in pieces */
+    for (uint64_t k0 = 0; k0 < n; k0 += 256) {
+        size_t c = n - k0 < 256 ? (size_t)(n - k0) : 256;
+        zo_vec_cast(w, ZO_DTYPE_F32, (const char *)g + k0 * zo_dtype_size(r->gdt), r->gdt, c);
+        for (size_t k = 0; k < c; k++)
+            a[k0 + k] = r->first[tensor] ? w[k] : a[k0 + k] + w[k];
+    }
     r->first[tensor] = 0;
     return 0;
 }
@@ -397,17 +477,19 @@ static int reference_step(reference *r, double scale, double max_norm, unsigned 
      * the one before it under the delay. */
     int delayed = dpu && r->boundaries > dpu_warmup;
     memcpy(r->seen, delayed ? r->prev_out : r->out, pb);
-    return nonfinite ? 0 : 1;
+    int rc = reference_push_tiles(r);
+    return rc < 0 ? rc : nonfinite ? 0 : 1;
 }
 
 /* The end of the run (zo_optim_wait()): the device holds the latest update. */
-static void reference_finish(reference *r)
+static int reference_finish(reference *r)
 {
     memcpy(r->seen, r->out, (size_t)r->total * zo_dtype_size(r->pdt));
+    return reference_push_tiles(r);
 }
 
 /* Masters, states and device params of the engine equal the reference's, bit for bit. */
-static int reference_compare(reference *r, zo_optim *o, const device_model *d)
+static int reference_compare(reference *r, zo_optim *o, device_model *d)
 {
     size_t pes = zo_dtype_size(r->pdt);
     int bad = 0;
@@ -443,8 +525,22 @@ static int reference_compare(reference *r, zo_optim *o, const device_model *d)
                     break;
                 }
         }
-        /* host backend: device memory is readable host memory */
-        if (!bad && memcmp(d->param[i], (char *)r->seen + off * pes, (size_t)n * pes)) {
+        if (!bad && !d->param[i]) {
+            /* a weight tile: the store holds the params widened to fp32 */
+            float *want_f = malloc((size_t)n * 4);
+            int rc = want_f ? train_model_tile_get(&d->model, i, (float *)buf) : -ENOMEM;
+            if (rc == 0)
+                zo_vec_cast(want_f, ZO_DTYPE_F32, (char *)r->seen + off * pes, r->pdt, (size_t)n);
+            if (rc < 0 || memcmp(buf, want_f, (size_t)n * 4)) {
+                fprintf(stderr, "zo-train: verify: the weight tile of tensor %u differs%s\n", i,
+                        rc < 0 ? " (cannot be read)" : "");
+                bad = 1;
+            }
+            free(want_f);
+        } else if (!bad && (zo_memcpy_async(d->model.s, buf, d->param[i], (size_t)n * pes, ZO_COPY_D2H) < 0 ||
+                            zo_stream_sync(d->model.s) < 0 ||
+                            memcmp(buf, (char *)r->seen + off * pes, (size_t)n * pes))) {
+            /* the device params, read back through the model's stream */
             fprintf(stderr, "zo-train: verify: device params of tensor %u differ\n", i);
             bad = 1;
         }
@@ -456,17 +552,81 @@ static int reference_compare(reference *r, zo_optim *o, const device_model *d)
 /* ---- the training loop ------------------------------------------------------------------------ */
 
 /* Handing a gradient to the engine: called by backward as soon as a
- * tensor's gradient is in its device buffer. Here the gradient is already
- * valid (the host backend computes synchronously), so no event; a GPU
- * framework records an event on its compute stream and passes it, and the
- * engine's copy waits for it on the engine's own stream. */
-static int engine_grad(void *user, unsigned tensor, const void *dev_grad)
+ * tensor's gradient is queued into its device buffer, with the event
+ * recorded on the compute stream after it; the engine's copy waits for that
+ * event on the engine's own stream, so backward goes on with the layers
+ * below while the copy runs, as in a GPU framework. */
+typedef struct engine_intake {
+    zo_optim *o;
+    zo_dtype grad_dtype;
+} engine_intake;
+
+static int engine_grad(void *user, unsigned tensor, const void *dev_grad, zo_event *ready, const void *host_grad)
 {
-    zo_optim *o = user;
-    int r = zo_optim_grad(o, tensor, dev_grad, NULL);
+    engine_intake *ei = user;
+    zo_optim *o = ei->o;
+    /* a tiled weight's dW tile comes staged in host memory (grad_dtype) */
+    int r = host_grad ? zo_optim_grad_host(o, tensor, host_grad, ei->grad_dtype)
+                      : zo_optim_grad(o, tensor, dev_grad, ready);
     if (r < 0)
         fprintf(stderr, "zo-train: zo_optim_grad(%u): %s (%s)\n", tensor, zo_strerror(r), zo_optim_errmsg(o));
     return r;
+}
+
+/* Tiled layers: write every weight tile from the engine's parameter
+ * buffer (the params of the latest finished update, in param_dtype; the
+ * tiles hold them widened to fp32). Called where the engine pushes the
+ * device params of the other tensors: after each zo_optim_wait(). */
+static int refresh_tiles(zo_optim *o, device_model *d)
+{
+    for (unsigned i = 0; i < d->nweights; i++) {
+        const void *p;
+        int r = zo_optim_param_buffer(o, i, &p);
+        if (r == 0)
+            r = train_model_tile_set(&d->model, i, p);
+        if (r < 0) {
+            fprintf(stderr, "zo-train: weight tile %u: %s (%s)\n", i, zo_strerror(r), zo_optim_errmsg(o));
+            return r;
+        }
+    }
+    return 0;
+}
+
+/* Tiled layers, a fresh run: the student's initial values as the engine's
+ * masters (widened exactly, as zo_optim_init_from_device() would read
+ * them), zero optimizer states. */
+static int init_masters(zo_optim *o, device_model *d)
+{
+    size_t pes = zo_dtype_size(d->model.shape.param_dtype);
+    uint64_t most = 0;
+    for (unsigned i = 0; i < d->ntensors; i++)
+        most = d->numel[i] > most ? d->numel[i] : most;
+    void *p = malloc((size_t)most * pes);
+    float *zero = calloc((size_t)most, sizeof(float));
+    int r = p && zero ? 0 : -ENOMEM;
+    for (unsigned i = 0; i < d->ntensors && r == 0; i++) {
+        train_model_initial(&d->model, i, p);
+        r = zo_optim_state_import(o, i, ZO_OPTIM_STATE_MASTER, p, d->model.shape.param_dtype, 0, d->numel[i]);
+        for (int k = ZO_OPTIM_STATE_EXP_AVG; k <= ZO_OPTIM_STATE_EXP_AVG_SQ && r == 0; k++)
+            if ((r = zo_optim_state_import(o, i, (zo_optim_state)k, zero, ZO_DTYPE_F32, 0, d->numel[i])) == ZO_ENOTSUP)
+                r = 0; /* a state this optimizer does not use */
+    }
+    free(p);
+    free(zero);
+    if (r < 0)
+        fprintf(stderr, "zo-train: initial masters: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
+    return r;
+}
+
+/* Device bytes in use now (zo_dev_get_info: the host backend's accounting
+ * of zo_dev_malloc(), or the GPU's), or `peak` if larger. */
+static uint64_t device_in_use(zo_dev *dev, uint64_t peak)
+{
+    zo_dev_info di;
+    if (zo_dev_get_info(dev, &di) < 0 || di.total_mem < di.free_mem)
+        return peak;
+    uint64_t used = di.total_mem - di.free_mem;
+    return used > peak ? used : peak;
 }
 
 /* Totals over the run, for the summary. */
@@ -548,13 +708,15 @@ int main(int argc, char **argv)
     float *x = NULL, *y = NULL;
     FILE *jf = NULL;
     totals tot = {0};
+    zo_swap *tile_swap = NULL;
+    zo_store *tile_store = NULL;
+    uint64_t dev_peak = 0;
 
-    if (!strcmp(opt.backend, "cuda")) {
-        /* The model's math runs on the host (train_gemm() over OpenBLAS and
-         * plain loops); on CUDA it needs zo_gemm_async() and elementwise
-         * kernels, which this build does not have yet. */
-        fprintf(stderr, "zo-train: --backend cuda: the model's forward/backward needs the device GEMM "
-                        "(zo_gemm_async) and elementwise kernels, not in this build; use --backend host\n");
+    if (opt.verify && strcmp(opt.backend, "host")) {
+        /* the in-memory reference runs the model on the host backend's GEMM
+         * (OpenBLAS); cuBLAS sums in another order, so no bit-for-bit match */
+        fprintf(stderr, "zo-train: --verify compares bit for bit with an in-memory run on the host backend's GEMM: "
+                        "use it with --backend host\n");
         return 2;
     }
 
@@ -566,7 +728,7 @@ int main(int argc, char **argv)
                          .seed = opt.seed};
     uint64_t nparams = train_shape_params(&shape);
     size_t pes = zo_dtype_size(shape.param_dtype), ges = zo_dtype_size(shape.grad_dtype);
-    uint64_t dev_need = nparams * (pes + ges) + train_shape_activation_bytes(&shape);
+    uint64_t dev_need = train_shape_device_bytes(&shape);
     if ((double)opt.width * opt.width > (double)INT32_MAX || (double)opt.batch * opt.width > (double)INT32_MAX) {
         fprintf(stderr, "zo-train: a %" PRIu64 " x %" PRIu64 " layer at batch %" PRIu64
                         " is beyond the GEMM's 32-bit sizes\n", opt.width, opt.width, opt.batch);
@@ -591,21 +753,35 @@ int main(int argc, char **argv)
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
 
-    /* ---- the device: the host backend, capped at the device budget ---- */
+    /* ---- the device: --backend (host: capped at the device budget) ---- */
     zo_dev_config dc;
     zo_dev_config_default(&dc);
-    dc.kind = ZO_DEV_HOST;
+    if ((r = zo_dev_kind_parse(opt.backend, &dc.kind)) < 0) {
+        fprintf(stderr, "zo-train: --backend %s: host or cuda\n", opt.backend);
+        return 2;
+    }
     /* By default the budget holds the device model (params, grads,
      * activations) and a little slack, never the fp32 masters and states. */
     uint64_t budget = opt.dev_budget ? opt.dev_budget : train_default_device_budget(dev_need);
-    dc.host_mem_limit = (size_t)budget;
+    if (dc.kind == ZO_DEV_HOST)
+        dc.host_mem_limit = (size_t)budget;
     if ((r = zo_dev_open(&dev, &dc)) < 0) {
-        fprintf(stderr, "zo-train: device: %s (%s)\n", zo_strerror(r), zo_last_error_detail());
+        fprintf(stderr, "zo-train: --backend %s: the device does not open: %s (%s)%s\n", opt.backend, zo_strerror(r),
+                zo_last_error_detail(), dc.kind == ZO_DEV_HOST ? "" : "; --backend host runs everywhere");
+        rc = dc.kind == ZO_DEV_HOST ? 1 : 2;
         goto out;
     }
-    if ((r = device_model_init(&dm, dev, &shape)) < 0) {
-        fprintf(stderr, "zo-train: the model (%.1f MiB of params, grads and activations) does not fit the device "
-                        "budget of %.1f MiB: %s\n", mib(dev_need), mib(budget), zo_strerror(r));
+    /* A model that does not fit a given budget whole gets tiled layers
+     * (every layer is W x W: all or none are tiled), planned as zo-plan
+     * predicts (train_plan_tiles()). */
+    zo_tile_grid plan_grid;
+    uint64_t layer_budget = 0;
+    int tiled = opt.dev_budget ? train_plan_tiles(&shape, budget, &layer_budget, &plan_grid) : 0;
+    if (tiled < 0) {
+        fprintf(stderr, "zo-train: --device-budget %.1f MiB: the activations and biases need %.1f MiB, so not even a "
+                        "tiled layer fits (%s%s%s)\n", mib(budget), mib(train_shape_tiled_rest_bytes(&shape)),
+                zo_strerror(tiled), layer_budget ? ": " : "", layer_budget ? zo_last_error_detail() : "");
+        rc = 2;
         goto out;
     }
 
@@ -694,6 +870,51 @@ int main(int argc, char **argv)
         cfg.nvme_path = NULL;
     }
 
+    /* ---- the device model; tiled layers homed in a store ---- */
+    train_tiling tiling = {0};
+    if (tiled) {
+        if (cfg.dpu) {
+            /* the tiles are rewritten from the engine's parameter buffer after
+             * each zo_optim_wait(); under DPU the update in flight flips that
+             * buffer while the next forward runs */
+            fprintf(stderr, "zo-train: tiled layers (the model does not fit --device-budget) need --dpu off\n");
+            rc = 2;
+            goto out;
+        }
+        tiling.home = cfg.placement == ZO_OPTIM_PLACE_NVME ? ZO_TIER_NVME : ZO_TIER_HOST;
+        tiling.layer_budget = layer_budget; /* zo_tiled_linear_create() plans plan_grid from it again */
+        tiling.prefix = "layer";
+        uint64_t wbytes = (uint64_t)shape.layers * shape.width * shape.width * 4;
+        if (tiling.home == ZO_TIER_NVME) {
+            char dir[PATH_MAX + 8];
+            snprintf(dir, sizeof(dir), "%s/tiles", g_tmpdir);
+            zo_swap_config sc;
+            zo_swap_config_default(&sc);
+            const char *dirs[1] = {dir};
+            sc.dirs = dirs;
+            sc.ndirs = 1;
+            sc.arena_size = wbytes;
+            if (mkdir(dir, 0700) < 0 || (r = zo_swap_create(&tile_swap, &sc)) < 0) {
+                fprintf(stderr, "zo-train: the tiles' NVMe home %s: %s\n", dir,
+                        errno && !tile_swap ? strerror(errno) : zo_last_error_detail());
+                goto out;
+            }
+        }
+        if ((r = open_tile_store(dev, wbytes, tile_swap, &tile_store)) < 0)
+            goto out;
+        tiling.store = tile_store;
+    }
+    if ((r = device_model_init(&dm, dev, &shape, tiled ? &tiling : NULL)) < 0) {
+        if (tiled)
+            fprintf(stderr, "zo-train: tiled layers within the device budget of %.1f MiB: %s\n", mib(budget),
+                    zo_strerror(r));
+        else
+            fprintf(stderr, "zo-train: the model (%.1f MiB of params, grads and activations) does not fit the device "
+                            "budget of %.1f MiB: %s\n", mib(dev_need), mib(budget), zo_strerror(r));
+        rc = r == ZO_EBUDGET ? 2 : 1;
+        goto out;
+    }
+
     /* Two parameter groups: the weights (weight decay) and the biases (none). */
     const char **names = calloc(dm.ntensors, sizeof(char *));
     char (*namebuf)[32] = calloc(dm.ntensors, 32);
@@ -704,15 +925,22 @@ int main(int argc, char **argv)
         goto out;
     }
     for (unsigned i = 0; i < dm.ntensors; i++) {
-        snprintf(namebuf[i], 32, "layer%u.%s", i % shape.layers, i < shape.layers ? "weight" : "bias");
+        if (i >= dm.nweights)
+            snprintf(namebuf[i], 32, "layer%u.bias", i - dm.nweights);
+        else if (tiled)
+            snprintf(namebuf[i], 32, "layer%u.weight.%u", i / dm.model.tiles, i % dm.model.tiles);
+        else
+            snprintf(namebuf[i], 32, "layer%u.weight", i);
         names[i] = namebuf[i];
     }
     for (int g = 0; g < 2; g++) {
         zo_optim_group_default(&grp[g]);
-        grp[g].ntensors = shape.layers;
-        grp[g].numel = dm.numel + (g ? shape.layers : 0);
-        grp[g].names = names + (g ? shape.layers : 0);
-        grp[g].dev_params = dm.param + (g ? shape.layers : 0);
+        grp[g].ntensors = g ? shape.layers : dm.nweights;
+        grp[g].numel = dm.numel + (g ? dm.nweights : 0);
+        grp[g].names = names + (g ? dm.nweights : 0);
+        /* tiles: the engine never touches them; zo-train writes them from
+         * the parameter buffers after each update (refresh_tiles()) */
+        grp[g].dev_params = g == 0 && tiled ? NULL : dm.param + (g ? dm.nweights : 0);
         grp[g].hparams = g ? &hp_b : &hp_w;
         grp[g].state_dtype = jgroup.state_dtype;
     }
@@ -720,7 +948,12 @@ int main(int argc, char **argv)
     cfg.ngroups = 2;
 
     /* ---- create the engine and give it the initial parameters ---- */
-    train_model_init_params(&dm.model);
+    if ((r = train_model_init_params(&dm.model)) < 0) {
+        fprintf(stderr, "zo-train: initial parameters: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(dev));
+        free(names);
+        free(namebuf);
+        goto out;
+    }
     r = zo_optim_create(&o, &cfg);
     free(names);
     free(namebuf);
@@ -744,13 +977,19 @@ int main(int argc, char **argv)
             goto out;
         }
         micro = um;
+        if (tiled && (r = refresh_tiles(o, &dm)) < 0)
+            goto out;
+    } else if (tiled) {
+        /* the tiles have no device params to read: the initial values go in as masters */
+        if ((r = init_masters(o, &dm)) < 0)
+            goto out;
     } else if ((r = zo_optim_init_from_device(o)) < 0) {
         fprintf(stderr, "zo-train: zo_optim_init_from_device: %s: %s\n", zo_strerror(r), zo_optim_errmsg(o));
         goto out;
     }
 
     if (opt.verify) {
-        if ((r = reference_init(&ref, &shape, &cfg, &dm)) < 0 ||
+        if ((r = reference_init(&ref, &shape, &cfg, &dm, tiled ? &tiling : NULL)) < 0 ||
             (r = reference_start(&ref, o)) < 0) {
             fprintf(stderr, "zo-train: verify: %s\n", zo_strerror(r));
             goto out;
@@ -772,9 +1011,23 @@ int main(int argc, char **argv)
     zo_optim_get_info(o, &info);
     printf("model: %u layers of %zu x %zu + bias, %" PRIu64 " parameters (%.1f M), batch %zu x %u micro-steps\n",
            shape.layers, shape.width, shape.width, nparams, nparams / 1e6, shape.batch, cfg.grad_accum_steps);
-    printf("device (%s): budget %.1f MiB; params %s %.1f MiB, grads %s %.1f MiB, activations %.1f MiB\n",
-           opt.backend, mib(budget), zo_dtype_name(shape.param_dtype), mib(nparams * pes),
-           zo_dtype_name(shape.grad_dtype), mib(nparams * ges), mib(train_shape_activation_bytes(&shape)));
+    if (tiled)
+        printf("device (%s): budget %.1f MiB, held %.1f MiB: params %s and grads %s of the biases, activations; "
+               "the weights in tiles\n", opt.backend, mib(budget), mib(dm.bytes), zo_dtype_name(shape.param_dtype),
+               zo_dtype_name(shape.grad_dtype));
+    else
+        printf("device (%s): budget %.1f MiB; params %s %.1f MiB, grads %s %.1f MiB, activations %.1f MiB\n",
+               opt.backend, mib(budget), zo_dtype_name(shape.param_dtype), mib(nparams * pes),
+               zo_dtype_name(shape.grad_dtype), mib(nparams * ges), mib(train_shape_activation_bytes(&shape)));
+    if (tiled) {
+        const zo_tile_grid *g = &dm.model.grid;
+        printf("tiles: a %zu x %zu weight (%.1f MiB as fp32 tiles) does not fit the device budget -> per layer %u x %u "
+               "tiles of %u x %u (%.1f KiB) homed in %s, %.1f MiB device working memory (zo_tile_plan of %.1f MiB)\n",
+               shape.width, shape.width, mib((uint64_t)shape.width * shape.width * 4), g->tiles_out, g->tiles_in,
+               g->tile_out, g->tile_in, g->tile_bytes / 1024.0,
+               tiling.home == ZO_TIER_NVME ? "NVMe" : "pinned host memory", mib(g->work_bytes),
+               mib(tiling.layer_budget));
+    }
     uint64_t state_bytes = nparams * (4 + 2 * zo_dtype_size(jgroup.state_dtype)); /* master, m, v */
     printf("engine: fp32 masters + optimizer states %.1f MiB %s the device budget -> %s%s; DPU %s (warm-up %u), "
            "clip %g, %d threads, %u sub-groups\n",
@@ -785,6 +1038,7 @@ int main(int argc, char **argv)
     fflush(stdout);
 
     /* ---- training ---- */
+    dev_peak = device_in_use(dev, dev_peak);
     double t_start = now_s();
     int verify_failed = 0;
     zo_optim_get_info(o, &info);
@@ -795,15 +1049,22 @@ int main(int argc, char **argv)
         for (unsigned k = 0; k < cfg.grad_accum_steps; k++, micro++) {
             train_teacher_batch(&teacher, micro, x, y);
             double tc = now_s();
-            double l = train_forward(&dm.model, x, y);
+            double l;
+            if ((r = train_forward(&dm.model, x, y, &l)) < 0) {
+                fprintf(stderr, "zo-train: forward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(dev));
+                goto out;
+            }
             /* the previous step's gradient copies must be done before
              * backward rewrites the gradient buffers */
             if ((r = zo_optim_grads_done(o)) < 0) {
                 fprintf(stderr, "zo-train: zo_optim_grads_done: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
                 goto out;
             }
-            if ((r = train_backward(&dm.model, y, scale, engine_grad, o)) < 0)
+            engine_intake ei = {.o = o, .grad_dtype = shape.grad_dtype};
+            if ((r = train_backward(&dm.model, y, scale, engine_grad, &ei)) < 0) {
+                fprintf(stderr, "zo-train: backward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(dev));
                 goto out;
+            }
             compute += now_s() - tc;
             loss += l / cfg.grad_accum_steps;
             /* every micro-step ends with a step call; only the boundary updates */
@@ -812,8 +1073,13 @@ int main(int argc, char **argv)
                 goto out;
             }
             if (opt.verify) {
-                ref_loss += train_forward(&ref.model, x, y) / cfg.grad_accum_steps;
-                train_backward(&ref.model, y, scale, reference_grad, &ref);
+                double rl = 0;
+                if ((r = train_forward(&ref.model, x, y, &rl)) < 0 ||
+                    (r = train_backward(&ref.model, y, scale, reference_grad, &ref)) < 0) {
+                    fprintf(stderr, "zo-train: verify: reference model: %s\n", zo_strerror(r));
+                    goto out;
+                }
+                ref_loss += rl / cfg.grad_accum_steps;
             }
         }
         /* Without DPU (or in its warm-up) the update finishes now; with it,
@@ -826,6 +1092,9 @@ int main(int argc, char **argv)
                 goto out;
             }
         }
+        if (tiled && (r = refresh_tiles(o, &dm)) < 0)
+            goto out;
+        dev_peak = device_in_use(dev, dev_peak);
         double dt = now_s() - t0;
         if (opt.verify) {
             if ((r = reference_step(&ref, scale, cfg.max_grad_norm, cfg.dpu_warmup_steps, cfg.dpu)) < 0) {
@@ -868,6 +1137,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "zo-train: final step: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
         goto out;
     }
+    if (tiled && (r = refresh_tiles(o, &dm)) < 0)
+        goto out;
     tot.wall_s = now_s() - t_start;
     {
         zo_optim_timeline tl;
@@ -908,9 +1179,10 @@ int main(int argc, char **argv)
            tot.wall_s > 0 ? train_shape_flops(&shape) * tot.steps * cfg.grad_accum_steps / tot.wall_s / 1e9 : 0);
     printf("loss: %.6f -> %.6f (%.1f%% of the start; floor 0)\n", tot.first_loss, tot.last_loss,
            tot.first_loss > 0 ? 100.0 * tot.last_loss / tot.first_loss : 0);
-    printf("memory: device %.1f MiB (budget %.1f), engine pinned %.1f MiB (process peak locked %.1f), engine "
+    dev_peak = device_in_use(dev, dev_peak);
+    printf("memory: device %.1f MiB, peak in use %.1f MiB (budget %.1f), engine pinned %.1f MiB (process peak locked %.1f), engine "
            "pageable %.1f MiB, process peak RSS %.1f MiB\n",
-           mib(dm.bytes), mib(budget), mib(info.pinned_bytes), mib(ps.locked_peak), mib(info.host_bytes),
+           mib(dm.bytes), mib(dev_peak), mib(budget), mib(info.pinned_bytes), mib(ps.locked_peak), mib(info.host_bytes),
            ru.ru_maxrss / 1024.0);
     /* Bytes moved: every update of one run moves the same bytes (the same
      * tensors, the same states), so the run's total is the mean per update
@@ -946,6 +1218,9 @@ int main(int argc, char **argv)
         zj_num(&jw, "first_loss", tot.first_loss);
         zj_num(&jw, "last_loss", tot.last_loss);
         zj_uint(&jw, "device_bytes", dm.bytes);
+        zj_uint(&jw, "device_peak_bytes", dev_peak);
+        zj_uint(&jw, "device_budget_bytes", budget);
+        zj_uint(&jw, "tiles_per_layer", tiled ? dm.model.tiles : 0);
         zj_uint(&jw, "pinned_bytes", info.pinned_bytes);
         zj_uint(&jw, "host_bytes", info.host_bytes);
         zj_uint(&jw, "peak_rss_bytes", (uint64_t)ru.ru_maxrss * 1024);
@@ -970,8 +1245,7 @@ int main(int argc, char **argv)
 
     rc = 0;
     if (opt.verify) {
-        reference_finish(&ref);
-        if ((r = reference_compare(&ref, o, &dm)) < 0 || verify_failed) {
+        if ((r = reference_finish(&ref)) < 0 || (r = reference_compare(&ref, o, &dm)) < 0 || verify_failed) {
             fprintf(stderr, "zo-train: verify: FAILED\n");
             rc = 1;
         } else {
@@ -992,6 +1266,8 @@ out:
     zo_optim_destroy(&o);
     zo_optim_json_free(&cj);
     device_model_free(&dm);
+    zo_store_destroy(&tile_store); /* after the model: its tiled layers unregister their tiles */
+    zo_swap_destroy(&tile_swap);
     zo_dev_close(&dev);
     remove_tmpdir();
     return rc;

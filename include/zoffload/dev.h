@@ -202,6 +202,17 @@ ZO_API int zo_dev_sumsq(zo_stream *s, const void *src, zo_dtype type, size_t n, 
 /** If any src[i] is inf or NaN, *flag = 1 (never written otherwise); `flag`
  *  is an int in device memory. */
 ZO_API int zo_dev_nonfinite(zo_stream *s, const void *src, zo_dtype type, size_t n, int *flag);
+/**
+ * dst[i] = mask[i] > 0 ? src[i] : 0 over n f32 elements: the ReLU (src =
+ * mask = dst, in place) and its backward (src the incoming gradient, mask
+ * the ReLU's output). A NaN mask gives 0, as a ReLU written `x > 0 ? x : 0`.
+ * dst may be src or mask (each element is read before it is written); any
+ * other overlap of dst with them is -EINVAL.
+ * @return 0 (queued), -EINVAL (NULL stream, a NULL pointer with n > 0, n
+ *         too large, overlap), ZO_ENOTSUP (a backend without it), ZO_ECUDA.
+ *         Does not block. Thread-safe as the other stream calls.
+ */
+ZO_API int zo_dev_relu_mask(zo_stream *s, float *dst, const float *src, const float *mask, size_t n);
 /**@}*/
 
 

@@ -364,6 +364,12 @@ static int cuda_sumsq(zo_stream *s, const void *src, zo_dtype t, size_t n, doubl
     return launched(s, zo__cuda_sumsq(s->impl, src, (int)t, n, acc), "sumsq kernel launch");
 }
 
+static int cuda_relu_mask(zo_stream *s, float *dst, const float *src, const float *mask, size_t n)
+{
+    ZO_CHECK(select_dev(s->dev));
+    return launched(s, zo__cuda_relu_mask(s->impl, dst, src, mask, n), "relu_mask kernel launch");
+}
+
 static int cuda_nonfinite(zo_stream *s, const void *src, zo_dtype t, size_t n, int *flag)
 {
     ZO_CHECK(select_dev(s->dev));
@@ -401,6 +407,7 @@ const zo_dev_ops zo__dev_cuda_ops = {
     .event_elapsed_ms = cuda_event_elapsed_ms,
     .cast = cuda_cast,
     .sumsq = cuda_sumsq,
+    .relu_mask = cuda_relu_mask,
     .nonfinite = cuda_nonfinite,
     .gemm = zo__cuda_gemm,
 };

@@ -135,6 +135,16 @@ unsigned grid_for(size_t n)
 
 } // namespace
 
+/* The ReLU and its backward: dst[i] = mask[i] > 0 ? src[i] : 0 (a NaN mask
+ * gives 0). Each lane reads its element before writing it, so dst may be
+ * src or mask. */
+__global__ void relu_mask_kernel(float *dst, const float *src, const float *mask, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dst[i] = mask[i] > 0.0f ? src[i] : 0.0f;
+}
+
 extern "C" int zo__cuda_cast(void *stream, void *dst, int dst_type, const void *src, int src_type, size_t n)
 {
     cast_kernel<<<grid_for(n), kThreads, 0, (cudaStream_t)stream>>>(dst, dst_type, src, src_type, n);
@@ -150,5 +160,11 @@ extern "C" int zo__cuda_sumsq(void *stream, const void *src, int type, size_t n,
 extern "C" int zo__cuda_nonfinite(void *stream, const void *src, int type, size_t n, int *flag)
 {
     nonfinite_kernel<<<grid_for(n), kThreads, 0, (cudaStream_t)stream>>>(src, type, n, flag);
+    return (int)cudaGetLastError();
+}
+
+extern "C" int zo__cuda_relu_mask(void *stream, float *dst, const float *src, const float *mask, size_t n)
+{
+    relu_mask_kernel<<<grid_for(n), kThreads, 0, (cudaStream_t)stream>>>(dst, src, mask, n);
     return (int)cudaGetLastError();
 }

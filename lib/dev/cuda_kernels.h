@@ -13,6 +13,8 @@ extern "C" {
 int zo__cuda_cast(void *stream, void *dst, int dst_type, const void *src, int src_type, size_t n);
 int zo__cuda_sumsq(void *stream, const void *src, int type, size_t n, double *acc);
 int zo__cuda_nonfinite(void *stream, const void *src, int type, size_t n, int *flag);
+/* dst[i] = mask[i] > 0 ? src[i] : 0, f32 (zo_dev_relu_mask) */
+int zo__cuda_relu_mask(void *stream, float *dst, const float *src, const float *mask, size_t n);
 
 #ifdef __cplusplus
 }

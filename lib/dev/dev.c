@@ -542,6 +542,32 @@ ZO_API int zo_dev_nonfinite(zo_stream *s, const void *src, zo_dtype type, size_t
     return s->dev->ops->nonfinite(s, src, type, n, flag);
 }
 
+/* dst and p (n floats each) overlap other than exactly */
+static int overlaps(const float *dst, const float *p, size_t n)
+{
+    return dst != p && dst < p + n && p < dst + n;
+}
+
+ZO_API int zo_dev_relu_mask(zo_stream *s, float *dst, const float *src, const float *mask, size_t n)
+{
+    if (!s)
+        return -EINVAL;
+    if (n == 0)
+        return 0;
+    if (!dst || !src || !mask)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_dev_relu_mask: NULL pointer with n=%zu", n);
+    size_t bytes;
+    if (zo__mul_size(n, sizeof(float), &bytes) < 0)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_dev_relu_mask: n=%zu too large", n);
+    /* elementwise in place is fine; a shifted overlap would read what another lane wrote */
+    if (overlaps(dst, src, n) || overlaps(dst, mask, n))
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_dev_relu_mask: dst partly overlaps src or mask");
+    if (!s->dev->ops->relu_mask)
+        return ZO_FAIL(&s->dev->err, ZO_ENOTSUP, "zo_dev_relu_mask: backend %s has no such kernel",
+                       s->dev->ops->name);
+    return s->dev->ops->relu_mask(s, dst, src, mask, n);
+}
+
 /* ---- GEMM ------------------------------------------------------------------------- */
 static int gemm_range(const void *p, zo_gemm_op op, size_t rows_n, size_t cols_n, size_t ld, size_t esz,
                       const uint8_t **lo, const uint8_t **hi)

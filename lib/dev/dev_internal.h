@@ -55,6 +55,8 @@ typedef struct zo_dev_ops {
     int (*cast)(zo_stream *s, void *dst, zo_dtype dt, const void *src, zo_dtype st, size_t n);
     int (*sumsq)(zo_stream *s, const void *src, zo_dtype t, size_t n, double *acc);
     int (*nonfinite)(zo_stream *s, const void *src, zo_dtype t, size_t n, int *flag);
+    /* optional (NULL: zo_dev_relu_mask returns ZO_ENOTSUP); args checked by dev.c */
+    int (*relu_mask)(zo_stream *s, float *dst, const float *src, const float *mask, size_t n);
     /* optional (NULL: zo_gemm_async returns ZO_ENOTSUP); args checked by dev.c */
     int (*gemm)(zo_stream *s, const struct zo__gemm_args *g);
 } zo_dev_ops;

@@ -32,7 +32,7 @@ typedef struct host_dev {
     atomic_int copy_fault;     /* tests: copies fail with this error */
 } host_dev;
 
-typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_HOSTFN_STATUS, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT, OP_GEMM } op_kind;
+typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_HOSTFN_STATUS, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT, OP_GEMM, OP_RELU_MASK } op_kind;
 
 typedef struct host_gen {
     uint64_t gen;
@@ -280,6 +280,14 @@ static void run_op(host_stream *hs, host_op *op)
             hs->err = r;
         else if (c)
             *(int *)op->dst = 1;
+        break;
+    }
+    case OP_RELU_MASK: {
+        /* dst[i] = mask[i] > 0 ? src[i] : 0; mask travels in arg */
+        float *d = op->dst;
+        const float *x = op->src, *m = op->arg;
+        for (size_t i = 0; i < op->n; i++)
+            d[i] = m[i] > 0.0f ? x[i] : 0.0f;
         break;
     }
     case OP_RECORD: {
@@ -584,6 +592,12 @@ static int host_nonfinite(zo_stream *s, const void *src, zo_dtype t, size_t n, i
     return enqueue(s->impl, &op);
 }
 
+static int host_relu_mask(zo_stream *s, float *dst, const float *src, const float *mask, size_t n)
+{
+    host_op op = {.kind = OP_RELU_MASK, .dst = dst, .src = src, .arg = (void *)mask, .n = n};
+    return enqueue(s->impl, &op);
+}
+
 /* ---- GEMM ----------------------------------------------------------------------- */
 /* The arguments travel in their own allocation (the op stays small for the
  * copies that make up most of the traffic); the worker frees them. */
@@ -629,5 +643,6 @@ const zo_dev_ops zo__dev_host_ops = {
     .cast = host_cast,
     .sumsq = host_sumsq,
     .nonfinite = host_nonfinite,
+    .relu_mask = host_relu_mask,
     .gemm = host_gemm,
 };

@@ -26,7 +26,7 @@ void train_usage(FILE *f)
             "  --layers L          linear layers (default 6)\n"
             "  --width W           layer width: W x W weights plus a bias (default 2048)\n"
             "  --batch B           samples per micro-step (default 128)\n"
-            "  --steps S           optimizer steps to run (default 30)\n"
+            "  --steps S           optimizer steps to run (default 200)\n"
             "  --seed N            model, teacher and data seed (default 1)\n"
             "precision and optimizer\n"
             "  --param-dtype T     device parameters: bf16 (default), fp16, fp32\n"
@@ -220,7 +220,7 @@ int train_options_parse(int argc, char **argv, options *o)
          * by about lr * width: the rate that is stable shrinks with the width */
         o->lr = fmin(1e-3, 0.25 / (double)o->width);
     if (!o->steps)
-        o->steps = 30;
+        o->steps = 200;
     if (o->defaulted) {
         o->offload = ZO_OPTIM_PLACE_NVME;
         o->dpu = 1;

@@ -462,7 +462,8 @@ static int validate(zo_optim_json *j)
         ZO_CHECK(str_choice(&v[V_OPT_TYPE], ok, ZO_ARRAY_LEN(ok), NULL, &i));
     }
     if (v[V_AMSGRAD].set && v[V_AMSGRAD].b)
-        return ZO_FAIL(NULL, ZO_ENOTSUP, "optimizer.params.amsgrad: AMSGrad is not implemented");
+        return ZO_FAIL(NULL, ZO_ENOTSUP,
+                       "optimizer.params.amsgrad: zoffload has no AMSGrad variant (AdamW, Adam, Adagrad, Lion)");
     if (v[V_BETAS].set && !v[V_BETAS].is_auto && (v[V_BETAS].pair[0] >= 1 || v[V_BETAS].pair[1] >= 1) &&
         !(v[V_OPT_TYPE].set && strcasecmp(v[V_OPT_TYPE].str, "Lion") == 0))
         return ZO_FAIL(NULL, ZO_ECONFIG, "optimizer.params.betas: each beta must be < 1 for Adam/AdamW");

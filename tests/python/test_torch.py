@@ -30,7 +30,7 @@ def _zo_optim_unavailable():
 def engine(request):
     """Every optimizer test runs on both engines: this module driving the
     cpuadam kernels, and the C engine zo_optim (skipped where the library's
-    zo_optim is not implemented)."""
+    zo_optim answers ZO_ENOTSUP)."""
     if request.param == "zo_optim":
         why = _zo_optim_unavailable()
         if why:

@@ -262,6 +262,7 @@ class ParamOffload:
         self.held_bytes = 0
         self.held_peak = 0
         self.iterations = 0
+        self._upd_depth = 0
         self.saved_rebuilt = 0   # saved tensors rebuilt from the copy fetched at backward
         self._synced = True
         self._cb_queued = False
@@ -551,6 +552,15 @@ class ParamOffload:
         optimizer step, loading or saving a state dict); with write_back,
         what was written reaches the home copy when the context exits."""
         self._live()
+        if self._upd_depth:
+            # nested (an optimizer's step calling its own fence): the outer
+            # context already handed out the host tensors
+            self._upd_depth += 1
+            try:
+                yield self
+            finally:
+                self._upd_depth -= 1
+            return
         with self._lock:
             self._check_idle("updating()")
             for r in self.params.values():
@@ -563,9 +573,11 @@ class ParamOffload:
                     r.buf = torch.empty(r.shape, dtype=r.dtype)
                     self.store.read(r.t, r.buf.view(-1))
                     r.param.data = r.buf
+        self._upd_depth = 1
         try:
             yield self
         finally:
+            self._upd_depth = 0
             with self._lock:
                 for r in self.params.values():
                     if self.home == "host":
@@ -585,12 +597,18 @@ class ParamOffload:
         return self.updating(write_back=False)
 
     def attach_optimizer(self, opt):
-        """Run opt.step() (and OffloadOptimizer.wait(), the DPU fence that
-        copies parameters back) inside updating()."""
+        """Run opt.step() inside updating(); for zoffload's OffloadOptimizer
+        also the calls that copy parameters in or out (wait, the DPU fence;
+        close and state_dict, which fence; save; load and load_state_dict,
+        which set the parameters)."""
         if any(o() is opt for o in self._optimizers):
             return
+        from .torch import OffloadOptimizer
+        meths = ["step"]
+        if isinstance(opt, OffloadOptimizer):
+            meths += ["wait", "close", "state_dict", "load_state_dict", "save", "load"]
         ref = weakref.ref(self)
-        for meth in ("step", "wait"):
+        for meth in meths:
             orig = getattr(opt, meth, None)
             if orig is None:
                 continue

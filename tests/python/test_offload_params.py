@@ -156,13 +156,18 @@ def test_same_as_no_offload_offload_adamw(tmp_path, home):
     lref = _train(ref, oref, batches)
     lmod = _train(mod, omod, batches)
     assert lmod == lref
+    # the calls that fence and copy parameters back (state_dict, close) run
+    # inside updating() too: with an NVMe home the params are placeholders
+    sref, smod = oref.state_dict(), omod.state_dict()
+    for i, st in sref["state"].items():
+        assert torch.equal(st["exp_avg"], smod["state"][i]["exp_avg"])
+    oref.close()
+    omod.close()
     with off.gathered():
         for (n, a), b in zip(ref.named_parameters(), mod.parameters()):
             assert torch.equal(a, b), n
     assert off.stats()["device_peak"] <= 64 << 10
     off.restore()
-    oref.close()
-    omod.close()
 
 
 def test_host_home_without_attached_optimizer(tmp_path):
@@ -290,3 +295,32 @@ def test_budget_error_names_the_modules(tmp_path):
     assert off.params["b.weight"].refs == 0      # nothing left taken
     off._release(ra)
     off.restore()
+
+
+def test_finetune_example_offload_params(tmp_path):
+    """examples/finetune.py --offload-params: the same losses as without,
+    and the offload's report."""
+    import os
+    import re
+    import subprocess
+    import sys
+    from conftest import SRC
+
+    def run(*extra):
+        cmd = [sys.executable, os.path.join(SRC, "examples", "finetune.py"), "--dim", "32",
+               "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "2", "--steps", "4",
+               "--warmup", "1", "--threads", "1", "--lr", "3e-3", "--log-every", "1"] + list(extra)
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        out = r.stdout.decode()
+        assert r.returncode == 0, out
+        return out, re.findall(r"step +[0-9]+ +loss ([0-9.]+)", out)
+
+    _, plain = run()
+    for home in ("host", "nvme"):
+        out, losses = run("--offload-params", home, "--param-budget", "48KiB",
+                          "--nvme-path", str(tmp_path))
+        assert losses == plain and len(plain) == 4, out
+        m = re.search(r"parameter offload \(%s home\): budget ([0-9.]+) MiB .* held peak ([0-9.]+) "
+                      r"MiB, device tier peak ([0-9.]+) MiB" % home, out)
+        assert m, out
+        assert float(m.group(2)) <= float(m.group(1)) and float(m.group(3)) <= float(m.group(1))

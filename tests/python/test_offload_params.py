@@ -324,3 +324,36 @@ def test_finetune_example_offload_params(tmp_path):
                       r"MiB, device tier peak ([0-9.]+) MiB" % home, out)
         assert m, out
         assert float(m.group(2)) <= float(m.group(1)) and float(m.group(3)) <= float(m.group(1))
+
+
+def test_gradient_accumulation_and_a_failed_forward(tmp_path):
+    """Two backward passes per step accumulate as without offload; a
+    forward that raised half-way leaves nothing fetched for the next one."""
+    ref, mod = _pair(seed=5)
+    oref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    omod = torch.optim.AdamW(mod.parameters(), lr=1e-2)
+    off = offload_parameters(mod, budget=64 << 10, home="nvme", nvme_path=str(tmp_path),
+                             optimizer=omod, **STORE)
+    batches = _batches(6, seed=9)
+    for m, o in ((ref, oref), (mod, omod)):
+        losses = []
+        for i in range(0, 6, 2):
+            for ids in batches[i:i + 2]:
+                loss = _loss(m, ids)
+                loss.backward()
+                losses.append(loss.item())
+            o.step()
+            o.zero_grad()
+        if m is ref:
+            lref = losses
+    assert losses == lref
+    with pytest.raises(IndexError):
+        mod(torch.full((2, 5), V + 3))      # the embedding raises after its params were fetched
+    assert off.stats()["held_bytes"] > 0
+    loss = _loss(mod, batches[0])           # the next forward starts clean
+    loss.backward()
+    assert off.stats()["held_bytes"] == 0
+    with off.gathered():
+        for (n, a), b in zip(ref.named_parameters(), mod.parameters()):
+            assert torch.equal(a, b), n
+    off.restore()

@@ -341,7 +341,6 @@ class ParamOffload:
         t = self.store.register(("p%d:%s" % (i, name))[:255], tuple(p.shape), _DTYPES[p.dtype],
                                 home=self.home)
         rec = _Param(name, p, t)
-        self.params[name] = rec
         src = p.detach()
         if src.device.type != "cpu":
             src = src.to("cpu")
@@ -351,6 +350,9 @@ class ParamOffload:
             addr = self.store.acquire(t, "host").wait()
             self.store.release(t, "host")
             rec.home_view = self._host_view(addr, rec)
+        # only now: a failure above leaves p with its own data (the caller
+        # puts back the ones in self.params and closes the store)
+        self.params[name] = rec
         p.data = self._outside(rec)
 
     def _host_view(self, addr, rec):

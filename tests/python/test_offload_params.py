@@ -357,3 +357,32 @@ def test_gradient_accumulation_and_a_failed_forward(tmp_path):
         for (n, a), b in zip(ref.named_parameters(), mod.parameters()):
             assert torch.equal(a, b), n
     off.restore()
+
+
+def test_failed_offload_leaves_the_model_intact(tmp_path, monkeypatch):
+    """A failure while the parameters are being registered (injected at the
+    third write into the store) leaves every parameter with its own values
+    and the model usable; nothing stays hooked."""
+    from zoffload import store as zs
+    torch.manual_seed(2)
+    m = Decoder()
+    before = {n: p.detach().clone() for n, p in m.named_parameters()}
+    calls = {"n": 0}
+    orig = zs.Store.write
+
+    def failing_write(self, t, src, off=0):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError("injected write failure")
+        return orig(self, t, src, off)
+    monkeypatch.setattr(zs.Store, "write", failing_write)
+    with pytest.raises(OSError, match="injected"):
+        offload_parameters(m, budget=1 << 20, home="nvme", nvme_path=str(tmp_path), **STORE)
+    monkeypatch.setattr(zs.Store, "write", orig)
+    for n, p in m.named_parameters():
+        assert torch.equal(p, before[n]), n
+        assert p.is_contiguous()
+    assert getattr(m, "_zo_param_offload", None) is None
+    m(_batches(1)[0])
+    off = offload_parameters(m, budget=1 << 20, **STORE)
+    off.restore()

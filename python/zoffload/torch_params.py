@@ -190,7 +190,7 @@ class _CudaMem:
 
     def __init__(self, addr, n):
         self.__cuda_array_interface__ = {"shape": (n,), "typestr": "|u1", "data": (addr, False),
-                                         "version": 2}
+                                         "strides": None, "version": 2}
 
 
 class ParamOffload:

@@ -58,7 +58,6 @@ import weakref
 
 import torch
 
-from . import _lib
 from . import errors as _errors
 from . import store as _zs
 

@@ -16,7 +16,9 @@ DeepSpeed does per step:
 
 * its CPU ops are JIT-built with the C++ standard fix of
   benchmarks/_ds_common.py (DeepSpeed's sources need C++17; torch 1.13's
-  cpp_extension passes c++14);
+  cpp_extension passes c++14), and for NVMe its swappers get the libaio
+  async_io builder (the CPU accelerator maps async_io to a stub that
+  refuses to load, although the op is host code);
 * the process group is gloo with one rank (DeepSpeed's CPU accelerator
   would ask for oneCCL, which is not packaged);
 * gloo in torch 1.13 has no bf16 reductions ("Invalid scalar type"): a
@@ -78,10 +80,19 @@ def _fix_builders():
         c.fix_cxx_std(cls)
     from deepspeed.ops.op_builder.cpu_adam import CPUAdamBuilder
     c.fix_cxx_std(CPUAdamBuilder)
-    try:
-        c.aio_builder()        # patches the aio builders (NVMe offload)
-    except Exception:
-        pass
+    # NVMe offload: DeepSpeed's CPU accelerator maps AsyncIOBuilder to a
+    # "not implemented on CPU" stub, although its libaio op is host code.
+    # Hand its swappers the libaio builder (with the same C++ fix).
+    aio_cls = type(c.aio_builder())
+    import importlib
+    for mod in ("partitioned_optimizer_swapper", "pipelined_optimizer_swapper",
+                "partitioned_param_swapper"):
+        try:
+            m = importlib.import_module("deepspeed.runtime.swap_tensor." + mod)
+        except ImportError:
+            continue
+        if hasattr(m, "AsyncIOBuilder"):
+            m.AsyncIOBuilder = aio_cls
 
 
 def config(args):

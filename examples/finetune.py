@@ -170,6 +170,34 @@ def batches(data, batch, seq, seed):
         yield x[:, :-1], x[:, 1:]
 
 
+# ------------------------------------------------------------------ parameter offload
+def offload_params(args, which, model, opt):
+    """--offload-params host|nvme (the zoffload run): the parameters live in
+    zoffload's tiered store (pinned host memory, or NVMe under --nvme-path)
+    and each module's are fetched to the device before it runs and released
+    after, within --param-budget device bytes; opt.step() runs inside the
+    offload's updating(), which puts the new values home. The offload's
+    accounting is printed when the optimizer closes."""
+    if not args.offload_params or which != "zoffload":
+        return None
+    from zoffload.torch import offload_parameters
+    off = offload_parameters(model, budget=args.param_budget, home=args.offload_params,
+                             nvme_path=args.nvme_path, optimizer=opt)
+    close = opt.close
+
+    def close_and_report():
+        s = off.stats()
+        print("[%s] parameter offload (%s home): budget %.2f MiB (least %.2f), params %.2f MiB; "
+              "held peak %.2f MiB, device tier peak %.2f MiB; fetches %d hits / %d misses, "
+              "%d prefetched and used, stalled %.1f ms"
+              % (which, off.home, s["budget"] / 2 ** 20, s["min_budget"] / 2 ** 20,
+                 s["total_bytes"] / 2 ** 20, s["held_peak"] / 2 ** 20, s["device_peak"] / 2 ** 20,
+                 s["hits"], s["misses"], s["prefetch_used"], 1e3 * s["stall_s"]))
+        close()
+    opt.close = close_and_report
+    return off
+
+
 # ------------------------------------------------------------------ training
 def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -193,6 +221,7 @@ def run(args, which, data):
         print("[deepspeed] %s" % opt.describe())
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    offload_params(args, which, model, opt)
     forward = opt if which == "deepspeed" else model
     print("[%s] %.2fM params, %s on %s, dim %d, %d layers, seq %d, batch %d"
           % (which, nparams / 1e6, args.dtype, dev, args.dim, args.layers, args.seq, args.batch))
@@ -334,6 +363,11 @@ def main():
     ap.add_argument("--offload", choices=["cpu", "nvme"], default="cpu",
                     help="where masters and states live")
     ap.add_argument("--nvme-path", default=None, help="swap directory for --offload nvme")
+    ap.add_argument("--offload-params", choices=["host", "nvme"], default=None,
+                    help="parameter offload (ZeRO-3 style): parameters homed in pinned host "
+                         "memory or on NVMe (--nvme-path), fetched per module")
+    ap.add_argument("--param-budget", default="256MiB",
+                    help="device bytes for parameters with --offload-params")
     ap.add_argument("--data", nargs="*", default=None,
                     help="text files or directories (default: /usr/share/common-licenses)")
     ap.add_argument("--compare", choices=["torch", "deepspeed"], default=None,

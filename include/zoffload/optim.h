@@ -549,6 +549,12 @@ typedef struct zo_optim_info {
     uint64_t updates_done;   /**< boundaries the worker finished (applied, skipped or failed), since create */
     uint64_t nvme_read_bytes_total;  /**< NVMe bytes the updates read, since create (sum of the timelines') */
     uint64_t nvme_write_bytes_total; /**< NVMe bytes the updates wrote, since create */
+    uint64_t grad_buffer_bytes; /**< host memory holding gradients between hand-over and step (part of
+                                     host_bytes): the gradient windows, numel x 2 (bf16/fp16 gradients
+                                     without accumulation: kept in their dtype) or x 4 (fp32), twice
+                                     under DPU, plus fp32 spills of tensors handed over twice */
+    zo_dtype grad_buffer_dtype; /**< the windows' dtype: ZO_DTYPE_F32, or grad_dtype (bf16/fp16) when
+                                     grad_accum_steps is 1 */
 } zo_optim_info;
 
 /** @return 0; -EINVAL. Any thread (a snapshot). */

@@ -2,7 +2,7 @@
  * Gradient statistics at intake (zo__gst in optim_internal.h): each
  * sub-group's sum of squares and inf/NaN count, computed when the last
  * micro-step's gradients of all its tensors have landed, so the step does
- * not re-read the fp32 accumulators for the norm / overflow check.
+ * not re-read the gradient window for the norm / overflow check.
  *
  * Bit-identity: the step sums the per-sub-group sums in sub-group order
  * whether they came from here or from its own pass, and each one is
@@ -14,6 +14,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+#include <zoffload/mem.h>
 
 void zo__tensor_sgs(const zo_optim *o, unsigned t, unsigned *a, unsigned *b)
 {
@@ -130,7 +132,13 @@ void zo__gst_landed(zo_optim *o, unsigned w, unsigned t)
         const zo__sg *sg = &o->sgs[i];
         zo_grad_stats gs;
         /* a failure only means the step computes it itself */
-        int r = zo_cpuadam_team_grad_stats(o->iteam, o->acc[w] + sg->off, ZO_DTYPE_F32, (size_t)sg->n, &gs);
+        const void *gp;
+        zo_dtype gdt;
+        float *tmp;
+        int r = zo__win_range(o, w, sg->off, sg->n, &gp, &gdt, &tmp);
+        if (r == 0)
+            r = zo_cpuadam_team_grad_stats(o->iteam, gp, gdt, (size_t)sg->n, &gs);
+        zo_aligned_free(tmp);
         pthread_mutex_lock(&o->lock);
         if (r == 0 && !g->bad[i]) {
             g->sum[i] = gs.sumsq;

@@ -1,0 +1,137 @@
+"""zoffload.torch on the zo_optim engine: what a big model needs to fit. The
+gradients wait in their own dtype (2 B/param for bf16), each p.grad is freed
+as soon as the engine has it (torch never holds all gradients), the engine
+writes CPU params in place (no parameter buffer), and the speculative step
+updates during backward with the same bits as the two-pass step."""
+import pytest
+
+from conftest import torch_or_skip
+
+torch = torch_or_skip()
+import zoffload  # noqa: E402
+from zoffload.torch import OffloadAdamW  # noqa: E402
+
+
+def _engine_or_skip():
+    try:
+        OffloadAdamW([torch.nn.Parameter(torch.zeros(4))], engine="zo_optim").close()
+    except (zoffload.NotSupported, zoffload.LibraryNotFound) as e:
+        pytest.skip("zo_optim engine unavailable: %s" % e)
+
+
+def model(dtype=torch.bfloat16, seed=0, width=64, depth=4):
+    torch.manual_seed(seed)
+    layers = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.Tanh()]
+    layers.append(torch.nn.Linear(width, 3))
+    return torch.nn.Sequential(*layers).to(dtype)
+
+
+def batches(n, width=64, seed=1, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(32, width, generator=g).to(dtype), torch.randn(32, 3, generator=g).to(dtype))
+            for _ in range(n)]
+
+
+def loss_fn(m, b):
+    x, y = b
+    return (m(x).float() - y.float()).pow(2).mean()
+
+
+def _after_hook(p, fn):
+    """Run fn(p) after the optimizer's own gradient hook of p (registered
+    later, so it runs later), on either torch hook API."""
+    if hasattr(torch.Tensor, "register_post_accumulate_grad_hook"):
+        return p.register_post_accumulate_grad_hook(lambda q: fn(q))
+    acc = p.expand_as(p).grad_fn.next_functions[0][0]
+    h = acc.register_hook(lambda gi, go: fn(p))
+    return (acc, h)
+
+
+def test_window_bytes_and_memory_report():
+    _engine_or_skip()
+    for dt, per in ((torch.bfloat16, 2), (torch.float16, 2), (torch.float32, 4)):
+        m = model(dt)
+        n = sum(p.numel() for p in m.parameters())
+        opt = OffloadAdamW(m.parameters(), engine="zo_optim",
+                           loss_scale=1.0 if dt == torch.float16 else None)
+        mem = opt.memory()
+        assert mem["numel"] == n
+        assert mem["grad_buffer_bytes"] == per * n, (dt, mem)
+        assert mem["state_bytes"] == 12 * n
+        # no parameter buffer: the engine writes the CPU params in place
+        assert opt._eb.direct
+        assert mem["host_bytes"] == mem["grad_buffer_bytes"], mem
+        opt.close()
+
+
+def test_grads_freed_as_taken():
+    """No two .grad tensors coexist: when a parameter's gradient arrives,
+    every other parameter's .grad has already been taken and freed."""
+    _engine_or_skip()
+    m = model()
+    opt = OffloadAdamW(m.parameters(), lr=1e-3, engine="zo_optim")
+    params = list(m.parameters())
+    seen = []
+    hooks = [_after_hook(p, lambda q: seen.append(sum(x.grad is not None for x in params)))
+             for p in params]
+    for b in batches(3):
+        loss_fn(m, b).backward()
+        assert all(p.grad is None for p in params)
+        opt.step()
+    assert len(seen) == 3 * len(params)
+    assert max(seen) == 0, seen
+    for h in hooks:
+        (h[1] if isinstance(h, tuple) else h).remove()
+    opt.close()
+
+
+def _run(clip_mode, data, max_grad_norm=None, sub_group_size=None, lr_schedule=True):
+    m = model()
+    opt = OffloadAdamW(m.parameters(), lr=1e-2, engine="zo_optim", clip_mode=clip_mode,
+                       max_grad_norm=max_grad_norm, sub_group_size=sub_group_size)
+    for k, b in enumerate(data):
+        loss_fn(m, b).backward()
+        opt.step()
+        opt.zero_grad()
+        if lr_schedule:  # a schedule changes the LR between steps
+            for g in opt.param_groups:
+                g["lr"] = 1e-2 / (k + 2)
+    info = opt._eb.engines[0][1].info()
+    opt.close()
+    return m, info
+
+
+def test_speculative_equals_two_pass():
+    """Without clipping the speculative step (updates during backward) gives
+    the two-pass step's bits, LR schedule included; it did update sub-groups
+    while backward ran."""
+    _engine_or_skip()
+    data = batches(6)
+    a, _ = _run("two_pass", data, sub_group_size=1024)
+    b, info = _run("speculative", data, sub_group_size=1024)
+    for (n, x), y in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(x, y), n
+    assert info["eager_subgroups"] > 0
+    assert info["rollbacks"] == 0
+
+
+def test_speculative_clipping_close():
+    """With clipping that hits, the speculative step rolls back and redoes:
+    within the rollback's rounding of the two-pass result."""
+    _engine_or_skip()
+    data = batches(4)
+    a, _ = _run("two_pass", data, max_grad_norm=1e-3, sub_group_size=1024)
+    b, info = _run("speculative", data, max_grad_norm=1e-3, sub_group_size=1024)
+    assert info["rollbacks"] > 0
+    for (n, x), y in zip(a.named_parameters(), b.parameters()):
+        torch.testing.assert_close(x.float(), y.float(), rtol=2e-2, atol=1e-3, msg=n)
+
+
+def test_clip_mode_errors():
+    p = [torch.nn.Parameter(torch.zeros(4))]
+    with pytest.raises(ValueError, match="clip_mode"):
+        OffloadAdamW(p, clip_mode="eager")
+    with pytest.raises(ValueError, match="speculative"):
+        OffloadAdamW(p, clip_mode="speculative", engine="kernels")

@@ -7,7 +7,8 @@
  *   The framework owns the device parameters (bf16, fp16 or fp32) and the
  *   device gradients. The engine owns everything else: the fp32 master
  *   parameters and optimizer states (in a ::zo_store, homed in pinned host
- *   memory or on NVMe), fp32 gradient accumulators, pinned staging for
+ *   memory or on NVMe), the gradient window (fp32 accumulators; bf16/fp16
+ *   gradients as they are when grad_accum_steps is 1), pinned staging for
  *   device -> host gradient copies, the low-precision parameter buffers it
  *   copies back to the device, its device streams, and a worker thread.
  *
@@ -40,7 +41,7 @@
  *
  * Clipping and overflow (::zo_optim_clip_mode)
  *   - ZO_OPTIM_CLIP_TWO_PASS (the default): the global norm and the overflow
- *     flag come first (a read-only pass over the fp32 accumulators), then
+ *     flag come first (a read-only pass over the gradient window), then
  *     the fused update. Exact, works for every optimizer and state dtype,
  *     and never has to undo anything: it is the default because its result
  *     is bit-identical to a plain run of the cpuadam kernels.
@@ -542,7 +543,7 @@ typedef struct zo_optim_info {
     unsigned ntensors, ngroups, nsubgroups;
     uint64_t numel;          /**< elements over all tensors */
     uint64_t pinned_bytes;   /**< pinned host memory the engine holds */
-    uint64_t host_bytes;     /**< other host memory it holds (accumulators...) */
+    uint64_t host_bytes;     /**< other host memory it holds (gradient window...) */
     int dpu_active;          /**< 1 once past the DPU warm-up */
     uint64_t eager_subgroups; /**< speculative: sub-group updates done before the step call closed their
                                    window (while backward still handed gradients over) */

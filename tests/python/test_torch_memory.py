@@ -135,3 +135,41 @@ def test_clip_mode_errors():
         OffloadAdamW(p, clip_mode="eager")
     with pytest.raises(ValueError, match="speculative"):
         OffloadAdamW(p, clip_mode="speculative", engine="kernels")
+
+
+def test_finetune_big_model_path(tmp_path):
+    """examples/finetune.py on the path the 3B run takes, at a tiny size:
+    bf16 params, activation checkpointing, NVMe placement, the speculative
+    step; the memory model, the step split and (with fio) the NVMe bound
+    are reported, and the loss falls."""
+    _engine_or_skip()
+    import os
+    import re
+    import shutil
+    import subprocess
+    import sys
+    from conftest import SRC
+    cmd = [sys.executable, os.path.join(SRC, "examples", "finetune.py"), "--dim", "64",
+           "--layers", "2", "--heads", "4", "--seq", "32", "--batch", "4", "--steps", "8",
+           "--warmup", "2", "--log-every", "1", "--threads", "1", "--lr", "3e-3", "--checkpoint",
+           "--offload", "nvme", "--nvme-path", str(tmp_path), "--clip-mode", "speculative",
+           "--max-grad-norm", "0", "--sub-group-size", "4096", "--compare", "torch"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    out = r.stdout.decode()
+    assert r.returncode == 0, out
+    assert "activation checkpointing" in out
+    m = re.search(r"gradient window ([0-9.]+) GiB \(2 B/param\)", out)
+    assert m, out
+    assert re.search(r"masters and states [0-9.]+ GiB on NVMe", out), out
+    assert re.search(r"\[zoffload\] peak RSS [0-9.]+ GiB, predicted [0-9.]+ GiB", out), out
+    assert re.search(r"\[zoffload\] step split: forward\+backward [0-9.]+ ms", out), out
+    # sub-groups were updated while backward ran
+    ups = [int(x) for x in re.findall(r"sub-groups updated during backward so far ([0-9]+)", out)]
+    assert ups and ups[-1] > 0, out
+    if shutil.which("fio"):
+        assert re.search(r"NVMe per step: read [0-9.]+ GB at [0-9.]+ GB/s \+ write [0-9.]+ GB at "
+                         r"[0-9.]+ GB/s = bound [0-9.]+ ms; step / max\(forward\+backward, NVMe bound\) "
+                         r"= [0-9.]+", out), out
+    m = re.search(r"\[zoffload\] loss ([0-9.]+) -> ([0-9.]+)", out)
+    assert m and float(m.group(2)) < float(m.group(1)), out
+    assert not os.listdir(str(tmp_path)) or all(not f.startswith("finetune-fio") for f in os.listdir(str(tmp_path)))

@@ -791,7 +791,10 @@ START_TEST(test_optim_speculative)
         for (int i = 0; i < NT; i++) {
             fill_grad(&a, i, s, 1.0);
             memcpy(b.dgrad[i], a.dgrad[i], m.numel[i] * 2);
-            if (s == 5 && i == 0) { /* in the sub-group walked last: the others are rolled back */
+            if (s == 5 && i == NT - 1) {
+                /* in the sub-group walked last: the others are rolled back (the
+                 * eager walk follows the order the gradients completed in the
+                 * previous step: this one, handed over last, completes last) */
                 put(a.dgrad[i], m.gdt, 3, INFINITY);
                 put(b.dgrad[i], m.gdt, 3, INFINITY);
             }
@@ -1289,6 +1292,58 @@ START_TEST(test_optim_grad_window_spill)
 }
 END_TEST
 
+/* The eager speculative step walks the sub-groups in the order their
+ * gradients completed in the last full window, not in an assumed one: a
+ * framework that hands the gradients over in declaration order (not the
+ * reverse) gets its sub-groups updated as they complete from the second
+ * step on. Bit-identical to the two-pass reference throughout. */
+START_TEST(test_optim_eager_learned_order)
+{
+    model m;
+    ref r;
+    eng e;
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    e.cfg.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
+    eng_create(&e);
+    zo_optim_info info;
+    ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+    /* the last tensor ("norm", group 1) is in the last sub-group only */
+    const uint64_t waiting = 1;
+    for (int s = 1; s <= 3; s++) {
+        zo_optim_info i0, i1;
+        zo_optim_get_info(e.o, &i0);
+        for (int i = 0; i < NT - 1; i++) { /* declaration order, all but the last tensor */
+            fill_grad(&e, i, s, 1.0);
+            ref_grad(&r, i, e.dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+        }
+        ck_assert_int_eq(zo_optim_grads_done(e.o), 0);
+        uint64_t want = s == 1 ? 0 : info.nsubgroups - waiting;
+        for (int t = 0; t < 5000; t++) {
+            zo_optim_get_info(e.o, &i1);
+            if (i1.eager_subgroups - i0.eager_subgroups >= want && (s > 1 || t >= 50))
+                break;
+            usleep(1000);
+        }
+        zo_optim_get_info(e.o, &i1);
+        /* step 1 walks in reverse and waits at the last sub-group; later steps
+         * update every complete one */
+        ck_assert_msg(i1.eager_subgroups - i0.eager_subgroups == want, "step %d: %llu sub-groups updated, want %llu",
+                      s, (unsigned long long)(i1.eager_subgroups - i0.eager_subgroups), (unsigned long long)want);
+        fill_grad(&e, NT - 1, s, 1.0);
+        ref_grad(&r, NT - 1, e.dgrad[NT - 1]);
+        ck_assert_int_eq(zo_optim_grad(e.o, NT - 1, e.dgrad[NT - 1], NULL), 0);
+        zo_optim_step_result res;
+        ck_assert_int_eq(zo_optim_step(e.o, NULL, &res), 0);
+        ck_assert_int_eq(res.rolled_back, 0);
+        ref_step(&r, 1.0, 0, NULL);
+        compare(&e, &r, "learned order");
+    }
+    eng_free(&e);
+    ref_free(&r);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("optim");
@@ -1307,6 +1362,7 @@ int main(void)
     tcase_add_test(tc, test_optim_nvme_diskfull);
     tcase_add_test(tc, test_optim_grad_window_size);
     tcase_add_loop_test(tc, test_optim_grad_window_spill, 0, 4);
+    tcase_add_test(tc, test_optim_eager_learned_order);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

@@ -571,7 +571,9 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     o->sg_stats = calloc(o->nsg, 1);
     o->sg_updated = calloc(o->nsg, 1);
     o->sg_ntens = calloc(o->nsg, sizeof(*o->sg_ntens));
-    if (!o->sg_list || !o->sg_sumsq || !o->sg_nf || !o->sg_stats || !o->sg_updated || !o->sg_ntens) {
+    o->eager_order = calloc(o->nsg, sizeof(*o->eager_order));
+    if (!o->sg_list || !o->sg_sumsq || !o->sg_nf || !o->sg_stats || !o->sg_updated || !o->sg_ntens ||
+        !o->eager_order) {
         r = -ENOMEM;
         goto fail;
     }
@@ -670,6 +672,7 @@ void zo_optim_destroy(zo_optim **op)
     free(o->sg_stats);
     free(o->sg_updated);
     free(o->sg_ntens);
+    free(o->eager_order);
     zo__gst_free(o);
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->cond);

@@ -96,6 +96,8 @@ typedef struct zo__gst {
     uint8_t *bad;    /* per sub-group: a tensor got a second last-micro-step gradient: not cached */
     double *sum;
     uint64_t *nf;
+    unsigned *done;  /* sub-groups in the order their last gradient landed (ndone of them) */
+    unsigned ndone;
 } zo__gst;
 
 /* DeepSpeed's DynamicLossScaler state. */
@@ -216,6 +218,10 @@ struct zo_optim {
     int abort;               /* destroy: stop waiting */
     int landed;              /* worker: the closed window's copies were waited for */
     _Atomic uint64_t eager_updates; /* sub-group updates finished before their window closed */
+    /* the eager walk's order: the sub-groups in the order the last window
+     * that completed all of them completed them (worker, at finish_window) */
+    unsigned *eager_order;
+    int have_order;
     /* cumulative counters (worker, under lock) */
     uint64_t updates_done, nvme_read_total, nvme_write_total;
 };
@@ -242,6 +248,7 @@ int zo__gst_track(zo_optim *o, unsigned w, unsigned t, uint32_t pieces);
 void zo__gst_landed(zo_optim *o, unsigned w, unsigned t);
 int zo__gst_get(zo_optim *o, unsigned w, unsigned i, zo_grad_stats *gs);
 void zo__tensor_sgs(const zo_optim *o, unsigned t, unsigned *a, unsigned *b);
+void zo__gst_keep_order(zo_optim *o, unsigned w);
 
 /* window.c: the gradient windows (acc[], spill[]) */
 unsigned zo__tensor_at(const zo_optim *o, uint64_t lo);

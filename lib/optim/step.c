@@ -175,9 +175,9 @@ int zo__pbuf_fresh(zo_optim *o)
     return 0;
 }
 
-/* One fused kernel call (or its rollback) over flat elements [e, e + n) of
- * a sub-group, whose states start at st (element e), with gradients g
- * (element e, dtype gdt), writing the param-dtype copy to `out`. */
+/* One fused kernel call (or its rollback) over n elements of a sub-group:
+ * states at st, gradients at g (in the window's dtype gdt, or fp32), the
+ * param-dtype copy written to `out`. */
 static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t n,
                        const void *g, zo_dtype gdt, void *out, double scale, double coef, int rollback)
 {
@@ -391,12 +391,23 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
     return r;
 }
 
-/* Walk the list, one sweep per run of sub-groups of the same engine group. */
+/* Sub-groups of groups a and b can share one store sweep: the same states
+ * (the sweep walks them in lockstep), of the same dtypes and home; the
+ * kernel takes each piece's hyperparameters from its own group. */
+static int sweep_compatible(const zo_optim *o, unsigned a, unsigned b)
+{
+    const zo__og *x = &o->groups[a], *y = &o->groups[b];
+    return a == b || (x->sdt == y->sdt && x->place == y->place && !memcmp(x->used, y->used, sizeof(x->used)));
+}
+
+/* Walk the list, one sweep per run of sub-groups whose groups can share one
+ * (a new sweep drains the previous one's write-backs first: the eager step's
+ * arrival order may interleave groups). */
 static int walk_list(zo_optim *o, walk *w, zo_optim_timeline *tl)
 {
     for (unsigned a = 0; a < w->n;) {
         unsigned g = o->sgs[w->list[a]].group, b = a + 1;
-        while (b < w->n && o->sgs[w->list[b]].group == g)
+        while (b < w->n && sweep_compatible(o, g, o->sgs[w->list[b]].group))
             b++;
         int r = walk_group(o, g, w->list + a, b - a, w, tl);
         if (r < 0 || w->stopped)
@@ -406,11 +417,19 @@ static int walk_list(zo_optim *o, walk *w, zo_optim_timeline *tl)
     return 0;
 }
 
-/* The sub-groups, in order (or reversed: backward produces the last layers' gradients first). */
-static void order(zo_optim *o, unsigned *list, int reversed)
+/* The sub-groups, in order, or for the eager step in the order their
+ * gradients completed in the last window that completed them all (the
+ * order backward produces them: whatever the declaration order and the
+ * param groups), reversed before one is known (backward produces the last
+ * layers' gradients first). */
+static void order(zo_optim *o, unsigned *list, int eager)
 {
+    if (eager && o->have_order) {
+        memcpy(list, o->eager_order, o->nsg * sizeof(*list));
+        return;
+    }
     for (unsigned i = 0; i < o->nsg; i++)
-        list[i] = reversed ? o->nsg - 1 - i : i;
+        list[i] = eager ? o->nsg - 1 - i : i;
 }
 
 /* The speculative step: check and update each sub-group at once with
@@ -490,6 +509,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, zo_optim_step_result
 
 static void finish_window(zo_optim *o, unsigned w)
 {
+    zo__gst_keep_order(o, w);
     memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
     zo__win_reset(o, w);
     zo__gst_reset(o, w);

@@ -175,6 +175,10 @@ class _EngineBackend:
         self.last = None
         self.steps_skipped = 0
         dtypes = sorted({p.dtype for _, p in opt._plist}, key=str)
+        if self.speculative and len(dtypes) > 1:
+            # the engines' norms would be combined while their updates run
+            raise ValueError("clip_mode='speculative' needs one parameter dtype (got %s)"
+                             % ", ".join(str(d).replace("torch.", "") for d in dtypes))
         sc = opt._scaler_cfg
         for dt in dtypes:
             gmap, groups, idx = {}, [], []

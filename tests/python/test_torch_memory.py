@@ -135,6 +135,10 @@ def test_clip_mode_errors():
         OffloadAdamW(p, clip_mode="eager")
     with pytest.raises(ValueError, match="speculative"):
         OffloadAdamW(p, clip_mode="speculative", engine="kernels")
+    _engine_or_skip()
+    mixed = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))]
+    with pytest.raises(ValueError, match="one parameter dtype"):
+        OffloadAdamW(mixed, clip_mode="speculative", engine="zo_optim")
 
 
 def test_finetune_big_model_path(tmp_path):

@@ -60,8 +60,9 @@
  *     error (tiny gradients in early steps). Adam / AdamW with fp32 states
  *     only (ZO_ECONFIG otherwise). Without DPU the update starts while
  *     backward still runs: the last micro-step's first gradient starts the
- *     job, and the worker walks the sub-groups in reverse order (backward's
- *     order), updating each as soon as every tensor in it has its gradient;
+ *     job, and the worker walks the sub-groups in backward's order (reverse
+ *     index order at first, then the order the previous window completed
+ *     them in), updating each as soon as every tensor in it has its gradient;
  *     the step call closes the window (the rest, with zeros for tensors
  *     that got none, follow). Hyperparameter changes must therefore come
  *     before the last micro-step's backward, and a tensor's gradient must be

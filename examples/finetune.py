@@ -447,7 +447,9 @@ def report(r):
         fb = r["fwd_ms"] + r["bwd_ms"]
         step = fb + r["opt_ms"]
         line = ("[%s] step split: forward+backward %.1f ms (the update overlaps backward with "
-                "--clip-mode speculative), optimizer step call %.1f ms, engine stall %.1f ms"
+                "--clip-mode speculative), optimizer step call %.1f ms (what the update adds after "
+                "backward), engine stall %.1f ms (its worker waiting for gradients or the disk: "
+                "during backward that is overlap, not lost time)"
                 % (r["which"], fb, r["opt_ms"], r["stall_ms"]))
         nv = r.get("nvme")
         if nv:

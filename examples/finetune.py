@@ -259,7 +259,8 @@ def torch_adamw_need(nparams, dtype):
     """Host bytes plain torch AdamW needs for mixed-precision training of
     these params: params + grads in their dtype, and (params not fp32) the
     fp32 masters and fp32 exp_avg / exp_avg_sq every mixed-precision
-    recipe keeps (12 B/param); fp32 params: params, grads, 2 states."""
+    recipe keeps (12 B/param); fp32 params: params, grads, 2 states.
+    Activations come on top."""
     es = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}[dtype]
     return nparams * (2 * es + (12 if es == 2 else 8))
 
@@ -282,21 +283,24 @@ def run(args, which, data):
     dev = torch.device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[args.dtype]
     hidden = args.hidden or ffn_hidden(args.dim)
+    if which == "torch":
+        # decided before the model is built (a 3B model takes a minute to initialize)
+        d, h = args.dim, hidden
+        nparams = 2 * 256 * d + args.layers * (4 * d * d + 3 * d * h + 2 * d) + d
+        need = torch_adamw_need(nparams, dtype)
+        avail = _meminfo("MemAvailable")
+        if avail is not None and need > avail and not args.force_torch:
+            print("[torch] %.2fM params: plain torch.optim.AdamW in mixed precision needs %.1f GiB "
+                  "(params and grads %s, fp32 masters and states) and this machine has %.1f GiB "
+                  "available: it cannot allocate its state; not run (--force-torch tries anyway)"
+                  % (nparams / 1e6, need / GiB, args.dtype, avail / GiB))
+            return None
     rss0 = rss_bytes()
     model = Decoder(256, args.dim, args.layers, args.heads, args.seq, hidden=hidden,
                     dtype=dtype if dev.type == "cpu" else None,
                     checkpoint=args.checkpoint).to(dev, dtype)
     nparams = sum(p.numel() for p in model.parameters())
     pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    if which == "torch":
-        need = torch_adamw_need(nparams, dtype)
-        avail = _meminfo("MemAvailable")
-        if avail is not None and need + pbytes > avail and not args.force_torch:
-            print("[torch] %.2fM params: plain torch.optim.AdamW in mixed precision needs %.1f GiB "
-                  "(params and grads %s, fp32 masters and states) and this machine has %.1f GiB "
-                  "available: it cannot allocate its state; not run (--force-torch tries anyway)"
-                  % (nparams / 1e6, need / GiB, args.dtype, avail / GiB))
-            return None
     if which == "zoffload":
         opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                            max_grad_norm=args.max_grad_norm or None, delay_update=args.delay_update,
@@ -513,6 +517,8 @@ def main():
     for k, d in (("dim", 256), ("layers", 4), ("heads", 4)):
         if getattr(args, k) is None:
             setattr(args, k, pre.get(k, d))
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be >= 1 and --warmup >= 0")
     if args.offload == "nvme" and not args.nvme_path:
         ap.error("--offload nvme needs --nvme-path")
     if args.torch_threads:

@@ -24,7 +24,7 @@ its disk traffic with backward; the run prints the memory model against the
 measured peak RSS, the step split and the NVMe bound (fio on DIR, measured
 in the same run):
 
-    /usr/bin/python3 examples/finetune.py --preset 3b --checkpoint --seq 512 --batch 4 \
+    /usr/bin/python3 examples/finetune.py --preset 3b --checkpoint --seq 512 --batch 1 \
         --steps 6 --warmup 1 --log-every 1 --offload nvme --nvme-path /var/tmp/zo-3b \
         --clip-mode speculative --max-grad-norm 0 --lr 1e-4 --compare torch
 Set ZOFFLOAD_LIB (or PYTHONPATH=python in a checkout with a build/

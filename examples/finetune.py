@@ -15,6 +15,18 @@ went, the optimizer's pinned memory and the peak host memory.
 Parameters are bf16 by default (CPU torch runs bf16 matmuls through oneDNN,
 fast on AVX-512/AMX machines; fp32 is slower). With --device cuda the model
 runs on the GPU and the optimizer state stays in pinned host memory.
+
+Big models (docs/pytorch.md, "Big models"): --preset 3b builds a
+Llama-3B-like decoder (3.2B params, created in bf16), --checkpoint turns on
+activation checkpointing, --offload nvme --nvme-path DIR puts the fp32
+masters and states on disk, --clip-mode speculative overlaps the update and
+its disk traffic with backward; the run prints the memory model against the
+measured peak RSS, the step split and the NVMe bound (fio on DIR, measured
+in the same run):
+
+    /usr/bin/python3 examples/finetune.py --preset 3b --checkpoint --seq 512 --batch 1 \
+        --steps 6 --warmup 1 --log-every 1 --offload nvme --nvme-path /var/tmp/zo-3b \
+        --clip-mode speculative --max-grad-norm 0 --lr 1e-4 --compare torch
 Set ZOFFLOAD_LIB (or PYTHONPATH=python in a checkout with a build/
 directory) so the package finds libzoffload.
 """
@@ -44,10 +56,10 @@ from zoffload import mem as zmem  # noqa: E402
 
 # ----------------------------------------------------------------- the model
 class RMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-5):
+    def __init__(self, dim, eps=1e-5, dtype=None):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype))
 
     def forward(self, x):
         xf = x.float()
@@ -70,13 +82,13 @@ def apply_rotary(x, cos, sin):
 
 
 class Attention(nn.Module):
-    def __init__(self, dim, heads):
+    def __init__(self, dim, heads, dtype=None):
         super().__init__()
         self.heads, self.hd = heads, dim // heads
-        self.wq = nn.Linear(dim, dim, bias=False)
-        self.wk = nn.Linear(dim, dim, bias=False)
-        self.wv = nn.Linear(dim, dim, bias=False)
-        self.wo = nn.Linear(dim, dim, bias=False)
+        self.wq = nn.Linear(dim, dim, bias=False, dtype=dtype)
+        self.wk = nn.Linear(dim, dim, bias=False, dtype=dtype)
+        self.wv = nn.Linear(dim, dim, bias=False, dtype=dtype)
+        self.wo = nn.Linear(dim, dim, bias=False, dtype=dtype)
 
     def forward(self, x, cos, sin):
         b, s, d = x.shape
@@ -94,35 +106,51 @@ class Attention(nn.Module):
 
 
 class SwiGLU(nn.Module):
-    def __init__(self, dim, hidden):
+    def __init__(self, dim, hidden, dtype=None):
         super().__init__()
-        self.w1 = nn.Linear(dim, hidden, bias=False)
-        self.w3 = nn.Linear(dim, hidden, bias=False)
-        self.w2 = nn.Linear(hidden, dim, bias=False)
+        self.w1 = nn.Linear(dim, hidden, bias=False, dtype=dtype)
+        self.w3 = nn.Linear(dim, hidden, bias=False, dtype=dtype)
+        self.w2 = nn.Linear(hidden, dim, bias=False, dtype=dtype)
 
     def forward(self, x):
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Module):
-    def __init__(self, dim, heads, hidden):
+    def __init__(self, dim, heads, hidden, dtype=None):
         super().__init__()
-        self.n1, self.attn = RMSNorm(dim), Attention(dim, heads)
-        self.n2, self.mlp = RMSNorm(dim), SwiGLU(dim, hidden)
+        self.n1, self.attn = RMSNorm(dim, dtype=dtype), Attention(dim, heads, dtype=dtype)
+        self.n2, self.mlp = RMSNorm(dim, dtype=dtype), SwiGLU(dim, hidden, dtype=dtype)
 
     def forward(self, x, cos, sin):
         x = x + self.attn(self.n1(x), cos, sin)
         return x + self.mlp(self.n2(x))
 
 
+def ffn_hidden(dim):
+    return int(8 * dim / 3 / 64 + 0.999) * 64               # Llama's 2/3 * 4d, rounded to 64
+
+
+def _checkpoint(fn, *args):
+    from torch.utils import checkpoint as ck
+    try:   # torch >= 1.11: the non-reentrant form (the reentrant one is being retired)
+        return ck.checkpoint(fn, *args, use_reentrant=False)
+    except TypeError:
+        return ck.checkpoint(fn, *args)
+
+
 class Decoder(nn.Module):
-    def __init__(self, vocab, dim, layers, heads, seq):
+    """Parameters are created in `dtype` directly (a 3B model never exists
+    in fp32: that alone would be 12 GB)."""
+
+    def __init__(self, vocab, dim, layers, heads, seq, hidden=None, dtype=None, checkpoint=False):
         super().__init__()
-        hidden = int(8 * dim / 3 / 64 + 0.999) * 64          # Llama's 2/3 * 4d, rounded to 64
-        self.emb = nn.Embedding(vocab, dim)
-        self.blocks = nn.ModuleList(Block(dim, heads, hidden) for _ in range(layers))
-        self.norm = RMSNorm(dim)
-        self.head = nn.Linear(dim, vocab, bias=False)
+        hidden = hidden or ffn_hidden(dim)
+        self.checkpoint = checkpoint
+        self.emb = nn.Embedding(vocab, dim, dtype=dtype)
+        self.blocks = nn.ModuleList(Block(dim, heads, hidden, dtype=dtype) for _ in range(layers))
+        self.norm = RMSNorm(dim, dtype=dtype)
+        self.head = nn.Linear(dim, vocab, bias=False, dtype=dtype)
         cos, sin = rotary_tables(seq, dim // heads)
         self.register_buffer("cos", cos, persistent=False)
         self.register_buffer("sin", sin, persistent=False)
@@ -133,7 +161,12 @@ class Decoder(nn.Module):
     def forward(self, idx):
         x = self.emb(idx)
         for b in self.blocks:
-            x = b(x, self.cos, self.sin)
+            if self.checkpoint and torch.is_grad_enabled():
+                # activation checkpointing: keep each block's input, recompute
+                # the rest of the block in backward
+                x = _checkpoint(b, x, self.cos, self.sin)
+            else:
+                x = b(x, self.cos, self.sin)
         return self.head(self.norm(x))
 
 
@@ -199,21 +232,113 @@ def offload_params(args, which, model, opt):
 
 
 # ------------------------------------------------------------------ training
+GiB = float(1 << 30)
+
+
 def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def _meminfo(key, path="/proc/meminfo"):
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def rss_bytes():
+    return _meminfo("VmRSS", "/proc/self/status") or 0
+
+
+def fio_bandwidth(path, size, bs=1 << 20, iodepth=32):
+    """Read and write bandwidth (bytes/s) of the disk under `path`, measured
+    by fio as zo-optim-bench --vs-bound does: O_DIRECT, io_uring, fixed
+    buffers, the engine's block size and queue depth, a file of `size`
+    bytes laid out by the write pass and read back. None if fio is missing."""
+    import shutil
+    import subprocess
+    fio = shutil.which("fio")
+    if not fio:
+        return None
+    f = os.path.join(path, "finetune-fio-%d.dat" % os.getpid())
+    size = max(bs, size // bs * bs)
+    bw = {}
+    try:
+        for rw, field in (("write", 47), ("read", 6)):
+            cmd = [fio, "--name=finetune-bound", "--filename=" + f, "--size=%d" % size,
+                   "--bs=%d" % bs, "--iodepth=%d" % iodepth, "--rw=" + rw, "--direct=1",
+                   "--ioengine=io_uring", "--fixedbufs", "--registerfiles", "--thread",
+                   "--output-format=terse", "--terse-version=3"]
+            out = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=True)
+            bw[rw] = float(out.stdout.decode().strip().splitlines()[-1].split(";")[field]) * 1024
+    except (subprocess.CalledProcessError, ValueError, IndexError, OSError) as e:
+        print("fio on %s failed (%s): no NVMe bound" % (path, e))
+        return None
+    finally:
+        try:
+            os.unlink(f)
+        except OSError:
+            pass
+    return bw
+
+
+def torch_adamw_need(nparams, dtype):
+    """Host bytes plain torch AdamW needs for mixed-precision training of
+    these params: params + grads in their dtype, and (params not fp32) the
+    fp32 masters and fp32 exp_avg / exp_avg_sq every mixed-precision
+    recipe keeps (12 B/param); fp32 params: params, grads, 2 states.
+    Activations come on top."""
+    es = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}[dtype]
+    return nparams * (2 * es + (12 if es == 2 else 8))
+
+
+def activation_estimate(args, hidden):
+    """Rough bytes of activations autograd keeps (per-element sizes of the
+    tensors a block saves; with checkpointing one block's input per layer
+    plus one block recomputed)."""
+    es = 4 if args.dtype == "fp32" else 2
+    t = args.batch * args.seq
+    block = t * (10 * args.dim + 4 * hidden) * es + 3 * args.batch * args.heads * args.seq ** 2 * 4
+    logits = t * 256 * 4 * 3
+    if args.checkpoint:
+        return args.layers * t * args.dim * es + block + logits
+    return args.layers * block + logits
 
 
 def run(args, which, data):
     torch.manual_seed(args.seed)
     dev = torch.device(args.device)
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[args.dtype]
-    model = Decoder(256, args.dim, args.layers, args.heads, args.seq).to(dev, dtype)
+    hidden = args.hidden or ffn_hidden(args.dim)
+    if which == "torch":
+        # decided before the model is built (a 3B model takes a minute to initialize)
+        d, h = args.dim, hidden
+        nparams = 2 * 256 * d + args.layers * (4 * d * d + 3 * d * h + 2 * d) + d
+        need = torch_adamw_need(nparams, dtype)
+        avail = _meminfo("MemAvailable")
+        if avail is not None and need > avail and not args.force_torch:
+            print("[torch] %.2fM params: plain torch.optim.AdamW in mixed precision needs %.1f GiB "
+                  "(params and grads %s, fp32 masters and states) and this machine has %.1f GiB "
+                  "available: it cannot allocate its state; not run (--force-torch tries anyway)"
+                  % (nparams / 1e6, need / GiB, args.dtype, avail / GiB))
+            return None
+    rss0 = rss_bytes()
+    model = Decoder(256, args.dim, args.layers, args.heads, args.seq, hidden=hidden,
+                    dtype=dtype if dev.type == "cpu" else None,
+                    checkpoint=args.checkpoint).to(dev, dtype)
     nparams = sum(p.numel() for p in model.parameters())
+    pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if which == "zoffload":
         opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                           max_grad_norm=args.max_grad_norm, delay_update=args.delay_update,
+                           max_grad_norm=args.max_grad_norm or None, delay_update=args.delay_update,
                            nthreads=args.threads, engine=args.engine,
                            offload_device=args.offload, nvme_path=args.nvme_path,
+                           clip_mode=args.clip_mode, sub_group_size=args.sub_group_size,
+                           buffer_count=args.buffer_count,
                            loss_scale="dynamic" if args.dtype == "fp16" else None)
     elif which == "deepspeed":
         import ds_offload
@@ -223,10 +348,42 @@ def run(args, which, data):
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     offload_params(args, which, model, opt)
     forward = opt if which == "deepspeed" else model
-    print("[%s] %.2fM params, %s on %s, dim %d, %d layers, seq %d, batch %d"
-          % (which, nparams / 1e6, args.dtype, dev, args.dim, args.layers, args.seq, args.batch))
+    print("[%s] %.2fM params, %s on %s, dim %d, hidden %d, %d layers, seq %d, batch %d%s"
+          % (which, nparams / 1e6, args.dtype, dev, args.dim, hidden, args.layers, args.seq,
+             args.batch, ", activation checkpointing" if args.checkpoint else ""))
+    acct = None
+    if which == "zoffload" and opt.memory() is not None:
+        m = opt.memory()
+        act = activation_estimate(args, hidden)
+        where = "on NVMe (%s)" % args.nvme_path if args.offload == "nvme" else "in pinned memory"
+        # pinned_bytes holds the masters and states under host placement
+        acct = {"baseline": rss0, "params": pbytes, "grad_window": m["grad_buffer_bytes"],
+                "pinned": m["pinned_bytes"], "other_host": m["host_bytes"] - m["grad_buffer_bytes"],
+                "activations_est": act}
+        pred = sum(acct.values())
+        print("[zoffload] memory model: process before the model %.2f GiB + params %.2f GiB + "
+              "gradient window %.2f GiB (%s) + engine pinned %.2f GiB + engine other %.2f GiB + "
+              "activations ~%.2f GiB = %.2f GiB predicted peak RSS; masters and states %.2f GiB %s"
+              % (rss0 / GiB, pbytes / GiB, m["grad_buffer_bytes"] / GiB,
+                 "%.0f B/param" % (m["grad_buffer_bytes"] / max(nparams, 1)), m["pinned_bytes"] / GiB,
+                 acct["other_host"] / GiB, act / GiB, pred / GiB, m["state_bytes"] / GiB, where))
+        acct["predicted"] = pred
+        acct["state_bytes"] = m["state_bytes"]
+    bound_bw = None
+    if which == "zoffload" and args.offload == "nvme" and args.nvme_bound == "fio":
+        st = opt.memory()["state_bytes"]
+        bound_bw = fio_bandwidth(args.nvme_path, min(st, 4 << 30))
+        if bound_bw:
+            print("[zoffload] fio on %s: read %.2f GB/s, write %.2f GB/s (1 MiB blocks, queue depth 32, "
+                  "O_DIRECT, io_uring); a step moves the %.2f GB of masters and states in and out: "
+                  "NVMe bound %.1f s (the speculative step overlaps it with backward: pick the batch "
+                  "so that forward+backward is at least ~1.3x that)"
+                  % (args.nvme_path, bound_bw["read"] / 1e9, bound_bw["write"] / 1e9, st / 1e9,
+                     st / bound_bw["read"] + st / bound_bw["write"]))
     it = batches(data, args.batch, args.seq, args.seed)
     t_fwd = t_bwd = t_opt = 0.0
+    stall = 0.0
+    nvme_r = nvme_w = 0
     tokens = 0
     losses = []
     t_start = None
@@ -255,6 +412,9 @@ def run(args, which, data):
         sync()
         t3 = time.perf_counter()
         losses.append(loss.item())
+        del logits
+        tl = opt.timeline() if which == "zoffload" else None
+        tl = tl[0] if tl else None
         if step > args.warmup:                       # the first steps include one-time costs
             if t_start is None:
                 t_start = t0
@@ -262,16 +422,32 @@ def run(args, which, data):
             t_bwd += t2 - t1
             t_opt += t3 - t2
             tokens += x.numel()
-        if step % args.log_every == 0 or step == args.steps:
-            print("  step %4d  loss %.4f" % (step, loss.item()))
+            if tl:
+                stall += tl["stall_ns"] / 1e9
+                nvme_r += tl["nvme_read_bytes"]
+                nvme_w += tl["nvme_write_bytes"]
+        if step % args.log_every == 0 or step == args.steps or args.log_every == 1:
+            extra = ""
+            if tl and args.log_every == 1:
+                extra = ("  (fwd %.2f s, bwd %.2f s, step call %.2f s, sub-groups updated during "
+                         "backward so far %d, engine stall %.2f s, rss %.2f GiB"
+                         % (t1 - t0, t2 - t1, t3 - t2, opt._eb.engines[0][1].info()["eager_subgroups"]
+                            if opt.engine == "zo_optim" else 0, tl["stall_ns"] / 1e9,
+                            rss_bytes() / GiB))
+                if bound_bw:
+                    b = tl["nvme_read_bytes"] / bound_bw["read"] + tl["nvme_write_bytes"] / bound_bw["write"]
+                    extra += ", NVMe bound %.2f s, step / max(fwd+bwd, bound) %.3f" % (
+                        b, (t3 - t0) / max(t2 - t0, b, 1e-9))
+                extra += ")"
+            print("  step %4d  loss %.4f%s" % (step, loss.item(), extra), flush=True)
     if which == "zoffload":
         opt.wait()
     total = time.perf_counter() - t_start if t_start else float("nan")
     n = max(args.steps - args.warmup, 1)
-    res = {"which": which, "loss_first": losses[0], "loss_last": losses[-1],
+    res = {"which": which, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses,
            "tokens_per_s": tokens / total if t_start else float("nan"),
            "fwd_ms": 1e3 * t_fwd / n, "bwd_ms": 1e3 * t_bwd / n, "opt_ms": 1e3 * t_opt / n,
-           "peak_rss_mib": peak_rss_mib()}
+           "peak_rss_mib": peak_rss_mib(), "acct": acct}
     if which == "zoffload":
         st = zmem.pinned_stats()
         res["pinned_mib"] = (st["locked_bytes"] + st["unlocked_bytes"]) / 2 ** 20
@@ -279,6 +455,11 @@ def run(args, which, data):
         res["engine"] = opt.engine
         tl = opt.timeline()
         res["timeline"] = tl[0] if tl else None
+        res["stall_ms"] = 1e3 * stall / n
+        if bound_bw and nvme_r + nvme_w:
+            res["nvme"] = {"read_bytes": nvme_r / n, "write_bytes": nvme_w / n,
+                           "read_bw": bound_bw["read"], "write_bw": bound_bw["write"],
+                           "bound_ms": 1e3 * (nvme_r / n / bound_bw["read"] + nvme_w / n / bound_bw["write"])}
         if args.save:
             name = opt.save(args.save)
             print("  saved optimizer checkpoint %s/%s" % (args.save, name))
@@ -340,20 +521,48 @@ def report(r):
                                   t["compute_ns"] / 1e6, t["stall_ns"] / 1e6))
     print("[%s] peak host memory (max RSS of the process so far) %.0f MiB"
           % (r["which"], r["peak_rss_mib"]))
+    if r.get("acct"):
+        a = r["acct"]
+        print("[%s] peak RSS %.2f GiB, predicted %.2f GiB (memory model above)"
+              % (r["which"], r["peak_rss_mib"] / 1024.0, a["predicted"] / GiB))
+    if "stall_ms" in r:
+        fb = r["fwd_ms"] + r["bwd_ms"]
+        step = fb + r["opt_ms"]
+        line = ("[%s] step split: forward+backward %.1f ms (the update overlaps backward with "
+                "--clip-mode speculative), optimizer step call %.1f ms (what the update adds after "
+                "backward), engine stall %.1f ms (its worker waiting for gradients or the disk: "
+                "during backward that is overlap, not lost time)"
+                % (r["which"], fb, r["opt_ms"], r["stall_ms"]))
+        nv = r.get("nvme")
+        if nv:
+            line += ("; NVMe per step: read %.2f GB at %.2f GB/s + write %.2f GB at %.2f GB/s = bound "
+                     "%.1f ms; step / max(forward+backward, NVMe bound) = %.3f"
+                     % (nv["read_bytes"] / 1e9, nv["read_bw"] / 1e9, nv["write_bytes"] / 1e9,
+                        nv["write_bw"] / 1e9, nv["bound_ms"], step / max(fb, nv["bound_ms"])))
+        print(line)
+
+
+PRESETS = {"3b": {"dim": 3200, "layers": 26, "heads": 32}}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dim", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                    help="model shape: 3b = Llama-3B-like (dim 3200, 26 layers, 32 heads, 3.2B "
+                         "params with this byte vocabulary); --dim/--layers/--heads override")
+    ap.add_argument("--dim", type=int, default=None, help="model width (default 256)")
+    ap.add_argument("--layers", type=int, default=None, help="blocks (default 4)")
+    ap.add_argument("--heads", type=int, default=None, help="attention heads (default 4)")
+    ap.add_argument("--hidden", type=int, default=None, help="SwiGLU width (default Llama's 8/3 dim)")
+    ap.add_argument("--checkpoint", action="store_true",
+                    help="activation checkpointing: keep one input per block, recompute in backward")
     ap.add_argument("--seq", type=int, default=128)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3, help="steps left out of the timings")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--weight-decay", type=float, default=0.01)
-    ap.add_argument("--max-grad-norm", type=float, default=1.0)
+    ap.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
     ap.add_argument("--dtype", choices=["bf16", "fp32", "fp16"], default="bf16")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="optimizer threads")
@@ -368,6 +577,17 @@ def main():
                          "memory or on NVMe (--nvme-path), fetched per module")
     ap.add_argument("--param-budget", default="256MiB",
                     help="device bytes for parameters with --offload-params")
+    ap.add_argument("--clip-mode", choices=["two_pass", "speculative"], default="two_pass",
+                    help="speculative: update each sub-group as backward completes its gradients "
+                         "(overlaps the optimizer and its NVMe traffic with backward)")
+    ap.add_argument("--sub-group-size", type=int, default=None, help="zo_optim sub-group (elements)")
+    ap.add_argument("--buffer-count", type=int, default=None, help="zo_optim NVMe pieces in flight")
+    ap.add_argument("--nvme-bound", choices=["fio", "none"], default="fio",
+                    help="with --offload nvme: measure the disk with fio on --nvme-path in the same "
+                         "run and report the NVMe bound of the optimizer step")
+    ap.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--force-torch", action="store_true",
+                    help="--compare torch: run torch AdamW even where its state cannot fit")
     ap.add_argument("--data", nargs="*", default=None,
                     help="text files or directories (default: /usr/share/common-licenses)")
     ap.add_argument("--compare", choices=["torch", "deepspeed"], default=None,
@@ -380,6 +600,16 @@ def main():
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=10)
     args = ap.parse_args()
+    pre = PRESETS.get(args.preset, {})
+    for k, d in (("dim", 256), ("layers", 4), ("heads", 4)):
+        if getattr(args, k) is None:
+            setattr(args, k, pre.get(k, d))
+    if args.steps < 1 or args.warmup < 0:
+        ap.error("--steps must be >= 1 and --warmup >= 0")
+    if args.offload == "nvme" and not args.nvme_path:
+        ap.error("--offload nvme needs --nvme-path")
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     if args.dim % args.heads or (args.dim // args.heads) % 2:
         ap.error("--dim must split into --heads heads of even size")
     paths = args.data or [p for p in ("/usr/share/common-licenses", "/usr/share/dict")
@@ -404,6 +634,7 @@ def main():
         r = run_deepspeed(args)
         if r:
             results.append(r)
+    results = [r for r in results if r is not None]
     for r in results:
         report(r)
     if len(results) == 2:

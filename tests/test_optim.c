@@ -791,7 +791,10 @@ START_TEST(test_optim_speculative)
         for (int i = 0; i < NT; i++) {
             fill_grad(&a, i, s, 1.0);
             memcpy(b.dgrad[i], a.dgrad[i], m.numel[i] * 2);
-            if (s == 5 && i == 0) { /* in the sub-group walked last: the others are rolled back */
+            if (s == 5 && i == NT - 1) {
+                /* in the sub-group walked last: the others are rolled back (the
+                 * eager walk follows the order the gradients completed in the
+                 * previous step: this one, handed over last, completes last) */
                 put(a.dgrad[i], m.gdt, 3, INFINITY);
                 put(b.dgrad[i], m.gdt, 3, INFINITY);
             }
@@ -1155,6 +1158,192 @@ START_TEST(test_optim_nvme_diskfull)
 }
 END_TEST
 
+/* ---- the gradient window's dtype (window.c) ------------------------------------------------ */
+
+/* bf16/fp16 gradients without accumulation wait in their own dtype (2 B/param),
+ * everything else in fp32; DPU has two windows */
+START_TEST(test_optim_grad_window_size)
+{
+    static const struct {
+        zo_dtype pdt, gdt;
+        unsigned accum;
+        int dpu;
+        zo_dtype want;
+        unsigned bytes, nwin;
+    } c[] = {
+        {ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 0, ZO_DTYPE_BF16, 2, 1}, {ZO_DTYPE_F16, ZO_DTYPE_F16, 1, 0, ZO_DTYPE_F16, 2, 1},
+        {ZO_DTYPE_BF16, ZO_DTYPE_BF16, 2, 0, ZO_DTYPE_F32, 4, 1},  {ZO_DTYPE_F32, ZO_DTYPE_F32, 1, 0, ZO_DTYPE_F32, 4, 1},
+        {ZO_DTYPE_BF16, ZO_DTYPE_F32, 1, 0, ZO_DTYPE_F32, 4, 1},   {ZO_DTYPE_BF16, ZO_DTYPE_BF16, 1, 1, ZO_DTYPE_BF16, 2, 2},
+        {ZO_DTYPE_F32, ZO_DTYPE_BF16, 1, 0, ZO_DTYPE_BF16, 2, 1},
+    };
+    for (size_t k = 0; k < sizeof(c) / sizeof(c[0]); k++) {
+        model m;
+        eng e;
+        model_init(&m, c[k].pdt, c[k].gdt);
+        eng_config(&e, &m);
+        e.cfg.grad_accum_steps = c[k].accum;
+        e.cfg.dpu = c[k].dpu;
+        eng_create(&e);
+        zo_optim_info info;
+        ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+        ck_assert_msg(info.grad_buffer_dtype == c[k].want, "case %zu: window %s", k,
+                      zo_dtype_name(info.grad_buffer_dtype));
+        ck_assert_uint_eq(info.grad_buffer_bytes, (uint64_t)c[k].nwin * c[k].bytes * m.total);
+        ck_assert_uint_ge(info.host_bytes, info.grad_buffer_bytes);
+        eng_free(&e);
+    }
+}
+END_TEST
+
+/* accumulate an fp32 host gradient into the reference */
+static void ref_grad_f32(ref *r, int i, const float *g)
+{
+    float *a = r->acc + r->m->off[i];
+    for (uint64_t k = 0; k < r->m->numel[i]; k++)
+        a[k] = r->first[i] ? g[k] : a[k] + g[k];
+    r->first[i] = 0;
+}
+
+/* A bf16 window through everything that reads it, bit for bit against the
+ * fp32 reference: intake statistics, clipping, an overflow skip, and the
+ * spills (a second gradient, an fp32 host gradient) in both step modes and
+ * both intake paths (in place on the host backend, staging and copies). */
+START_TEST(test_optim_grad_window_spill)
+{
+    int spec = _i & 1, copy = _i >> 1;
+    zo__optim_force_copy = copy;
+    model m;
+    ref r;
+    eng e;
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    /* the speculative step rolls back what clipping or an overflow
+     * invalidates (not bit-exact): it runs without either */
+    e.cfg.max_grad_norm = spec ? 0.0 : 1.0;
+    e.cfg.nonfinite = ZO_OPTIM_NONFINITE_SKIP;
+    e.cfg.clip_mode = spec ? ZO_OPTIM_CLIP_SPECULATIVE : ZO_OPTIM_CLIP_TWO_PASS;
+    eng_create(&e);
+    zo_optim_info info;
+    ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+    ck_assert_int_eq(info.grad_buffer_dtype, ZO_DTYPE_BF16);
+    const uint64_t narrow = m.total * 2;
+    ck_assert_uint_eq(info.grad_buffer_bytes, narrow);
+    float *f32 = malloc(m.numel[3] * 4);
+    int clipped = 0;
+    for (int s = 1; s <= 5; s++) {
+        uint64_t spill = 0;
+        for (int i = NT - 1; i >= 0; i--) {
+            fill_grad(&e, i, s, 1.0);
+            if (s == 4 && i == 3 && !spec)
+                put(e.dgrad[i], m.gdt, 70000, NAN); /* in the tensor's second sub-group */
+            if ((s == 2 || s == 5) && i == 3) {
+                /* an fp32 host gradient of a bf16 engine (not exact in bf16): spilled */
+                for (uint64_t k = 0; k < m.numel[i]; k++)
+                    f32[k] = get(e.dgrad[i], m.gdt, k) + 0x1p-12f * (float)(k % 7);
+                ref_grad_f32(&r, i, f32);
+                ck_assert_int_eq(zo_optim_grad_host(e.o, (unsigned)i, f32, ZO_DTYPE_F32), 0);
+                spill += m.numel[i] * 4;
+                continue;
+            }
+            ref_grad(&r, i, e.dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+            if (!spec && (s == 3 || s == 5) && (i == 1 || i == 3)) {
+                /* a second gradient in the window: the sum needs fp32 (the
+                 * first is widened behind its own landing) */
+                ref_grad(&r, i, e.dgrad[i]);
+                ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+                if (!(s == 5 && i == 3))
+                    spill += m.numel[i] * 4;
+            }
+        }
+        ck_assert_int_eq(zo_optim_grads_done(e.o), 0);
+        ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+        ck_assert_uint_eq(info.grad_buffer_bytes, narrow + spill);
+        zo_optim_step_result res;
+        int rc = zo_optim_step(e.o, NULL, &res);
+        ck_assert_msg(rc == 0, "step %d: %s (%s)", s, zo_strerror(rc), zo_optim_errmsg(e.o));
+        double norm = 0;
+        int applied = ref_step(&r, 1.0, e.cfg.max_grad_norm, &norm);
+        ck_assert_int_eq(applied, !(s == 4 && !spec));
+        ck_assert_int_eq(res.skipped, !applied);
+        if (applied)
+            ck_assert_msg(res.grad_norm == norm, "step %d: norm %a != %a", s, res.grad_norm, norm);
+        else
+            ck_assert_uint_eq(res.nonfinite, 1);
+        clipped += res.clipped;
+        zo_optim_timeline tl;
+        ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
+        /* statistics taken at intake, from the bf16 window (and through the
+         * fp32 copy where an fp32 host gradient spilled): no pass of the step's
+         * own, except where a second gradient made them stale */
+        if (s == 1 || s == 2 || s == 4)
+            ck_assert_msg(tl.norm_ns == 0, "step %d: a statistics pass of %llu ns", s, (unsigned long long)tl.norm_ns);
+        ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+        ck_assert_uint_eq(info.grad_buffer_bytes, narrow); /* the spills are gone with the window */
+        char when[32];
+        snprintf(when, sizeof(when), "window step %d", s);
+        compare(&e, &r, when);
+    }
+    if (!spec)
+        ck_assert_int_gt(clipped, 0);
+    free(f32);
+    eng_free(&e);
+    ref_free(&r);
+    zo__optim_force_copy = 0;
+}
+END_TEST
+
+/* The eager speculative step walks the sub-groups in the order their
+ * gradients completed in the last full window, not in an assumed one: a
+ * framework that hands the gradients over in declaration order (not the
+ * reverse) gets its sub-groups updated as they complete from the second
+ * step on. Bit-identical to the two-pass reference throughout. */
+START_TEST(test_optim_eager_learned_order)
+{
+    model m;
+    ref r;
+    eng e;
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    e.cfg.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
+    eng_create(&e);
+    zo_optim_info info;
+    ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+    /* the last tensor ("norm", group 1) is in the last sub-group only */
+    const uint64_t waiting = 1;
+    for (int s = 1; s <= 3; s++) {
+        zo_optim_info i0, i1;
+        zo_optim_get_info(e.o, &i0);
+        for (int i = 0; i < NT - 1; i++) { /* declaration order, all but the last tensor */
+            fill_grad(&e, i, s, 1.0);
+            ref_grad(&r, i, e.dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+        }
+        ck_assert_int_eq(zo_optim_grads_done(e.o), 0);
+        uint64_t want = s == 1 ? 0 : info.nsubgroups - waiting;
+        for (int t = 0; t < 5000; t++) {
+            zo_optim_get_info(e.o, &i1);
+            if (i1.eager_subgroups - i0.eager_subgroups >= want && (s > 1 || t >= 50))
+                break;
+            usleep(1000);
+        }
+        zo_optim_get_info(e.o, &i1);
+        /* step 1 walks in reverse and waits at the last sub-group; later steps
+         * update every complete one */
+        ck_assert_msg(i1.eager_subgroups - i0.eager_subgroups == want, "step %d: %llu sub-groups updated, want %llu",
+                      s, (unsigned long long)(i1.eager_subgroups - i0.eager_subgroups), (unsigned long long)want);
+        fill_grad(&e, NT - 1, s, 1.0);
+        ref_grad(&r, NT - 1, e.dgrad[NT - 1]);
+        ck_assert_int_eq(zo_optim_grad(e.o, NT - 1, e.dgrad[NT - 1], NULL), 0);
+        zo_optim_step_result res;
+        ck_assert_int_eq(zo_optim_step(e.o, NULL, &res), 0);
+        ck_assert_int_eq(res.rolled_back, 0);
+        ref_step(&r, 1.0, 0, NULL);
+        compare(&e, &r, "learned order");
+    }
+    eng_free(&e);
+    ref_free(&r);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("optim");
@@ -1171,6 +1360,9 @@ int main(void)
     tcase_add_test(tc, test_optim_errors);
     tcase_add_test(tc, test_optim_destroy_async);
     tcase_add_test(tc, test_optim_nvme_diskfull);
+    tcase_add_test(tc, test_optim_grad_window_size);
+    tcase_add_loop_test(tc, test_optim_grad_window_spill, 0, 4);
+    tcase_add_test(tc, test_optim_eager_learned_order);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

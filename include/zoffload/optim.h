@@ -7,7 +7,8 @@
  *   The framework owns the device parameters (bf16, fp16 or fp32) and the
  *   device gradients. The engine owns everything else: the fp32 master
  *   parameters and optimizer states (in a ::zo_store, homed in pinned host
- *   memory or on NVMe), fp32 gradient accumulators, pinned staging for
+ *   memory or on NVMe), the gradient window (fp32 accumulators; bf16/fp16
+ *   gradients as they are when grad_accum_steps is 1), pinned staging for
  *   device -> host gradient copies, the low-precision parameter buffers it
  *   copies back to the device, its device streams, and a worker thread.
  *
@@ -40,7 +41,7 @@
  *
  * Clipping and overflow (::zo_optim_clip_mode)
  *   - ZO_OPTIM_CLIP_TWO_PASS (the default): the global norm and the overflow
- *     flag come first (a read-only pass over the fp32 accumulators), then
+ *     flag come first (a read-only pass over the gradient window), then
  *     the fused update. Exact, works for every optimizer and state dtype,
  *     and never has to undo anything: it is the default because its result
  *     is bit-identical to a plain run of the cpuadam kernels.
@@ -59,8 +60,9 @@
  *     error (tiny gradients in early steps). Adam / AdamW with fp32 states
  *     only (ZO_ECONFIG otherwise). Without DPU the update starts while
  *     backward still runs: the last micro-step's first gradient starts the
- *     job, and the worker walks the sub-groups in reverse order (backward's
- *     order), updating each as soon as every tensor in it has its gradient;
+ *     job, and the worker walks the sub-groups in backward's order (reverse
+ *     index order at first, then the order the previous window completed
+ *     them in), updating each as soon as every tensor in it has its gradient;
  *     the step call closes the window (the rest, with zeros for tensors
  *     that got none, follow). Hyperparameter changes must therefore come
  *     before the last micro-step's backward, and a tensor's gradient must be
@@ -542,13 +544,19 @@ typedef struct zo_optim_info {
     unsigned ntensors, ngroups, nsubgroups;
     uint64_t numel;          /**< elements over all tensors */
     uint64_t pinned_bytes;   /**< pinned host memory the engine holds */
-    uint64_t host_bytes;     /**< other host memory it holds (accumulators...) */
+    uint64_t host_bytes;     /**< other host memory it holds (gradient window...) */
     int dpu_active;          /**< 1 once past the DPU warm-up */
     uint64_t eager_subgroups; /**< speculative: sub-group updates done before the step call closed their
                                    window (while backward still handed gradients over) */
     uint64_t updates_done;   /**< boundaries the worker finished (applied, skipped or failed), since create */
     uint64_t nvme_read_bytes_total;  /**< NVMe bytes the updates read, since create (sum of the timelines') */
     uint64_t nvme_write_bytes_total; /**< NVMe bytes the updates wrote, since create */
+    uint64_t grad_buffer_bytes; /**< host memory holding gradients between hand-over and step (part of
+                                     host_bytes): the gradient windows, numel x 2 (bf16/fp16 gradients
+                                     without accumulation: kept in their dtype) or x 4 (fp32), twice
+                                     under DPU, plus fp32 spills of tensors handed over twice */
+    zo_dtype grad_buffer_dtype; /**< the windows' dtype: ZO_DTYPE_F32, or grad_dtype (bf16/fp16) when
+                                     grad_accum_steps is 1 */
 } zo_optim_info;
 
 /** @return 0; -EINVAL. Any thread (a snapshot). */

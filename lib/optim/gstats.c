@@ -2,7 +2,7 @@
  * Gradient statistics at intake (zo__gst in optim_internal.h): each
  * sub-group's sum of squares and inf/NaN count, computed when the last
  * micro-step's gradients of all its tensors have landed, so the step does
- * not re-read the fp32 accumulators for the norm / overflow check.
+ * not re-read the gradient window for the norm / overflow check.
  *
  * Bit-identity: the step sums the per-sub-group sums in sub-group order
  * whether they came from here or from its own pass, and each one is
@@ -14,6 +14,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+
+#include <zoffload/mem.h>
 
 void zo__tensor_sgs(const zo_optim *o, unsigned t, unsigned *a, unsigned *b)
 {
@@ -34,7 +36,8 @@ int zo__gst_alloc(zo_optim *o)
         g->bad = calloc(o->nsg, 1);
         g->sum = calloc(o->nsg, sizeof(*g->sum));
         g->nf = calloc(o->nsg, sizeof(*g->nf));
-        if (!g->tpend || !g->tfin || !g->left || !g->ok || !g->bad || !g->sum || !g->nf)
+        g->done = calloc(o->nsg, sizeof(*g->done));
+        if (!g->tpend || !g->tfin || !g->left || !g->ok || !g->bad || !g->sum || !g->nf || !g->done)
             return -ENOMEM;
         zo__gst_reset(o, w);
     }
@@ -52,6 +55,7 @@ void zo__gst_free(zo_optim *o)
         free(g->bad);
         free(g->sum);
         free(g->nf);
+        free(g->done);
         memset(g, 0, sizeof(*g));
     }
 }
@@ -66,7 +70,29 @@ void zo__gst_reset(zo_optim *o, unsigned w)
     memcpy(g->left, o->sg_ntens, o->nsg * sizeof(*g->left));
     memset(g->ok, 0, o->nsg);
     memset(g->bad, 0, o->nsg);
+    g->ndone = 0;
     pthread_mutex_unlock(&o->lock);
+}
+
+/* The window w is finished: when its last micro-step completed every
+ * sub-group, that completion order becomes the eager walk's order (the
+ * order backward produces the gradients, learned rather than assumed).
+ * The window's owner (the worker), before zo__gst_reset(). */
+void zo__gst_keep_order(zo_optim *o, unsigned w)
+{
+    zo__gst *g = &o->gst[w];
+    pthread_mutex_lock(&o->lock);
+    if (o->eager_order && g->ndone == o->nsg) {
+        memcpy(o->eager_order, g->done, o->nsg * sizeof(*g->done));
+        o->have_order = 1;
+    }
+    pthread_mutex_unlock(&o->lock);
+}
+
+/* sub-group i's last gradient landed (under lock) */
+static void sg_complete(zo__gst *g, unsigned i)
+{
+    g->done[g->ndone++] = i;
 }
 
 /* Tensor t's gradient is being handed over into window w in `pieces`
@@ -121,7 +147,8 @@ void zo__gst_landed(zo_optim *o, unsigned w, unsigned t)
         pthread_mutex_lock(&o->lock);
         int compute = g->left[i] == 1 && !g->bad[i];
         if (!compute) {
-            g->left[i]--;
+            if (--g->left[i] == 0)
+                sg_complete(g, i);
             pthread_cond_broadcast(&o->cond);
         }
         pthread_mutex_unlock(&o->lock);
@@ -130,7 +157,13 @@ void zo__gst_landed(zo_optim *o, unsigned w, unsigned t)
         const zo__sg *sg = &o->sgs[i];
         zo_grad_stats gs;
         /* a failure only means the step computes it itself */
-        int r = zo_cpuadam_team_grad_stats(o->iteam, o->acc[w] + sg->off, ZO_DTYPE_F32, (size_t)sg->n, &gs);
+        const void *gp;
+        zo_dtype gdt;
+        float *tmp;
+        int r = zo__win_range(o, w, sg->off, sg->n, &gp, &gdt, &tmp);
+        if (r == 0)
+            r = zo_cpuadam_team_grad_stats(o->iteam, gp, gdt, (size_t)sg->n, &gs);
+        zo_aligned_free(tmp);
         pthread_mutex_lock(&o->lock);
         if (r == 0 && !g->bad[i]) {
             g->sum[i] = gs.sumsq;
@@ -138,6 +171,7 @@ void zo__gst_landed(zo_optim *o, unsigned w, unsigned t)
             g->ok[i] = 1;
         }
         g->left[i] = 0;
+        sg_complete(g, i);
         pthread_cond_broadcast(&o->cond);
         pthread_mutex_unlock(&o->lock);
     }

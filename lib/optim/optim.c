@@ -537,27 +537,20 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         goto fail;
     }
 
-    /* buffers: accumulators (pageable: they are only touched by the CPU),
-     * staging (pinned: the DMA target), parameter buffers (pinned while the
-     * budget allows: the H2D source) */
+    /* buffers: gradient windows (window.c), staging (pinned: the DMA
+     * target), parameter buffers (pinned while the budget allows: the H2D
+     * source) */
     o->nwin = cfg->dpu ? 2 : 1;
     o->npbuf = cfg->dpu ? 2 : 1;
     o->direct = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && !cfg->dpu && !zo__optim_force_copy;
     o->host_grads = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && !zo__optim_force_copy;
-    size_t accb, pb;
-    if (zo__mul_size((size_t)o->numel, 4, &accb) < 0 || zo__mul_size((size_t)o->numel, o->pes, &pb) < 0) {
+    size_t pb;
+    if (zo__mul_size((size_t)o->numel, o->pes, &pb) < 0) {
         r = ZO_FAIL(&o->err, -ENOMEM, "zo_optim_create: model too large");
         goto fail;
     }
-    for (unsigned w = 0; w < o->nwin; w++) {
-        int pinned;
-        if ((r = host_alloc(o, (void **)&o->acc[w], accb, 0, &pinned)) < 0)
-            goto fail;
-        if (!(o->arrivals[w] = calloc(o->nt, sizeof(uint32_t)))) {
-            r = -ENOMEM;
-            goto fail;
-        }
-    }
+    if ((r = zo__win_alloc(o, &o->win_bytes)) < 0)
+        goto fail;
     o->staging_bytes = cfg->grad_staging_bytes;
     /* host backend: gradients are read in place, no staging */
     if (!o->host_grads && (r = host_alloc(o, &o->staging, o->staging_bytes, 1, &o->staging_pinned)) < 0)
@@ -578,7 +571,9 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     o->sg_stats = calloc(o->nsg, 1);
     o->sg_updated = calloc(o->nsg, 1);
     o->sg_ntens = calloc(o->nsg, sizeof(*o->sg_ntens));
-    if (!o->sg_list || !o->sg_sumsq || !o->sg_nf || !o->sg_stats || !o->sg_updated || !o->sg_ntens) {
+    o->eager_order = calloc(o->nsg, sizeof(*o->eager_order));
+    if (!o->sg_list || !o->sg_sumsq || !o->sg_nf || !o->sg_stats || !o->sg_updated || !o->sg_ntens ||
+        !o->eager_order) {
         r = -ENOMEM;
         goto fail;
     }
@@ -655,9 +650,8 @@ void zo_optim_destroy(zo_optim **op)
     zo_store_destroy(&o->store);
     if (o->own_swap)
         zo_swap_destroy(&o->swap);
+    zo__win_free(o);
     for (unsigned w = 0; w < 2; w++) {
-        zo_aligned_free(o->acc[w]);
-        free(o->arrivals[w]);
         if (o->pbuf[w])
             host_free(o->pbuf[w], o->pbuf_pinned[w]);
     }
@@ -678,6 +672,7 @@ void zo_optim_destroy(zo_optim **op)
     free(o->sg_stats);
     free(o->sg_updated);
     free(o->sg_ntens);
+    free(o->eager_order);
     zo__gst_free(o);
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->cond);
@@ -721,9 +716,11 @@ int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *numel, unsi
 typedef struct d2h_job {
     zo_optim *o;
     const void *src; /* the staging half */
-    float *dst;
+    float *spill;    /* the tensor's fp32 spill, or NULL: its place in the window */
+    uint64_t e;      /* first element (of the tensor) */
     size_t n;
     int first;
+    int widen;      /* not a piece: widen what landed narrow into the new spill */
     unsigned win;
     int track;      /* eager: a piece of the tensor's last micro-step gradient */
     unsigned index; /* tensor */
@@ -738,7 +735,12 @@ static void d2h_begin(void *arg)
 static void d2h_land(void *arg)
 {
     d2h_job *j = arg;
-    zo__acc_add(j->dst, j->src, j->o->gdt, j->n, j->first);
+    if (j->widen) {
+        zo__win_spill_widen(j->o, j->win, j->index);
+        free(j);
+        return;
+    }
+    zo__win_land(j->o, j->win, j->index, j->spill, j->e, j->src, j->o->gdt, j->n, j->first);
     /* chunks overlap (copy of k + 1 during the accumulate of k): count the
      * union of their spans, not the sum */
     uint64_t now = zo__now_ns(), from = ZO_MAX(j->t0, j->o->land_end);
@@ -810,6 +812,26 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
     int track = track_last(o, index, (uint32_t)((t->numel + chunk - 1) / chunk));
     if (track < 0)
         return track;
+    int r;
+    if (zo__win_needs_spill(o, w, index, o->gdt)) {
+        /* a second gradient in a narrow window: from now on in fp32; what
+         * landed narrow is widened first, in landing order */
+        float *sp;
+        d2h_job *j = malloc(sizeof(*j));
+        if (!j)
+            return -ENOMEM;
+        if ((r = zo__win_spill(o, w, index, &sp)) < 0) {
+            free(j);
+            return r;
+        }
+        *j = (d2h_job){.o = o, .win = w, .index = index, .widen = 1};
+        if ((r = zo_stream_host_fn(o->land, d2h_land, j)) < 0) {
+            free(j);
+            return ZO_FAIL(&o->err, r, "zo_optim_grad: tensor '%s': queueing the widening: %s", t->name,
+                           zo_dev_errmsg(o->dev));
+        }
+    }
+    float *spill = o->spill[w][index];
     int first = o->arrivals[w][index]++ == 0;
     for (uint64_t e = 0; e < t->numel; e += chunk) {
         size_t n = (size_t)ZO_MIN((uint64_t)chunk, t->numel - e);
@@ -817,10 +839,9 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
         if (!j)
             return -ENOMEM;
         const void *src = (const char *)dev_grad + e * o->ges;
-        int r;
         if (o->host_grads) {
             /* "device" memory is host memory: accumulate from it in place */
-            *j = (d2h_job){.o = o, .src = src, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w,
+            *j = (d2h_job){.o = o, .src = src, .spill = spill, .e = e, .n = n, .first = first, .win = w,
                            .track = track, .index = index};
             if ((r = zo_stream_host_fn(o->land, d2h_begin, j)) < 0 || (r = zo_stream_host_fn(o->land, d2h_land, j)) < 0)
                 return ZO_FAIL(&o->err, r, "zo_optim_grad: tensor '%s': queueing the accumulate: %s", t->name,
@@ -830,7 +851,7 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
         unsigned b = o->stage_next;
         o->stage_next ^= 1u;
         void *half = (char *)o->staging + b * o->stage_half;
-        *j = (d2h_job){.o = o, .src = half, .dst = o->acc[w] + t->off + e, .n = n, .first = first, .win = w,
+        *j = (d2h_job){.o = o, .src = half, .spill = spill, .e = e, .n = n, .first = first, .win = w,
                        .track = track, .index = index};
         if ((r = zo_stream_wait_event(o->d2h, o->ev_freed[b])) < 0 || (r = zo_stream_host_fn(o->d2h, d2h_begin, j)) < 0 ||
             (r = zo_memcpy_async(o->d2h, half, src, n * o->ges, ZO_COPY_D2H)) < 0 ||
@@ -888,9 +909,17 @@ int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dt
     int track = track_last(o, index, 1);
     if (track < 0)
         return track;
-    int first = o->arrivals[w][index]++ == 0;
     uint64_t t0 = zo__now_ns();
-    zo__acc_add(o->acc[w] + t->off, host_grad, dtype, (size_t)t->numel, first);
+    if (zo__win_needs_spill(o, w, index, dtype)) {
+        /* not the window's dtype, or a second gradient: this tensor in fp32 */
+        float *sp;
+        if ((r = zo__win_spill(o, w, index, &sp)) < 0)
+            return r;
+        if (o->arrivals[w][index])
+            zo__win_spill_widen(o, w, index);
+    }
+    int first = o->arrivals[w][index]++ == 0;
+    zo__win_land(o, w, index, o->spill[w][index], 0, host_grad, dtype, (size_t)t->numel, first);
     atomic_fetch_add(&o->d2h_ns[w], zo__now_ns() - t0);
     atomic_fetch_add(&o->d2h_bytes[w], t->numel * zo_dtype_size(dtype));
     if (track)
@@ -930,14 +959,13 @@ int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite)
         return r;
     unsigned w = o->win;
     /* tensors without a gradient this window are zero */
+    zo__win_zero_missing(o, w);
     for (unsigned i = 0; i < o->nt; i++)
-        if (!o->arrivals[w][i]) {
-            memset(o->acc[w] + o->tensors[i].off, 0, o->tensors[i].numel * 4);
+        if (!o->arrivals[w][i])
             o->arrivals[w][i] = 1;
-        }
     double s = 0;
     uint64_t nf = 0;
-    if ((r = zo__sg_stats(o, w, o->acc[w], &s, &nf, NULL)) < 0)
+    if ((r = zo__sg_stats(o, w, &s, &nf, NULL)) < 0)
         return r;
     if (sumsq)
         *sumsq = s;
@@ -1256,7 +1284,9 @@ int zo_optim_get_info(zo_optim *o, zo_optim_info *info)
     info->nsubgroups = o->nsg;
     info->numel = o->numel;
     info->pinned_bytes = o->pinned_bytes;
-    info->host_bytes = o->host_bytes;
+    info->host_bytes = o->host_bytes + atomic_load(&o->spill_bytes);
+    info->grad_buffer_bytes = o->win_bytes + atomic_load(&o->spill_bytes);
+    info->grad_buffer_dtype = o->wdt;
     info->dpu_active = o->cfg.dpu && o->boundaries > o->cfg.dpu_warmup_steps;
     info->eager_subgroups = o->eager_updates;
     return 0;

@@ -96,6 +96,8 @@ typedef struct zo__gst {
     uint8_t *bad;    /* per sub-group: a tensor got a second last-micro-step gradient: not cached */
     double *sum;
     uint64_t *nf;
+    unsigned *done;  /* sub-groups in the order their last gradient landed (ndone of them) */
+    unsigned ndone;
 } zo__gst;
 
 /* DeepSpeed's DynamicLossScaler state. */
@@ -132,7 +134,16 @@ struct zo_optim {
     /* gradient intake */
     unsigned nwin;      /* 2 under DPU, else 1 */
     unsigned win;       /* window receiving gradients */
-    float *acc[2];
+    /* the windows (window.c): wdt elements per param, fp32 or the gradients'
+     * own bf16/fp16 without accumulation; spill[w][t]: tensor t's fp32
+     * gradient when it did not fit a narrow window (NULL normally) */
+    zo_dtype wdt;
+    size_t wes;
+    void *acc[2];
+    float **spill[2];
+    _Atomic unsigned nspill[2];
+    _Atomic uint64_t spill_bytes;
+    uint64_t win_bytes;  /* the windows' bytes (all of them) */
     uint32_t *arrivals[2];
     double win_scale[2];
     void *staging;
@@ -207,6 +218,10 @@ struct zo_optim {
     int abort;               /* destroy: stop waiting */
     int landed;              /* worker: the closed window's copies were waited for */
     _Atomic uint64_t eager_updates; /* sub-group updates finished before their window closed */
+    /* the eager walk's order: the sub-groups in the order the last window
+     * that completed all of them completed them (worker, at finish_window) */
+    unsigned *eager_order;
+    int have_order;
     /* cumulative counters (worker, under lock) */
     uint64_t updates_done, nvme_read_total, nvme_write_total;
 };
@@ -223,7 +238,7 @@ int zo__pbuf_need(zo_optim *o);
  * buffer, the staging and copies even on the host backend (the path a GPU
  * takes). */
 extern int zo__optim_force_copy;
-int zo__sg_stats(zo_optim *o, unsigned win, const float *acc, double *sumsq, uint64_t *nonfinite, uint64_t *ns);
+int zo__sg_stats(zo_optim *o, unsigned win, double *sumsq, uint64_t *nonfinite, uint64_t *ns);
 
 /* gstats.c: intake-time gradient statistics (zo__gst) */
 int zo__gst_alloc(zo_optim *o);
@@ -233,6 +248,29 @@ int zo__gst_track(zo_optim *o, unsigned w, unsigned t, uint32_t pieces);
 void zo__gst_landed(zo_optim *o, unsigned w, unsigned t);
 int zo__gst_get(zo_optim *o, unsigned w, unsigned i, zo_grad_stats *gs);
 void zo__tensor_sgs(const zo_optim *o, unsigned t, unsigned *a, unsigned *b);
+void zo__gst_keep_order(zo_optim *o, unsigned w);
+
+/* window.c: the gradient windows (acc[], spill[]) */
+unsigned zo__tensor_at(const zo_optim *o, uint64_t lo);
+/* the window dtype an engine with this config and gradient dtype gets */
+zo_dtype zo__win_dtype(const zo_optim_config *cfg, zo_dtype gdt);
+int zo__win_alloc(zo_optim *o, uint64_t *bytes);
+void zo__win_free(zo_optim *o);
+void zo__win_reset(zo_optim *o, unsigned w);
+void zo__win_zero_missing(zo_optim *o, unsigned w);
+/* tensor t's next gradient (src dtype dt) in window w needs an fp32 spill first */
+int zo__win_needs_spill(const zo_optim *o, unsigned w, unsigned t, zo_dtype dt);
+int zo__win_spill(zo_optim *o, unsigned w, unsigned t, float **spill);
+/* widen what landed narrow of tensor t into its new spill (before adding to it) */
+void zo__win_spill_widen(zo_optim *o, unsigned w, unsigned t);
+/* gradient piece [e, e + n) of tensor t (src in dt) lands in window w, or
+ * in `spill` (the tensor's spill when it had one as the piece was handed
+ * over: decided then, not at landing, which may run after a later spill) */
+void zo__win_land(zo_optim *o, unsigned w, unsigned t, float *spill, uint64_t e, const void *src, zo_dtype dt,
+                  size_t n, int first);
+/* flat elements [lo, lo + n) of window w's gradients: *g, *dt; when spilled
+ * tensors are in the range, an fp32 copy the caller frees (*tmp) */
+int zo__win_range(zo_optim *o, unsigned w, uint64_t lo, uint64_t n, const void **g, zo_dtype *dt, float **tmp);
 
 /* optim.c */
 int zo__optim_quiesce(zo_optim *o, int for_load);

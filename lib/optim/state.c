@@ -360,6 +360,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
         o->groups[g].hp = o->groups[g].hp_next = hps[g];
     for (unsigned w = 0; w < o->nwin; w++) {
         memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+        zo__win_reset(o, w);
         zo__gst_reset(o, w);
         o->win_scale[w] = sc.scale;
     }

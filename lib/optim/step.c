@@ -11,6 +11,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <zoffload/mem.h>
+
 /* ---- worker state machine --------------------------------------------------------- */
 
 int zo__wstate_set(zo_optim *o, zo__wstate to)
@@ -80,25 +82,11 @@ void zo__scaler_update(zo__scaler *sc, const zo_optim_config *cfg, int overflow)
 
 /* ---- pieces ------------------------------------------------------------------------ */
 
-/* The first tensor that ends after flat element lo (tensors are sorted by offset). */
-static unsigned tensor_at(const zo_optim *o, uint64_t lo)
-{
-    unsigned a = 0, b = o->nt;
-    while (a < b) {
-        unsigned m = a + (b - a) / 2;
-        if (o->tensors[m].off + o->tensors[m].numel <= lo)
-            a = m + 1;
-        else
-            b = m;
-    }
-    return a;
-}
-
 /* Queue the copy of params [lo, hi) (flat elements) from pbuf[pb] to the
  * device params of the tensors they belong to. */
 int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
 {
-    for (unsigned i = tensor_at(o, lo); i < o->nt && o->tensors[i].off < hi; i++) {
+    for (unsigned i = zo__tensor_at(o, lo); i < o->nt && o->tensors[i].off < hi; i++) {
         zo__ot *t = &o->tensors[i];
         if (!t->dev)
             continue;
@@ -113,14 +101,22 @@ int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
 
 /* Sum of squares and inf/NaN count of sub-group i's accumulated gradients
  * in window w: the ones taken at intake when they are complete (gstats.c),
- * else one zo_cpuadam_team_grad_stats() now. Both give the same bits. */
-static int one_sg_stats(zo_optim *o, unsigned w, unsigned i, const float *acc, zo_grad_stats *gs, uint64_t *ns)
+ * else one zo_cpuadam_team_grad_stats() now, over the window in its dtype.
+ * All give the same bits. */
+static int one_sg_stats(zo_optim *o, unsigned w, unsigned i, zo_grad_stats *gs, uint64_t *ns)
 {
     if (zo__gst_get(o, w, i, gs))
         return 0;
     const zo__sg *sg = &o->sgs[i];
     uint64_t t0 = zo__now_ns();
-    int r = zo_cpuadam_team_grad_stats(o->team, acc + sg->off, ZO_DTYPE_F32, (size_t)sg->n, gs);
+    const void *g;
+    zo_dtype gdt;
+    float *tmp;
+    int r = zo__win_range(o, w, sg->off, sg->n, &g, &gdt, &tmp);
+    if (r < 0)
+        return r;
+    r = zo_cpuadam_team_grad_stats(o->team, g, gdt, (size_t)sg->n, gs);
+    zo_aligned_free(tmp);
     if (ns)
         *ns += zo__now_ns() - t0;
     if (r < 0)
@@ -132,13 +128,13 @@ static int one_sg_stats(zo_optim *o, unsigned w, unsigned i, const float *acc, z
  * order in both step modes (and in zo_optim_grad_norm_partial()), so they
  * agree on the norm to the bit. *ns (if set) gets the time of the ones
  * computed here (not taken at intake). */
-int zo__sg_stats(zo_optim *o, unsigned w, const float *acc, double *sumsq, uint64_t *nonfinite, uint64_t *ns)
+int zo__sg_stats(zo_optim *o, unsigned w, double *sumsq, uint64_t *nonfinite, uint64_t *ns)
 {
     double s = 0;
     uint64_t nf = 0;
     for (unsigned i = 0; i < o->nsg; i++) {
         zo_grad_stats gs;
-        int r = one_sg_stats(o, w, i, acc, &gs, ns);
+        int r = one_sg_stats(o, w, i, &gs, ns);
         if (r < 0)
             return r;
         s += gs.sumsq;
@@ -179,11 +175,11 @@ int zo__pbuf_fresh(zo_optim *o)
     return 0;
 }
 
-/* One fused kernel call (or its rollback) over flat elements [e, e + n) of
- * a sub-group, whose states start at st (element e), writing the
- * param-dtype copy to `out`. */
-static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t e, uint64_t n,
-                       const float *acc, void *out, double scale, double coef, int rollback)
+/* One fused kernel call (or its rollback) over n elements of a sub-group:
+ * states at st, gradients at g (in the window's dtype gdt, or fp32), the
+ * param-dtype copy written to `out`. */
+static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t n,
+                       const void *g, zo_dtype gdt, void *out, double scale, double coef, int rollback)
 {
     const zo__og *og = &o->groups[sg->group];
     zo_optim_hparams hp = og->hp;
@@ -194,8 +190,8 @@ static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_ST
     zo_cpuadam_tensors_default(&t);
     t.n = (size_t)n;
     t.param = st[ZO_OPTIM_STATE_MASTER];
-    t.grad = acc + e;
-    t.grad_dtype = ZO_DTYPE_F32;
+    t.grad = g;
+    t.grad_dtype = gdt;
     t.exp_avg = st[ZO_OPTIM_STATE_EXP_AVG];
     t.exp_avg_sq = st[ZO_OPTIM_STATE_EXP_AVG_SQ];
     t.state_dtype = og->sdt;
@@ -213,18 +209,28 @@ static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_ST
  * the device params of the tensors that have them (one call per tensor the
  * piece crosses: the update is elementwise, so the bits are the same). */
 static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t elem_off,
-                        uint64_t n, const float *acc, unsigned pb, double scale, double coef, int rollback)
+                        uint64_t n, unsigned w, unsigned pb, double scale, double coef, int rollback)
 {
-    uint64_t lo = sg->off + elem_off, hi = lo + n;
-    if (!o->direct)
-        return kernel_call(o, sg, st, lo, n, acc, (char *)o->pbuf[pb] + lo * o->pes, scale, coef, rollback);
+    uint64_t lo = sg->off + elem_off, hi = lo + n, lo0 = lo;
+    const void *g;
+    zo_dtype gdt;
+    float *tmp;
+    int r = zo__win_range(o, w, lo, n, &g, &gdt, &tmp);
+    if (r < 0)
+        return r;
+    size_t ges = zo_dtype_size(gdt);
+    if (!o->direct) {
+        r = kernel_call(o, sg, st, n, g, gdt, (char *)o->pbuf[pb] + lo * o->pes, scale, coef, rollback);
+        zo_aligned_free(tmp);
+        return r;
+    }
     o->pbuf_stale = 1;
     const zo__og *og = &o->groups[sg->group];
     size_t sz[ZO_OPTIM_STATE_COUNT];
     for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
         sz[k] = k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(og->sdt);
     /* runs of tensors without device params go to pbuf in one call */
-    for (unsigned i = tensor_at(o, lo); lo < hi;) {
+    for (unsigned i = zo__tensor_at(o, lo); lo < hi;) {
         const zo__ot *t = &o->tensors[i];
         uint64_t e = ZO_MIN(hi, t->off + t->numel);
         if (!t->dev)
@@ -236,19 +242,19 @@ static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_S
         for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
             s2[k] = st[k] ? (char *)st[k] + (lo - sg->off - elem_off) * sz[k] : NULL;
         void *out = t->dev ? (char *)t->dev + (lo - t->off) * o->pes : (char *)o->pbuf[pb] + lo * o->pes;
-        int r = kernel_call(o, sg, s2, lo, e - lo, acc, out, scale, coef, rollback);
+        r = kernel_call(o, sg, s2, e - lo, (const char *)g + (lo - lo0) * ges, gdt, out, scale, coef, rollback);
         if (r < 0)
-            return r;
+            break;
         lo = e;
         i++;
     }
-    return 0;
+    zo_aligned_free(tmp);
+    return r;
 }
 
 /* What one walk over a list of sub-groups does. */
 typedef struct walk {
     const zo__job *job;
-    const float *acc;
     double coef;
     int rollback;        /* take back the update instead of applying it */
     int speculative;     /* check each sub-group's gradients before updating it; stop at an overflow */
@@ -268,9 +274,7 @@ static int eager_land(zo_optim *o, const zo__job *job)
     int r = zo_event_sync(o->ev_win[job->win]);
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim: a gradient copy failed: %s", zo_dev_errmsg(o->dev));
-    for (unsigned t = 0; t < o->nt; t++)
-        if (!o->arrivals[job->win][t])
-            memset(o->acc[job->win] + o->tensors[t].off, 0, o->tensors[t].numel * 4);
+    zo__win_zero_missing(o, job->win);
     o->landed = 1;
     return 0;
 }
@@ -343,7 +347,7 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
                 break;
             }
             zo_grad_stats gs;
-            r = one_sg_stats(o, job->win, si, w->acc, &gs, &tl->norm_ns);
+            r = one_sg_stats(o, job->win, si, &gs, &tl->norm_ns);
             if (r == 0) {
                 o->sg_sumsq[si] = gs.sumsq;
                 o->sg_nf[si] = gs.nonfinite;
@@ -359,7 +363,7 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
         for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
             st[k] = pos[k] >= 0 ? pc.ptr[pos[k]] : NULL;
         t0 = zo__now_ns();
-        r = piece_kernel(o, sg, st, pc.elem_off, pc.nelem, w->acc, job->pbuf, job->scale, w->coef, w->rollback);
+        r = piece_kernel(o, sg, st, pc.elem_off, pc.nelem, job->win, job->pbuf, job->scale, w->coef, w->rollback);
         tl->compute_ns += zo__now_ns() - t0;
         int r2 = zo_store_sweep_done(sw, &pc);
         if (r == 0 && r2 < 0)
@@ -387,12 +391,23 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
     return r;
 }
 
-/* Walk the list, one sweep per run of sub-groups of the same engine group. */
+/* Sub-groups of groups a and b can share one store sweep: the same states
+ * (the sweep walks them in lockstep), of the same dtypes and home; the
+ * kernel takes each piece's hyperparameters from its own group. */
+static int sweep_compatible(const zo_optim *o, unsigned a, unsigned b)
+{
+    const zo__og *x = &o->groups[a], *y = &o->groups[b];
+    return a == b || (x->sdt == y->sdt && x->place == y->place && !memcmp(x->used, y->used, sizeof(x->used)));
+}
+
+/* Walk the list, one sweep per run of sub-groups whose groups can share one
+ * (a new sweep drains the previous one's write-backs first: the eager step's
+ * arrival order may interleave groups). */
 static int walk_list(zo_optim *o, walk *w, zo_optim_timeline *tl)
 {
     for (unsigned a = 0; a < w->n;) {
         unsigned g = o->sgs[w->list[a]].group, b = a + 1;
-        while (b < w->n && o->sgs[w->list[b]].group == g)
+        while (b < w->n && sweep_compatible(o, g, o->sgs[w->list[b]].group))
             b++;
         int r = walk_group(o, g, w->list + a, b - a, w, tl);
         if (r < 0 || w->stopped)
@@ -402,25 +417,33 @@ static int walk_list(zo_optim *o, walk *w, zo_optim_timeline *tl)
     return 0;
 }
 
-/* The sub-groups, in order (or reversed: backward produces the last layers' gradients first). */
-static void order(zo_optim *o, unsigned *list, int reversed)
+/* The sub-groups, in order, or for the eager step in the order their
+ * gradients completed in the last window that completed them all (the
+ * order backward produces them: whatever the declaration order and the
+ * param groups), reversed before one is known (backward produces the last
+ * layers' gradients first). */
+static void order(zo_optim *o, unsigned *list, int eager)
 {
+    if (eager && o->have_order) {
+        memcpy(list, o->eager_order, o->nsg * sizeof(*list));
+        return;
+    }
     for (unsigned i = 0; i < o->nsg; i++)
-        list[i] = reversed ? o->nsg - 1 - i : i;
+        list[i] = eager ? o->nsg - 1 - i : i;
 }
 
 /* The speculative step: check and update each sub-group at once with
  * coefficient 1 (eagerly, as its gradients complete, when the job was
  * started by the last micro-step's first gradient); roll back what the
  * global norm or an overflow invalidates. */
-static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo_optim_step_result *res,
+static int run_speculative(zo_optim *o, const zo__job *job, zo_optim_step_result *res,
                            zo_optim_timeline *tl, int *overflow)
 {
     unsigned *list = o->sg_list;
     memset(o->sg_stats, 0, o->nsg);
     memset(o->sg_updated, 0, o->nsg);
     order(o, list, job->eager);
-    walk w = {.job = job, .acc = acc, .coef = 1.0, .speculative = 1, .eager = job->eager, .list = list, .n = o->nsg};
+    walk w = {.job = job, .coef = 1.0, .speculative = 1, .eager = job->eager, .list = list, .n = o->nsg};
     int r = walk_list(o, &w, tl);
     if (r == 0 && job->eager)
         r = eager_wait(o, -1, job, tl); /* the step call closes the window */
@@ -433,7 +456,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo
     for (unsigned i = 0; i < o->nsg; i++) {
         if (!o->sg_stats[i]) {
             zo_grad_stats gs;
-            if ((r = one_sg_stats(o, job->win, i, acc, &gs, &tl->norm_ns)) < 0)
+            if ((r = one_sg_stats(o, job->win, i, &gs, &tl->norm_ns)) < 0)
                 return r;
             o->sg_sumsq[i] = gs.sumsq;
             o->sg_nf[i] = gs.nonfinite;
@@ -459,7 +482,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo
     if ((ovf || coef < 1.0) && nupd) {
         if (!job->delayed && (r = zo_stream_sync(o->h2d)) < 0) /* those copies read what the rollback rewrites */
             return ZO_FAIL(&o->err, r, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
-        walk rb = {.job = job, .acc = acc, .coef = 1.0, .rollback = 1, .list = list, .n = nupd};
+        walk rb = {.job = job, .coef = 1.0, .rollback = 1, .list = list, .n = nupd};
         if ((r = walk_list(o, &rb, tl)) < 0)
             return r;
         res->rolled_back = 1;
@@ -478,7 +501,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo
     res->clipped = coef < 1.0;
     if (coef < 1.0) {
         order(o, list, 0);
-        walk redo = {.job = job, .acc = acc, .coef = coef, .list = list, .n = o->nsg};
+        walk redo = {.job = job, .coef = coef, .list = list, .n = o->nsg};
         return walk_list(o, &redo, tl);
     }
     return 0;
@@ -486,7 +509,9 @@ static int run_speculative(zo_optim *o, const zo__job *job, const float *acc, zo
 
 static void finish_window(zo_optim *o, unsigned w)
 {
+    zo__gst_keep_order(o, w);
     memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+    zo__win_reset(o, w);
     zo__gst_reset(o, w);
 }
 
@@ -497,7 +522,6 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
                    uint64_t *t_upd)
 {
     unsigned w = job->win;
-    float *acc = o->acc[w];
     uint64_t t0;
     int r = 0;
     *t_upd = zo__now_ns();
@@ -511,9 +535,7 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
                            zo_dev_errmsg(o->dev));
         }
         *t_upd = zo__now_ns();
-        for (unsigned i = 0; i < o->nt; i++)
-            if (!o->arrivals[w][i])
-                memset(acc + o->tensors[i].off, 0, o->tensors[i].numel * 4);
+        zo__win_zero_missing(o, w);
     }
     res->loss_scale = job->scale;
     res->clip_coef = 1.0;
@@ -523,12 +545,12 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
     int speculative = job->eager || (o->cfg.clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && job->opts.global_sumsq < 0 &&
                                      job->opts.global_nonfinite < 0);
     if (speculative) {
-        r = run_speculative(o, job, acc, res, tl, &overflow);
+        r = run_speculative(o, job, res, tl, &overflow);
     } else {
         double sumsq = 0;
         uint64_t nf = 0;
         if (job->opts.global_sumsq < 0 || job->opts.global_nonfinite < 0)
-            r = zo__sg_stats(o, w, acc, &sumsq, &nf, &tl->norm_ns);
+            r = zo__sg_stats(o, w, &sumsq, &nf, &tl->norm_ns);
         if (job->opts.global_sumsq >= 0)
             sumsq = job->opts.global_sumsq;
         if (job->opts.global_nonfinite >= 0)
@@ -543,7 +565,7 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
             res->clip_coef = coef;
             res->clipped = coef < 1.0;
             order(o, o->sg_list, 0);
-            walk wk = {.job = job, .acc = acc, .coef = coef, .list = o->sg_list, .n = o->nsg};
+            walk wk = {.job = job, .coef = coef, .list = o->sg_list, .n = o->nsg};
             r = walk_list(o, &wk, tl);
         }
     }

@@ -87,7 +87,8 @@ class OptimInfo(ctypes.Structure):
                 ("ngroups", c_uint), ("nsubgroups", c_uint), ("numel", c_u64),
                 ("pinned_bytes", c_u64), ("host_bytes", c_u64), ("dpu_active", c_int),
                 ("eager_subgroups", c_u64), ("updates_done", c_u64), ("nvme_read_bytes_total", c_u64),
-                ("nvme_write_bytes_total", c_u64)]
+                ("nvme_write_bytes_total", c_u64), ("grad_buffer_bytes", c_u64),
+                ("grad_buffer_dtype", c_int)]
 
 
 class OptimTimeline(ctypes.Structure):
@@ -195,7 +196,10 @@ class Engine(_lib.Handle):
         numel (list of element counts, required), names (list or None),
         kind/lr/betas/eps/weight_decay/bias_correction (hyperparameters;
         missing ones from the engine-wide ones), placement ("cpu"/"nvme"),
-        sub_group_size, state_dtype ("f32"/"bf16").
+        sub_group_size, state_dtype ("f32"/"bf16"), dev_params (one device
+        address per tensor, e.g. ``tensor.data_ptr()``: the engine reads the
+        initial params there and writes the new ones; the memory must stay
+        valid and in place while the engine lives).
     Engine-wide keywords: every zo_optim_config field by name
     (param_dtype, grad_dtype, placement, nvme_path, pin_memory,
     buffer_count, sub_group_size, pinned_bytes, grad_staging_bytes,
@@ -275,6 +279,15 @@ class Engine(_lib.Handle):
                 grp.sub_group_size = int(g.pop("sub_group_size"))
             if "state_dtype" in g:
                 grp.state_dtype = _dtype(g.pop("state_dtype"))
+            dp = g.pop("dev_params", None)
+            if dp is not None:
+                # device (host backend: host) addresses of the tensors' params;
+                # the engine writes the new params there itself
+                if len(dp) != len(numel) or not all(dp):
+                    raise ValueError("Engine: group %d dev_params needs one non-NULL address per tensor" % gi)
+                darr = (c_void_p * len(dp))(*[int(a) for a in dp])
+                grp.dev_params = darr
+                self._keep.append(darr)
             if g:
                 raise TypeError("Engine: unknown group keys %s" % sorted(g))
             garr[gi] = grp
@@ -332,6 +345,10 @@ class Engine(_lib.Handle):
         v = arrays.view(src, "src", dtypes=(arrays.F32, arrays.BF16, arrays.F16))
         self._c(lib.zo_optim_state_import(self._live(), int(i), STATES[which], v.ptr, v.dtype,
                                           int(off), v.n), "zo_optim_state_import")
+
+    def init_from_device(self):
+        """Masters from the dev_params (widened), states zeroed."""
+        self._c(lib.zo_optim_init_from_device(self._live()), "zo_optim_init_from_device")
 
     def push_params(self):
         self._c(lib.zo_optim_push_params(self._live()), "zo_optim_push_params")

@@ -156,9 +156,17 @@ class _EngineBackend:
     device works; masters and states live in pinned host memory or on NVMe."""
 
     def __init__(self, opt, *, state_dtype, nthreads, numa_node, offload_device, nvme_path,
-                 sub_group_size, pinned_bytes, pin_memory, buffer_count):
+                 sub_group_size, pinned_bytes, pin_memory, buffer_count, clip_mode):
         from . import optim as _optim
         self.opt = weakref.proxy(opt)      # no cycle: the optimizer owns this
+        # CPU params without DPU: the engine's fused kernel writes the new
+        # params straight into the parameters' memory (zo_optim's direct mode
+        # on the host backend): no parameter buffer (2 B/param) and no copy
+        # back. The parameters must stay in place (create the optimizer after
+        # model.to(...)). Under DPU the engine double-buffers them instead.
+        self.direct = opt.device.type == "cpu" and not opt.delay_update
+        self.speculative = clip_mode == "speculative"
+        self._hp_sent = False
         self.engines = []           # [(dtype, Engine, {torch group: engine group}, [param idx])]
         self.where = [None] * len(opt._plist)     # param index -> (engine no, tensor index)
         # seconds spent in: step_async (launch), waiting for undelayed updates
@@ -167,6 +175,10 @@ class _EngineBackend:
         self.last = None
         self.steps_skipped = 0
         dtypes = sorted({p.dtype for _, p in opt._plist}, key=str)
+        if self.speculative and len(dtypes) > 1:
+            # the engines' norms would be combined while their updates run
+            raise ValueError("clip_mode='speculative' needs one parameter dtype (got %s)"
+                             % ", ".join(str(d).replace("torch.", "") for d in dtypes))
         sc = opt._scaler_cfg
         for dt in dtypes:
             gmap, groups, idx = {}, [], []
@@ -178,12 +190,14 @@ class _EngineBackend:
                 grp = {"numel": [opt._plist[i][1].numel() for i in mine],
                        "names": ["p%d" % i for i in mine],
                        "state_dtype": "bf16" if state_dtype == torch.bfloat16 else "f32"}
+                if self.direct:
+                    grp["dev_params"] = [opt._plist[i][1].data_ptr() for i in mine]
                 groups.append(grp)
                 idx.extend(mine)
             kw = dict(param_dtype=_ZO_DT[dt], placement=offload_device,
                       max_grad_norm=opt.max_grad_norm or 0.0,
                       dpu=opt.delay_update, dpu_warmup_steps=opt.dpu_warmup,
-                      nthreads=nthreads or 0, numa_node=numa_node,
+                      nthreads=nthreads or 0, numa_node=numa_node, clip_mode=clip_mode,
                       pin_memory=pin_memory,
                       nonfinite="skip" if opt._skip_nonfinite else "error")
             if nvme_path is not None:
@@ -213,6 +227,11 @@ class _EngineBackend:
                 e.set_hparams(eg, opt._hparams(g, g.get("step", 0) + 1))
 
     def _params_from_torch(self):
+        if self.direct:
+            # widened from the parameters' own memory, without a parameter buffer
+            for _, e, _, _ in self.engines:
+                e.init_from_device()
+            return
         with torch.no_grad():
             for i, (gi, p) in enumerate(self.opt._plist):
                 no, t = self.where[i]
@@ -221,6 +240,13 @@ class _EngineBackend:
 
     def copy_back(self):
         t0 = _now()
+        if self.direct:
+            # the kernel wrote the params; after an import of masters the
+            # engine copies its buffer (no-op otherwise)
+            for _, e, _, _ in self.engines:
+                e.push_params()
+            self.timings["copy_back"] += _now() - t0
+            return
         with torch.no_grad():
             for i, (gi, p) in enumerate(self.opt._plist):
                 no, t = self.where[i]
@@ -230,6 +256,11 @@ class _EngineBackend:
 
     # -- gradients
     def take_grad(self, i, p):
+        if self.speculative and not self._hp_sent:
+            # the speculative step starts with this step's first gradient:
+            # its hyperparameters (LR schedule) must be in before
+            self._set_hparams()
+            self._hp_sent = True
         g = p.grad
         no, t = self.where[i]
         host = g.detach()
@@ -246,7 +277,9 @@ class _EngineBackend:
             # parameters into the model (the forward of the next step uses
             # them), before this step's update starts.
             self.wait()
-        self._set_hparams()
+        if not (self.speculative and self._hp_sent):
+            self._set_hparams()
+        self._hp_sent = False
         t0 = _now()
         if len(self.engines) > 1:
             sumsq, nonfinite = 0.0, 0
@@ -305,6 +338,18 @@ class _EngineBackend:
     @property
     def loss_scale(self):
         return self.engines[0][1].info()["loss_scale"]
+
+    def memory(self):
+        out = {"grad_buffer_bytes": 0, "pinned_bytes": 0, "host_bytes": 0, "numel": 0,
+               "state_bytes": 0, "nvme_read_bytes_total": 0, "nvme_write_bytes_total": 0}
+        sb = 4 if self.opt.state_dtype == torch.float32 else 2
+        for _, e, _, _ in self.engines:
+            inf = e.info()
+            for k in out:
+                if k in inf:
+                    out[k] += inf[k]
+            out["state_bytes"] += inf["numel"] * (4 + sb * len(self.opt._state_names))
+        return out
 
     # -- state
     def export_param(self, i):
@@ -386,6 +431,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
                      (this module drives the cpuadam kernels over pinned buffers)
     sub_group_size, pinned_bytes, pin_memory, buffer_count: zo_optim settings
                      (DeepSpeed's names; ignored by the kernels engine)
+    clip_mode:       "two_pass" (default: norm first, then the update, after
+                     backward) or "speculative" (zo_optim: each sub-group is
+                     updated as soon as backward has produced all of its
+                     gradients, in backward's order, so the update, and with
+                     NVMe its disk traffic, overlaps backward; clipping or an
+                     overflow found at the end rolls the step back and redoes
+                     it: cheap for rare events, three sweeps when it hits).
+                     Adam/AdamW with fp32 states, without delay_update.
+
+    Memory (zo_optim engine, CPU params): the parameters' own memory is
+    written by the engine (no copy of the params); gradients wait in a
+    window of 2 B/param for bf16/fp16 params (4 B/param for fp32 params or
+    several backward passes per step) and each ``p.grad`` is freed as soon
+    as the engine has it, so torch never holds all gradients at once;
+    masters and states (12 B/param) are in pinned memory or on NVMe.
+    ``memory()`` reports it.
     """
 
     _kind = None
@@ -397,8 +458,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
                  delay_update=False, dpu_warmup=0, grad_hooks="auto", state_dtype=torch.float32,
                  nthreads=None, numa_node=-1, offload_device="cpu", nvme_path=None,
                  engine="auto", sub_group_size=None, pinned_bytes=None, pin_memory=True,
-                 buffer_count=None):
+                 buffer_count=None, clip_mode="two_pass"):
         super().__init__(params, defaults)
+        if clip_mode not in ("two_pass", "speculative"):
+            raise ValueError("clip_mode must be 'two_pass' or 'speculative', not %r" % (clip_mode,))
+        if clip_mode == "speculative" and engine == "kernels":
+            raise ValueError("clip_mode='speculative' needs engine='zo_optim'")
         if offload_device not in ("cpu", "nvme"):
             raise ValueError("offload_device must be 'cpu' or 'nvme', not %r" % (offload_device,))
         if engine not in ("auto", "zo_optim", "kernels"):
@@ -437,9 +502,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     self, state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
                     offload_device=offload_device, nvme_path=nvme_path,
                     sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
-                    pin_memory=pin_memory, buffer_count=buffer_count)
+                    pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode)
             except (_errors.NotSupported, _errors.LibraryNotFound):
-                if engine == "zo_optim" or offload_device == "nvme":
+                if engine == "zo_optim" or offload_device == "nvme" or clip_mode != "two_pass":
                     raise
         self.engine = "zo_optim" if self._eb is not None else "kernels"
         self._hooks = []
@@ -752,6 +817,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self._eb is not None:
             return self._eb.loss_scale
         return self.scaler.scale if self.scaler is not None else 1.0
+
+    def memory(self):
+        """zo_optim engine: the host memory it holds (dict: grad_buffer_bytes,
+        pinned_bytes, host_bytes, state_bytes of masters + states wherever
+        they live, numel, NVMe bytes moved so far); None with the kernels
+        engine."""
+        return self._eb.memory() if self._eb is not None else None
 
     def timeline(self):
         """zo_optim engine: where the latest update's time went (a dict per

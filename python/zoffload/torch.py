@@ -156,18 +156,28 @@ class _EngineBackend:
     device works; masters and states live in pinned host memory or on NVMe."""
 
     def __init__(self, opt, *, state_dtype, nthreads, numa_node, offload_device, nvme_path,
-                 sub_group_size, pinned_bytes, pin_memory, buffer_count, clip_mode):
+                 sub_group_size, pinned_bytes, pin_memory, buffer_count, clip_mode, direct=None):
         from . import optim as _optim
         self.opt = weakref.proxy(opt)      # no cycle: the optimizer owns this
+        self.kw = dict(state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
+                       offload_device=offload_device, nvme_path=nvme_path,
+                       sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
+                       pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode)
         # CPU params without DPU: the engine's fused kernel writes the new
         # params straight into the parameters' memory (zo_optim's direct mode
         # on the host backend): no parameter buffer (2 B/param) and no copy
         # back. The parameters must stay in place (create the optimizer after
         # model.to(...)). Under DPU the engine double-buffers them instead.
-        self.direct = opt.device.type == "cpu" and not opt.delay_update
+        # Parameters under zoffload.torch.offload_parameters() move (p.data is
+        # swapped between store copies and placeholders): never in place.
+        if direct is None:
+            direct = (opt.device.type == "cpu" and not opt.delay_update
+                      and not any(getattr(p, "_zo_offloaded", False) for _, p in opt._plist))
+        self.direct = bool(direct)
         self.speculative = clip_mode == "speculative"
         self._hp_sent = False
         self.engines = []           # [(dtype, Engine, {torch group: engine group}, [param idx])]
+        self._ptrs = []             # direct: (param idx, address the engine writes)
         self.where = [None] * len(opt._plist)     # param index -> (engine no, tensor index)
         # seconds spent in: step_async (launch), waiting for undelayed updates
         # (update), copying parameters back (copy_back), DPU fences (fence)
@@ -192,6 +202,7 @@ class _EngineBackend:
                        "state_dtype": "bf16" if state_dtype == torch.bfloat16 else "f32"}
                 if self.direct:
                     grp["dev_params"] = [opt._plist[i][1].data_ptr() for i in mine]
+                    self._ptrs.extend((i, opt._plist[i][1].data_ptr()) for i in mine)
                 groups.append(grp)
                 idx.extend(mine)
             kw = dict(param_dtype=_ZO_DT[dt], placement=offload_device,
@@ -257,6 +268,7 @@ class _EngineBackend:
     # -- gradients
     def take_grad(self, i, p):
         if self.speculative and not self._hp_sent:
+            self.check_in_place()
             # the speculative step starts with this step's first gradient:
             # its hyperparameters (LR schedule) must be in before
             self._set_hparams()
@@ -270,8 +282,22 @@ class _EngineBackend:
         p.grad = None
 
     # -- step
+    def check_in_place(self):
+        """Direct mode: the engine writes the addresses the parameters had at
+        creation; refuse to update if one has moved (p.data replaced), where
+        the write would land in memory torch may have freed."""
+        for i, addr in self._ptrs:
+            p = self.opt._plist[i][1]
+            if p.data_ptr() != addr:
+                raise RuntimeError(
+                    "OffloadAdamW: parameter %d moved since the optimizer was created (p.data was "
+                    "replaced); the engine updates CPU parameters in place at their addresses: "
+                    "create the optimizer after model.to(...) and after anything that swaps "
+                    "p.data (zoffload.torch.offload_parameters() takes care of this itself)" % i)
+
     def step(self):
         opt = self.opt
+        self.check_in_place()
         if opt.delay_update:
             # The fence: finish the update of the previous step and put its
             # parameters into the model (the forward of the next step uses
@@ -728,6 +754,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
     synchronize = wait
 
     @torch.no_grad()
+    def _no_direct(self):
+        """Stop the engine writing parameters in place (zoffload.torch.
+        offload_parameters calls this: it moves p.data). The engine is made
+        again without direct mode; allowed only before the first step, when
+        the masters still equal the parameters (read from them again here)."""
+        eb = self._eb
+        if eb is None or not eb.direct:
+            return
+        if any(g.get("step", 0) for g in self.param_groups):
+            raise ValueError("this optimizer already stepped with the parameters updated in place: "
+                             "offload the parameters before its first step")
+        kw = eb.kw
+        eb.close()
+        self._eb = _EngineBackend(self, direct=False, **kw)
+        self.timings = self._eb.timings
+
     def step(self, closure=None):
         """One optimizer step (see the module documentation)."""
         loss = None

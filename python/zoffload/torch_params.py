@@ -352,6 +352,7 @@ class ParamOffload:
         # only now: a failure above leaves p with its own data (the caller
         # puts back the ones in self.params and closes the store)
         self.params[name] = rec
+        p._zo_offloaded = True     # an OffloadAdamW made from now on never writes it in place
         p.data = self._outside(rec)
 
     def _host_view(self, addr, rec):
@@ -608,6 +609,11 @@ class ParamOffload:
         meths = ["step"]
         if isinstance(opt, OffloadOptimizer):
             meths += ["wait", "close", "state_dict", "load_state_dict", "save", "load"]
+            # its engine must not write the parameters at fixed addresses
+            # (they move between store copies): remake it, reading the
+            # parameters' values where they are now
+            with self.gathered():
+                opt._no_direct()
         ref = weakref.ref(self)
         for meth in meths:
             orig = getattr(opt, meth, None)
@@ -656,6 +662,7 @@ class ParamOffload:
                 host = torch.empty(r.shape, dtype=r.dtype)
                 self.store.read(r.t, host.view(-1))
                 r.param.data = host.to(self.device) if self.device.type != "cpu" else host
+                r.param.__dict__.pop("_zo_offloaded", None)
 
     def restore(self):
         """Bring every parameter back as an ordinary tensor on its device with

@@ -177,3 +177,32 @@ def test_finetune_big_model_path(tmp_path):
     m = re.search(r"\[zoffload\] loss ([0-9.]+) -> ([0-9.]+)", out)
     assert m and float(m.group(2)) < float(m.group(1)), out
     assert not os.listdir(str(tmp_path)) or all(not f.startswith("finetune-fio") for f in os.listdir(str(tmp_path)))
+
+
+def test_moved_params_refused_not_written():
+    """The engine writes CPU params at the addresses they had at creation: a
+    parameter whose p.data was replaced afterwards makes step() raise (the
+    write would land in memory torch may have freed), and the new tensor is
+    left as it was. offload_parameters() marks its parameters so that an
+    optimizer made after it, or attached to it, never writes in place."""
+    _engine_or_skip()
+    m = model(torch.float32)
+    opt = OffloadAdamW(m.parameters(), engine="zo_optim")
+    assert opt._eb.direct
+    b = batches(1, dtype=torch.float32)[0]
+    loss_fn(m, b).backward()
+    p0 = next(m.parameters())
+    moved = p0.detach().clone()
+    p0.data = moved
+    before = moved.clone()
+    with pytest.raises(RuntimeError, match="moved since the optimizer was created"):
+        opt.step()
+    assert torch.equal(p0.data, before)
+    opt.close()
+    # marked parameters: no direct mode
+    m2 = model(torch.float32)
+    for p in m2.parameters():
+        p._zo_offloaded = True
+    opt2 = OffloadAdamW(m2.parameters(), engine="zo_optim")
+    assert not opt2._eb.direct
+    opt2.close()

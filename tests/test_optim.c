@@ -280,15 +280,28 @@ static void eng_free(eng *e)
 
 /* fill the device gradient of tensor i for micro-step ms from the params
  * the device holds now */
-static void fill_grad(eng *e, int i, int ms, double scale)
+static void fill_grad_from(eng *e, int i, int ms, double scale, const void *params)
 {
     model *m = e->m;
     for (uint64_t k = 0; k < m->numel[i]; k++)
-        put(e->dgrad[i], m->gdt, k, grad_value(m->off[i] + k, ms, get(e->dparam[i], m->pdt, k), scale));
+        put(e->dgrad[i], m->gdt, k, grad_value(m->off[i] + k, ms, get(params, m->pdt, k), scale));
 }
+
+static void fill_grad(eng *e, int i, int ms, double scale)
+{
+    fill_grad_from(e, i, ms, scale, e->dparam[i]);
+}
+
+static void compare_dev(eng *e, ref *r, const char *when, void *const *dev);
 
 /* masters, states and device params equal the reference, bit for bit */
 static void compare(eng *e, ref *r, const char *when)
+{
+    compare_dev(e, r, when, e->dparam);
+}
+
+/* the same, with the device params read at dev[] (double-buffered params) */
+static void compare_dev(eng *e, ref *r, const char *when, void *const *dev)
 {
     model *m = e->m;
     size_t pes = zo_dtype_size(m->pdt);
@@ -303,7 +316,7 @@ static void compare(eng *e, ref *r, const char *when)
                           i, k, (unsigned long long)j, (double)buf[j], (double)want[k][j]);
         }
         free(buf);
-        ck_assert_msg(memcmp(e->dparam[i], (char *)r->out + m->off[i] * pes, n * pes) == 0,
+        ck_assert_msg(memcmp(dev[i], (char *)r->out + m->off[i] * pes, n * pes) == 0,
                       "%s: device params of tensor %d differ", when, i);
     }
 }
@@ -598,6 +611,137 @@ START_TEST(test_optim_dpu)
         free(hist[k]);
     free(hist);
     free(seen);
+}
+END_TEST
+
+/* Double-buffered device params under DPU: the same schedule as above (the
+ * forward of step k sees step k-1's params for k <= K+1, step k-2's after,
+ * and after a wait the latest), read at the pointers zo_optim_param_device()
+ * gives after each step call; bit-identical to the in-memory delayed run.
+ * Then save, go on, and resume from the checkpoint in a new engine: the
+ * same states. _i: 0 two-pass with clipping, 1 speculative, 2 two-pass
+ * through the parameter buffer and copies (the path a GPU takes). */
+typedef struct dbl_run {
+    eng *e;
+    ref *r;        /* NULL: the reference was stepped by an earlier run */
+    void **hist;   /* [k]: the reference params after step k (NULL: not checked) */
+    double max_norm;
+    void *dev[NT]; /* where the next forward reads */
+    int slot;
+} dbl_run;
+
+static void dbl_where(dbl_run *d)
+{
+    for (int i = 0; i < NT; i++) {
+        zo_event *ev = (zo_event *)1;
+        int slot = zo_optim_param_device(d->e->o, (unsigned)i, &d->dev[i], &ev);
+        ck_assert_msg(slot == 0 || slot == 1, "param_device: %d", slot);
+        if (i == 0)
+            d->slot = slot;
+        ck_assert_int_eq(slot, d->slot); /* one switch for every tensor */
+        ck_assert(slot == 1 ? d->dev[i] != d->e->dparam[i] : d->dev[i] == d->e->dparam[i]);
+        if (ev)
+            ck_assert_int_eq(zo_event_sync(ev), 0);
+    }
+}
+
+/* steps from..to; `want(k)` = the step whose params the forward of k sees */
+static void dbl_steps(dbl_run *d, int from, int to, int K, int after_wait)
+{
+    eng *e = d->e;
+    model *m = e->m;
+    size_t pb = m->total * 2;
+    void *seen = malloc(pb);
+    for (int k = from; k <= to; k++) {
+        dbl_where(d);
+        if (d->hist) {
+            int want = after_wait ? (k == from ? k - 1 : k - 2)
+                                  : (k <= K + 1 ? k - 1 : k - 2);
+            for (int i = 0; i < NT; i++)
+                memcpy((char *)seen + m->off[i] * 2, d->dev[i], m->numel[i] * 2);
+            ck_assert_msg(memcmp(seen, d->hist[want], pb) == 0, "forward %d does not see step %d's params", k, want);
+        }
+        ck_assert_int_eq(zo_optim_grads_done(e->o), 0);
+        for (int i = NT - 1; i >= 0; i--) {
+            fill_grad_from(e, i, k, 1.0, d->dev[i]);
+            if (d->r)
+                ref_grad(d->r, i, e->dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(e->o, (unsigned)i, e->dgrad[i], NULL), 0);
+        }
+        int rc = zo_optim_step_async(e->o, NULL);
+        ck_assert_msg(rc == 0, "step_async %d: %s (%s)", k, zo_strerror(rc), zo_optim_errmsg(e->o));
+        if (d->r) {
+            ck_assert_int_eq(ref_step(d->r, 1.0, d->max_norm, NULL), 1);
+            if (d->hist) {
+                d->hist[k] = malloc(pb);
+                memcpy(d->hist[k], d->r->out, pb);
+            }
+        }
+        ck_assert_int_eq(zo_optim_params_current(e->o), !after_wait && k <= K);
+    }
+    free(seen);
+}
+
+START_TEST(test_optim_dpu_double)
+{
+    const int K = 2, N = 7, M = 3;
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    zo__optim_force_copy = _i == 2;
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    ref r;
+    ref_init(&r, &m);
+    size_t pb = m.total * 2;
+    void **hist = calloc((size_t)(N + M) + 1, sizeof(void *));
+    hist[0] = malloc(pb);
+    memcpy(hist[0], r.out, pb);
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.dpu = 1;
+    e.cfg.dpu_double_buffer = 1;
+    e.cfg.dpu_warmup_steps = (unsigned)K;
+    dbl_run d = {.e = &e, .r = &r, .hist = hist, .max_norm = _i == 1 ? 0.0 : 1.0};
+    e.cfg.max_grad_norm = d.max_norm;
+    e.cfg.clip_mode = _i == 1 ? ZO_OPTIM_CLIP_SPECULATIVE : ZO_OPTIM_CLIP_TWO_PASS;
+    eng_create(&e);
+    dbl_steps(&d, 1, N, K, 0);
+    /* wait ends the delay: the buffer the last update wrote is current */
+    zo_optim_step_result res;
+    ck_assert_int_eq(zo_optim_wait(e.o, &res), 0);
+    ck_assert_int_eq(res.step, N);
+    ck_assert_int_eq(zo_optim_params_current(e.o), 1);
+    dbl_where(&d);
+    ck_assert_int_eq(d.slot, N % 2); /* every applied update switched buffers */
+    compare_dev(&e, &r, "dpu double", d.dev);
+    /* the update copied or wrote its params as it went: nothing is left for a step call to copy */
+    zo_optim_timeline tl;
+    ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
+    ck_assert_uint_eq(tl.h2d_bytes, m.total * 2);
+    /* save, then the uninterrupted run goes on */
+    ck_assert_int_eq(zo_optim_save(e.o, dir, "dbl", 0, NULL), 0);
+    dbl_steps(&d, N + 1, N + M, K, 1);
+    ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0);
+    dbl_where(&d);
+    compare_dev(&e, &r, "dpu double, uninterrupted", d.dev);
+    /* resume in a new engine, device params scrambled: the same states and params */
+    zo_optim_destroy(&e.o);
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    for (int i = 0; i < NT; i++)
+        memset(e.dparam[i], 0x5a, m.numel[i] * 2);
+    ck_assert_int_eq(zo_optim_load(e.o, dir, "dbl", NULL, 0), 0);
+    dbl_run d2 = {.e = &e, .hist = hist, .max_norm = d.max_norm};
+    dbl_steps(&d2, N + 1, N + M, K, 1);
+    ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0);
+    dbl_where(&d2);
+    compare_dev(&e, &r, "dpu double, resumed", d2.dev);
+    eng_free(&e);
+    ref_free(&r);
+    for (int k = 0; k <= N + M; k++)
+        free(hist[k]);
+    free(hist);
+    zo__optim_force_copy = 0;
+    zo_test_rmtree(dir);
 }
 END_TEST
 
@@ -962,6 +1106,14 @@ START_TEST(test_optim_errors)
     c = e.cfg;
     c.sub_group_size = 10;
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    /* double-buffered device params belong to DPU */
+    c = e.cfg;
+    c.dpu_double_buffer = 1;
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    ck_assert(strstr(zo_last_error_detail(), "dpu_double_buffer") != NULL);
+    c.dpu = 1;
+    c.dpu_double_buffer = 2;
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
     /* a zero-size tensor */
     uint64_t bad[NT0] = {1000, 0, 3, 130001};
     zo_optim_group g[2] = {e.grp[0], e.grp[1]};
@@ -1024,6 +1176,14 @@ START_TEST(test_optim_errors)
     zo_optim_hparams lion;
     zo_optim_hparams_default(&lion, ZO_OPTIM_LION);
     ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &lion), ZO_ECONFIG);
+    /* without double buffering the device params stay where the framework put them */
+    void *dp = NULL;
+    zo_event *ev = (zo_event *)1;
+    ck_assert_int_eq(zo_optim_param_device(e.o, 3, &dp, &ev), 0);
+    ck_assert_ptr_eq(dp, e.dparam[3]);
+    ck_assert_ptr_null(ev);
+    ck_assert_int_eq(zo_optim_param_device(e.o, NT, &dp, NULL), -EINVAL);
+    ck_assert_int_eq(zo_optim_param_device(NULL, 0, &dp, NULL), -EINVAL);
     /* without DPU, a second step while one is in flight is refused, and so is intake */
     for (int i = 0; i < NT; i++) {
         fill_grad(&e, i, 1, 1.0);
@@ -1044,15 +1204,18 @@ START_TEST(test_optim_errors)
 }
 END_TEST
 
-/* destroy while a step runs (and while DPU copies are pending) */
+/* destroy while a step runs (and while DPU copies are pending; 2: DPU with
+ * double-buffered device params, writing the engine's second buffers) */
 START_TEST(test_optim_destroy_async)
 {
-    for (int dpu = 0; dpu < 2; dpu++) {
+    for (int mode = 0; mode < 3; mode++) {
+        int dpu = mode > 0;
         model m;
         model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
         eng e;
         eng_config(&e, &m);
         e.cfg.dpu = dpu;
+        e.cfg.dpu_double_buffer = mode == 2;
         e.cfg.dpu_warmup_steps = 0;
         eng_create(&e);
         for (int s = 1; s <= 2; s++) {
@@ -1164,6 +1327,7 @@ int main(void)
     tcase_add_test(tc, test_optim_fp16_scaler);
     tcase_add_test(tc, test_optim_nonfinite_policy);
     tcase_add_loop_test(tc, test_optim_dpu, 0, 2);
+    tcase_add_loop_test(tc, test_optim_dpu_double, 0, 3);
     tcase_add_test(tc, test_optim_save_load);
     tcase_add_test(tc, test_optim_export_import);
     tcase_add_test(tc, test_optim_speculative);

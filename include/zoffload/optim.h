@@ -91,6 +91,22 @@
  *     k >= K + 2:  the result of step k - 2.
  *   Gradients of step k are always applied to the masters of step k - 1.
  *
+ *   Double-buffered device params (`dpu_double_buffer`): the same schedule,
+ *   without the copy at the step call. Every tensor with dev_params has two
+ *   device buffers: the framework's (dev_params) and one the engine
+ *   allocates with zo_dev_malloc(). The update of step k writes the buffer
+ *   the device is not reading, piece by piece as its sub-groups finish (on
+ *   the host backend the fused kernel writes it directly; on a GPU the
+ *   pieces are copied host -> device on the engine's stream, after the
+ *   window's gradient events, so after the backward that read that buffer).
+ *   The step call that collects the update (the next boundary's
+ *   zo_optim_step_async(), zo_optim_wait(), or the warm-up boundary's own
+ *   call) makes that buffer current; zo_optim_param_device() then returns
+ *   each tensor's pointer for the next forward and an event to wait on.
+ *   A framework re-reads the pointers after every step call at a boundary
+ *   (and after zo_optim_wait()); the other buffer must not be read from
+ *   then on: the next update writes it.
+ *
  * Failures during an update
  *   A step that fails while states are being written (an I/O error or a
  *   full disk under NVMe placement, surfacing from the store's sweep)
@@ -246,6 +262,13 @@ typedef struct zo_optim_config {
     /* ---- CPU ---- */
     int nthreads;                /**< optimizer threads; 0 (default): the CPUs this process may use */
     int numa_node;               /**< node for pinned memory and the store; -1 (default): the device's */
+
+    /* ---- added after the first version (in what was its tail padding) ---- */
+    int dpu_double_buffer;       /**< with dpu 1: 1 double-buffers the device params (see "Delayed parameter
+                                      update"): the engine allocates a second device buffer per tensor with
+                                      dev_params, each update writes the buffer the device is not reading as
+                                      its sub-groups finish, and the framework switches buffers at the step
+                                      call (zo_optim_param_device()); no copy at the step call. Default 0 */
 } zo_optim_config;
 
 /** Fill *cfg with the defaults listed above. NULL ignored. */
@@ -504,6 +527,26 @@ ZO_API int zo_optim_set_step(zo_optim *o, int64_t step);
  * destroy. @return 0; -EINVAL; ZO_ESTATE (a step in flight without DPU).
  */
 ZO_API int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host);
+
+/**
+ * Where tensor `index`'s device params for the next forward are. Without
+ * `dpu_double_buffer` always the group's dev_params entry (returns 0).
+ * With it, one of the tensor's two device buffers: 0 the framework's
+ * dev_params entry, 1 the engine's second buffer; the answer changes only
+ * in step calls that collect an update (a boundary's zo_optim_step_async(),
+ * zo_optim_wait(), zo_optim_step(); also a save, export or import, which
+ * wait for the update in flight first), so read it after each. *ready (if
+ * not NULL) receives an event the framework's stream must wait on before
+ * it reads the buffer (zo_stream_wait_event(), or the backend's own wait on
+ * the event's handle), or NULL when there is nothing to wait for (the host
+ * backend writes the buffer on the CPU; on a GPU the engine waits for its
+ * copies before it switches buffers, so the event is complete, but a
+ * framework must not rely on that). The engine's buffers are owned by it
+ * and freed by zo_optim_destroy(). Caller's thread. Does not block.
+ * @return the buffer index (0 or 1); -EINVAL (NULL o, index out of range);
+ *         -ENOENT (the tensor's group has no dev_params).
+ */
+ZO_API int zo_optim_param_device(zo_optim *o, unsigned index, void **dev, struct zo_event **ready);
 
 /* ---- save / load ----------------------------------------------------------------------- */
 

@@ -359,7 +359,7 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
                     ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
                 }
             }
-            zo_optim_step_result res;
+            zo_optim_step_result res = {.struct_size = sizeof(res)};
             int rc = zo_optim_step(e.o, NULL, &res);
             ck_assert_msg(rc == 0, "step: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e.o));
             ck_assert_int_eq(res.boundary, a + 1 == accum);
@@ -369,7 +369,7 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
                 ck_assert_int_eq(res.step, s);
                 ck_assert_msg(res.grad_norm == norm, "norm %a != %a", res.grad_norm, norm);
                 clipped += res.clipped;
-                zo_optim_timeline stl;
+                zo_optim_timeline stl = {.struct_size = sizeof(stl)};
                 ck_assert_int_eq(zo_optim_get_timeline(e.o, &stl), 0);
                 /* every tensor got its gradient: the statistics were taken at
                  * intake and the step made no pass of its own */
@@ -377,7 +377,7 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
                     ck_assert_msg(stl.norm_ns == 0, "step %d: a statistics pass of %llu ns", s,
                                   (unsigned long long)stl.norm_ns);
                 ck_assert(stl.update_ns > 0 && stl.update_ns <= stl.total_ns);
-                zo_optim_info inf;
+                zo_optim_info inf = {.struct_size = sizeof(inf)};
                 ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
                 ck_assert_uint_eq(inf.updates_done, (uint64_t)s);
             }
@@ -396,7 +396,7 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
     if (max_norm > 0)
         ck_assert_msg(clipped > 0 && (accum > 1 || clipped < steps), "clipping should hit some steps, not all (%d)",
                       clipped);
-    zo_optim_timeline tl;
+    zo_optim_timeline tl = {.struct_size = sizeof(tl)};
     ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
     ck_assert_int_eq(tl.step, steps);
     ck_assert(tl.d2h_bytes > 0 && tl.h2d_bytes == m.total * zo_dtype_size(pdt) && tl.compute_ns > 0);
@@ -407,7 +407,7 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
         /* exactly the fp32 states (12 B/param) in and out per step, nothing else */
         ck_assert_uint_eq(tl.nvme_read_bytes, m.total * 12);
         ck_assert_uint_eq(tl.nvme_write_bytes, m.total * 12);
-        zo_optim_info inf;
+        zo_optim_info inf = {.struct_size = sizeof(inf)};
         ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
         ck_assert_uint_eq(inf.nvme_read_bytes_total, (uint64_t)steps * m.total * 12);
         ck_assert_uint_eq(inf.nvme_write_bytes_total, (uint64_t)steps * m.total * 12);
@@ -479,7 +479,7 @@ START_TEST(test_optim_fp16_scaler)
             ref_grad(&r, i, e.dgrad[i]);
             ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
         }
-        zo_optim_step_result res;
+        zo_optim_step_result res = {.struct_size = sizeof(res)};
         ck_assert_int_eq(zo_optim_step(e.o, NULL, &res), 0);
         int applied = ref_step(&r, scale, 0, NULL);
         ck_assert_int_eq(applied, s >= 2);
@@ -488,7 +488,7 @@ START_TEST(test_optim_fp16_scaler)
         compare(&e, &r, "fp16 scaler");
     }
     ck_assert(zo_optim_loss_scale(e.o) == want_scale[4]);
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
     ck_assert_int_eq(info.skipped_steps, 2);
     ck_assert_int_eq(info.step, 2);
@@ -515,7 +515,7 @@ START_TEST(test_optim_nonfinite_policy)
                 ref_grad(&r, i, e.dgrad[i]);
                 ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
             }
-            zo_optim_step_result res;
+            zo_optim_step_result res = {.struct_size = sizeof(res)};
             int rc = zo_optim_step(e.o, NULL, &res);
             int applied = ref_step(&r, 1.0, 0, NULL);
             ck_assert_int_eq(applied, s != 2);
@@ -589,19 +589,19 @@ START_TEST(test_optim_dpu)
     /* the eventfd says the last update finished */
     struct pollfd pfd = {.fd = efd, .events = POLLIN};
     ck_assert_int_eq(poll(&pfd, 1, 10000), 1);
-    zo_optim_step_result res;
+    zo_optim_step_result res = {.struct_size = sizeof(res)};
     ck_assert_int_eq(zo_optim_wait(e.o, &res), 0);
     ck_assert_int_eq(res.step, N);
     ck_assert_int_eq(zo_optim_params_current(e.o), 1);
     ck_assert_int_eq(zo_optim_poll(e.o), 0);
     compare(&e, &r, "dpu");
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(e.o, &info);
     ck_assert_int_eq(info.dpu_active, 1);
     ck_assert_uint_eq(info.updates_done, N);
     /* the update's own time is part of the span from its step call to its
      * copy-back (which under DPU waits for the next step call) */
-    zo_optim_timeline tl;
+    zo_optim_timeline tl = {.struct_size = sizeof(tl)};
     ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
     ck_assert_msg(tl.update_ns > 0 && tl.update_ns <= tl.total_ns, "update_ns %llu, total_ns %llu",
                   (unsigned long long)tl.update_ns, (unsigned long long)tl.total_ns);
@@ -707,7 +707,7 @@ START_TEST(test_optim_dpu_double)
     eng_create(&e);
     dbl_steps(&d, 1, N, K, 0);
     /* wait ends the delay: the buffer the last update wrote is current */
-    zo_optim_step_result res;
+    zo_optim_step_result res = {.struct_size = sizeof(res)};
     ck_assert_int_eq(zo_optim_wait(e.o, &res), 0);
     ck_assert_int_eq(res.step, N);
     ck_assert_int_eq(zo_optim_params_current(e.o), 1);
@@ -715,7 +715,7 @@ START_TEST(test_optim_dpu_double)
     ck_assert_int_eq(d.slot, N % 2); /* every applied update switched buffers */
     compare_dev(&e, &r, "dpu double", d.dev);
     /* the update copied or wrote its params as it went: nothing is left for a step call to copy */
-    zo_optim_timeline tl;
+    zo_optim_timeline tl = {.struct_size = sizeof(tl)};
     ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
     ck_assert_uint_eq(tl.h2d_bytes, m.total * 2);
     /* save, then the uninterrupted run goes on */
@@ -817,7 +817,7 @@ START_TEST(test_optim_save_load)
             *w++ = *q;
     *w = '\0';
     ck_assert_str_eq(uj, "{\"epoch\":7,\"note\":\"x}\"}");
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(e.o, &info);
     ck_assert_int_eq(info.step, 3);
     train(&e, NULL, 4, 6);
@@ -863,7 +863,7 @@ START_TEST(test_optim_export_import)
     compare(&e, &r, "host intake");
     /* the update count a framework restores from its own state_dict: the next
      * update's bias correction follows it, exactly as the reference's */
-    zo_optim_info inf;
+    zo_optim_info inf = {.struct_size = sizeof(inf)};
     ck_assert_int_eq(zo_optim_set_step(e.o, -1), -EINVAL);
     ck_assert_int_eq(zo_optim_set_step(e.o, 7), 0);
     ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
@@ -930,7 +930,8 @@ START_TEST(test_optim_speculative)
     float *xa = malloc(m.total * 4), *xb = malloc(m.total * 4);
     int nrb = 0;
     for (int s = 1; s <= 5; s++) {
-        zo_optim_info info0; /* before the first gradient: the eager update starts with it */
+        /* before the first gradient: the eager update starts with it */
+        zo_optim_info info0 = {.struct_size = sizeof(info0)};
         zo_optim_get_info(b.o, &info0);
         for (int i = 0; i < NT; i++) {
             fill_grad(&a, i, s, 1.0);
@@ -944,7 +945,7 @@ START_TEST(test_optim_speculative)
         }
         /* the speculative engine updates every sub-group before the step call
          * (all gradients are in): wait for it to show */
-        zo_optim_info info1;
+        zo_optim_info info1 = {.struct_size = sizeof(info1)};
         ck_assert_int_eq(zo_optim_grads_done(b.o), 0);
         for (int t = 0; t < 10000 && s != 5; t++) {
             zo_optim_get_info(b.o, &info1);
@@ -959,7 +960,7 @@ START_TEST(test_optim_speculative)
         ck_assert_int_eq(zo_optim_grad(b.o, 2, b.dgrad[2], NULL), ZO_ESTATE);
         /* and so is a save or a wait while the window is open */
         ck_assert_int_eq(zo_optim_wait(b.o, NULL), ZO_ESTATE);
-        zo_optim_step_result ra, rb;
+        zo_optim_step_result ra = {.struct_size = sizeof(ra)}, rb = {.struct_size = sizeof(rb)};
         int rca = zo_optim_step(a.o, NULL, &ra), rcb = zo_optim_step(b.o, NULL, &rb);
         ck_assert_int_eq(rca, rcb);
         ck_assert_int_eq(ra.clipped, rb.clipped);
@@ -1009,7 +1010,7 @@ START_TEST(test_optim_speculative)
             ck_assert_int_eq(zo_optim_grad(c.o, (unsigned)i, c.dgrad[i], NULL), 0);
             ck_assert_int_eq(zo_optim_grad(d.o, (unsigned)i, d.dgrad[i], NULL), 0);
         }
-        zo_optim_step_result rd;
+        zo_optim_step_result rd = {.struct_size = sizeof(rd)};
         ck_assert_int_eq(zo_optim_step(c.o, NULL, NULL), 0);
         ck_assert_int_eq(zo_optim_step(d.o, NULL, &rd), 0);
         ck_assert_int_eq(rd.rolled_back, 0);
@@ -1083,6 +1084,70 @@ START_TEST(test_optim_bf16_states)
 END_TEST
 
 /* ---- errors ------------------------------------------------------------------------------ */
+
+/* Output structs: the caller's struct_size, at least the first version's;
+ * the library fills what fits and never writes struct_size. `e` has done
+ * one step. */
+static void out_struct_sizes(eng *e)
+{
+    /* too small: refused before anything is done (nothing written, nothing waited for) */
+    zo_optim_info info;
+    memset(&info, 0xab, sizeof(info));
+    info.struct_size = ZO_OPTIM_INFO_SIZE_V1 - 8;
+    ck_assert_int_eq(zo_optim_get_info(e->o, &info), -EINVAL);
+    ck_assert(strstr(zo_optim_errmsg(e->o), "zo_optim_get_info") && strstr(zo_optim_errmsg(e->o), "struct_size"));
+    ck_assert_uint_eq(info.step, 0xababababababababull);
+    zo_optim_timeline tl;
+    memset(&tl, 0xab, sizeof(tl));
+    tl.struct_size = 0;
+    ck_assert_int_eq(zo_optim_get_timeline(e->o, &tl), -EINVAL);
+    ck_assert_uint_eq(tl.total_ns, 0xababababababababull);
+    zo_optim_step_result res;
+    memset(&res, 0xab, sizeof(res));
+    res.struct_size = sizeof(res) - 1;
+    ck_assert_int_eq(zo_optim_wait(e->o, &res), -EINVAL);
+    ck_assert_int_eq(zo_optim_last_result(e->o, &res), -EINVAL);
+    ck_assert_int_eq(zo_optim_step(e->o, NULL, &res), -EINVAL); /* nothing done: not a micro-step */
+    ck_assert_int_eq(res.boundary, (int)0xabababab);
+    zo_optim_info now = {.struct_size = sizeof(now)};
+    ck_assert_int_eq(zo_optim_get_info(e->o, &now), 0);
+    ck_assert_uint_eq(now.micro_steps, 1);
+    ck_assert_uint_eq(now.updates_done, 1);
+    /* an older caller (the first version): its fields, nothing past them */
+    memset(&info, 0xab, sizeof(info));
+    info.struct_size = ZO_OPTIM_INFO_SIZE_V1;
+    ck_assert_int_eq(zo_optim_get_info(e->o, &info), 0);
+    ck_assert_uint_eq(info.struct_size, ZO_OPTIM_INFO_SIZE_V1);
+    ck_assert_int_eq(info.step, 1);
+    ck_assert_uint_eq(info.ntensors, NT);
+    ck_assert_uint_eq(info.numel, e->m->total);
+    ck_assert_int_eq(info.dpu_active, 0);
+    ck_assert_uint_eq(info.eager_subgroups, 0xababababababababull);
+    ck_assert_uint_eq(info.updates_done, 0xababababababababull);
+    ck_assert_uint_eq(info.nvme_write_bytes_total, 0xababababababababull);
+    memset(&tl, 0xab, sizeof(tl));
+    tl.struct_size = ZO_OPTIM_TIMELINE_SIZE_V1;
+    ck_assert_int_eq(zo_optim_get_timeline(e->o, &tl), 0);
+    ck_assert_int_eq(tl.step, 1);
+    ck_assert_uint_gt(tl.total_ns, 0);
+    ck_assert_uint_ne(tl.stall_ns, 0xababababababababull);
+    ck_assert_uint_eq(tl.update_ns, 0xababababababababull);
+    /* a newer caller (a longer struct): ours filled, its own tail untouched */
+    struct {
+        zo_optim_info info;
+        uint64_t newer;
+    } big;
+    memset(&big, 0xab, sizeof(big));
+    big.info.struct_size = sizeof(big);
+    ck_assert_int_eq(zo_optim_get_info(e->o, &big.info), 0);
+    ck_assert_uint_eq(big.info.struct_size, sizeof(big));
+    ck_assert_uint_eq(big.info.updates_done, 1);
+    ck_assert_uint_eq(big.newer, 0xababababababababull);
+    res.struct_size = sizeof(res);
+    ck_assert_int_eq(zo_optim_last_result(e->o, &res), 0);
+    ck_assert_int_eq(res.step, 1);
+    ck_assert_int_eq(res.boundary, 1);
+}
 
 START_TEST(test_optim_errors)
 {
@@ -1159,7 +1224,7 @@ START_TEST(test_optim_errors)
     /* a budget the pool can shrink into */
     c.pinned_bytes = 48 << 20;
     ck_assert_int_eq(zo_optim_create(&o, &c), 0);
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     ck_assert_int_eq(zo_optim_get_info(o, &info), 0);
     ck_assert_uint_le(info.pinned_bytes, 48 << 20);
     zo_optim_destroy(&o);
@@ -1194,6 +1259,7 @@ START_TEST(test_optim_errors)
     ck_assert_int_eq(zo_optim_grad(e.o, 0, e.dgrad[0], NULL), ZO_ESTATE);
     ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0);
     ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0); /* nothing in flight: no-op */
+    out_struct_sizes(&e);
     eng_free(&e);
     /* NULL tolerance */
     zo_optim_destroy(NULL);

@@ -497,6 +497,7 @@ static int next_params(bench *b)
 static int iterate(bench *b, iter_res *r, int isolate)
 {
     memset(r, 0, sizeof(*r));
+    r->tl.struct_size = sizeof(r->tl);
     double t0 = now_s();
     int rc = hand_grads(b);
     if (rc < 0)
@@ -616,7 +617,7 @@ int main(int argc, char **argv)
     int rc = setup(&b, &o);
     if (rc)
         return rc;
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(b.opt, &info);
     const char *mode = o.vs_bound ? (o.dpu ? "dpu" : o.placement == ZO_OPTIM_PLACE_NVME ? "disk" : "kernel") : "steps";
     if (!o.json) {
@@ -738,7 +739,7 @@ int main(int argc, char **argv)
         goto run_done; /* interrupted before the first run: nothing to report */
     n = done; /* medians over the runs done (interrupted: fewer than asked) */
     if (o.dpu) { /* collect the last delayed update */
-        zo_optim_step_result sr;
+        zo_optim_step_result sr = {.struct_size = sizeof(sr)};
         if ((rc = zo_optim_wait(b.opt, &sr)) < 0)
             goto run_fail2;
     }

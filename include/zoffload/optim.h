@@ -438,8 +438,20 @@ ZO_API void zo_optim_step_opts_default(zo_optim_step_opts *opts);
  */
 ZO_API int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *opts);
 
+/*
+ * Output structs (zo_optim_step_result, zo_optim_info, zo_optim_timeline)
+ * start with struct_size, which the caller sets (to sizeof the struct, e.g.
+ * `zo_optim_info info = {.struct_size = sizeof(info)};`) before the call.
+ * The library fills only what fits in struct_size and never writes
+ * struct_size itself; a struct_size smaller than the struct's first
+ * published version (the ZO_OPTIM_*_SIZE_V1 macros) is refused with -EINVAL
+ * before anything is done. A caller built against an older header gets the
+ * fields its version has.
+ */
+
 /** Result of a step (zo_optim_wait(), zo_optim_step()). */
 typedef struct zo_optim_step_result {
+    size_t struct_size;  /**< set by the caller: sizeof(zo_optim_step_result) */
     int64_t step;        /**< updates applied so far (a skipped boundary does not count) */
     int boundary;        /**< 1 if the call ended an accumulation window */
     int skipped;         /**< 1 if the update was skipped (overflow) */
@@ -451,24 +463,29 @@ typedef struct zo_optim_step_result {
     uint64_t nonfinite;  /**< inf/NaN elements found */
 } zo_optim_step_result;
 
+/** The size of the first version of zo_optim_step_result (the smallest struct_size accepted). */
+#define ZO_OPTIM_STEP_RESULT_SIZE_V1 sizeof(zo_optim_step_result)
+
 /**
  * Wait for the step in flight (no-op when none): its update and the copy of
  * its parameters to the device. Under DPU this also ends the delay: the
  * device params are current afterwards. res may be NULL; when no step was
  * in flight it gets boundary 0, the current step count and loss scale.
- * @return 0; ZO_ENONFINITE (non-finite gradients under
+ * @return 0; -EINVAL (res->struct_size below ZO_OPTIM_STEP_RESULT_SIZE_V1:
+ *         nothing is waited for); ZO_ENONFINITE (non-finite gradients under
  *         ZO_OPTIM_NONFINITE_ERROR: nothing was updated); store errors
  *         (-EIO, -ENOSPC, ZO_ECORRUPT: see "Failures during an update"),
  *         device and kernel errors.
  */
 ZO_API int zo_optim_wait(zo_optim *o, zo_optim_step_result *res);
 
-/** zo_optim_step_async() then zo_optim_wait(). */
+/** zo_optim_step_async() then zo_optim_wait(); res (if not NULL) is checked first (-EINVAL, nothing done). */
 ZO_API int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res);
 
 /**
  * The result of the latest finished boundary (under DPU the step whose
- * result step_async() fenced). @return 0; -EINVAL; -ENOENT (none yet).
+ * result step_async() fenced). @return 0; -EINVAL (NULL, struct_size);
+ * -ENOENT (none yet).
  */
 ZO_API int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res);
 
@@ -577,6 +594,7 @@ ZO_API int zo_optim_load(zo_optim *o, const char *root, const char *name, char *
 
 /** Engine state. */
 typedef struct zo_optim_info {
+    size_t struct_size;      /**< set by the caller: sizeof(zo_optim_info) */
     int64_t step;            /**< updates applied */
     uint64_t micro_steps;    /**< micro-steps seen */
     uint64_t skipped_steps;  /**< boundaries skipped (overflow) */
@@ -594,12 +612,16 @@ typedef struct zo_optim_info {
     uint64_t nvme_write_bytes_total; /**< NVMe bytes the updates wrote, since create */
 } zo_optim_info;
 
-/** @return 0; -EINVAL. Any thread (a snapshot). */
+/** The size of the first version of zo_optim_info (through dpu_active): the smallest struct_size accepted. */
+#define ZO_OPTIM_INFO_SIZE_V1 offsetof(zo_optim_info, eager_subgroups)
+
+/** @return 0; -EINVAL (NULL, struct_size below ZO_OPTIM_INFO_SIZE_V1). Any thread (a snapshot). */
 ZO_API int zo_optim_get_info(zo_optim *o, zo_optim_info *info);
 
 /** Where the time of one step went. Durations in nanoseconds (sums over the
  *  step's pieces; pieces overlap, so they may add up to more than total). */
 typedef struct zo_optim_timeline {
+    size_t struct_size;      /**< set by the caller: sizeof(zo_optim_timeline) */
     int64_t step;            /**< the update this describes (its value after the update) */
     uint64_t total_ns;       /**< from the boundary's step call to the end of its copy-back */
     uint64_t d2h_ns;         /**< gradient copies device -> host (this window) */
@@ -625,7 +647,11 @@ typedef struct zo_optim_timeline {
                                   step call's parameter copy: the optimizer's cost to set against compute */
 } zo_optim_timeline;
 
-/** The timeline of the latest finished update. @return 0; -EINVAL; -ENOENT (no update yet). */
+/** The size of the first version of zo_optim_timeline (through stall_ns): the smallest struct_size accepted. */
+#define ZO_OPTIM_TIMELINE_SIZE_V1 offsetof(zo_optim_timeline, update_ns)
+
+/** The timeline of the latest finished update. @return 0; -EINVAL (NULL, struct_size below
+ *  ZO_OPTIM_TIMELINE_SIZE_V1); -ENOENT (no update yet). */
 ZO_API int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl);
 
 /**

@@ -1155,6 +1155,10 @@ int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
 {
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_wait: NULL engine");
+    int rs = res ? ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1, &o->err,
+                                 "zo_optim_wait") : 0;
+    if (rs < 0)
+        return rs;
     zo_optim_step_result rr;
     memset(&rr, 0, sizeof(rr));
     int r = collect(o, &rr);
@@ -1168,7 +1172,7 @@ int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
     }
     int r2 = push_pending(o);
     if (res)
-        *res = rr;
+        ZO_STRUCT_OUT(res, &rr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &o->err, "zo_optim_wait");
     if (r == 0 && r2 == 0) {
         o->params_current = 1;
         o->win_scale[o->win] = o->scaler.scale;
@@ -1178,7 +1182,11 @@ int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
 
 int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res)
 {
-    int r = zo_optim_step_async(o, opts);
+    int r;
+    if (o && res && (r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1,
+                                       &o->err, "zo_optim_step")) < 0)
+        return r;
+    r = zo_optim_step_async(o, opts);
     int r2 = o ? zo_optim_wait(o, res) : r;
     return r < 0 ? r : r2;
 }
@@ -1206,12 +1214,17 @@ int zo_optim_params_current(zo_optim *o)
 int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res)
 {
     if (!o || !res)
-        return -EINVAL;
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_last_result: NULL argument");
+    int r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1, &o->err,
+                          "zo_optim_last_result");
+    if (r < 0)
+        return r;
     pthread_mutex_lock(&o->lock);
-    int r = o->have_res ? 0 : -ENOENT;
-    if (o->have_res)
-        *res = o->last_res;
+    zo_optim_step_result lr = o->last_res;
+    r = o->have_res ? 0 : -ENOENT;
     pthread_mutex_unlock(&o->lock);
+    if (r == 0)
+        ZO_STRUCT_OUT(res, &lr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &o->err, "zo_optim_last_result");
     return r;
 }
 
@@ -1301,10 +1314,14 @@ int zo_optim_param_device(zo_optim *o, unsigned index, void **dev, struct zo_eve
     return (int)o->dcur;
 }
 
-int zo_optim_get_info(zo_optim *o, zo_optim_info *info)
+int zo_optim_get_info(zo_optim *o, zo_optim_info *uinfo)
 {
-    if (!o || !info)
-        return -EINVAL;
+    if (!o || !uinfo)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_get_info: NULL argument");
+    int r = ZO_STRUCT_OUT(uinfo, (const zo_optim_info *)NULL, ZO_OPTIM_INFO_SIZE_V1, &o->err, "zo_optim_get_info");
+    if (r < 0)
+        return r;
+    zo_optim_info in, *info = &in;
     memset(info, 0, sizeof(*info));
     pthread_mutex_lock(&o->lock);
     info->step = o->step;
@@ -1324,5 +1341,5 @@ int zo_optim_get_info(zo_optim *o, zo_optim_info *info)
     info->host_bytes = o->host_bytes;
     info->dpu_active = o->cfg.dpu && o->boundaries > o->cfg.dpu_warmup_steps;
     info->eager_subgroups = o->eager_updates;
-    return 0;
+    return ZO_STRUCT_OUT(uinfo, info, ZO_OPTIM_INFO_SIZE_V1, &o->err, "zo_optim_get_info");
 }

@@ -418,18 +418,23 @@ out:
 int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl)
 {
     if (!o || !tl)
-        return -EINVAL;
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_get_timeline: NULL argument");
+    int r = ZO_STRUCT_OUT(tl, (const zo_optim_timeline *)NULL, ZO_OPTIM_TIMELINE_SIZE_V1, &o->err,
+                          "zo_optim_get_timeline");
+    if (r < 0)
+        return r;
     pthread_mutex_lock(&o->lock);
-    int r = o->have_tl ? 0 : -ENOENT;
-    if (o->have_tl)
-        *tl = o->tl;
+    zo_optim_timeline t = o->tl;
+    r = o->have_tl ? 0 : -ENOENT;
     pthread_mutex_unlock(&o->lock);
+    if (r == 0)
+        ZO_STRUCT_OUT(tl, &t, ZO_OPTIM_TIMELINE_SIZE_V1, &o->err, "zo_optim_get_timeline");
     return r;
 }
 
 int zo_optim_timeline_json(zo_optim *o, char *buf, size_t len)
 {
-    zo_optim_timeline t;
+    zo_optim_timeline t = {.struct_size = sizeof(t)};
     int r = zo_optim_get_timeline(o, &t);
     if (r < 0)
         return r;

@@ -166,8 +166,6 @@ def _declare():
     d("zo_optim_get_info", c_int, [c_void_p, P(OptimInfo)])
     d("zo_optim_get_timeline", c_int, [c_void_p, P(OptimTimeline)])
     d("zo_optim_timeline_json", c_int, [c_void_p, ctypes.c_char_p, c_size_t])
-    if lib.has("zo_optim_param_device"):
-        d("zo_optim_param_device", c_int, [c_void_p, c_uint, P(c_void_p), P(c_void_p)])
     if lib.has("zo_optim_set_step"):
         d("zo_optim_set_step", c_int, [c_void_p, c_i64])
     if lib.has("zo_optim_config_from_json"):
@@ -448,16 +446,6 @@ class Engine(_lib.Handle):
                 "this libzoffload has no zo_optim_set_step: a state dict's step count cannot be "
                 "given to the engine (zo_optim_load restores it from an engine checkpoint)")
         self._c(lib.zo_optim_set_step(self._live(), int(step)), "zo_optim_set_step")
-
-    def param_device(self, i):
-        """(slot, device pointer, event handle or None) of tensor i's params
-        for the next forward (zo_optim_param_device(): with dpu_double_buffer
-        the slot alternates between 0, the caller's dev_params, and 1, the
-        engine's second buffer; read it again after every step call)."""
-        p, ev = c_void_p(), c_void_p()
-        slot = lib.zo_optim_param_device(self._live(), int(i), ctypes.byref(p), ctypes.byref(ev))
-        self._c(slot, "zo_optim_param_device")
-        return slot, p.value, ev.value
 
     def param_buffer(self, i, like="numpy"):
         """The engine's buffer of tensor i's latest parameters in param_dtype,

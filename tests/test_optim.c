@@ -22,6 +22,7 @@
 #include "zo_test.h"
 
 #include "aio/aio_internal.h"
+#include "nvme/nvme_internal.h"
 
 #define NTHREADS 2
 #define SGSIZE 65536u
@@ -1384,6 +1385,71 @@ START_TEST(test_optim_nvme_diskfull)
 }
 END_TEST
 
+/* A full disk under NVMe placement: the states' disk space is allocated
+ * and reserved (fallocate) when the engine registers them at create, and a
+ * step only overwrites it. So a disk that is full before create fails
+ * create (nothing trained, nothing half-written: all before), and a disk
+ * that fills up after create fails no step: here every later growth of the
+ * swap store fails with ENOSPC (the disk is full) and the steps go on,
+ * bit-identical to the reference, without asking for any. (A write error
+ * mid-step is test_optim_nvme_diskfull.) */
+typedef struct nospace {
+    _Atomic int tries;
+} nospace;
+
+static int nospace_hook(void *user, const char *path)
+{
+    (void)path;
+    atomic_fetch_add(&((nospace *)user)->tries, 1);
+    return -ENOSPC;
+}
+
+START_TEST(test_optim_nvme_full_disk_reserved)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    const char *dirs[1] = {dir};
+    zo_swap_config wc;
+    zo_swap_config_default(&wc);
+    wc.dirs = dirs;
+    wc.ndirs = 1;
+    wc.arena_size = 1; /* one chunk: registering the states must grow the store */
+    zo_swap *swap;
+    ck_assert_int_eq(zo_swap_create(&swap, &wc), 0);
+    nospace ns;
+    atomic_init(&ns.tries, 0);
+    model m;
+    ref r;
+    eng e;
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    e.cfg.placement = ZO_OPTIM_PLACE_NVME;
+    e.cfg.swap = swap;
+    e.cfg.max_grad_norm = 1.0;
+    /* full before create: create fails, the device params untouched */
+    zo__swap_set_grow_hook(swap, nospace_hook, &ns);
+    int rc = zo_optim_create(&e.o, &e.cfg);
+    ck_assert_msg(rc == -ENOSPC, "create on a full disk: %s (%s)", zo_strerror(rc), zo_last_error_detail());
+    ck_assert_ptr_null(e.o);
+    ck_assert_int_gt(atomic_load(&ns.tries), 0);
+    for (int i = 0; i < NT; i++)
+        for (uint64_t k = 0; k < m.numel[i]; k++)
+            ck_assert_float_eq(get(e.dparam[i], m.pdt, k), get(r.out, m.pdt, m.off[i] + k));
+    /* room at create; then the disk is full: the steps need none */
+    zo__swap_set_grow_hook(swap, NULL, NULL);
+    eng_create(&e);
+    atomic_store(&ns.tries, 0);
+    zo__swap_set_grow_hook(swap, nospace_hook, &ns);
+    train(&e, &r, 1, 3);
+    ck_assert_int_eq(atomic_load(&ns.tries), 0);
+    compare(&e, &r, "disk full after create");
+    zo__swap_set_grow_hook(swap, NULL, NULL);
+    eng_free(&e);
+    ref_free(&r);
+    zo_swap_destroy(&swap);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("optim");
@@ -1401,6 +1467,7 @@ int main(void)
     tcase_add_test(tc, test_optim_errors);
     tcase_add_test(tc, test_optim_destroy_async);
     tcase_add_test(tc, test_optim_nvme_diskfull);
+    tcase_add_test(tc, test_optim_nvme_full_disk_reserved);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

@@ -108,9 +108,15 @@
  *   then on: the next update writes it.
  *
  * Failures during an update
- *   A step that fails while states are being written (an I/O error or a
- *   full disk under NVMe placement, surfacing from the store's sweep)
- *   leaves the masters neither all before nor all after the step: the
+ *   A full disk under NVMe placement fails zo_optim_create(), never a step:
+ *   the states' disk space is allocated and reserved (fallocate) when create
+ *   registers them, and a step only overwrites it, so a disk that fills up
+ *   later costs the steps nothing (checkpoints, which are new files, fail
+ *   atomically). On a filesystem that cannot reserve (no fallocate; the
+ *   swap store logs a warning) or that copies on write, and for any I/O
+ *   error, a step that fails while states are being written (surfacing
+ *   from the store's sweep) leaves the masters neither all before nor all
+ *   after the step: the
  *   sub-groups before the failure hold the new values, the failing piece is
  *   undefined, the rest hold the old ones (making it all-before would need
  *   a second copy of the states on disk). The engine then refuses steps,

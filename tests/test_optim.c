@@ -1323,6 +1323,29 @@ static int64_t wfault_hook(void *user, const zo__aio_fault_site *st)
     return -ENOSPC;
 }
 
+/* A swap store in dir with arenas of arena_size bytes (grown as needed). */
+static zo_swap *nvme_swap(const char *dir, uint64_t arena_size)
+{
+    const char *dirs[1] = {dir};
+    zo_swap_config wc;
+    zo_swap_config_default(&wc);
+    wc.dirs = dirs;
+    wc.ndirs = 1;
+    wc.arena_size = arena_size;
+    zo_swap *swap;
+    ck_assert_int_eq(zo_swap_create(&swap, &wc), 0);
+    return swap;
+}
+
+/* setup() with NVMe placement in `swap`, clipping at 1 */
+static void setup_nvme(model *m, ref *r, eng *e, zo_swap *swap)
+{
+    setup(m, r, e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    e->cfg.placement = ZO_OPTIM_PLACE_NVME;
+    e->cfg.swap = swap;
+    e->cfg.max_grad_norm = 1.0;
+}
+
 /* The step fails with the disk's error, the engine refuses to go on with
  * states it cannot vouch for, and the last checkpoint restores a state
  * from which training continues exactly as the uninterrupted run. */
@@ -1333,14 +1356,7 @@ START_TEST(test_optim_nvme_diskfull)
     snprintf(swapdir, sizeof(swapdir), "%s/swap", dir);
     snprintf(ckdir, sizeof(ckdir), "%s/ckpt", dir);
     ck_assert_int_eq(mkdir(swapdir, 0700), 0);
-    const char *dirs[1] = {swapdir};
-    zo_swap_config wc;
-    zo_swap_config_default(&wc);
-    wc.dirs = dirs;
-    wc.ndirs = 1;
-    wc.arena_size = 16 << 20;
-    zo_swap *swap;
-    ck_assert_int_eq(zo_swap_create(&swap, &wc), 0);
+    zo_swap *swap = nvme_swap(swapdir, 16 << 20);
     wfault f;
     atomic_init(&f.armed, 0);
     atomic_init(&f.writes, 0);
@@ -1350,10 +1366,7 @@ START_TEST(test_optim_nvme_diskfull)
     model m;
     ref r;
     eng e;
-    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
-    e.cfg.placement = ZO_OPTIM_PLACE_NVME;
-    e.cfg.swap = swap;
-    e.cfg.max_grad_norm = 1.0;
+    setup_nvme(&m, &r, &e, swap);
     eng_create(&e);
     train(&e, &r, 1, 2);
     ck_assert_int_eq(zo_optim_save(e.o, ckdir, "step-2", 0, NULL), 0);
@@ -1408,23 +1421,13 @@ START_TEST(test_optim_nvme_full_disk_reserved)
 {
     char dir[256];
     zo_test_mkdtemp(dir, sizeof(dir));
-    const char *dirs[1] = {dir};
-    zo_swap_config wc;
-    zo_swap_config_default(&wc);
-    wc.dirs = dirs;
-    wc.ndirs = 1;
-    wc.arena_size = 1; /* one chunk: registering the states must grow the store */
-    zo_swap *swap;
-    ck_assert_int_eq(zo_swap_create(&swap, &wc), 0);
+    zo_swap *swap = nvme_swap(dir, 1); /* one chunk: registering the states must grow the store */
     nospace ns;
     atomic_init(&ns.tries, 0);
     model m;
     ref r;
     eng e;
-    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
-    e.cfg.placement = ZO_OPTIM_PLACE_NVME;
-    e.cfg.swap = swap;
-    e.cfg.max_grad_norm = 1.0;
+    setup_nvme(&m, &r, &e, swap);
     /* full before create: create fails, the device params untouched */
     zo__swap_set_grow_hook(swap, nospace_hook, &ns);
     int rc = zo_optim_create(&e.o, &e.cfg);

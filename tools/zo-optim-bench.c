@@ -126,14 +126,16 @@ static int parse_opts(int argc, char **argv, opts *o)
     o->progress = 1;
     o->backend = ZO_DEV_HOST;
     enum { O_PARAMS = 256, O_TELEMS, O_PLACE, O_NVME, O_GRAD, O_STATE, O_OPT, O_SGS, O_PIN, O_THREADS, O_CLIP,
-           O_DPU, O_DPUW, O_DPUP, O_COMPUTE, O_STEPS, O_VS, O_PAIRS, O_FIO, O_FIOMEM, O_CONFIG, O_BACKEND, O_JSON, O_NOPROG,
+           O_DPU, O_DPUW, O_DPUP, O_COMPUTE, O_STEPS, O_VS, O_PAIRS, O_FIO, O_FIOMEM, O_CONFIG, O_BACKEND, O_JSON,
+           O_NOPROG,
            O_HELP };
     static const struct option lo[] = {
         {"params", 1, 0, O_PARAMS},   {"tensor-elems", 1, 0, O_TELEMS}, {"placement", 1, 0, O_PLACE},
         {"nvme-path", 1, 0, O_NVME},  {"grad", 1, 0, O_GRAD},           {"state", 1, 0, O_STATE},
         {"optimizer", 1, 0, O_OPT},   {"sub-group", 1, 0, O_SGS},       {"pinned", 1, 0, O_PIN},
         {"threads", 1, 0, O_THREADS}, {"clip", 1, 0, O_CLIP},           {"dpu", 0, 0, O_DPU},
-        {"dpu-warmup", 1, 0, O_DPUW}, {"dpu-params", 1, 0, O_DPUP}, {"compute-ms", 1, 0, O_COMPUTE},  {"steps", 1, 0, O_STEPS},
+        {"dpu-warmup", 1, 0, O_DPUW}, {"dpu-params", 1, 0, O_DPUP}, {"compute-ms", 1, 0, O_COMPUTE},
+        {"steps", 1, 0, O_STEPS},
         {"vs-bound", 0, 0, O_VS},     {"pairs", 1, 0, O_PAIRS},         {"fio", 1, 0, O_FIO},
         {"fio-iomem", 1, 0, O_FIOMEM}, {"config", 1, 0, O_CONFIG},      {"backend", 1, 0, O_BACKEND},
         {"json", 0, 0, O_JSON},       {"no-progress", 0, 0, O_NOPROG},  {"help", 0, 0, O_HELP},

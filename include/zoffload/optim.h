@@ -328,7 +328,8 @@ ZO_API int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *nume
 /**
  * Initialise every master from the device parameters (widened to fp32)
  * and zero the states; also fills the parameter buffers. Needs dev_params
- * in every group. Blocks until done.
+ * in every group. With dpu_double_buffer it reads the current buffers (those
+ * zo_optim_param_device() gives). Blocks until done.
  * @return 0; ZO_ESTATE (a group has no dev_params; or a step in flight or
  *         gradients pending); device copy errors; store errors.
  */
@@ -356,7 +357,8 @@ ZO_API int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state whi
 
 /**
  * Copy the parameter buffers (the masters cast to param_dtype) to the
- * device parameters of every group that has dev_params, and wait.
+ * device parameters of every group that has dev_params (with
+ * dpu_double_buffer: to the current buffers), and wait.
  * @return 0; ZO_ESTATE (a step in flight); device errors.
  */
 ZO_API int zo_optim_push_params(zo_optim *o);
@@ -588,7 +590,9 @@ ZO_API int zo_optim_save(zo_optim *o, const char *root, const char *name, unsign
 /**
  * Load checkpoint `name` (NULL: the latest) of `root`: masters, states,
  * counts and scaler; rewrites the parameter buffers and (with dev_params)
- * the device params. A run resumed from it continues bit-identically.
+ * the device params (with dpu_double_buffer: the current buffers, which
+ * stay the ones zo_optim_param_device() gave). A run resumed from it
+ * continues bit-identically.
  * user_json, if not NULL, receives the caller's JSON (truncated to len, NUL-terminated).
  * @return 0; -EINVAL; ZO_EFORMAT (not an optim checkpoint, or the config
  *         fingerprint differs: layout, dtypes, optimizer kinds); -ENOENT;

@@ -103,8 +103,8 @@ int zo__push_range(zo_optim *o, unsigned pb, unsigned db, uint64_t lo, uint64_t 
         if (!t->devb[db])
             continue;
         uint64_t s = ZO_MAX(lo, t->off), e = ZO_MIN(hi, t->off + t->numel);
-        int r = zo_memcpy_async(o->h2d, (char *)t->devb[db] + (s - t->off) * o->pes, (const char *)o->pbuf[pb] + s * o->pes,
-                                (size_t)(e - s) * o->pes, ZO_COPY_H2D);
+        int r = zo_memcpy_async(o->h2d, (char *)t->devb[db] + (s - t->off) * o->pes,
+                                (const char *)o->pbuf[pb] + s * o->pes, (size_t)(e - s) * o->pes, ZO_COPY_H2D);
         if (r < 0)
             return r;
     }

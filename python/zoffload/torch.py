@@ -1104,3 +1104,5 @@ def from_deepspeed_config(params, config):
         kw["delay_update"] = True
     return cls(params, **hp, **kw)
 
+
+from .torch_params import offload_parameters, restore_parameters, ParamOffload, ParamBudgetError  # noqa: E402,F401

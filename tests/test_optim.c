@@ -678,6 +678,15 @@ static void dbl_steps(dbl_run *d, int from, int to, int K, int after_wait)
                 memcpy(d->hist[k], d->r->out, pb);
             }
         }
+        if (d->r && d->hist && !after_wait && k > K) {
+            /* while update k runs: the host copy of the latest finished update
+             * (k - 1, or k if it just finished), read back beside the writes */
+            const void *hb = NULL;
+            ck_assert_int_eq(zo_optim_param_buffer(e->o, 3, &hb), 0);
+            const char *want1 = (char *)d->hist[k - 1] + m->off[3] * 2, *want2 = (char *)d->hist[k] + m->off[3] * 2;
+            ck_assert_msg(memcmp(hb, want1, m->numel[3] * 2) == 0 || memcmp(hb, want2, m->numel[3] * 2) == 0,
+                          "param_buffer during update %d", k);
+        }
         ck_assert_int_eq(zo_optim_params_current(e->o), !after_wait && k <= K);
     }
     free(seen);
@@ -715,6 +724,13 @@ START_TEST(test_optim_dpu_double)
     dbl_where(&d);
     ck_assert_int_eq(d.slot, N % 2); /* every applied update switched buffers */
     compare_dev(&e, &r, "dpu double", d.dev);
+    /* the engine's host copy of the params (read back from the buffer the
+     * kernel wrote, on the host backend) is the same update's */
+    for (int i = 0; i < NT; i++) {
+        const void *hb = NULL;
+        ck_assert_int_eq(zo_optim_param_buffer(e.o, (unsigned)i, &hb), 0);
+        ck_assert_msg(memcmp(hb, (char *)hist[N] + m.off[i] * 2, m.numel[i] * 2) == 0, "param_buffer %d", i);
+    }
     /* the update copied or wrote its params as it went: nothing is left for a step call to copy */
     zo_optim_timeline tl = {.struct_size = sizeof(tl)};
     ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);

@@ -559,11 +559,11 @@ ZO_API int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
  * With it, one of the tensor's two device buffers: 0 the framework's
  * dev_params entry, 1 the engine's second buffer; the answer changes only
  * in step calls that collect an update (a boundary's zo_optim_step_async(),
- * zo_optim_wait(), zo_optim_step(); also a save, export or import, which
- * wait for the update in flight first), so read it after each. *ready (if
- * not NULL) receives an event the framework's stream must wait on before
- * it reads the buffer (zo_stream_wait_event(), or the backend's own wait on
- * the event's handle), or NULL when there is nothing to wait for (the host
+ * zo_optim_wait(), zo_optim_step(); also a save, export, import, push,
+ * init or load, which wait for the update in flight first), so read it
+ * after each. *ready (if not NULL) receives an event of the engine's device
+ * the framework's stream must wait on before it reads the buffer
+ * (zo_stream_wait_event()), or NULL when there is nothing to wait for (the host
  * backend writes the buffer on the CPU; on a GPU the engine waits for its
  * copies before it switches buffers, so the event is complete, but a
  * framework must not rely on that). The engine's buffers are owned by it

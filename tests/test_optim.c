@@ -22,6 +22,7 @@
 #include "zo_test.h"
 
 #include "aio/aio_internal.h"
+#include "nvme/nvme_internal.h"
 
 #define NTHREADS 2
 #define SGSIZE 65536u
@@ -280,15 +281,28 @@ static void eng_free(eng *e)
 
 /* fill the device gradient of tensor i for micro-step ms from the params
  * the device holds now */
-static void fill_grad(eng *e, int i, int ms, double scale)
+static void fill_grad_from(eng *e, int i, int ms, double scale, const void *params)
 {
     model *m = e->m;
     for (uint64_t k = 0; k < m->numel[i]; k++)
-        put(e->dgrad[i], m->gdt, k, grad_value(m->off[i] + k, ms, get(e->dparam[i], m->pdt, k), scale));
+        put(e->dgrad[i], m->gdt, k, grad_value(m->off[i] + k, ms, get(params, m->pdt, k), scale));
 }
+
+static void fill_grad(eng *e, int i, int ms, double scale)
+{
+    fill_grad_from(e, i, ms, scale, e->dparam[i]);
+}
+
+static void compare_dev(eng *e, ref *r, const char *when, void *const *dev);
 
 /* masters, states and device params equal the reference, bit for bit */
 static void compare(eng *e, ref *r, const char *when)
+{
+    compare_dev(e, r, when, e->dparam);
+}
+
+/* the same, with the device params read at dev[] (double-buffered params) */
+static void compare_dev(eng *e, ref *r, const char *when, void *const *dev)
 {
     model *m = e->m;
     size_t pes = zo_dtype_size(m->pdt);
@@ -303,7 +317,7 @@ static void compare(eng *e, ref *r, const char *when)
                           i, k, (unsigned long long)j, (double)buf[j], (double)want[k][j]);
         }
         free(buf);
-        ck_assert_msg(memcmp(e->dparam[i], (char *)r->out + m->off[i] * pes, n * pes) == 0,
+        ck_assert_msg(memcmp(dev[i], (char *)r->out + m->off[i] * pes, n * pes) == 0,
                       "%s: device params of tensor %d differ", when, i);
     }
 }
@@ -346,7 +360,7 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
                     ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
                 }
             }
-            zo_optim_step_result res;
+            zo_optim_step_result res = {.struct_size = sizeof(res)};
             int rc = zo_optim_step(e.o, NULL, &res);
             ck_assert_msg(rc == 0, "step: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e.o));
             ck_assert_int_eq(res.boundary, a + 1 == accum);
@@ -356,7 +370,7 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
                 ck_assert_int_eq(res.step, s);
                 ck_assert_msg(res.grad_norm == norm, "norm %a != %a", res.grad_norm, norm);
                 clipped += res.clipped;
-                zo_optim_timeline stl;
+                zo_optim_timeline stl = {.struct_size = sizeof(stl)};
                 ck_assert_int_eq(zo_optim_get_timeline(e.o, &stl), 0);
                 /* every tensor got its gradient: the statistics were taken at
                  * intake and the step made no pass of its own */
@@ -364,7 +378,7 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
                     ck_assert_msg(stl.norm_ns == 0, "step %d: a statistics pass of %llu ns", s,
                                   (unsigned long long)stl.norm_ns);
                 ck_assert(stl.update_ns > 0 && stl.update_ns <= stl.total_ns);
-                zo_optim_info inf;
+                zo_optim_info inf = {.struct_size = sizeof(inf)};
                 ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
                 ck_assert_uint_eq(inf.updates_done, (uint64_t)s);
             }
@@ -383,7 +397,7 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
     if (max_norm > 0)
         ck_assert_msg(clipped > 0 && (accum > 1 || clipped < steps), "clipping should hit some steps, not all (%d)",
                       clipped);
-    zo_optim_timeline tl;
+    zo_optim_timeline tl = {.struct_size = sizeof(tl)};
     ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
     ck_assert_int_eq(tl.step, steps);
     ck_assert(tl.d2h_bytes > 0 && tl.h2d_bytes == m.total * zo_dtype_size(pdt) && tl.compute_ns > 0);
@@ -394,7 +408,7 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
         /* exactly the fp32 states (12 B/param) in and out per step, nothing else */
         ck_assert_uint_eq(tl.nvme_read_bytes, m.total * 12);
         ck_assert_uint_eq(tl.nvme_write_bytes, m.total * 12);
-        zo_optim_info inf;
+        zo_optim_info inf = {.struct_size = sizeof(inf)};
         ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
         ck_assert_uint_eq(inf.nvme_read_bytes_total, (uint64_t)steps * m.total * 12);
         ck_assert_uint_eq(inf.nvme_write_bytes_total, (uint64_t)steps * m.total * 12);
@@ -466,7 +480,7 @@ START_TEST(test_optim_fp16_scaler)
             ref_grad(&r, i, e.dgrad[i]);
             ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
         }
-        zo_optim_step_result res;
+        zo_optim_step_result res = {.struct_size = sizeof(res)};
         ck_assert_int_eq(zo_optim_step(e.o, NULL, &res), 0);
         int applied = ref_step(&r, scale, 0, NULL);
         ck_assert_int_eq(applied, s >= 2);
@@ -475,7 +489,7 @@ START_TEST(test_optim_fp16_scaler)
         compare(&e, &r, "fp16 scaler");
     }
     ck_assert(zo_optim_loss_scale(e.o) == want_scale[4]);
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
     ck_assert_int_eq(info.skipped_steps, 2);
     ck_assert_int_eq(info.step, 2);
@@ -502,7 +516,7 @@ START_TEST(test_optim_nonfinite_policy)
                 ref_grad(&r, i, e.dgrad[i]);
                 ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
             }
-            zo_optim_step_result res;
+            zo_optim_step_result res = {.struct_size = sizeof(res)};
             int rc = zo_optim_step(e.o, NULL, &res);
             int applied = ref_step(&r, 1.0, 0, NULL);
             ck_assert_int_eq(applied, s != 2);
@@ -576,19 +590,19 @@ START_TEST(test_optim_dpu)
     /* the eventfd says the last update finished */
     struct pollfd pfd = {.fd = efd, .events = POLLIN};
     ck_assert_int_eq(poll(&pfd, 1, 10000), 1);
-    zo_optim_step_result res;
+    zo_optim_step_result res = {.struct_size = sizeof(res)};
     ck_assert_int_eq(zo_optim_wait(e.o, &res), 0);
     ck_assert_int_eq(res.step, N);
     ck_assert_int_eq(zo_optim_params_current(e.o), 1);
     ck_assert_int_eq(zo_optim_poll(e.o), 0);
     compare(&e, &r, "dpu");
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(e.o, &info);
     ck_assert_int_eq(info.dpu_active, 1);
     ck_assert_uint_eq(info.updates_done, N);
     /* the update's own time is part of the span from its step call to its
      * copy-back (which under DPU waits for the next step call) */
-    zo_optim_timeline tl;
+    zo_optim_timeline tl = {.struct_size = sizeof(tl)};
     ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
     ck_assert_msg(tl.update_ns > 0 && tl.update_ns <= tl.total_ns, "update_ns %llu, total_ns %llu",
                   (unsigned long long)tl.update_ns, (unsigned long long)tl.total_ns);
@@ -598,6 +612,153 @@ START_TEST(test_optim_dpu)
         free(hist[k]);
     free(hist);
     free(seen);
+}
+END_TEST
+
+/* Double-buffered device params under DPU: the same schedule as above (the
+ * forward of step k sees step k-1's params for k <= K+1, step k-2's after,
+ * and after a wait the latest), read at the pointers zo_optim_param_device()
+ * gives after each step call; bit-identical to the in-memory delayed run.
+ * Then save, go on, and resume from the checkpoint in a new engine: the
+ * same states. _i: 0 two-pass with clipping, 1 speculative, 2 two-pass
+ * through the parameter buffer and copies (the path a GPU takes). */
+typedef struct dbl_run {
+    eng *e;
+    ref *r;        /* NULL: the reference was stepped by an earlier run */
+    void **hist;   /* [k]: the reference params after step k (NULL: not checked) */
+    double max_norm;
+    void *dev[NT]; /* where the next forward reads */
+    int slot;
+} dbl_run;
+
+static void dbl_where(dbl_run *d)
+{
+    for (int i = 0; i < NT; i++) {
+        zo_event *ev = (zo_event *)1;
+        int slot = zo_optim_param_device(d->e->o, (unsigned)i, &d->dev[i], &ev);
+        ck_assert_msg(slot == 0 || slot == 1, "param_device: %d", slot);
+        if (i == 0)
+            d->slot = slot;
+        ck_assert_int_eq(slot, d->slot); /* one switch for every tensor */
+        ck_assert(slot == 1 ? d->dev[i] != d->e->dparam[i] : d->dev[i] == d->e->dparam[i]);
+        if (ev)
+            ck_assert_int_eq(zo_event_sync(ev), 0);
+    }
+}
+
+/* steps from..to; `want(k)` = the step whose params the forward of k sees */
+static void dbl_steps(dbl_run *d, int from, int to, int K, int after_wait)
+{
+    eng *e = d->e;
+    model *m = e->m;
+    size_t pb = m->total * 2;
+    void *seen = malloc(pb);
+    for (int k = from; k <= to; k++) {
+        dbl_where(d);
+        if (d->hist) {
+            int want = after_wait ? (k == from ? k - 1 : k - 2)
+                                  : (k <= K + 1 ? k - 1 : k - 2);
+            for (int i = 0; i < NT; i++)
+                memcpy((char *)seen + m->off[i] * 2, d->dev[i], m->numel[i] * 2);
+            ck_assert_msg(memcmp(seen, d->hist[want], pb) == 0, "forward %d does not see step %d's params", k, want);
+        }
+        ck_assert_int_eq(zo_optim_grads_done(e->o), 0);
+        for (int i = NT - 1; i >= 0; i--) {
+            fill_grad_from(e, i, k, 1.0, d->dev[i]);
+            if (d->r)
+                ref_grad(d->r, i, e->dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(e->o, (unsigned)i, e->dgrad[i], NULL), 0);
+        }
+        int rc = zo_optim_step_async(e->o, NULL);
+        ck_assert_msg(rc == 0, "step_async %d: %s (%s)", k, zo_strerror(rc), zo_optim_errmsg(e->o));
+        if (d->r) {
+            ck_assert_int_eq(ref_step(d->r, 1.0, d->max_norm, NULL), 1);
+            if (d->hist) {
+                d->hist[k] = malloc(pb);
+                memcpy(d->hist[k], d->r->out, pb);
+            }
+        }
+        if (d->r && d->hist && !after_wait && k > K) {
+            /* while update k runs: the host copy of the latest finished update
+             * (k - 1, or k if it just finished), read back beside the writes */
+            const void *hb = NULL;
+            ck_assert_int_eq(zo_optim_param_buffer(e->o, 3, &hb), 0);
+            const char *want1 = (char *)d->hist[k - 1] + m->off[3] * 2, *want2 = (char *)d->hist[k] + m->off[3] * 2;
+            ck_assert_msg(memcmp(hb, want1, m->numel[3] * 2) == 0 || memcmp(hb, want2, m->numel[3] * 2) == 0,
+                          "param_buffer during update %d", k);
+        }
+        ck_assert_int_eq(zo_optim_params_current(e->o), !after_wait && k <= K);
+    }
+    free(seen);
+}
+
+START_TEST(test_optim_dpu_double)
+{
+    const int K = 2, N = 7, M = 3;
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    zo__optim_force_copy = _i == 2;
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    ref r;
+    ref_init(&r, &m);
+    size_t pb = m.total * 2;
+    void **hist = calloc((size_t)(N + M) + 1, sizeof(void *));
+    hist[0] = malloc(pb);
+    memcpy(hist[0], r.out, pb);
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.dpu = 1;
+    e.cfg.dpu_double_buffer = 1;
+    e.cfg.dpu_warmup_steps = (unsigned)K;
+    dbl_run d = {.e = &e, .r = &r, .hist = hist, .max_norm = _i == 1 ? 0.0 : 1.0};
+    e.cfg.max_grad_norm = d.max_norm;
+    e.cfg.clip_mode = _i == 1 ? ZO_OPTIM_CLIP_SPECULATIVE : ZO_OPTIM_CLIP_TWO_PASS;
+    eng_create(&e);
+    dbl_steps(&d, 1, N, K, 0);
+    /* wait ends the delay: the buffer the last update wrote is current */
+    zo_optim_step_result res = {.struct_size = sizeof(res)};
+    ck_assert_int_eq(zo_optim_wait(e.o, &res), 0);
+    ck_assert_int_eq(res.step, N);
+    ck_assert_int_eq(zo_optim_params_current(e.o), 1);
+    dbl_where(&d);
+    ck_assert_int_eq(d.slot, N % 2); /* every applied update switched buffers */
+    compare_dev(&e, &r, "dpu double", d.dev);
+    /* the engine's host copy of the params (read back from the buffer the
+     * kernel wrote, on the host backend) is the same update's */
+    for (int i = 0; i < NT; i++) {
+        const void *hb = NULL;
+        ck_assert_int_eq(zo_optim_param_buffer(e.o, (unsigned)i, &hb), 0);
+        ck_assert_msg(memcmp(hb, (char *)hist[N] + m.off[i] * 2, m.numel[i] * 2) == 0, "param_buffer %d", i);
+    }
+    /* the update copied or wrote its params as it went: nothing is left for a step call to copy */
+    zo_optim_timeline tl = {.struct_size = sizeof(tl)};
+    ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
+    ck_assert_uint_eq(tl.h2d_bytes, m.total * 2);
+    /* save, then the uninterrupted run goes on */
+    ck_assert_int_eq(zo_optim_save(e.o, dir, "dbl", 0, NULL), 0);
+    dbl_steps(&d, N + 1, N + M, K, 1);
+    ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0);
+    dbl_where(&d);
+    compare_dev(&e, &r, "dpu double, uninterrupted", d.dev);
+    /* resume in a new engine, device params scrambled: the same states and params */
+    zo_optim_destroy(&e.o);
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    for (int i = 0; i < NT; i++)
+        memset(e.dparam[i], 0x5a, m.numel[i] * 2);
+    ck_assert_int_eq(zo_optim_load(e.o, dir, "dbl", NULL, 0), 0);
+    dbl_run d2 = {.e = &e, .hist = hist, .max_norm = d.max_norm};
+    dbl_steps(&d2, N + 1, N + M, K, 1);
+    ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0);
+    dbl_where(&d2);
+    compare_dev(&e, &r, "dpu double, resumed", d2.dev);
+    eng_free(&e);
+    ref_free(&r);
+    for (int k = 0; k <= N + M; k++)
+        free(hist[k]);
+    free(hist);
+    zo__optim_force_copy = 0;
+    zo_test_rmtree(dir);
 }
 END_TEST
 
@@ -673,7 +834,7 @@ START_TEST(test_optim_save_load)
             *w++ = *q;
     *w = '\0';
     ck_assert_str_eq(uj, "{\"epoch\":7,\"note\":\"x}\"}");
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(e.o, &info);
     ck_assert_int_eq(info.step, 3);
     train(&e, NULL, 4, 6);
@@ -719,7 +880,7 @@ START_TEST(test_optim_export_import)
     compare(&e, &r, "host intake");
     /* the update count a framework restores from its own state_dict: the next
      * update's bias correction follows it, exactly as the reference's */
-    zo_optim_info inf;
+    zo_optim_info inf = {.struct_size = sizeof(inf)};
     ck_assert_int_eq(zo_optim_set_step(e.o, -1), -EINVAL);
     ck_assert_int_eq(zo_optim_set_step(e.o, 7), 0);
     ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
@@ -786,7 +947,8 @@ START_TEST(test_optim_speculative)
     float *xa = malloc(m.total * 4), *xb = malloc(m.total * 4);
     int nrb = 0;
     for (int s = 1; s <= 5; s++) {
-        zo_optim_info info0; /* before the first gradient: the eager update starts with it */
+        /* before the first gradient: the eager update starts with it */
+        zo_optim_info info0 = {.struct_size = sizeof(info0)};
         zo_optim_get_info(b.o, &info0);
         for (int i = 0; i < NT; i++) {
             fill_grad(&a, i, s, 1.0);
@@ -803,7 +965,7 @@ START_TEST(test_optim_speculative)
         }
         /* the speculative engine updates every sub-group before the step call
          * (all gradients are in): wait for it to show */
-        zo_optim_info info1;
+        zo_optim_info info1 = {.struct_size = sizeof(info1)};
         ck_assert_int_eq(zo_optim_grads_done(b.o), 0);
         for (int t = 0; t < 10000 && s != 5; t++) {
             zo_optim_get_info(b.o, &info1);
@@ -818,7 +980,7 @@ START_TEST(test_optim_speculative)
         ck_assert_int_eq(zo_optim_grad(b.o, 2, b.dgrad[2], NULL), ZO_ESTATE);
         /* and so is a save or a wait while the window is open */
         ck_assert_int_eq(zo_optim_wait(b.o, NULL), ZO_ESTATE);
-        zo_optim_step_result ra, rb;
+        zo_optim_step_result ra = {.struct_size = sizeof(ra)}, rb = {.struct_size = sizeof(rb)};
         int rca = zo_optim_step(a.o, NULL, &ra), rcb = zo_optim_step(b.o, NULL, &rb);
         ck_assert_int_eq(rca, rcb);
         ck_assert_int_eq(ra.clipped, rb.clipped);
@@ -868,7 +1030,7 @@ START_TEST(test_optim_speculative)
             ck_assert_int_eq(zo_optim_grad(c.o, (unsigned)i, c.dgrad[i], NULL), 0);
             ck_assert_int_eq(zo_optim_grad(d.o, (unsigned)i, d.dgrad[i], NULL), 0);
         }
-        zo_optim_step_result rd;
+        zo_optim_step_result rd = {.struct_size = sizeof(rd)};
         ck_assert_int_eq(zo_optim_step(c.o, NULL, NULL), 0);
         ck_assert_int_eq(zo_optim_step(d.o, NULL, &rd), 0);
         ck_assert_int_eq(rd.rolled_back, 0);
@@ -943,6 +1105,70 @@ END_TEST
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
+/* Output structs: the caller's struct_size, at least the first version's;
+ * the library fills what fits and never writes struct_size. `e` has done
+ * one step. */
+static void out_struct_sizes(eng *e)
+{
+    /* too small: refused before anything is done (nothing written, nothing waited for) */
+    zo_optim_info info;
+    memset(&info, 0xab, sizeof(info));
+    info.struct_size = ZO_OPTIM_INFO_SIZE_V1 - 8;
+    ck_assert_int_eq(zo_optim_get_info(e->o, &info), -EINVAL);
+    ck_assert(strstr(zo_optim_errmsg(e->o), "zo_optim_get_info") && strstr(zo_optim_errmsg(e->o), "struct_size"));
+    ck_assert_uint_eq(info.step, 0xababababababababull);
+    zo_optim_timeline tl;
+    memset(&tl, 0xab, sizeof(tl));
+    tl.struct_size = 0;
+    ck_assert_int_eq(zo_optim_get_timeline(e->o, &tl), -EINVAL);
+    ck_assert_uint_eq(tl.total_ns, 0xababababababababull);
+    zo_optim_step_result res;
+    memset(&res, 0xab, sizeof(res));
+    res.struct_size = sizeof(res) - 1;
+    ck_assert_int_eq(zo_optim_wait(e->o, &res), -EINVAL);
+    ck_assert_int_eq(zo_optim_last_result(e->o, &res), -EINVAL);
+    ck_assert_int_eq(zo_optim_step(e->o, NULL, &res), -EINVAL); /* nothing done: not a micro-step */
+    ck_assert_int_eq(res.boundary, (int)0xabababab);
+    zo_optim_info now = {.struct_size = sizeof(now)};
+    ck_assert_int_eq(zo_optim_get_info(e->o, &now), 0);
+    ck_assert_uint_eq(now.micro_steps, 1);
+    ck_assert_uint_eq(now.updates_done, 1);
+    /* an older caller (the first version): its fields, nothing past them */
+    memset(&info, 0xab, sizeof(info));
+    info.struct_size = ZO_OPTIM_INFO_SIZE_V1;
+    ck_assert_int_eq(zo_optim_get_info(e->o, &info), 0);
+    ck_assert_uint_eq(info.struct_size, ZO_OPTIM_INFO_SIZE_V1);
+    ck_assert_int_eq(info.step, 1);
+    ck_assert_uint_eq(info.ntensors, NT);
+    ck_assert_uint_eq(info.numel, e->m->total);
+    ck_assert_int_eq(info.dpu_active, 0);
+    ck_assert_uint_eq(info.eager_subgroups, 0xababababababababull);
+    ck_assert_uint_eq(info.updates_done, 0xababababababababull);
+    ck_assert_uint_eq(info.nvme_write_bytes_total, 0xababababababababull);
+    memset(&tl, 0xab, sizeof(tl));
+    tl.struct_size = ZO_OPTIM_TIMELINE_SIZE_V1;
+    ck_assert_int_eq(zo_optim_get_timeline(e->o, &tl), 0);
+    ck_assert_int_eq(tl.step, 1);
+    ck_assert_uint_gt(tl.total_ns, 0);
+    ck_assert_uint_ne(tl.stall_ns, 0xababababababababull);
+    ck_assert_uint_eq(tl.update_ns, 0xababababababababull);
+    /* a newer caller (a longer struct): ours filled, its own tail untouched */
+    struct {
+        zo_optim_info info;
+        uint64_t newer;
+    } big;
+    memset(&big, 0xab, sizeof(big));
+    big.info.struct_size = sizeof(big);
+    ck_assert_int_eq(zo_optim_get_info(e->o, &big.info), 0);
+    ck_assert_uint_eq(big.info.struct_size, sizeof(big));
+    ck_assert_uint_eq(big.info.updates_done, 1);
+    ck_assert_uint_eq(big.newer, 0xababababababababull);
+    res.struct_size = sizeof(res);
+    ck_assert_int_eq(zo_optim_last_result(e->o, &res), 0);
+    ck_assert_int_eq(res.step, 1);
+    ck_assert_int_eq(res.boundary, 1);
+}
+
 START_TEST(test_optim_errors)
 {
     model m;
@@ -964,6 +1190,14 @@ START_TEST(test_optim_errors)
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
     c = e.cfg;
     c.sub_group_size = 10;
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    /* double-buffered device params belong to DPU */
+    c = e.cfg;
+    c.dpu_double_buffer = 1;
+    ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    ck_assert(strstr(zo_last_error_detail(), "dpu_double_buffer") != NULL);
+    c.dpu = 1;
+    c.dpu_double_buffer = 2;
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
     /* a zero-size tensor */
     uint64_t bad[NT0] = {1000, 0, 3, 130001};
@@ -1010,7 +1244,7 @@ START_TEST(test_optim_errors)
     /* a budget the pool can shrink into */
     c.pinned_bytes = 48 << 20;
     ck_assert_int_eq(zo_optim_create(&o, &c), 0);
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     ck_assert_int_eq(zo_optim_get_info(o, &info), 0);
     ck_assert_uint_le(info.pinned_bytes, 48 << 20);
     zo_optim_destroy(&o);
@@ -1027,6 +1261,14 @@ START_TEST(test_optim_errors)
     zo_optim_hparams lion;
     zo_optim_hparams_default(&lion, ZO_OPTIM_LION);
     ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &lion), ZO_ECONFIG);
+    /* without double buffering the device params stay where the framework put them */
+    void *dp = NULL;
+    zo_event *ev = (zo_event *)1;
+    ck_assert_int_eq(zo_optim_param_device(e.o, 3, &dp, &ev), 0);
+    ck_assert_ptr_eq(dp, e.dparam[3]);
+    ck_assert_ptr_null(ev);
+    ck_assert_int_eq(zo_optim_param_device(e.o, NT, &dp, NULL), -EINVAL);
+    ck_assert_int_eq(zo_optim_param_device(NULL, 0, &dp, NULL), -EINVAL);
     /* without DPU, a second step while one is in flight is refused, and so is intake */
     for (int i = 0; i < NT; i++) {
         fill_grad(&e, i, 1, 1.0);
@@ -1037,6 +1279,7 @@ START_TEST(test_optim_errors)
     ck_assert_int_eq(zo_optim_grad(e.o, 0, e.dgrad[0], NULL), ZO_ESTATE);
     ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0);
     ck_assert_int_eq(zo_optim_wait(e.o, NULL), 0); /* nothing in flight: no-op */
+    out_struct_sizes(&e);
     eng_free(&e);
     /* NULL tolerance */
     zo_optim_destroy(NULL);
@@ -1047,15 +1290,18 @@ START_TEST(test_optim_errors)
 }
 END_TEST
 
-/* destroy while a step runs (and while DPU copies are pending) */
+/* destroy while a step runs (and while DPU copies are pending; 2: DPU with
+ * double-buffered device params, writing the engine's second buffers) */
 START_TEST(test_optim_destroy_async)
 {
-    for (int dpu = 0; dpu < 2; dpu++) {
+    for (int mode = 0; mode < 3; mode++) {
+        int dpu = mode > 0;
         model m;
         model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
         eng e;
         eng_config(&e, &m);
         e.cfg.dpu = dpu;
+        e.cfg.dpu_double_buffer = mode == 2;
         e.cfg.dpu_warmup_steps = 0;
         eng_create(&e);
         for (int s = 1; s <= 2; s++) {
@@ -1096,6 +1342,29 @@ static int64_t wfault_hook(void *user, const zo__aio_fault_site *st)
     return -ENOSPC;
 }
 
+/* A swap store in dir with arenas of arena_size bytes (grown as needed). */
+static zo_swap *nvme_swap(const char *dir, uint64_t arena_size)
+{
+    const char *dirs[1] = {dir};
+    zo_swap_config wc;
+    zo_swap_config_default(&wc);
+    wc.dirs = dirs;
+    wc.ndirs = 1;
+    wc.arena_size = arena_size;
+    zo_swap *swap;
+    ck_assert_int_eq(zo_swap_create(&swap, &wc), 0);
+    return swap;
+}
+
+/* setup() with NVMe placement in `swap`, clipping at 1 */
+static void setup_nvme(model *m, ref *r, eng *e, zo_swap *swap)
+{
+    setup(m, r, e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    e->cfg.placement = ZO_OPTIM_PLACE_NVME;
+    e->cfg.swap = swap;
+    e->cfg.max_grad_norm = 1.0;
+}
+
 /* The step fails with the disk's error, the engine refuses to go on with
  * states it cannot vouch for, and the last checkpoint restores a state
  * from which training continues exactly as the uninterrupted run. */
@@ -1106,14 +1375,7 @@ START_TEST(test_optim_nvme_diskfull)
     snprintf(swapdir, sizeof(swapdir), "%s/swap", dir);
     snprintf(ckdir, sizeof(ckdir), "%s/ckpt", dir);
     ck_assert_int_eq(mkdir(swapdir, 0700), 0);
-    const char *dirs[1] = {swapdir};
-    zo_swap_config wc;
-    zo_swap_config_default(&wc);
-    wc.dirs = dirs;
-    wc.ndirs = 1;
-    wc.arena_size = 16 << 20;
-    zo_swap *swap;
-    ck_assert_int_eq(zo_swap_create(&swap, &wc), 0);
+    zo_swap *swap = nvme_swap(swapdir, 16 << 20);
     wfault f;
     atomic_init(&f.armed, 0);
     atomic_init(&f.writes, 0);
@@ -1123,10 +1385,7 @@ START_TEST(test_optim_nvme_diskfull)
     model m;
     ref r;
     eng e;
-    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
-    e.cfg.placement = ZO_OPTIM_PLACE_NVME;
-    e.cfg.swap = swap;
-    e.cfg.max_grad_norm = 1.0;
+    setup_nvme(&m, &r, &e, swap);
     eng_create(&e);
     train(&e, &r, 1, 2);
     ck_assert_int_eq(zo_optim_save(e.o, ckdir, "step-2", 0, NULL), 0);
@@ -1184,7 +1443,7 @@ START_TEST(test_optim_grad_window_size)
         e.cfg.grad_accum_steps = c[k].accum;
         e.cfg.dpu = c[k].dpu;
         eng_create(&e);
-        zo_optim_info info;
+        zo_optim_info info = {.struct_size = sizeof(info)};
         ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
         ck_assert_msg(info.grad_buffer_dtype == c[k].want, "case %zu: window %s", k,
                       zo_dtype_name(info.grad_buffer_dtype));
@@ -1222,7 +1481,7 @@ START_TEST(test_optim_grad_window_spill)
     e.cfg.nonfinite = ZO_OPTIM_NONFINITE_SKIP;
     e.cfg.clip_mode = spec ? ZO_OPTIM_CLIP_SPECULATIVE : ZO_OPTIM_CLIP_TWO_PASS;
     eng_create(&e);
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
     ck_assert_int_eq(info.grad_buffer_dtype, ZO_DTYPE_BF16);
     const uint64_t narrow = m.total * 2;
@@ -1258,7 +1517,7 @@ START_TEST(test_optim_grad_window_spill)
         ck_assert_int_eq(zo_optim_grads_done(e.o), 0);
         ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
         ck_assert_uint_eq(info.grad_buffer_bytes, narrow + spill);
-        zo_optim_step_result res;
+        zo_optim_step_result res = {.struct_size = sizeof(res)};
         int rc = zo_optim_step(e.o, NULL, &res);
         ck_assert_msg(rc == 0, "step %d: %s (%s)", s, zo_strerror(rc), zo_optim_errmsg(e.o));
         double norm = 0;
@@ -1270,7 +1529,7 @@ START_TEST(test_optim_grad_window_spill)
         else
             ck_assert_uint_eq(res.nonfinite, 1);
         clipped += res.clipped;
-        zo_optim_timeline tl;
+        zo_optim_timeline tl = {.struct_size = sizeof(tl)};
         ck_assert_int_eq(zo_optim_get_timeline(e.o, &tl), 0);
         /* statistics taken at intake, from the bf16 window (and through the
          * fp32 copy where an fp32 host gradient spilled): no pass of the step's
@@ -1305,7 +1564,7 @@ START_TEST(test_optim_eager_learned_order)
     setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
     e.cfg.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
     eng_create(&e);
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
     /* the last tensor ("norm", group 1) is in the last sub-group only */
     const uint64_t waiting = 1;
@@ -1333,7 +1592,7 @@ START_TEST(test_optim_eager_learned_order)
         fill_grad(&e, NT - 1, s, 1.0);
         ref_grad(&r, NT - 1, e.dgrad[NT - 1]);
         ck_assert_int_eq(zo_optim_grad(e.o, NT - 1, e.dgrad[NT - 1], NULL), 0);
-        zo_optim_step_result res;
+        zo_optim_step_result res = {.struct_size = sizeof(res)};
         ck_assert_int_eq(zo_optim_step(e.o, NULL, &res), 0);
         ck_assert_int_eq(res.rolled_back, 0);
         ref_step(&r, 1.0, 0, NULL);
@@ -1341,6 +1600,61 @@ START_TEST(test_optim_eager_learned_order)
     }
     eng_free(&e);
     ref_free(&r);
+}
+END_TEST
+
+/* A full disk under NVMe placement: the states' disk space is allocated
+ * and reserved (fallocate) when the engine registers them at create, and a
+ * step only overwrites it. So a disk that is full before create fails
+ * create (nothing trained, nothing half-written: all before), and a disk
+ * that fills up after create fails no step: here every later growth of the
+ * swap store fails with ENOSPC (the disk is full) and the steps go on,
+ * bit-identical to the reference, without asking for any. (A write error
+ * mid-step is test_optim_nvme_diskfull.) */
+typedef struct nospace {
+    _Atomic int tries;
+} nospace;
+
+static int nospace_hook(void *user, const char *path)
+{
+    (void)path;
+    atomic_fetch_add(&((nospace *)user)->tries, 1);
+    return -ENOSPC;
+}
+
+START_TEST(test_optim_nvme_full_disk_reserved)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    zo_swap *swap = nvme_swap(dir, 1); /* one chunk: registering the states must grow the store */
+    nospace ns;
+    atomic_init(&ns.tries, 0);
+    model m;
+    ref r;
+    eng e;
+    setup_nvme(&m, &r, &e, swap);
+    /* full before create: create fails, the device params untouched */
+    zo__swap_set_grow_hook(swap, nospace_hook, &ns);
+    int rc = zo_optim_create(&e.o, &e.cfg);
+    ck_assert_msg(rc == -ENOSPC, "create on a full disk: %s (%s)", zo_strerror(rc), zo_last_error_detail());
+    ck_assert_ptr_null(e.o);
+    ck_assert_int_gt(atomic_load(&ns.tries), 0);
+    for (int i = 0; i < NT; i++)
+        for (uint64_t k = 0; k < m.numel[i]; k++)
+            ck_assert_float_eq(get(e.dparam[i], m.pdt, k), get(r.out, m.pdt, m.off[i] + k));
+    /* room at create; then the disk is full: the steps need none */
+    zo__swap_set_grow_hook(swap, NULL, NULL);
+    eng_create(&e);
+    atomic_store(&ns.tries, 0);
+    zo__swap_set_grow_hook(swap, nospace_hook, &ns);
+    train(&e, &r, 1, 3);
+    ck_assert_int_eq(atomic_load(&ns.tries), 0);
+    compare(&e, &r, "disk full after create");
+    zo__swap_set_grow_hook(swap, NULL, NULL);
+    eng_free(&e);
+    ref_free(&r);
+    zo_swap_destroy(&swap);
+    zo_test_rmtree(dir);
 }
 END_TEST
 
@@ -1353,6 +1667,7 @@ int main(void)
     tcase_add_test(tc, test_optim_fp16_scaler);
     tcase_add_test(tc, test_optim_nonfinite_policy);
     tcase_add_loop_test(tc, test_optim_dpu, 0, 2);
+    tcase_add_loop_test(tc, test_optim_dpu_double, 0, 3);
     tcase_add_test(tc, test_optim_save_load);
     tcase_add_test(tc, test_optim_export_import);
     tcase_add_test(tc, test_optim_speculative);
@@ -1363,6 +1678,7 @@ int main(void)
     tcase_add_test(tc, test_optim_grad_window_size);
     tcase_add_loop_test(tc, test_optim_grad_window_spill, 0, 4);
     tcase_add_test(tc, test_optim_eager_learned_order);
+    tcase_add_test(tc, test_optim_nvme_full_disk_reserved);
     suite_add_tcase(s, tc);
     return zo_test_run(s);
 }

@@ -28,7 +28,8 @@ static const char ds_nvme[] = "{\n"
     "                           \"buffer_count\": 6, \"fast_init\": false}},\n"
     "  \"aio\": {\"block_size\": 262144, \"queue_depth\": 16, \"intra_op_parallelism\": 2,\n"
     "          \"single_submit\": true, \"overlap_events\": false},\n"
-    "  \"zoffload\": {\"dpu\": true, \"dpu_warmup_steps\": 3, \"clip_mode\": \"speculative\",\n"
+    "  \"zoffload\": {\"dpu\": true, \"dpu_warmup_steps\": 3, \"dpu_double_buffer\": true,\n"
+    "               \"clip_mode\": \"speculative\",\n"
     "               \"pinned_bytes\": \"768MiB\", \"state_dtype\": \"bf16\", \"nonfinite\": \"skip\"}\n"
     "}\n";
 
@@ -63,6 +64,7 @@ START_TEST(test_deepspeed_file_maps)
     ck_assert_int_eq(c.aio_overlap_events, 0);
     ck_assert_int_eq(c.dpu, 1);
     ck_assert_uint_eq(c.dpu_warmup_steps, 3);
+    ck_assert_int_eq(c.dpu_double_buffer, 1);
     ck_assert_int_eq(c.clip_mode, ZO_OPTIM_CLIP_SPECULATIVE);
     ck_assert_int_eq(c.nonfinite, ZO_OPTIM_NONFINITE_SKIP);
     ck_assert_uint_eq(c.pinned_bytes, 768ull << 20);

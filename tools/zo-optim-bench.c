@@ -44,7 +44,7 @@ typedef struct opts {
     zo_dtype grad, state;
     zo_optim_kind kind;
     unsigned steps, pairs, dpu_warmup;
-    int dpu, vs_bound, json, progress, threads;
+    int dpu, dpu_double, vs_bound, json, progress, threads;
     double compute_ms, clip;
     zo_dev_kind backend;
 } opts;
@@ -85,6 +85,8 @@ static void usage(void)
            "  --threads N           optimizer threads (default: all)\n"
            "  --clip X              global-norm clipping at X (default off)\n"
            "  --dpu                 delayed parameter update (--dpu-warmup K, default 1)\n"
+           "  --dpu-params double|single  under --dpu: double-buffered device params, switched at the\n"
+           "                        step call (default), or one buffer copied to at the step call\n"
            "  --compute-ms X        device-stream work per iteration (default 0)\n"
            "  --steps N             timed steps without --vs-bound (default 5)\n"
            "  --vs-bound            alternate with the bound (kernel, fio, or max(compute, step)); --pairs N\n"
@@ -120,17 +122,20 @@ static int parse_opts(int argc, char **argv, opts *o)
     o->steps = 5;
     o->pairs = 5;
     o->dpu_warmup = 1;
+    o->dpu_double = 1;
     o->progress = 1;
     o->backend = ZO_DEV_HOST;
     enum { O_PARAMS = 256, O_TELEMS, O_PLACE, O_NVME, O_GRAD, O_STATE, O_OPT, O_SGS, O_PIN, O_THREADS, O_CLIP,
-           O_DPU, O_DPUW, O_COMPUTE, O_STEPS, O_VS, O_PAIRS, O_FIO, O_FIOMEM, O_CONFIG, O_BACKEND, O_JSON, O_NOPROG,
+           O_DPU, O_DPUW, O_DPUP, O_COMPUTE, O_STEPS, O_VS, O_PAIRS, O_FIO, O_FIOMEM, O_CONFIG, O_BACKEND, O_JSON,
+           O_NOPROG,
            O_HELP };
     static const struct option lo[] = {
         {"params", 1, 0, O_PARAMS},   {"tensor-elems", 1, 0, O_TELEMS}, {"placement", 1, 0, O_PLACE},
         {"nvme-path", 1, 0, O_NVME},  {"grad", 1, 0, O_GRAD},           {"state", 1, 0, O_STATE},
         {"optimizer", 1, 0, O_OPT},   {"sub-group", 1, 0, O_SGS},       {"pinned", 1, 0, O_PIN},
         {"threads", 1, 0, O_THREADS}, {"clip", 1, 0, O_CLIP},           {"dpu", 0, 0, O_DPU},
-        {"dpu-warmup", 1, 0, O_DPUW}, {"compute-ms", 1, 0, O_COMPUTE},  {"steps", 1, 0, O_STEPS},
+        {"dpu-warmup", 1, 0, O_DPUW}, {"dpu-params", 1, 0, O_DPUP}, {"compute-ms", 1, 0, O_COMPUTE},
+        {"steps", 1, 0, O_STEPS},
         {"vs-bound", 0, 0, O_VS},     {"pairs", 1, 0, O_PAIRS},         {"fio", 1, 0, O_FIO},
         {"fio-iomem", 1, 0, O_FIOMEM}, {"config", 1, 0, O_CONFIG},      {"backend", 1, 0, O_BACKEND},
         {"json", 0, 0, O_JSON},       {"no-progress", 0, 0, O_NOPROG},  {"help", 0, 0, O_HELP},
@@ -204,6 +209,14 @@ static int parse_opts(int argc, char **argv, opts *o)
                 return bad("--dpu-warmup: \"%s\" is not a count", optarg);
             o->dpu_warmup = strcmp(optarg, "0") == 0 ? 0 : (unsigned)u;
             break;
+        case O_DPUP:
+            if (strcmp(optarg, "double") == 0)
+                o->dpu_double = 1;
+            else if (strcmp(optarg, "single") == 0)
+                o->dpu_double = 0;
+            else
+                return bad("--dpu-params: \"%s\" is not double or single", optarg);
+            break;
         case O_COMPUTE:
             o->compute_ms = strtod(optarg, &end);
             if (*end || o->compute_ms < 0 || o->compute_ms > 3.6e6)
@@ -249,6 +262,7 @@ typedef struct bench {
     unsigned nt;
     uint64_t *numel;
     void **dparam, **dgrad;
+    void **cur;      /* where the next forward reads each tensor's params (double-buffered under DPU) */
     zo_optim_group grp;
     zo_optim_config cfg;
     zo_optim_json *json;
@@ -288,6 +302,7 @@ static void bench_free(bench *b)
     }
     free(b->dparam);
     free(b->dgrad);
+    free(b->cur);
     free(b->ev);
     free(b->numel);
     zo_stream_destroy(&b->compute);
@@ -330,7 +345,8 @@ static int setup(bench *b, const opts *o)
     b->dparam = calloc(b->nt, sizeof(void *));
     b->dgrad = calloc(b->nt, sizeof(void *));
     b->ev = calloc(b->nt, sizeof(*b->ev));
-    if (!b->numel || !b->dparam || !b->dgrad || !b->ev) {
+    b->cur = calloc(b->nt, sizeof(void *));
+    if (!b->numel || !b->dparam || !b->dgrad || !b->ev || !b->cur) {
         rc = -ENOMEM;
         goto fail;
     }
@@ -391,6 +407,7 @@ static int setup(bench *b, const opts *o)
     b->cfg.max_grad_norm = o->clip;
     b->cfg.dpu = o->dpu;
     b->cfg.dpu_warmup_steps = o->dpu_warmup;
+    b->cfg.dpu_double_buffer = o->dpu && o->dpu_double;
     if (o->grad == ZO_DTYPE_F16)
         b->cfg.loss_scale = 1; /* static: synthetic gradients never overflow, the scaler would only skew timing */
     if (o->placement == ZO_OPTIM_PLACE_NVME) {
@@ -460,11 +477,29 @@ typedef struct iter_res {
     int have_tl;
 } iter_res;
 
+/* What a framework does after each step call: look up where each tensor's
+ * params are for the next forward and order its stream after them (with
+ * double-buffered params the pointers alternate between two buffers; the
+ * synthetic compute does not read them, but the look-up is part of the cost). */
+static int next_params(bench *b)
+{
+    for (unsigned i = 0; i < b->nt; i++) {
+        zo_event *ev = NULL;
+        int rc = zo_optim_param_device(b->opt, i, &b->cur[i], &ev);
+        if (rc < 0)
+            return rc;
+        if (ev && (rc = zo_stream_wait_event(b->compute, ev)) < 0)
+            return rc;
+    }
+    return 0;
+}
+
 /* One training iteration. With DPU the step call returns once the update is
  * queued, and the iteration ends when the device has finished its compute. */
 static int iterate(bench *b, iter_res *r, int isolate)
 {
     memset(r, 0, sizeof(*r));
+    r->tl.struct_size = sizeof(r->tl);
     double t0 = now_s();
     int rc = hand_grads(b);
     if (rc < 0)
@@ -475,7 +510,7 @@ static int iterate(bench *b, iter_res *r, int isolate)
     }
     double ts = now_s();
     rc = b->o->dpu ? zo_optim_step_async(b->opt, NULL) : zo_optim_step(b->opt, NULL, NULL);
-    if (rc < 0)
+    if (rc < 0 || (rc = next_params(b)) < 0)
         return rc;
     r->step_s = now_s() - ts;
     if ((rc = zo_stream_sync(b->compute)) < 0)
@@ -584,7 +619,7 @@ int main(int argc, char **argv)
     int rc = setup(&b, &o);
     if (rc)
         return rc;
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(b.opt, &info);
     const char *mode = o.vs_bound ? (o.dpu ? "dpu" : o.placement == ZO_OPTIM_PLACE_NVME ? "disk" : "kernel") : "steps";
     if (!o.json) {
@@ -592,7 +627,7 @@ int main(int argc, char **argv)
                "%s%s\n",
                zo_version_string(), o.placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host", (double)o.params, b.nt,
                info.nsubgroups, zo_dtype_name(o.grad), zo_dtype_name(o.state), zo_cpuadam_variant(),
-               o.dpu ? ", DPU" : "");
+               o.dpu ? (o.dpu_double ? ", DPU (double-buffered params)" : ", DPU (single param buffer)") : "");
         zo_machine_print(&mach, stdout);
         if (o.placement == ZO_OPTIM_PLACE_NVME) {
             char where[256];
@@ -706,7 +741,7 @@ int main(int argc, char **argv)
         goto run_done; /* interrupted before the first run: nothing to report */
     n = done; /* medians over the runs done (interrupted: fewer than asked) */
     if (o.dpu) { /* collect the last delayed update */
-        zo_optim_step_result sr;
+        zo_optim_step_result sr = {.struct_size = sizeof(sr)};
         if ((rc = zo_optim_wait(b.opt, &sr)) < 0)
             goto run_fail2;
     }
@@ -730,6 +765,8 @@ int main(int argc, char **argv)
             zj_str(&j, "state_dtype", zo_dtype_name(o.state));
             zj_str(&j, "kernel", zo_cpuadam_variant());
             zj_bool(&j, "dpu", o.dpu);
+            if (o.dpu)
+                zj_str(&j, "dpu_params", o.dpu_double ? "double" : "single");
             zj_num(&j, "compute_ms", o.compute_ms);
             zj_str(&j, "mode", mode);
             zj_uint(&j, "runs", n);

@@ -389,7 +389,7 @@ static int reference_start(reference *r, zo_optim *o)
     zo_vec_cast(r->out, r->pdt, r->master, ZO_DTYPE_F32, (size_t)r->total);
     memcpy(r->seen, r->out, (size_t)r->total * pes);
     memcpy(r->prev_out, r->out, (size_t)r->total * pes);
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(o, &info);
     r->step = info.step;
     /* the DPU warm-up counts boundaries, applied or skipped; a checkpoint
@@ -1007,7 +1007,7 @@ int main(int argc, char **argv)
         }
     }
 
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(o, &info);
     printf("model: %u layers of %zu x %zu + bias, %" PRIu64 " parameters (%.1f M), batch %zu x %u micro-steps\n",
            shape.layers, shape.width, shape.width, nparams, nparams / 1e6, shape.batch, cfg.grad_accum_steps);
@@ -1085,7 +1085,7 @@ int main(int argc, char **argv)
         /* Without DPU (or in its warm-up) the update finishes now; with it,
          * the next step call finishes it while this step's forward runs. */
         zo_optim_get_info(o, &info);
-        zo_optim_step_result res = {0};
+        zo_optim_step_result res = {.struct_size = sizeof(res)};
         if (!cfg.dpu || !info.dpu_active) {
             if ((r = zo_optim_wait(o, &res)) < 0) {
                 fprintf(stderr, "zo-train: step %u: %s (%s)\n", s + 1, zo_strerror(r), zo_optim_errmsg(o));
@@ -1106,7 +1106,7 @@ int main(int argc, char **argv)
                 verify_failed = 1;
             }
         }
-        zo_optim_timeline tl;
+        zo_optim_timeline tl = {.struct_size = sizeof(tl)};
         int have_tl = zo_optim_get_timeline(o, &tl) == 0;
         if (tot.steps == 0)
             tot.first_loss = loss;
@@ -1141,7 +1141,7 @@ int main(int argc, char **argv)
         goto out;
     tot.wall_s = now_s() - t_start;
     {
-        zo_optim_timeline tl;
+        zo_optim_timeline tl = {.struct_size = sizeof(tl)};
         if (zo_optim_get_timeline(o, &tl) == 0)
             totals_add_timeline(&tot, &tl); /* the last update, finished by the wait */
     }

@@ -188,7 +188,7 @@ int main(int argc, char **argv)
             first = loss;
         last = loss;
         if (step % 10 == 0) {
-            zo_optim_step_result res;
+            zo_optim_step_result res = {.struct_size = sizeof(res)};
             char tl[512];
             if (zo_optim_last_result(opt, &res) == 0 && zo_optim_timeline_json(opt, tl, sizeof(tl)) > 0)
                 printf("step %2d loss %.5f  grad norm %.4f clip %.3f  timeline %s\n", step, loss, res.grad_norm,
@@ -206,7 +206,7 @@ int main(int argc, char **argv)
     char user[64];
     CHECK(zo_optim_load(opt, ckdir, NULL, user, sizeof(user)));
     CHECK(zo_optim_state_export(opt, 0, ZO_OPTIM_STATE_EXP_AVG_SQ, after, ZO_DTYPE_F32, 0, 8));
-    zo_optim_info info;
+    zo_optim_info info = {.struct_size = sizeof(info)};
     CHECK(zo_optim_get_info(opt, &info));
     int same = memcmp(before, after, sizeof(before)) == 0;
     printf("loss %.5f -> %.5f; restored step %lld, user %s, states %s\n", first, last, (long long)info.step, user,

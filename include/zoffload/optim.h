@@ -93,10 +93,32 @@
  *     k >= K + 2:  the result of step k - 2.
  *   Gradients of step k are always applied to the masters of step k - 1.
  *
+ *   Double-buffered device params (`dpu_double_buffer`): the same schedule,
+ *   without the copy at the step call. Every tensor with dev_params has two
+ *   device buffers: the framework's (dev_params) and one the engine
+ *   allocates with zo_dev_malloc(). The update of step k writes the buffer
+ *   the device is not reading, piece by piece as its sub-groups finish (on
+ *   the host backend the fused kernel writes it directly; on a GPU the
+ *   pieces are copied host -> device on the engine's stream, after the
+ *   window's gradient events, so after the backward that read that buffer).
+ *   The step call that collects the update (the next boundary's
+ *   zo_optim_step_async(), zo_optim_wait(), or the warm-up boundary's own
+ *   call) makes that buffer current; zo_optim_param_device() then returns
+ *   each tensor's pointer for the next forward and an event to wait on.
+ *   A framework re-reads the pointers after every step call at a boundary
+ *   (and after zo_optim_wait()); the other buffer must not be read from
+ *   then on: the next update writes it.
+ *
  * Failures during an update
- *   A step that fails while states are being written (an I/O error or a
- *   full disk under NVMe placement, surfacing from the store's sweep)
- *   leaves the masters neither all before nor all after the step: the
+ *   A full disk under NVMe placement fails zo_optim_create(), never a step:
+ *   the states' disk space is allocated and reserved (fallocate) when create
+ *   registers them, and a step only overwrites it, so a disk that fills up
+ *   later costs the steps nothing (checkpoints, which are new files, fail
+ *   atomically). On a filesystem that cannot reserve (no fallocate; the
+ *   swap store logs a warning) or that copies on write, and for any I/O
+ *   error, a step that fails while states are being written (surfacing
+ *   from the store's sweep) leaves the masters neither all before nor all
+ *   after the step: the
  *   sub-groups before the failure hold the new values, the failing piece is
  *   undefined, the rest hold the old ones (making it all-before would need
  *   a second copy of the states on disk). The engine then refuses steps,
@@ -248,6 +270,13 @@ typedef struct zo_optim_config {
     /* ---- CPU ---- */
     int nthreads;                /**< optimizer threads; 0 (default): the CPUs this process may use */
     int numa_node;               /**< node for pinned memory and the store; -1 (default): the device's */
+
+    /* ---- added after the first version (in what was its tail padding) ---- */
+    int dpu_double_buffer;       /**< with dpu 1: 1 double-buffers the device params (see "Delayed parameter
+                                      update"): the engine allocates a second device buffer per tensor with
+                                      dev_params, each update writes the buffer the device is not reading as
+                                      its sub-groups finish, and the framework switches buffers at the step
+                                      call (zo_optim_param_device()); no copy at the step call. Default 0 */
 } zo_optim_config;
 
 /** Fill *cfg with the defaults listed above. NULL ignored. */
@@ -301,7 +330,8 @@ ZO_API int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *nume
 /**
  * Initialise every master from the device parameters (widened to fp32)
  * and zero the states; also fills the parameter buffers. Needs dev_params
- * in every group. Blocks until done.
+ * in every group. With dpu_double_buffer it reads the current buffers (those
+ * zo_optim_param_device() gives). Blocks until done.
  * @return 0; ZO_ESTATE (a group has no dev_params; or a step in flight or
  *         gradients pending); device copy errors; store errors.
  */
@@ -329,7 +359,8 @@ ZO_API int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state whi
 
 /**
  * Copy the parameter buffers (the masters cast to param_dtype) to the
- * device parameters of every group that has dev_params, and wait.
+ * device parameters of every group that has dev_params (with
+ * dpu_double_buffer: to the current buffers), and wait.
  * @return 0; ZO_ESTATE (a step in flight); device errors.
  */
 ZO_API int zo_optim_push_params(zo_optim *o);
@@ -417,8 +448,20 @@ ZO_API void zo_optim_step_opts_default(zo_optim_step_opts *opts);
  */
 ZO_API int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *opts);
 
+/*
+ * Output structs (zo_optim_step_result, zo_optim_info, zo_optim_timeline)
+ * start with struct_size, which the caller sets (to sizeof the struct, e.g.
+ * `zo_optim_info info = {.struct_size = sizeof(info)};`) before the call.
+ * The library fills only what fits in struct_size and never writes
+ * struct_size itself; a struct_size smaller than the struct's first
+ * published version (the ZO_OPTIM_*_SIZE_V1 macros) is refused with -EINVAL
+ * before anything is done. A caller built against an older header gets the
+ * fields its version has.
+ */
+
 /** Result of a step (zo_optim_wait(), zo_optim_step()). */
 typedef struct zo_optim_step_result {
+    size_t struct_size;  /**< set by the caller: sizeof(zo_optim_step_result) */
     int64_t step;        /**< updates applied so far (a skipped boundary does not count) */
     int boundary;        /**< 1 if the call ended an accumulation window */
     int skipped;         /**< 1 if the update was skipped (overflow) */
@@ -430,24 +473,29 @@ typedef struct zo_optim_step_result {
     uint64_t nonfinite;  /**< inf/NaN elements found */
 } zo_optim_step_result;
 
+/** The size of the first version of zo_optim_step_result (the smallest struct_size accepted). */
+#define ZO_OPTIM_STEP_RESULT_SIZE_V1 sizeof(zo_optim_step_result)
+
 /**
  * Wait for the step in flight (no-op when none): its update and the copy of
  * its parameters to the device. Under DPU this also ends the delay: the
  * device params are current afterwards. res may be NULL; when no step was
  * in flight it gets boundary 0, the current step count and loss scale.
- * @return 0; ZO_ENONFINITE (non-finite gradients under
+ * @return 0; -EINVAL (res->struct_size below ZO_OPTIM_STEP_RESULT_SIZE_V1:
+ *         nothing is waited for); ZO_ENONFINITE (non-finite gradients under
  *         ZO_OPTIM_NONFINITE_ERROR: nothing was updated); store errors
  *         (-EIO, -ENOSPC, ZO_ECORRUPT: see "Failures during an update"),
  *         device and kernel errors.
  */
 ZO_API int zo_optim_wait(zo_optim *o, zo_optim_step_result *res);
 
-/** zo_optim_step_async() then zo_optim_wait(). */
+/** zo_optim_step_async() then zo_optim_wait(); res (if not NULL) is checked first (-EINVAL, nothing done). */
 ZO_API int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res);
 
 /**
  * The result of the latest finished boundary (under DPU the step whose
- * result step_async() fenced). @return 0; -EINVAL; -ENOENT (none yet).
+ * result step_async() fenced). @return 0; -EINVAL (NULL, struct_size);
+ * -ENOENT (none yet).
  */
 ZO_API int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res);
 
@@ -507,6 +555,26 @@ ZO_API int zo_optim_set_step(zo_optim *o, int64_t step);
  */
 ZO_API int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host);
 
+/**
+ * Where tensor `index`'s device params for the next forward are. Without
+ * `dpu_double_buffer` always the group's dev_params entry (returns 0).
+ * With it, one of the tensor's two device buffers: 0 the framework's
+ * dev_params entry, 1 the engine's second buffer; the answer changes only
+ * in step calls that collect an update (a boundary's zo_optim_step_async(),
+ * zo_optim_wait(), zo_optim_step(); also a save, export, import, push,
+ * init or load, which wait for the update in flight first), so read it
+ * after each. *ready (if not NULL) receives an event of the engine's device
+ * the framework's stream must wait on before it reads the buffer
+ * (zo_stream_wait_event()), or NULL when there is nothing to wait for (the host
+ * backend writes the buffer on the CPU; on a GPU the engine waits for its
+ * copies before it switches buffers, so the event is complete, but a
+ * framework must not rely on that). The engine's buffers are owned by it
+ * and freed by zo_optim_destroy(). Caller's thread. Does not block.
+ * @return the buffer index (0 or 1); -EINVAL (NULL o, index out of range);
+ *         -ENOENT (the tensor's group has no dev_params).
+ */
+ZO_API int zo_optim_param_device(zo_optim *o, unsigned index, void **dev, struct zo_event **ready);
+
 /* ---- save / load ----------------------------------------------------------------------- */
 
 /**
@@ -524,7 +592,9 @@ ZO_API int zo_optim_save(zo_optim *o, const char *root, const char *name, unsign
 /**
  * Load checkpoint `name` (NULL: the latest) of `root`: masters, states,
  * counts and scaler; rewrites the parameter buffers and (with dev_params)
- * the device params. A run resumed from it continues bit-identically.
+ * the device params (with dpu_double_buffer: the current buffers, which
+ * stay the ones zo_optim_param_device() gave). A run resumed from it
+ * continues bit-identically.
  * user_json, if not NULL, receives the caller's JSON (truncated to len, NUL-terminated).
  * @return 0; -EINVAL; ZO_EFORMAT (not an optim checkpoint, or the config
  *         fingerprint differs: layout, dtypes, optimizer kinds); -ENOENT;
@@ -536,6 +606,7 @@ ZO_API int zo_optim_load(zo_optim *o, const char *root, const char *name, char *
 
 /** Engine state. */
 typedef struct zo_optim_info {
+    size_t struct_size;      /**< set by the caller: sizeof(zo_optim_info) */
     int64_t step;            /**< updates applied */
     uint64_t micro_steps;    /**< micro-steps seen */
     uint64_t skipped_steps;  /**< boundaries skipped (overflow) */
@@ -559,12 +630,16 @@ typedef struct zo_optim_info {
                                      grad_accum_steps is 1 */
 } zo_optim_info;
 
-/** @return 0; -EINVAL. Any thread (a snapshot). */
+/** The size of the first version of zo_optim_info (through dpu_active): the smallest struct_size accepted. */
+#define ZO_OPTIM_INFO_SIZE_V1 offsetof(zo_optim_info, eager_subgroups)
+
+/** @return 0; -EINVAL (NULL, struct_size below ZO_OPTIM_INFO_SIZE_V1). Any thread (a snapshot). */
 ZO_API int zo_optim_get_info(zo_optim *o, zo_optim_info *info);
 
 /** Where the time of one step went. Durations in nanoseconds (sums over the
  *  step's pieces; pieces overlap, so they may add up to more than total). */
 typedef struct zo_optim_timeline {
+    size_t struct_size;      /**< set by the caller: sizeof(zo_optim_timeline) */
     int64_t step;            /**< the update this describes (its value after the update) */
     uint64_t total_ns;       /**< from the boundary's step call to the end of its copy-back */
     uint64_t d2h_ns;         /**< gradient copies device -> host (this window) */
@@ -590,7 +665,11 @@ typedef struct zo_optim_timeline {
                                   step call's parameter copy: the optimizer's cost to set against compute */
 } zo_optim_timeline;
 
-/** The timeline of the latest finished update. @return 0; -EINVAL; -ENOENT (no update yet). */
+/** The size of the first version of zo_optim_timeline (through stall_ns): the smallest struct_size accepted. */
+#define ZO_OPTIM_TIMELINE_SIZE_V1 offsetof(zo_optim_timeline, update_ns)
+
+/** The timeline of the latest finished update. @return 0; -EINVAL (NULL, struct_size below
+ *  ZO_OPTIM_TIMELINE_SIZE_V1); -ENOENT (no update yet). */
 ZO_API int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl);
 
 /**

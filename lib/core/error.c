@@ -132,6 +132,21 @@ int zo__struct_in(void *dst, size_t dst_size, const void *src, size_t min_size, 
     return 0;
 }
 
+int zo__struct_out(void *dst, const void *src, size_t src_size, size_t min_size, zo_errbuf *eb, const char *fn)
+{
+    size_t have;
+    memcpy(&have, dst, sizeof(have)); /* every versioned struct starts with size_t struct_size */
+    if (have < min_size || have < sizeof(size_t))
+        return zo__fail(eb, -EINVAL, "core",
+                        "%s: struct_size %zu is smaller than the first version of the struct (%zu): set it to "
+                        "sizeof the struct", fn, have, min_size);
+    if (src) {
+        size_t n = have < src_size ? have : src_size;
+        memcpy((char *)dst + sizeof(size_t), (const char *)src + sizeof(size_t), n - sizeof(size_t));
+    }
+    return 0;
+}
+
 /* ---- dtypes ------------------------------------------------------------- */
 static const struct {
     const char *name;

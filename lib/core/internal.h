@@ -114,6 +114,20 @@ int zo__struct_in(void *dst, size_t dst_size, const void *src, size_t min_size, 
 #define ZO_STRUCT_IN(dst, src, first_member_end, eb, fn) \
     zo__struct_in((dst), sizeof(*(dst)), (src), (first_member_end), (eb), (fn))
 
+/* The rule for a struct the library fills for the caller (results, info,
+ * timelines) that starts with `size_t struct_size`: the caller sets
+ * struct_size to the size of its version of the struct; it must be at least
+ * min_size, the size of the first published version (else -EINVAL with a
+ * detail naming `fn`, and nothing is written). The library fills `src`
+ * (its own, current version) and copies the first min(struct_size,
+ * src_size) bytes of it out, struct_size excepted: an older caller gets the
+ * fields it knows, a newer caller's fields past ours are left as it set
+ * them. Check first with src NULL (nothing is copied) when the function has
+ * work to do before it fills the struct. */
+int zo__struct_out(void *dst, const void *src, size_t src_size, size_t min_size, zo_errbuf *eb, const char *fn);
+#define ZO_STRUCT_OUT(dst, src, min_size, eb, fn) \
+    zo__struct_out((dst), (src), sizeof(*(src)), (min_size), (eb), (fn))
+
 /* ---- time ----------------------------------------------------------------- */
 static inline uint64_t zo__now_ns(void)
 {

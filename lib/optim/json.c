@@ -35,7 +35,7 @@ enum vid {
     V_CLIP, V_ACCUM, V_SGS,
     V_OFF_DEVICE, V_NVME_PATH, V_PIN, V_BUFCNT,
     V_AIO_BS, V_AIO_QD, V_AIO_THREADS, V_AIO_SS, V_AIO_OE, V_AIO_GDS,
-    V_PINNED_BYTES, V_STAGING, V_CLIP_MODE, V_NONFINITE, V_DPU, V_DPU_WARMUP, V_NTHREADS, V_NUMA,
+    V_PINNED_BYTES, V_STAGING, V_CLIP_MODE, V_NONFINITE, V_DPU, V_DPU_WARMUP, V_DPU_DOUBLE, V_NTHREADS, V_NUMA,
     V_STATE_DTYPE, V_GRAD_DTYPE,
     V_COUNT
 };
@@ -174,6 +174,7 @@ static const keydef k_ours[] = {
     {"nonfinite", T_STR, V_NONFINITE, 0, 0, NULL},
     {"dpu", T_BOOL, V_DPU, 0, 0, NULL},
     {"dpu_warmup_steps", T_INT, V_DPU_WARMUP, 0, 1e9, NULL},
+    {"dpu_double_buffer", T_BOOL, V_DPU_DOUBLE, 0, 0, NULL},
     {"nthreads", T_INT | T_AUTO, V_NTHREADS, 1, 1024, NULL},
     {"numa_node", T_INT, V_NUMA, -1, 4095, NULL},
     {"state_dtype", T_STR, V_STATE_DTYPE, 0, 0, NULL},
@@ -826,6 +827,8 @@ ZO_API int zo_optim_json_apply(zo_optim_json *j, zo_optim_config *cfg, zo_optim_
         c.dpu = v[V_DPU].b;
     if (v[V_DPU_WARMUP].set)
         c.dpu_warmup_steps = (unsigned)v[V_DPU_WARMUP].num;
+    if (v[V_DPU_DOUBLE].set)
+        c.dpu_double_buffer = v[V_DPU_DOUBLE].b;
     if (v[V_NTHREADS].set) {
         if (v[V_NTHREADS].is_auto) {
             c.nthreads = 0;

@@ -188,15 +188,15 @@ static void host_free(void *p, int pinned)
 /* The parameter buffer exists (direct mode makes it on first use; its
  * contents are then the device's, read back by zo__pbuf_fresh()). Caller's
  * thread, no job running. */
-int zo__pbuf_need(zo_optim *o)
+int zo__pbuf_need(zo_optim *o, unsigned b)
 {
-    if (o->pbuf[o->pcur])
+    if (o->pbuf[b])
         return 0;
-    int r = host_alloc(o, &o->pbuf[o->pcur], (size_t)o->numel * o->pes, 1, &o->pbuf_pinned[o->pcur]);
+    int r = host_alloc(o, &o->pbuf[b], (size_t)o->numel * o->pes, 1, &o->pbuf_pinned[b]);
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim: cannot allocate the %llu-byte parameter buffer",
                        (unsigned long long)(o->numel * o->pes));
-    o->pbuf_stale = 1;
+    o->pbuf_stale[b] = 1;
     return 0;
 }
 
@@ -297,6 +297,7 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
             t->off = off;
             t->group = g;
             t->dev = ug->dev_params ? ug->dev_params[i] : NULL;
+            t->devb[0] = t->devb[1] = t->dev;
             if (ug->dev_params && !t->dev)
                 return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u tensor %u: dev_params entry NULL", g, i);
             off += t->numel;
@@ -514,6 +515,11 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: clip_mode, nonfinite, dpu or nthreads out of range");
         goto fail;
     }
+    if ((cfg->dpu_double_buffer != 0 && cfg->dpu_double_buffer != 1) || (cfg->dpu_double_buffer && !cfg->dpu)) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: dpu_double_buffer %d (0, or 1 with dpu 1)",
+                    cfg->dpu_double_buffer);
+        goto fail;
+    }
     /* read the caller's values from our copy (never past its struct_size) */
     if ((r = layout(o, &o->cfg)) < 0)
         goto fail;
@@ -542,7 +548,11 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
      * source) */
     o->nwin = cfg->dpu ? 2 : 1;
     o->npbuf = cfg->dpu ? 2 : 1;
-    o->direct = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && !cfg->dpu && !zo__optim_force_copy;
+    /* double-buffered device params: the update writes the buffer the
+     * device does not read, so on the host backend the kernel writes it
+     * itself as it does without DPU */
+    o->dbl = cfg->dpu_double_buffer;
+    o->direct = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && (!cfg->dpu || o->dbl) && !zo__optim_force_copy;
     o->host_grads = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && !zo__optim_force_copy;
     size_t pb;
     if (zo__mul_size((size_t)o->numel, o->pes, &pb) < 0) {
@@ -564,6 +574,25 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     for (unsigned b = 0; b < o->npbuf && need_pbuf; b++)
         if ((r = host_alloc(o, &o->pbuf[b], pb, 1, &o->pbuf_pinned[b])) < 0)
             goto fail;
+    if (o->dbl) {
+        /* the second device buffer of every tensor with device params */
+        for (unsigned i = 0; i < o->nt; i++) {
+            zo__ot *t = &o->tensors[i];
+            if (!t->dev)
+                continue;
+            if ((r = zo_dev_malloc(o->dev, &t->devb[1], (size_t)t->numel * o->pes)) < 0) {
+                t->devb[1] = NULL;
+                ZO_FAIL(&o->err, r, "zo_optim_create: the second device buffer of '%s' (%llu bytes): %s", t->name,
+                        (unsigned long long)(t->numel * o->pes), zo_dev_errmsg(o->dev));
+                goto fail;
+            }
+            o->own_devb = 1;
+        }
+        if ((r = zo_event_create(o->dev, &o->ev_pdone[0])) < 0 || (r = zo_event_create(o->dev, &o->ev_pdone[1])) < 0) {
+            ZO_FAIL(&o->err, r, "zo_optim_create: events: %s", zo_dev_errmsg(o->dev));
+            goto fail;
+        }
+    }
     o->eager = cfg->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && !cfg->dpu;
     o->sg_list = calloc(o->nsg, sizeof(*o->sg_list));
     o->sg_sumsq = calloc(o->nsg, sizeof(*o->sg_sumsq));
@@ -645,6 +674,12 @@ void zo_optim_destroy(zo_optim **op)
     zo_stream_destroy(&o->h2d);
     zo_event_destroy(&o->ev_win[0]);
     zo_event_destroy(&o->ev_win[1]);
+    zo_event_destroy(&o->ev_pdone[0]);
+    zo_event_destroy(&o->ev_pdone[1]);
+    if (o->own_devb)
+        for (unsigned i = 0; i < o->nt; i++)
+            if (o->tensors[i].devb[1] && o->tensors[i].devb[1] != o->tensors[i].devb[0])
+                zo_dev_free(o->dev, o->tensors[i].devb[1]);
     zo_cpuadam_team_destroy(&o->team);
     zo_cpuadam_team_destroy(&o->iteam);
     zo_store_destroy(&o->store);
@@ -976,6 +1011,15 @@ int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite)
 
 /* ---- the step calls ---------------------------------------------------------------- */
 
+/* Double-buffered device params: buffer db becomes the one the framework
+ * reads (caller's thread, no job running). */
+static void set_dcur(zo_optim *o, unsigned db)
+{
+    o->dcur = db;
+    for (unsigned i = 0; i < o->nt; i++)
+        o->tensors[i].dev = o->tensors[i].devb[db];
+}
+
 /* Wait for the worker to finish a job and collect its result. */
 static int collect(zo_optim *o, zo_optim_step_result *res)
 {
@@ -990,7 +1034,11 @@ static int collect(zo_optim *o, zo_optim_step_result *res)
         r = o->job_err;
         if (res)
             *res = o->job_res;
+        int applied = r == 0 && !o->job_res.skipped;
+        unsigned db = o->job.dbuf;
         pthread_mutex_unlock(&o->lock);
+        if (o->dbl && applied)
+            set_dcur(o, db); /* the buffer the update wrote is the one the next forward reads */
         zo__wstate_set(o, ZO__W_IDLE);
         return r;
     }
@@ -1004,7 +1052,7 @@ static int push_pending(zo_optim *o)
     if (!o->push_pending)
         return 0;
     uint64_t t0 = zo__now_ns();
-    int r = zo__push_range(o, o->pcur, 0, o->numel);
+    int r = zo__push_range(o, o->pcur, o->dcur, 0, o->numel);
     if (r == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0)
@@ -1100,6 +1148,7 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     int delayed = o->cfg.dpu && o->boundaries > o->cfg.dpu_warmup_steps;
     zo__job job = {.win = o->win,
                    .pbuf = o->npbuf == 2 ? o->pcur ^ 1u : 0,
+                   .dbuf = o->dbl ? o->dcur ^ 1u : 0,
                    .delayed = delayed,
                    .scale = o->win_scale[o->win],
                    .opts = opts,
@@ -1134,6 +1183,10 @@ int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
 {
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_wait: NULL engine");
+    int rs = res ? ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1, &o->err,
+                                 "zo_optim_wait") : 0;
+    if (rs < 0)
+        return rs;
     zo_optim_step_result rr;
     memset(&rr, 0, sizeof(rr));
     int r = collect(o, &rr);
@@ -1147,7 +1200,7 @@ int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
     }
     int r2 = push_pending(o);
     if (res)
-        *res = rr;
+        ZO_STRUCT_OUT(res, &rr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &o->err, "zo_optim_wait");
     if (r == 0 && r2 == 0) {
         o->params_current = 1;
         o->win_scale[o->win] = o->scaler.scale;
@@ -1157,7 +1210,11 @@ int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
 
 int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res)
 {
-    int r = zo_optim_step_async(o, opts);
+    int r;
+    if (o && res && (r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1,
+                                       &o->err, "zo_optim_step")) < 0)
+        return r;
+    r = zo_optim_step_async(o, opts);
     int r2 = o ? zo_optim_wait(o, res) : r;
     return r < 0 ? r : r2;
 }
@@ -1185,12 +1242,17 @@ int zo_optim_params_current(zo_optim *o)
 int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res)
 {
     if (!o || !res)
-        return -EINVAL;
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_last_result: NULL argument");
+    int r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1, &o->err,
+                          "zo_optim_last_result");
+    if (r < 0)
+        return r;
     pthread_mutex_lock(&o->lock);
-    int r = o->have_res ? 0 : -ENOENT;
-    if (o->have_res)
-        *res = o->last_res;
+    zo_optim_step_result lr = o->last_res;
+    r = o->have_res ? 0 : -ENOENT;
     pthread_mutex_unlock(&o->lock);
+    if (r == 0)
+        ZO_STRUCT_OUT(res, &lr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &o->err, "zo_optim_last_result");
     return r;
 }
 
@@ -1257,17 +1319,37 @@ int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
     pthread_mutex_unlock(&o->lock);
     if (busy)
         return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_param_buffer: a step is writing the buffer: wait first");
-    int r = zo__pbuf_fresh(o);
+    int r = zo__pbuf_fresh(o, b);
     if (r < 0)
         return r;
     *host = (const char *)o->pbuf[b] + o->tensors[index].off * o->pes;
     return 0;
 }
 
-int zo_optim_get_info(zo_optim *o, zo_optim_info *info)
+int zo_optim_param_device(zo_optim *o, unsigned index, void **dev, struct zo_event **ready)
 {
-    if (!o || !info)
-        return -EINVAL;
+    if (!o || index >= o->nt)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_param_device: %s",
+                       o ? "index out of range" : "NULL engine");
+    const zo__ot *t = &o->tensors[index];
+    if (!t->dev)
+        return ZO_FAIL(&o->err, -ENOENT, "zo_optim_param_device: tensor '%s' has no device params (its group has "
+                       "no dev_params)", t->name);
+    if (dev)
+        *dev = t->dev;
+    if (ready)
+        *ready = o->dbl && o->pdone_rec[o->dcur] ? o->ev_pdone[o->dcur] : NULL;
+    return (int)o->dcur;
+}
+
+int zo_optim_get_info(zo_optim *o, zo_optim_info *uinfo)
+{
+    if (!o || !uinfo)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_get_info: NULL argument");
+    int r = ZO_STRUCT_OUT(uinfo, (const zo_optim_info *)NULL, ZO_OPTIM_INFO_SIZE_V1, &o->err, "zo_optim_get_info");
+    if (r < 0)
+        return r;
+    zo_optim_info in, *info = &in;
     memset(info, 0, sizeof(*info));
     pthread_mutex_lock(&o->lock);
     info->step = o->step;
@@ -1289,5 +1371,5 @@ int zo_optim_get_info(zo_optim *o, zo_optim_info *info)
     info->grad_buffer_dtype = o->wdt;
     info->dpu_active = o->cfg.dpu && o->boundaries > o->cfg.dpu_warmup_steps;
     info->eager_subgroups = o->eager_updates;
-    return 0;
+    return ZO_STRUCT_OUT(uinfo, info, ZO_OPTIM_INFO_SIZE_V1, &o->err, "zo_optim_get_info");
 }

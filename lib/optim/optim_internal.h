@@ -32,7 +32,11 @@ typedef struct zo__ot {
     uint64_t numel;
     uint64_t off;   /* global flat element offset */
     unsigned group;
-    void *dev;      /* device params, or NULL */
+    void *dev;      /* device params the framework reads now (devb[dcur]), or NULL; caller's thread */
+    /* the device param buffers: [0] the framework's (dev_params); [1] the
+     * engine's second buffer under dpu_double_buffer, else [0] again. A job
+     * writes devb[job.dbuf]; only the caller's thread reads `dev`. */
+    void *devb[2];
 } zo__ot;
 
 /* A sub-group: the unit of the step; its states are store tensors. */
@@ -68,7 +72,8 @@ typedef enum zo__wstate {
 typedef struct zo__job {
     unsigned win;           /* accumulator window holding the gradients */
     unsigned pbuf;          /* parameter buffer the update writes */
-    int delayed;            /* DPU: do not copy the params to the device */
+    unsigned dbuf;          /* device param buffer (zo__ot.devb) the update writes */
+    int delayed;            /* DPU: the update runs while the device computes the next step */
     int eager;              /* speculative, started by the last micro-step's first gradient */
     double scale;           /* loss scale the window's gradients carry */
     zo_optim_step_opts opts;
@@ -175,8 +180,20 @@ struct zo_optim {
     /* host backend: gradients are accumulated straight from "device"
      * memory (host memory) on the land stream, without the staging copy */
     int host_grads;
-    int pbuf_stale;      /* written by the worker during a job, read by the caller after it */
-    int push_pending;    /* DPU: pbuf[pcur] not yet copied to the device */
+    /* per parameter buffer: the kernel wrote the device params instead
+     * (direct); the worker sets pbuf_stale[job.pbuf], the caller reads the
+     * one of a finished update */
+    int pbuf_stale[2];
+    int push_pending;    /* DPU (single buffer): pbuf[pcur] not yet copied to the device */
+    /* dpu_double_buffer: the device params are double-buffered. An update
+     * writes the buffer the device does not read (dcur ^ 1) as each piece
+     * finishes, overlapped with the device's compute; collecting it makes
+     * that buffer current (dcur flips, zo__ot.dev follows). */
+    int dbl;
+    unsigned dcur;       /* device buffer the next forward reads (caller's thread) */
+    zo_event *ev_pdone[2]; /* recorded on h2d after the copies of the update that wrote devb[b] */
+    int pdone_rec[2];
+    int own_devb;        /* devb[1] are the engine's zo_dev_malloc() buffers */
     _Atomic int params_current;
 
     /* worker */
@@ -231,9 +248,14 @@ void *zo__optim_worker(void *arg);
 int zo__wstate_set(zo_optim *o, zo__wstate to);
 void zo__scaler_init(zo__scaler *sc, const zo_optim_config *cfg, zo_dtype pdt);
 void zo__scaler_update(zo__scaler *sc, const zo_optim_config *cfg, int overflow);
-int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi);
-int zo__pbuf_fresh(zo_optim *o);
-int zo__pbuf_need(zo_optim *o);
+int zo__push_range(zo_optim *o, unsigned pb, unsigned db, uint64_t lo, uint64_t hi);
+int zo__pbuf_fresh(zo_optim *o, unsigned b);
+int zo__pbuf_need(zo_optim *o, unsigned b);
+/* the update of a job copies (or writes) its params to the device as it goes */
+static inline int zo__push_now(const zo_optim *o, const zo__job *job)
+{
+    return !job->delayed || o->dbl;
+}
 /* Test hook: nonzero makes engines created afterwards use the parameter
  * buffer, the staging and copies even on the host backend (the path a GPU
  * takes). */

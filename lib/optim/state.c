@@ -115,7 +115,7 @@ int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, con
     if ((r = zo__optim_quiesce(o, 0)) < 0)
         return r;
     /* the parameter buffer follows the masters: it must hold the rest too */
-    if (which == ZO_OPTIM_STATE_MASTER && (r = zo__pbuf_fresh(o)) < 0)
+    if (which == ZO_OPTIM_STATE_MASTER && (r = zo__pbuf_fresh(o, o->pcur)) < 0)
         return r;
     zo__ot *t = &o->tensors[index];
     return state_io(o, t->group, which, t->off + off, t->off + off + n, NULL, src, dtype,
@@ -164,7 +164,7 @@ int zo_optim_init_from_device(zo_optim *o)
             zo__ot *t = &o->tensors[i];
             r = state_io(o, t->group, ZO_OPTIM_STATE_MASTER, t->off, t->off + t->numel, NULL, t->dev, o->pdt, 0);
         }
-        o->pbuf_stale = 1;
+        o->pbuf_stale[o->pcur] = 1;
         goto states;
     }
     /* the device params, exactly, into the parameter buffer; then widened */
@@ -178,7 +178,7 @@ int zo_optim_init_from_device(zo_optim *o)
         r = zo_stream_sync(o->h2d);
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_init_from_device: copying the device params: %s", zo_dev_errmsg(o->dev));
-    o->pbuf_stale = 0;
+    o->pbuf_stale[o->pcur] = 0;
     for (unsigned g = 0; g < o->ngroups && r == 0; g++) {
         zo__og *og = &o->groups[g];
         r = state_io(o, g, ZO_OPTIM_STATE_MASTER, og->off, og->off + og->numel, NULL,
@@ -201,13 +201,13 @@ int zo_optim_push_params(zo_optim *o)
     int r = zo__optim_quiesce(o, 0);
     if (r < 0)
         return r;
-    if (o->direct && (!o->pbuf[o->pcur] || o->pbuf_stale)) {
+    if (o->direct && (!o->pbuf[o->pcur] || o->pbuf_stale[o->pcur])) {
         /* the device params are the latest (the kernel wrote them; no
          * import since): nothing to copy */
         o->params_current = 1;
         return 0;
     }
-    if ((r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
+    if ((r = zo__push_range(o, o->pcur, o->dcur, 0, o->numel)) == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_push_params: %s", zo_dev_errmsg(o->dev));
@@ -389,8 +389,8 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     free(tmp);
     if (r < 0)
         goto out;
-    o->pbuf_stale = to_dev; /* rebuilt from the masters, unless it does not exist */
-    if (!to_dev && (r = zo__push_range(o, o->pcur, 0, o->numel)) == 0)
+    o->pbuf_stale[o->pcur] = to_dev; /* rebuilt from the masters, unless it does not exist */
+    if (!to_dev && (r = zo__push_range(o, o->pcur, o->dcur, 0, o->numel)) == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_load: copying the params to the device: %s", zo_dev_errmsg(o->dev));
@@ -419,18 +419,23 @@ out:
 int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl)
 {
     if (!o || !tl)
-        return -EINVAL;
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_get_timeline: NULL argument");
+    int r = ZO_STRUCT_OUT(tl, (const zo_optim_timeline *)NULL, ZO_OPTIM_TIMELINE_SIZE_V1, &o->err,
+                          "zo_optim_get_timeline");
+    if (r < 0)
+        return r;
     pthread_mutex_lock(&o->lock);
-    int r = o->have_tl ? 0 : -ENOENT;
-    if (o->have_tl)
-        *tl = o->tl;
+    zo_optim_timeline t = o->tl;
+    r = o->have_tl ? 0 : -ENOENT;
     pthread_mutex_unlock(&o->lock);
+    if (r == 0)
+        ZO_STRUCT_OUT(tl, &t, ZO_OPTIM_TIMELINE_SIZE_V1, &o->err, "zo_optim_get_timeline");
     return r;
 }
 
 int zo_optim_timeline_json(zo_optim *o, char *buf, size_t len)
 {
-    zo_optim_timeline t;
+    zo_optim_timeline t = {.struct_size = sizeof(t)};
     int r = zo_optim_get_timeline(o, &t);
     if (r < 0)
         return r;

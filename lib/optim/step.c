@@ -82,17 +82,17 @@ void zo__scaler_update(zo__scaler *sc, const zo_optim_config *cfg, int overflow)
 
 /* ---- pieces ------------------------------------------------------------------------ */
 
-/* Queue the copy of params [lo, hi) (flat elements) from pbuf[pb] to the
- * device params of the tensors they belong to. */
-int zo__push_range(zo_optim *o, unsigned pb, uint64_t lo, uint64_t hi)
+/* Queue the copy of params [lo, hi) (flat elements) from pbuf[pb] to
+ * device param buffer db of the tensors they belong to. */
+int zo__push_range(zo_optim *o, unsigned pb, unsigned db, uint64_t lo, uint64_t hi)
 {
     for (unsigned i = zo__tensor_at(o, lo); i < o->nt && o->tensors[i].off < hi; i++) {
         zo__ot *t = &o->tensors[i];
-        if (!t->dev)
+        if (!t->devb[db])
             continue;
         uint64_t s = ZO_MAX(lo, t->off), e = ZO_MIN(hi, t->off + t->numel);
-        int r = zo_memcpy_async(o->h2d, (char *)t->dev + (s - t->off) * o->pes, (const char *)o->pbuf[pb] + s * o->pes,
-                                (size_t)(e - s) * o->pes, ZO_COPY_H2D);
+        int r = zo_memcpy_async(o->h2d, (char *)t->devb[db] + (s - t->off) * o->pes,
+                                (const char *)o->pbuf[pb] + s * o->pes, (size_t)(e - s) * o->pes, ZO_COPY_H2D);
         if (r < 0)
             return r;
     }
@@ -153,25 +153,26 @@ static double clip_coef(const zo_optim *o, double norm)
     return c < 1.0 ? c : 1.0;
 }
 
-/* The parameter buffer again holds every tensor's latest params: after
- * direct steps (the kernel wrote the device params, which are host memory)
- * they are copied back from the device. Caller's thread, no job running. */
-int zo__pbuf_fresh(zo_optim *o)
+/* Parameter buffer b (that of a finished update) again holds every
+ * tensor's params: after direct steps (the kernel wrote device buffer b,
+ * which is host memory) they are copied back from the device. Caller's
+ * thread; a job may run, but it writes the other buffers. */
+int zo__pbuf_fresh(zo_optim *o, unsigned b)
 {
-    int r = zo__pbuf_need(o);
-    if (r < 0 || !o->pbuf_stale)
+    int r = zo__pbuf_need(o, b);
+    if (r < 0 || !o->pbuf_stale[b])
         return r;
     for (unsigned i = 0; i < o->nt && r == 0; i++) {
         zo__ot *t = &o->tensors[i];
-        if (t->dev)
-            r = zo_memcpy_async(o->h2d, (char *)o->pbuf[o->pcur] + t->off * o->pes, t->dev, t->numel * o->pes,
+        if (t->devb[b])
+            r = zo_memcpy_async(o->h2d, (char *)o->pbuf[b] + t->off * o->pes, t->devb[b], t->numel * o->pes,
                                 ZO_COPY_D2H);
     }
     if (r == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0)
         return ZO_FAIL(&o->err, r, "zo_optim: reading the parameters back: %s", zo_dev_errmsg(o->dev));
-    o->pbuf_stale = 0;
+    o->pbuf_stale[b] = 0;
     return 0;
 }
 
@@ -206,10 +207,11 @@ static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_ST
 
 /* The fused kernel (or its rollback) over one piece of a sub-group. The
  * params go to the parameter buffer pb, or in direct mode straight into
- * the device params of the tensors that have them (one call per tensor the
- * piece crosses: the update is elementwise, so the bits are the same). */
+ * device param buffer db of the tensors that have them (one call per tensor
+ * the piece crosses: the update is elementwise, so the bits are the same). */
 static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t elem_off,
-                        uint64_t n, unsigned w, unsigned pb, double scale, double coef, int rollback)
+                        uint64_t n, unsigned w, unsigned pb, unsigned db, double scale, double coef,
+                        int rollback)
 {
     uint64_t lo = sg->off + elem_off, hi = lo + n, lo0 = lo;
     const void *g;
@@ -224,7 +226,7 @@ static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_S
         zo_aligned_free(tmp);
         return r;
     }
-    o->pbuf_stale = 1;
+    o->pbuf_stale[pb] = 1;
     const zo__og *og = &o->groups[sg->group];
     size_t sz[ZO_OPTIM_STATE_COUNT];
     for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
@@ -233,15 +235,15 @@ static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_S
     for (unsigned i = zo__tensor_at(o, lo); lo < hi;) {
         const zo__ot *t = &o->tensors[i];
         uint64_t e = ZO_MIN(hi, t->off + t->numel);
-        if (!t->dev)
-            while (i + 1 < o->nt && !o->tensors[i + 1].dev && e < hi) {
+        if (!t->devb[db])
+            while (i + 1 < o->nt && !o->tensors[i + 1].devb[db] && e < hi) {
                 i++;
                 e = ZO_MIN(hi, o->tensors[i].off + o->tensors[i].numel);
             }
         void *s2[ZO_OPTIM_STATE_COUNT];
         for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
             s2[k] = st[k] ? (char *)st[k] + (lo - sg->off - elem_off) * sz[k] : NULL;
-        void *out = t->dev ? (char *)t->dev + (lo - t->off) * o->pes : (char *)o->pbuf[pb] + lo * o->pes;
+        void *out = t->devb[db] ? (char *)t->devb[db] + (lo - t->off) * o->pes : (char *)o->pbuf[pb] + lo * o->pes;
         r = kernel_call(o, sg, s2, e - lo, (const char *)g + (lo - lo0) * ges, gdt, out, scale, coef, rollback);
         if (r < 0)
             break;
@@ -363,15 +365,17 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
         for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
             st[k] = pos[k] >= 0 ? pc.ptr[pos[k]] : NULL;
         t0 = zo__now_ns();
-        r = piece_kernel(o, sg, st, pc.elem_off, pc.nelem, job->win, job->pbuf, job->scale, w->coef, w->rollback);
+        r = piece_kernel(o, sg, st, pc.elem_off, pc.nelem, job->win, job->pbuf, job->dbuf, job->scale, w->coef,
+                         w->rollback);
         tl->compute_ns += zo__now_ns() - t0;
         int r2 = zo_store_sweep_done(sw, &pc);
         if (r == 0 && r2 < 0)
             r = ZO_FAIL(&o->err, r2, "zo_optim: %s", zo_store_errmsg(o->store));
         if (r < 0)
             break;
-        if (!job->delayed && !w->rollback && !o->direct &&
-            (r = zo__push_range(o, job->pbuf, sg->off + pc.elem_off, sg->off + pc.elem_off + pc.nelem)) < 0) {
+        if (zo__push_now(o, job) && !w->rollback && !o->direct &&
+            (r = zo__push_range(o, job->pbuf, job->dbuf, sg->off + pc.elem_off, sg->off + pc.elem_off + pc.nelem)) <
+                0) {
             ZO_FAIL(&o->err, r, "zo_optim: queueing the parameter copy: %s", zo_dev_errmsg(o->dev));
             break;
         }
@@ -480,7 +484,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, zo_optim_step_result
         if (o->sg_updated[i])
             list[nupd++] = i;
     if ((ovf || coef < 1.0) && nupd) {
-        if (!job->delayed && (r = zo_stream_sync(o->h2d)) < 0) /* those copies read what the rollback rewrites */
+        if (zo__push_now(o, job) && (r = zo_stream_sync(o->h2d)) < 0) /* those copies read what the rollback rewrites */
             return ZO_FAIL(&o->err, r, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
         walk rb = {.job = job, .coef = 1.0, .rollback = 1, .list = list, .n = nupd};
         if ((r = walk_list(o, &rb, tl)) < 0)
@@ -489,9 +493,10 @@ static int run_speculative(zo_optim *o, const zo__job *job, zo_optim_step_result
         pthread_mutex_lock(&o->lock);
         o->rollbacks++;
         pthread_mutex_unlock(&o->lock);
-        if (!job->delayed && !o->direct && ovf)
+        if (zo__push_now(o, job) && !o->direct && ovf)
             for (unsigned k = 0; k < nupd && r == 0; k++)
-                r = zo__push_range(o, job->pbuf, o->sgs[list[k]].off, o->sgs[list[k]].off + o->sgs[list[k]].n);
+                r = zo__push_range(o, job->pbuf, job->dbuf, o->sgs[list[k]].off,
+                                   o->sgs[list[k]].off + o->sgs[list[k]].n);
         if (r < 0)
             return r;
     }
@@ -582,16 +587,24 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
          * The copies already queued read the parameter buffer a load
          * rewrites: let them finish first. */
         o->failed = 1;
-        if (!job->delayed)
+        if (zo__push_now(o, job))
             zo_stream_sync(o->h2d);
         return r;
     }
-    if (!job->delayed) {
+    if (zo__push_now(o, job)) {
         t0 = zo__now_ns();
-        r = zo_stream_sync(o->h2d);
+        /* double-buffered: the event a framework's stream waits on before
+         * it reads this buffer (complete by the time the switch is made,
+         * as the worker waits for the copies here) */
+        r = o->dbl && !o->direct ? zo_event_record(o->ev_pdone[job->dbuf], o->h2d) : 0;
+        int r2 = zo_stream_sync(o->h2d);
         tl->h2d_ns += zo__now_ns() - t0;
+        if (r == 0)
+            r = r2;
         if (r < 0)
             return ZO_FAIL(&o->err, r, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
+        if (o->dbl && !o->direct)
+            o->pdone_rec[job->dbuf] = 1;
     }
     if (overflow) {
         int policy_skip = o->scaler.dynamic || o->cfg.nonfinite == ZO_OPTIM_NONFINITE_SKIP;
@@ -610,10 +623,10 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
     zo__scaler_update(&o->scaler, &o->cfg, 0);
     o->step++;
     o->pcur = job->pbuf;
-    if (job->delayed)
+    if (!zo__push_now(o, job))
         o->push_pending = 1;
     pthread_mutex_unlock(&o->lock);
-    if (!job->delayed)
+    if (zo__push_now(o, job))
         tl->h2d_bytes = o->numel * o->pes;
     return 0;
 }

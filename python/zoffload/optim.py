@@ -67,7 +67,7 @@ class OptimConfig(ctypes.Structure):
                 ("consecutive_hysteresis", c_int), ("min_loss_scale", c_double),
                 ("max_grad_norm", c_double), ("grad_accum_steps", c_uint), ("clip_mode", c_int),
                 ("nonfinite", c_int), ("dpu", c_int), ("dpu_warmup_steps", c_uint),
-                ("nthreads", c_int), ("numa_node", c_int)]
+                ("nthreads", c_int), ("numa_node", c_int), ("dpu_double_buffer", c_int)]
 
 
 class OptimStepOpts(ctypes.Structure):
@@ -75,14 +75,15 @@ class OptimStepOpts(ctypes.Structure):
                 ("global_nonfinite", c_int)]
 
 
+# Output structs start with struct_size, which the caller sets (_out()).
 class OptimStepResult(ctypes.Structure):
-    _fields_ = [("step", c_i64), ("boundary", c_int), ("skipped", c_int), ("clipped", c_int),
+    _fields_ = [("struct_size", c_size_t), ("step", c_i64), ("boundary", c_int), ("skipped", c_int), ("clipped", c_int),
                 ("rolled_back", c_int), ("grad_norm", c_double), ("clip_coef", c_double),
                 ("loss_scale", c_double), ("nonfinite", c_u64)]
 
 
 class OptimInfo(ctypes.Structure):
-    _fields_ = [("step", c_i64), ("micro_steps", c_u64), ("skipped_steps", c_u64),
+    _fields_ = [("struct_size", c_size_t), ("step", c_i64), ("micro_steps", c_u64), ("skipped_steps", c_u64),
                 ("rollbacks", c_u64), ("loss_scale", c_double), ("ntensors", c_uint),
                 ("ngroups", c_uint), ("nsubgroups", c_uint), ("numel", c_u64),
                 ("pinned_bytes", c_u64), ("host_bytes", c_u64), ("dpu_active", c_int),
@@ -92,7 +93,7 @@ class OptimInfo(ctypes.Structure):
 
 
 class OptimTimeline(ctypes.Structure):
-    _fields_ = [("step", c_i64), ("total_ns", c_u64), ("d2h_ns", c_u64), ("d2h_bytes", c_u64),
+    _fields_ = [("struct_size", c_size_t), ("step", c_i64), ("total_ns", c_u64), ("d2h_ns", c_u64), ("d2h_bytes", c_u64),
                 ("norm_ns", c_u64), ("compute_ns", c_u64), ("nvme_read_ns", c_u64),
                 ("nvme_read_bytes", c_u64), ("nvme_write_ns", c_u64),
                 ("nvme_write_bytes", c_u64), ("h2d_ns", c_u64), ("h2d_bytes", c_u64),
@@ -110,6 +111,18 @@ _lib.C_STRUCTS.update({"zo_optim_step_result": OptimStepResult, "zo_optim_info":
                        "zo_optim_timeline": OptimTimeline})
 
 _declared = False
+
+
+def _out(cls):
+    """An output struct with struct_size set to our version's size (the
+    library fills what fits; slack behind it as _lib.out_struct gives)."""
+    r = _lib.out_struct(cls)
+    r.struct_size = ctypes.sizeof(cls)
+    return r
+
+
+def _fields(r):
+    return {f: getattr(r, f) for f, _ in type(r)._fields_ if f != "struct_size"}
 
 
 def available():
@@ -186,7 +199,7 @@ class Device(_lib.SharedHandle):
 
 
 def _result(r):
-    return {f: getattr(r, f) for f, _ in OptimStepResult._fields_}
+    return _fields(r)
 
 
 class Engine(_lib.Handle):
@@ -205,7 +218,8 @@ class Engine(_lib.Handle):
     buffer_count, sub_group_size, pinned_bytes, grad_staging_bytes,
     loss_scale, initial_scale_power, loss_scale_window, hysteresis,
     consecutive_hysteresis, min_loss_scale, max_grad_norm, grad_accum_steps,
-    clip_mode, nonfinite, dpu, dpu_warmup_steps, nthreads, numa_node), and
+    clip_mode, nonfinite, dpu, dpu_warmup_steps, nthreads, numa_node,
+    dpu_double_buffer), and
     the default hyperparameters (kind, lr, betas, eps, weight_decay,
     bias_correction). `device` is a :class:`Device` (default: a host one).
     """
@@ -389,13 +403,13 @@ class Engine(_lib.Handle):
     def wait(self):
         """Wait for the step in flight; its result as a dict (step, boundary,
         skipped, clipped, rolled_back, grad_norm, clip_coef, loss_scale, nonfinite)."""
-        r = _lib.out_struct(OptimStepResult)
+        r = _out(OptimStepResult)
         self._c(lib.zo_optim_wait(self._live(), ctypes.byref(r)), "zo_optim_wait")
         return _result(r)
 
     def step(self, global_sumsq=None, global_nonfinite=None):
         o = self._opts(global_sumsq, global_nonfinite)
-        r = _lib.out_struct(OptimStepResult)
+        r = _out(OptimStepResult)
         self._c(lib.zo_optim_step(self._live(), ctypes.byref(o), ctypes.byref(r)), "zo_optim_step")
         return _result(r)
 
@@ -471,15 +485,15 @@ class Engine(_lib.Handle):
 
     # -------------------------------------------------------------- info
     def info(self):
-        i = _lib.out_struct(OptimInfo)
+        i = _out(OptimInfo)
         self._c(lib.zo_optim_get_info(self._live(), ctypes.byref(i)), "zo_optim_get_info")
-        return {f: getattr(i, f) for f, _ in OptimInfo._fields_}
+        return _fields(i)
 
     def timeline(self):
         """The latest update's timeline as a dict, or None before the first."""
-        t = _lib.out_struct(OptimTimeline)
+        t = _out(OptimTimeline)
         rc = lib.zo_optim_get_timeline(self._live(), ctypes.byref(t))
         if rc == -2:
             return None
         self._c(rc, "zo_optim_get_timeline")
-        return {f: getattr(t, f) for f, _ in OptimTimeline._fields_}
+        return _fields(t)

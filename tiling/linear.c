@@ -65,6 +65,26 @@ static int fill_ones(zo_dev *dev, zo_stream *s, void *p, zo_dtype t, size_t n)
     return r < 0 ? r : r2;
 }
 
+/* The grid for config c with plan flags `flags`. With ZO_TILE_IN_PLACE and
+ * an NVMe home (slot > 0) every tile must fit one pool slot to be read in
+ * place: a budget-planned grid is cut down to that (fewer bytes, so still
+ * within the budget); a given tile larger than a slot returns 1 (plan again
+ * without in place: it is copied). */
+static int plan(const zo_tiled_linear_config *c, unsigned flags, uint64_t slot, zo_tile_grid *g)
+{
+    int r;
+    if (c->budget)
+        r = zo_tile_plan(c->max_batch, c->out_features, c->in_features, c->dtype, c->budget, flags, g);
+    else
+        r = zo_tile_grid_make(c->max_batch, c->out_features, c->in_features, c->dtype, c->tile_out, c->tile_in,
+                              flags, g);
+    if (r < 0 || !slot || g->tile_bytes <= slot)
+        return r;
+    if (!c->budget || zo__tile_cap(g, slot) < 0)
+        return 1;
+    return 0;
+}
+
 static int dev_alloc(zo_tiled_linear *tl, void **p, uint64_t n, const char *what)
 {
     int r = zo_dev_malloc(tl->dev, p, (size_t)n);
@@ -94,22 +114,31 @@ ZO_API int zo_tiled_linear_create(zo_tiled_linear **out, zo_store *store, zo_dev
     tl->dev = dev;
     ZO_CHECK_GOTO(zo__tile_name_home(&c->name, tl->name, c->home, &tl->err, "zo_tiled_linear_create"), r, fail);
     unsigned flags = (c->train ? ZO_TILE_TRAIN : 0) | (c->home == ZO_TIER_DEVICE ? ZO_TILE_RESIDENT : 0);
-    if (c->budget)
-        r = zo_tile_plan(c->max_batch, c->out_features, c->in_features, c->dtype, c->budget, flags, &tl->grid);
-    else
-        r = zo_tile_grid_make(c->max_batch, c->out_features, c->in_features, c->dtype, c->tile_out, c->tile_in,
-                              flags, &tl->grid);
+    /* the host backend's in-place fetch: see plan_in_place() */
+    int in_place = c->home != ZO_TIER_DEVICE && zo__tile_in_place_ok(dev, !c->copy_tiles);
+    uint64_t slot = 0;
+    if (in_place && c->home == ZO_TIER_NVME) {
+        zo_store_stats ss;
+        zo_store_get_stats(store, &ss);
+        slot = ss.pool_slots >= ZO_TILE_IN_PLACE_SLOTS ? ss.pool_slot_size : 0;
+        in_place = slot > 0;
+    }
+    r = plan(c, in_place ? flags | ZO_TILE_IN_PLACE : flags, slot, &tl->grid);
+    if (r == 1) /* NVMe tiles given larger than a pool slot: those are copied */
+        r = plan(c, flags, 0, &tl->grid);
     if (r < 0) {
         zo__tile_keep(&tl->err, r);
         goto fail;
     }
+    in_place = (tl->grid.flags & ZO_TILE_IN_PLACE) != 0;
     zo_tile_grid *g = &tl->grid;
     tl->ntiles = g->tiles_out * g->tiles_in;
     char prefix[ZO_TENSOR_NAME_MAX + 1];
     snprintf(prefix, sizeof(prefix), "%s.w", tl->name);
     ZO_CHECK_GOTO(zo__tile_register(store, prefix, g, c->home, 0, &tl->tiles, &tl->err), r, fail);
     /* the working memory: exactly grid.work_bytes (zo__tile_linear_work) */
-    r = zo_tile_walk_create(&tl->walk, store, dev, (flags & ZO_TILE_RESIDENT) ? 0 : g->tile_bytes);
+    r = zo_tile_walk_create_ex(&tl->walk, store, dev, (g->flags & (ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE)) ? 0 : g->tile_bytes,
+                               in_place ? ZO_TILE_WALK_IN_PLACE : 0);
     if (r < 0) {
         zo__tile_keep(&tl->err, r);
         goto fail;

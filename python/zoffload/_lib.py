@@ -221,6 +221,29 @@ class Handle:
         self.close()
 
 
+class SharedHandle(Handle):
+    """A handle other handles build on (a device under an engine or a
+    store, a swap store under a store): each user counts itself in `_users`
+    and calls _release() when it closes; close() is deferred while users
+    remain, because garbage collection may finalize this object before the
+    ones over it, and closing it then would pull it out from under them."""
+
+    _users = 0
+    _close_pending = False
+
+    def close(self):
+        if self._users > 0:
+            self._close_pending = True
+            return
+        super().close()
+
+    def _release(self):
+        self._users -= 1
+        if self._users == 0 and self._close_pending:
+            self._close_pending = False
+            super().close()
+
+
 # --------------------------------------------------------------------------
 # Structures. Each starts with struct_size where the C one does; the test
 # suite compares every size and field offset with the C compiler's

@@ -161,14 +161,13 @@ def _declare():
     _declared = True
 
 
-class Device(_lib.Handle):
+class Device(_lib.SharedHandle):
     """A ``zo_dev`` (the host backend by default: "device memory" is host
-    memory, the reference every backend is tested against)."""
+    memory, the reference every backend is tested against). Closing it is
+    deferred while an engine or a store over it is open."""
 
     _destroy = "zo_dev_close"
     _what = "device"
-    _users = 0
-    _close_pending = False
 
     def __init__(self, kind="host", ordinal=0):
         cfg = _lib.new_struct("zo_dev_config")
@@ -183,21 +182,6 @@ class Device(_lib.Handle):
     @property
     def handle(self):
         return self._live()
-
-    def close(self):
-        """Close the device; deferred while an engine still uses it (garbage
-        collection may finalize a device before the engine over it: closing
-        it then would pull the device out from under the engine)."""
-        if self._users > 0:
-            self._close_pending = True
-            return
-        super().close()
-
-    def _release(self):
-        self._users -= 1
-        if self._users == 0 and self._close_pending:
-            self._close_pending = False
-            super().close()
 
 
 def _result(r):

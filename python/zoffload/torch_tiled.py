@@ -13,9 +13,12 @@ memory of at most `budget` bytes, tile k+1 fetched while tile k computes.
 It is an ``nn.Linear`` (a subclass): the same constructor arguments, the
 same ``weight`` and ``bias`` Parameters, so ``state_dict`` is nn.Linear's
 and torch.optim or ``zoffload.torch.OffloadAdamW`` update it as usual. The
-store's tiles are refreshed from ``weight`` whenever it changed since the
-last forward (its version counter moves with every in-place update), so an
-optimizer step costs one copy of W into the store at the next forward.
+store's tiles are refreshed from ``weight`` at the first forward after a
+backward (an optimizer step may have written it, by whatever means), and
+whenever its version counter moved (in-place updates, load_state_dict), so
+a training step costs one copy of W into the store. A write that does
+neither (``weight.data`` changed outside training) needs
+:meth:`TiledLinear.weight_changed`.
 
 Runs on the host backend (CPU tensors: libzoffload's "device memory" is
 host memory there); the budget bounds the operator's working memory, which
@@ -169,6 +172,10 @@ class _TiledLinearFn(torch.autograd.Function):
                                db=_addr(db_k), dw=dw.data_ptr(), accumulate=k > 0)
                 if db is not None:
                     db += db_k
+            # an optimizer step may follow and write the weight by any
+            # means (p.data.copy_ does not move the version counter):
+            # the next forward refreshes the tiles
+            be.synced = None
         gx = dx.to(x2.dtype) if dx is not None else None
         gw = dw.to(weight.dtype) if need_w else None
         gb = db.to(bias.dtype) if db is not None else None
@@ -274,6 +281,13 @@ class TiledLinear(torch.nn.Linear):
     def zo_device(self):
         """The :class:`zoffload.optim.Device` the operator allocates on."""
         return self._backend().dev
+
+    def weight_changed(self):
+        """Refresh the tiles from ``weight`` at the next forward (for a
+        write the module cannot see: through ``weight.data`` or numpy,
+        outside a training step)."""
+        if self._be is not None:
+            self._be.synced = None
 
     def tile_stats(self):
         """The walker's counters (tiles, fetch_bytes, in_place_tiles, ...)."""

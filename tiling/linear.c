@@ -19,6 +19,8 @@
 
 #include <zoffload/vec.h>
 
+#include "dev/dev_internal.h"
+
 struct zo_tiled_linear {
     zo_store *store;
     zo_dev *dev;
@@ -336,9 +338,17 @@ ZO_API int zo_tiled_linear_backward(zo_tiled_linear *tl, const void *x, const vo
 }
 
 /* ---- ready-made sinks ---------------------------------------------------------------- */
-/* The tile in host memory (malloc'd; the caller frees), or NULL with *err. */
-static float *tile_to_host(const zo_tile_grad *g, int *err)
+/* The tile in host memory, or NULL with *err. On the host backend that is
+ * g->dw itself (its "device memory" is host memory: no staging copy, which
+ * would take a pass over every dW tile); else a malloc'd copy. *owned: the
+ * caller frees it. */
+static float *tile_to_host(const zo_tile_grad *g, int *err, int *owned)
 {
+    *owned = 0;
+    *err = 0;
+    if (zo_dev_get_kind(g->stream->dev) == ZO_DEV_HOST)
+        return (float *)g->dw;
+    *owned = 1;
     size_t n = (size_t)g->rows * g->cols;
     float *t = malloc(n * sizeof(float));
     if (!t) {
@@ -360,8 +370,8 @@ ZO_API int zo_tile_sink_host(void *ctx, const zo_tile_grad *g)
     zo_tile_host_sink *hs = ctx;
     if (!hs || !g || !hs->dw)
         return ZO_FAIL(NULL, -EINVAL, "zo_tile_sink_host: NULL context or matrix");
-    int r;
-    float *t = tile_to_host(g, &r);
+    int r, owned;
+    float *t = tile_to_host(g, &r, &owned);
     if (!t)
         return r;
     for (uint32_t i = 0; i < g->rows; i++) {
@@ -373,7 +383,8 @@ ZO_API int zo_tile_sink_host(void *ctx, const zo_tile_grad *g)
         else
             memcpy(dst, src, g->cols * sizeof(float));
     }
-    free(t);
+    if (owned)
+        free(t);
     return 0;
 }
 
@@ -389,11 +400,12 @@ ZO_API int zo_tile_sink_store(void *ctx, const zo_tile_grad *g)
     if (!t || zo_store_tensor_info(ss->store, t, &ti) < 0 || ti.bytes != bytes)
         return ZO_FAIL(NULL, -EINVAL, "zo_tile_sink_store: tensor of tile (%u, %u) missing or not %zu bytes", g->row,
                        g->col, bytes);
-    int r;
-    float *h = tile_to_host(g, &r);
+    int r, owned;
+    float *h = tile_to_host(g, &r, &owned);
     if (!h)
         return r;
     r = zo_store_write(ss->store, t, 0, h, bytes);
-    free(h);
+    if (owned)
+        free(h);
     return r;
 }

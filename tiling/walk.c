@@ -257,12 +257,14 @@ static int fetch_finish(zo_tile_walk *w, fetch *f, int i)
     if (f->home == ZO_TIER_NVME && f->in_place) {
         zo_store_piece pc;
         r = zo_store_stream_next(f->sst, &pc);
-        if (r == 0 && pc.len != f->bytes)
-            r = ZO_FAIL(&w->err, -EIO, "zo_tile_walk_run: a one-slot tile came as a piece of %zu bytes, not %llu",
-                        pc.len, (unsigned long long)f->bytes);
         if (r < 0) {
-            if (!zo__tile_has_msg(&w->err))
-                ZO_FAIL(&w->err, r, "zo_tile_walk_run: reading a tile from NVMe: %s", zo_store_errmsg(w->store));
+            ZO_FAIL(&w->err, r, "zo_tile_walk_run: reading a tile from NVMe: %s", zo_store_errmsg(w->store));
+            goto fail;
+        }
+        if (pc.len != f->bytes) {
+            zo_store_stream_done(f->sst, &pc);
+            r = ZO_FAIL(&w->err, ZO_EINTERNAL, "zo_tile_walk_run: a one-slot tile came as a piece of %zu bytes, "
+                        "not %llu", pc.len, (unsigned long long)f->bytes);
             goto fail;
         }
         w->held_sst[i] = f->sst;

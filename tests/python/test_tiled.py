@@ -305,3 +305,39 @@ def test_pytorch_md_example_runs(tmp_path):
     assert r.returncode == 0, out
     m = re.search(r"max \|y - nn.Linear\| ([0-9.e+-]+)", out)
     assert m and float(m.group(1)) < 1e-4, out
+
+
+def test_layers_share_a_store(tmp_path):
+    """Two layers over one caller's Store (NVMe home) and Device: a small
+    MLP trains like its nn.Linear twin; closing the layers frees their tiles."""
+    from zoffload.optim import Device
+    from zoffload import store as zs
+    dev = Device("host")
+    swap = zs.Swap([str(tmp_path)], arena_size=32 << 20, chunk_size=1 << 20)
+    st = zs.Store(device=dev, swap=swap, slot_size=1 << 20, slots=8, trace="off")
+    torch.manual_seed(5)
+    refs = [torch.nn.Linear(24, 16), torch.nn.Linear(16, 3)]
+    layers = [TiledLinear(r.in_features, r.out_features, home="nvme", budget=600, max_batch=8,
+                          zo_store=st, zo_device=dev) for r in refs]
+    for t, r in zip(layers, refs):
+        t.load_state_dict(r.state_dict())
+    net = torch.nn.Sequential(layers[0], torch.nn.Tanh(), layers[1])
+    ref = torch.nn.Sequential(refs[0], torch.nn.Tanh(), refs[1])
+    o1 = torch.optim.SGD(net.parameters(), lr=0.05)
+    o2 = torch.optim.SGD(ref.parameters(), lr=0.05)
+    x, t = torch.randn(8, 24), torch.randn(8, 3)
+    for _ in range(3):
+        for m, o in ((net, o1), (ref, o2)):
+            o.zero_grad()
+            torch.nn.functional.mse_loss(m(x), t).backward()
+            o.step()
+    for a, b in zip(net.parameters(), ref.parameters()):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert layers[0].grid["tiles_out"] > 1
+    assert st.stats()["used"]["nvme"] > 0
+    for t in layers:
+        t.close()
+    assert st.stats()["used"]["nvme"] == 0  # the tiles are gone with their layers
+    st.close()
+    swap.close()
+    dev.close()

@@ -18,6 +18,7 @@
  *
  * argv[1] "cuda": the same suite on the CUDA backend (skips, 77, without one). */
 #include <limits.h>
+#include <stddef.h>
 #include <math.h>
 #include <pthread.h>
 
@@ -780,6 +781,19 @@ START_TEST(linear_bad_input)
     zo_tiled_linear_config bad = c;
     bad.struct_size = 8;
     ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &bad), -EINVAL);
+    bad.struct_size = sizeof(bad) + 8; /* a newer version than the library's */
+    ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &bad), -EINVAL);
+    /* the first published version, without copy_tiles: accepted, in place */
+    bad = c;
+    bad.struct_size = offsetof(zo_tiled_linear_config, copy_tiles);
+    bad.name = "v1";
+    bad.home = ZO_TIER_HOST;
+    bad.copy_tiles = 1; /* beyond struct_size: not read */
+    ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &bad), 0);
+    zo_tile_grid vg;
+    ck_assert_int_eq(zo_tiled_linear_grid(tl, &vg), 0);
+    ck_assert_int_eq(!!(vg.flags & ZO_TILE_IN_PLACE), g_kind == ZO_DEV_HOST);
+    zo_tiled_linear_destroy(&tl);
     bad = c;
     bad.in_features = 0;
     ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &bad), -EINVAL);

@@ -14,6 +14,7 @@
 #include "tiling/tiling_internal.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -106,7 +107,9 @@ ZO_API int zo_tiled_linear_create(zo_tiled_linear **out, zo_store *store, zo_dev
     if (!tl)
         return -ENOMEM;
     zo_tiled_linear_config_default(&tl->cfg);
-    int r = ZO_STRUCT_IN(&tl->cfg, cfg, sizeof(zo_tiled_linear_config), &tl->err, "zo_tiled_linear_create");
+    /* the first published version ended before copy_tiles (defaults to 0: in place) */
+    int r = ZO_STRUCT_IN(&tl->cfg, cfg, offsetof(zo_tiled_linear_config, copy_tiles), &tl->err,
+                         "zo_tiled_linear_create");
     if (r < 0) {
         free(tl);
         return r;

@@ -23,7 +23,8 @@
 # --system-torch: a venv over Debian's python3-torch (1.13) instead, with
 # DeepSpeed 0.14.4 (the combination the numbers in docs/benchmarks.md were
 # measured with; DeepSpeed 0.19.8 also installs and imports over it), and
-# libtorch-dev, whose headers the JIT-built ops compile against.
+# libtorch-dev and pybind11-dev, whose headers the JIT-built ops compile
+# against (torch's extension headers include pybind11).
 #
 # DeepSpeed's async_io op links libaio: libaio-dev is installed with apt
 # when missing (sudo when not root). The script is idempotent: an existing
@@ -59,12 +60,12 @@ if [ ! -e /usr/include/libaio.h ]; then
 fi
 
 # ---- --system-torch: Debian's torch headers (the JIT-built ops include torch/extension.h) ----
-if [ $system_torch = 1 ] && [ ! -e /usr/include/torch/extension.h ]; then
+if [ $system_torch = 1 ] && { [ ! -e /usr/include/torch/extension.h ] || [ ! -e /usr/include/pybind11/pybind11.h ]; }; then
     if command -v apt-get >/dev/null 2>&1; then
         sudo=""
         [ "$(id -u)" = 0 ] || sudo=sudo
-        say "installing libtorch-dev (the headers DeepSpeed's JIT-built ops compile against)"
-        $sudo apt-get install -y -qq --no-install-recommends libtorch-dev
+        say "installing libtorch-dev and pybind11-dev (the headers DeepSpeed's JIT-built ops compile against)"
+        $sudo apt-get install -y -qq --no-install-recommends libtorch-dev pybind11-dev
     else
         say "torch/extension.h is missing: install your distribution's libtorch development package"
         exit 1

@@ -21,10 +21,13 @@ directory) so the package finds libzoffload.
 
 import argparse
 import glob
+import json
 import math
 import os
 import resource
+import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -167,6 +170,34 @@ def batches(data, batch, seq, seed):
         yield x[:, :-1], x[:, 1:]
 
 
+# ------------------------------------------------------------------ parameter offload
+def offload_params(args, which, model, opt):
+    """--offload-params host|nvme (the zoffload run): the parameters live in
+    zoffload's tiered store (pinned host memory, or NVMe under --nvme-path)
+    and each module's are fetched to the device before it runs and released
+    after, within --param-budget device bytes; opt.step() runs inside the
+    offload's updating(), which puts the new values home. The offload's
+    accounting is printed when the optimizer closes."""
+    if not args.offload_params or which != "zoffload":
+        return None
+    from zoffload.torch import offload_parameters
+    off = offload_parameters(model, budget=args.param_budget, home=args.offload_params,
+                             nvme_path=args.nvme_path, optimizer=opt)
+    close = opt.close
+
+    def close_and_report():
+        s = off.stats()
+        print("[%s] parameter offload (%s home): budget %.2f MiB (least %.2f), params %.2f MiB; "
+              "held peak %.2f MiB, device tier peak %.2f MiB; fetches %d hits / %d misses, "
+              "%d prefetched and used, stalled %.1f ms"
+              % (which, off.home, s["budget"] / 2 ** 20, s["min_budget"] / 2 ** 20,
+                 s["total_bytes"] / 2 ** 20, s["held_peak"] / 2 ** 20, s["device_peak"] / 2 ** 20,
+                 s["hits"], s["misses"], s["prefetch_used"], 1e3 * s["stall_s"]))
+        close()
+    opt.close = close_and_report
+    return off
+
+
 # ------------------------------------------------------------------ training
 def peak_rss_mib():
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -184,8 +215,14 @@ def run(args, which, data):
                            nthreads=args.threads, engine=args.engine,
                            offload_device=args.offload, nvme_path=args.nvme_path,
                            loss_scale="dynamic" if args.dtype == "fp16" else None)
+    elif which == "deepspeed":
+        import ds_offload
+        opt = ds_offload.Engine(model, args)   # DeepSpeed wraps the model: forward through it
+        print("[deepspeed] %s" % opt.describe())
     else:
         opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    offload_params(args, which, model, opt)
+    forward = opt if which == "deepspeed" else model
     print("[%s] %.2fM params, %s on %s, dim %d, %d layers, seq %d, batch %d"
           % (which, nparams / 1e6, args.dtype, dev, args.dim, args.layers, args.seq, args.batch))
     it = batches(data, args.batch, args.seq, args.seed)
@@ -198,12 +235,14 @@ def run(args, which, data):
         x, y = x.to(dev), y.to(dev)
         sync = (lambda: torch.cuda.synchronize()) if dev.type == "cuda" else (lambda: None)
         t0 = time.perf_counter()
-        logits = model(x)
+        logits = forward(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
         sync()
         t1 = time.perf_counter()
         if which == "zoffload":
             opt.scale_loss(loss).backward()
+        elif which == "deepspeed":
+            opt.backward(loss)             # DeepSpeed clips in its step (gradient_clipping)
         else:
             loss.backward()
             if args.max_grad_norm:
@@ -211,7 +250,8 @@ def run(args, which, data):
         sync()
         t2 = time.perf_counter()
         opt.step()
-        opt.zero_grad(set_to_none=True)
+        if which != "deepspeed":           # DeepSpeed's engine zeroes its own gradients
+            opt.zero_grad(set_to_none=True)
         sync()
         t3 = time.perf_counter()
         losses.append(loss.item())
@@ -244,6 +284,44 @@ def run(args, which, data):
             print("  saved optimizer checkpoint %s/%s" % (args.save, name))
         opt.close()
     return res
+
+
+def run_deepspeed(args):
+    """DeepSpeed ZeRO-Offload on the same model, data and seed: in this
+    interpreter when deepspeed imports, else in DeepSpeed's venv (a child
+    process running this script with --only deepspeed)."""
+    sys.path.insert(0, HERE)
+    import ds_offload
+    if ds_offload.available():
+        return run(args, "deepspeed", args._data)
+    venv = os.environ.get("ZO_DS_VENV", os.path.expanduser("~/.cache/zoffload/venv-ds"))
+    py = os.path.join(venv, "bin", "python")
+    if not os.path.exists(py):
+        print("--compare deepspeed: DeepSpeed is not importable here and there is no venv at %s; "
+              "make one with benchmarks/setup_ds_venv.sh --system-torch (or set ZO_DS_VENV)" % venv)
+        return None
+    fd, out = tempfile.mkstemp(prefix="zo-ft-ds-", suffix=".json")
+    os.close(fd)
+    try:
+        argv, skip = [], False
+        for a in sys.argv[1:]:             # the same run, less --compare
+            if skip:
+                skip = False
+            elif a == "--compare":
+                skip = True
+            elif not a.startswith("--compare="):
+                argv.append(a)
+        cmd = [py, os.path.abspath(__file__)] + argv + ["--only", "deepspeed", "--result-json", out]
+        print("--compare deepspeed: running %s" % " ".join(cmd))
+        sys.stdout.flush()
+        rc = subprocess.call(cmd)
+        if rc != 0:
+            print("--compare deepspeed: DeepSpeed's run failed (exit %d); see its output above" % rc)
+            return None
+        with open(out) as f:
+            return json.load(f)
+    finally:
+        os.unlink(out)
 
 
 def report(r):
@@ -285,10 +363,19 @@ def main():
     ap.add_argument("--offload", choices=["cpu", "nvme"], default="cpu",
                     help="where masters and states live")
     ap.add_argument("--nvme-path", default=None, help="swap directory for --offload nvme")
+    ap.add_argument("--offload-params", choices=["host", "nvme"], default=None,
+                    help="parameter offload (ZeRO-3 style): parameters homed in pinned host "
+                         "memory or on NVMe (--nvme-path), fetched per module")
+    ap.add_argument("--param-budget", default="256MiB",
+                    help="device bytes for parameters with --offload-params")
     ap.add_argument("--data", nargs="*", default=None,
                     help="text files or directories (default: /usr/share/common-licenses)")
-    ap.add_argument("--compare", choices=["torch"], default=None,
-                    help="also train with torch.optim.AdamW and compare")
+    ap.add_argument("--compare", choices=["torch", "deepspeed"], default=None,
+                    help="also train with torch.optim.AdamW, or with DeepSpeed ZeRO-Offload "
+                         "(from the venv of benchmarks/setup_ds_venv.sh --system-torch, "
+                         "$ZO_DS_VENV), and compare")
+    ap.add_argument("--only", choices=["deepspeed"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--result-json", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--save", default=None, help="directory for an optimizer checkpoint at the end")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=10)
@@ -304,15 +391,28 @@ def main():
     else:
         print("corpus: %d bytes from %d files under %s" % (len(data), len(files), ", ".join(paths)))
     print("libzoffload %s at %s" % (zoffload.version(), zoffload.library_path()))
+    args._data = data
+    if args.only:                     # the DeepSpeed half, run in DeepSpeed's venv
+        r = run(args, args.only, data)
+        with open(args.result_json, "w") as f:
+            json.dump(r, f)
+        return
     results = [run(args, "zoffload", data)]
     if args.compare == "torch":
         results.append(run(args, "torch", data))
+    elif args.compare == "deepspeed":
+        r = run_deepspeed(args)
+        if r:
+            results.append(r)
     for r in results:
         report(r)
     if len(results) == 2:
         a, b = results
-        print("loss after %d steps: zoffload %.4f, torch %.4f (difference %.2e)"
-              % (args.steps, a["loss_last"], b["loss_last"], abs(a["loss_last"] - b["loss_last"])))
+        print("loss after %d steps: zoffload %.4f, %s %.4f (difference %.2e)"
+              % (args.steps, a["loss_last"], b["which"], b["loss_last"],
+                 abs(a["loss_last"] - b["loss_last"])))
+        print("zoffload / %s: tokens/s %.3fx, optimizer step %.3fx faster"
+              % (b["which"], a["tokens_per_s"] / b["tokens_per_s"], b["opt_ms"] / a["opt_ms"]))
 
 
 if __name__ == "__main__":

@@ -588,6 +588,17 @@ int main(int argc, char **argv)
             zj_arr_end(&j);
             zj_uint(&j, "fetch_bytes_host", ws[0].fetch_bytes);
             zj_uint(&j, "fetch_bytes_nvme", ws[1].fetch_bytes);
+            /* the walkers' own timers over every run (warm-up included):
+             * where a tiled run's time goes besides the GEMMs */
+            for (int i = 0; i < (o.no_nvme ? 1 : 2); i++) {
+                zj_obj_begin(&j, i ? "walk_nvme" : "walk_host");
+                zj_uint(&j, "tiles", ws[i].tiles);
+                zj_uint(&j, "in_place_tiles", ws[i].in_place_tiles);
+                zj_uint(&j, "fetch_bytes", ws[i].fetch_bytes);
+                zj_num(&j, "fetch_seconds", (double)ws[i].fetch_ns * 1e-9);
+                zj_num(&j, "wait_seconds", (double)ws[i].wait_ns * 1e-9);
+                zj_obj_end(&j);
+            }
             zj_obj_end(&j);
             zj_end(&j);
         } else {

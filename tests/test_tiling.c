@@ -18,6 +18,7 @@
  *
  * argv[1] "cuda": the same suite on the CUDA backend (skips, 77, without one). */
 #include <limits.h>
+#include <stddef.h>
 #include <math.h>
 #include <pthread.h>
 
@@ -467,6 +468,26 @@ static int overlap_fn(void *ctx, unsigned k, const void *tile, zo_stream *s)
     return 0;
 }
 
+/* Register u8 tensor "t<k>" of `bytes` in `home`, every byte 0x40 + k. */
+static zo_tensor *walk_tensor(zo_store *st, unsigned k, size_t bytes, zo_tier home)
+{
+    char name[16];
+    snprintf(name, sizeof(name), "t%u", k);
+    zo_tensor_desc d;
+    zo_tensor_desc_default(&d);
+    d.name = name;
+    d.dtype = ZO_DTYPE_U8;
+    d.bytes = bytes;
+    d.home = home;
+    zo_tensor *t = NULL;
+    ck_assert_int_eq(zo_store_register(st, &d, &t), 0);
+    uint8_t *buf = malloc(bytes);
+    memset(buf, 0x40 + (int)k, bytes);
+    ck_assert_int_eq(zo_store_write(st, t, 0, buf, bytes), 0);
+    free(buf);
+    return t;
+}
+
 START_TEST(walker_overlaps_fetch_with_work)
 {
     if (g_kind != ZO_DEV_HOST)
@@ -475,20 +496,8 @@ START_TEST(walker_overlaps_fetch_with_work)
     env_open(&e, 0, 1 * MiB);
     enum { N = 5, BYTES = 96 * 1024 };
     zo_tensor *t[N];
-    uint8_t *buf = malloc(BYTES);
-    for (unsigned k = 0; k < N; k++) {
-        char name[16];
-        snprintf(name, sizeof(name), "t%u", k);
-        zo_tensor_desc d;
-        zo_tensor_desc_default(&d);
-        d.name = name;
-        d.dtype = ZO_DTYPE_U8;
-        d.bytes = BYTES;
-        d.home = k % 2 ? ZO_TIER_HOST : ZO_TIER_NVME; /* both fetch paths */
-        ck_assert_int_eq(zo_store_register(e.st, &d, &t[k]), 0);
-        memset(buf, 0x40 + (int)k, BYTES);
-        ck_assert_int_eq(zo_store_write(e.st, t[k], 0, buf, BYTES), 0);
-    }
+    for (unsigned k = 0; k < N; k++) /* both fetch paths */
+        t[k] = walk_tensor(e.st, k, BYTES, k % 2 ? ZO_TIER_HOST : ZO_TIER_NVME);
     zo_tile_walk *w = NULL;
     ck_assert_int_eq(zo_tile_walk_create(&w, e.st, e.dev, BYTES), 0);
     overlap_ctx c;
@@ -513,7 +522,6 @@ START_TEST(walker_overlaps_fetch_with_work)
     ck_assert_int_eq(zo_tile_walk_run(small, t, N, overlap_fn, &c), -EINVAL); /* tile larger than the buffers */
     zo_tile_walk_destroy(&small);
     ck_assert_int_eq(zo_tile_walk_create(&small, NULL, e.dev, BYTES), -EINVAL);
-    free(buf);
     env_close(&e);
 }
 END_TEST
@@ -527,6 +535,8 @@ typedef struct lin_case {
 
 typedef struct lin_result {
     float *y, *dx, *db, *dw;
+    zo_tile_grid grid;
+    zo_tile_walk_stats ws;
 } lin_result;
 
 static void lin_result_free(lin_result *r)
@@ -535,8 +545,10 @@ static void lin_result_free(lin_result *r)
 }
 
 /* Run forward + backward of one case with W homed in `home`; check against
- * the double reference; return the outputs for cross-tier comparison. */
-static void run_linear(const lin_case *lc, zo_dtype t, zo_tier home, uint64_t seed, lin_result *res)
+ * the double reference; return the outputs for cross-tier comparison.
+ * copy: the config's copy_tiles (1: tiles copied into the device buffers,
+ * as on a GPU; 0: the host backend's in-place fetch). */
+static void run_linear(const lin_case *lc, zo_dtype t, zo_tier home, uint64_t seed, int copy, lin_result *res)
 {
     uint64_t B = lc->batch, O = lc->out, I = lc->in;
     size_t esz = zo_dtype_size(t);
@@ -582,6 +594,7 @@ static void run_linear(const lin_case *lc, zo_dtype t, zo_tier home, uint64_t se
     c.tile_in = lc->tile_in;
     c.dw_sink = zo_tile_sink_host;
     c.dw_sink_ctx = &hs;
+    c.copy_tiles = copy;
     zo_tiled_linear *tl = NULL;
     int r = zo_tiled_linear_create(&tl, e.st, e.dev, &c);
     ck_assert_msg(r == 0, "create: %s (%s)", zo_strerror(r), zo_last_error_detail());
@@ -605,8 +618,19 @@ static void run_linear(const lin_case *lc, zo_dtype t, zo_tier home, uint64_t se
     zo_tile_walk_stats ws;
     zo_tiled_linear_get_stats(tl, &ws);
     ck_assert_uint_eq(ws.tiles, 2ull * g.tiles_out * g.tiles_in);
-    if (home != ZO_TIER_DEVICE)
+    /* in place: host home always (host backend), NVMe when the grid's tiles fit a pool slot */
+    int in_place = !copy && home != ZO_TIER_DEVICE && g_kind == ZO_DEV_HOST &&
+                   (home == ZO_TIER_HOST || g.tile_bytes <= 64 * KiB);
+    ck_assert_int_eq(!!(g.flags & ZO_TILE_IN_PLACE), in_place);
+    if (in_place) {
+        ck_assert_uint_eq(ws.fetch_bytes, 0);
+        ck_assert_uint_eq(ws.in_place_tiles, ws.tiles);
+    } else if (home != ZO_TIER_DEVICE) {
         ck_assert_uint_eq(ws.fetch_bytes, 2 * O * I * esz);
+        ck_assert_uint_eq(ws.in_place_tiles, 0);
+    }
+    res->grid = g;
+    res->ws = ws;
     /* no allocation beyond the plan happened in the calls */
     if (exact_mem())
         ck_assert_uint_eq(dev_used(e.dev) - before, g.work_bytes);
@@ -678,15 +702,36 @@ static const lin_case lin_cases[] = {
     {3, 61, 1031, 6 * KiB, 0, 0},  /* budget below one row: rows cut too */
 };
 
+static void lin_same(const lin_result *a, const lin_result *b, const lin_case *lc)
+{
+    ck_assert_int_eq(memcmp(a->y, b->y, lc->batch * lc->out * 4), 0);
+    ck_assert_int_eq(memcmp(a->dx, b->dx, lc->batch * lc->in * 4), 0);
+    ck_assert_int_eq(memcmp(a->db, b->db, lc->out * 4), 0);
+    ck_assert_int_eq(memcmp(a->dw, b->dw, lc->out * lc->in * 4), 0);
+}
+
+/* Every case with tiles copied into the device buffers (the GPU's path,
+ * kept on the host backend by copy_tiles), and with the host backend's
+ * in-place fetch: both against the reference, and bit for bit equal to
+ * each other where they use the same grid (given tiles). */
 START_TEST(linear_matches_reference)
 {
     int ci = _i / 2;
     zo_dtype t = _i % 2 ? ZO_DTYPE_BF16 : ZO_DTYPE_F32;
     for (int h = 0; h < 3; h++) {
         zo_tier home = (zo_tier)h;
-        lin_result res;
+        lin_result res, inp;
         memset(&res, 0, sizeof(res));
-        run_linear(&lin_cases[ci], t, home, zo_test_seed() + (uint64_t)ci, &res);
+        memset(&inp, 0, sizeof(inp));
+        run_linear(&lin_cases[ci], t, home, zo_test_seed() + (uint64_t)ci, 1, &res);
+        if (home != ZO_TIER_DEVICE) {
+            run_linear(&lin_cases[ci], t, home, zo_test_seed() + (uint64_t)ci, 0, &inp);
+            if (inp.grid.tile_out == res.grid.tile_out && inp.grid.tile_in == res.grid.tile_in)
+                lin_same(&res, &inp, &lin_cases[ci]);
+            else
+                ck_assert_uint_ne(lin_cases[ci].budget, 0); /* only a budget-chosen grid may differ */
+            lin_result_free(&inp);
+        }
         lin_result_free(&res);
     }
 }
@@ -703,12 +748,9 @@ START_TEST(linear_nvme_identical)
         lin_result a, b;
         memset(&a, 0, sizeof(a));
         memset(&b, 0, sizeof(b));
-        run_linear(&lc, t, ZO_TIER_HOST, 99, &a);
-        run_linear(&lc, t, ZO_TIER_NVME, 99, &b);
-        ck_assert_int_eq(memcmp(a.y, b.y, lc.batch * lc.out * 4), 0);
-        ck_assert_int_eq(memcmp(a.dx, b.dx, lc.batch * lc.in * 4), 0);
-        ck_assert_int_eq(memcmp(a.db, b.db, lc.out * 4), 0);
-        ck_assert_int_eq(memcmp(a.dw, b.dw, lc.out * lc.in * 4), 0);
+        run_linear(&lc, t, ZO_TIER_HOST, 99, 1, &a);
+        run_linear(&lc, t, ZO_TIER_NVME, 99, 1, &b);
+        lin_same(&a, &b, &lc);
         lin_result_free(&a);
         lin_result_free(&b);
     }
@@ -727,6 +769,7 @@ START_TEST(linear_bad_input)
     env_open(&e, 4 * MiB, 1 * MiB);
     zo_tiled_linear_config c;
     zo_tiled_linear_config_default(&c);
+    c.copy_tiles = 1; /* the copy path (a GPU's); in place: linear_in_place_* */
     c.in_features = 100;
     c.out_features = 50;
     c.max_batch = 4;
@@ -738,6 +781,19 @@ START_TEST(linear_bad_input)
     zo_tiled_linear_config bad = c;
     bad.struct_size = 8;
     ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &bad), -EINVAL);
+    bad.struct_size = sizeof(bad) + 8; /* a newer version than the library's */
+    ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &bad), -EINVAL);
+    /* the first published version, without copy_tiles: accepted, in place */
+    bad = c;
+    bad.struct_size = offsetof(zo_tiled_linear_config, copy_tiles);
+    bad.name = "v1";
+    bad.home = ZO_TIER_HOST;
+    bad.copy_tiles = 1; /* beyond struct_size: not read */
+    ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &bad), 0);
+    zo_tile_grid vg;
+    ck_assert_int_eq(zo_tiled_linear_grid(tl, &vg), 0);
+    ck_assert_int_eq(!!(vg.flags & ZO_TILE_IN_PLACE), g_kind == ZO_DEV_HOST);
+    zo_tiled_linear_destroy(&tl);
     bad = c;
     bad.in_features = 0;
     ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &bad), -EINVAL);
@@ -781,6 +837,7 @@ START_TEST(linear_runtime_errors)
     int calls = 0;
     zo_tiled_linear_config c;
     zo_tiled_linear_config_default(&c);
+    c.copy_tiles = 1; /* the copy path (a GPU's); in place: linear_in_place_* */
     c.in_features = 100;
     c.out_features = 50;
     c.max_batch = 4;
@@ -839,6 +896,7 @@ START_TEST(linear_store_sink)
     uint64_t B = 3, O = 23, I = 41;
     zo_tiled_linear_config c;
     zo_tiled_linear_config_default(&c);
+    c.copy_tiles = 1; /* the copy path (a GPU's); in place: linear_in_place_* */
     c.in_features = I;
     c.out_features = O;
     c.max_batch = B;
@@ -906,9 +964,12 @@ START_TEST(linear_store_sink)
 }
 END_TEST
 
-/* Another user of the store's pool holds slots: the NVMe walk reads ahead
- * less instead of failing with -EBUSY. */
-START_TEST(linear_pool_shared)
+/* Another user of the store's pool holds 4 of its 8 slots while an
+ * NVMe-homed linear runs forward. copy: one 240000-byte tile of four 64 KiB
+ * slots, copied: the walk reads ahead less instead of failing with -EBUSY.
+ * In place: 48000-byte tiles of one slot each, read in place: the walk
+ * waits for tile k's slot before reading k+1 instead of failing. */
+static void pool_shared(int copy)
 {
     env e;
     env_open(&e, 1 * MiB, 1 * MiB);
@@ -923,23 +984,159 @@ START_TEST(linear_pool_shared)
     ck_assert_int_eq(zo_store_stream_open(e.st, other, ZO_STREAM_READ, 3, &held), 0); /* 4 of 8 slots */
     zo_tiled_linear_config c;
     zo_tiled_linear_config_default(&c);
+    c.copy_tiles = copy;
     c.in_features = 300;
     c.out_features = 200;
     c.max_batch = 2;
-    c.tile_out = 200; /* one 240000-byte tile: four 64 KiB pool slots, read ahead 4 deep */
+    c.tile_out = copy ? 200 : 40;
     c.tile_in = 300;
     zo_tiled_linear *tl = NULL;
     ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &c), 0);
+    zo_tile_grid g;
+    zo_tiled_linear_grid(tl, &g);
+    ck_assert_int_eq(!!(g.flags & ZO_TILE_IN_PLACE), !copy);
     float *x = dmalloc(e.dev, 2 * 300 * 4), *y = dmalloc(e.dev, 2 * 200 * 4);
     float zeros[600] = {0};
     h2d(e.dev, x, zeros, sizeof(zeros));
     int r = zo_tiled_linear_forward(tl, x, 2, NULL, y);
     ck_assert_msg(r == 0, "forward with the pool shared: %s (%s)", zo_strerror(r), zo_tiled_linear_errmsg(tl));
+    zo_tile_walk_stats ws;
+    zo_tiled_linear_get_stats(tl, &ws);
+    ck_assert_uint_eq(ws.in_place_tiles, copy ? 0 : 5);
     ck_assert_int_eq(zo_store_stream_close(&held), 0);
     zo_tiled_linear_destroy(&tl);
     zo_dev_free(e.dev, x);
     zo_dev_free(e.dev, y);
     env_close(&e);
+}
+
+START_TEST(linear_pool_shared)
+{
+    pool_shared(1); /* the copy path (a GPU's) */
+}
+END_TEST
+
+/* ---- in-place fetch (host backend) ------------------------------------------------------- */
+/* The walker with ZO_TILE_WALK_IN_PLACE and no buffers at all: host-homed
+ * tiles and NVMe-homed tiles of one pool slot reach fn with their bytes
+ * already there and nothing copied; an NVMe tile larger than a slot still
+ * needs a buffer (-EINVAL without one). */
+typedef struct inplace_ctx {
+    size_t bytes;
+    int ok[6];
+} inplace_ctx;
+
+static int inplace_fn(void *ctx, unsigned k, const void *tile, zo_stream *s)
+{
+    inplace_ctx *c = ctx;
+    const uint8_t *p = tile;
+    (void)s;
+    /* in place means here now, before any stream work */
+    c->ok[k] = p[0] == (uint8_t)(0x40 + k) && p[c->bytes - 1] == (uint8_t)(0x40 + k);
+    return 0;
+}
+
+START_TEST(walker_in_place)
+{
+    env e;
+    env_open(&e, 0, 1 * MiB);
+    enum { N = 6, BYTES = 48 * 1024 }; /* below the 64 KiB pool slot */
+    zo_tensor *t[N + 1];
+    for (unsigned k = 0; k < N; k++)
+        t[k] = walk_tensor(e.st, k, BYTES, k % 2 ? ZO_TIER_HOST : ZO_TIER_NVME);
+    t[N] = walk_tensor(e.st, N, 2 * BYTES, ZO_TIER_NVME); /* two slots */
+    zo_tile_walk *w = NULL;
+    ck_assert_int_eq(zo_tile_walk_create_ex(&w, e.st, e.dev, 0, 0x10), -EINVAL);
+    ck_assert_int_eq(zo_tile_walk_create_ex(&w, e.st, e.dev, 0, ZO_TILE_WALK_IN_PLACE), 0);
+    ck_assert_int_eq(zo_tile_walk_in_place(w), g_kind == ZO_DEV_HOST);
+    ck_assert_int_eq(zo_tile_walk_in_place(NULL), 0);
+    if (g_kind == ZO_DEV_HOST) {
+        inplace_ctx c = {.bytes = BYTES};
+        for (int rep = 0; rep < 2; rep++) { /* a second walk reuses nothing stale */
+            memset(c.ok, 0, sizeof(c.ok));
+            int r = zo_tile_walk_run(w, t, N, inplace_fn, &c);
+            ck_assert_msg(r == 0, "walk: %s (%s)", zo_strerror(r), zo_last_error_detail());
+            for (unsigned k = 0; k < N; k++)
+                ck_assert_msg(c.ok[k], "tile %u not in place when fn ran", k);
+        }
+        zo_tile_walk_stats ws;
+        zo_tile_walk_get_stats(w, &ws);
+        ck_assert_uint_eq(ws.tiles, 2 * N);
+        ck_assert_uint_eq(ws.fetch_bytes, 0);
+        ck_assert_uint_eq(ws.in_place_tiles, 2 * N);
+        /* every reference and pool slot is back: the tensors can go */
+        zo_tensor_info ti;
+        ck_assert_int_eq(zo_store_tensor_info(e.st, t[1], &ti), 0);
+        ck_assert_int_eq(zo_store_tensor_info(e.st, t[0], &ti), 0);
+        /* an NVMe tile of two slots cannot be read in place and there is no buffer */
+        ck_assert_int_eq(zo_tile_walk_run(w, t + N - 1, 2, inplace_fn, &c), -EINVAL);
+    }
+    zo_tile_walk_destroy(&w);
+    for (unsigned k = 0; k <= N; k++)
+        ck_assert_int_eq(zo_store_unregister(e.st, &t[k]), 0);
+    env_close(&e);
+}
+END_TEST
+
+/* Weights on NVMe, read in place from their pool slots: bit for bit what
+ * the pinned host home gives in place and what the copy path gives, on the
+ * same grid (tiles of one slot); a budget-chosen NVMe grid is cut to tiles
+ * of one slot, within the budget, against the reference (run_linear). */
+START_TEST(linear_in_place_nvme)
+{
+    if (g_kind != ZO_DEV_HOST)
+        return; /* in place is the host backend's */
+    static const lin_case cases[] = {
+        {6, 53, 301, 0, 10, 301},    /* 10 x 301 tiles: 12 KiB (f32), one slot */
+        {3, 29, 4099, 0, 3, 4099},   /* 48 KiB f32 tiles, 3 rows each, the last of 2 */
+    };
+    for (int ti = 0; ti < 4; ti++) {
+        zo_dtype t = ti % 2 ? ZO_DTYPE_BF16 : ZO_DTYPE_F32;
+        const lin_case *lc = &cases[ti / 2];
+        lin_result a, b, c;
+        memset(&a, 0, sizeof(a));
+        memset(&b, 0, sizeof(b));
+        memset(&c, 0, sizeof(c));
+        run_linear(lc, t, ZO_TIER_NVME, 7, 0, &a);
+        run_linear(lc, t, ZO_TIER_HOST, 7, 0, &b);
+        run_linear(lc, t, ZO_TIER_NVME, 7, 1, &c);
+        ck_assert_uint_ne(a.grid.flags & ZO_TILE_IN_PLACE, 0);
+        ck_assert_uint_eq(c.grid.flags & ZO_TILE_IN_PLACE, 0);
+        ck_assert_uint_eq(a.ws.in_place_tiles, a.ws.tiles);
+        lin_same(&a, &b, lc);
+        lin_same(&a, &c, lc);
+        lin_result_free(&a);
+        lin_result_free(&b);
+        lin_result_free(&c);
+    }
+    /* budget-chosen: the in-place plan (no staging) gives one 840 KB tile,
+     * above the 64 KiB slot: cut to whole-row tiles of one slot */
+    lin_case big = {4, 300, 700, 2 * MiB, 0, 0};
+    lin_result r;
+    memset(&r, 0, sizeof(r));
+    run_linear(&big, ZO_DTYPE_F32, ZO_TIER_NVME, 5, 0, &r);
+    ck_assert_uint_le(r.grid.tile_bytes, 64 * KiB);
+    ck_assert_uint_eq(r.grid.tile_in, 700);
+    ck_assert_uint_eq(r.ws.in_place_tiles, r.ws.tiles);
+    lin_result_free(&r);
+    /* in place on the host home: fewer, larger tiles than the copy plan */
+    lin_result h, hc;
+    memset(&h, 0, sizeof(h));
+    memset(&hc, 0, sizeof(hc));
+    lin_case mid = {4, 300, 700, 1 * MiB, 0, 0};
+    run_linear(&mid, ZO_DTYPE_F32, ZO_TIER_HOST, 5, 0, &h);
+    run_linear(&mid, ZO_DTYPE_F32, ZO_TIER_HOST, 5, 1, &hc);
+    ck_assert_uint_lt(h.grid.tiles_out, hc.grid.tiles_out);
+    ck_assert_uint_le(h.grid.work_bytes, 1 * MiB);
+    lin_result_free(&h);
+    lin_result_free(&hc);
+}
+END_TEST
+
+START_TEST(linear_in_place_pool_shared)
+{
+    if (g_kind == ZO_DEV_HOST) /* in place is the host backend's */
+        pool_shared(0);
 }
 END_TEST
 
@@ -1109,6 +1306,7 @@ static Suite *suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("walker");
     tcase_add_test(tc, walker_overlaps_fetch_with_work);
+    tcase_add_test(tc, walker_in_place);
     suite_add_tcase(s, tc);
     tc = tcase_create("linear");
     tcase_set_timeout(tc, 300);
@@ -1118,6 +1316,8 @@ static Suite *suite(void)
     tcase_add_test(tc, linear_runtime_errors);
     tcase_add_test(tc, linear_pool_shared);
     tcase_add_test(tc, linear_store_sink);
+    tcase_add_test(tc, linear_in_place_nvme);
+    tcase_add_test(tc, linear_in_place_pool_shared);
     suite_add_tcase(s, tc);
     tc = tcase_create("xent");
     tcase_set_timeout(tc, 300);

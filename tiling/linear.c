@@ -14,10 +14,13 @@
 #include "tiling/tiling_internal.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <zoffload/vec.h>
+
+#include "dev/dev_internal.h"
 
 struct zo_tiled_linear {
     zo_store *store;
@@ -65,6 +68,26 @@ static int fill_ones(zo_dev *dev, zo_stream *s, void *p, zo_dtype t, size_t n)
     return r < 0 ? r : r2;
 }
 
+/* The grid for config c with plan flags `flags`. With ZO_TILE_IN_PLACE and
+ * an NVMe home (slot > 0) every tile must fit one pool slot to be read in
+ * place: a budget-planned grid is cut down to that (fewer bytes, so still
+ * within the budget); a given tile larger than a slot returns 1 (plan again
+ * without in place: it is copied). */
+static int plan(const zo_tiled_linear_config *c, unsigned flags, uint64_t slot, zo_tile_grid *g)
+{
+    int r;
+    if (c->budget)
+        r = zo_tile_plan(c->max_batch, c->out_features, c->in_features, c->dtype, c->budget, flags, g);
+    else
+        r = zo_tile_grid_make(c->max_batch, c->out_features, c->in_features, c->dtype, c->tile_out, c->tile_in,
+                              flags, g);
+    if (r < 0 || !slot || g->tile_bytes <= slot)
+        return r;
+    if (!c->budget || zo__tile_cap(g, slot) < 0)
+        return 1;
+    return 0;
+}
+
 static int dev_alloc(zo_tiled_linear *tl, void **p, uint64_t n, const char *what)
 {
     int r = zo_dev_malloc(tl->dev, p, (size_t)n);
@@ -84,7 +107,9 @@ ZO_API int zo_tiled_linear_create(zo_tiled_linear **out, zo_store *store, zo_dev
     if (!tl)
         return -ENOMEM;
     zo_tiled_linear_config_default(&tl->cfg);
-    int r = ZO_STRUCT_IN(&tl->cfg, cfg, sizeof(zo_tiled_linear_config), &tl->err, "zo_tiled_linear_create");
+    /* the first published version ended before copy_tiles (defaults to 0: in place) */
+    int r = ZO_STRUCT_IN(&tl->cfg, cfg, offsetof(zo_tiled_linear_config, copy_tiles), &tl->err,
+                         "zo_tiled_linear_create");
     if (r < 0) {
         free(tl);
         return r;
@@ -94,22 +119,31 @@ ZO_API int zo_tiled_linear_create(zo_tiled_linear **out, zo_store *store, zo_dev
     tl->dev = dev;
     ZO_CHECK_GOTO(zo__tile_name_home(&c->name, tl->name, c->home, &tl->err, "zo_tiled_linear_create"), r, fail);
     unsigned flags = (c->train ? ZO_TILE_TRAIN : 0) | (c->home == ZO_TIER_DEVICE ? ZO_TILE_RESIDENT : 0);
-    if (c->budget)
-        r = zo_tile_plan(c->max_batch, c->out_features, c->in_features, c->dtype, c->budget, flags, &tl->grid);
-    else
-        r = zo_tile_grid_make(c->max_batch, c->out_features, c->in_features, c->dtype, c->tile_out, c->tile_in,
-                              flags, &tl->grid);
+    /* the host backend's in-place fetch: see plan_in_place() */
+    int in_place = c->home != ZO_TIER_DEVICE && zo__tile_in_place_ok(dev, !c->copy_tiles);
+    uint64_t slot = 0;
+    if (in_place && c->home == ZO_TIER_NVME) {
+        zo_store_stats ss;
+        zo_store_get_stats(store, &ss);
+        slot = ss.pool_slots >= ZO_TILE_IN_PLACE_SLOTS ? ss.pool_slot_size : 0;
+        in_place = slot > 0;
+    }
+    r = plan(c, in_place ? flags | ZO_TILE_IN_PLACE : flags, slot, &tl->grid);
+    if (r == 1) /* NVMe tiles given larger than a pool slot: those are copied */
+        r = plan(c, flags, 0, &tl->grid);
     if (r < 0) {
         zo__tile_keep(&tl->err, r);
         goto fail;
     }
+    in_place = (tl->grid.flags & ZO_TILE_IN_PLACE) != 0;
     zo_tile_grid *g = &tl->grid;
     tl->ntiles = g->tiles_out * g->tiles_in;
     char prefix[ZO_TENSOR_NAME_MAX + 1];
     snprintf(prefix, sizeof(prefix), "%s.w", tl->name);
     ZO_CHECK_GOTO(zo__tile_register(store, prefix, g, c->home, 0, &tl->tiles, &tl->err), r, fail);
     /* the working memory: exactly grid.work_bytes (zo__tile_linear_work) */
-    r = zo_tile_walk_create(&tl->walk, store, dev, (flags & ZO_TILE_RESIDENT) ? 0 : g->tile_bytes);
+    r = zo_tile_walk_create_ex(&tl->walk, store, dev, (g->flags & (ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE)) ? 0 : g->tile_bytes,
+                               in_place ? ZO_TILE_WALK_IN_PLACE : 0);
     if (r < 0) {
         zo__tile_keep(&tl->err, r);
         goto fail;
@@ -307,9 +341,17 @@ ZO_API int zo_tiled_linear_backward(zo_tiled_linear *tl, const void *x, const vo
 }
 
 /* ---- ready-made sinks ---------------------------------------------------------------- */
-/* The tile in host memory (malloc'd; the caller frees), or NULL with *err. */
-static float *tile_to_host(const zo_tile_grad *g, int *err)
+/* The tile in host memory, or NULL with *err. On the host backend that is
+ * g->dw itself (its "device memory" is host memory: no staging copy, which
+ * would take a pass over every dW tile); else a malloc'd copy. *owned: the
+ * caller frees it. */
+static float *tile_to_host(const zo_tile_grad *g, int *err, int *owned)
 {
+    *owned = 0;
+    *err = 0;
+    if (zo_dev_get_kind(g->stream->dev) == ZO_DEV_HOST)
+        return (float *)g->dw;
+    *owned = 1;
     size_t n = (size_t)g->rows * g->cols;
     float *t = malloc(n * sizeof(float));
     if (!t) {
@@ -331,8 +373,8 @@ ZO_API int zo_tile_sink_host(void *ctx, const zo_tile_grad *g)
     zo_tile_host_sink *hs = ctx;
     if (!hs || !g || !hs->dw)
         return ZO_FAIL(NULL, -EINVAL, "zo_tile_sink_host: NULL context or matrix");
-    int r;
-    float *t = tile_to_host(g, &r);
+    int r, owned;
+    float *t = tile_to_host(g, &r, &owned);
     if (!t)
         return r;
     for (uint32_t i = 0; i < g->rows; i++) {
@@ -344,7 +386,8 @@ ZO_API int zo_tile_sink_host(void *ctx, const zo_tile_grad *g)
         else
             memcpy(dst, src, g->cols * sizeof(float));
     }
-    free(t);
+    if (owned)
+        free(t);
     return 0;
 }
 
@@ -360,11 +403,12 @@ ZO_API int zo_tile_sink_store(void *ctx, const zo_tile_grad *g)
     if (!t || zo_store_tensor_info(ss->store, t, &ti) < 0 || ti.bytes != bytes)
         return ZO_FAIL(NULL, -EINVAL, "zo_tile_sink_store: tensor of tile (%u, %u) missing or not %zu bytes", g->row,
                        g->col, bytes);
-    int r;
-    float *h = tile_to_host(g, &r);
+    int r, owned;
+    float *h = tile_to_host(g, &r, &owned);
     if (!h)
         return r;
     r = zo_store_write(ss->store, t, 0, h, bytes);
-    free(h);
+    if (owned)
+        free(h);
     return r;
 }

@@ -4,7 +4,8 @@
  *
  * Cost model (device bytes the tiled linear allocates, = work_bytes):
  *   staging  2 * tile_out * tile_in * esz     (the walker's double buffer;
- *                                               0 with ZO_TILE_RESIDENT)
+ *                                               0 with ZO_TILE_RESIDENT or
+ *                                               ZO_TILE_IN_PLACE)
  *   dW       2 * tile_out * tile_in * 4       (ZO_TILE_TRAIN: double-buffered
  *                                               f32 gradient tiles)
  *   ones     batch * 4 (+ batch * esz with ZO_TILE_TRAIN)
@@ -17,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define KNOWN_FLAGS (ZO_TILE_TRAIN | ZO_TILE_RESIDENT)
+#define KNOWN_FLAGS (ZO_TILE_TRAIN | ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE)
 
 static uint64_t sat_add(uint64_t a, uint64_t b)
 {
@@ -34,7 +35,7 @@ static uint64_t sat_mul(uint64_t a, uint64_t b)
 static uint64_t per_elem(zo_dtype t, unsigned flags)
 {
     uint64_t esz = zo_dtype_size(t);
-    return ((flags & ZO_TILE_RESIDENT) ? 0 : 2 * esz) + ((flags & ZO_TILE_TRAIN) ? 2 * sizeof(float) : 0);
+    return ((flags & (ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE)) ? 0 : 2 * esz) + ((flags & ZO_TILE_TRAIN) ? 2 * sizeof(float) : 0);
 }
 
 static uint64_t fixed_bytes(uint64_t batch, zo_dtype t, unsigned flags)
@@ -121,6 +122,24 @@ ZO_API int zo_tile_plan(uint64_t batch, uint64_t out, uint64_t in, zo_dtype dtyp
         grid->tile_out = 1;
     }
     finish(grid);
+    return 0;
+}
+
+int zo__tile_cap(zo_tile_grid *g, uint64_t max_bytes)
+{
+    uint64_t esz = zo_dtype_size(g->dtype), cap = max_bytes / esz;
+    if (g->tile_bytes <= max_bytes)
+        return 0;
+    if (cap < ZO_MIN(g->in_features, (uint64_t)ZO_TILE_MIN_COLS))
+        return -EINVAL;
+    if (cap >= g->in_features) {
+        g->tile_in = (uint32_t)g->in_features;
+        g->tile_out = (uint32_t)balance(g->out_features, ZO_MIN(g->tile_out, cap / g->in_features));
+    } else {
+        g->tile_in = (uint32_t)balance(g->in_features, ZO_MIN(g->tile_in, cap));
+        g->tile_out = 1;
+    }
+    finish(g);
     return 0;
 }
 

@@ -23,6 +23,23 @@ static inline int zo__tile_has_msg(const zo_errbuf *eb)
     return zo__errbuf_get(eb, c, sizeof(c))[0] != '\0';
 }
 
+/* Pool slots an in-place NVMe walk needs: two tiles' one-piece streams of
+ * depth 1 (two slots each) and the slot the store keeps for itself. */
+#define ZO_TILE_IN_PLACE_SLOTS 5u
+
+/* Whether in-place fetching applies: asked for, on the host backend (its
+ * device memory is host memory; a GPU's GEMMs read device memory). */
+static inline int zo__tile_in_place_ok(zo_dev *dev, int asked)
+{
+    return asked && zo_dev_get_kind(dev) == ZO_DEV_HOST;
+}
+
+/* Reshape g (planned from a budget) so that no tile exceeds max_bytes:
+ * whole rows while one fits, else one row cut in balanced parts; work_bytes
+ * recomputed (it only shrinks). -EINVAL if even ZO_TILE_MIN_COLS elements do
+ * not fit. */
+int zo__tile_cap(zo_tile_grid *g, uint64_t max_bytes);
+
 /* Device bytes of the buffers the tiled linear allocates for `g`
  * (g's tile fields set); -EOVERFLOW-safe: UINT64_MAX on overflow. */
 uint64_t zo__tile_linear_work(const zo_tile_grid *g);

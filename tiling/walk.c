@@ -30,6 +30,11 @@ struct zo_tile_walk {
     int used_rec[2];       /* used[i] recorded in this run */
     zo_tensor *held[2];    /* tile whose reference backs slot i (device home: in place; host: the copy's source) */
     zo_tier held_tier[2];
+    int held_in_place[2];  /* slot i's tile is read where it is until used[i] (no loaded[i] copy) */
+    zo_store_stream *held_sst[2]; /* NVMe tile used in place from its pool slot: the stream and piece */
+    zo_store_piece held_pc[2];
+    int in_place;          /* ZO_TILE_WALK_IN_PLACE on a host backend */
+    uint64_t slot_size;    /* the store's pool slot size (in-place NVMe tiles fit one) */
     const void *ptr[2];    /* where slot i's tile is in device memory */
     zo_tile_walk_stats st;
     zo_errbuf err;
@@ -42,20 +47,32 @@ typedef struct fetch {
     uint64_t bytes;
     zo_store_req *req;       /* device/host home */
     zo_store_stream *sst;    /* NVMe home */
-    const void *dev_ptr;     /* device home: the tile in place */
+    int in_place;            /* used where it is (no copy into a buffer) */
 } fetch;
 
 ZO_API int zo_tile_walk_create(zo_tile_walk **out, zo_store *store, zo_dev *dev, uint64_t max_tile_bytes)
 {
+    return zo_tile_walk_create_ex(out, store, dev, max_tile_bytes, 0);
+}
+
+ZO_API int zo_tile_walk_create_ex(zo_tile_walk **out, zo_store *store, zo_dev *dev, uint64_t max_tile_bytes,
+                                  unsigned flags)
+{
     if (!out || !store || !dev)
         return ZO_FAIL(NULL, -EINVAL, "zo_tile_walk_create: NULL argument");
     *out = NULL;
+    if (flags & ~ZO_TILE_WALK_IN_PLACE)
+        return ZO_FAIL(NULL, -EINVAL, "zo_tile_walk_create: unknown flags 0x%x", flags);
     zo_tile_walk *w = calloc(1, sizeof(*w));
     if (!w)
         return -ENOMEM;
     w->store = store;
     w->dev = dev;
     w->buf_bytes = max_tile_bytes;
+    w->in_place = zo__tile_in_place_ok(dev, flags & ZO_TILE_WALK_IN_PLACE);
+    zo_store_stats ss;
+    zo_store_get_stats(store, &ss);
+    w->slot_size = ss.pool_slots >= ZO_TILE_IN_PLACE_SLOTS ? ss.pool_slot_size : 0;
     int r = 0;
     for (int i = 0; i < 2 && max_tile_bytes; i++) {
         if (max_tile_bytes > SIZE_MAX) {
@@ -109,6 +126,11 @@ ZO_API zo_stream *zo_tile_walk_stream(zo_tile_walk *w)
     return w ? w->compute : NULL;
 }
 
+ZO_API int zo_tile_walk_in_place(const zo_tile_walk *w)
+{
+    return w ? w->in_place : 0;
+}
+
 ZO_API void zo_tile_walk_get_stats(const zo_tile_walk *w, zo_tile_walk_stats *st)
 {
     if (!st)
@@ -141,12 +163,22 @@ static int fetch_begin(zo_tile_walk *w, zo_tensor *t, fetch *f)
     f->t = t;
     f->home = ti.home;
     f->bytes = ti.bytes;
-    if (ti.home != ZO_TIER_DEVICE && ti.bytes > w->buf_bytes)
+    /* in place: a device home always; on a host backend with IN_PLACE a
+     * host home (its pinned home copy) and an NVMe home that fits one pool
+     * slot (the slot it is read into) */
+    f->in_place = ti.home == ZO_TIER_DEVICE ||
+                  (w->in_place && (ti.home == ZO_TIER_HOST || (ti.bytes <= w->slot_size && ti.bytes > 0)));
+    if (!f->in_place && ti.bytes > w->buf_bytes)
         return ZO_FAIL(&w->err, -EINVAL, "zo_tile_walk_run: tile '%s' has %llu bytes, the buffers %llu", ti.name,
                        (unsigned long long)ti.bytes, (unsigned long long)w->buf_bytes);
     uint64_t t0 = zo__now_ns();
     int r;
-    if (ti.home == ZO_TIER_NVME) {
+    if (ti.home == ZO_TIER_NVME && f->in_place) {
+        /* one piece, held until the work that reads it is done */
+        r = zo_store_stream_open(w->store, t, ZO_STREAM_READ, 1, &f->sst);
+        if (r < 0)
+            ZO_FAIL(&w->err, r, "zo_tile_walk_run: stream over '%s': %s", ti.name, zo_store_errmsg(w->store));
+    } else if (ti.home == ZO_TIER_NVME) {
         unsigned depth = stream_depth(w->store, ti.bytes);
         if (!depth)
             return ZO_FAIL(&w->err, ZO_ECONFIG, "zo_tile_walk_run: NVMe tile '%s' needs a store pool of >= 3 slots",
@@ -182,16 +214,34 @@ static void fetch_abort(zo_tile_walk *w, fetch *f)
 /* Drop the reference behind slot i once nothing reads through it any more:
  * a host home once its copy into the buffer is done, a device home once
  * the work that used it in place is done. */
-static void release_slot(zo_tile_walk *w, int i)
+static int release_slot(zo_tile_walk *w, int i)
 {
+    int r = 0;
+    if (w->held_sst[i]) {
+        /* an NVMe tile read in place from its pool slot */
+        if (w->used_rec[i])
+            r = zo_event_sync(w->used[i]);
+        zo_store_stream_done(w->held_sst[i], &w->held_pc[i]);
+        int r2 = zo_store_stream_close(&w->held_sst[i]);
+        if (r == 0 && r2 < 0)
+            r = ZO_FAIL(&w->err, r2, "zo_tile_walk_run: closing a tile's stream: %s", zo_store_errmsg(w->store));
+        return r;
+    }
     if (!w->held[i])
-        return;
-    if (w->held_tier[i] == ZO_TIER_HOST)
-        zo_event_sync(w->loaded[i]);
+        return 0;
+    if (!w->held_in_place[i])
+        r = zo_event_sync(w->loaded[i]);
     else if (w->used_rec[i])
-        zo_event_sync(w->used[i]);
+        r = zo_event_sync(w->used[i]);
     zo_store_release(w->store, w->held[i], w->held_tier[i], 0);
     w->held[i] = NULL;
+    return r;
+}
+
+/* Slot i holds an NVMe tile in place: its stream keeps pool slots reserved. */
+static int holds_stream(const zo_tile_walk *w, int i)
+{
+    return w->held_sst[i] != NULL;
 }
 
 /* Step C: the tile's bytes into buf[i] (or in place for a device home),
@@ -200,11 +250,29 @@ static int fetch_finish(zo_tile_walk *w, fetch *f, int i)
 {
     int r = 0;
     uint64_t t0 = zo__now_ns();
-    release_slot(w, i);
+    ZO_CHECK_GOTO(release_slot(w, i), r, fail);
     /* the buffer still feeds tile k-1's work until used[i] */
-    if (f->home != ZO_TIER_DEVICE && w->used_rec[i])
+    if (!f->in_place && w->used_rec[i])
         ZO_CHECK_GOTO(zo_stream_wait_event(w->copy, w->used[i]), r, fail);
-    if (f->home != ZO_TIER_NVME) {
+    if (f->home == ZO_TIER_NVME && f->in_place) {
+        zo_store_piece pc;
+        r = zo_store_stream_next(f->sst, &pc);
+        if (r < 0) {
+            ZO_FAIL(&w->err, r, "zo_tile_walk_run: reading a tile from NVMe: %s", zo_store_errmsg(w->store));
+            goto fail;
+        }
+        if (pc.len != f->bytes) {
+            zo_store_stream_done(f->sst, &pc);
+            r = ZO_FAIL(&w->err, ZO_EINTERNAL, "zo_tile_walk_run: a one-slot tile came as a piece of %zu bytes, "
+                        "not %llu", pc.len, (unsigned long long)f->bytes);
+            goto fail;
+        }
+        w->held_sst[i] = f->sst;
+        w->held_pc[i] = pc;
+        f->sst = NULL;
+        w->ptr[i] = pc.host;
+        w->st.in_place_tiles++;
+    } else if (f->home != ZO_TIER_NVME) {
         void *p = NULL;
         zo_store_req *q = f->req;
         f->req = NULL;
@@ -215,8 +283,11 @@ static int fetch_finish(zo_tile_walk *w, fetch *f, int i)
         }
         w->held[i] = f->t;
         w->held_tier[i] = f->home;
-        if (f->home == ZO_TIER_DEVICE) {
+        w->held_in_place[i] = f->in_place;
+        if (f->in_place) {
             w->ptr[i] = p;
+            if (f->home != ZO_TIER_DEVICE)
+                w->st.in_place_tiles++;
         } else {
             ZO_CHECK_GOTO(zo_memcpy_async(w->copy, w->buf[i], p, (size_t)f->bytes, ZO_COPY_H2D), r, fail);
             w->ptr[i] = w->buf[i];
@@ -247,7 +318,7 @@ static int fetch_finish(zo_tile_walk *w, fetch *f, int i)
         w->ptr[i] = w->buf[i];
         w->st.fetch_bytes += f->bytes;
     }
-    if (f->home != ZO_TIER_DEVICE)
+    if (!f->in_place)
         ZO_CHECK_GOTO(zo_event_record(w->loaded[i], w->copy), r, fail);
     w->st.fetch_ns += zo__now_ns() - t0;
     return 0;
@@ -274,13 +345,32 @@ ZO_API int zo_tile_walk_run(zo_tile_walk *w, zo_tensor *const *tiles, unsigned n
     for (unsigned k = 0; k < n && r == 0; k++) {
         int i = (int)(k & 1);
         fetch nf;
-        int have_next = k + 1 < n;
+        memset(&nf, 0, sizeof(nf));
+        int have_next = k + 1 < n, deferred = 0;
         if (have_next) {
             r = fetch_begin(w, tiles[k + 1], &nf);
+            if (r == -EBUSY && holds_stream(w, 1 - i)) {
+                /* the pool is short of slots while tile k-1's in-place
+                 * stream still holds its own: wait for its work, retry */
+                fetch_abort(w, &nf);
+                r = release_slot(w, 1 - i);
+                if (r == 0)
+                    r = fetch_begin(w, tiles[k + 1], &nf);
+            }
+            if (r == -EBUSY && holds_stream(w, i)) {
+                /* still short (another user holds slots): fetch k+1 only
+                 * once tile k's work is done and its slot is back; no
+                 * overlap for this tile, but no failure either */
+                fetch_abort(w, &nf);
+                deferred = 1;
+                r = 0;
+            }
             if (r < 0) {
                 fetch_abort(w, &nf);
                 break;
             }
+            if (r == 0)
+                zo__errbuf_set(&w->err, "");
         }
         r = zo_stream_wait_event(w->compute, w->loaded[i]);
         if (r == 0)
@@ -297,14 +387,22 @@ ZO_API int zo_tile_walk_run(zo_tile_walk *w, zo_tensor *const *tiles, unsigned n
             fetch_abort(w, &nf);
             break;
         }
+        if (deferred) {
+            r = release_slot(w, i);
+            if (r == 0)
+                r = fetch_begin(w, tiles[k + 1], &nf);
+            if (r < 0) {
+                fetch_abort(w, &nf);
+                break;
+            }
+        }
         r = fetch_finish(w, &nf, 1 - i);
     }
     uint64_t t0 = zo__now_ns();
     int rc = zo_stream_sync(w->compute), rp = zo_stream_sync(w->copy);
     w->st.wait_ns += zo__now_ns() - t0;
-    release_slot(w, 0);
-    release_slot(w, 1);
+    int r0 = release_slot(w, 0), r1 = release_slot(w, 1);
     if (r == 0)
-        r = rc < 0 ? rc : rp;
+        r = rc < 0 ? rc : rp < 0 ? rp : r0 < 0 ? r0 : r1;
     return r;
 }

@@ -228,6 +228,9 @@ static int create_tiled(train_model *m, const train_tiling *t)
         c.budget = t->layer_budget;
         c.dw_sink = tile_sink;
         c.dw_sink_ctx = &m->sinks[l];
+        /* the grid zo-plan predicts (train_plan_tiles: the copy plan, as on
+         * a GPU), not the host backend's in-place one */
+        c.copy_tiles = 1;
         int r = zo_tiled_linear_create(&m->tl[l], t->store, m->dev, &c);
         if (r < 0) {
             fprintf(stderr, "zo-train: tiled layer %u: %s: %s\n", l, zo_strerror(r), zo_last_error_detail());

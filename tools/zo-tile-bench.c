@@ -16,6 +16,11 @@
  *   --plan     print the tile grid chosen for each --budgets entry and exit
  *              (no device, no store): what the docs' table comes from.
  *
+ * Fetch mode: on the host backend the tiled runs read tiles already in host
+ * memory in place (the pinned home; an NVMe tile's pool slot when a tile
+ * fits one), unless --copy-tiles asks for the copy into the device buffers
+ * that a GPU does; the mode used is printed for each home.
+ *
  * Exit status: 0 success; 1 a run failed; 2 bad usage or input. */
 #include <errno.h>
 #include <fcntl.h>
@@ -44,7 +49,7 @@ typedef struct opts {
     zo_dev_kind dev;
     unsigned pairs;
     const char *path, *fio;
-    int json, plan, no_nvme, no_fio;
+    int json, plan, no_nvme, no_fio, copy_tiles;
     uint64_t budgets[MAX_BUDGETS];
     unsigned nbudgets;
 } opts;
@@ -64,6 +69,8 @@ static void usage(FILE *f)
                "  --pairs N            alternating rounds, medians reported (default 5)\n"
                "  --path DIR           swap directory and fio's file (default /var/tmp)\n"
                "  --no-nvme            skip the NVMe-homed run and the fio bound\n"
+               "  --copy-tiles         copy every tile into the device buffers (the host backend\n"
+               "                       otherwise reads tiles in host memory in place)\n"
                "  --fio PATH           the fio binary (default fio in PATH); --no-fio: no bound\n"
                "  --plan               print the grid for each --budgets entry and exit\n"
                "  --budgets LIST       comma list of sizes for --plan (default 8M,64M,512M)\n"
@@ -88,12 +95,13 @@ static int parse_budgets(const char *s, opts *o)
 static int parse_opts(int argc, char **argv, opts *o)
 {
     enum { OPT_B = 256, OPT_OUT, OPT_IN, OPT_DT, OPT_BUD, OPT_TILE, OPT_DEV, OPT_PR, OPT_PATH, OPT_NONVME, OPT_FIO, OPT_NOFIO, OPT_PLAN,
-           OPT_BUDS, OPT_JSON, OPT_HELP };
+           OPT_BUDS, OPT_JSON, OPT_COPY, OPT_HELP };
     static const struct option lo[] = {
         {"batch", 1, 0, OPT_B},     {"out", 1, 0, OPT_OUT},        {"in", 1, 0, OPT_IN},       {"dtype", 1, 0, OPT_DT},
         {"budget", 1, 0, OPT_BUD},  {"tile", 1, 0, OPT_TILE},      {"device", 1, 0, OPT_DEV},  {"pairs", 1, 0, OPT_PR},
         {"path", 1, 0, OPT_PATH},   {"no-nvme", 0, 0, OPT_NONVME}, {"fio", 1, 0, OPT_FIO},     {"no-fio", 0, 0, OPT_NOFIO},
         {"plan", 0, 0, OPT_PLAN},   {"budgets", 1, 0, OPT_BUDS},   {"json", 0, 0, OPT_JSON},   {"help", 0, 0, OPT_HELP},
+        {"copy-tiles", 0, 0, OPT_COPY},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -152,6 +160,7 @@ static int parse_opts(int argc, char **argv, opts *o)
                 return bad("--budgets %s: a comma list of up to %d sizes above 0", optarg, MAX_BUDGETS);
             break;
         case OPT_JSON: o->json = 1; break;
+        case OPT_COPY: o->copy_tiles = 1; break;
         case 'h':
         case OPT_HELP: usage(stdout); exit(0);
         default: return bad("unknown option or missing value: %s (--help lists them)", argv[optind - 1]);
@@ -282,8 +291,13 @@ typedef struct bench {
     zo_tiled_linear *tl[2]; /* host home, NVMe home */
     void *x, *dy, *w;       /* device */
     float *y, *dx, *dw;
-    zo_tile_grid grid;
+    zo_tile_grid grid[2];   /* host home, NVMe home */
 } bench;
+
+static const char *fetch_mode(const zo_tile_grid *g)
+{
+    return (g->flags & ZO_TILE_IN_PLACE) ? "in_place" : "copy";
+}
 
 static int null_sink(void *ctx, const zo_tile_grad *g)
 {
@@ -418,6 +432,7 @@ static int setup(bench *bn)
         c.tile_out = o->tile_out;
         c.tile_in = o->tile_in;
         c.dw_sink = null_sink;
+        c.copy_tiles = o->copy_tiles;
         r = zo_tiled_linear_create(&bn->tl[i], bn->store, bn->dev, &c);
         if (r < 0) {
             free(f);
@@ -430,7 +445,7 @@ static int setup(bench *bn)
             free(h);
             return fail("zo_tiled_linear_set_weight", r, zo_tiled_linear_errmsg(bn->tl[i]));
         }
-        zo_tiled_linear_grid(bn->tl[i], &bn->grid);
+        zo_tiled_linear_grid(bn->tl[i], &bn->grid[i]);
     }
     free(f);
     free(h);
@@ -545,7 +560,12 @@ int main(int argc, char **argv)
                 zj_str(&j, "nvme_storage", stor);
             }
             zj_obj_end(&j);
-            grid_json(&j, "grid", &bn.grid);
+            grid_json(&j, "grid", &bn.grid[0]);
+            zj_str(&j, "fetch_host", fetch_mode(&bn.grid[0]));
+            if (!o.no_nvme) {
+                grid_json(&j, "grid_nvme", &bn.grid[1]);
+                zj_str(&j, "fetch_nvme", fetch_mode(&bn.grid[1]));
+            }
             zj_obj_begin(&j, "median_seconds");
             for (int k = 0; k < R_FIO; k++)
                 if (k != R_NVME || !o.no_nvme)
@@ -568,19 +588,36 @@ int main(int argc, char **argv)
             zj_arr_end(&j);
             zj_uint(&j, "fetch_bytes_host", ws[0].fetch_bytes);
             zj_uint(&j, "fetch_bytes_nvme", ws[1].fetch_bytes);
+            /* the walkers' own timers over every run (warm-up included):
+             * where a tiled run's time goes besides the GEMMs */
+            for (int i = 0; i < (o.no_nvme ? 1 : 2); i++) {
+                zj_obj_begin(&j, i ? "walk_nvme" : "walk_host");
+                zj_uint(&j, "tiles", ws[i].tiles);
+                zj_uint(&j, "in_place_tiles", ws[i].in_place_tiles);
+                zj_uint(&j, "fetch_bytes", ws[i].fetch_bytes);
+                zj_num(&j, "fetch_seconds", (double)ws[i].fetch_ns * 1e-9);
+                zj_num(&j, "wait_seconds", (double)ws[i].wait_ns * 1e-9);
+                zj_obj_end(&j);
+            }
             zj_obj_end(&j);
             zj_end(&j);
         } else {
-            char wb[32], work[32];
+            char wb[32];
             fmt_bytes(wb, sizeof(wb), wbytes);
-            fmt_bytes(work, sizeof(work), bn.grid.work_bytes);
             zo_machine_print(&m, stdout);
             printf("layer: x [%llu x %llu], W [%llu x %llu] %s (%s), forward + backward; device %s, GEMM %s\n",
                    (unsigned long long)o.batch, (unsigned long long)o.in, (unsigned long long)o.out,
                    (unsigned long long)o.in, zo_dtype_name(o.dtype), wb, zo_dev_kind_name(o.dev),
                    zo_gemm_impl(o.dev));
-            printf("tiles: %u x %u (grid %u x %u), device working memory %s; %u pairs, order alternating\n",
-                   bn.grid.tile_out, bn.grid.tile_in, bn.grid.tiles_out, bn.grid.tiles_in, work, o.pairs);
+            for (int i = 0; i < (o.no_nvme ? 1 : 2); i++) {
+                const zo_tile_grid *g = &bn.grid[i];
+                char work[32];
+                fmt_bytes(work, sizeof(work), g->work_bytes);
+                printf("tiles (%s home): %u x %u (grid %u x %u), device working memory %s, fetch %s\n",
+                       i ? "NVMe" : "pinned host", g->tile_out, g->tile_in, g->tiles_out, g->tiles_in, work,
+                       (g->flags & ZO_TILE_IN_PLACE) ? "in place (no copy)" : "copied into two device buffers");
+            }
+            printf("%u pairs, order alternating\n", o.pairs);
             printf("  untiled GEMMs (W on the device)   %10.3f ms\n", med[R_UNTILED] * 1e3);
             printf("  tiled, W in pinned host memory    %10.3f ms   ratio to untiled %.3f\n", med[R_HOST] * 1e3, rh);
             if (!o.no_nvme) {

@@ -45,6 +45,9 @@ extern "C" {
 /** Plan flags. */
 #define ZO_TILE_TRAIN (1u << 0)    /**< room for backward: two f32 dW tile buffers and a ones vector in dtype */
 #define ZO_TILE_RESIDENT (1u << 1) /**< weight tiles homed on the device: no staging buffers */
+/** Weight tiles read in place from host memory (the host backend's in-place
+ *  fetch, see zo_tile_walk_create_ex()): no staging buffers, like RESIDENT. */
+#define ZO_TILE_IN_PLACE (1u << 2)
 
 /** Smallest tile the planner accepts: one weight row of min(in, this) columns. */
 #define ZO_TILE_MIN_COLS 64u
@@ -109,6 +112,30 @@ typedef int (*zo_tile_fn)(void *ctx, unsigned index, const void *tile, zo_stream
  *         ZO_ECUDA; errors of zo_stream_create().
  */
 ZO_API int zo_tile_walk_create(zo_tile_walk **out, zo_store *store, zo_dev *dev, uint64_t max_tile_bytes);
+
+/** zo_tile_walk_create_ex() flag: on the host backend, hand tiles already in
+ *  host memory to fn where they are instead of copying them into a buffer. */
+#define ZO_TILE_WALK_IN_PLACE (1u << 0)
+
+/**
+ * zo_tile_walk_create() with flags. ZO_TILE_WALK_IN_PLACE: on the host
+ * backend (where "device memory" is host memory and a copy into a buffer
+ * is a CPU memcpy that takes a core from the GEMMs) a host-homed tile is
+ * handed to fn at its pinned home address, and an NVMe-homed tile that
+ * fits one store pool slot (and the pool has >= 5 slots) at the slot it is
+ * read into; the reference (or the slot) is held until the work fn queued
+ * is done. Such tiles need no buffer: max_tile_bytes need only cover the
+ * tiles still copied (device-homed tiles are always in place; NVMe tiles
+ * larger than a slot are copied). On another backend the flag is ignored
+ * (a GPU reads its tiles from device memory: the copy is DMA).
+ * zo_tile_walk_in_place() says whether it took effect.
+ * @return as zo_tile_walk_create(); -EINVAL also for unknown flags.
+ */
+ZO_API int zo_tile_walk_create_ex(zo_tile_walk **out, zo_store *store, zo_dev *dev, uint64_t max_tile_bytes,
+                                  unsigned flags);
+/** 1 if w hands host-memory tiles over in place (ZO_TILE_WALK_IN_PLACE on
+ *  the host backend), else 0 (also for NULL). */
+ZO_API int zo_tile_walk_in_place(const zo_tile_walk *w);
 /** Wait for queued work, free the buffers. NULL ok; clears *w. Blocks. */
 ZO_API void zo_tile_walk_destroy(zo_tile_walk **w);
 /** The compute stream fn gets (to queue work before or after a walk); owned
@@ -120,7 +147,9 @@ ZO_API zo_stream *zo_tile_walk_stream(zo_tile_walk *w);
  * k's work runs (compute stream). Device-homed tiles are used in place,
  * host-homed ones are copied from their pinned home, NVMe-homed ones
  * stream through the store's pinned pool slots (zo_store_stream_open)
- * straight into the device buffer. Blocks until all queued work is done.
+ * straight into the device buffer (with ZO_TILE_WALK_IN_PLACE on the host
+ * backend, see zo_tile_walk_create_ex(), host-homed and one-slot NVMe
+ * tiles are not copied). Blocks until all queued work is done.
  * @return 0; -EINVAL (NULL, n 0, a tile larger than the buffers); the
  *         first error of fn, of the store (acquire/stream: ZO_ECORRUPT,
  *         -EIO, -EBUSY...) or of the streams. References taken are
@@ -134,6 +163,7 @@ typedef struct zo_tile_walk_stats {
     uint64_t fetch_bytes;  /**< bytes copied into the device buffers */
     uint64_t fetch_ns;     /**< time the calling thread spent fetching (NVMe reads, acquires) */
     uint64_t wait_ns;      /**< time it waited for work to finish */
+    uint64_t in_place_tiles; /**< tiles not homed on the device handed over in place (no copy) */
 } zo_tile_walk_stats;
 /** Copy the counters (zeros for w NULL; st NULL ignored). Not synchronized
  *  with a walk running on another thread. */
@@ -199,6 +229,13 @@ typedef struct zo_tiled_linear_config {
     int train;               /**< 1 (default): backward supported (dW buffers allocated) */
     zo_tile_sink_fn dw_sink; /**< dW consumer; NULL: backward computes dx / db only */
     void *dw_sink_ctx;
+    /** 0 (default): on the host backend, weight tiles already in host memory
+     *  (host home; NVMe home when a tile fits one pool slot) are read by the
+     *  GEMMs in place, and the budget holds no staging buffer for them (the
+     *  plan uses ZO_TILE_IN_PLACE; an NVMe-homed grid is cut to tiles of at
+     *  most one pool slot). 1: always copy tiles into the two device
+     *  buffers, as on a GPU. Ignored on other backends (always copied). */
+    int copy_tiles;
 } zo_tiled_linear_config;
 
 /** Fill *cfg with the defaults above. NULL is ignored. */

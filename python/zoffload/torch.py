@@ -1220,3 +1220,4 @@ def from_deepspeed_config(params, config):
 
 
 from .torch_params import offload_parameters, restore_parameters, ParamOffload, ParamBudgetError  # noqa: E402,F401
+from .torch_tiled import TiledLinear  # noqa: E402,F401  (a drop-in nn.Linear over zo_tiled_linear)

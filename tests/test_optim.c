@@ -1569,7 +1569,7 @@ START_TEST(test_optim_eager_learned_order)
     /* the last tensor ("norm", group 1) is in the last sub-group only */
     const uint64_t waiting = 1;
     for (int s = 1; s <= 3; s++) {
-        zo_optim_info i0, i1;
+        zo_optim_info i0 = {.struct_size = sizeof(i0)}, i1 = {.struct_size = sizeof(i1)};
         zo_optim_get_info(e.o, &i0);
         for (int i = 0; i < NT - 1; i++) { /* declaration order, all but the last tensor */
             fill_grad(&e, i, s, 1.0);

@@ -534,28 +534,35 @@ static void print_progress(unsigned k, unsigned n, const iter_res *r)
 }
 
 /* The bare fused kernel on plain arrays of the same n: what the engine feeds
- * the kernel (fp32 accumulated gradients, the group's state dtype, the
+ * the kernel (gradients in the engine's window dtype: bf16/fp16 as handed
+ * over when nothing accumulates, else fp32; the group's state dtype; the
  * device dtype out). */
 typedef struct kernel_ref {
-    float *p, *g;
-    void *m, *v, *out;
+    float *p;
+    void *g, *m, *v, *out;
+    zo_dtype gdt;
     uint64_t n;
 } kernel_ref;
 
-static int kernel_ref_alloc(kernel_ref *k, const opts *o)
+static int kernel_ref_alloc(kernel_ref *k, const opts *o, zo_dtype window)
 {
     memset(k, 0, sizeof(*k));
     k->n = o->params;
+    k->gdt = window;
     size_t ss = zo_dtype_size(o->state);
     int rc = 0;
     rc |= zo_aligned_alloc((void **)&k->p, k->n * 4, 64);
-    rc |= zo_aligned_alloc((void **)&k->g, k->n * 4, 64);
+    rc |= zo_aligned_alloc(&k->g, k->n * zo_dtype_size(window), 64);
     rc |= zo_aligned_alloc(&k->m, k->n * ss, 64);
     rc |= zo_aligned_alloc(&k->v, k->n * ss, 64);
     rc |= zo_aligned_alloc(&k->out, k->n * zo_dtype_size(o->grad), 64);
     if (rc)
         return -ENOMEM;
-    fill_grad(k->g, k->n, 7);
+    fill_grad(k->p, k->n, 7); /* p as scratch: the gradients in fp32, narrowed into g */
+    if (window == ZO_DTYPE_F32)
+        memcpy(k->g, k->p, k->n * 4);
+    else if ((rc = zo_vec_cast(k->g, window, k->p, ZO_DTYPE_F32, k->n)) < 0)
+        return rc;
     memset(k->p, 0, k->n * 4);
     memset(k->m, 0, k->n * ss);
     memset(k->v, 0, k->n * ss);
@@ -580,7 +587,7 @@ static int kernel_ref_step(kernel_ref *k, const bench *b, int64_t step, double *
     t.n = k->n;
     t.param = k->p;
     t.grad = k->g;
-    t.grad_dtype = ZO_DTYPE_F32;
+    t.grad_dtype = k->gdt;
     t.exp_avg = k->m;
     t.exp_avg_sq = k->v;
     t.state_dtype = b->o->state;
@@ -634,8 +641,9 @@ int main(int argc, char **argv)
             zo_path_storage(b.dir, where, sizeof(where));
             printf("path:    %s (%s)\n", b.dir, where);
         }
-        printf("engine:  pinned %.1f MiB, other host %.1f MiB (fp32 accumulators %.1f MiB of it)\n",
-               info.pinned_bytes / 1048576.0, info.host_bytes / 1048576.0, o.params * 4 / 1048576.0);
+        printf("engine:  pinned %.1f MiB, other host %.1f MiB (gradient window %.1f MiB of it, %s)\n",
+               info.pinned_bytes / 1048576.0, info.host_bytes / 1048576.0, info.grad_buffer_bytes / 1048576.0,
+               zo_dtype_name(info.grad_buffer_dtype));
         if (o.compute_ms > 0)
             printf("compute: %.1f ms per iteration on the device stream\n", o.compute_ms);
     }
@@ -655,7 +663,8 @@ int main(int argc, char **argv)
     }
     zo_fio_job fj;
     memset(&fj, 0, sizeof(fj));
-    if (o.vs_bound && !o.dpu && o.placement == ZO_OPTIM_PLACE_HOST && (rc = kernel_ref_alloc(&kr, &o)) < 0)
+    if (o.vs_bound && !o.dpu && o.placement == ZO_OPTIM_PLACE_HOST &&
+        (rc = kernel_ref_alloc(&kr, &o, info.grad_buffer_dtype)) < 0)
         goto run_fail2;
     if (o.vs_bound && !o.dpu && o.placement == ZO_OPTIM_PLACE_NVME) {
         /* fio on the same directory, the engine's block size and queue depth,
@@ -824,10 +833,10 @@ int main(int argc, char **argv)
                        med_ref * 1e3, zo_median(fio_r, n) * 1e-9, zo_median(fio_w, n) * 1e-9, med_ratio);
             else if (o.vs_bound)
                 printf("bare fused kernel %.1f ms on the same n: step / kernel = %.3f\n", med_ref * 1e3, med_ratio);
-            printf("memory: engine pinned %.1f MiB + other host %.1f MiB (of it fp32 gradient accumulators %.1f MiB); "
+            printf("memory: engine pinned %.1f MiB + other host %.1f MiB (of it the gradient window %.1f MiB, %s); "
                    "peak RSS %.1f MiB\n",
-                   info.pinned_bytes / 1048576.0, info.host_bytes / 1048576.0, o.params * 4 / 1048576.0,
-                   peak_rss() / 1048576.0);
+                   info.pinned_bytes / 1048576.0, info.host_bytes / 1048576.0, info.grad_buffer_bytes / 1048576.0,
+                   zo_dtype_name(info.grad_buffer_dtype), peak_rss() / 1048576.0);
             if (interrupted)
                 printf("interrupted: %u of %u runs done\n", done, o.vs_bound ? o.pairs : o.steps);
         }

@@ -16,54 +16,14 @@
 #include "aio/aio_internal.h"
 #include "store/store_internal.h"
 
-#define KiB 1024ull
-#define MiB (1024ull * 1024)
+#include "store_env.h"
 
 /* ---- environment ------------------------------------------------------------------------- */
-typedef struct env {
-    char dir[256];
-    zo_dev *dev;
-    zo_swap *swap;
-    zo_store *st;
-    zo_store_config cfg;
-} env;
-
 /* slots 0: the store's default slot count */
 static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slot, unsigned slots, size_t chunk)
 {
-    memset(e, 0, sizeof(*e));
-    zo_test_mkdtemp(e->dir, sizeof(e->dir));
-    zo_dev_config dc;
-    zo_dev_config_default(&dc);
-    dc.host_mem_limit = dev_bytes + 1 * MiB;
-    ck_assert_int_eq(zo_dev_open(&e->dev, &dc), 0);
-    const char *dirs[] = {e->dir};
-    zo_swap_config sc;
-    zo_swap_config_default(&sc);
-    sc.dirs = dirs;
-    sc.ndirs = 1;
-    sc.chunk_size = chunk;
-    sc.arena_size = 16 * MiB;
-    ck_assert_int_eq(zo_swap_create(&e->swap, &sc), 0);
-    zo_store_config_default(&e->cfg);
-    e->cfg.dev = dev_bytes ? e->dev : NULL;
-    e->cfg.device_bytes = dev_bytes;
-    e->cfg.host_bytes = host_bytes;
-    e->cfg.swap = e->swap;
-    e->cfg.slot_size = slot;
-    if (slots)
-        e->cfg.slots = slots;
-    e->cfg.trace = ZO_TRACE_OFF;
-    int r = zo_store_create(&e->st, &e->cfg);
-    ck_assert_msg(r == 0, "zo_store_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
-}
-
-static void env_close(env *e)
-{
-    zo_store_destroy(&e->st);
-    zo_swap_destroy(&e->swap);
-    zo_dev_close(&e->dev);
-    zo_test_rmtree(e->dir);
+    env_opts o = env_opts_sized(dev_bytes, host_bytes, slot, slots, chunk);
+    env_open_with(e, &o);
 }
 
 static zo_tensor *reg(zo_store *s, const char *name, zo_dtype dt, uint64_t nelem, zo_tier home)

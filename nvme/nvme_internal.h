@@ -58,15 +58,6 @@ uint64_t zo__csum(zo_csum_kind kind, const void *p, size_t n);
 typedef int (*zo__swap_queue_fault_fn)(void *user, int write, uint64_t chunk_idx);
 struct zo_swap;
 void zo__swap_set_queue_fault(struct zo_swap *s, zo__swap_queue_fault_fn fn, void *user);
-/* Called in a checksum thread after it takes a chunk off the queue, before
- * it checksums it, with no lock held: tests block it there to keep the
- * checksum threads busy. fn NULL removes it. */
-typedef void (*zo__swap_csum_hook_fn)(void *user);
-void zo__swap_set_csum_hook(struct zo_swap *s, zo__swap_csum_hook_fn fn, void *user);
-/* Chunks checksummed by the thread their I/O completed on because the
- * checksum threads were busy (reads) or had not started them (writes). */
-uint64_t zo__swap_csum_shared(struct zo_swap *s);
-
 /* Called while a swap store creates an arena file (after the file exists,
  * before its space is reserved), in the thread that grows the store, with
  * no lock of the store held; a negative return fails the growth with that

@@ -3,12 +3,9 @@
  * aio engine with a checksum per chunk. A chunk's write is queued first and
  * its checksum computed from the source buffer while the write is in
  * flight; a read chunk is verified as soon as its read completes. Both run
- * on the store's checksum threads (csum_threads) when one is free, else on
- * the engine thread that completed the I/O (csum_share(): a read no idle
- * checksum thread can take at once, a write whose checksum no checksum
- * thread has started when its I/O completes); with no checksum threads,
- * inline: the write's checksum in the submitting thread, the read's check
- * on the engine thread that completed it. */
+ * on the store's checksum threads (csum_threads), or inline when there are
+ * none: the write's checksum in the submitting thread, the read's check on
+ * the engine thread that completed it. */
 #define ZO_MODULE "swap"
 #include "core/internal.h"
 #include "core/extent.h"
@@ -80,9 +77,7 @@ typedef struct chunk_ctx {
     uint32_t len;
     _Atomic int parts; /* write: the I/O and the checksum, each finishing once */
     int64_t res;       /* the I/O's result */
-    zo_list vlink;     /* on the checksum threads' queue (vqueued, under vlock) */
-    int vqueued;
-    _Atomic int io_done; /* write: the I/O completed (before csum_share() looks at vqueued) */
+    zo_qnode vnode;    /* on the checksum threads' queue */
 } chunk_ctx;
 
 enum { IO_READ = 0, IO_WRITE = 1 };
@@ -127,22 +122,17 @@ struct zo_swap {
     int async_err;           /* first error of an unwaited io since wait_all */
     char async_detail[ZO_ERRMSG_LEN];
 
-    /* checksum threads: verify reads off the engine threads (see csum_share()) */
+    /* checksum threads: verify reads off the engine threads */
     pthread_t *vthr;
     unsigned nvthr;
     pthread_mutex_t vlock;
     pthread_cond_t vcond;
-    zo_list vq;              /* chunks to checksum or verify, FIFO */
-    unsigned vqlen;          /* chunks on vq */
-    unsigned vidle;          /* checksum threads waiting for work */
+    zo_queue vq;             /* chunks to checksum or verify, FIFO */
     int vstop;
-    zo__swap_csum_hook_fn vhook; /* tests: runs in a checksum thread before each chunk */
-    void *vhook_user;
 
     uint64_t arena_bytes, arena_files, allocated, nallocs;
     _Atomic uint64_t bytes_written, bytes_read, chunks_written, chunks_read, chunks_verified, chunks_zero;
     _Atomic uint64_t corrupt, csum_ns, io_errors;
-    _Atomic uint64_t csum_shared; /* chunks checksummed by their I/O's thread: the checksum threads were busy */
     zo_errbuf err;           /* has its own lock: one whole message at a time */
     zo__swap_queue_fault_fn qfault; /* tests: fail the queueing of a chunk */
     void *qfault_user;
@@ -188,19 +178,6 @@ void zo__swap_set_queue_fault(zo_swap *s, zo__swap_queue_fault_fn fn, void *user
 {
     s->qfault_user = user;
     s->qfault = fn;
-}
-
-void zo__swap_set_csum_hook(zo_swap *s, zo__swap_csum_hook_fn fn, void *user)
-{
-    pthread_mutex_lock(&s->vlock);
-    s->vhook_user = user;
-    s->vhook = fn;
-    pthread_mutex_unlock(&s->vlock);
-}
-
-uint64_t zo__swap_csum_shared(zo_swap *s)
-{
-    return atomic_load(&s->csum_shared);
 }
 
 void zo__swap_set_grow_hook(zo_swap *s, zo__swap_grow_hook_fn fn, void *user)
@@ -723,7 +700,7 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
     pthread_cond_init(&s->gcond, NULL);
     pthread_mutex_init(&s->vlock, NULL);
     pthread_cond_init(&s->vcond, NULL);
-    zo_list_init(&s->vq);
+    zo_queue_init(&s->vq);
     s->cfg = cfg;
     s->cfg.dirs = NULL;
     s->ndirs = cfg.ndirs;
@@ -1052,22 +1029,13 @@ static void *csum_main(void *arg)
     zo_swap *s = arg;
     pthread_mutex_lock(&s->vlock);
     for (;;) {
-        while (zo_list_empty(&s->vq) && !s->vstop) {
-            s->vidle++;
+        while (zo_queue_empty(&s->vq) && !s->vstop)
             pthread_cond_wait(&s->vcond, &s->vlock);
-            s->vidle--;
-        }
-        zo_list *n = zo_list_pop_head(&s->vq);
+        zo_qnode *n = zo_queue_pop(&s->vq);
         if (!n)
             break;
-        chunk_ctx *c = zo_list_entry(n, chunk_ctx, vlink);
-        c->vqueued = 0;
-        s->vqlen--;
-        zo__swap_csum_hook_fn hook = s->vhook;
-        void *hook_user = s->vhook_user;
+        chunk_ctx *c = zo_queue_entry(n, chunk_ctx, vnode);
         pthread_mutex_unlock(&s->vlock);
-        if (ZO_UNLIKELY(hook != NULL))
-            hook(hook_user);
         if (c->io->op == IO_WRITE)
             write_csum(c);
         else
@@ -1082,51 +1050,9 @@ static void *csum_main(void *arg)
 static void csum_queue(zo_swap *s, chunk_ctx *c)
 {
     pthread_mutex_lock(&s->vlock);
-    zo_list_add_tail(&s->vq, &c->vlink);
-    c->vqueued = 1;
-    s->vqlen++;
+    zo_queue_push(&s->vq, &c->vnode);
     pthread_cond_signal(&s->vcond);
     pthread_mutex_unlock(&s->vlock);
-}
-
-/* Where the checksum of a chunk whose I/O just completed runs. Measured on
- * a 2-core machine shared with other processes: one checksum thread gets a
- * fair share of a core like any thread, and under load that share fell
- * below what CRC32C at 2 GB/s needs (~0.15 core), so chunks waited in its
- * queue (or for it to be scheduled) while the I/O thread that completed
- * them had time: through-store swap-in fell to 0.7 x fio. So the work goes
- * to whichever thread is free:
- *  - a read completes: verified by an idle checksum thread if there is one
- *    (the I/O thread goes back to reaping and submitting), else here, at
- *    once, rather than queued behind the others;
- *  - a write's I/O completes while its checksum still waits in the queue
- *    (queued at submission to run beside the I/O): taken back and computed
- *    here, so the write never waits for a checksum thread to be scheduled.
- * Returns 1 when the caller must checksum c itself, 0 when it is queued
- * (read) or already taken by a checksum thread (write). */
-static int csum_share(zo_swap *s, chunk_ctx *c)
-{
-    int self = 0;
-    pthread_mutex_lock(&s->vlock);
-    if (c->io->op == IO_WRITE) {
-        if (c->vqueued) {
-            zo_list_del(&c->vlink);
-            c->vqueued = 0;
-            s->vqlen--;
-            self = 1;
-        }
-    } else if (s->vqlen < s->vidle) {
-        zo_list_add_tail(&s->vq, &c->vlink);
-        c->vqueued = 1;
-        s->vqlen++;
-        pthread_cond_signal(&s->vcond);
-    } else {
-        self = 1;
-    }
-    pthread_mutex_unlock(&s->vlock);
-    if (self)
-        atomic_fetch_add(&s->csum_shared, 1);
-    return self;
 }
 
 static void chunk_done(void *user, int64_t res)
@@ -1136,10 +1062,6 @@ static void chunk_done(void *user, int64_t res)
     zo_swap *s = io->s;
     c->res = res;
     if (io->op == IO_WRITE) {
-        atomic_store(&c->io_done, 1);
-        /* the checksum first: the I/O's part may finish the chunk */
-        if (s->nvthr && s->cfg.checksum != ZO_CSUM_NONE && csum_share(s, c))
-            write_csum(c);
         write_part_done(c);
         return;
     }
@@ -1152,9 +1074,10 @@ static void chunk_done(void *user, int64_t res)
     atomic_fetch_add(&s->chunks_read, 1);
     if (s->cfg.checksum == ZO_CSUM_NONE) {
         io_put(io, 1);
-    } else if (s->nvthr && !csum_share(s, c)) {
-        /* an idle checksum thread verifies it: the engine thread goes back
-         * to reaping and submitting */
+    } else if (s->nvthr) {
+        /* verify off the engine thread: it goes back to reaping and
+         * submitting while a checksum thread reads the chunk */
+        csum_queue(s, c);
     } else {
         verify_chunk(c);
     }
@@ -1243,16 +1166,10 @@ static int io_start(zo_swap *s, int op, zo_swap_id id, uint64_t off, void *buf, 
                         atomic_store(&al->cstate[io->ctx[j].idx], CH_FAILED);
             } else if (s->cfg.checksum == ZO_CSUM_NONE)
                 write_part_done(c);
-            else if (s->nvthr) {
+            else if (s->nvthr)
                 csum_queue(s, c);
-                /* the write may have completed already (a fast device)
-                 * and found no checksum to take back: take it back here
-                 * (the io lives on: io_start holds its last pending) */
-                if (atomic_load(&c->io_done) && csum_share(s, c))
-                    write_csum(c);
-            } else {
+            else
                 write_csum(c);
-            }
         } else {
             uint8_t st = atomic_load(&al->cstate[c->idx]);
             if (st == CH_UNWRITTEN) {

@@ -22,8 +22,7 @@
  *   drive. Every chunk written gets a checksum, computed on the source
  *   buffer while its write is in flight; every chunk read is verified in
  *   the destination buffer as soon as its read completes (on a checksum
- *   thread, off the I/O threads, when one is idle, else at once on the I/O
- *   thread that completed it; inline when csum_threads is 0), and a
+ *   thread, off the I/O threads; inline when csum_threads is 0), and a
  *   mismatch fails the read with ZO_ECORRUPT whose detail names the tensor,
  *   the byte offset, the arena file and both checksums.
  *   Arena files are removed by zo_swap_destroy() unless `keep_files` is set.
@@ -122,7 +121,7 @@ typedef struct zo_swap_config {
     int buffered;             /**< open arenas without O_DIRECT; default 0 */
     struct zo_aio *aio;       /**< engine to use (not owned); NULL: create one from aio_cfg */
     const struct zo_aio_config *aio_cfg; /**< config of the engine created when aio is NULL (NULL = defaults) */
-    unsigned csum_threads;    /**< threads computing and verifying checksums off the I/O and calling threads (0: inline); default 1, max 64. When all are busy, the I/O thread that completed a chunk checksums it itself rather than queue it */
+    unsigned csum_threads;    /**< threads computing and verifying checksums off the I/O and calling threads (0: inline); default 1, max 64 */
 } zo_swap_config;
 
 /** Fill *cfg with the defaults above (dirs NULL). NULL is ignored. */
@@ -201,9 +200,8 @@ typedef void (*zo_swap_cb)(void *user, int err);
  * or the allocation's end, so each chunk's checksum covers the whole chunk.
  * Each chunk's checksum is computed from buf right after its write is
  * queued, while the device works, on a checksum thread (in the calling
- * thread if csum_threads is 0; on the I/O thread when its write completes
- * before any checksum thread took it); a chunk counts as written once both
- * are done. buf
+ * thread if csum_threads is 0); a chunk counts as written once both are
+ * done. buf
  * may be any address; buffers aligned to 4096 inside a registered region
  * (zo_swap_register_memory()) are fastest. buf must stay unchanged until
  * completion.

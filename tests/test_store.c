@@ -20,16 +20,7 @@
 #include "dev/dev_internal.h"
 #include "store/store_internal.h"
 
-#define KiB 1024ull
-#define MiB (1024ull * 1024)
-
-typedef struct env {
-    char dir[256];
-    zo_dev *dev;
-    zo_swap *swap;
-    zo_store *st;
-    zo_store_config cfg;
-} env;
+#include "store_env.h"
 
 /* pinned memory the process held once the store was created: the store
  * allocates none after that, whatever it moves */
@@ -51,54 +42,13 @@ static uint64_t env_prefetch_bytes;
 static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slot, unsigned slots, size_t chunk,
                      zo_trace_mode trace)
 {
-    memset(e, 0, sizeof(*e));
-    zo_test_mkdtemp(e->dir, sizeof(e->dir));
-    zo_dev_config dc;
-    zo_dev_config_default(&dc);
-    dc.host_mem_limit = dev_bytes + 1 * MiB;
-    ck_assert_int_eq(zo_dev_open(&e->dev, &dc), 0);
-    const char *dirs[] = {e->dir};
-    zo_swap_config sc;
-    zo_swap_config_default(&sc);
-    sc.dirs = dirs;
-    sc.ndirs = 1;
-    sc.chunk_size = chunk;
-    sc.arena_size = 16 * MiB;
-    zo_aio_config ac;
-    zo_aio_config_default(&ac);
-    if (env_threads_aio) {
-        ac.backend = ZO_AIO_THREADS;
-        ac.threads = 4;
-        sc.aio_cfg = &ac;
-    }
-    ck_assert_int_eq(zo_swap_create(&e->swap, &sc), 0);
-    zo_store_config_default(&e->cfg);
-    e->cfg.dev = dev_bytes ? e->dev : NULL;
-    e->cfg.device_bytes = dev_bytes;
-    e->cfg.host_bytes = host_bytes;
-    e->cfg.swap = e->swap;
-    e->cfg.slot_size = slot;
-    e->cfg.slots = slots;
-    e->cfg.trace = trace;
-    e->cfg.prefetch_bytes = env_prefetch_bytes;
-    int r = zo_store_create(&e->st, &e->cfg);
-    ck_assert_msg(r == 0, "zo_store_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    env_opts o = env_opts_sized(dev_bytes, host_bytes, slot, slots, chunk);
+    o.trace = trace;
+    o.trace_set = 1;
+    o.prefetch_bytes = env_prefetch_bytes;
+    o.aio_threads = env_threads_aio ? 4 : 0;
+    env_open_with(e, &o);
     env_pinned = pinned_now();
-}
-
-static void env_close(env *e)
-{
-    if (e->st) {
-        pthread_mutex_lock(&e->st->lock);
-        uint64_t bad = e->st->bad_transitions;
-        pthread_mutex_unlock(&e->st->lock);
-        ck_assert_msg(bad == 0, "%llu illegal copy state transitions (see the log)", (unsigned long long)bad);
-    }
-    zo_store_destroy(&e->st);
-    ck_assert_ptr_null(e->st);
-    zo_swap_destroy(&e->swap);
-    zo_dev_close(&e->dev);
-    zo_test_rmtree(e->dir);
 }
 
 static void pattern(uint8_t *p, size_t n, uint64_t id, uint64_t ver)
@@ -1634,27 +1584,14 @@ static void dev_copy(zo_dev *dev, void *dst, const void *src, size_t n, zo_copy_
 START_TEST(test_store_cuda)
 {
     env e;
-    memset(&e, 0, sizeof(e));
-    zo_test_mkdtemp(e.dir, sizeof(e.dir));
-    zo_dev_config dc;
-    zo_dev_config_default(&dc);
-    dc.kind = ZO_DEV_CUDA;
-    ck_assert_int_eq(zo_dev_open(&e.dev, &dc), 0);
-    const char *dirs[] = {e.dir};
-    zo_swap_config sc;
-    zo_swap_config_default(&sc);
-    sc.dirs = dirs;
-    sc.ndirs = 1;
-    sc.chunk_size = 64 * KiB;
-    ck_assert_int_eq(zo_swap_create(&e.swap, &sc), 0);
-    zo_store_config_default(&e.cfg);
-    e.cfg.dev = e.dev;
-    e.cfg.device_bytes = 16 * MiB;
-    e.cfg.host_bytes = 4 * MiB;
-    e.cfg.swap = e.swap;
-    e.cfg.slot_size = 512 * KiB;
-    e.cfg.slots = 4;
-    ck_assert_int_eq(zo_store_create(&e.st, &e.cfg), 0);
+    env_open_with(&e, &(env_opts){.kind = ZO_DEV_CUDA,
+                                  .dev_bytes = 16 * MiB,
+                                  .host_bytes = 4 * MiB,
+                                  .slot_size = 512 * KiB,
+                                  .slots = 4,
+                                  .chunk = 64 * KiB,
+                                  .trace = ZO_TRACE_AUTO,
+                                  .trace_set = 1});
     const uint64_t n = 5 * MiB + 100; /* larger than the pool */
     uint8_t *want = malloc(n), *got = malloc(n);
     zo_tensor *t = reg(e.st, "gpu.big", n, ZO_TIER_NVME), *h = reg(e.st, "gpu.home", 1 * MiB, ZO_TIER_DEVICE);

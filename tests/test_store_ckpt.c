@@ -18,61 +18,21 @@
 
 #include "aio/aio_internal.h"
 
-#define KiB 1024ull
-#define MiB (1024ull * 1024)
-
-typedef struct env {
-    char dir[256], root[300];
-    zo_dev *dev;
-    zo_swap *swap;
-    zo_store *st;
-} env;
+#include "store_env.h"
 
 /* A store with a 1 MiB device tier and a 1 MiB host tier on the host
  * backend, 8 slots of 64 KiB, a swap store on a 4-thread pread/pwrite
  * engine (a hook holding one I/O leaves the others running). */
 static void env_open(env *e)
 {
-    memset(e, 0, sizeof(*e));
-    zo_test_mkdtemp(e->dir, sizeof(e->dir));
-    snprintf(e->root, sizeof(e->root), "%s/ckpt", e->dir);
-    zo_dev_config dc;
-    zo_dev_config_default(&dc);
-    dc.host_mem_limit = 2 * MiB;
-    ck_assert_int_eq(zo_dev_open(&e->dev, &dc), 0);
-    const char *dirs[] = {e->dir};
-    zo_aio_config ac;
-    zo_aio_config_default(&ac);
-    ac.backend = ZO_AIO_THREADS;
-    ac.threads = 4;
-    zo_swap_config sc;
-    zo_swap_config_default(&sc);
-    sc.dirs = dirs;
-    sc.ndirs = 1;
-    sc.chunk_size = 64 * KiB;
-    sc.arena_size = 16 * MiB;
-    sc.aio_cfg = &ac;
-    ck_assert_int_eq(zo_swap_create(&e->swap, &sc), 0);
-    zo_store_config cfg;
-    zo_store_config_default(&cfg);
-    cfg.dev = e->dev;
-    cfg.device_bytes = 1 * MiB;
-    cfg.host_bytes = 1 * MiB;
-    cfg.swap = e->swap;
-    cfg.slot_size = 64 * KiB;
-    cfg.slots = 8;
-    cfg.trace = ZO_TRACE_OFF;
-    int r = zo_store_create(&e->st, &cfg);
-    ck_assert_msg(r == 0, "zo_store_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
-}
-
-static void env_close(env *e)
-{
-    zo__aio_set_fault(zo_swap_get_aio(e->swap), NULL, NULL);
-    zo_store_destroy(&e->st);
-    zo_swap_destroy(&e->swap);
-    zo_dev_close(&e->dev);
-    zo_test_rmtree(e->dir);
+    env_open_with(e, &(env_opts){.dev_limit = 2 * MiB,
+                                 .dev_bytes = 1 * MiB,
+                                 .host_bytes = 1 * MiB,
+                                 .slot_size = 64 * KiB,
+                                 .slots = 8,
+                                 .chunk = 64 * KiB,
+                                 .arena = 16 * MiB,
+                                 .aio_threads = 4});
 }
 
 static void fill(uint8_t *p, size_t n, uint64_t id)

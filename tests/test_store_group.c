@@ -16,54 +16,14 @@
 #include "aio/aio_internal.h"
 #include "store/store_internal.h"
 
-#define KiB 1024ull
-#define MiB (1024ull * 1024)
+#include "store_env.h"
 
 /* ---- environment ------------------------------------------------------------------------- */
-typedef struct env {
-    char dir[256];
-    zo_dev *dev;
-    zo_swap *swap;
-    zo_store *st;
-    zo_store_config cfg;
-} env;
-
 /* slots 0: the store's default slot count */
 static void env_open(env *e, uint64_t dev_bytes, uint64_t host_bytes, size_t slot, unsigned slots, size_t chunk)
 {
-    memset(e, 0, sizeof(*e));
-    zo_test_mkdtemp(e->dir, sizeof(e->dir));
-    zo_dev_config dc;
-    zo_dev_config_default(&dc);
-    dc.host_mem_limit = dev_bytes + 1 * MiB;
-    ck_assert_int_eq(zo_dev_open(&e->dev, &dc), 0);
-    const char *dirs[] = {e->dir};
-    zo_swap_config sc;
-    zo_swap_config_default(&sc);
-    sc.dirs = dirs;
-    sc.ndirs = 1;
-    sc.chunk_size = chunk;
-    sc.arena_size = 16 * MiB;
-    ck_assert_int_eq(zo_swap_create(&e->swap, &sc), 0);
-    zo_store_config_default(&e->cfg);
-    e->cfg.dev = dev_bytes ? e->dev : NULL;
-    e->cfg.device_bytes = dev_bytes;
-    e->cfg.host_bytes = host_bytes;
-    e->cfg.swap = e->swap;
-    e->cfg.slot_size = slot;
-    if (slots)
-        e->cfg.slots = slots;
-    e->cfg.trace = ZO_TRACE_OFF;
-    int r = zo_store_create(&e->st, &e->cfg);
-    ck_assert_msg(r == 0, "zo_store_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
-}
-
-static void env_close(env *e)
-{
-    zo_store_destroy(&e->st);
-    zo_swap_destroy(&e->swap);
-    zo_dev_close(&e->dev);
-    zo_test_rmtree(e->dir);
+    env_opts o = env_opts_sized(dev_bytes, host_bytes, slot, slots, chunk);
+    env_open_with(e, &o);
 }
 
 static zo_tensor *reg(zo_store *s, const char *name, zo_dtype dt, uint64_t nelem, zo_tier home)
@@ -485,7 +445,10 @@ START_TEST(test_group_default_layout)
             snprintf(name, sizeof(name), "%s.%d", g ? "f32" : "mixed", k);
             t[g][k] = reg(e.st, name, g || k == 0 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16, ne, ZO_TIER_NVME);
         }
-    const unsigned want_slots[2] = {8, 12};
+    /* depth by bytes: mixed pieces carry 8 bytes an element, fp32 ones 12,
+     * so the mixed sweep reads 3 pieces ahead (24 MiB, as fp32's 2) with 2
+     * writing back: 6 frames of 8 MiB, the same 12 slots as fp32's 4 of 12 */
+    const unsigned want_slots[2] = {12, 12}, want_frames[2] = {6, 4}, want_depth[2] = {3, 2};
     for (int g = 0; g < 2; g++) {
         zo_store_sweep_desc d;
         zo_store_sweep_desc_default(&d);
@@ -497,7 +460,8 @@ START_TEST(test_group_default_layout)
         zo_store_sweep_info info;
         zo_store_sweep_get_info(sw, &info);
         ck_assert_uint_eq(info.piece_elems, 1u << 20);
-        ck_assert_uint_eq(info.frames, 4);
+        ck_assert_uint_eq(info.depth, want_depth[g]);
+        ck_assert_uint_eq(info.frames, want_frames[g]);
         ck_assert_uint_eq(info.slots, want_slots[g]);
         zo_store_sweep_piece p;
         int r;
@@ -510,6 +474,23 @@ START_TEST(test_group_default_layout)
         ck_assert_int_eq(r, 0);
         ck_assert_int_eq(zo_store_sweep_close(&sw), 0);
     }
+    /* when the slots do not allow the deeper layout with pieces as large,
+     * the caller's depth stands: 8 slots hold 4 mixed frames of 1 Mi */
+    zo_store_sweep_desc d;
+    zo_store_sweep_desc_default(&d);
+    d.ntensors = 3;
+    d.ngroups = 1;
+    d.tensors = t[0];
+    d.max_slots = 8;
+    zo_store_sweep *sw;
+    ck_assert_int_eq(zo_store_sweep_open(e.st, &d, &sw), 0);
+    zo_store_sweep_info info;
+    zo_store_sweep_get_info(sw, &info);
+    ck_assert_uint_eq(info.piece_elems, 1u << 20);
+    ck_assert_uint_eq(info.depth, 2);
+    ck_assert_uint_eq(info.frames, 4);
+    ck_assert_uint_eq(info.slots, 8);
+    ck_assert_int_eq(zo_store_sweep_close(&sw), 0);
     /* a step's worth of sweeps back to back: the pool comes back each time */
     check_pool_idle(e.st);
     env_close(&e);
@@ -639,14 +620,17 @@ START_TEST(test_group_close_mid)
     ck_assert_int_eq(zo_store_sweep_next(sw, &p), ZO_ESTATE);
     ck_assert_int_eq(zo_store_sweep_done(sw, &b), 0);
     ck_assert_int_eq(zo_store_sweep_done(sw, &b), -EINVAL); /* not held any more */
-    for (int i = 0; i < 2; i++) {
+    /* fp32 + bf16 + bf16 at depth 2: read ahead 3 pieces, 2 writing back
+     * (depth by bytes: 8 bytes an element where fp32 has 12) */
+    zo_store_sweep_info info;
+    zo_store_sweep_get_info(sw, &info);
+    ck_assert_uint_eq(info.depth, 3);
+    ck_assert_uint_eq(info.frames, 6);
+    for (unsigned i = 2; i < info.frames; i++) {
         ck_assert_int_eq(zo_store_sweep_next(sw, &p), 0);
         ck_assert_int_eq(zo_store_sweep_done(sw, &p), 0);
     }
-    /* piece 0 (still held) sits in the room piece 4 needs */
-    zo_store_sweep_info info;
-    zo_store_sweep_get_info(sw, &info);
-    ck_assert_uint_eq(info.frames, 4);
+    /* piece 0 (still held) sits in the room piece `frames` needs */
     ck_assert_int_eq(zo_store_sweep_next(sw, &p), ZO_ESTATE);
     ck_assert_int_eq(zo_store_sweep_done(sw, &a), 0);
     ck_assert_int_eq(zo_store_sweep_next(sw, &p), 0);

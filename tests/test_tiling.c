@@ -377,13 +377,7 @@ START_TEST(plan_bad_input)
 END_TEST
 
 /* ---- store environment ------------------------------------------------------------------------ */
-typedef struct env {
-    char dir[256];
-    zo_dev *dev;
-    zo_swap *swap;
-    zo_store *st;
-    size_t base; /* device bytes in use before the operator */
-} env;
+#include "store_env.h"
 
 #define STORE_DEV_BYTES (4 * MiB)
 #define STORE_HOST_BYTES (4 * MiB)
@@ -391,36 +385,14 @@ typedef struct env {
 /* act_bytes: the caller's tensors the test allocates; budget: the operator's */
 static void env_open(env *e, size_t act_bytes, uint64_t budget)
 {
-    memset(e, 0, sizeof(*e));
-    zo_test_mkdtemp(e->dir, sizeof(e->dir));
-    e->dev = dev_open(act_bytes + STORE_DEV_BYTES + budget);
-    const char *dirs[] = {e->dir};
-    zo_swap_config sc;
-    zo_swap_config_default(&sc);
-    sc.dirs = dirs;
-    sc.ndirs = 1;
-    sc.chunk_size = 64 * KiB;
-    sc.arena_size = 16 * MiB;
-    ck_assert_int_eq(zo_swap_create(&e->swap, &sc), 0);
-    zo_store_config cfg;
-    zo_store_config_default(&cfg);
-    cfg.dev = e->dev;
-    cfg.device_bytes = STORE_DEV_BYTES;
-    cfg.host_bytes = STORE_HOST_BYTES;
-    cfg.swap = e->swap;
-    cfg.slot_size = 64 * KiB; /* small: tiles span several slots */
-    cfg.slots = 8;
-    cfg.trace = ZO_TRACE_OFF;
-    int r = zo_store_create(&e->st, &cfg);
-    ck_assert_msg(r == 0, "zo_store_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
-}
-
-static void env_close(env *e)
-{
-    zo_store_destroy(&e->st);
-    zo_swap_destroy(&e->swap);
-    zo_dev_close(&e->dev);
-    zo_test_rmtree(e->dir);
+    env_open_with(e, &(env_opts){.kind = g_kind,
+                                 .dev_limit = act_bytes + STORE_DEV_BYTES + budget,
+                                 .dev_bytes = STORE_DEV_BYTES,
+                                 .host_bytes = STORE_HOST_BYTES,
+                                 .slot_size = 64 * KiB, /* small: tiles span several slots */
+                                 .slots = 8,
+                                 .chunk = 64 * KiB,
+                                 .arena = 16 * MiB});
 }
 
 /* ---- walker --------------------------------------------------------------------------------- */

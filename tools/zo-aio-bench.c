@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <pthread.h>
@@ -64,6 +65,7 @@ typedef struct opts {
     unsigned tensors;
     uint64_t tensor_size;
     zo_csum_kind csum;
+    unsigned csum_threads; /* UINT_MAX: the swap store's default */
 } opts;
 
 static void usage(FILE *f)
@@ -109,6 +111,7 @@ static void usage(FILE *f)
             "  --tensors N            tensors (default 4)\n"
             "  --tensor-size SIZE     bytes per tensor (default 256M)\n"
             "  --checksum crc32c|xxh3|none   (default crc32c); --no-checksum is --checksum none\n"
+            "  --csum-threads N       the swap store's checksum threads (default: its default; 0: inline)\n"
             "output:\n"
             "  --json                 one JSON object on stdout\n"
             "  --progress | --no-progress   progress line on stderr (default: when stderr is a terminal)\n"
@@ -211,7 +214,7 @@ enum {
     OPT_READ = 256, OPT_WRITE, OPT_MIXED, OPT_SIZE, OPT_BS, OPT_QD, OPT_THREADS, OPT_REQ, OPT_PATH, OPT_DIRECT, OPT_BUFFERED,
     OPT_REG, OPT_UNREG, OPT_SQPOLL, OPT_BACKEND, OPT_VERIFY, OPT_LOOPS, OPT_JSON, OPT_SWEEP, OPT_SWEEP_BS, OPT_SWEEP_QD,
     OPT_SWEEP_T, OPT_VSFIO, OPT_PAIRS, OPT_FIO, OPT_KEEP, OPT_PROGRESS, OPT_NOPROGRESS, OPT_HELP, OPT_BUFFERS, OPT_FIO_IOMEM,
-    OPT_STORE, OPT_TENSORS, OPT_TSIZE, OPT_CSUM, OPT_NOCSUM,
+    OPT_STORE, OPT_TENSORS, OPT_TSIZE, OPT_CSUM, OPT_NOCSUM, OPT_CSTH,
 };
 
 static int parse_opts(int argc, char **argv, opts *o)
@@ -234,7 +237,8 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"help", no_argument, 0, OPT_HELP},         {"buffers", required_argument, 0, OPT_BUFFERS},
         {"through-store", no_argument, 0, OPT_STORE}, {"tensors", required_argument, 0, OPT_TENSORS},
         {"tensor-size", required_argument, 0, OPT_TSIZE}, {"checksum", required_argument, 0, OPT_CSUM},
-        {"no-checksum", no_argument, 0, OPT_NOCSUM},  {0, 0, 0, 0},
+        {"no-checksum", no_argument, 0, OPT_NOCSUM},  {"csum-threads", required_argument, 0, OPT_CSTH},
+        {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
     o->size = 1ull << 30;
@@ -250,6 +254,7 @@ static int parse_opts(int argc, char **argv, opts *o)
     o->tensors = 4;
     o->tensor_size = 256ull << 20;
     o->csum = ZO_CSUM_CRC32C;
+    o->csum_threads = UINT_MAX;
     int size_given = 0;
     int c, rc;
     unsigned long long v;
@@ -373,6 +378,11 @@ static int parse_opts(int argc, char **argv, opts *o)
                 return bad("--checksum %s: not built in (libxxhash missing)", optarg);
             break;
         case OPT_NOCSUM: o->csum = ZO_CSUM_NONE; break;
+        case OPT_CSTH:
+            if (parse_uint(optarg, 64, &v) != 0)
+                return bad("--csum-threads %s: must be 0..64", optarg);
+            o->csum_threads = (unsigned)v;
+            break;
         case OPT_PROGRESS: o->progress = 1; break;
         case OPT_NOPROGRESS: o->progress = 0; break;
         case 'h':
@@ -798,6 +808,8 @@ static int store_open(const opts *o, const zo_aio_config *cfg)
             sc.arena_size = per_dir > o->bs ? per_dir : o->bs;
     }
     sc.checksum = o->csum;
+    if (o->csum_threads != UINT_MAX)
+        sc.csum_threads = o->csum_threads;
     sc.keep_files = o->keep;
     sc.buffered = !o->direct;
     sc.aio = g_store.a;

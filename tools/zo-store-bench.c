@@ -20,11 +20,13 @@
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -47,7 +49,10 @@ typedef struct opts {
     int optim, vs_fio;
     uint64_t state_bytes, group_elems, slot_size;
     zo_dtype state_dtype;
-    unsigned depth, slots;
+    unsigned depth, slots, max_slots;
+    int disk_stats;
+    zo_csum_kind csum;
+    unsigned csum_threads; /* UINT_MAX: the swap store's default */
     const char *fio, *fio_iomem;
 } opts;
 
@@ -83,9 +88,15 @@ static void usage(FILE *f)
                "  --state SIZE          bytes of master + m + v (default 4G)\n"
                "  --state-dtype f32|bf16  m and v (default f32)\n"
                "  --group-elems N       elements per sub-group (default 8388608)\n"
-               "  --depth N             pieces read ahead (default 2)\n"
+               "  --depth N             pieces read ahead, fp32-wide (default 2; bf16 states read more ahead)\n"
                "  --slot-size SIZE      pool slot (default: the store's, 4M)\n"
                "  --slots N             pool slots (default: the store's, 16)\n"
+               "  --max-slots N         most slots the sweep may reserve (default: as the layout needs;\n"
+               "                        8 with bf16 states keeps depth 2 pieces: the layout before depth by bytes)\n"
+               "  --checksum crc32c|xxh3|none  the swap store's chunk checksum (default crc32c)\n"
+               "  --csum-threads N      the swap store's checksum threads (default: its default, 1; 0: inline)\n"
+               "  --disk-stats          after each run, what the block device of --path saw (requests, average\n"
+               "                        request size, average queue depth, busy time) from its sysfs stat file\n"
                "  --vs-fio              alternate with fio (io_uring, direct, fixedbufs, registerfiles;\n"
                "                        mixed read/write of the same bytes on the same path)\n"
                "  --fio PATH            the fio binary (default: fio in PATH)\n"
@@ -148,7 +159,8 @@ static int num_opt_parse(const num_opt *nums, size_t n, int c, const char *arg, 
 static int parse_opts(int argc, char **argv, opts *o)
 {
     enum { O_PATH = 256, O_T, O_TS, O_DT, O_DEV, O_CMS, O_LA, O_IT, O_PR, O_CS, O_CSS, O_JSON, O_HELP,
-           O_OPTIM, O_STATE, O_SDT, O_GE, O_DEPTH, O_SLS, O_SLOTS, O_VSFIO, O_FIO, O_FIOMEM };
+           O_OPTIM, O_STATE, O_SDT, O_GE, O_DEPTH, O_SLS, O_SLOTS, O_VSFIO, O_FIO, O_FIOMEM,
+           O_MAXSL, O_DSTAT, O_CSUM, O_CSTH };
     static const struct option lo[] = {
         {"path", 1, 0, O_PATH},       {"tensors", 1, 0, O_T},     {"tensor-size", 1, 0, O_TS},
         {"device-tensors", 1, 0, O_DT}, {"device", 1, 0, O_DEV},  {"compute-ms", 1, 0, O_CMS},
@@ -157,7 +169,9 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"help", 0, 0, O_HELP},       {"optim", 0, 0, O_OPTIM},   {"state", 1, 0, O_STATE},
         {"state-dtype", 1, 0, O_SDT}, {"group-elems", 1, 0, O_GE}, {"depth", 1, 0, O_DEPTH},
         {"slot-size", 1, 0, O_SLS},   {"slots", 1, 0, O_SLOTS},   {"vs-fio", 0, 0, O_VSFIO},
-        {"fio", 1, 0, O_FIO},         {"fio-iomem", 1, 0, O_FIOMEM}, {0, 0, 0, 0},
+        {"fio", 1, 0, O_FIO},         {"fio-iomem", 1, 0, O_FIOMEM}, {"max-slots", 1, 0, O_MAXSL},
+        {"disk-stats", 0, 0, O_DSTAT},  {"checksum", 1, 0, O_CSUM}, {"csum-threads", 1, 0, O_CSTH},
+        {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
     o->path = "/var/tmp";
@@ -174,6 +188,8 @@ static int parse_opts(int argc, char **argv, opts *o)
     o->state_dtype = ZO_DTYPE_F32;
     o->group_elems = 8u << 20;
     o->depth = 2;
+    o->csum = ZO_CSUM_CRC32C;
+    o->csum_threads = UINT_MAX;
     int c, rc;
     opterr = 0;
     const num_opt nums[] = {
@@ -189,6 +205,8 @@ static int parse_opts(int argc, char **argv, opts *o)
         {O_DEPTH, "--depth", 1, 64, &o->depth, NULL, NULL},
         {O_SLS, "--slot-size", 1, 1u << 30, NULL, &o->slot_size, "1 byte to 1G"},
         {O_SLOTS, "--slots", 2, 65536, &o->slots, NULL, NULL},
+        {O_MAXSL, "--max-slots", 1, 65536, &o->max_slots, NULL, NULL},
+        {O_CSTH, "--csum-threads", 0, 64, &o->csum_threads, NULL, NULL},
     };
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         if (num_opt_parse(nums, sizeof(nums) / sizeof(nums[0]), c, optarg, &rc)) {
@@ -221,6 +239,11 @@ static int parse_opts(int argc, char **argv, opts *o)
                 return bad("--state-dtype %s: expected f32 or bf16", optarg);
             break;
         case O_VSFIO: o->vs_fio = 1; break;
+        case O_DSTAT: o->disk_stats = 1; break;
+        case O_CSUM:
+            if (zo_csum_parse(optarg, &o->csum) != 0)
+                return bad("--checksum %s: expected crc32c, xxh3 or none", optarg);
+            break;
         case O_FIO: o->fio = optarg; break;
         case O_FIOMEM: o->fio_iomem = optarg; break;
         case 'h':
@@ -232,6 +255,8 @@ static int parse_opts(int argc, char **argv, opts *o)
         return bad("unexpected argument '%s'", argv[optind]);
     if (o->vs_fio && !o->optim)
         return bad("--vs-fio compares the --optim sweep with fio: add --optim");
+    if ((o->disk_stats || o->max_slots) && !o->optim)
+        return bad("--disk-stats and --max-slots are --optim options: add --optim");
     if (o->optim && o->checksums)
         return bad("--optim and --checksums: run them separately");
     if (o->device_tensors >= o->tensors)
@@ -294,7 +319,7 @@ static void env_close(env *e)
  * by the caller once the swap store is destroyed) and a zo_swap in it.
  * 0, EXIT_RUN (said why; dir[0] is 0 if there is nothing to remove), or a
  * negative error of zo_swap_create(). */
-static int swap_open(const char *path, char *dir, size_t dirlen, zo_swap **out)
+static int swap_open(const opts *o, const char *path, char *dir, size_t dirlen, zo_swap **out)
 {
     snprintf(dir, dirlen, "%s/zo-store-bench.%ld", path, (long)getpid());
     if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
@@ -307,13 +332,16 @@ static int swap_open(const char *path, char *dir, size_t dirlen, zo_swap **out)
     zo_swap_config_default(&sc);
     sc.dirs = dirs;
     sc.ndirs = 1;
+    sc.checksum = o->csum;
+    if (o->csum_threads != UINT_MAX)
+        sc.csum_threads = o->csum_threads;
     return zo_swap_create(out, &sc);
 }
 
 static int env_open(const opts *o, env *e, zo_trace_mode trace)
 {
     memset(e, 0, sizeof(*e));
-    int rc = swap_open(o->path, e->dir, sizeof(e->dir), &e->swap);
+    int rc = swap_open(o, o->path, e->dir, sizeof(e->dir), &e->swap);
     if (rc == EXIT_RUN)
         return EXIT_RUN;
     if (rc != 0)
@@ -700,6 +728,7 @@ static int optim_sweep(const opts *o, optim_env *e, unsigned mode, int init, dou
     d.ngroups = e->ngroups;
     d.tensors = e->t;
     d.depth = o->depth;
+    d.max_slots = o->max_slots;
     d.mode[0] = d.mode[1] = d.mode[2] = mode;
     zo_store_sweep *sw;
     double t0 = now_s();
@@ -731,7 +760,7 @@ static int optim_sweep(const opts *o, optim_env *e, unsigned mode, int init, dou
 static int optim_open(const opts *o, optim_env *e, uint64_t *nelem_total)
 {
     memset(e, 0, sizeof(*e));
-    int rc = swap_open(o->path, e->dir, sizeof(e->dir), &e->swap);
+    int rc = swap_open(o, o->path, e->dir, sizeof(e->dir), &e->swap);
     if (rc == EXIT_RUN)
         return EXIT_RUN;
     size_t esz = zo_dtype_size(o->state_dtype);
@@ -824,6 +853,50 @@ static int optim_check(const opts *o, optim_env *e, unsigned steps)
     return 0;
 }
 
+/* What the block device under --path saw during a run: its sysfs stat
+ * file (Documentation/block/stat.rst) read before and after. */
+typedef struct disk_snap {
+    unsigned long long v[11];
+    double t;
+} disk_snap;
+
+static int disk_stat_path(const char *path, char *out, size_t len)
+{
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return -errno;
+    snprintf(out, len, "/sys/dev/block/%u:%u/stat", major(st.st_dev), minor(st.st_dev));
+    return access(out, R_OK) == 0 ? 0 : -errno;
+}
+
+static void disk_snap_take(const char *file, disk_snap *d)
+{
+    memset(d, 0, sizeof(*d));
+    d->t = now_s();
+    FILE *f = fopen(file, "re");
+    if (!f)
+        return;
+    for (int i = 0; i < 11; i++)
+        if (fscanf(f, "%llu", &d->v[i]) != 1)
+            break;
+    fclose(f);
+}
+
+/* reads, writes (+ merged), average request KiB, average queue depth
+ * (time_in_queue / io_ticks) and busy share (io_ticks / elapsed) */
+static void disk_print(const char *who, const disk_snap *a, const disk_snap *b)
+{
+    unsigned long long d[11];
+    for (int i = 0; i < 11; i++)
+        d[i] = b->v[i] - a->v[i];
+    double el = b->t - a->t;
+    printf("      disk %-3s reads %llu (+%llu merged) avg %.0f KiB, writes %llu (+%llu merged) avg %.0f KiB, "
+           "avg queue %.1f, busy %.0f%%\n",
+           who, d[0], d[1], d[0] ? (double)d[2] * 512 / 1024 / (double)d[0] : 0.0, d[4], d[5],
+           d[4] ? (double)d[6] * 512 / 1024 / (double)d[4] : 0.0, d[9] ? (double)d[10] / (double)d[9] : 0.0,
+           el > 0 ? (double)d[9] / 10.0 / el : 0.0);
+}
+
 static int cmd_optim(const opts *o, const zo_machine *m)
 {
     optim_env e;
@@ -872,6 +945,10 @@ static int cmd_optim(const opts *o, const zo_machine *m)
                "%llu elements, %u slots reserved\n",
                (double)bytes / (1 << 20), e.ngroups, (unsigned long long)o->group_elems, zo_dtype_name(o->state_dtype),
                info.depth, (unsigned long long)info.piece_elems, info.slots);
+        zo_swap_info si;
+        zo_swap_get_info(e.swap, &si);
+        printf("swap:    chunks of %zu bytes, checksum %s%s\n", si.chunk_size, zo_csum_name(o->csum),
+               o->csum_threads == 0 ? " (inline)" : "");
         if (o->vs_fio)
             printf("fio:     --rw=rw --rwmixread=50 --size=%llu --bs=%llu --iodepth=%u --direct=1 --ioengine=io_uring "
                    "--fixedbufs --registerfiles%s%s\n",
@@ -885,10 +962,21 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         else
             printf("%5s %10s %10s %10s\n", "run", "zo rd", "zo wr", "stall s");
     }
+    char dstat[128] = "";
+    if (o->disk_stats && !o->json && (rc = disk_stat_path(o->path, dstat, sizeof(dstat))) != 0) {
+        fprintf(stderr, "zo-store-bench: --disk-stats: no block device statistics for %s (%s)\n", o->path,
+                strerror(-rc));
+        rc = EXIT_RUN;
+        goto out;
+    }
     for (unsigned p = 0; p < P && rc == 0; p++) {
+        disk_snap f0, f1, z0, z1;
         if (o->vs_fio) {
             zo_fio_result res;
-            if (zo_fio_run(&fj, &res) != 0) {
+            disk_snap_take(dstat, &f0);
+            int fr_rc = zo_fio_run(&fj, &res);
+            disk_snap_take(dstat, &f1);
+            if (fr_rc != 0) {
                 fprintf(stderr, "zo-store-bench: fio failed: %s\n", res.err);
                 rc = EXIT_RUN;
                 break;
@@ -898,7 +986,9 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         }
         double secs;
         zo_store_reset_stats(e.st);
+        disk_snap_take(dstat, &z0);
         rc = optim_sweep(o, &e, ZO_STREAM_READ | ZO_STREAM_WRITE, 0, &secs, &info);
+        disk_snap_take(dstat, &z1);
         if (rc) {
             fprintf(stderr, "zo-store-bench: sweep failed: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
             rc = EXIT_RUN;
@@ -915,6 +1005,11 @@ static int cmd_optim(const opts *o, const zo_machine *m)
                    zw[p] * 1e-9, ratio[p]);
         else if (!o->json)
             printf("%5u %10.3f %10.3f %10.3f\n", p + 1, zr[p] * 1e-9, zw[p] * 1e-9, stall[p]);
+        if (dstat[0]) {
+            if (o->vs_fio)
+                disk_print("fio", &f0, &f1);
+            disk_print("zo", &z0, &z1);
+        }
     }
     if (rc == 0)
         rc = optim_check(o, &e, steps);
@@ -936,6 +1031,7 @@ static int cmd_optim(const opts *o, const zo_machine *m)
             zj_uint(&j, "depth", info.depth);
             zj_uint(&j, "piece_elems", info.piece_elems);
             zj_uint(&j, "slots_reserved", info.slots);
+            zj_str(&j, "checksum", zo_csum_name(o->csum));
             if (o->vs_fio) {
                 zj_uint(&j, "fio_size", fj.size);
                 zj_uint(&j, "fio_bs", fj.bs);

@@ -346,7 +346,14 @@ typedef struct zo_store_sweep_desc {
     size_t ngroups;                   /**< groups, walked in order (>= 1) */
     zo_tensor *const *tensors;        /**< ngroups * ntensors handles, group after group:
                                            tensors[g * ntensors + k] is position k of group g */
-    unsigned depth;                   /**< pieces loaded ahead of the one handed out; 1..64, default 2 */
+    unsigned depth;                   /**< pieces loaded ahead of the one handed out, counted as wide as
+                                           the widest position; 1..64, default 2. With narrower positions
+                                           (fp32 master, bf16 m and v) open reads more pieces ahead and
+                                           writes more back at once, so as many bytes are in flight, when
+                                           the free slots allow it with pieces as large and no more slots
+                                           than all-widest positions would take (docs/store.md, "Depth by
+                                           bytes"); zo_store_sweep_get_info() reports the depth used. At
+                                           most `depth` pieces may be held at once. */
     uint64_t piece_elems;             /**< most elements per piece; 0 (default): the largest the slot
                                            reservation allows (>= 1 MiB per tensor piece when it can) */
     unsigned max_slots;               /**< most pool slots to reserve; 0 (default): what the layout
@@ -370,7 +377,7 @@ typedef struct zo_store_sweep_piece {
 typedef struct zo_store_sweep_info {
     uint64_t piece_elems;   /**< elements per piece (the last piece of a group may be shorter) */
     uint64_t pieces;        /**< pieces in the whole sweep */
-    unsigned depth;         /**< pieces loaded ahead */
+    unsigned depth;         /**< pieces loaded ahead (the desc's depth, deeper by bytes when narrower positions allow) */
     unsigned frames;        /**< pieces the sweep can have in flight at once (loading, held, writing) */
     unsigned slots;         /**< pool slots reserved (0 if every tensor is homed in the host tier) */
     unsigned slots_peak;    /**< most slots it has held at once (never above slots) */

@@ -101,6 +101,7 @@ typedef struct plan_in {
     options topt;           /* from_train: the zo-train options */
     unsigned probe_layers;  /* from_train: layers of the slice */
     uint64_t probe_size;    /* --probe-size: elements the slice aims at (0: the default) */
+    char probe_note[200];   /* why the run probe did not run, when it was asked for */
     plan_probe_out pr;
 } plan_in;
 
@@ -450,6 +451,8 @@ static void make_plan(const plan_in *in, plan_out *p)
         say(p, "device: the activations and biases alone need %.0f MiB of the %.0f MiB budget: not even tiled "
                "layers fit; a smaller batch", mib(train_shape_tiled_rest_bytes(&in->shape)), mib(in->gpu_mem));
     }
+    if (in->probe_note[0])
+        say(p, "%s", in->probe_note);
     if (in->tiled > 0 && in->dpu) {
         p->fits = 0;
         say(p, "zo-train's tiled layers need --dpu off");
@@ -863,6 +866,27 @@ static int run_probe(plan_in *in)
     pi.buffer_count = in->buffer_count;
     pi.nvme_dir = in->paths[0];
     pi.steps = 3;
+    /* the slice must fit this machine easily: its memory (device params and
+     * grads, fp32 scratch and teacher weights, the engine's accumulators,
+     * parameter buffers and, under host placement, masters and states) and
+     * its swap files */
+    uint64_t n = in->from_train ? (uint64_t)pi.shape.layers * ((uint64_t)in->shape.width * in->shape.width + in->shape.width)
+                                : pi.params;
+    uint64_t nwin = in->dpu ? 2 : 1, ses = zo_dtype_size(in->sdt);
+    uint64_t mem = n * (zo_dtype_size(in->pdt) * (1 + nwin) + zo_dtype_size(in->gdt) + 4 * nwin +
+                        (in->from_train ? 12 : 0) + (in->nvme ? 0 : 4 + 2 * ses));
+    struct statvfs sv;
+    uint64_t disk = in->nvme && statvfs(pi.nvme_dir, &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : UINT64_MAX;
+    if (in->ram && mem > in->ram / 2) {
+        snprintf(in->probe_note, sizeof(in->probe_note), "the run probe's slice would need %.0f MiB of the %.0f MiB "
+                 "RAM: predicted from figures", mib(mem), mib(in->ram));
+        return 1;
+    }
+    if (in->nvme && n * (4 + 2 * ses) > disk / 2) {
+        snprintf(in->probe_note, sizeof(in->probe_note), "the run probe's slice would need %.0f MiB of the %.0f MiB "
+                 "free in %s: predicted from figures", mib(n * (4 + 2 * ses)), mib(disk), pi.nvme_dir);
+        return 1;
+    }
     int r = plan_probe_run(&pi, &in->pr);
     if (r < 0)
         return r;
@@ -1168,9 +1192,13 @@ int main(int argc, char **argv)
     if (probe == PROBE_RUN && in.tiled > 0)
         probe = PROBE_QUICK; /* the run probe trains untiled layers only */
     if (probe == PROBE_RUN) {
-        if (run_probe(&in) < 0)
+        int r = run_probe(&in);
+        if (r < 0)
             return 2;
-    } else if (probe == PROBE_QUICK) {
+        if (r > 0)
+            probe = PROBE_QUICK; /* too large to probe here */
+    }
+    if (probe == PROBE_QUICK) {
         if (!in.adam_rate) {
             in.adam_rate = probe_adam((int)sysconf(_SC_NPROCESSORS_ONLN));
             strcpy(in.src_adam, "probe: AdamW 4M fp32");

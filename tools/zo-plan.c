@@ -841,9 +841,10 @@ static int run_probe(plan_in *in)
     plan_probe_in pi;
     memset(&pi, 0, sizeof(pi));
     /* large enough that the sweep is steady (NVMe: 192 MiB of state each
-     * way) and fixed per-step costs are small, small enough to take a few
-     * seconds */
-    uint64_t target = in->probe_size ? in->probe_size : in->nvme ? 16ull << 20 : 8ull << 20;
+     * way), that the slice's weights (32 MiB in bf16, 64 MiB more of the
+     * teacher's fp32) overflow the CPU caches as the model's do, and that
+     * fixed per-step costs are small; small enough to take a few seconds */
+    uint64_t target = in->probe_size ? in->probe_size : 16ull << 20;
     if (in->from_train) {
         pi.opt = &in->topt;
         pi.shape = in->shape;
@@ -928,7 +929,7 @@ static void usage(FILE *f)
             "  --probe run           train a slice of the model a few steps as zo-train would, scale each part\n"
             "  --probe quick         predict from bandwidths: quick probes for those not given\n"
             "  --probe none, --no-probe  measure nothing: use --bench and the values below\n"
-            "  --probe-size N        elements the run probe's slice aims at (default 16M NVMe, 8M host)\n"
+            "  --probe-size N        elements the run probe's slice aims at (default 16M)\n"
             "  --bench FILE          zo-aio-bench / zo-adam-bench --json output (repeatable; implies quick)\n"
             "  --nvme-read X, --nvme-write X, --copy X  bytes/s (any of these implies quick)\n"
             "  --adam-rate X         optimizer params/s\n"

@@ -43,8 +43,11 @@
 #include "tool_common.h"
 #include "train_model.h"
 #include "train_options.h"
+#include "zo-plan-probe.h"
 
 #define MAX_NVME 8
+
+enum { PROBE_NONE, PROBE_QUICK, PROBE_RUN };
 
 static double mib(uint64_t b)
 {
@@ -92,6 +95,14 @@ typedef struct plan_in {
     /* bandwidths (bytes/s, params/s, flop/s) and where they came from */
     double nvme_read, nvme_write, adam_rate, copy_bw, gemm_flops;
     char src_nvme[128], src_adam[128], src_copy[128], src_gemm[128];
+    /* the run probe (the default): a slice of the model trained for a few
+     * steps; ran = 0 when the figures above predict instead */
+    int ran;
+    options topt;           /* from_train: the zo-train options */
+    unsigned probe_layers;  /* from_train: layers of the slice */
+    uint64_t probe_size;    /* --probe-size: elements the slice aims at (0: the default) */
+    char probe_note[200];   /* why the run probe did not run, when it was asked for */
+    plan_probe_out pr;
 } plan_in;
 
 static int parse_tensors(const char *s, plan_in *in)
@@ -230,14 +241,16 @@ static double probe_gemm(void)
     return best;
 }
 
-/* 64 MiB written then read back through the library's async I/O engine
- * with the engine config's aio defaults (1 MiB blocks, 32 in flight,
- * O_DIRECT where the filesystem allows), in a new 0600 file in dir that is
- * removed. @return 0 or a negative error (message printed). */
+/* The steady state of the engine's swap files: 256 MiB written once into
+ * reserved space (untimed, synced), then overwritten and read back through
+ * the library's async I/O engine with the engine config's aio defaults
+ * (1 MiB blocks, 32 in flight, O_DIRECT where the filesystem allows), in a
+ * new 0600 file in dir that is removed. @return 0 or a negative error
+ * (message printed). */
 static int probe_nvme(const char *dir, double *rd, double *wr)
 {
     char path[4096];
-    size_t total = (size_t)64 << 20;
+    size_t total = (size_t)256 << 20;
     snprintf(path, sizeof(path), "%s/.zo-plan-probe-%ld", dir, (long)getpid());
     zo_aio *aio = NULL;
     zo_file *f = NULL;
@@ -260,6 +273,10 @@ static int probe_nvme(const char *dir, double *rd, double *wr)
     if ((r = zo_file_allocate(f, 0, total)) < 0)
         goto out;
     zo_aio_req *req;
+    /* the first pass fills the blocks (the engine's files are written at create) */
+    if ((r = zo_aio_write(aio, f, buf, total, 0, NULL, NULL, &req)) < 0 || (r = zo_aio_wait(aio, req, NULL)) < 0 ||
+        (r = zo_file_sync(f)) < 0)
+        goto out;
     double t0 = now_s();
     if ((r = zo_aio_write(aio, f, buf, total, 0, NULL, NULL, &req)) < 0 || (r = zo_aio_wait(aio, req, NULL)) < 0 ||
         (r = zo_file_sync(f)) < 0)
@@ -363,7 +380,8 @@ typedef struct plan_out {
     uint64_t nvme_free[MAX_NVME];
     int nvme_at;                          /* index of the path that holds it, -1 none */
     /* predicted seconds */
-    double compute, d2h, optim, nvme_r, nvme_w, h2d, update, step;
+    double data, compute, d2h, optim, nvme_r, nvme_w, h2d, stall, update, step;
+    double scale;                         /* run probe: the model's parameters over the slice's */
     /* fit */
     int fits;
     char why[8][200];
@@ -433,6 +451,8 @@ static void make_plan(const plan_in *in, plan_out *p)
         say(p, "device: the activations and biases alone need %.0f MiB of the %.0f MiB budget: not even tiled "
                "layers fit; a smaller batch", mib(train_shape_tiled_rest_bytes(&in->shape)), mib(in->gpu_mem));
     }
+    if (in->probe_note[0])
+        say(p, "%s", in->probe_note);
     if (in->tiled > 0 && in->dpu) {
         p->fits = 0;
         say(p, "zo-train's tiled layers need --dpu off");
@@ -471,29 +491,64 @@ static void make_plan(const plan_in *in, plan_out *p)
     }
 
     /* ---- predicted step ---- */
-    p->compute = in->gemm_flops > 0 ? in->flops * in->accum / in->gemm_flops : 0;
+    if (in->ran) {
+        /* The run probe trained a slice of the model (zo-train lines: k of
+         * the L layers, every part of a step proportional to the layers;
+         * otherwise P' of the P elements): each part it measured, scaled. */
+        double f = p->scale = in->pr.params ? (double)P / (double)in->pr.params : 1;
+        p->data = in->pr.data * f;
+        p->compute = in->pr.compute * f;
+        p->d2h = in->pr.d2h * f;
+        p->optim = in->pr.optim * f;
+        p->nvme_r = in->pr.nvme_read * f;
+        /* nvme-w is the wait for the last write-backs of each sweep (one
+         * per engine group, as many in the slice as in the model): a tail
+         * that does not grow with the model */
+        p->nvme_w = in->pr.nvme_write;
+        p->h2d = in->pr.h2d * f;
+        p->stall = in->pr.stall * f;
+        p->update = (in->pr.update - in->pr.nvme_write) * f + in->pr.nvme_write;
+        /* without DPU: data + compute + the step call + the wait for the
+         * update; with DPU the step call waits for the previous update
+         * where it outlasted data + compute, and copies its params */
+        if (in->dpu)
+            p->step = (in->pr.data + in->pr.compute + in->pr.call + in->pr.wait) * f;
+        else
+            p->step = (in->pr.data + in->pr.compute + in->pr.call + in->pr.wait - in->pr.nvme_write) * f +
+                      in->pr.nvme_write;
+        return;
+    }
+    /* From figures: the teacher's GEMMs (2BP of the 8BP) are zo-train's data */
+    double flops = in->flops * in->accum;
+    p->data = in->gemm_flops > 0 ? flops / 4 / in->gemm_flops : 0;
+    p->compute = in->gemm_flops > 0 ? flops * 3 / 4 / in->gemm_flops : 0;
     p->d2h = in->copy_bw > 0 ? (double)(P * ges) * in->accum / in->copy_bw : 0;
     p->optim = in->adam_rate > 0 ? (double)P / in->adam_rate : 0;
-    p->h2d = in->copy_bw > 0 ? (double)(P * pes) / in->copy_bw : 0;
+    /* without DPU on the host backend the kernel writes the device params
+     * in place (the engine's direct mode): no copy */
+    p->h2d = in->copy_bw > 0 && (in->gpu || in->dpu) ? (double)(P * pes) / in->copy_bw : 0;
     if (in->nvme) {
         p->nvme_r = in->nvme_read > 0 ? (double)(P * per_elem) / in->nvme_read : 0;
         p->nvme_w = in->nvme_write > 0 ? (double)(P * per_elem) / in->nvme_write : 0;
     }
     /* The update streams sub-groups: reads ahead, the optimizer and the
-     * write-backs overlap, on one device the reads and writes share it. The
-     * gradient copies overlap backward except the last tensor's; the
-     * parameter copies overlap the update except the last sub-group's. */
+     * write-backs overlap; one disk carries the reads and the writes, so
+     * their times add (the sweep moves both at once at about the mixed
+     * rate). The gradient copies overlap backward except the last
+     * tensor's; the parameter copies overlap the update except the last
+     * sub-group's. */
     double nsub = p->nsub ? (double)p->nsub : 1;
     p->update = fmax(p->optim, p->nvme_r + p->nvme_w) + p->h2d / nsub;
     double d2h_tail = p->d2h / (in->ntensors ? in->ntensors : 1);
     if (in->dpu && in->gpu)
-        p->step = fmax(p->compute, p->update) + d2h_tail; /* the CPU update hides behind the GPU's next step */
+        p->step = p->data + fmax(p->compute, p->update) + d2h_tail; /* the CPU update hides behind the GPU */
     else if (in->dpu)
         /* host backend: the model and the optimizer share the same cores and
-         * add up; the NVMe transfers overlap both */
-        p->step = fmax(p->compute + p->optim, p->nvme_r + p->nvme_w) + d2h_tail + p->h2d / nsub;
+         * add up; the NVMe transfers overlap both; the parameter copy is a
+         * CPU memcpy in the next step call */
+        p->step = fmax(p->data + p->compute + p->optim, p->nvme_r + p->nvme_w) + d2h_tail + p->h2d;
     else
-        p->step = p->compute + d2h_tail + p->update; /* without DPU the update follows backward */
+        p->step = p->data + p->compute + d2h_tail + p->update; /* without DPU the update follows backward */
 }
 
 /* ---- output --------------------------------------------------------------------------------- */
@@ -568,17 +623,34 @@ static void print_plan(const plan_in *in, const plan_out *p)
             snprintf(what, sizeof(what), "nothing (%.0f MiB free)", mib(p->nvme_free[i]));
         row(buf, what, (int)i == p->nvme_at ? p->nvme_bytes + (in->nvme ? p->tile_home : 0) : 0);
     }
-    printf("\nbandwidths: NVMe read %.2f GB/s, write %.2f GB/s (%s); optimizer %.0f M params/s (%s); copies %.2f GB/s "
-           "(%s); GEMM %.1f GFLOP/s (%s)\n",
-           in->nvme_read / 1e9, in->nvme_write / 1e9, in->src_nvme, in->adam_rate / 1e6, in->src_adam,
-           in->copy_bw / 1e9, in->src_copy, in->gemm_flops / 1e9, in->src_gemm);
-    printf("predicted step: %.1f ms = compute %.1f, d2h %.1f, optim %.1f, nvme-r %.1f, nvme-w %.1f, h2d %.1f "
-           "(update %.1f ms; %s)\n",
-           p->step * 1e3, p->compute * 1e3, p->d2h * 1e3, p->optim * 1e3, p->nvme_r * 1e3, p->nvme_w * 1e3,
-           p->h2d * 1e3, p->update * 1e3,
-           in->dpu && in->gpu ? "DPU: the update overlaps the next forward/backward"
-                              : !in->dpu ? "the update follows backward"
-                                         : "DPU on the host backend: model and optimizer share the CPUs, NVMe overlaps");
+    if (in->ran) {
+        if (in->from_train)
+            printf("\nrun probe: %u of the %u layers (%.1f M params) trained %u steps as zo-train does, %.1f s; "
+                   "every part scaled by %.2f\n",
+                   in->probe_layers, in->shape.layers, in->pr.params / 1e6, in->pr.steps, in->pr.setup, p->scale);
+        else
+            printf("\nrun probe: the engine on %.1f M params (gradients handed over, stepped) %u steps, %.1f s; "
+                   "every part scaled by %.2f\n",
+                   in->pr.params / 1e6, in->pr.steps, in->pr.setup, p->scale);
+        printf("predicted step: %.1f ms = data %.1f + compute %.1f + update %.1f%s (update: d2h %.1f, optim %.1f, "
+               "nvme-r %.1f, nvme-w %.1f, h2d %.1f, stall %.1f ms)\n",
+               p->step * 1e3, p->data * 1e3, p->compute * 1e3, p->update * 1e3,
+               in->dpu ? " overlapped (DPU)" : "", p->d2h * 1e3, p->optim * 1e3, p->nvme_r * 1e3, p->nvme_w * 1e3,
+               p->h2d * 1e3, p->stall * 1e3);
+    } else {
+        printf("\nbandwidths: NVMe read %.2f GB/s, write %.2f GB/s (%s); optimizer %.0f M params/s (%s); copies "
+               "%.2f GB/s (%s); GEMM %.1f GFLOP/s (%s)\n",
+               in->nvme_read / 1e9, in->nvme_write / 1e9, in->src_nvme, in->adam_rate / 1e6, in->src_adam,
+               in->copy_bw / 1e9, in->src_copy, in->gemm_flops / 1e9, in->src_gemm);
+        printf("predicted step: %.1f ms = data %.1f, compute %.1f, d2h %.1f, optim %.1f, nvme-r %.1f, nvme-w %.1f, "
+               "h2d %.1f (update %.1f ms; %s)\n",
+               p->step * 1e3, p->data * 1e3, p->compute * 1e3, p->d2h * 1e3, p->optim * 1e3, p->nvme_r * 1e3,
+               p->nvme_w * 1e3, p->h2d * 1e3, p->update * 1e3,
+               in->dpu && in->gpu ? "DPU: the update overlaps the next forward/backward"
+                                  : !in->dpu ? "the update follows backward"
+                                             : "DPU on the host backend: model and optimizer share the CPUs, NVMe "
+                                               "overlaps");
+    }
     if (!in->from_train)
         printf("  (compute is the framework's: give a zo-train command line after -- to include it)\n");
     if (p->fits && !p->nwhy)
@@ -669,15 +741,39 @@ static void json_plan(const plan_in *in, const plan_out *p)
     zj_num(&j, "copy_bytes_per_s", in->copy_bw);
     zj_num(&j, "gemm_flop_per_s", in->gemm_flops);
     zj_obj_end(&j);
+    /* the run probe (null when the figures predicted) */
+    if (in->ran) {
+        zj_obj_begin(&j, "probe");
+        zj_uint(&j, "layers", in->probe_layers);
+        zj_uint(&j, "params", in->pr.params);
+        zj_uint(&j, "steps", in->pr.steps);
+        zj_num(&j, "seconds", in->pr.setup);
+        zj_num(&j, "scale", p->scale);
+        /* what the slice measured (medians per step), before scaling */
+        zj_num(&j, "step_ms", in->pr.step * 1e3);
+        zj_num(&j, "data_ms", in->pr.data * 1e3);
+        zj_num(&j, "compute_ms", in->pr.compute * 1e3);
+        zj_num(&j, "call_ms", in->pr.call * 1e3);
+        zj_num(&j, "wait_ms", in->pr.wait * 1e3);
+        zj_num(&j, "update_ms", in->pr.update * 1e3);
+        zj_num(&j, "nvme_read_ms", in->pr.nvme_read * 1e3);
+        zj_num(&j, "nvme_write_ms", in->pr.nvme_write * 1e3);
+        zj_obj_end(&j);
+    } else {
+        zj_num(&j, "probe", NAN);
+    }
     /* the same names as zo-train --json's step lines */
     zj_obj_begin(&j, "predicted");
+    zj_str(&j, "from", in->ran ? "run probe" : "figures");
     zj_num(&j, "step_ms", p->step * 1e3);
+    zj_num(&j, "data_ms", p->data * 1e3);
     zj_num(&j, "compute_ms", p->compute * 1e3);
     zj_num(&j, "d2h_ms", p->d2h * 1e3);
     zj_num(&j, "optim_ms", p->optim * 1e3);
     zj_num(&j, "nvme_read_ms", p->nvme_r * 1e3);
     zj_num(&j, "nvme_write_ms", p->nvme_w * 1e3);
     zj_num(&j, "h2d_ms", p->h2d * 1e3);
+    zj_num(&j, "stall_ms", p->stall * 1e3);
     zj_num(&j, "update_ms", p->update * 1e3);
     zj_obj_end(&j);
     zj_bool(&j, "fits", p->fits);
@@ -739,6 +835,80 @@ static int write_config(const char *path, const plan_in *in, const plan_out *p)
     return 0;
 }
 
+/* The run probe: the slice of the model to train, and the run. */
+static int run_probe(plan_in *in)
+{
+    plan_probe_in pi;
+    memset(&pi, 0, sizeof(pi));
+    /* large enough that the sweep is steady (NVMe: 192 MiB of state each
+     * way), that the slice's weights (32 MiB in bf16, 64 MiB more of the
+     * teacher's fp32) overflow the CPU caches as the model's do, and that
+     * fixed per-step costs are small; small enough to take a few seconds */
+    uint64_t target = in->probe_size ? in->probe_size : 16ull << 20;
+    if (in->from_train) {
+        pi.opt = &in->topt;
+        pi.shape = in->shape;
+        uint64_t per_layer = (uint64_t)in->shape.width * in->shape.width + in->shape.width;
+        uint64_t k = (target + per_layer - 1) / per_layer;
+        /* Under host placement the step is mostly forward and backward, and
+         * in the model the intake of every layer's gradients but the last
+         * runs under backward, on the same cores: a slice of one layer has
+         * none of that contention (its one gradient lands after backward)
+         * and ran 15% faster than the model (--layers 8 --width 4096
+         * --batch 8: 585-594 ms predicted, 677-716 ms the whole model as the
+         * slice, 624 ms two layers). Under NVMe placement the disk dominates
+         * and two 8192-wide layers would double a 9 s probe. */
+        if (!in->nvme && k < 2 && !in->probe_size)
+            k = 2;
+        pi.shape.layers = (unsigned)(k < in->shape.layers ? k : in->shape.layers);
+        in->probe_layers = pi.shape.layers;
+        pi.nthreads = in->topt.nthreads;
+    } else {
+        pi.params = in->params < target ? in->params : target;
+    }
+    pi.pdt = in->pdt;
+    pi.gdt = in->gdt;
+    pi.sdt = in->sdt;
+    pi.nvme = in->nvme;
+    pi.dpu = in->dpu;
+    pi.accum = in->accum;
+    pi.clip = in->clip;
+    pi.sub_group = in->sub_group;
+    pi.buffer_count = in->buffer_count;
+    pi.nvme_dir = in->paths[0];
+    pi.steps = 3;
+    /* the slice must fit this machine easily: its memory (device params and
+     * grads, fp32 scratch and teacher weights, the engine's accumulators,
+     * parameter buffers and, under host placement, masters and states) and
+     * its swap files */
+    uint64_t n = in->from_train ? (uint64_t)pi.shape.layers * ((uint64_t)in->shape.width * in->shape.width + in->shape.width)
+                                : pi.params;
+    uint64_t nwin = in->dpu ? 2 : 1, ses = zo_dtype_size(in->sdt);
+    uint64_t mem = n * (zo_dtype_size(in->pdt) * (1 + nwin) + zo_dtype_size(in->gdt) + 4 * nwin +
+                        (in->from_train ? 12 : 0) + (in->nvme ? 0 : 4 + 2 * ses));
+    struct statvfs sv;
+    uint64_t disk = in->nvme && statvfs(pi.nvme_dir, &sv) == 0 ? (uint64_t)sv.f_bavail * sv.f_frsize : UINT64_MAX;
+    if (in->ram && mem > in->ram / 2) {
+        snprintf(in->probe_note, sizeof(in->probe_note), "the run probe's slice would need %.0f MiB of the %.0f MiB "
+                 "RAM: predicted from figures", mib(mem), mib(in->ram));
+        return 1;
+    }
+    if (in->nvme && n * (4 + 2 * ses) > disk / 2) {
+        snprintf(in->probe_note, sizeof(in->probe_note), "the run probe's slice would need %.0f MiB of the %.0f MiB "
+                 "free in %s: predicted from figures", mib(n * (4 + 2 * ses)), mib(disk), pi.nvme_dir);
+        return 1;
+    }
+    int r = plan_probe_run(&pi, &in->pr);
+    if (r < 0)
+        return r;
+    in->ran = 1;
+    snprintf(in->src_nvme, sizeof(in->src_nvme), "run probe");
+    snprintf(in->src_adam, sizeof(in->src_adam), "run probe");
+    snprintf(in->src_copy, sizeof(in->src_copy), "run probe");
+    snprintf(in->src_gemm, sizeof(in->src_gemm), "run probe");
+    return 0;
+}
+
 /* ---- main --------------------------------------------------------------------------------------- */
 
 static void usage(FILE *f)
@@ -765,10 +935,13 @@ static void usage(FILE *f)
             "  --ram N               host memory\n"
             "  --memlock N           pinned memory limit\n"
             "  --nvme PATH           an NVMe directory (repeatable; default /var/tmp)\n"
-            "bandwidths (a quick probe unless given)\n"
-            "  --bench FILE          zo-aio-bench / zo-adam-bench --json output (repeatable)\n"
-            "  --no-probe            measure nothing: use --bench and the values below\n"
-            "  --nvme-read X, --nvme-write X, --copy X  bytes/s\n"
+            "the predicted step (default: --probe run)\n"
+            "  --probe run           train a slice of the model a few steps as zo-train would, scale each part\n"
+            "  --probe quick         predict from bandwidths: quick probes for those not given\n"
+            "  --probe none, --no-probe  measure nothing: use --bench and the values below\n"
+            "  --probe-size N        elements the run probe's slice aims at (default 16M)\n"
+            "  --bench FILE          zo-aio-bench / zo-adam-bench --json output (repeatable; implies quick)\n"
+            "  --nvme-read X, --nvme-write X, --copy X  bytes/s (any of these implies quick)\n"
             "  --adam-rate X         optimizer params/s\n"
             "  --gemm-flops X        GEMM flop/s\n"
             "output\n"
@@ -812,7 +985,7 @@ int main(int argc, char **argv)
     const char *config_out = NULL, *tensors = NULL;
     const char *benches[8];
     unsigned nbench = 0;
-    int json = 0, probe = 1, have_params = 0;
+    int json = 0, probe = PROBE_RUN, have_params = 0, figures = 0;
     double dpu_arg = -1;
 
     /* split off a zo-train command line after "--" */
@@ -827,8 +1000,8 @@ int main(int argc, char **argv)
         }
 
     enum { O_PARAMS = 256, O_TENSORS, O_PDT, O_GRAD, O_STATE, O_OFFLOAD, O_DPU, O_ACCUM, O_SG, O_BUFCNT, O_GPU,
-           O_RAM, O_MEMLOCK, O_NVME, O_BENCH, O_NOPROBE, O_NR, O_NW, O_COPY, O_ADAM, O_GEMM, O_JSON, O_CONFIG,
-           O_HELP };
+           O_RAM, O_MEMLOCK, O_NVME, O_BENCH, O_NOPROBE, O_PROBE, O_NR, O_NW, O_COPY, O_ADAM, O_GEMM, O_JSON,
+           O_CONFIG, O_PROBE_SIZE, O_HELP };
     static const struct option opts[] = {
         {"params", required_argument, 0, O_PARAMS},     {"tensors", required_argument, 0, O_TENSORS},
         {"param-dtype", required_argument, 0, O_PDT},   {"grad", required_argument, 0, O_GRAD},
@@ -838,6 +1011,7 @@ int main(int argc, char **argv)
         {"gpu-mem", required_argument, 0, O_GPU},       {"ram", required_argument, 0, O_RAM},
         {"memlock", required_argument, 0, O_MEMLOCK},   {"nvme", required_argument, 0, O_NVME},
         {"bench", required_argument, 0, O_BENCH},       {"no-probe", no_argument, 0, O_NOPROBE},
+        {"probe", required_argument, 0, O_PROBE},      {"probe-size", required_argument, 0, O_PROBE_SIZE},
         {"nvme-read", required_argument, 0, O_NR},      {"nvme-write", required_argument, 0, O_NW},
         {"copy", required_argument, 0, O_COPY},         {"adam-rate", required_argument, 0, O_ADAM},
         {"gemm-flops", required_argument, 0, O_GEMM},   {"json", no_argument, 0, O_JSON},
@@ -893,13 +1067,26 @@ int main(int argc, char **argv)
             }
             in.paths[in.nnvme++] = optarg;
             break;
-        case O_BENCH: if (nbench < 8) benches[nbench++] = optarg; break;
-        case O_NOPROBE: probe = 0; break;
-        case O_NR: if (num_arg("--nvme-read", optarg, &in.nvme_read)) return 2; strcpy(in.src_nvme, "given"); break;
-        case O_NW: if (num_arg("--nvme-write", optarg, &in.nvme_write)) return 2; strcpy(in.src_nvme, "given"); break;
-        case O_COPY: if (num_arg("--copy", optarg, &in.copy_bw)) return 2; strcpy(in.src_copy, "given"); break;
-        case O_ADAM: if (num_arg("--adam-rate", optarg, &in.adam_rate)) return 2; strcpy(in.src_adam, "given"); break;
-        case O_GEMM: if (num_arg("--gemm-flops", optarg, &in.gemm_flops)) return 2; strcpy(in.src_gemm, "given"); break;
+        case O_BENCH: if (nbench < 8) benches[nbench++] = optarg; figures = 1; break;
+        case O_NOPROBE: probe = PROBE_NONE; break;
+        case O_PROBE_SIZE: if (size_arg("--probe-size", optarg, &in.probe_size)) return 2; break;
+        case O_PROBE:
+            if (!strcmp(optarg, "run"))
+                probe = PROBE_RUN;
+            else if (!strcmp(optarg, "quick"))
+                probe = PROBE_QUICK;
+            else if (!strcmp(optarg, "none"))
+                probe = PROBE_NONE;
+            else {
+                fprintf(stderr, "zo-plan: --probe: expected run, quick or none, not '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case O_NR: if (num_arg("--nvme-read", optarg, &in.nvme_read)) return 2; strcpy(in.src_nvme, "given"); figures = 1; break;
+        case O_NW: if (num_arg("--nvme-write", optarg, &in.nvme_write)) return 2; strcpy(in.src_nvme, "given"); figures = 1; break;
+        case O_COPY: if (num_arg("--copy", optarg, &in.copy_bw)) return 2; strcpy(in.src_copy, "given"); figures = 1; break;
+        case O_ADAM: if (num_arg("--adam-rate", optarg, &in.adam_rate)) return 2; strcpy(in.src_adam, "given"); figures = 1; break;
+        case O_GEMM: if (num_arg("--gemm-flops", optarg, &in.gemm_flops)) return 2; strcpy(in.src_gemm, "given"); figures = 1; break;
         case O_JSON: json = 1; break;
         case O_CONFIG: config_out = optarg; break;
         case O_HELP: usage(stdout); return 0;
@@ -927,6 +1114,7 @@ int main(int argc, char **argv)
         if (r)
             return r < 0 ? 0 : r;
         in.from_train = 1;
+        in.topt = to;
         in.shape = (train_shape){.layers = to.layers, .width = (size_t)to.width, .batch = (size_t)to.batch,
                                  .param_dtype = to.param_dtype,
                                  .grad_dtype = to.grad_dtype == ZO_DTYPE_COUNT ? to.param_dtype : to.grad_dtype,
@@ -1009,7 +1197,19 @@ int main(int argc, char **argv)
     for (unsigned i = 0; i < nbench; i++)
         if (load_bench(benches[i], &in) < 0)
             return 2;
-    if (probe) {
+    /* given figures (or --bench) predict from figures; the quick probes fill the missing ones */
+    if (probe == PROBE_RUN && figures)
+        probe = PROBE_QUICK;
+    if (probe == PROBE_RUN && in.tiled > 0)
+        probe = PROBE_QUICK; /* the run probe trains untiled layers only */
+    if (probe == PROBE_RUN) {
+        int r = run_probe(&in);
+        if (r < 0)
+            return 2;
+        if (r > 0)
+            probe = PROBE_QUICK; /* too large to probe here */
+    }
+    if (probe == PROBE_QUICK) {
         if (!in.adam_rate) {
             in.adam_rate = probe_adam((int)sysconf(_SC_NPROCESSORS_ONLN));
             strcpy(in.src_adam, "probe: AdamW 4M fp32");
@@ -1030,7 +1230,7 @@ int main(int argc, char **argv)
                 in.nvme_read = rd;
             if (!in.nvme_write)
                 in.nvme_write = wr;
-            snprintf(in.src_nvme, sizeof(in.src_nvme), "probe: 64 MiB through zo_aio, 1 MiB x 32 in flight");
+            snprintf(in.src_nvme, sizeof(in.src_nvme), "probe: 256 MiB overwritten, then read, through zo_aio, 1 MiB x 32 in flight");
         }
     }
     const char *none = "not measured";

@@ -632,7 +632,7 @@ static uint64_t device_in_use(zo_dev *dev, uint64_t peak)
 /* Totals over the run, for the summary. */
 typedef struct totals {
     unsigned steps;
-    double wall_s, compute_s;
+    double wall_s, compute_s, data_s;
     double first_loss, last_loss;
     /* The engine's timelines, each update counted once. zo_optim_get_timeline
      * gives the latest finished update, so under DPU one update can show on
@@ -662,7 +662,7 @@ static void totals_add_timeline(totals *t, const zo_optim_timeline *tl)
     t->sum.stall_ns += tl->stall_ns;
 }
 
-static void step_json(FILE *f, int64_t step, double loss, double step_s, double compute_s,
+static void step_json(FILE *f, int64_t step, double loss, double step_s, double compute_s, double data_s,
                       const zo_optim_timeline *tl, int have_tl)
 {
     zo_json jw, *j = &jw;
@@ -673,6 +673,7 @@ static void step_json(FILE *f, int64_t step, double loss, double step_s, double 
     zj_num(j, "loss", loss);
     zj_num(j, "step_ms", step_s * 1e3);
     zj_num(j, "compute_ms", compute_s * 1e3);
+    zj_num(j, "data_ms", data_s * 1e3); /* the teacher's batch, before each micro-step's forward */
     if (have_tl) {
         zj_int(j, "timeline_step", tl->step);
         zj_num(j, "d2h_ms", tl->d2h_ns * 1e-6);
@@ -1044,11 +1045,13 @@ int main(int argc, char **argv)
     zo_optim_get_info(o, &info);
     int64_t step0 = info.step; /* updates before this run (a resumed checkpoint's) */
     for (unsigned s = 0; s < opt.steps && !g_stop; s++) {
-        double t0 = now_s(), compute = 0, loss = 0, ref_loss = 0;
+        double t0 = now_s(), compute = 0, data = 0, loss = 0, ref_loss = 0;
         double scale = zo_optim_loss_scale(o); /* fp16: the dynamic loss scale of this window */
         for (unsigned k = 0; k < cfg.grad_accum_steps; k++, micro++) {
+            double td = now_s();
             train_teacher_batch(&teacher, micro, x, y);
             double tc = now_s();
+            data += tc - td;
             double l;
             if ((r = train_forward(&dm.model, x, y, &l)) < 0) {
                 fprintf(stderr, "zo-train: forward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(dev));
@@ -1113,6 +1116,7 @@ int main(int argc, char **argv)
         tot.last_loss = loss;
         tot.steps++;
         tot.compute_s += compute;
+        tot.data_s += data;
         if (have_tl)
             totals_add_timeline(&tot, &tl);
         zo_optim_get_info(o, &info);
@@ -1130,7 +1134,7 @@ int main(int argc, char **argv)
             fflush(stdout);
         }
         if (jf)
-            step_json(jf, step0 + s + 1, loss, dt, compute, &tl, have_tl);
+            step_json(jf, step0 + s + 1, loss, dt, compute, data, &tl, have_tl);
     }
     /* finish the update in flight (DPU): the device params are current after this */
     if ((r = zo_optim_wait(o, NULL)) < 0) {
@@ -1214,6 +1218,7 @@ int main(int argc, char **argv)
         zj_uint(&jw, "steps", tot.steps);
         zj_num(&jw, "step_ms", ms);
         zj_num(&jw, "compute_ms", tot.steps ? tot.compute_s * 1e3 / tot.steps : 0);
+        zj_num(&jw, "data_ms", tot.steps ? tot.data_s * 1e3 / tot.steps : 0);
         zj_num(&jw, "samples_per_s", tot.wall_s > 0 ? samples / tot.wall_s : 0);
         zj_num(&jw, "first_loss", tot.first_loss);
         zj_num(&jw, "last_loss", tot.last_loss);

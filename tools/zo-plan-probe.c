@@ -282,8 +282,9 @@ int plan_probe_run(const plan_probe_in *in, plan_probe_out *out)
                 goto fail;
             call += now_s() - tk;
         }
-        zo_optim_info info;
-        zo_optim_get_info(p.o, &info);
+        zo_optim_info info = {.struct_size = sizeof(info)};
+        if ((r = zo_optim_get_info(p.o, &info)) < 0)
+            goto fail;
         if (!cfg.dpu || !info.dpu_active) {
             double tw = now_s();
             if ((r = zo_optim_wait(p.o, NULL)) < 0)
@@ -291,7 +292,7 @@ int plan_probe_run(const plan_probe_in *in, plan_probe_out *out)
             wait = now_s() - tw;
         }
         double dt = now_s() - t0;
-        zo_optim_timeline tl;
+        zo_optim_timeline tl = {.struct_size = sizeof(tl)};
         if (s >= warm) {
             out->steps++;
             sample(&sm, S_DATA, data);
@@ -312,7 +313,7 @@ int plan_probe_run(const plan_probe_in *in, plan_probe_out *out)
         goto fail;
     if (in->dpu) {
         /* the update started by the last timed step ran in its shadow */
-        zo_optim_timeline tl;
+        zo_optim_timeline tl = {.struct_size = sizeof(tl)};
         if (zo_optim_get_timeline(p.o, &tl) == 0 && tl.step != last_tl)
             add_timeline(&sm, &tl);
     }

@@ -28,6 +28,7 @@ DeepSpeed does per step:
   against DeepSpeed).
 """
 
+import importlib
 import os
 import sys
 
@@ -38,10 +39,10 @@ BENCH = os.path.join(os.path.dirname(HERE), "benchmarks")
 def available():
     """True when deepspeed imports in this interpreter."""
     try:
-        import deepspeed  # noqa: F401
-        return True
-    except Exception:
+        importlib.import_module("deepspeed")
+    except Exception:          # absent, or present but broken (its import runs op builders)
         return False
+    return True
 
 
 def _single_rank_env():
@@ -84,7 +85,6 @@ def _fix_builders():
     # "not implemented on CPU" stub, although its libaio op is host code.
     # Hand its swappers the libaio builder (with the same C++ fix).
     aio_cls = type(c.aio_builder())
-    import importlib
     for mod in ("partitioned_optimizer_swapper", "pipelined_optimizer_swapper",
                 "partitioned_param_swapper"):
         try:

@@ -56,9 +56,14 @@ from . import errors as _errors
 from . import ckpt as _ckpt
 from . import cpuadam as _ca
 from . import mem as _mem
+# parameter offload and the tiled linear live in their own modules (neither
+# imports this one at load time) and are part of zoffload.torch
+from .torch_params import offload_parameters, restore_parameters, ParamOffload, ParamBudgetError
+from .torch_tiled import TiledLinear
 
 __all__ = ["OffloadAdamW", "OffloadAdam", "OffloadAdagrad", "OffloadLion", "OffloadOptimizer",
-           "LossScaler", "from_deepspeed_config"]
+           "LossScaler", "from_deepspeed_config", "offload_parameters", "restore_parameters",
+           "ParamOffload", "ParamBudgetError", "TiledLinear"]
 
 _ZO_DT = {torch.float32: arrays.F32, torch.float16: arrays.F16, torch.bfloat16: arrays.BF16}
 _FORMAT = "zoffload.torch.OffloadOptimizer/1"
@@ -1218,6 +1223,3 @@ def from_deepspeed_config(params, config):
         kw["delay_update"] = True
     return cls(params, **hp, **kw)
 
-
-from .torch_params import offload_parameters, restore_parameters, ParamOffload, ParamBudgetError  # noqa: E402,F401
-from .torch_tiled import TiledLinear  # noqa: E402,F401  (a drop-in nn.Linear over zo_tiled_linear)

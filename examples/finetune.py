@@ -170,6 +170,108 @@ class Decoder(nn.Module):
         return self.head(self.norm(x))
 
 
+# ---------------------------------------------------------------- safetensors
+# The safetensors format (8-byte little-endian header length, a JSON header
+# of name -> dtype, shape, [begin, end) data offsets, then the raw bytes),
+# read and written here so the example needs no package beyond torch.
+_ST_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+_ST_NAMES = {v: k for k, v in _ST_DTYPES.items()}
+
+
+class WeightsError(Exception):
+    """A weights file that cannot be used: said with the file and the tensor."""
+
+
+def load_safetensors(path):
+    """{name: tensor} from a .safetensors file (F32, F16, BF16)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise WeightsError("%s: %s" % (path, e.strerror or e)) from e
+    if len(raw) < 8:
+        raise WeightsError("%s: too short for a safetensors file" % path)
+    n = int.from_bytes(raw[:8], "little")
+    if n > len(raw) - 8:
+        raise WeightsError("%s: header of %d bytes in a file of %d" % (path, n, len(raw)))
+    try:
+        header = json.loads(raw[8:8 + n])
+    except ValueError as e:
+        raise WeightsError("%s: header is not JSON (%s)" % (path, e)) from e
+    data = memoryview(raw)[8 + n:]
+    out = {}
+    for name, d in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dt, shape, (b, e) = _ST_DTYPES[d["dtype"]], [int(x) for x in d["shape"]], d["data_offsets"]
+        except (KeyError, TypeError, ValueError) as ex:
+            raise WeightsError("%s: tensor %r: unsupported or malformed entry %r" % (path, name, d)) from ex
+        numel = math.prod(shape)
+        esz = torch.tensor([], dtype=dt).element_size()
+        if not (0 <= b <= e <= len(data)) or e - b != numel * esz:
+            raise WeightsError("%s: tensor %r: offsets [%d, %d) do not hold %s %s"
+                               % (path, name, b, e, d["dtype"], shape))
+        t = torch.frombuffer(bytearray(data[b:e]), dtype=dt) if numel else torch.empty(0, dtype=dt)
+        out[name] = t.reshape(shape)
+    return out
+
+
+def save_safetensors(path, tensors):
+    """Write {name: tensor} (F32, F16, BF16) as a .safetensors file: to a new
+    temporary file beside path (0600, O_EXCL, O_NOFOLLOW), renamed over it
+    only when complete, so a failure leaves any earlier file as it was."""
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        if t.dtype not in _ST_NAMES:
+            raise WeightsError("%s: tensor %r has dtype %s (F32, F16, BF16 only)" % (path, name, t.dtype))
+        b = t.detach().contiguous().cpu().reshape(-1).view(torch.uint8).numpy().tobytes()
+        header[name] = {"dtype": _ST_NAMES[t.dtype], "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise WeightsError("%s: %s" % (tmp, e.strerror or e)) from e
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(len(h).to_bytes(8, "little") + h)
+            for b in blobs:
+                f.write(b)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise WeightsError("%s: %s" % (path, e.strerror or e)) from e
+
+
+def load_weights(model, path):
+    """Copy a safetensors file's tensors into the model's parameters by name:
+    every parameter must be there with its shape (dtype converted)."""
+    w = load_safetensors(path)
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) - set(w))
+    extra = sorted(set(w) - set(params))
+    if missing or extra:
+        raise WeightsError("%s: does not match the model: missing %s; not in the model %s"
+                           % (path, missing[:5] or "none", extra[:5] or "none"))
+    with torch.no_grad():
+        for n, p in params.items():
+            if tuple(w[n].shape) != tuple(p.shape):
+                raise WeightsError("%s: tensor %r has shape %s, the model's is %s"
+                                   % (path, n, tuple(w[n].shape), tuple(p.shape)))
+        for n, p in params.items():
+            p.copy_(w[n])
+    return len(params)
+
+
 # ------------------------------------------------------------------ the data
 def load_corpus(paths):
     files = []
@@ -330,6 +432,8 @@ def run(args, which, data):
     model = Decoder(256, args.dim, args.layers, args.heads, args.seq, hidden=hidden,
                     dtype=dtype if dev.type == "cpu" else None,
                     checkpoint=args.checkpoint).to(dev, dtype)
+    if args.weights:
+        print("[%s] weights: %d tensors from %s" % (which, load_weights(model, args.weights), args.weights))
     nparams = sum(p.numel() for p in model.parameters())
     pbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     if which == "zoffload":
@@ -464,6 +568,9 @@ def run(args, which, data):
             name = opt.save(args.save)
             print("  saved optimizer checkpoint %s/%s" % (args.save, name))
         opt.close()
+    if args.save_weights and which == "zoffload":
+        save_safetensors(args.save_weights, dict(model.named_parameters()))
+        print("  saved the model's weights to %s" % args.save_weights)
     return res
 
 
@@ -597,9 +704,15 @@ def main():
     ap.add_argument("--only", choices=["deepspeed"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--result-json", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--save", default=None, help="directory for an optimizer checkpoint at the end")
+    ap.add_argument("--weights", default=None,
+                    help="start from these weights (.safetensors, names as the model's parameters) "
+                         "instead of random init")
+    ap.add_argument("--save-weights", default=None, help="write the trained weights (.safetensors)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--log-every", type=int, default=10)
     args = ap.parse_args()
+    if args.weights and not os.path.isfile(args.weights):
+        ap.error("--weights %s: no such file" % args.weights)
     pre = PRESETS.get(args.preset, {})
     for k, d in (("dim", 256), ("layers", 4), ("heads", 4)):
         if getattr(args, k) is None:
@@ -647,4 +760,8 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except WeightsError as e:
+        print("finetune.py: %s" % e, file=sys.stderr)
+        sys.exit(2)

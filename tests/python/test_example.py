@@ -25,3 +25,57 @@ def test_finetune_example_runs():
     assert re.search(r"\[zoffload\] optimizer per step \((zo_optim|kernels) engine\): .* "
                      r"pinned [0-9.]+ MiB", out), out
     assert "peak host memory" in out and "corpus:" in out
+
+
+def test_finetune_weights_round_trip(tmp_path):
+    """--save-weights writes the trained model as safetensors; --weights
+    starts a run from it (same first loss as the saved model's next step
+    would see: here, checked by reading the file back tensor for tensor);
+    a file that does not match the model, or is not safetensors, is a clear
+    error (exit 2), and an existing weights file survives a failed save."""
+    torch = torch_or_skip()
+    sys.path.insert(0, os.path.join(SRC, "examples"))
+    import finetune
+    base = [sys.executable, os.path.join(SRC, "examples", "finetune.py"), "--dim", "32", "--layers", "1",
+            "--heads", "2", "--seq", "16", "--batch", "2", "--steps", "2", "--warmup", "1", "--threads", "1"]
+    w1 = str(tmp_path / "w1.safetensors")
+    r = subprocess.run(base + ["--save-weights", w1], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    assert r.returncode == 0, r.stdout.decode()
+    saved = finetune.load_safetensors(w1)
+    model = finetune.Decoder(256, 32, 1, 2, 16)
+    assert set(saved) == {n for n, _ in model.named_parameters()}
+    assert all(t.dtype == torch.bfloat16 for t in saved.values())
+    # start from them: the weights loaded equal the file's, and training goes on
+    w2 = str(tmp_path / "w2.safetensors")
+    r = subprocess.run(base + ["--weights", w1, "--steps", "1", "--warmup", "0", "--lr", "0",
+                               "--weight-decay", "0", "--max-grad-norm", "0", "--save-weights", w2],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    out = r.stdout.decode()
+    assert r.returncode == 0, out
+    assert "weights: %d tensors from %s" % (len(saved), w1) in out, out
+    again = finetune.load_safetensors(w2)      # lr 0: unchanged by the step
+    for n, t in saved.items():
+        assert torch.equal(t, again[n]), n
+    # the reader's own checks
+    m = finetune.Decoder(256, 32, 1, 2, 16)
+    assert finetune.load_weights(m, w1) == len(saved)
+    for n, p in m.named_parameters():
+        assert torch.equal(p.detach().to(torch.bfloat16), saved[n]), n
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    other = str(tmp_path / "other.safetensors")
+    finetune.save_safetensors(other, {"x": torch.zeros(3)})
+    for path, msg in ((str(bad), "not JSON"), (other, "does not match the model"),
+                      (str(tmp_path / "missing.safetensors"), "no such file")):
+        r = subprocess.run(base + ["--weights", path], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+        assert r.returncode == 2 and msg in r.stdout.decode(), (path, r.stdout.decode())
+    # a save that cannot complete leaves the earlier file whole
+    before = open(w1, "rb").read()
+    try:
+        finetune.save_safetensors(w1, {"x": torch.zeros(3, dtype=torch.int64)})
+    except finetune.WeightsError as e:
+        assert "F32, F16, BF16 only" in str(e)
+    else:
+        raise AssertionError("an int64 tensor was written")
+    assert open(w1, "rb").read() == before
+    assert not [f for f in os.listdir(tmp_path) if ".tmp." in f]

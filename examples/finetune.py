@@ -219,7 +219,7 @@ def load_safetensors(path):
 
 def save_safetensors(path, tensors):
     """Write {name: tensor} (F32, F16, BF16) as a .safetensors file: to a new
-    temporary file beside path (0600, O_EXCL, O_NOFOLLOW), renamed over it
+    temporary file beside path (mkstemp: 0600, O_EXCL), renamed over it
     only when complete, so a failure leaves any earlier file as it was."""
     header, blobs, off = {}, [], 0
     for name, t in tensors.items():
@@ -231,11 +231,13 @@ def save_safetensors(path, tensors):
         off += len(b)
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
-    tmp = "%s.tmp.%d" % (path, os.getpid())
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        # a fresh random name (O_EXCL, O_NOFOLLOW, 0600): a leftover of a
+        # killed earlier save never blocks this one
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".tmp.",
+                                   dir=os.path.dirname(os.path.abspath(path)))
     except OSError as e:
-        raise WeightsError("%s: %s" % (tmp, e.strerror or e)) from e
+        raise WeightsError("%s: %s" % (path, e.strerror or e)) from e
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(len(h).to_bytes(8, "little") + h)

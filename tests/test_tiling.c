@@ -520,8 +520,26 @@ static void lin_result_free(lin_result *r)
  * the double reference; return the outputs for cross-tier comparison.
  * copy: the config's copy_tiles (1: tiles copied into the device buffers,
  * as on a GPU; 0: the host backend's in-place fetch). */
+/* How run_linear_ex() drives the operator beyond the defaults. */
+typedef struct lin_opts {
+    int copy;        /* config copy_tiles */
+    int in_order;    /* config backward_in_order */
+    int keep;        /* config keep_last */
+    int prefetch;    /* zo_tiled_linear_prefetch() before each pass */
+} lin_opts;
+
+static void run_linear_ex(const lin_case *lc, zo_dtype t, zo_tier home, uint64_t seed, const lin_opts *lo,
+                          lin_result *res);
+
 static void run_linear(const lin_case *lc, zo_dtype t, zo_tier home, uint64_t seed, int copy, lin_result *res)
 {
+    run_linear_ex(lc, t, home, seed, &(lin_opts){.copy = copy}, res);
+}
+
+static void run_linear_ex(const lin_case *lc, zo_dtype t, zo_tier home, uint64_t seed, const lin_opts *lo,
+                          lin_result *res)
+{
+    int copy = lo->copy;
     uint64_t B = lc->batch, O = lc->out, I = lc->in;
     size_t esz = zo_dtype_size(t);
     zo_test_rng rng = {seed};
@@ -567,6 +585,8 @@ static void run_linear(const lin_case *lc, zo_dtype t, zo_tier home, uint64_t se
     c.dw_sink = zo_tile_sink_host;
     c.dw_sink_ctx = &hs;
     c.copy_tiles = copy;
+    c.backward_in_order = lo->in_order;
+    c.keep_last = lo->keep;
     zo_tiled_linear *tl = NULL;
     int r = zo_tiled_linear_create(&tl, e.st, e.dev, &c);
     ck_assert_msg(r == 0, "create: %s (%s)", zo_strerror(r), zo_last_error_detail());
@@ -583,22 +603,41 @@ static void run_linear(const lin_case *lc, zo_dtype t, zo_tier home, uint64_t se
     ck_assert_int_eq(memcmp(back, pw, O * I * esz), 0);
     free(back);
 
+    if (lo->prefetch)
+        ck_assert_int_eq(zo_tiled_linear_prefetch(tl, ZO_TILE_PASS_FORWARD), 0);
     r = zo_tiled_linear_forward(tl, dx_, B, dbias, dyo);
     ck_assert_msg(r == 0, "forward: %s (%s)", zo_strerror(r), zo_tiled_linear_errmsg(tl));
+    if (lo->prefetch)
+        ck_assert_int_eq(zo_tiled_linear_prefetch(tl, ZO_TILE_PASS_BACKWARD), 0);
     r = zo_tiled_linear_backward(tl, dx_, ddy, B, ddx, ddb);
     ck_assert_msg(r == 0, "backward: %s (%s)", zo_strerror(r), zo_tiled_linear_errmsg(tl));
     zo_tile_walk_stats ws;
     zo_tiled_linear_get_stats(tl, &ws);
-    ck_assert_uint_eq(ws.tiles, 2ull * g.tiles_out * g.tiles_in);
+    uint64_t n = (uint64_t)g.tiles_out * g.tiles_in;
+    ck_assert_uint_eq(ws.tiles, 2 * n);
+    ck_assert_uint_eq(ws.runs, 2);
+    /* tile reads: every tile twice, but the one forward kept for a
+     * reversed backward; a prefetch is a read begun early, not an extra */
+    int kept = lo->keep && !lo->in_order;
+    ck_assert_uint_eq(ws.reused, kept);
+    ck_assert_uint_eq(ws.reads, 2 * n - (uint64_t)kept);
+    ck_assert_uint_eq(ws.prefetched + ws.prefetch_skipped, lo->prefetch ? 2 - (uint64_t)kept : 0);
+    /* the pool never held more than it has (a prefetch waits in slots the
+     * pass would have taken anyway) */
+    zo_store_stats ss;
+    zo_store_get_stats(e.st, &ss);
+    ck_assert_uint_le(ss.pool_peak, ss.pool_slots);
     /* in place: host home always (host backend), NVMe when the grid's tiles fit a pool slot */
     int in_place = !copy && home != ZO_TIER_DEVICE && g_kind == ZO_DEV_HOST &&
                    (home == ZO_TIER_HOST || g.tile_bytes <= 64 * KiB);
     ck_assert_int_eq(!!(g.flags & ZO_TILE_IN_PLACE), in_place);
+    uint64_t last_rows = O - (uint64_t)(g.tiles_out - 1) * g.tile_out, last_cols = I - (uint64_t)(g.tiles_in - 1) * g.tile_in;
+    uint64_t last_bytes = last_rows * last_cols * esz;
     if (in_place) {
         ck_assert_uint_eq(ws.fetch_bytes, 0);
-        ck_assert_uint_eq(ws.in_place_tiles, ws.tiles);
+        ck_assert_uint_eq(ws.in_place_tiles, ws.tiles - (uint64_t)kept);
     } else if (home != ZO_TIER_DEVICE) {
-        ck_assert_uint_eq(ws.fetch_bytes, 2 * O * I * esz);
+        ck_assert_uint_eq(ws.fetch_bytes, 2 * O * I * esz - (kept ? last_bytes : 0));
         ck_assert_uint_eq(ws.in_place_tiles, 0);
     }
     res->grid = g;
@@ -1008,6 +1047,33 @@ static int inplace_fn(void *ctx, unsigned k, const void *tile, zo_stream *s)
     return 0;
 }
 
+/* fn that checks, once the compute stream reaches tile k's work (so also
+ * for copied tiles), that its bytes are those of tensor "t<id[k]>". */
+typedef struct seen_ctx {
+    size_t bytes;
+    unsigned id[6];
+    int ok[6];
+    struct seen_at {
+        struct seen_ctx *c;
+        const uint8_t *p;
+        unsigned k;
+    } at[6];
+} seen_ctx;
+
+static void seen_check(void *arg)
+{
+    struct seen_at *a = arg;
+    uint8_t want = (uint8_t)(0x40 + a->c->id[a->k]);
+    a->c->ok[a->k] = a->p[0] == want && a->p[a->c->bytes - 1] == want;
+}
+
+static int seen_fn(void *ctx, unsigned k, const void *tile, zo_stream *s)
+{
+    seen_ctx *c = ctx;
+    c->at[k] = (struct seen_at){c, tile, k};
+    return zo_stream_host_fn(s, seen_check, &c->at[k]);
+}
+
 START_TEST(walker_in_place)
 {
     env e;
@@ -1102,6 +1168,229 @@ START_TEST(linear_in_place_nvme)
     ck_assert_uint_le(h.grid.work_bytes, 1 * MiB);
     lin_result_free(&h);
     lin_result_free(&hc);
+}
+END_TEST
+
+/* ---- pass order, kept last tile, prefetch ------------------------------------------------ */
+/* Backward walking the tiles last to first (the default) against the old
+ * first-to-last walk, every case, both dtypes, every home, copied and in
+ * place: y, db and dW the same bits (each is one tile's work whatever the
+ * order); dx the same bits when the grid has one tile row (each dx element
+ * has one tile's term), else within rounding of the reference (checked by
+ * run_linear_ex) since the tile rows are summed in the opposite order.
+ * With keep_last the backward reads one tile fewer (counted in
+ * run_linear_ex: reads 2n - 1, reused 1). */
+START_TEST(linear_reverse_backward)
+{
+    int ci = _i / 2;
+    zo_dtype t = _i % 2 ? ZO_DTYPE_BF16 : ZO_DTYPE_F32;
+    const lin_case *lc = &lin_cases[ci];
+    for (int h = 0; h < 3; h++)
+        for (int copy = 0; copy < 2; copy++) {
+            zo_tier home = (zo_tier)h;
+            lin_result fo, rv;
+            memset(&fo, 0, sizeof(fo));
+            memset(&rv, 0, sizeof(rv));
+            run_linear_ex(lc, t, home, 41 + (uint64_t)ci, &(lin_opts){.copy = copy, .in_order = 1}, &fo);
+            run_linear_ex(lc, t, home, 41 + (uint64_t)ci, &(lin_opts){.copy = copy, .keep = 1}, &rv);
+            ck_assert_uint_eq(fo.grid.tile_out, rv.grid.tile_out);
+            ck_assert_uint_eq(fo.grid.tile_in, rv.grid.tile_in);
+            ck_assert_int_eq(memcmp(fo.y, rv.y, lc->batch * lc->out * 4), 0);
+            ck_assert_int_eq(memcmp(fo.db, rv.db, lc->out * 4), 0);
+            ck_assert_int_eq(memcmp(fo.dw, rv.dw, lc->out * lc->in * 4), 0);
+            if (rv.grid.tiles_out == 1)
+                ck_assert_int_eq(memcmp(fo.dx, rv.dx, lc->batch * lc->in * 4), 0);
+            ck_assert_uint_eq(rv.ws.reads + 1, fo.ws.reads);
+            lin_result_free(&fo);
+            lin_result_free(&rv);
+        }
+}
+END_TEST
+
+/* zo_tiled_linear_prefetch() before each pass, with and without a kept
+ * tile, weights on NVMe (in place and copied) and in pinned host memory:
+ * the same bits as without it, the device memory exactly the plan's
+ * (run_linear_ex), the pool within its slots. */
+START_TEST(linear_prefetch)
+{
+    static const lin_case cases[] = {
+        {6, 53, 301, 0, 10, 301},     /* 12 KiB tiles: one slot, in place on NVMe */
+        {4, 97, 257, 40 * KiB, 0, 0}, /* budget-chosen */
+        {3, 7, 5, 0, 4, 3},           /* two tile rows: dx rows summed in reverse */
+    };
+    for (unsigned ci = 0; ci < ZO_ARRAY_LEN(cases); ci++)
+        for (int h = ZO_TIER_HOST; h <= ZO_TIER_NVME; h++)
+            for (int copy = 0; copy < 2; copy++) {
+                lin_result a, b, c;
+                memset(&a, 0, sizeof(a));
+                memset(&b, 0, sizeof(b));
+                memset(&c, 0, sizeof(c));
+                run_linear_ex(&cases[ci], ZO_DTYPE_F32, (zo_tier)h, 3, &(lin_opts){.copy = copy}, &a);
+                run_linear_ex(&cases[ci], ZO_DTYPE_F32, (zo_tier)h, 3, &(lin_opts){.copy = copy, .prefetch = 1}, &b);
+                run_linear_ex(&cases[ci], ZO_DTYPE_F32, (zo_tier)h, 3,
+                              &(lin_opts){.copy = copy, .prefetch = 1, .keep = 1}, &c);
+                lin_same(&a, &b, &cases[ci]);
+                lin_same(&a, &c, &cases[ci]);
+                ck_assert_uint_eq(b.ws.prefetched, 2);
+                ck_assert_uint_eq(c.ws.prefetched, 1); /* backward's first tile was kept */
+                lin_result_free(&a);
+                lin_result_free(&b);
+                lin_result_free(&c);
+            }
+}
+END_TEST
+
+/* What a walker holds between runs is let go on every path: a prefetch
+ * never used and a kept tile never used, then destroy (no hang, the tiles
+ * unregister, the pool's slots are all back); a prefetch for one pass
+ * followed by the other pass; set_weight after a prefetch and a kept tile
+ * (the write is not refused and the next pass sees the new weights). */
+START_TEST(linear_prefetch_dropped)
+{
+    env e;
+    env_open(&e, 1 * MiB, 1 * MiB);
+    for (int h = ZO_TIER_HOST; h <= ZO_TIER_NVME; h++)
+        for (int copy = 0; copy < 2; copy++) {
+            zo_tiled_linear_config c;
+            zo_tiled_linear_config_default(&c);
+            c.copy_tiles = copy;
+            c.home = (zo_tier)h;
+            c.in_features = 300;
+            c.out_features = 20;
+            c.max_batch = 2;
+            c.tile_out = 10;
+            c.tile_in = 300;
+            c.keep_last = 1;
+            zo_tiled_linear *tl = NULL;
+            ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &c), 0);
+            /* prefetch, nothing else, destroy */
+            ck_assert_int_eq(zo_tiled_linear_prefetch(tl, ZO_TILE_PASS_FORWARD), 0);
+            ck_assert_int_eq(zo_tiled_linear_prefetch(tl, ZO_TILE_PASS_FORWARD), 0); /* no-op */
+            ck_assert_int_eq(zo_tiled_linear_prefetch(tl, (zo_tile_pass)7), -EINVAL);
+            ck_assert_int_eq(zo_tiled_linear_prefetch(NULL, ZO_TILE_PASS_FORWARD), -EINVAL);
+            zo_tile_walk_stats ws;
+            zo_tiled_linear_get_stats(tl, &ws);
+            ck_assert_uint_eq(ws.prefetched + ws.prefetch_skipped, 1);
+            zo_tiled_linear_destroy(&tl);
+            zo_store_stats ss;
+            zo_store_get_stats(e.st, &ss);
+            ck_assert_uint_eq(ss.pool_in_use, 0);
+
+            ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &c), 0);
+            float *x = dmalloc(e.dev, 2 * 300 * 4), *y = dmalloc(e.dev, 2 * 20 * 4), *dx = dmalloc(e.dev, 2 * 300 * 4);
+            float hx[600], hy[40], w[20 * 300];
+            for (int i = 0; i < 600; i++)
+                hx[i] = 1.0f;
+            for (int i = 0; i < 20 * 300; i++)
+                w[i] = 1.0f;
+            h2d(e.dev, x, hx, sizeof(hx));
+            ck_assert_int_eq(zo_tiled_linear_set_weight(tl, w, 300), 0);
+            /* a backward prefetch, then a forward: the prefetch is undone */
+            ck_assert_int_eq(zo_tiled_linear_prefetch(tl, ZO_TILE_PASS_BACKWARD), 0);
+            ck_assert_int_eq(zo_tiled_linear_forward(tl, x, 2, NULL, y), 0); /* keeps its last tile */
+            d2h(e.dev, hy, y, sizeof(hy));
+            ck_assert(hy[0] == 300.0f && hy[39] == 300.0f);
+            /* new weights over a kept tile and a prefetch: dropped, not stale */
+            ck_assert_int_eq(zo_tiled_linear_prefetch(tl, ZO_TILE_PASS_FORWARD), 0);
+            for (int i = 0; i < 20 * 300; i++)
+                w[i] = 2.0f;
+            int r = zo_tiled_linear_set_weight(tl, w, 300);
+            ck_assert_msg(r == 0, "set_weight over a prefetch: %s (%s)", zo_strerror(r), zo_tiled_linear_errmsg(tl));
+            ck_assert_int_eq(zo_tiled_linear_forward(tl, x, 2, NULL, y), 0);
+            d2h(e.dev, hy, y, sizeof(hy));
+            ck_assert(hy[0] == 600.0f && hy[39] == 600.0f);
+            /* kept from that forward, never used: destroy lets it go */
+            zo_tiled_linear_destroy(&tl);
+            zo_store_get_stats(e.st, &ss);
+            ck_assert_uint_eq(ss.pool_in_use, 0);
+            (void)dx;
+            zo_dev_free(e.dev, x);
+            zo_dev_free(e.dev, y);
+            zo_dev_free(e.dev, dx);
+            /* a non-train layer has no backward to prefetch */
+            c.train = 0;
+            ck_assert_int_eq(zo_tiled_linear_create(&tl, e.st, e.dev, &c), 0);
+            ck_assert_int_eq(zo_tiled_linear_prefetch(tl, ZO_TILE_PASS_BACKWARD), ZO_ESTATE);
+            zo_tiled_linear_destroy(&tl);
+        }
+    env_close(&e);
+}
+END_TEST
+
+/* The walker's own between-run state: a run with KEEP_LAST, then a run over
+ * the tiles reversed starts with the kept one (no read) and hands fn the
+ * right bytes; a prefetch while the pool has no free slot is skipped (0,
+ * counted) and the run still works; unknown run flags are refused. */
+START_TEST(walker_keep_and_prefetch)
+{
+    env e;
+    env_open(&e, 0, 1 * MiB);
+    enum { N = 6, BYTES = 48 * 1024 };
+    zo_tensor *t[N], *rt[N];
+    for (unsigned k = 0; k < N; k++)
+        t[k] = walk_tensor(e.st, k, BYTES, k % 2 ? ZO_TIER_HOST : ZO_TIER_NVME);
+    for (unsigned k = 0; k < N; k++)
+        rt[k] = t[N - 1 - k];
+    for (int inp = 0; inp < 2; inp++) {
+        zo_tile_walk *w = NULL;
+        ck_assert_int_eq(zo_tile_walk_create_ex(&w, e.st, e.dev, inp ? 0 : BYTES, inp ? ZO_TILE_WALK_IN_PLACE : 0),
+                         0);
+        ck_assert_int_eq(zo_tile_walk_run_ex(w, t, N, seen_fn, NULL, 2), -EINVAL);
+        seen_ctx c = {.bytes = BYTES};
+        for (unsigned k = 0; k < N; k++)
+            c.id[k] = k;
+        ck_assert_int_eq(zo_tile_walk_run_ex(w, t, N, seen_fn, &c, ZO_TILE_RUN_KEEP_LAST), 0);
+        for (unsigned k = 0; k < N; k++)
+            ck_assert_msg(c.ok[k], "walk: tile %u", k);
+        /* reversed: fn(k) sees tile N-1-k's bytes, the first one kept */
+        seen_ctx rc = {.bytes = BYTES};
+        for (unsigned k = 0; k < N; k++)
+            rc.id[k] = N - 1 - k;
+        ck_assert_int_eq(zo_tile_walk_run_ex(w, rt, N, seen_fn, &rc, 0), 0);
+        for (unsigned k = 0; k < N; k++)
+            ck_assert_msg(rc.ok[k], "reversed walk: tile %u", k);
+        zo_tile_walk_stats ws;
+        zo_tile_walk_get_stats(w, &ws);
+        ck_assert_uint_eq(ws.reads, 2 * N - 1);
+        ck_assert_uint_eq(ws.reused, 1);
+        /* the pool full (8 slots: 1 the store's, 6 held here, 1 left): the
+         * NVMe tile's prefetch (a stream of 2 slots) is skipped */
+        zo_tensor_desc d;
+        zo_tensor_desc_default(&d);
+        d.name = "hog";
+        d.bytes = 1 * MiB;
+        d.dtype = ZO_DTYPE_U8;
+        zo_tensor *hog;
+        ck_assert_int_eq(zo_store_register(e.st, &d, &hog), 0);
+        zo_store_stream *held;
+        ck_assert_int_eq(zo_store_stream_open(e.st, hog, ZO_STREAM_READ, 5, &held), 0);
+        ck_assert_int_eq(zo_tile_walk_prefetch(w, t[0]), 0);
+        zo_tile_walk_get_stats(w, &ws);
+        ck_assert_uint_eq(ws.prefetch_skipped, 1);
+        ck_assert_uint_eq(ws.prefetched, 0);
+        ck_assert_int_eq(zo_store_stream_close(&held), 0);
+        ck_assert_int_eq(zo_store_unregister(e.st, &hog), 0);
+        /* now it is begun, and the run that starts with it uses it */
+        ck_assert_int_eq(zo_tile_walk_prefetch(w, t[0]), 0);
+        ck_assert_int_eq(zo_tile_walk_prefetch(NULL, t[0]), -EINVAL);
+        memset(c.ok, 0, sizeof(c.ok));
+        ck_assert_int_eq(zo_tile_walk_run(w, t, N, seen_fn, &c), 0);
+        for (unsigned k = 0; k < N; k++)
+            ck_assert_msg(c.ok[k], "tile %u after a prefetch", k);
+        zo_tile_walk_get_stats(w, &ws);
+        ck_assert_uint_eq(ws.prefetched, 1);
+        ck_assert_uint_eq(ws.reads, 3 * N - 1);
+        /* a prefetch of a tile no run starts with: dropped by destroy */
+        ck_assert_int_eq(zo_tile_walk_prefetch(w, t[2]), 0);
+        zo_tile_walk_destroy(&w);
+        zo_tile_walk_drop(NULL);
+        zo_store_stats ss;
+        zo_store_get_stats(e.st, &ss);
+        ck_assert_uint_eq(ss.pool_in_use, 0);
+    }
+    for (unsigned k = 0; k < N; k++)
+        ck_assert_int_eq(zo_store_unregister(e.st, &t[k]), 0);
+    env_close(&e);
 }
 END_TEST
 
@@ -1290,6 +1579,10 @@ static Suite *suite(void)
     tcase_add_test(tc, linear_store_sink);
     tcase_add_test(tc, linear_in_place_nvme);
     tcase_add_test(tc, linear_in_place_pool_shared);
+    tcase_add_loop_test(tc, linear_reverse_backward, 0, (int)ZO_ARRAY_LEN(lin_cases) * 2);
+    tcase_add_test(tc, linear_prefetch);
+    tcase_add_test(tc, linear_prefetch_dropped);
+    tcase_add_test(tc, walker_keep_and_prefetch);
     suite_add_tcase(s, tc);
     tc = tcase_create("xent");
     tcase_set_timeout(tc, 300);

@@ -29,6 +29,7 @@ struct zo_tiled_linear {
     char name[ZO_TENSOR_NAME_MAX + 1];
     zo_tile_grid grid;
     zo_tensor **tiles;
+    zo_tensor **rtiles;        /* the tiles in reverse order (backward's walk) */
     unsigned ntiles;
     zo_tile_walk *walk;
     void *ones_f32, *ones_t;   /* batch ones: f32 (bias) and dtype (db) */
@@ -141,6 +142,13 @@ ZO_API int zo_tiled_linear_create(zo_tiled_linear **out, zo_store *store, zo_dev
     char prefix[ZO_TENSOR_NAME_MAX + 1];
     snprintf(prefix, sizeof(prefix), "%s.w", tl->name);
     ZO_CHECK_GOTO(zo__tile_register(store, prefix, g, c->home, 0, &tl->tiles, &tl->err), r, fail);
+    tl->rtiles = malloc(tl->ntiles * sizeof(*tl->rtiles));
+    if (!tl->rtiles) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    for (unsigned k = 0; k < tl->ntiles; k++)
+        tl->rtiles[k] = tl->tiles[tl->ntiles - 1 - k];
     /* the working memory: exactly grid.work_bytes (zo__tile_linear_work) */
     r = zo_tile_walk_create_ex(&tl->walk, store, dev, (g->flags & (ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE)) ? 0 : g->tile_bytes,
                                in_place ? ZO_TILE_WALK_IN_PLACE : 0);
@@ -180,6 +188,7 @@ ZO_API void zo_tiled_linear_destroy(zo_tiled_linear **tlp)
         zo_dev_free(tl->dev, tl->ones_f32);
     if (tl->ones_t)
         zo_dev_free(tl->dev, tl->ones_t);
+    free(tl->rtiles);
     zo__tile_unregister(tl->store, &tl->tiles, tl->ntiles);
     free(tl);
     *tlp = NULL;
@@ -212,6 +221,7 @@ ZO_API int zo_tiled_linear_set_weight(zo_tiled_linear *tl, const void *w, uint64
 {
     if (!tl)
         return ZO_FAIL(NULL, -EINVAL, "zo_tiled_linear_set_weight: NULL handle");
+    zo_tile_walk_drop(tl->walk); /* a kept or prefetched tile would be stale (or block the write) */
     return zo__tile_weight_io(tl->store, tl->tiles, &tl->grid, (void *)w, ld, 1, &tl->err);
 }
 
@@ -220,6 +230,29 @@ ZO_API int zo_tiled_linear_get_weight(zo_tiled_linear *tl, void *w, uint64_t ld)
     if (!tl)
         return ZO_FAIL(NULL, -EINVAL, "zo_tiled_linear_get_weight: NULL handle");
     return zo__tile_weight_io(tl->store, tl->tiles, &tl->grid, w, ld, 0, &tl->err);
+}
+
+/* Whether backward walks the tiles last to first. */
+static int bwd_reversed(const zo_tiled_linear *tl)
+{
+    return !tl->cfg.backward_in_order;
+}
+
+ZO_API int zo_tiled_linear_prefetch(zo_tiled_linear *tl, zo_tile_pass pass)
+{
+    if (!tl || (pass != ZO_TILE_PASS_FORWARD && pass != ZO_TILE_PASS_BACKWARD))
+        return ZO_FAIL(tl ? &tl->err : NULL, -EINVAL, "zo_tiled_linear_prefetch: NULL handle or pass %d", (int)pass);
+    if (pass == ZO_TILE_PASS_BACKWARD && !tl->cfg.train)
+        return ZO_FAIL(&tl->err, ZO_ESTATE, "zo_tiled_linear_prefetch: backward of a layer created with train = 0");
+    zo_tensor *first = pass == ZO_TILE_PASS_FORWARD || !bwd_reversed(tl) ? tl->tiles[0] : tl->rtiles[0];
+    int r = zo_tile_walk_prefetch(tl->walk, first);
+    return r < 0 ? zo__tile_keep(&tl->err, r) : 0;
+}
+
+ZO_API void zo_tiled_linear_drop(zo_tiled_linear *tl)
+{
+    if (tl)
+        zo_tile_walk_drop(tl->walk);
 }
 
 ZO_API void zo_tiled_linear_get_stats(const zo_tiled_linear *tl, zo_tile_walk_stats *st)
@@ -278,9 +311,9 @@ static int check_batch(zo_tiled_linear *tl, uint64_t batch, const char *fn)
     return 0;
 }
 
-static int walk(zo_tiled_linear *tl, zo_tile_fn fn, pass *p)
+static int walk(zo_tiled_linear *tl, zo_tile_fn fn, pass *p, int reversed, unsigned flags)
 {
-    int r = zo_tile_walk_run(tl->walk, tl->tiles, tl->ntiles, fn, p);
+    int r = zo_tile_walk_run_ex(tl->walk, reversed ? tl->rtiles : tl->tiles, tl->ntiles, fn, p, flags);
     /* a sink's failure already wrote tl->err; else the walk's detail */
     if (r < 0 && !zo__tile_has_msg(&tl->err))
         zo__tile_keep(&tl->err, r);
@@ -294,7 +327,10 @@ ZO_API int zo_tiled_linear_forward(zo_tiled_linear *tl, const void *x, uint64_t 
     ZO_CHECK(check_batch(tl, batch, "zo_tiled_linear_forward"));
     zo__errbuf_set(&tl->err, "");
     pass p = {.tl = tl, .batch = batch, .x = x, .bias = bias, .y = y};
-    return walk(tl, fwd_tile, &p);
+    /* a train layer's backward starts with forward's last tile (reversed
+     * walk): keep it where it is when asked to */
+    unsigned fl = tl->cfg.train && tl->cfg.keep_last && bwd_reversed(tl) ? ZO_TILE_RUN_KEEP_LAST : 0;
+    return walk(tl, fwd_tile, &p, 0, fl);
 }
 
 /* ---- backward ----------------------------------------------------------------------- */
@@ -303,11 +339,15 @@ static int bwd_tile(void *ctx, unsigned k, const void *tile, zo_stream *s)
     pass *p = ctx;
     zo_tiled_linear *tl = p->tl;
     const zo_tile_grid *g = &tl->grid;
-    tile_at t = locate(g, k);
+    /* k is the position in the walk (the sink pipeline's buffer parity);
+     * reversed, tile n-1-k, and a dx column block starts at the last tile row */
+    int rev = bwd_reversed(tl);
+    tile_at t = locate(g, rev ? tl->ntiles - 1 - k : k);
+    int first_row = rev ? t.r + 1 == g->tiles_out : t.r == 0;
     const uint8_t *dy = p->dy + t.o0 * t.esz;
     if (p->dx)
         ZO_CHECK(zo_gemm_async(s, ZO_GEMM_N, ZO_GEMM_N, p->batch, t.cols, t.rows, 1.0f, dy, g->out_features, tile,
-                               t.cols, g->dtype, t.r == 0 ? 0.0f : 1.0f, p->dx + t.i0, g->in_features));
+                               t.cols, g->dtype, first_row ? 0.0f : 1.0f, p->dx + t.i0, g->in_features));
     if (p->db && t.c == 0)
         ZO_CHECK(zo_gemm_async(s, ZO_GEMM_T, ZO_GEMM_N, t.rows, 1, p->batch, 1.0f, dy, g->out_features, tl->ones_t, 1,
                                g->dtype, 0.0f, p->db + t.o0, 1));
@@ -335,7 +375,7 @@ ZO_API int zo_tiled_linear_backward(zo_tiled_linear *tl, const void *x, const vo
     zo__errbuf_set(&tl->err, "");
     zo__sinkq_reset(&tl->sq);
     pass p = {.tl = tl, .batch = batch, .x = x, .dy = dy, .dx = dx, .db = db};
-    int r = walk(tl, bwd_tile, &p);
+    int r = walk(tl, bwd_tile, &p, bwd_reversed(tl), 0);
     int r2 = zo__sinkq_flush(&tl->sq, r == 0, &tl->err);
     return r < 0 ? r : r2;
 }

@@ -36,19 +36,30 @@ struct zo_tile_walk {
     int in_place;          /* ZO_TILE_WALK_IN_PLACE on a host backend */
     uint64_t slot_size;    /* the store's pool slot size (in-place NVMe tiles fit one) */
     const void *ptr[2];    /* where slot i's tile is in device memory */
+    /* Between runs: the last tile of a run with ZO_TILE_RUN_KEEP_LAST, still
+     * in slot kept_slot (its reference / stream / buffer held), and a fetch
+     * begun by zo_tile_walk_prefetch(). The next run takes over whichever is
+     * its first tile and drops the other. */
+    zo_tensor *kept;
+    int kept_slot;
+    struct fetch *pre;
     zo_tile_walk_stats st;
     zo_errbuf err;
 };
 
 /* A fetch under way (step A to C). */
-typedef struct fetch {
+typedef struct fetch fetch;
+struct fetch {
     zo_tensor *t;
     zo_tier home;
     uint64_t bytes;
     zo_store_req *req;       /* device/host home */
     zo_store_stream *sst;    /* NVMe home */
     int in_place;            /* used where it is (no copy into a buffer) */
-} fetch;
+};
+
+static void fetch_abort(zo_tile_walk *w, fetch *f);
+static int release_slot(zo_tile_walk *w, int i);
 
 ZO_API int zo_tile_walk_create(zo_tile_walk **out, zo_store *store, zo_dev *dev, uint64_t max_tile_bytes)
 {
@@ -108,6 +119,7 @@ ZO_API void zo_tile_walk_destroy(zo_tile_walk **wp)
         zo_stream_sync(w->copy);
     if (w->compute)
         zo_stream_sync(w->compute);
+    zo_tile_walk_drop(w);
     for (int i = 0; i < 2; i++) {
         zo_event_destroy(&w->loaded[i]);
         zo_event_destroy(&w->used[i]);
@@ -195,6 +207,8 @@ static int fetch_begin(zo_tile_walk *w, zo_tensor *t, fetch *f)
             ZO_FAIL(&w->err, r, "zo_tile_walk_run: acquire '%s': %s", ti.name, zo_store_errmsg(w->store));
     }
     w->st.fetch_ns += zo__now_ns() - t0;
+    if (r == 0)
+        w->st.reads++;
     return r;
 }
 
@@ -328,20 +342,123 @@ fail:
     return r;
 }
 
+/* Exchange slots 0 and 1 (every per-slot field: the buffers are the same
+ * size, so which one is "0" does not matter between runs). */
+static void swap_slots(zo_tile_walk *w)
+{
+#define ZO__SWAP(a)                                                                                                   \
+    do {                                                                                                              \
+        __typeof__(a[0]) t_ = a[0];                                                                                   \
+        a[0] = a[1];                                                                                                  \
+        a[1] = t_;                                                                                                    \
+    } while (0)
+    ZO__SWAP(w->buf);
+    ZO__SWAP(w->loaded);
+    ZO__SWAP(w->used);
+    ZO__SWAP(w->used_rec);
+    ZO__SWAP(w->held);
+    ZO__SWAP(w->held_tier);
+    ZO__SWAP(w->held_in_place);
+    ZO__SWAP(w->held_sst);
+    ZO__SWAP(w->held_pc);
+    ZO__SWAP(w->ptr);
+#undef ZO__SWAP
+}
+
+ZO_API void zo_tile_walk_drop(zo_tile_walk *w)
+{
+    if (!w)
+        return;
+    if (w->pre) {
+        fetch_abort(w, w->pre);
+        free(w->pre);
+        w->pre = NULL;
+    }
+    if (w->kept) {
+        /* its work is done (the run synced the compute stream) */
+        (void)release_slot(w, 0);
+        (void)release_slot(w, 1);
+        w->kept = NULL;
+    }
+}
+
+ZO_API int zo_tile_walk_prefetch(zo_tile_walk *w, zo_tensor *t)
+{
+    if (!w || !t)
+        return ZO_FAIL(w ? &w->err : NULL, -EINVAL, "zo_tile_walk_prefetch: NULL argument");
+    if (w->kept == t || (w->pre && w->pre->t == t))
+        return 0; /* already there or on its way */
+    zo_tile_walk_drop(w);
+    fetch *f = malloc(sizeof(*f));
+    if (!f)
+        return -ENOMEM;
+    int r = fetch_begin(w, t, f);
+    if (r < 0) {
+        fetch_abort(w, f);
+        free(f);
+        /* the pool is busy with other streams: no prefetch, the run fetches
+         * the tile itself */
+        if (r == -EBUSY) {
+            zo__errbuf_set(&w->err, "");
+            w->st.prefetch_skipped++;
+            return 0;
+        }
+        return r;
+    }
+    w->pre = f;
+    w->st.prefetched++;
+    return 0;
+}
+
 ZO_API int zo_tile_walk_run(zo_tile_walk *w, zo_tensor *const *tiles, unsigned n, zo_tile_fn fn, void *ctx)
+{
+    return zo_tile_walk_run_ex(w, tiles, n, fn, ctx, 0);
+}
+
+ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigned n, zo_tile_fn fn, void *ctx,
+                               unsigned flags)
 {
     if (!w || !tiles || !fn || n == 0)
         return ZO_FAIL(w ? &w->err : NULL, -EINVAL, "zo_tile_walk_run: NULL argument or no tiles");
+    if (flags & ~ZO_TILE_RUN_KEEP_LAST)
+        return ZO_FAIL(&w->err, -EINVAL, "zo_tile_walk_run: unknown flags 0x%x", flags);
     for (unsigned k = 0; k < n; k++)
         if (!tiles[k])
             return ZO_FAIL(&w->err, -EINVAL, "zo_tile_walk_run: tile %u is NULL", k);
+    int r = 0;
+    uint64_t t0 = zo__now_ns();
+    /* the previous run synced its streams: its events are all past */
     w->used_rec[0] = w->used_rec[1] = 0;
-    fetch f;
-    int r = fetch_begin(w, tiles[0], &f);
-    if (r == 0)
-        r = fetch_finish(w, &f, 0);
-    else
-        fetch_abort(w, &f);
+    /* tile 0: the previous run's kept last tile, or a prefetched one, or
+     * fetched now (the compute stream idles meanwhile: first_ns) */
+    if (w->kept && w->kept == tiles[0]) {
+        if (w->kept_slot == 1)
+            swap_slots(w);
+        w->kept = NULL;
+        w->st.reused++;
+    } else {
+        fetch *pre = w->pre;
+        w->pre = NULL;
+        if (pre && pre->t != tiles[0]) {
+            fetch_abort(w, pre);
+            free(pre);
+            pre = NULL;
+        }
+        zo_tile_walk_drop(w); /* a kept tile not wanted now */
+        fetch f0;
+        if (pre) {
+            f0 = *pre;
+            free(pre);
+        } else {
+            r = fetch_begin(w, tiles[0], &f0);
+        }
+        if (r == 0)
+            r = fetch_finish(w, &f0, 0);
+        else
+            fetch_abort(w, &f0);
+    }
+    w->st.first_ns += zo__now_ns() - t0;
+    w->st.runs++;
     for (unsigned k = 0; k < n && r == 0; k++) {
         int i = (int)(k & 1);
         fetch nf;
@@ -398,11 +515,21 @@ ZO_API int zo_tile_walk_run(zo_tile_walk *w, zo_tensor *const *tiles, unsigned n
         }
         r = fetch_finish(w, &nf, 1 - i);
     }
-    uint64_t t0 = zo__now_ns();
+    t0 = zo__now_ns();
     int rc = zo_stream_sync(w->compute), rp = zo_stream_sync(w->copy);
     w->st.wait_ns += zo__now_ns() - t0;
-    int r0 = release_slot(w, 0), r1 = release_slot(w, 1);
     if (r == 0)
-        r = rc < 0 ? rc : rp < 0 ? rp : r0 < 0 ? r0 : r1;
+        r = rc < 0 ? rc : rp;
+    int last = (int)((n - 1) & 1);
+    int r0 = release_slot(w, 1 - last), r1 = 0;
+    if (r == 0 && r0 == 0 && (flags & ZO_TILE_RUN_KEEP_LAST)) {
+        /* the last tile stays where it is, for the next run to start with */
+        w->kept = tiles[n - 1];
+        w->kept_slot = last;
+    } else {
+        r1 = release_slot(w, last);
+    }
+    if (r == 0)
+        r = r0 < 0 ? r0 : r1;
     return r;
 }

@@ -157,6 +157,46 @@ ZO_API zo_stream *zo_tile_walk_stream(zo_tile_walk *w);
  */
 ZO_API int zo_tile_walk_run(zo_tile_walk *w, zo_tensor *const *tiles, unsigned n, zo_tile_fn fn, void *ctx);
 
+/** zo_tile_walk_run_ex() flag: keep the last tile where it is after the run
+ *  (its device buffer, its pinned home reference or its NVMe pool slot),
+ *  so that a next run starting with the same tile uses it without fetching
+ *  it again (a backward walking a forward's tiles in reverse order). */
+#define ZO_TILE_RUN_KEEP_LAST (1u << 0)
+
+/**
+ * zo_tile_walk_run() with flags (0 or ZO_TILE_RUN_KEEP_LAST). Every run
+ * first looks at what the walker holds from before: a kept last tile or a
+ * prefetch (zo_tile_walk_prefetch()) that is tiles[0] is used as tile 0;
+ * one that is not is dropped first. A kept tile must not be written in
+ * the store before the run that uses it (the run would see the old bytes,
+ * or the write would be refused while an NVMe tile's stream is open):
+ * call zo_tile_walk_drop() before writing it.
+ * @return as zo_tile_walk_run(); -EINVAL also for unknown flags. On an
+ *         error nothing is kept.
+ */
+ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigned n, zo_tile_fn fn, void *ctx,
+                               unsigned flags);
+
+/**
+ * Begin fetching t ahead of the run that starts with it: an acquire of its
+ * home copy, or for an NVMe home a store stream whose read-ahead loads it
+ * into pool slots in the background, while the caller does other work.
+ * The next zo_tile_walk_run*() with tiles[0] == t finishes it; a run
+ * starting with another tile, another prefetch, zo_tile_walk_drop() or
+ * destroy undo it. No device memory beyond the walker's own buffers (an
+ * NVMe tile holds its stream's pool slots until used or dropped). A no-op
+ * if t is kept or already prefetched. Does not block on the transfer.
+ * @return 0 (also when the store pool has no free slot now: then nothing
+ *         is begun and stats.prefetch_skipped counts it); -EINVAL (NULL);
+ *         -ENOMEM; other errors of zo_store_acquire() /
+ *         zo_store_stream_open().
+ */
+ZO_API int zo_tile_walk_prefetch(zo_tile_walk *w, zo_tensor *t);
+
+/** Release what w holds between runs (a kept last tile, a prefetch).
+ *  NULL ok. Blocks until an undone prefetch's transfer has ended. */
+ZO_API void zo_tile_walk_drop(zo_tile_walk *w);
+
 /** Walker counters. */
 typedef struct zo_tile_walk_stats {
     uint64_t tiles;        /**< tiles walked */
@@ -164,6 +204,14 @@ typedef struct zo_tile_walk_stats {
     uint64_t fetch_ns;     /**< time the calling thread spent fetching (NVMe reads, acquires) */
     uint64_t wait_ns;      /**< time it waited for work to finish */
     uint64_t in_place_tiles; /**< tiles not homed on the device handed over in place (no copy) */
+    uint64_t runs;         /**< walks (zo_tile_walk_run() calls that started) */
+    uint64_t reads;        /**< tiles fetched from their home (acquires and NVMe streams begun) */
+    uint64_t reused;       /**< runs whose first tile was the previous run's kept last tile (no fetch) */
+    uint64_t prefetched;   /**< fetches begun by zo_tile_walk_prefetch() (counted in reads too) */
+    uint64_t prefetch_skipped; /**< prefetches not begun: the store pool was busy (-EBUSY) */
+    uint64_t first_ns;     /**< time the calling thread spent getting each run's first tile ready
+                                (nothing else of the run overlaps it: the start stall; near 0 when
+                                the tile was kept or prefetched early enough) */
 } zo_tile_walk_stats;
 /** Copy the counters (zeros for w NULL; st NULL ignored). Not synchronized
  *  with a walk running on another thread. */
@@ -236,6 +284,21 @@ typedef struct zo_tiled_linear_config {
      *  most one pool slot). 1: always copy tiles into the two device
      *  buffers, as on a GPU. Ignored on other backends (always copied). */
     int copy_tiles;
+    /** 0 (default): backward walks the tiles last to first, so that it
+     *  starts with the tile forward ended with (see keep_last). dW tiles and
+     *  db are the same bits either way; dx sums its tile rows in the
+     *  opposite order (bit-identical when the grid has one tile row, else
+     *  within rounding). 1: first to last, as forward. */
+    int backward_in_order;
+    /** 1: a train layer's forward keeps its last tile where it is (pool
+     *  slot, pinned reference or device buffer) for the backward to start
+     *  with, without fetching it again; held until the next walk, prefetch,
+     *  zo_tiled_linear_drop(), set_weight or destroy (so W must not be
+     *  written through the store in between). An NVMe tile holds its
+     *  stream's pool slots (2) meanwhile: with many tiled layers whose
+     *  forwards all run before their backwards, set it only where the pool
+     *  has room (zo-train: the last layer). 0 (default): nothing is held. */
+    int keep_last;
 } zo_tiled_linear_config;
 
 /** Fill *cfg with the defaults above. NULL is ignored. */
@@ -292,6 +355,29 @@ ZO_API int zo_tiled_linear_forward(zo_tiled_linear *tl, const void *x, uint64_t 
  */
 ZO_API int zo_tiled_linear_backward(zo_tiled_linear *tl, const void *x, const void *dy, uint64_t batch, float *dx,
                                     float *db);
+
+/** A pass of the tiled linear, for zo_tiled_linear_prefetch(). */
+typedef enum zo_tile_pass {
+    ZO_TILE_PASS_FORWARD = 0,
+    ZO_TILE_PASS_BACKWARD = 1,
+} zo_tile_pass;
+
+/**
+ * Begin fetching the first tile the next `pass` walks (forward: tile
+ * (0, 0); backward: the last tile, or (0, 0) with backward_in_order), so
+ * that its read overlaps the caller's other work (the previous layer, the
+ * rest of the step) instead of stalling the pass's start. See
+ * zo_tile_walk_prefetch(): no device memory beyond the working memory; the
+ * tile must not be written in the store before that pass (call
+ * zo_tiled_linear_drop() first). A no-op if that tile is already kept or
+ * prefetched. Does not block on the transfer.
+ * @return 0 (also when the store pool is busy: nothing begun); -EINVAL
+ *         (NULL, unknown pass); ZO_ESTATE (backward of a train = 0 layer);
+ *         errors of zo_tile_walk_prefetch().
+ */
+ZO_API int zo_tiled_linear_prefetch(zo_tiled_linear *tl, zo_tile_pass pass);
+/** Release a kept or prefetched tile (zo_tile_walk_drop()). NULL ok. */
+ZO_API void zo_tiled_linear_drop(zo_tiled_linear *tl);
 
 /** Counters of the walks so far (as zo_tile_walk_get_stats()). */
 ZO_API void zo_tiled_linear_get_stats(const zo_tiled_linear *tl, zo_tile_walk_stats *st);

@@ -37,7 +37,8 @@ class TiledLinearConfig(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("name", c_char_p), ("in_features", c_u64),
                 ("out_features", c_u64), ("max_batch", c_u64), ("dtype", c_int), ("home", c_int),
                 ("budget", c_u64), ("tile_out", c_u32), ("tile_in", c_u32), ("train", c_int),
-                ("dw_sink", c_void_p), ("dw_sink_ctx", c_void_p), ("copy_tiles", c_int)]
+                ("dw_sink", c_void_p), ("dw_sink_ctx", c_void_p), ("copy_tiles", c_int),
+                ("backward_in_order", c_int), ("keep_last", c_int)]
 
 
 class TileHostSink(ctypes.Structure):
@@ -46,7 +47,8 @@ class TileHostSink(ctypes.Structure):
 
 class TileWalkStats(ctypes.Structure):
     _fields_ = [("tiles", c_u64), ("fetch_bytes", c_u64), ("fetch_ns", c_u64), ("wait_ns", c_u64),
-                ("in_place_tiles", c_u64)]
+                ("in_place_tiles", c_u64), ("runs", c_u64), ("reads", c_u64), ("reused", c_u64),
+                ("prefetched", c_u64), ("prefetch_skipped", c_u64), ("first_ns", c_u64)]
 
 
 class DevInfo(ctypes.Structure):

@@ -21,6 +21,16 @@
  * fits one), unless --copy-tiles asks for the copy into the device buffers
  * that a GPU does; the mode used is printed for each home.
  *
+ * Pass boundaries, as a training loop drives a tiled layer: forward keeps
+ * its last tile for backward, backward walks the tiles last to first (so
+ * it starts with that tile, not read again), and at the end of each step
+ * the next forward's first tile is prefetched (its read overlaps whatever
+ * runs next: in training the optimizer step and the other layers; here the
+ * bench's next run). A tiled run's timed region holds forward, backward,
+ * every wait for a tile, and the prefetch call; only that one tile's read
+ * can fall outside it. --no-keep, --no-prefetch and --in-order turn these
+ * off, to compare.
+ *
  * Exit status: 0 success; 1 a run failed; 2 bad usage or input. */
 #include <errno.h>
 #include <fcntl.h>
@@ -50,6 +60,7 @@ typedef struct opts {
     unsigned pairs;
     const char *path, *fio;
     int json, plan, no_nvme, no_fio, copy_tiles;
+    int no_keep, no_prefetch, in_order; /* the pass-boundary measures off (to compare) */
     uint64_t budgets[MAX_BUDGETS];
     unsigned nbudgets;
 } opts;
@@ -73,6 +84,9 @@ static void usage(FILE *f)
                "                       NVMe-homed tile read in place is at most one slot\n"
                "  --copy-tiles         copy every tile into the device buffers (the host backend\n"
                "                       otherwise reads tiles in host memory in place)\n"
+               "  --no-keep            forward does not keep its last tile for backward\n"
+               "  --no-prefetch        no zo_tiled_linear_prefetch() of the next forward's first tile\n"
+               "  --in-order           backward walks the tiles first to last (the old order; no keep)\n"
                "  --fio PATH           the fio binary (default fio in PATH); --no-fio: no bound\n"
                "  --plan               print the grid for each --budgets entry and exit\n"
                "  --budgets LIST       comma list of sizes for --plan (default 8M,64M,512M)\n"
@@ -97,13 +111,14 @@ static int parse_budgets(const char *s, opts *o)
 static int parse_opts(int argc, char **argv, opts *o)
 {
     enum { OPT_B = 256, OPT_OUT, OPT_IN, OPT_DT, OPT_BUD, OPT_TILE, OPT_DEV, OPT_PR, OPT_PATH, OPT_NONVME, OPT_FIO, OPT_NOFIO, OPT_PLAN,
-           OPT_BUDS, OPT_JSON, OPT_COPY, OPT_SLOT, OPT_HELP };
+           OPT_BUDS, OPT_JSON, OPT_COPY, OPT_SLOT, OPT_NOKEEP, OPT_NOPRE, OPT_INORDER, OPT_HELP };
     static const struct option lo[] = {
         {"batch", 1, 0, OPT_B},     {"out", 1, 0, OPT_OUT},        {"in", 1, 0, OPT_IN},       {"dtype", 1, 0, OPT_DT},
         {"budget", 1, 0, OPT_BUD},  {"tile", 1, 0, OPT_TILE},      {"device", 1, 0, OPT_DEV},  {"pairs", 1, 0, OPT_PR},
         {"path", 1, 0, OPT_PATH},   {"no-nvme", 0, 0, OPT_NONVME}, {"fio", 1, 0, OPT_FIO},     {"no-fio", 0, 0, OPT_NOFIO},
         {"plan", 0, 0, OPT_PLAN},   {"budgets", 1, 0, OPT_BUDS},   {"json", 0, 0, OPT_JSON},   {"help", 0, 0, OPT_HELP},
-        {"copy-tiles", 0, 0, OPT_COPY}, {"slot-size", 1, 0, OPT_SLOT},
+        {"copy-tiles", 0, 0, OPT_COPY}, {"slot-size", 1, 0, OPT_SLOT}, {"no-keep", 0, 0, OPT_NOKEEP},
+        {"no-prefetch", 0, 0, OPT_NOPRE}, {"in-order", 0, 0, OPT_INORDER},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -168,6 +183,9 @@ static int parse_opts(int argc, char **argv, opts *o)
             break;
         case OPT_JSON: o->json = 1; break;
         case OPT_COPY: o->copy_tiles = 1; break;
+        case OPT_NOKEEP: o->no_keep = 1; break;
+        case OPT_NOPRE: o->no_prefetch = 1; break;
+        case OPT_INORDER: o->in_order = 1; break;
         case 'h':
         case OPT_HELP: usage(stdout); exit(0);
         default: return bad("unknown option or missing value: %s (--help lists them)", argv[optind - 1]);
@@ -342,12 +360,20 @@ static int untiled(bench *bn)
     return r < 0 ? fail("untiled GEMMs", r, zo_dev_errmsg(bn->dev)) : 0;
 }
 
+/* One training step's use of the layer, as a training loop drives it:
+ * forward (keeping its last tile for backward unless --no-keep), backward
+ * (last tile first), then the prefetch of the next step's first forward
+ * tile (unless --no-prefetch), whose read runs while the rest of the step
+ * would (here: whatever the bench runs next). All inside the timed region
+ * but that read itself: one tile of W, 1/tiles of the bytes a pass reads. */
 static int tiled(bench *bn, int which)
 {
     zo_tiled_linear *tl = bn->tl[which];
     int r = zo_tiled_linear_forward(tl, bn->x, bn->o->batch, NULL, bn->y);
     if (r == 0)
         r = zo_tiled_linear_backward(tl, bn->x, bn->dy, bn->o->batch, bn->dx, NULL);
+    if (r == 0 && !bn->o->no_prefetch)
+        r = zo_tiled_linear_prefetch(tl, ZO_TILE_PASS_FORWARD);
     return r < 0 ? fail(which ? "tiled, NVMe" : "tiled, pinned host", r, zo_tiled_linear_errmsg(tl)) : 0;
 }
 
@@ -442,6 +468,8 @@ static int setup(bench *bn)
         c.tile_in = o->tile_in;
         c.dw_sink = null_sink;
         c.copy_tiles = o->copy_tiles;
+        c.backward_in_order = o->in_order;
+        c.keep_last = !o->no_keep && !o->in_order;
         r = zo_tiled_linear_create(&bn->tl[i], bn->store, bn->dev, &c);
         if (r < 0) {
             free(f);
@@ -507,6 +535,26 @@ int main(int argc, char **argv)
     }
     int use_fio = !o.no_nvme && !o.no_fio;
     char fio_err[256] = "";
+    /* the CPU an NVMe run spends verifying what it reads: CRC32C's rate on
+     * one core here (best of 3 over up to 64 MiB) */
+    double crc_bw = 0;
+    if (!o.no_nvme) {
+        size_t cb = (size_t)(wbytes < (64u << 20) ? wbytes : (64u << 20));
+        uint8_t *cbuf = malloc(cb);
+        if (cbuf) {
+            memset(cbuf, 0x5a, cb);
+            volatile uint32_t sink = 0;
+            for (int rep = 0; rep < 3; rep++) {
+                double c0 = now_s();
+                sink ^= zo_crc32c(0, cbuf, cb);
+                double dt = now_s() - c0;
+                if (dt > 0 && (double)cb / dt > crc_bw)
+                    crc_bw = (double)cb / dt;
+            }
+            (void)sink;
+            free(cbuf);
+        }
+    }
     double *t[R_COUNT], *ratio_host = calloc(o.pairs, 8), *ratio_nvme = calloc(o.pairs, 8);
     for (int k = 0; k < R_COUNT; k++)
         t[k] = calloc(o.pairs, sizeof(double));
@@ -606,7 +654,20 @@ int main(int argc, char **argv)
                 zj_uint(&j, "fetch_bytes", ws[i].fetch_bytes);
                 zj_num(&j, "fetch_seconds", (double)ws[i].fetch_ns * 1e-9);
                 zj_num(&j, "wait_seconds", (double)ws[i].wait_ns * 1e-9);
+                zj_uint(&j, "runs", ws[i].runs);
+                zj_uint(&j, "reads", ws[i].reads);
+                zj_uint(&j, "reused", ws[i].reused);
+                zj_uint(&j, "prefetched", ws[i].prefetched);
+                zj_uint(&j, "prefetch_skipped", ws[i].prefetch_skipped);
+                zj_num(&j, "first_tile_seconds", (double)ws[i].first_ns * 1e-9);
                 zj_obj_end(&j);
+            }
+            zj_str(&j, "backward_order", o.in_order ? "in_order" : "reverse");
+            zj_bool(&j, "keep_last", !o.no_keep && !o.in_order);
+            zj_bool(&j, "prefetch", !o.no_prefetch);
+            if (!o.no_nvme) {
+                zj_num(&j, "crc32c_bytes_per_s", crc_bw);
+                zj_str(&j, "crc32c_variant", zo_crc32c_variant());
             }
             zj_obj_end(&j);
             zj_end(&j);
@@ -638,6 +699,26 @@ int main(int argc, char **argv)
                     printf("   (no NVMe bound: %s)\n", o.no_fio ? "--no-fio" : fio_err);
             }
             printf("(medians of %u pairs; ratios are medians of per-pair ratios)\n", o.pairs);
+            printf("passes: backward %s, forward's last tile %s, next forward's first tile %s\n",
+                   o.in_order ? "first tile to last" : "last tile to first",
+                   !o.no_keep && !o.in_order ? "kept for backward" : "released",
+                   o.no_prefetch ? "not prefetched" : "prefetched at the end of the step (its read untimed)");
+            for (int i = 0; i < (o.no_nvme ? 1 : 2); i++) {
+                const zo_tile_walk_stats *w = &ws[i];
+                printf("walk (%s, all runs): %llu runs, %llu tiles, %llu read, %llu reused, %llu prefetched "
+                       "(%llu skipped); first tile %.3f ms per run, fetching %.3f ms per run\n",
+                       i ? "NVMe" : "pinned host", (unsigned long long)w->runs, (unsigned long long)w->tiles,
+                       (unsigned long long)w->reads, (unsigned long long)w->reused, (unsigned long long)w->prefetched,
+                       (unsigned long long)w->prefetch_skipped, w->runs ? (double)w->first_ns * 1e-6 / w->runs : 0.0,
+                       w->runs ? (double)w->fetch_ns * 1e-6 / w->runs : 0.0);
+            }
+            if (!o.no_nvme && crc_bw > 0) {
+                double per_step = (double)ws[1].reads / (double)(ws[1].runs ? ws[1].runs : 1) * 2.0 *
+                                  (double)bn.grid[1].tile_bytes;
+                printf("CRC32C (%s): %.2f GB/s on one core here: checking the ~%.1f MiB an NVMe step reads takes "
+                       "~%.2f ms of CPU\n",
+                       zo_crc32c_variant(), crc_bw * 1e-9, per_step / 1048576.0, per_step / crc_bw * 1e3);
+            }
         }
     }
     for (int k = 0; k < R_COUNT; k++)

@@ -1047,32 +1047,106 @@ static int inplace_fn(void *ctx, unsigned k, const void *tile, zo_stream *s)
     return 0;
 }
 
-/* fn that checks, once the compute stream reaches tile k's work (so also
- * for copied tiles), that its bytes are those of tensor "t<id[k]>". */
-typedef struct seen_ctx {
+/* Destroy w: every pool slot it held is back; then unregister t[0..n). */
+static void walker_gone(env *e, zo_tile_walk **w, zo_tensor **t, unsigned n)
+{
+    zo_tile_walk_destroy(w);
+    zo_store_stats ss;
+    zo_store_get_stats(e->st, &ss);
+    ck_assert_uint_eq(ss.pool_in_use, 0);
+    for (unsigned k = 0; k < n; k++)
+        ck_assert_int_eq(zo_store_unregister(e->st, &t[k]), 0);
+}
+
+/* fn checking, when the compute stream gets there, that tile k of a walk of
+ * n over t0..t(n-1) (reversed or not) has its own bytes */
+typedef struct many_ctx {
     size_t bytes;
-    unsigned id[6];
-    int ok[6];
-    struct seen_at {
-        struct seen_ctx *c;
+    unsigned n;
+    int rev;
+    int ok[16];
+    struct many_at {
+        struct many_ctx *c;
         const uint8_t *p;
         unsigned k;
-    } at[6];
-} seen_ctx;
+    } at[16];
+} many_ctx;
 
-static void seen_check(void *arg)
+static void many_check(void *arg)
 {
-    struct seen_at *a = arg;
-    uint8_t want = (uint8_t)(0x40 + a->c->id[a->k]);
-    a->c->ok[a->k] = a->p[0] == want && a->p[a->c->bytes - 1] == want;
+    struct many_at *a = arg;
+    unsigned id = a->c->rev ? a->c->n - 1 - a->k : a->k;
+    uint8_t want = (uint8_t)(0x40 + id);
+    a->c->ok[a->k] = a->p[0] == want && a->p[a->c->bytes / 2] == want && a->p[a->c->bytes - 1] == want;
 }
 
-static int seen_fn(void *ctx, unsigned k, const void *tile, zo_stream *s)
+static int many_fn(void *ctx, unsigned k, const void *tile, zo_stream *s)
 {
-    seen_ctx *c = ctx;
-    c->at[k] = (struct seen_at){c, tile, k};
-    return zo_stream_host_fn(s, seen_check, &c->at[k]);
+    many_ctx *c = ctx;
+    c->at[k] = (struct many_at){c, tile, k};
+    return zo_stream_host_fn(s, many_check, &c->at[k]);
 }
+
+/* Deeper read-ahead of in-place NVMe tiles: with a pool of 16 slots a walk
+ * of 12 one-slot tiles has several reads in flight (ahead_peak, at most
+ * ZO_TILE_AHEAD_MAX-bounded by the pool: (16 - 5) / 2 + 1 = 6), every tile
+ * reaches fn with its own bytes, in both orders, and the pool's peak stays
+ * within its slots and is all back after; with the minimum pool of 5 slots
+ * it reads one ahead only (ahead_peak 0). Mixed homes stop the deeper
+ * read-ahead at a tile that is not an in-place NVMe one. */
+START_TEST(walker_read_ahead_deeper)
+{
+    if (g_kind != ZO_DEV_HOST)
+        return; /* in place is the host backend's */
+    static const unsigned slots[] = {16, 5};
+    for (unsigned si = 0; si < 2; si++) {
+        env e;
+        env_open_with(&e, &(env_opts){.kind = g_kind,
+                                      .dev_limit = STORE_DEV_BYTES + 1 * MiB,
+                                      .dev_bytes = STORE_DEV_BYTES,
+                                      .host_bytes = STORE_HOST_BYTES,
+                                      .slot_size = 64 * KiB,
+                                      .slots = slots[si],
+                                      .chunk = 64 * KiB,
+                                      .arena = 16 * MiB});
+        enum { N = 12, BYTES = 40 * 1024 };
+        zo_tensor *t[N], *rt[N];
+        for (unsigned k = 0; k < N; k++)
+            t[k] = walk_tensor(e.st, k, BYTES, k == 7 ? ZO_TIER_HOST : ZO_TIER_NVME);
+        for (unsigned k = 0; k < N; k++)
+            rt[k] = t[N - 1 - k];
+        zo_tile_walk *w = NULL;
+        ck_assert_int_eq(zo_tile_walk_create_ex(&w, e.st, e.dev, 0, ZO_TILE_WALK_IN_PLACE), 0);
+        unsigned deflt = slots[si] == 16 ? 6 : 1;
+        ck_assert_int_eq(zo_tile_walk_set_read_ahead(w, 1), 1);
+        ck_assert_int_eq(zo_tile_walk_set_read_ahead(w, 100), (int)deflt); /* capped at what the pool allows */
+        ck_assert_int_eq(zo_tile_walk_set_read_ahead(w, 0), (int)deflt);
+        ck_assert_int_eq(zo_tile_walk_set_read_ahead(NULL, 0), -EINVAL);
+        for (int rev = 0; rev < 2; rev++) {
+            many_ctx m = {.bytes = BYTES, .n = N, .rev = rev};
+            int r = zo_tile_walk_run(w, rev ? rt : t, N, many_fn, &m);
+            ck_assert_msg(r == 0, "walk: %s (%s)", zo_strerror(r), zo_last_error_detail());
+            for (unsigned k = 0; k < N; k++)
+                ck_assert_msg(m.ok[k], "tile %u (reversed %d) had the wrong bytes", k, rev);
+        }
+        zo_tile_walk_stats ws;
+        zo_tile_walk_get_stats(w, &ws);
+        zo_store_stats ss;
+        zo_store_get_stats(e.st, &ss);
+        ck_assert_uint_le(ss.pool_peak, ss.pool_slots);
+        if (slots[si] == 16) {
+            ck_assert_uint_ge(ws.ahead_peak, 2);
+            ck_assert_uint_le(ws.ahead_peak, 6);
+        } else {
+            ck_assert_uint_eq(ws.ahead_peak, 0);
+        }
+        ck_assert_uint_eq(ws.reads, 2 * N);
+        ck_assert_uint_eq(ws.in_place_tiles, 2 * N);
+        walker_gone(&e, &w, t, N);
+        env_close(&e);
+    }
+}
+END_TEST
 
 START_TEST(walker_in_place)
 {
@@ -1335,18 +1409,14 @@ START_TEST(walker_keep_and_prefetch)
         zo_tile_walk *w = NULL;
         ck_assert_int_eq(zo_tile_walk_create_ex(&w, e.st, e.dev, inp ? 0 : BYTES, inp ? ZO_TILE_WALK_IN_PLACE : 0),
                          0);
-        ck_assert_int_eq(zo_tile_walk_run_ex(w, t, N, seen_fn, NULL, 2), -EINVAL);
-        seen_ctx c = {.bytes = BYTES};
-        for (unsigned k = 0; k < N; k++)
-            c.id[k] = k;
-        ck_assert_int_eq(zo_tile_walk_run_ex(w, t, N, seen_fn, &c, ZO_TILE_RUN_KEEP_LAST), 0);
+        ck_assert_int_eq(zo_tile_walk_run_ex(w, t, N, many_fn, NULL, 2), -EINVAL);
+        many_ctx c = {.bytes = BYTES, .n = N};
+        ck_assert_int_eq(zo_tile_walk_run_ex(w, t, N, many_fn, &c, ZO_TILE_RUN_KEEP_LAST), 0);
         for (unsigned k = 0; k < N; k++)
             ck_assert_msg(c.ok[k], "walk: tile %u", k);
         /* reversed: fn(k) sees tile N-1-k's bytes, the first one kept */
-        seen_ctx rc = {.bytes = BYTES};
-        for (unsigned k = 0; k < N; k++)
-            rc.id[k] = N - 1 - k;
-        ck_assert_int_eq(zo_tile_walk_run_ex(w, rt, N, seen_fn, &rc, 0), 0);
+        many_ctx rc = {.bytes = BYTES, .n = N, .rev = 1};
+        ck_assert_int_eq(zo_tile_walk_run_ex(w, rt, N, many_fn, &rc, 0), 0);
         for (unsigned k = 0; k < N; k++)
             ck_assert_msg(rc.ok[k], "reversed walk: tile %u", k);
         zo_tile_walk_stats ws;
@@ -1374,7 +1444,7 @@ START_TEST(walker_keep_and_prefetch)
         ck_assert_int_eq(zo_tile_walk_prefetch(w, t[0]), 0);
         ck_assert_int_eq(zo_tile_walk_prefetch(NULL, t[0]), -EINVAL);
         memset(c.ok, 0, sizeof(c.ok));
-        ck_assert_int_eq(zo_tile_walk_run(w, t, N, seen_fn, &c), 0);
+        ck_assert_int_eq(zo_tile_walk_run(w, t, N, many_fn, &c), 0);
         for (unsigned k = 0; k < N; k++)
             ck_assert_msg(c.ok[k], "tile %u after a prefetch", k);
         zo_tile_walk_get_stats(w, &ws);
@@ -1382,14 +1452,9 @@ START_TEST(walker_keep_and_prefetch)
         ck_assert_uint_eq(ws.reads, 3 * N - 1);
         /* a prefetch of a tile no run starts with: dropped by destroy */
         ck_assert_int_eq(zo_tile_walk_prefetch(w, t[2]), 0);
-        zo_tile_walk_destroy(&w);
         zo_tile_walk_drop(NULL);
-        zo_store_stats ss;
-        zo_store_get_stats(e.st, &ss);
-        ck_assert_uint_eq(ss.pool_in_use, 0);
+        walker_gone(&e, &w, t, inp ? N : 0);
     }
-    for (unsigned k = 0; k < N; k++)
-        ck_assert_int_eq(zo_store_unregister(e.st, &t[k]), 0);
     env_close(&e);
 }
 END_TEST
@@ -1583,6 +1648,7 @@ static Suite *suite(void)
     tcase_add_test(tc, linear_prefetch);
     tcase_add_test(tc, linear_prefetch_dropped);
     tcase_add_test(tc, walker_keep_and_prefetch);
+    tcase_add_test(tc, walker_read_ahead_deeper);
     suite_add_tcase(s, tc);
     tc = tcase_create("xent");
     tcase_set_timeout(tc, 300);

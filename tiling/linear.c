@@ -156,6 +156,7 @@ ZO_API int zo_tiled_linear_create(zo_tiled_linear **out, zo_store *store, zo_dev
         zo__tile_keep(&tl->err, r);
         goto fail;
     }
+    zo_tile_walk_set_read_ahead(tl->walk, c->read_ahead);
     size_t esz = zo_dtype_size(c->dtype);
     ZO_CHECK_GOTO(dev_alloc(tl, &tl->ones_f32, g->batch * sizeof(float), "ones vector"), r, fail);
     ZO_CHECK_GOTO(zo_stream_create(dev, &tl->aux), r, fail);

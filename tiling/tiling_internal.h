@@ -27,6 +27,13 @@ static inline int zo__tile_has_msg(const zo_errbuf *eb)
  * depth 1 (two slots each) and the slot the store keeps for itself. */
 #define ZO_TILE_IN_PLACE_SLOTS 5u
 
+/* In-place NVMe tiles read ahead of the one in use: at most this many
+ * (each holds two pool slots; fewer when the pool is smaller, see walk.c),
+ * and no more once this many bytes are on their way (large tiles keep a
+ * disk busy with one or two reads in flight). */
+#define ZO_TILE_AHEAD_MAX 8u
+#define ZO_TILE_AHEAD_BYTES (32ull << 20)
+
 /* Whether in-place fetching applies: asked for, on the host backend (its
  * device memory is host memory; a GPU's GEMMs read device memory). */
 static inline int zo__tile_in_place_ok(zo_dev *dev, int asked)

@@ -35,6 +35,8 @@ struct zo_tile_walk {
     zo_store_piece held_pc[2];
     int in_place;          /* ZO_TILE_WALK_IN_PLACE on a host backend */
     uint64_t slot_size;    /* the store's pool slot size (in-place NVMe tiles fit one) */
+    unsigned ahead;        /* most in-place NVMe tiles begun ahead of the one in use */
+    unsigned ahead_auto;   /* what the pool allows (the default) */
     const void *ptr[2];    /* where slot i's tile is in device memory */
     /* Between runs: the last tile of a run with ZO_TILE_RUN_KEEP_LAST, still
      * in slot kept_slot (its reference / stream / buffer held), and a fetch
@@ -84,6 +86,13 @@ ZO_API int zo_tile_walk_create_ex(zo_tile_walk **out, zo_store *store, zo_dev *d
     zo_store_stats ss;
     zo_store_get_stats(store, &ss);
     w->slot_size = ss.pool_slots >= ZO_TILE_IN_PLACE_SLOTS ? ss.pool_slot_size : 0;
+    /* each tile read ahead in place holds a stream's two slots: the
+     * minimum pool (ZO_TILE_IN_PLACE_SLOTS) reads one ahead, every two
+     * slots more one deeper */
+    w->ahead = w->slot_size ? (unsigned)ZO_MIN((ss.pool_slots - ZO_TILE_IN_PLACE_SLOTS) / 2 + 1,
+                                               (size_t)ZO_TILE_AHEAD_MAX)
+                            : 1;
+    w->ahead_auto = w->ahead;
     int r = 0;
     for (int i = 0; i < 2 && max_tile_bytes; i++) {
         if (max_tile_bytes > SIZE_MAX) {
@@ -141,6 +150,16 @@ ZO_API zo_stream *zo_tile_walk_stream(zo_tile_walk *w)
 ZO_API int zo_tile_walk_in_place(const zo_tile_walk *w)
 {
     return w ? w->in_place : 0;
+}
+
+ZO_API int zo_tile_walk_set_read_ahead(zo_tile_walk *w, unsigned tiles)
+{
+    if (!w)
+        return ZO_FAIL(NULL, -EINVAL, "zo_tile_walk_set_read_ahead: NULL walker");
+    if (tiles == 0)
+        tiles = w->ahead_auto;
+    w->ahead = ZO_MIN(tiles, w->ahead_auto);
+    return (int)w->ahead;
 }
 
 ZO_API void zo_tile_walk_get_stats(const zo_tile_walk *w, zo_tile_walk_stats *st)
@@ -342,6 +361,58 @@ fail:
     return r;
 }
 
+/* The fetches begun ahead of the tile the walk is at: tiles
+ * base, base+1, ... in order (f[0] is the next one). */
+typedef struct ahead_q {
+    fetch f[ZO_TILE_AHEAD_MAX];
+    unsigned n;
+} ahead_q;
+
+static fetch ahead_pop(ahead_q *q)
+{
+    fetch f = q->f[0];
+    memmove(q->f, q->f + 1, (q->n - 1) * sizeof(fetch));
+    q->n--;
+    return f;
+}
+
+/* Read ahead deeper than one tile (in-place NVMe tiles on the host
+ * backend: each is one pool slot's read, and with one read in flight a
+ * disk idles between small tiles): begin fetching tiles base + q->n, ...
+ * while fewer than w->ahead are begun, their bytes are below
+ * ZO_TILE_AHEAD_BYTES and the pool has slots (-EBUSY: stop, no error).
+ * Only tiles read in place from NVMe go this deep: the others have nothing
+ * to wait for (pinned home, device home) or need a buffer (copied). */
+static int ahead_fill(zo_tile_walk *w, zo_tensor *const *tiles, unsigned n, unsigned base, ahead_q *q)
+{
+    uint64_t bytes = 0;
+    for (unsigned j = 0; j < q->n; j++) {
+        if (q->f[j].home != ZO_TIER_NVME || !q->f[j].in_place)
+            return 0;
+        bytes += q->f[j].bytes;
+    }
+    while (q->n && q->n < w->ahead && base + q->n < n && bytes < ZO_TILE_AHEAD_BYTES) {
+        zo_tensor_info ti;
+        int r = zo_store_tensor_info(w->store, tiles[base + q->n], &ti);
+        if (r < 0 || ti.home != ZO_TIER_NVME || ti.bytes > w->slot_size)
+            return 0; /* fetched the usual way when its turn comes */
+        fetch *f = &q->f[q->n];
+        r = fetch_begin(w, tiles[base + q->n], f);
+        if (r < 0) {
+            fetch_abort(w, f);
+            if (r != -EBUSY)
+                return r;
+            zo__errbuf_set(&w->err, "");
+            return 0;
+        }
+        bytes += f->bytes;
+        q->n++;
+        if (q->n > w->st.ahead_peak)
+            w->st.ahead_peak = q->n;
+    }
+    return 0;
+}
+
 /* Exchange slots 0 and 1 (every per-slot field: the buffers are the same
  * size, so which one is "0" does not matter between runs). */
 static void swap_slots(zo_tile_walk *w)
@@ -426,6 +497,8 @@ ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigne
         if (!tiles[k])
             return ZO_FAIL(&w->err, -EINVAL, "zo_tile_walk_run: tile %u is NULL", k);
     int r = 0;
+    ahead_q rq;
+    rq.n = 0;
     uint64_t t0 = zo__now_ns();
     /* the previous run synced its streams: its events are all past */
     w->used_rec[0] = w->used_rec[1] = 0;
@@ -446,11 +519,27 @@ ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigne
         }
         zo_tile_walk_drop(w); /* a kept tile not wanted now */
         fetch f0;
+        int early = pre != NULL;
         if (pre) {
             f0 = *pre;
             free(pre);
         } else {
             r = fetch_begin(w, tiles[0], &f0);
+        }
+        if (r == 0 && n > 1 && early) {
+            /* tile 0 was prefetched (its read ran while the caller did
+             * other work): the reads after it start now, not after it is
+             * in. Not when tile 0's read starts only now: reads in flight
+             * share the disk, and every one begun beside it would delay
+             * the tile the whole pass waits for. */
+            fetch *f1 = &rq.f[0];
+            int r1 = fetch_begin(w, tiles[1], f1);
+            if (r1 == 0)
+                rq.n = 1;
+            else
+                fetch_abort(w, f1); /* the walk fetches it in its turn */
+            zo__errbuf_set(&w->err, "");
+            r = ahead_fill(w, tiles, n, 1, &rq);
         }
         if (r == 0)
             r = fetch_finish(w, &f0, 0);
@@ -464,7 +553,7 @@ ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigne
         fetch nf;
         memset(&nf, 0, sizeof(nf));
         int have_next = k + 1 < n, deferred = 0;
-        if (have_next) {
+        if (have_next && rq.n == 0) {
             r = fetch_begin(w, tiles[k + 1], &nf);
             if (r == -EBUSY && holds_stream(w, 1 - i)) {
                 /* the pool is short of slots while tile k-1's in-place
@@ -486,9 +575,13 @@ ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigne
                 fetch_abort(w, &nf);
                 break;
             }
-            if (r == 0)
-                zo__errbuf_set(&w->err, "");
+            zo__errbuf_set(&w->err, "");
+            if (!deferred)
+                rq.f[rq.n++] = nf;
         }
+        /* and deeper, while the pool and the byte target allow */
+        if (have_next && !deferred && (r = ahead_fill(w, tiles, n, k + 1, &rq)) < 0)
+            break;
         r = zo_stream_wait_event(w->compute, w->loaded[i]);
         if (r == 0)
             r = fn(ctx, k, w->ptr[i], w->compute);
@@ -498,12 +591,8 @@ ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigne
         if (r == 0)
             r = r2;
         w->st.tiles++;
-        if (!have_next)
+        if (!have_next || r < 0)
             break;
-        if (r < 0) {
-            fetch_abort(w, &nf);
-            break;
-        }
         if (deferred) {
             r = release_slot(w, i);
             if (r == 0)
@@ -512,8 +601,14 @@ ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigne
                 fetch_abort(w, &nf);
                 break;
             }
+        } else {
+            nf = ahead_pop(&rq);
         }
         r = fetch_finish(w, &nf, 1 - i);
+    }
+    while (rq.n) { /* an error stopped the walk early */
+        fetch f = ahead_pop(&rq);
+        fetch_abort(w, &f);
     }
     t0 = zo__now_ns();
     int rc = zo_stream_sync(w->compute), rp = zo_stream_sync(w->copy);

@@ -61,6 +61,7 @@ typedef struct opts {
     const char *path, *fio;
     int json, plan, no_nvme, no_fio, copy_tiles;
     int no_keep, no_prefetch, in_order; /* the pass-boundary measures off (to compare) */
+    unsigned read_ahead;                /* 0: the pool's default */
     uint64_t budgets[MAX_BUDGETS];
     unsigned nbudgets;
 } opts;
@@ -86,6 +87,8 @@ static void usage(FILE *f)
                "                       otherwise reads tiles in host memory in place)\n"
                "  --no-keep            forward does not keep its last tile for backward\n"
                "  --no-prefetch        no zo_tiled_linear_prefetch() of the next forward's first tile\n"
+               "  --read-ahead N       most NVMe tiles read ahead in place (default 0: what the\n"
+               "                       store's pool allows; 1: the next tile only)\n"
                "  --in-order           backward walks the tiles first to last (the old order; no keep)\n"
                "  --fio PATH           the fio binary (default fio in PATH); --no-fio: no bound\n"
                "  --plan               print the grid for each --budgets entry and exit\n"
@@ -111,14 +114,14 @@ static int parse_budgets(const char *s, opts *o)
 static int parse_opts(int argc, char **argv, opts *o)
 {
     enum { OPT_B = 256, OPT_OUT, OPT_IN, OPT_DT, OPT_BUD, OPT_TILE, OPT_DEV, OPT_PR, OPT_PATH, OPT_NONVME, OPT_FIO, OPT_NOFIO, OPT_PLAN,
-           OPT_BUDS, OPT_JSON, OPT_COPY, OPT_SLOT, OPT_NOKEEP, OPT_NOPRE, OPT_INORDER, OPT_HELP };
+           OPT_BUDS, OPT_JSON, OPT_COPY, OPT_SLOT, OPT_NOKEEP, OPT_NOPRE, OPT_INORDER, OPT_AHEAD, OPT_HELP };
     static const struct option lo[] = {
         {"batch", 1, 0, OPT_B},     {"out", 1, 0, OPT_OUT},        {"in", 1, 0, OPT_IN},       {"dtype", 1, 0, OPT_DT},
         {"budget", 1, 0, OPT_BUD},  {"tile", 1, 0, OPT_TILE},      {"device", 1, 0, OPT_DEV},  {"pairs", 1, 0, OPT_PR},
         {"path", 1, 0, OPT_PATH},   {"no-nvme", 0, 0, OPT_NONVME}, {"fio", 1, 0, OPT_FIO},     {"no-fio", 0, 0, OPT_NOFIO},
         {"plan", 0, 0, OPT_PLAN},   {"budgets", 1, 0, OPT_BUDS},   {"json", 0, 0, OPT_JSON},   {"help", 0, 0, OPT_HELP},
         {"copy-tiles", 0, 0, OPT_COPY}, {"slot-size", 1, 0, OPT_SLOT}, {"no-keep", 0, 0, OPT_NOKEEP},
-        {"no-prefetch", 0, 0, OPT_NOPRE}, {"in-order", 0, 0, OPT_INORDER},
+        {"no-prefetch", 0, 0, OPT_NOPRE}, {"in-order", 0, 0, OPT_INORDER}, {"read-ahead", 1, 0, OPT_AHEAD},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -186,6 +189,11 @@ static int parse_opts(int argc, char **argv, opts *o)
         case OPT_NOKEEP: o->no_keep = 1; break;
         case OPT_NOPRE: o->no_prefetch = 1; break;
         case OPT_INORDER: o->in_order = 1; break;
+        case OPT_AHEAD:
+            if (zo_tool_parse_u(optarg, 0, 64, &v))
+                return bad("--read-ahead %s: bad value (0..64)", optarg);
+            o->read_ahead = (unsigned)v;
+            break;
         case 'h':
         case OPT_HELP: usage(stdout); exit(0);
         default: return bad("unknown option or missing value: %s (--help lists them)", argv[optind - 1]);
@@ -470,6 +478,7 @@ static int setup(bench *bn)
         c.copy_tiles = o->copy_tiles;
         c.backward_in_order = o->in_order;
         c.keep_last = !o->no_keep && !o->in_order;
+        c.read_ahead = o->read_ahead;
         r = zo_tiled_linear_create(&bn->tl[i], bn->store, bn->dev, &c);
         if (r < 0) {
             free(f);
@@ -660,11 +669,13 @@ int main(int argc, char **argv)
                 zj_uint(&j, "prefetched", ws[i].prefetched);
                 zj_uint(&j, "prefetch_skipped", ws[i].prefetch_skipped);
                 zj_num(&j, "first_tile_seconds", (double)ws[i].first_ns * 1e-9);
+                zj_uint(&j, "read_ahead_peak", ws[i].ahead_peak);
                 zj_obj_end(&j);
             }
             zj_str(&j, "backward_order", o.in_order ? "in_order" : "reverse");
             zj_bool(&j, "keep_last", !o.no_keep && !o.in_order);
             zj_bool(&j, "prefetch", !o.no_prefetch);
+            zj_uint(&j, "read_ahead", o.read_ahead);
             if (!o.no_nvme) {
                 zj_num(&j, "crc32c_bytes_per_s", crc_bw);
                 zj_str(&j, "crc32c_variant", zo_crc32c_variant());
@@ -706,10 +717,10 @@ int main(int argc, char **argv)
             for (int i = 0; i < (o.no_nvme ? 1 : 2); i++) {
                 const zo_tile_walk_stats *w = &ws[i];
                 printf("walk (%s, all runs): %llu runs, %llu tiles, %llu read, %llu reused, %llu prefetched "
-                       "(%llu skipped); first tile %.3f ms per run, fetching %.3f ms per run\n",
+                       "(%llu skipped), up to %llu read ahead; first tile %.3f ms per run, fetching %.3f ms per run\n",
                        i ? "NVMe" : "pinned host", (unsigned long long)w->runs, (unsigned long long)w->tiles,
                        (unsigned long long)w->reads, (unsigned long long)w->reused, (unsigned long long)w->prefetched,
-                       (unsigned long long)w->prefetch_skipped, w->runs ? (double)w->first_ns * 1e-6 / w->runs : 0.0,
+                       (unsigned long long)w->prefetch_skipped, (unsigned long long)(w->ahead_peak ? w->ahead_peak : 1), w->runs ? (double)w->first_ns * 1e-6 / w->runs : 0.0,
                        w->runs ? (double)w->fetch_ns * 1e-6 / w->runs : 0.0);
             }
             if (!o.no_nvme && crc_bw > 0) {

@@ -136,6 +136,15 @@ ZO_API int zo_tile_walk_create_ex(zo_tile_walk **out, zo_store *store, zo_dev *d
 /** 1 if w hands host-memory tiles over in place (ZO_TILE_WALK_IN_PLACE on
  *  the host backend), else 0 (also for NULL). */
 ZO_API int zo_tile_walk_in_place(const zo_tile_walk *w);
+/**
+ * Most tiles read ahead of the one in use. Only in-place NVMe tiles go
+ * deeper than one (each a pool slot's read: one read in flight leaves a
+ * disk idle between small tiles). The default (tiles 0 restores it) is
+ * what the store's pool allows: (pool slots - 5) / 2 + 1, at most 8, and a walk
+ * stops going deeper once 32 MiB are on their way. 1: the next tile only.
+ * @return the depth now in effect (capped at the default); -EINVAL (NULL).
+ */
+ZO_API int zo_tile_walk_set_read_ahead(zo_tile_walk *w, unsigned tiles);
 /** Wait for queued work, free the buffers. NULL ok; clears *w. Blocks. */
 ZO_API void zo_tile_walk_destroy(zo_tile_walk **w);
 /** The compute stream fn gets (to queue work before or after a walk); owned
@@ -212,6 +221,9 @@ typedef struct zo_tile_walk_stats {
     uint64_t first_ns;     /**< time the calling thread spent getting each run's first tile ready
                                 (nothing else of the run overlaps it: the start stall; near 0 when
                                 the tile was kept or prefetched early enough) */
+    uint64_t ahead_peak;   /**< most tiles being read ahead of the one in use at once, the next one
+                                included, when a walk read ahead deeper than one tile (in-place
+                                NVMe tiles: see ZO_TILE_WALK_IN_PLACE); 0: never deeper */
 } zo_tile_walk_stats;
 /** Copy the counters (zeros for w NULL; st NULL ignored). Not synchronized
  *  with a walk running on another thread. */
@@ -299,6 +311,10 @@ typedef struct zo_tiled_linear_config {
      *  forwards all run before their backwards, set it only where the pool
      *  has room (zo-train: the last layer). 0 (default): nothing is held. */
     int keep_last;
+    /** Most weight tiles read ahead of the one in use (see
+     *  zo_tile_walk_set_read_ahead(): deeper than one only for NVMe tiles
+     *  read in place); 0 (default): what the store's pool allows. */
+    unsigned read_ahead;
 } zo_tiled_linear_config;
 
 /** Fill *cfg with the defaults above. NULL is ignored. */

@@ -38,7 +38,7 @@ class TiledLinearConfig(ctypes.Structure):
                 ("out_features", c_u64), ("max_batch", c_u64), ("dtype", c_int), ("home", c_int),
                 ("budget", c_u64), ("tile_out", c_u32), ("tile_in", c_u32), ("train", c_int),
                 ("dw_sink", c_void_p), ("dw_sink_ctx", c_void_p), ("copy_tiles", c_int),
-                ("backward_in_order", c_int), ("keep_last", c_int)]
+                ("backward_in_order", c_int), ("keep_last", c_int), ("read_ahead", ctypes.c_uint)]
 
 
 class TileHostSink(ctypes.Structure):
@@ -48,7 +48,8 @@ class TileHostSink(ctypes.Structure):
 class TileWalkStats(ctypes.Structure):
     _fields_ = [("tiles", c_u64), ("fetch_bytes", c_u64), ("fetch_ns", c_u64), ("wait_ns", c_u64),
                 ("in_place_tiles", c_u64), ("runs", c_u64), ("reads", c_u64), ("reused", c_u64),
-                ("prefetched", c_u64), ("prefetch_skipped", c_u64), ("first_ns", c_u64)]
+                ("prefetched", c_u64), ("prefetch_skipped", c_u64), ("first_ns", c_u64),
+                ("ahead_peak", c_u64)]
 
 
 class DevInfo(ctypes.Structure):

@@ -176,6 +176,8 @@ int train_model_tile_set(train_model *m, unsigned t, const void *param)
     size_t n = (size_t)(p.rows * p.cols);
     zo_vec_cast(m->htile, ZO_DTYPE_F32, param, m->shape.param_dtype, n); /* exact */
     zo_tensor *tt;
+    /* a tile kept or prefetched by the layer's walker would be stale */
+    zo_tiled_linear_drop(m->tl[p.layer]);
     int r = zo_tiled_linear_tile(m->tl[p.layer], p.r, p.c, &tt);
     if (r == 0 && (r = zo_store_write(m->store, tt, 0, m->htile, n * sizeof(float))) < 0)
         fprintf(stderr, "zo-train: writing weight tile %u: %s (%s)\n", t, zo_strerror(r), zo_store_errmsg(m->store));
@@ -231,6 +233,10 @@ static int create_tiled(train_model *m, const train_tiling *t)
         /* the grid zo-plan predicts (train_plan_tiles: the copy plan, as on
          * a GPU), not the host backend's in-place one */
         c.copy_tiles = 1;
+        /* the last layer's backward follows its forward at once: it starts
+         * with the tile forward ended with, not read again (the others'
+         * would hold it through every later layer) */
+        c.keep_last = l + 1 == s->layers;
         int r = zo_tiled_linear_create(&m->tl[l], t->store, m->dev, &c);
         if (r < 0) {
             fprintf(stderr, "zo-train: tiled layer %u: %s: %s\n", l, zo_strerror(r), zo_last_error_detail());
@@ -388,6 +394,9 @@ static int layer_forward(train_model *m, unsigned l, float *dst)
     TRY(zo_dev_cast(m->s, bias, ZO_DTYPE_F32, m->bias[l], s->param_dtype, W));
     if (m->tl) {
         TRY(zo_stream_sync(m->s));
+        /* the next layer's first tile travels while this one computes */
+        if (l + 1 < s->layers)
+            TRY(zo_tiled_linear_prefetch(m->tl[l + 1], ZO_TILE_PASS_FORWARD));
         return zo_tiled_linear_forward(m->tl[l], m->act[l], s->batch, bias, dst);
     }
     TRY(zo_dev_cast(m->s, m->wf32, ZO_DTYPE_F32, m->weight[l], s->param_dtype, W * W));
@@ -448,6 +457,8 @@ static int backward(train_model *m, const float *y, double loss_scale)
             /* dW tile by tile to tile_sink() (each handed over as it exists),
              * db into gf32, dx (not for the first layer's input) */
             TRY(zo_stream_sync(m->s));
+            if (l > 0) /* the next layer backward's first tile, as in forward */
+                TRY(zo_tiled_linear_prefetch(m->tl[l - 1], ZO_TILE_PASS_BACKWARD));
             TRY(zo_tiled_linear_backward(m->tl[l], m->act[l], m->dy, B, l ? m->dx : NULL, m->gf32));
         } else {
             /* dW = dy^T x (W x W): the weight's gradient, handed over at once */

@@ -1467,7 +1467,18 @@ START_TEST(linear_in_place_pool_shared)
 END_TEST
 
 /* ---- tiled cross-entropy ------------------------------------------------------------------- */
-static void run_xent(zo_dtype t, zo_tier home, uint64_t B, uint64_t V, uint64_t H, uint64_t budget, uint32_t tv)
+/* What run_xent_ex() got, for comparing two runs of the same case. */
+typedef struct xent_result {
+    double loss;
+    float *dh, *de;
+    zo_tile_grid grid;
+    zo_tile_walk_stats ws;
+} xent_result;
+
+/* One case against the double reference. copy: the config's copy_tiles;
+ * out: NULL, or keeps the results (free dh and de). */
+static void run_xent_ex(zo_dtype t, zo_tier home, uint64_t B, uint64_t V, uint64_t H, uint64_t budget, uint32_t tv,
+                        int copy, xent_result *out)
 {
     size_t esz = zo_dtype_size(t);
     zo_test_rng rng = {zo_test_seed() ^ V};
@@ -1500,6 +1511,7 @@ static void run_xent(zo_dtype t, zo_tier home, uint64_t B, uint64_t V, uint64_t 
     c.tile_vocab = tv;
     c.de_sink = zo_tile_sink_host;
     c.de_sink_ctx = &hs;
+    c.copy_tiles = copy;
     zo_tiled_xent *x = NULL;
     int r = zo_tiled_xent_create(&x, en.st, en.dev, &c);
     ck_assert_msg(r == 0, "xent create: %s (%s)", zo_strerror(r), zo_last_error_detail());
@@ -1516,6 +1528,32 @@ static void run_xent(zo_dtype t, zo_tier home, uint64_t B, uint64_t V, uint64_t 
     r = zo_tiled_xent_run(x, dh_in, B, lab, &loss, ddh);
     ck_assert_msg(r == 0, "xent run: %s (%s)", zo_strerror(r), zo_tiled_xent_errmsg(x));
     d2h(en.dev, got, ddh, B * H * 4);
+    /* two walks; the second starts with the tile the first kept */
+    zo_tile_walk_stats ws;
+    zo_tiled_xent_get_stats(x, &ws);
+    ck_assert_uint_eq(ws.runs, 2);
+    ck_assert_uint_eq(ws.tiles, 2ull * g.tiles_out);
+    ck_assert_uint_eq(ws.reused, 1);
+    ck_assert_uint_eq(ws.reads, 2ull * g.tiles_out - 1);
+    /* in place: host backend, not copy_tiles, host home or NVMe tiles of one slot */
+    int in_place = !copy && home != ZO_TIER_DEVICE && g_kind == ZO_DEV_HOST &&
+                   (home == ZO_TIER_HOST || g.tile_bytes <= 64 * KiB);
+    ck_assert_int_eq(!!(g.flags & ZO_TILE_IN_PLACE), in_place);
+    if (in_place) {
+        ck_assert_uint_eq(ws.fetch_bytes, 0);
+        ck_assert_uint_eq(ws.in_place_tiles, ws.tiles - 1);
+    } else if (home != ZO_TIER_DEVICE) {
+        ck_assert_uint_eq(ws.in_place_tiles, 0);
+    }
+    if (out) {
+        out->loss = loss;
+        out->grid = g;
+        out->ws = ws;
+        out->dh = malloc(B * H * 4);
+        out->de = malloc(V * H * 4);
+        memcpy(out->dh, got, B * H * 4);
+        memcpy(out->de, de, V * H * 4);
+    }
 
     /* reference: full logits in double */
     double *z = malloc(V * 8), *p = malloc(B * V * 8), ref_loss = 0;
@@ -1572,6 +1610,46 @@ static void run_xent(zo_dtype t, zo_tier home, uint64_t B, uint64_t V, uint64_t 
     env_close(&en);
     free(e_), free(h), free(pe), free(ph), free(lab), free(de), free(got), free(z), free(p);
 }
+
+static void run_xent(zo_dtype t, zo_tier home, uint64_t B, uint64_t V, uint64_t H, uint64_t budget, uint32_t tv)
+{
+    run_xent_ex(t, home, B, V, H, budget, tv, 0, NULL);
+    if (home != ZO_TIER_DEVICE)
+        run_xent_ex(t, home, B, V, H, budget, tv, 1, NULL);
+}
+
+/* E's tiles read in place (host backend) give the same bits as the copy
+ * path on the same grid, pinned host and NVMe homes (tiles of one 64 KiB
+ * slot), f32 and bf16; a budget-planned NVMe grid in place is cut to tiles
+ * of one slot, within the budget (checked in run_xent_ex). */
+START_TEST(xent_in_place)
+{
+    if (g_kind != ZO_DEV_HOST)
+        return; /* in place is the host backend's */
+    for (int ti = 0; ti < 2; ti++)
+        for (int h = ZO_TIER_HOST; h <= ZO_TIER_NVME; h++) {
+            zo_dtype t = ti ? ZO_DTYPE_BF16 : ZO_DTYPE_F32;
+            uint64_t B = 5, V = 1009, H = 37;
+            xent_result a, b;
+            run_xent_ex(t, (zo_tier)h, B, V, H, 0, 128, 0, &a);
+            run_xent_ex(t, (zo_tier)h, B, V, H, 0, 128, 1, &b);
+            ck_assert_uint_ne(a.grid.flags & ZO_TILE_IN_PLACE, 0);
+            ck_assert_uint_eq(b.grid.flags & ZO_TILE_IN_PLACE, 0);
+            ck_assert_uint_eq(a.grid.tile_out, b.grid.tile_out);
+            ck_assert(a.loss == b.loss);
+            ck_assert_int_eq(memcmp(a.dh, b.dh, B * H * 4), 0);
+            ck_assert_int_eq(memcmp(a.de, b.de, V * H * 4), 0);
+            free(a.dh), free(a.de), free(b.dh), free(b.de);
+        }
+    /* budget-chosen on NVMe: 96 KiB plans tiles above a 64 KiB slot when
+     * staging is left out; cut to one slot */
+    xent_result r;
+    run_xent_ex(ZO_DTYPE_F32, ZO_TIER_NVME, 3, 2003, 64, 160 * KiB, 0, 0, &r);
+    ck_assert_uint_le(r.grid.tile_bytes, 64 * KiB);
+    ck_assert_uint_ne(r.grid.flags & ZO_TILE_IN_PLACE, 0);
+    free(r.dh), free(r.de);
+}
+END_TEST
 
 START_TEST(xent_matches_reference)
 {
@@ -1653,6 +1731,7 @@ static Suite *suite(void)
     tc = tcase_create("xent");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, xent_matches_reference);
+    tcase_add_test(tc, xent_in_place);
     tcase_add_test(tc, xent_bad_input);
     suite_add_tcase(s, tc);
     return s;

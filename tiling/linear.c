@@ -120,15 +120,9 @@ ZO_API int zo_tiled_linear_create(zo_tiled_linear **out, zo_store *store, zo_dev
     tl->dev = dev;
     ZO_CHECK_GOTO(zo__tile_name_home(&c->name, tl->name, c->home, &tl->err, "zo_tiled_linear_create"), r, fail);
     unsigned flags = (c->train ? ZO_TILE_TRAIN : 0) | (c->home == ZO_TIER_DEVICE ? ZO_TILE_RESIDENT : 0);
-    /* the host backend's in-place fetch: see plan_in_place() */
-    int in_place = c->home != ZO_TIER_DEVICE && zo__tile_in_place_ok(dev, !c->copy_tiles);
-    uint64_t slot = 0;
-    if (in_place && c->home == ZO_TIER_NVME) {
-        zo_store_stats ss;
-        zo_store_get_stats(store, &ss);
-        slot = ss.pool_slots >= ZO_TILE_IN_PLACE_SLOTS ? ss.pool_slot_size : 0;
-        in_place = slot > 0;
-    }
+    /* the host backend's in-place fetch (zo__tile_in_place_home) */
+    uint64_t slot;
+    int in_place = zo__tile_in_place_home(store, dev, c->home, c->copy_tiles, &slot);
     r = plan(c, in_place ? flags | ZO_TILE_IN_PLACE : flags, slot, &tl->grid);
     if (r == 1) /* NVMe tiles given larger than a pool slot: those are copied */
         r = plan(c, flags, 0, &tl->grid);
@@ -142,13 +136,11 @@ ZO_API int zo_tiled_linear_create(zo_tiled_linear **out, zo_store *store, zo_dev
     char prefix[ZO_TENSOR_NAME_MAX + 1];
     snprintf(prefix, sizeof(prefix), "%s.w", tl->name);
     ZO_CHECK_GOTO(zo__tile_register(store, prefix, g, c->home, 0, &tl->tiles, &tl->err), r, fail);
-    tl->rtiles = malloc(tl->ntiles * sizeof(*tl->rtiles));
+    tl->rtiles = zo__tile_reversed(tl->tiles, tl->ntiles);
     if (!tl->rtiles) {
         r = -ENOMEM;
         goto fail;
     }
-    for (unsigned k = 0; k < tl->ntiles; k++)
-        tl->rtiles[k] = tl->tiles[tl->ntiles - 1 - k];
     /* the working memory: exactly grid.work_bytes (zo__tile_linear_work) */
     r = zo_tile_walk_create_ex(&tl->walk, store, dev, (g->flags & (ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE)) ? 0 : g->tile_bytes,
                                in_place ? ZO_TILE_WALK_IN_PLACE : 0);

@@ -144,6 +144,27 @@ int zo__tile_cap(zo_tile_grid *g, uint64_t max_bytes)
 }
 
 /* ---- tiles in the store ---------------------------------------------------------- */
+int zo__tile_in_place_home(zo_store *st, zo_dev *dev, zo_tier home, int copy_tiles, uint64_t *slot)
+{
+    *slot = 0;
+    if (home == ZO_TIER_DEVICE || !zo__tile_in_place_ok(dev, !copy_tiles))
+        return 0;
+    if (home != ZO_TIER_NVME)
+        return 1;
+    zo_store_stats ss;
+    zo_store_get_stats(st, &ss);
+    *slot = ss.pool_slots >= ZO_TILE_IN_PLACE_SLOTS ? ss.pool_slot_size : 0;
+    return *slot > 0;
+}
+
+zo_tensor **zo__tile_reversed(zo_tensor *const *tiles, unsigned n)
+{
+    zo_tensor **r = malloc((n ? n : 1) * sizeof(*r));
+    for (unsigned k = 0; r && k < n; k++)
+        r[k] = tiles[n - 1 - k];
+    return r;
+}
+
 int zo__tile_name_home(const char **name, char *copy, zo_tier home, zo_errbuf *eb, const char *fn)
 {
     /* room for ".w.<r>.<c>" with two 32-bit numbers */

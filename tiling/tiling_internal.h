@@ -41,6 +41,15 @@ static inline int zo__tile_in_place_ok(zo_dev *dev, int asked)
     return asked && zo_dev_get_kind(dev) == ZO_DEV_HOST;
 }
 
+/* Whether an operator over tiles homed in `home` reads them in place
+ * (host backend, copy_tiles 0; for an NVMe home only with a pool of >=
+ * ZO_TILE_IN_PLACE_SLOTS slots); *slot: the pool slot size an NVMe tile
+ * must fit for that, else 0. */
+int zo__tile_in_place_home(zo_store *st, zo_dev *dev, zo_tier home, int copy_tiles, uint64_t *slot);
+
+/* tiles[n-1], ..., tiles[0] in a new array (free()), NULL on ENOMEM. */
+zo_tensor **zo__tile_reversed(zo_tensor *const *tiles, unsigned n);
+
 /* Reshape g (planned from a budget) so that no tile exceeds max_bytes:
  * whole rows while one fits, else one row cut in balanced parts; work_bytes
  * recomputed (it only shrinks). -EINVAL if even ZO_TILE_MIN_COLS elements do

@@ -14,16 +14,23 @@
  * host (in the weight dtype: the GEMMs take both operands in one type),
  * back to the device, dh (+)= dlogits_k E_k and dE_k = dlogits_k^T h, handed
  * to the sink. That per-tile round trip is synchronous; the walker still
- * reads tile k+1 from NVMe meanwhile.
+ * reads the next tiles from NVMe meanwhile. The second walk goes from the
+ * last tile to the first, starting with the tile the first walk ended with
+ * (kept, not read again), as the tiled linear's backward does.
+ *
+ * On the host backend tiles already in host memory are read in place (the
+ * pinned home; an NVMe tile's pool slot when a tile fits one), unless
+ * copy_tiles asks for the copy a GPU makes.
  *
  * Working memory per vocabulary row of a tile:
- *   2 * hidden * esz (staging) + 2 * batch * 4 (logits) + batch * esz
- *   (dlogits) + 2 * hidden * 4 (dE tiles). */
+ *   2 * hidden * esz (staging; 0 in place or with a device home)
+ *   + 2 * batch * 4 (logits) + batch * esz (dlogits) + 2 * hidden * 4 (dE). */
 #define ZO_MODULE "tiling"
 #include "tiling/tiling_internal.h"
 
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -37,6 +44,7 @@ struct zo_tiled_xent {
     char name[ZO_TENSOR_NAME_MAX + 1];
     zo_tile_grid grid;
     zo_tensor **tiles;
+    zo_tensor **rtiles;  /* reversed: the second walk starts where the first ended */
     unsigned ntiles;
     zo_tile_walk *walk;
     float *logits[2];    /* device, batch x tile rows */
@@ -52,10 +60,11 @@ struct zo_tiled_xent {
     zo_errbuf err;
 };
 
-static uint64_t per_row(uint64_t batch, uint64_t hidden, zo_dtype t, int resident)
+/* resident (device home) or in place (host backend): no staging buffers */
+static uint64_t per_row(uint64_t batch, uint64_t hidden, zo_dtype t, int no_staging)
 {
     uint64_t esz = zo_dtype_size(t);
-    return (resident ? 0 : 2 * hidden * esz) + 2 * batch * sizeof(float) + batch * esz + 2 * hidden * sizeof(float);
+    return (no_staging ? 0 : 2 * hidden * esz) + 2 * batch * sizeof(float) + batch * esz + 2 * hidden * sizeof(float);
 }
 
 ZO_API void zo_tiled_xent_config_default(zo_tiled_xent_config *cfg)
@@ -74,7 +83,7 @@ ZO_API int zo_tile_plan_vocab(uint64_t batch, uint64_t vocab, uint64_t hidden, z
 {
     if (!grid)
         return ZO_FAIL(NULL, -EINVAL, "zo_tile_plan_vocab: grid is NULL");
-    if (flags & ~ZO_TILE_RESIDENT)
+    if (flags & ~(ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE))
         return ZO_FAIL(NULL, -EINVAL, "zo_tile_plan_vocab: unknown flags 0x%x", flags);
     if (batch == 0 || batch > INT_MAX || hidden == 0 || hidden > INT_MAX || vocab == 0 || vocab > INT_MAX)
         return ZO_FAIL(NULL, -EINVAL, "zo_tile_plan_vocab: batch %llu, vocab %llu, hidden %llu: each must be in "
@@ -83,7 +92,7 @@ ZO_API int zo_tile_plan_vocab(uint64_t batch, uint64_t vocab, uint64_t hidden, z
     if (dtype != ZO_DTYPE_F32 && dtype != ZO_DTYPE_BF16)
         return ZO_FAIL(NULL, ZO_ENOTSUP, "zo_tile_plan_vocab: dtype %s not supported (f32, bf16)",
                        zo_dtype_name(dtype));
-    uint64_t pr = per_row(batch, hidden, dtype, flags & ZO_TILE_RESIDENT);
+    uint64_t pr = per_row(batch, hidden, dtype, flags & (ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE));
     if (budget) {
         if (budget < pr)
             return ZO_FAIL(NULL, ZO_EBUDGET, "zo_tile_plan_vocab: budget %llu bytes is below one vocabulary row, "
@@ -99,11 +108,27 @@ ZO_API int zo_tile_plan_vocab(uint64_t batch, uint64_t vocab, uint64_t hidden, z
     return 0;
 }
 
-static int plan(zo_tiled_xent *x)
+/* The grid for the config with plan flags `flags`. With ZO_TILE_IN_PLACE
+ * and an NVMe home (slot > 0) a tile must fit one pool slot to be read in
+ * place: a budget-planned grid is cut to balanced tiles of at most a slot
+ * (fewer rows: still within the budget); a given tile_vocab larger than a
+ * slot, or a row larger than a slot, returns 1 (plan again without in
+ * place: copied), as the tiled linear does. */
+static int plan(zo_tiled_xent *x, unsigned flags, uint64_t slot)
 {
     zo_tiled_xent_config *c = &x->cfg;
-    int r = zo_tile_plan_vocab(c->max_batch, c->vocab, c->hidden, c->dtype, c->budget, c->tile_vocab,
-                               c->home == ZO_TIER_DEVICE ? ZO_TILE_RESIDENT : 0, &x->grid);
+    int r = zo_tile_plan_vocab(c->max_batch, c->vocab, c->hidden, c->dtype, c->budget, c->tile_vocab, flags,
+                               &x->grid);
+    if (r < 0)
+        return zo__tile_keep(&x->err, r);
+    if (!slot || x->grid.tile_bytes <= slot)
+        return 0;
+    uint64_t row = c->hidden * zo_dtype_size(c->dtype), rows = slot / row;
+    if (!c->budget || rows == 0)
+        return 1;
+    uint64_t parts = (c->vocab + rows - 1) / rows;
+    r = zo_tile_plan_vocab(c->max_batch, c->vocab, c->hidden, c->dtype, 0, (uint32_t)((c->vocab + parts - 1) / parts),
+                           flags, &x->grid);
     return r < 0 ? zo__tile_keep(&x->err, r) : 0;
 }
 
@@ -116,7 +141,8 @@ ZO_API int zo_tiled_xent_create(zo_tiled_xent **out, zo_store *store, zo_dev *de
     if (!x)
         return -ENOMEM;
     zo_tiled_xent_config_default(&x->cfg);
-    int r = ZO_STRUCT_IN(&x->cfg, cfg, sizeof(zo_tiled_xent_config), &x->err, "zo_tiled_xent_create");
+    /* the first published version ended before copy_tiles (defaults to 0: in place) */
+    int r = ZO_STRUCT_IN(&x->cfg, cfg, offsetof(zo_tiled_xent_config, copy_tiles), &x->err, "zo_tiled_xent_create");
     if (r < 0) {
         free(x);
         return r;
@@ -125,13 +151,29 @@ ZO_API int zo_tiled_xent_create(zo_tiled_xent **out, zo_store *store, zo_dev *de
     x->store = store;
     x->dev = dev;
     ZO_CHECK_GOTO(zo__tile_name_home(&c->name, x->name, c->home, &x->err, "zo_tiled_xent_create"), r, fail);
-    ZO_CHECK_GOTO(plan(x), r, fail);
+    /* the host backend reads tiles in host memory in place, as the tiled
+     * linear does (see zo_tiled_linear_config.copy_tiles) */
+    unsigned flags = c->home == ZO_TIER_DEVICE ? ZO_TILE_RESIDENT : 0;
+    uint64_t slot;
+    int in_place = zo__tile_in_place_home(store, dev, c->home, c->copy_tiles, &slot);
+    r = plan(x, in_place ? flags | ZO_TILE_IN_PLACE : flags, slot);
+    if (r == 1) /* NVMe tiles larger than a pool slot: copied */
+        r = plan(x, flags, 0);
+    if (r < 0)
+        goto fail;
     zo_tile_grid *g = &x->grid;
+    in_place = (g->flags & ZO_TILE_IN_PLACE) != 0;
     x->ntiles = g->tiles_out;
     char prefix[ZO_TENSOR_NAME_MAX + 1];
     snprintf(prefix, sizeof(prefix), "%s.e", x->name);
     ZO_CHECK_GOTO(zo__tile_register(store, prefix, g, c->home, 1, &x->tiles, &x->err), r, fail);
-    r = zo_tile_walk_create(&x->walk, store, dev, c->home == ZO_TIER_DEVICE ? 0 : g->tile_bytes);
+    x->rtiles = zo__tile_reversed(x->tiles, x->ntiles);
+    if (!x->rtiles) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    r = zo_tile_walk_create_ex(&x->walk, store, dev, (g->flags & (ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE)) ? 0 : g->tile_bytes,
+                               in_place ? ZO_TILE_WALK_IN_PLACE : 0);
     if (r < 0) {
         zo__tile_keep(&x->err, r);
         goto fail;
@@ -202,6 +244,7 @@ ZO_API void zo_tiled_xent_destroy(zo_tiled_xent **xp)
     free(x->m);
     free(x->s);
     free(x->zlab);
+    free(x->rtiles);
     zo__tile_unregister(x->store, &x->tiles, x->ntiles);
     free(x);
     *xp = NULL;
@@ -225,7 +268,13 @@ ZO_API int zo_tiled_xent_set_weight(zo_tiled_xent *x, const void *e, uint64_t ld
 {
     if (!x)
         return ZO_FAIL(NULL, -EINVAL, "zo_tiled_xent_set_weight: NULL handle");
+    zo_tile_walk_drop(x->walk); /* nothing is held between runs; for certain */
     return zo__tile_weight_io(x->store, x->tiles, &x->grid, (void *)e, ld, 1, &x->err);
+}
+
+ZO_API void zo_tiled_xent_get_stats(const zo_tiled_xent *x, zo_tile_walk_stats *st)
+{
+    zo_tile_walk_get_stats(x ? x->walk : NULL, st);
 }
 
 /* ---- the passes ------------------------------------------------------------------------ */
@@ -289,8 +338,11 @@ static int bwd_tile(void *ctx, unsigned k, const void *tile, zo_stream *s)
     xpass *p = ctx;
     zo_tiled_xent *x = p->x;
     const zo_tile_grid *g = &x->grid;
-    uint32_t rows = zo__tile_rows(g, k);
-    uint64_t v0 = (uint64_t)k * g->tile_out;
+    /* the second walk goes last tile to first: k is the position in the
+     * walk (buffer parity, the first dh term), v the vocabulary tile */
+    unsigned v = x->ntiles - 1 - k;
+    uint32_t rows = zo__tile_rows(g, v);
+    uint64_t v0 = (uint64_t)v * g->tile_out;
     int i = (int)(k & 1);
     ZO_CHECK(queue_logits(p, k, tile, s, rows));
     ZO_CHECK(zo_event_sync(x->logits_ready[i]));
@@ -322,7 +374,7 @@ static int bwd_tile(void *ctx, unsigned k, const void *tile, zo_stream *s)
         return err;
     ZO_CHECK(zo_gemm_async(s, ZO_GEMM_T, ZO_GEMM_N, rows, g->in_features, p->batch, 1.0f, x->dlogits, rows, p->h,
                            g->in_features, g->dtype, 0.0f, de, g->in_features));
-    zo_tile_grad gr = {.row = k, .out0 = v0, .rows = rows, .cols = (uint32_t)g->in_features};
+    zo_tile_grad gr = {.row = v, .out0 = v0, .rows = rows, .cols = (uint32_t)g->in_features};
     return zo__sinkq_queued(&x->sq, s, k, &gr, &x->err);
 }
 
@@ -345,10 +397,14 @@ ZO_API int zo_tiled_xent_run(zo_tiled_xent *x, const void *h, uint64_t batch, co
         x->zlab[b] = 0;
     }
     xpass p = {.x = x, .h = h, .batch = batch, .labels = labels, .dh = dh};
-    int r = zo_tile_walk_run(x->walk, x->tiles, x->ntiles, fwd_tile, &p);
+    int grads = dh || x->cfg.de_sink;
+    /* with a second walk, the first keeps its last tile for it (released
+     * at the second walk's start otherwise: see below) */
+    int r = zo_tile_walk_run_ex(x->walk, x->tiles, x->ntiles, fwd_tile, &p, grads ? ZO_TILE_RUN_KEEP_LAST : 0);
     if (r == 0 && p.pending)
         r = fold(&p, (unsigned)p.pending - 1);
     if (r < 0) {
+        zo_tile_walk_drop(x->walk);
         if (!zo__tile_has_msg(&x->err))
             zo__tile_keep(&x->err, r);
         return r;
@@ -357,10 +413,10 @@ ZO_API int zo_tiled_xent_run(zo_tiled_xent *x, const void *h, uint64_t batch, co
     for (uint64_t b = 0; b < batch; b++)
         sum += x->m[b] + log(x->s[b]) - x->zlab[b];
     *loss = sum / (double)batch;
-    if (!dh && !x->cfg.de_sink)
+    if (!grads)
         return 0;
     zo__sinkq_reset(&x->sq);
-    r = zo_tile_walk_run(x->walk, x->tiles, x->ntiles, bwd_tile, &p);
+    r = zo_tile_walk_run(x->walk, x->rtiles, x->ntiles, bwd_tile, &p);
     int r2 = zo__sinkq_flush(&x->sq, r == 0, &x->err);
     if (r < 0 && !zo__tile_has_msg(&x->err))
         zo__tile_keep(&x->err, r);

@@ -413,6 +413,12 @@ typedef struct zo_tiled_xent_config {
     uint32_t tile_vocab;  /**< with budget 0: vocabulary rows per tile */
     zo_tile_sink_fn de_sink; /**< dE consumer (tiles are whole rows); NULL: none */
     void *de_sink_ctx;
+    /** 0 (default): on the host backend, E's tiles already in host memory
+     *  (host home; NVMe home when a tile fits one pool slot: a budget-planned
+     *  grid is cut to that) are read by the GEMMs in place, without staging
+     *  buffers (ZO_TILE_IN_PLACE plan). 1: copied into two device buffers,
+     *  as on a GPU. Ignored on other backends (always copied). */
+    int copy_tiles;
 } zo_tiled_xent_config;
 
 /** Fill *cfg with the defaults above. NULL is ignored. */
@@ -422,7 +428,8 @@ ZO_API void zo_tiled_xent_config_default(zo_tiled_xent_config *cfg);
  * The grid zo_tiled_xent_create() uses: tiles of whole rows of E [vocab,
  * hidden], as many rows as `budget` allows (balanced), or tile_vocab rows
  * when budget is 0; work_bytes is the device memory it allocates (see
- * below). flags: 0 or ZO_TILE_RESIDENT (E homed on the device).
+ * below). flags: 0, ZO_TILE_RESIDENT (E homed on the device) or
+ * ZO_TILE_IN_PLACE (tiles read in place: no staging buffers).
  * @return 0; -EINVAL (grid NULL, a dimension 0 or above INT_MAX, tile_vocab
  *         0 with budget 0, unknown flags); ZO_ENOTSUP (dtype); ZO_EBUDGET
  *         (budget below one vocabulary row). Pure computation, thread-safe.
@@ -438,7 +445,8 @@ ZO_API int zo_tile_plan_vocab(uint64_t batch, uint64_t vocab, uint64_t hidden, z
  * (on the host: the only device kernels needed are GEMMs and copies), so
  * the full [batch, vocab] logits never exist anywhere.
  * Working memory (zo_tile_grid.work_bytes, allocated once) per vocabulary
- * row of a tile: 2 hidden esz (staging; 0 with a device home) + 2 batch 4
+ * row of a tile: 2 hidden esz (staging; 0 with a device home or tiles read
+ * in place, see copy_tiles) + 2 batch 4
  * (logits) + batch esz (dlogits) + 2 hidden 4 (dE tiles). A pinned host
  * buffer of two logits tiles and one dlogits tile is allocated too
  * (zo_pinned_alloc, registered with dev).
@@ -455,13 +463,18 @@ ZO_API const char *zo_tiled_xent_errmsg(const zo_tiled_xent *x);
 /** Store E (host, vocab x hidden, dtype, row stride ld). @return as zo_tiled_linear_set_weight(). */
 ZO_API int zo_tiled_xent_set_weight(zo_tiled_xent *x, const void *e, uint64_t ld);
 
+/** Counters of the walks so far (as zo_tile_walk_get_stats()). */
+ZO_API void zo_tiled_xent_get_stats(const zo_tiled_xent *x, zo_tile_walk_stats *st);
+
 /**
  * Mean cross-entropy of softmax(h E^T) against labels, and optionally its
  * gradients: dh = dlogits E (device, batch x hidden, f32; NULL: not
  * wanted) and dE tiles to the sink, with dlogits = (softmax - onehot) /
  * batch. h: device, batch x hidden, dtype. labels: host, batch entries in
  * [0, vocab). *loss: host. With gradients the tiles are walked twice (the
- * second walk needs the final normalizers). Blocks.
+ * second walk needs the final normalizers), the second from the last tile
+ * to the first, starting with the tile the first ended with (kept between
+ * the walks, not read again); dh sums its tiles in that order. Blocks.
  * @return 0; -EINVAL (NULL, batch 0 or above max_batch, a label out of
  *         range); the sink's error; errors of the walk.
  */

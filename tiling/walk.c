@@ -13,7 +13,18 @@
  *      copied in (host: one copy from the pinned home; NVMe: piece by piece
  *      from the pool slots, each slot handed back once its copy is done).
  * So the disk reads of k+1 run during fn(k) and its work, the copy of k+1
- * during tile k's work, and at most two tiles are ever in device memory. */
+ * during tile k's work, and at most two tiles are ever in device memory.
+ *
+ * In-place NVMe tiles (host backend) read further ahead: step A begins up
+ * to w->ahead of them (ahead_fill), each a one-slot stream, so the disk
+ * has several reads in flight when tiles are small.
+ *
+ * Between runs the walker may hold one of two things: the last tile of a
+ * run with ZO_TILE_RUN_KEEP_LAST (still in its slot) or a fetch begun by
+ * zo_tile_walk_prefetch(). The next run takes it as tile 0 when it is
+ * tiles[0], and drops it otherwise; so a backward walking a forward's
+ * tiles in reverse order starts without a read, and a pass's first tile
+ * can travel while the caller does other work. */
 #define ZO_MODULE "tiling"
 #include "tiling/tiling_internal.h"
 
@@ -89,7 +100,7 @@ ZO_API int zo_tile_walk_create_ex(zo_tile_walk **out, zo_store *store, zo_dev *d
     /* each tile read ahead in place holds a stream's two slots: the
      * minimum pool (ZO_TILE_IN_PLACE_SLOTS) reads one ahead, every two
      * slots more one deeper */
-    w->ahead = w->slot_size ? (unsigned)ZO_MIN((ss.pool_slots - ZO_TILE_IN_PLACE_SLOTS) / 2 + 1,
+    w->ahead = w->in_place && w->slot_size ? (unsigned)ZO_MIN((ss.pool_slots - ZO_TILE_IN_PLACE_SLOTS) / 2 + 1,
                                                (size_t)ZO_TILE_AHEAD_MAX)
                             : 1;
     w->ahead_auto = w->ahead;

@@ -311,8 +311,10 @@ static void env_close(env *e)
     zo_swap_destroy(&e->swap);
     zo_dev_close(&e->dev);
     free(e->t);
-    if (e->dir[0])
+    if (e->dir[0]) {
         rmdir(e->dir);
+        zo_tool_cleanup_drop(e->dir);
+    }
 }
 
 /* The swap store of a run: a private directory under --path (dir, removed
@@ -327,6 +329,7 @@ static int swap_open(const opts *o, const char *path, char *dir, size_t dirlen, 
         dir[0] = 0;
         return EXIT_RUN;
     }
+    zo_tool_cleanup_add(dir, 1); /* an interrupt removes it with the arenas and fio's file */
     const char *dirs[] = {dir};
     zo_swap_config sc;
     zo_swap_config_default(&sc);
@@ -727,8 +730,10 @@ static void optim_close(optim_env *e)
     free(e->t);
     if (e->fio_file[0])
         unlink(e->fio_file);
-    if (e->dir[0])
+    if (e->dir[0]) {
         rmdir(e->dir);
+        zo_tool_cleanup_drop(e->dir);
+    }
 }
 
 static int optim_sweep(const opts *o, optim_env *e, unsigned mode, int init, double *secs, zo_store_sweep_info *info)
@@ -1096,6 +1101,8 @@ int main(int argc, char **argv)
     int rc = parse_opts(argc, argv, &o);
     if (rc)
         return rc;
+    /* SIGINT/SIGTERM: end fio, remove the run's directory, then die */
+    zo_tool_cleanup_signals();
     zo_machine m;
     zo_machine_get(&m);
     if (o.optim)

@@ -1,4 +1,5 @@
-/* Checksums: CRC32C (C reference + SSE4.2 kernel picked at run time) and
+/* Checksums: CRC32C (C reference, SSE4.2 and AVX-512 VPCLMULQDQ kernels
+ * picked at run time) and
  * XXH3 through libxxhash when the build has it. */
 #define ZO_MODULE "nvme"
 #include "core/internal.h"
@@ -18,6 +19,7 @@
 /* slicing-by-8 tables: crc_tab[0] is the byte-at-a-time table */
 static uint32_t crc_tab[8][256];
 zo__crc_shift zo__crc_shift_long, zo__crc_shift_short;
+zo__crc_fold zo__crc_fold_k;
 
 static uint32_t crc_zero_bytes(uint32_t reg, size_t n)
 {
@@ -43,6 +45,40 @@ static void build_shift(zo__crc_shift *s, size_t n)
         }
 }
 
+/* x^n mod P in the register's reflected form (bit i is the power 31 - i):
+ * x^0 is the top bit, and multiplying by x is a right shift that reduces
+ * x^32 to P's low terms, i.e. feeding zero bits. */
+static uint32_t xpow_mod(unsigned n)
+{
+    uint32_t v = 0x80000000u;
+    while (n--)
+        v = (v >> 1) ^ (CRC32C_POLY & (0u - (v & 1)));
+    return v;
+}
+
+uint64_t zo__crc_fold_const(unsigned e)
+{
+    return xpow_mod(e - 33);
+}
+
+static void fold_pair(uint64_t k[2], unsigned d)
+{
+    k[0] = zo__crc_fold_const(d + 64);
+    k[1] = zo__crc_fold_const(d);
+}
+
+static void crc_fold_init(zo__crc_fold *f)
+{
+    fold_pair(f->d2048, 2048);
+    fold_pair(f->d1536, 1536);
+    fold_pair(f->d1024, 1024);
+    fold_pair(f->d512, 512);
+    fold_pair(f->lanes, 384);
+    fold_pair(f->lanes + 2, 256);
+    fold_pair(f->lanes + 4, 128);
+    f->lanes[6] = f->lanes[7] = 0;
+}
+
 static void crc_tables_init(void)
 {
     for (unsigned i = 0; i < 256; i++) {
@@ -56,6 +92,7 @@ static void crc_tables_init(void)
             crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xff];
     build_shift(&zo__crc_shift_long, ZO__CRC_LONG);
     build_shift(&zo__crc_shift_short, ZO__CRC_SHORT);
+    crc_fold_init(&zo__crc_fold_k);
 }
 
 uint32_t zo__crc32c_ref(uint32_t reg, const uint8_t *p, size_t n)
@@ -87,12 +124,16 @@ static void crc_dsp_init(zo__crc_dsp *dsp, unsigned flags)
     if (!(flags & ZO_CPU_SSE42))
         return;
     zo__crc_dsp_init_sse42(dsp);
+    /* Only on a CPU that has it: the init lives in a file built for
+     * AVX-512, and the compiler may use those registers anywhere in it. */
+    if ((flags & ZO__CRC_VPCLMUL_NEEDS) == ZO__CRC_VPCLMUL_NEEDS)
+        zo__crc_dsp_init_vpclmul(dsp);
 #else
     (void)flags;
 #endif
 }
 
-enum { V_C, V_SSE42, V_COUNT };
+enum { V_C, V_SSE42, V_VPCLMUL, V_COUNT };
 static zo__crc_dsp tables[V_COUNT];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
@@ -101,12 +142,15 @@ static void tables_init(void)
     crc_tables_init();
     crc_dsp_init(&tables[V_C], 0);
     crc_dsp_init(&tables[V_SSE42], ZO_CPU_SSE42);
+    crc_dsp_init(&tables[V_VPCLMUL], zo_cpu_detected() & ZO__CRC_VPCLMUL_NEEDS);
 }
 
 const zo__crc_dsp *zo__crc_dsp_for(unsigned flags)
 {
     pthread_once(&tables_once, tables_init);
     flags &= zo_cpu_detected();
+    if ((flags & ZO__CRC_VPCLMUL_NEEDS) == ZO__CRC_VPCLMUL_NEEDS)
+        return &tables[V_VPCLMUL];
     return &tables[(flags & ZO_CPU_SSE42) ? V_SSE42 : V_C];
 }
 

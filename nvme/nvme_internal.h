@@ -36,15 +36,51 @@ static inline uint32_t zo__crc_shift_apply(const zo__crc_shift *s, uint32_t x)
     return s->t[0][x & 0xff] ^ s->t[1][(x >> 8) & 0xff] ^ s->t[2][(x >> 16) & 0xff] ^ s->t[3][x >> 24];
 }
 
+/* Carry-less folding constants of the VPCLMULQDQ kernel, derived from the
+ * polynomial in checksum.c (plain C) before any kernel runs.
+ *
+ * A 128-bit block T of message (16 bytes, bit-reflected: bit 0 of byte 0
+ * is the highest power) is the polynomial T_hi * x^64 + T_lo, T_hi its
+ * first eight bytes. Moving it D bits further down the message multiplies
+ * it by x^D, and since only the value mod P matters,
+ *     T * x^D == T_hi * (x^(D+64) mod P) + T_lo * (x^D mod P).
+ * Each product of a 64-bit and a 32-bit polynomial fits in 128 bits, so it
+ * can be XORed onto the block that sits D bits later. fold_k(E) is the
+ * 64-bit operand that makes PCLMULQDQ's product of a reflected qword by it
+ * equal (mod P) that qword times x^E: a reflected product comes out one
+ * power high and a 32-bit value in the low half of a reflected qword reads
+ * as times x^32, so fold_k(E) = reflect32(x^(E-33) mod P). A pair for
+ * distance D is {fold_k(D + 64), fold_k(D)}: the low qword multiplies T_hi,
+ * the high one T_lo. */
+typedef struct zo__crc_fold {
+    uint64_t d2048[2]; /* four 512-bit accumulators, 256 bytes a step */
+    uint64_t d1536[2], d1024[2], d512[2]; /* joining them; d512 also one accumulator's step */
+    uint64_t lanes[8]; /* the four 128-bit lanes of one register onto the last: d384, d256, d128, 0 */
+} zo__crc_fold;
+extern zo__crc_fold zo__crc_fold_k;
+/* reflect32(x^(e-33) mod P) as above; e >= 33. */
+uint64_t zo__crc_fold_const(unsigned e);
+
+/* Below this many bytes the VPCLMULQDQ kernel hands the buffer to the
+ * SSE4.2 one: setting up and reducing four 512-bit accumulators costs
+ * about what a crc32q chain spends on 256 bytes. */
+#define ZO__CRC_VPCLMUL_MIN 256
+
 /* The table for the given CPU flags (tests pin each variant with it). */
 const zo__crc_dsp *zo__crc_dsp_for(unsigned flags);
 /* The table for zo_cpu_flags(). */
 const zo__crc_dsp *zo__crc_dsp_cur(void);
+/* What the VPCLMULQDQ kernel needs (crc32q for the ends, 512-bit folding). */
+#define ZO__CRC_VPCLMUL_NEEDS (ZO_CPU_SSE42 | ZO_CPU_AVX512F | ZO_CPU_VPCLMULQDQ)
 /* The C reference (slicing-by-8) on the raw register. */
 uint32_t zo__crc32c_ref(uint32_t reg, const uint8_t *p, size_t n);
 
 #if defined(__x86_64__)
 void zo__crc_dsp_init_sse42(zo__crc_dsp *dsp); /* x86/crc32c_sse42.c */
+uint32_t zo__crc32c_sse42(uint32_t reg, const uint8_t *p, size_t n);
+/* x86/crc32c_vpclmul.c; call only when the CPU has ZO__CRC_VPCLMUL_NEEDS
+ * (the file is compiled for AVX-512). */
+void zo__crc_dsp_init_vpclmul(zo__crc_dsp *dsp);
 #endif
 
 /* Checksum of one chunk with the kind's fastest kernel (no argument checks). */

@@ -449,6 +449,11 @@ START_TEST(test_cpu_parse_mask)
     ck_assert_uint_eq(m, ZO_CPU_ALL);
     ck_assert_int_eq(zo_cpu_parse_mask("-avx512bf16", &m), 0);
     ck_assert_uint_eq(m, ZO_CPU_ALL & ~ZO_CPU_AVX512BF16);
+    ck_assert_int_eq(zo_cpu_parse_mask("-vpclmulqdq", &m), 0);
+    ck_assert_uint_eq(m, ZO_CPU_ALL & ~ZO_CPU_VPCLMULQDQ);
+    /* the AVX-512 level is the kernels' common needs; VPCLMULQDQ is an
+     * extension on top, like BF16 */
+    ck_assert_uint_eq(ZO_CPU_LEVEL_AVX512 & ZO_CPU_VPCLMULQDQ, 0);
     ck_assert_int_eq(zo_cpu_parse_mask("sse4.2,fma", &m), 0);
     ck_assert_uint_eq(m, ZO_CPU_SSE42 | ZO_CPU_FMA);
     ck_assert_int_eq(zo_cpu_parse_mask("0x3", &m), 0);
@@ -471,8 +476,10 @@ START_TEST(test_cpu_flags_consistent)
 {
     unsigned d = zo_cpu_detected();
     /* extensions imply the foundation */
-    if (d & (ZO_CPU_AVX512BW | ZO_CPU_AVX512BF16))
+    if (d & (ZO_CPU_AVX512BW | ZO_CPU_AVX512BF16 | ZO_CPU_VPCLMULQDQ))
         ck_assert(d & ZO_CPU_AVX512F);
+    ck_assert_str_eq(zo_cpu_flag_name(ZO_CPU_VPCLMULQDQ), "vpclmulqdq");
+    ck_assert_uint_eq(ZO_CPU_ALL, (ZO_CPU_VPCLMULQDQ << 1) - 1);
     char buf[256];
     ck_assert_int_ge(zo_cpu_flags_string(d, buf, sizeof(buf)), 0);
     ck_assert_str_eq(zo_cpu_flag_name(ZO_CPU_AVX512BW), "avx512bw");
@@ -497,6 +504,13 @@ START_TEST(test_cpu_mask_env_bounds_dispatch)
         ck_assert_str_eq(v, "scalar");
     if (!(want & ZO_CPU_AVX512F))
         ck_assert_ptr_null(strstr(v, "avx512"));
+    /* a mask without AVX-512F (or without VPCLMULQDQ) leaves the folding
+     * CRC kernel out */
+    if (!(want & ZO_CPU_AVX512F) || !(want & ZO_CPU_VPCLMULQDQ))
+        ck_assert_str_ne(zo_crc32c_variant(), "vpclmul");
+    if ((zo_cpu_flags() & (ZO_CPU_SSE42 | ZO_CPU_AVX512F | ZO_CPU_VPCLMULQDQ)) ==
+        (ZO_CPU_SSE42 | ZO_CPU_AVX512F | ZO_CPU_VPCLMULQDQ))
+        ck_assert_str_eq(zo_crc32c_variant(), "vpclmul");
 }
 END_TEST
 

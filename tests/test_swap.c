@@ -74,45 +74,166 @@ START_TEST(test_crc_vectors)
 }
 END_TEST
 
+/* The raw register form of crc_bitwise (no inversions), as kernels take it. */
+static uint32_t crc_raw(uint32_t reg, const uint8_t *p, size_t n)
+{
+    return ~crc_bitwise(~reg, p, n);
+}
+
+static const struct {
+    unsigned flags;
+    const char *name;
+} crc_variants[] = {
+    {0, "scalar"},
+    {ZO_CPU_SSE42, "sse42"},
+    {ZO__CRC_VPCLMUL_NEEDS, "vpclmul"},
+};
+
+static const char *crc_variant_for(unsigned flags)
+{
+    const char *name = "scalar";
+    for (size_t v = 0; v < ZO_ARRAY_LEN(crc_variants); v++)
+        if ((flags & crc_variants[v].flags) == crc_variants[v].flags)
+            name = crc_variants[v].name;
+    return name;
+}
+
 START_TEST(test_crc_variants)
 {
-    const unsigned flags[] = {0, ZO_CPU_SSE42};
     size_t big = 3 * ZO__CRC_LONG * 3 + 3 * ZO__CRC_SHORT * 2 + 77;
-    uint8_t *buf = malloc(big + 64);
+    uint8_t *buf = aligned_alloc(64, (big + 128 + 63) & ~(size_t)63); /* a multiple of the alignment */
+    ck_assert_ptr_nonnull(buf);
     zo_test_rng rng = {zo_test_seed()};
-    zo_test_fill_bytes(&rng, buf, big + 64);
-    for (size_t f = 0; f < ZO_ARRAY_LEN(flags); f++) {
-        if ((zo_cpu_detected() & flags[f]) != flags[f])
+    zo_test_fill_bytes(&rng, buf, big + 128);
+    /* Every length 0..4096 at every start alignment 0..63 against the
+     * bitwise reference, advanced a byte at a time (its own code, no
+     * tables); from a nonzero register so the register's entry is checked. */
+    enum { MAXN = 4096, MIS = 64 };
+    uint32_t *want = malloc((MAXN + 1) * MIS * sizeof(*want));
+    for (size_t mis = 0; mis < MIS; mis++) {
+        uint32_t r = 0xa5c3e1f7u;
+        want[mis * (MAXN + 1)] = r;
+        for (size_t n = 1; n <= MAXN; n++)
+            want[mis * (MAXN + 1) + n] = r = crc_raw(r, buf + mis + n - 1, 1);
+    }
+    size_t ran = 0;
+    for (size_t f = 0; f < ZO_ARRAY_LEN(crc_variants); f++) {
+        if ((zo_cpu_detected() & crc_variants[f].flags) != crc_variants[f].flags)
             continue;
-        const zo__crc_dsp *d = zo__crc_dsp_for(flags[f]);
-        ck_assert_str_eq(d->name, flags[f] ? "sse42" : "scalar");
-        /* every length 0..300 at every misalignment 0..8 */
-        for (size_t mis = 0; mis < 9; mis++)
-            for (size_t n = 0; n <= 300; n++) {
-                uint32_t want = crc_bitwise(0x5a5a5a5a, buf + mis, n);
-                uint32_t got = ~d->crc32c(~0x5a5a5a5au, buf + mis, n);
-                ZO_EXPECT(got == want, "%s: n=%zu mis=%zu: 0x%08x != 0x%08x", d->name, n, mis, got, want);
+        ran++;
+        const zo__crc_dsp *d = zo__crc_dsp_for(crc_variants[f].flags);
+        ck_assert_str_eq(d->name, crc_variants[f].name);
+        for (size_t mis = 0; mis < MIS; mis++)
+            for (size_t n = 0; n <= MAXN; n++) {
+                uint32_t got = d->crc32c(0xa5c3e1f7u, buf + mis, n);
+                if (got != want[mis * (MAXN + 1) + n])
+                    ck_abort_msg("%s: n=%zu mis=%zu: 0x%08x != 0x%08x", d->name, n, mis, got,
+                                 want[mis * (MAXN + 1) + n]);
             }
         /* lengths around the lane blocks, and random ones */
         size_t lens[] = {3 * ZO__CRC_SHORT - 1, 3 * ZO__CRC_SHORT, 3 * ZO__CRC_SHORT + 1, 3 * ZO__CRC_LONG - 1,
                          3 * ZO__CRC_LONG,      3 * ZO__CRC_LONG + 8, 3 * ZO__CRC_LONG + 3 * ZO__CRC_SHORT + 5, big};
         for (size_t i = 0; i < ZO_ARRAY_LEN(lens); i++)
             for (size_t mis = 0; mis < 3; mis++) {
-                uint32_t want = crc_bitwise(0, buf + mis, lens[i]);
-                ZO_EXPECT(~d->crc32c(~0u, buf + mis, lens[i]) == want, "%s: n=%zu", d->name, lens[i]);
+                uint32_t w = crc_bitwise(0, buf + mis, lens[i]);
+                ZO_EXPECT(~d->crc32c(~0u, buf + mis, lens[i]) == w, "%s: n=%zu", d->name, lens[i]);
             }
         for (int i = 0; i < 200; i++) {
             size_t n = zo_test_next(&rng) % big, mis = zo_test_next(&rng) % 64;
             if (n + mis > big + 64)
                 n = big + 64 - mis;
-            uint32_t want = zo__crc32c_ref(0xffffffffu, buf + mis, n);
-            ZO_EXPECT(d->crc32c(0xffffffffu, buf + mis, n) == want, "%s: random n=%zu mis=%zu", d->name, n, mis);
+            uint32_t w = zo__crc32c_ref(0xffffffffu, buf + mis, n);
+            ZO_EXPECT(d->crc32c(0xffffffffu, buf + mis, n) == w, "%s: random n=%zu mis=%zu", d->name, n, mis);
+        }
+        /* chained: the register after A continues over B as over A || B,
+         * split anywhere (unaligned ends on both sides, short and long parts) */
+        for (int i = 0; i < 300; i++) {
+            size_t n = zo_test_next(&rng) % big, a = n ? zo_test_next(&rng) % (n + 1) : 0;
+            size_t mis = zo_test_next(&rng) % 64;
+            if (n + mis > big + 64)
+                n = a = 0;
+            uint32_t whole = d->crc32c(0x12345678u, buf + mis, n);
+            uint32_t part = d->crc32c(d->crc32c(0x12345678u, buf + mis, a), buf + mis + a, n - a);
+            ZO_EXPECT(part == whole && whole == zo__crc32c_ref(0x12345678u, buf + mis, n),
+                      "%s: chained n=%zu split %zu mis=%zu", d->name, n, a, mis);
         }
         ck_assert_uint_eq(crc_bitwise(0, buf, big), ~zo__crc32c_ref(~0u, buf, big));
     }
+    ck_assert_uint_gt(ran, 0);
+    free(want);
     free(buf);
-    ck_assert_str_eq(zo_crc32c_variant(),
-                     (zo_cpu_flags() & ZO_CPU_SSE42) ? "sse42" : "scalar");
+    ck_assert_str_eq(zo_crc32c_variant(), crc_variant_for(zo_cpu_flags()));
+}
+END_TEST
+
+/* Several MiB at odd lengths and offsets, every variant against the
+ * reference, and through the public call as the store makes it. */
+START_TEST(test_crc_long_buffers)
+{
+    size_t cap = (7u << 20) + 4096 + 64; /* the longest length at the largest offset (35) */
+    uint8_t *buf = malloc(cap);
+    ck_assert_ptr_nonnull(buf);
+    zo_test_rng rng = {zo_test_seed()};
+    zo_test_fill_bytes(&rng, buf, cap);
+    (void)zo__crc_dsp_for(0); /* builds the reference's tables */
+    const size_t lens[] = {(5u << 20) + 13, (3u << 20) - 1, (7u << 20) + 4093, (1u << 20) + 255};
+    for (size_t i = 0; i < ZO_ARRAY_LEN(lens); i++) {
+        size_t mis = (size_t)(zo_test_next(&rng) % 3) * 17 + (i & 1);
+        uint32_t want = zo__crc32c_ref(0xffffffffu, buf + mis, lens[i]);
+        for (size_t f = 0; f < ZO_ARRAY_LEN(crc_variants); f++) {
+            if ((zo_cpu_detected() & crc_variants[f].flags) != crc_variants[f].flags)
+                continue;
+            const zo__crc_dsp *d = zo__crc_dsp_for(crc_variants[f].flags);
+            ZO_EXPECT(d->crc32c(0xffffffffu, buf + mis, lens[i]) == want, "%s: n=%zu mis=%zu", d->name, lens[i],
+                      mis);
+        }
+        ck_assert_uint_eq(zo_crc32c(0, buf + mis, lens[i]), ~want);
+    }
+    free(buf);
+}
+END_TEST
+
+/* The folding constants, checked apart from the kernel with a software
+ * carry-less multiply: for a 16-byte block T and a distance D, the folded
+ * 16 bytes R = clmul(T_hi, k.lo) ^ clmul(T_lo, k.hi) must leave the same
+ * CRC as T followed by D/8 zero bytes. */
+static void clmul64(uint64_t a, uint64_t b, uint64_t out[2])
+{
+    out[0] = out[1] = 0;
+    for (int i = 0; i < 64; i++)
+        if (b >> i & 1) {
+            out[0] ^= a << i;
+            out[1] ^= i ? a >> (64 - i) : 0;
+        }
+}
+
+START_TEST(test_crc_fold_constants)
+{
+    (void)zo__crc_dsp_for(0); /* builds the tables */
+    const zo__crc_fold *K = &zo__crc_fold_k;
+    const struct {
+        const uint64_t *k;
+        unsigned d;
+    } pairs[] = {{K->d2048, 2048}, {K->d1536, 1536}, {K->d1024, 1024}, {K->d512, 512},
+                 {K->lanes, 384},  {K->lanes + 2, 256}, {K->lanes + 4, 128}};
+    ck_assert(K->lanes[6] == 0 && K->lanes[7] == 0);
+    zo_test_rng rng = {zo_test_seed()};
+    uint8_t msg[16 + 256];
+    for (size_t i = 0; i < ZO_ARRAY_LEN(pairs); i++) {
+        ck_assert(pairs[i].k[0] == zo__crc_fold_const(pairs[i].d + 64) && pairs[i].k[1] == zo__crc_fold_const(pairs[i].d));
+        ck_assert_uint_eq(pairs[i].k[0] >> 32, 0);
+        for (int t = 0; t < 50; t++) {
+            uint64_t th = zo_test_next(&rng), tl = zo_test_next(&rng), p0[2], p1[2];
+            memset(msg, 0, sizeof(msg));
+            memcpy(msg, &th, 8);
+            memcpy(msg + 8, &tl, 8);
+            uint32_t want = crc_raw(0, msg, 16 + pairs[i].d / 8);
+            clmul64(th, pairs[i].k[0], p0);
+            clmul64(tl, pairs[i].k[1], p1);
+            uint64_t r[2] = {p0[0] ^ p1[0], p0[1] ^ p1[1]};
+            ZO_EXPECT(crc_raw(0, (const uint8_t *)r, 16) == want, "fold by %u bits", pairs[i].d);
+        }
+    }
 }
 END_TEST
 
@@ -1654,6 +1775,8 @@ int main(int argc, char **argv)
     TCase *tc = tcase_create("crc");
     tcase_add_test(tc, test_crc_vectors);
     tcase_add_test(tc, test_crc_variants);
+    tcase_add_test(tc, test_crc_long_buffers);
+    tcase_add_test(tc, test_crc_fold_constants);
     suite_add_tcase(s, tc);
     tc = tcase_create("swap");
     tcase_set_timeout(tc, 300);

@@ -4,11 +4,16 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <mntent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/sysinfo.h>
 #include <sys/utsname.h>
 #include <sys/wait.h>
@@ -324,6 +329,117 @@ int zo_tool_bad(const char *prog, const char *fmt, ...)
     return 2;
 }
 
+/* ---- cleanup on SIGINT / SIGTERM / SIGHUP -------------------------------------------------- */
+/* Everything the handler touches is a lock-free atomic or a path written
+ * before its slot is published, and it only makes system calls (kill,
+ * open, getdents64, unlinkat, rmdir, sigprocmask, raise). */
+#define CLEANUP_SLOTS 16
+static struct {
+    atomic_int used;
+    int dir;
+    char path[4300];
+} cleanup_slots[CLEANUP_SLOTS];
+static atomic_int fio_pgid; /* the running fio's process group, 0 if none */
+static const int cleanup_sigs[] = {SIGINT, SIGTERM, SIGHUP};
+
+/* The files in a directory, then the directory. Entries removed while the
+ * directory is read may make getdents skip some, so it reads again until a
+ * pass finds nothing it could remove. */
+static void rm_dir_files(const char *path)
+{
+    int fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[4096] __attribute__((aligned(8)));
+        for (int pass = 0, removed = 1; removed && pass < 8; pass++) {
+            removed = 0;
+            lseek(fd, 0, SEEK_SET);
+            long n;
+            while ((n = syscall(SYS_getdents64, fd, buf, sizeof(buf))) > 0)
+                for (long off = 0; off < n;) {
+                    struct {
+                        uint64_t ino;
+                        int64_t off;
+                        unsigned short reclen;
+                        unsigned char type;
+                        char name[];
+                    } *d = (void *)(buf + off);
+                    if (strcmp(d->name, ".") != 0 && strcmp(d->name, "..") != 0 && unlinkat(fd, d->name, 0) == 0)
+                        removed = 1;
+                    off += d->reclen;
+                }
+        }
+        close(fd);
+    }
+    rmdir(path);
+}
+
+static void on_interrupt(int sig)
+{
+    int g = atomic_load(&fio_pgid);
+    if (g > 0)
+        kill(-g, SIGKILL);
+    for (int i = 0; i < CLEANUP_SLOTS; i++) {
+        if (!atomic_load(&cleanup_slots[i].used))
+            continue;
+        if (cleanup_slots[i].dir)
+            rm_dir_files(cleanup_slots[i].path);
+        else
+            unlink(cleanup_slots[i].path);
+    }
+    /* SA_RESETHAND put the default action back: let it end the process */
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, sig);
+    sigprocmask(SIG_UNBLOCK, &s, NULL);
+    raise(sig);
+}
+
+int zo_tool_cleanup_signals(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_interrupt;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < sizeof(cleanup_sigs) / sizeof(cleanup_sigs[0]); i++)
+        sigaddset(&sa.sa_mask, cleanup_sigs[i]);
+    for (size_t i = 0; i < sizeof(cleanup_sigs) / sizeof(cleanup_sigs[0]); i++) {
+        struct sigaction old;
+        if (sigaction(cleanup_sigs[i], NULL, &old) != 0)
+            return -1;
+        if (old.sa_handler == SIG_IGN)
+            continue;
+        if (sigaction(cleanup_sigs[i], &sa, NULL) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int zo_tool_cleanup_add(const char *path, int dir)
+{
+    if (strlen(path) >= sizeof(cleanup_slots[0].path))
+        return -1;
+    for (int i = 0; i < CLEANUP_SLOTS; i++)
+        if (atomic_load(&cleanup_slots[i].used) && !strcmp(cleanup_slots[i].path, path))
+            return 0;
+    for (int i = 0; i < CLEANUP_SLOTS; i++) {
+        if (atomic_load(&cleanup_slots[i].used))
+            continue;
+        strcpy(cleanup_slots[i].path, path);
+        cleanup_slots[i].dir = dir;
+        atomic_store(&cleanup_slots[i].used, 1); /* published after the path */
+        return 0;
+    }
+    return -1;
+}
+
+void zo_tool_cleanup_drop(const char *path)
+{
+    for (int i = 0; i < CLEANUP_SLOTS; i++)
+        if (atomic_load(&cleanup_slots[i].used) && !strcmp(cleanup_slots[i].path, path))
+            atomic_store(&cleanup_slots[i].used, 0);
+}
+
 /* ---- fio ------------------------------------------------------------------------------------ */
 int zo_fio_run(const zo_fio_job *jb, zo_fio_result *fr)
 {
@@ -379,18 +495,46 @@ int zo_fio_run(const zo_fio_job *jb, zo_fio_result *fr)
     if (pipe2(pfd, O_CLOEXEC) != 0)
         return snprintf(fr->err, sizeof(fr->err), "pipe: %s", strerror(errno)), -1;
     fflush(NULL); /* the child must not write our buffered output again */
+    /* No interrupt between fork and recording the child's group in this
+     * thread: the handler would miss the child, and in the child (until it
+     * drops them) our handlers would remove the tool's files. A signal
+     * taken by another thread meanwhile ends the tool, and the death
+     * signal (or the getppid check) ends the child. */
+    sigset_t block, old;
+    sigemptyset(&block);
+    for (size_t i = 0; i < sizeof(cleanup_sigs) / sizeof(cleanup_sigs[0]); i++)
+        sigaddset(&block, cleanup_sigs[i]);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    pid_t parent = getpid();
     pid_t pid = fork();
     if (pid < 0) {
+        int e = errno;
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         close(pfd[0]);
         close(pfd[1]);
-        return snprintf(fr->err, sizeof(fr->err), "fork: %s", strerror(errno)), -1;
+        return snprintf(fr->err, sizeof(fr->err), "fork: %s", strerror(e)), -1;
     }
     if (pid == 0) {
+        for (size_t i = 0; i < sizeof(cleanup_sigs) / sizeof(cleanup_sigs[0]); i++) {
+            struct sigaction cur;
+            if (sigaction(cleanup_sigs[i], NULL, &cur) == 0 && cur.sa_handler != SIG_IGN)
+                signal(cleanup_sigs[i], SIG_DFL);
+        }
+        /* its own group, so the handler (and only it) can end fio and any
+         * process fio starts; killed when the tool dies, even by SIGKILL.
+         * The tool may have died before prctl: then the parent changed. */
+        setpgid(0, 0);
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(127);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         dup2(pfd[1], 1);
         execvp(argv[0], (char *const *)argv);
         fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
         _exit(127);
     }
+    setpgid(pid, pid); /* also here: whichever runs first, the group exists before it is signalled */
+    atomic_store(&fio_pgid, (int)pid);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     close(pfd[1]);
     char out[16384];
     size_t got = 0;
@@ -400,7 +544,9 @@ int zo_fio_run(const zo_fio_job *jb, zo_fio_result *fr)
     out[got] = '\0';
     close(pfd[0]);
     int status = 0;
-    waitpid(pid, &status, 0);
+    while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
+        ;
+    atomic_store(&fio_pgid, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         snprintf(fr->err, sizeof(fr->err), "%s exited with status %d%s", argv[0],
                  WIFEXITED(status) ? WEXITSTATUS(status) : -1,

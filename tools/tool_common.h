@@ -68,6 +68,20 @@ int zo_tool_parse_u(const char *s, unsigned long long lo, unsigned long long hi,
 /* "prog: <message>" on stderr; returns 2, the tools' exit status for bad usage. */
 int zo_tool_bad(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* ---- cleanup when the tool is interrupted ------------------------------------ */
+/* Install handlers for SIGINT, SIGTERM and SIGHUP that kill the running fio
+ * child's process group (zo_fio_run), remove the registered paths, and then
+ * let the same signal end the process (a shell sees 128 + N). A signal the
+ * tool was started with ignored (nohup, a background job without job
+ * control) stays ignored. Call once, early in main. 0, or -1 (errno). */
+int zo_tool_cleanup_signals(void);
+/* Remove path if such a signal arrives: a file, or (dir != 0) a directory
+ * with the files in it. 0, or -1 (table full or path too long: then the
+ * tool's own cleanup at exit is all there is). */
+int zo_tool_cleanup_add(const char *path, int dir);
+/* Forget path (the tool removes it itself, or keeps it). */
+void zo_tool_cleanup_drop(const char *path);
+
 /* Median of n values (n >= 1); v is not reordered. */
 double zo_median(const double *v, unsigned n);
 
@@ -94,7 +108,11 @@ typedef struct zo_fio_result {
 } zo_fio_result;
 
 /* Run fio (ioengine io_uring, --registerfiles --thread, group reporting,
- * terse output) and parse its bandwidths. 0, or -1 with res->err set. */
+ * terse output) and parse its bandwidths. 0, or -1 with res->err set.
+ * fio runs in its own process group with PR_SET_PDEATHSIG(SIGKILL), so it
+ * dies with the tool however the tool dies (call it from the main thread:
+ * the death signal follows the thread that forked), and the handlers of
+ * zo_tool_cleanup_signals() kill that group. */
 int zo_fio_run(const zo_fio_job *job, zo_fio_result *res);
 
 #endif

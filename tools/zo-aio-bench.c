@@ -583,6 +583,8 @@ static int open_targets(const opts *o, target *tg, int need_data)
             return bad("cannot open %s: %s (%s)", t->path, zo_strerror(rc), zo_last_error_detail());
         }
         t->created = made;
+        if (made && !o->keep)
+            zo_tool_cleanup_add(t->path, 0);
         if (fd >= 0) {
             /* the engine's file must be the one we examined */
             struct stat a, b;
@@ -611,6 +613,8 @@ static int open_targets(const opts *o, target *tg, int need_data)
             fprintf(stderr, "zo-aio-bench: note: %s: %s; measuring buffered I/O\n", t->path, info.fallback);
         if (need_data && info.size < o->size && fd >= 0) {
             t->created = t->created || own;
+            if (t->created && !o->keep)
+                zo_tool_cleanup_add(t->path, 0);
             rc = zo_file_allocate(t->f, 0, o->size);
             if (rc && rc != -EOPNOTSUPP) {
                 close(fd);
@@ -639,8 +643,10 @@ static void close_targets(const opts *o, target *tg)
 {
     for (int i = 0; i < o->npaths; i++) {
         zo_file_close(&tg[i].f);
-        if (tg[i].created && !o->keep && tg[i].path[0])
+        if (tg[i].created && !o->keep && tg[i].path[0]) {
             unlink(tg[i].path);
+            zo_tool_cleanup_drop(tg[i].path);
+        }
     }
 }
 
@@ -1847,6 +1853,8 @@ int main(int argc, char **argv)
         if (o.do_read && !o.do_write && !o.mix_r)
             return bad("--path %s: no such file to read (write it first, or give a directory)", o.paths[i]);
     }
+    /* SIGINT/SIGTERM: end fio, remove the files this run made, then die */
+    zo_tool_cleanup_signals();
     zo_machine m;
     zo_machine_get(&m);
     target tg[MAX_PATHS];

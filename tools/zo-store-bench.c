@@ -6,7 +6,7 @@
  *                     tier; pairs alternate the store without prefetch and
  *                     with trace-driven prefetch, and report the demand
  *                     stall time of each and the median ratio.
- *   --checksums       CRC32C (every variant this CPU runs) and XXH3 speed
+ *   --checksums       CRC32C (every variant this CPU runs: scalar, sse42, vpclmul) and XXH3 speed
  *                     on the same buffer, alternating, medians.
  *   --optim           an offload optimizer's step: one group sweep
  *                     (READ|WRITE) over N bytes of NVMe-homed state
@@ -311,8 +311,10 @@ static void env_close(env *e)
     zo_swap_destroy(&e->swap);
     zo_dev_close(&e->dev);
     free(e->t);
-    if (e->dir[0])
+    if (e->dir[0]) {
         rmdir(e->dir);
+        zo_tool_cleanup_drop(e->dir);
+    }
 }
 
 /* The swap store of a run: a private directory under --path (dir, removed
@@ -327,6 +329,7 @@ static int swap_open(const opts *o, const char *path, char *dir, size_t dirlen, 
         dir[0] = 0;
         return EXIT_RUN;
     }
+    zo_tool_cleanup_add(dir, 1); /* an interrupt removes it with the arenas and fio's file */
     const char *dirs[] = {dir};
     zo_swap_config sc;
     zo_swap_config_default(&sc);
@@ -570,23 +573,34 @@ static int cmd_checksums(const opts *o, const zo_machine *m)
         return fprintf(stderr, "zo-store-bench: cannot allocate %zu bytes\n", n), EXIT_RUN;
     for (size_t i = 0; i < n; i++)
         buf[i] = (uint8_t)(i * 131 + (i >> 9));
-    /* variants: what the CPU can run, by lowering the mask */
+    /* variants: each CRC32C kernel the CPU can run, picked by lowering
+     * the mask (none; without VPCLMULQDQ; all), named as dispatch names it */
     struct {
-        const char *name;
+        char name[32];
         zo_csum_kind kind;
         unsigned mask;
-    } v[3];
+    } v[4];
     int nv = 0;
     unsigned saved = zo_cpu_get_mask();
-    zo_cpu_set_mask(0);
-    v[nv++] = (typeof(v[0])){"crc32c scalar", ZO_CSUM_CRC32C, 0};
+    const unsigned crc_masks[] = {0, saved & ~ZO_CPU_VPCLMULQDQ, saved};
+    for (size_t i = 0; i < sizeof(crc_masks) / sizeof(crc_masks[0]); i++) {
+        zo_cpu_set_mask(crc_masks[i]);
+        char name[32];
+        snprintf(name, sizeof(name), "crc32c %s", zo_crc32c_variant());
+        if (nv && !strcmp(v[nv - 1].name, name))
+            continue;
+        memcpy(v[nv].name, name, sizeof(name));
+        v[nv].kind = ZO_CSUM_CRC32C;
+        v[nv++].mask = crc_masks[i];
+    }
     zo_cpu_set_mask(saved);
-    if (zo_cpu_flags() & ZO_CPU_SSE42)
-        v[nv++] = (typeof(v[0])){"crc32c sse42", ZO_CSUM_CRC32C, saved};
-    if (zo_csum_available(ZO_CSUM_XXH3))
-        v[nv++] = (typeof(v[0])){"xxh3", ZO_CSUM_XXH3, saved};
+    if (zo_csum_available(ZO_CSUM_XXH3)) {
+        snprintf(v[nv].name, sizeof(v[nv].name), "xxh3");
+        v[nv].kind = ZO_CSUM_XXH3;
+        v[nv++].mask = saved;
+    }
     unsigned P = o->pairs;
-    double gbps[3][1000];
+    double gbps[4][1000];
     for (unsigned p = 0; p < P; p++)
         for (int k = 0; k < nv; k++) {
             zo_cpu_set_mask(v[k].mask);
@@ -716,8 +730,10 @@ static void optim_close(optim_env *e)
     free(e->t);
     if (e->fio_file[0])
         unlink(e->fio_file);
-    if (e->dir[0])
+    if (e->dir[0]) {
         rmdir(e->dir);
+        zo_tool_cleanup_drop(e->dir);
+    }
 }
 
 static int optim_sweep(const opts *o, optim_env *e, unsigned mode, int init, double *secs, zo_store_sweep_info *info)
@@ -1085,6 +1101,8 @@ int main(int argc, char **argv)
     int rc = parse_opts(argc, argv, &o);
     if (rc)
         return rc;
+    /* SIGINT/SIGTERM: end fio, remove the run's directory, then die */
+    zo_tool_cleanup_signals();
     zo_machine m;
     zo_machine_get(&m);
     if (o.optim)

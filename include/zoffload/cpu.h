@@ -32,7 +32,12 @@ extern "C" {
 #define ZO_CPU_AVX512DQ (1u << 7)
 #define ZO_CPU_AVX512BF16 (1u << 8)
 #define ZO_CPU_AVX512FP16 (1u << 9)
-#define ZO_CPU_ALL 0x3ffu
+/** VPCLMULQDQ (carry-less multiply on vector registers). Counted only with
+ *  AVX-512F, like the AVX-512 extensions: the one kernel using it (CRC32C
+ *  folding) works on 512-bit registers, so a mask without avx512f leaves
+ *  it unused too. */
+#define ZO_CPU_VPCLMULQDQ (1u << 10)
+#define ZO_CPU_ALL 0x7ffu
 
 /** What an "avx2" kernel needs. */
 #define ZO_CPU_LEVEL_AVX2 (ZO_CPU_SSE42 | ZO_CPU_AVX2 | ZO_CPU_FMA | ZO_CPU_F16C)

@@ -25,7 +25,7 @@ static char cpu_model_str[64];
 
 static const char *const flag_names[] = {
     "sse4.2", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-    "avx512bf16", "avx512fp16",
+    "avx512bf16", "avx512fp16", "vpclmulqdq",
 };
 
 #if ZO_X86
@@ -71,6 +71,8 @@ static unsigned detect(void)
                 f |= ZO_CPU_AVX512VL;
             if (b & bit_AVX512DQ)
                 f |= ZO_CPU_AVX512DQ;
+            if (c & (1u << 10)) /* VPCLMULQDQ */
+                f |= ZO_CPU_VPCLMULQDQ;
             if (d & (1u << 23)) /* AVX512_FP16 */
                 f |= ZO_CPU_AVX512FP16;
             unsigned a1, b1, c1, d1;
@@ -80,10 +82,11 @@ static unsigned detect(void)
                 f |= ZO_CPU_AVX512BF16;
         }
     }
-    /* Extensions are only usable with the foundation. */
+    /* Extensions are only usable with the foundation (VPCLMULQDQ counts as
+     * one: our kernel for it is 512-bit, see cpu.h). */
     if (!(f & ZO_CPU_AVX512F))
         f &= ~(ZO_CPU_AVX512BW | ZO_CPU_AVX512VL | ZO_CPU_AVX512DQ | ZO_CPU_AVX512BF16 |
-               ZO_CPU_AVX512FP16);
+               ZO_CPU_AVX512FP16 | ZO_CPU_VPCLMULQDQ);
 
     unsigned ext = __get_cpuid_max(0x80000000u, NULL);
     if (ext >= 0x80000004u) {

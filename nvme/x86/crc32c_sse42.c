@@ -34,7 +34,7 @@ static inline uint64_t load64(const uint8_t *p)
         n -= 3 * (size_t)(L);                                                      \
     }
 
-static uint32_t sse42_crc32c(uint32_t reg, const uint8_t *p, size_t n)
+uint32_t zo__crc32c_sse42(uint32_t reg, const uint8_t *p, size_t n)
 {
     while (n && ((uintptr_t)p & 7)) {
         reg = _mm_crc32_u8(reg, *p++);
@@ -57,5 +57,5 @@ static uint32_t sse42_crc32c(uint32_t reg, const uint8_t *p, size_t n)
 void zo__crc_dsp_init_sse42(zo__crc_dsp *dsp)
 {
     dsp->name = "sse42";
-    dsp->crc32c = sse42_crc32c;
+    dsp->crc32c = zo__crc32c_sse42;
 }

@@ -1580,16 +1580,17 @@ END_TEST
  * group was held, the next group's first members were loaded ahead into
  * the space the held copies left; after the release they sat in the middle
  * of the cache, and the group's last members, loaded on demand, found the
- * free space cut in two by the group's own referenced copies: ZO_EBUDGET
- * in most runs at 1.08-1.12 x, in some at 1.2 x. Every size, several mixes
- * of group sizes: no ZO_EBUDGET, prefetches wasted under 5 % of those
- * issued, contents bit for bit. */
+ * free space cut in two by the group's own referenced copies: ZO_EBUDGET.
+ * Before placement planned for co-held tensors (store.c, plan_space) this
+ * failed at 1.05 to 1.10 x in every mix, at 1.12 x in three of the four, at
+ * 1.2 x in one. Every size from 1.00 x (the group's exact bytes), four
+ * mixes of group sizes, five steps: no ZO_EBUDGET, prefetches wasted under
+ * 5 % of those issued, contents bit for bit. */
 START_TEST(test_store_frag_optimizer)
 {
-    static const double factor[] = {1.05, 1.08, 1.10, 1.12, 1.20};
+    static const double factor[] = {1.00, 1.05, 1.08, 1.10, 1.12, 1.20};
     enum { NMIX = 4, NF = sizeof(factor) / sizeof(factor[0]) };
     opt_run runs[NMIX][NF];
-    unsigned bad = 0;
     for (int mix = 0; mix < NMIX; mix++)
         for (int f = 0; f < (int)NF; f++) {
             opt_run *o = &runs[mix][f];
@@ -1610,7 +1611,6 @@ START_TEST(test_store_frag_optimizer)
             char what[64];
             snprintf(what, sizeof(what), "frag mix %d x%.2f", mix, factor[f]);
             opt_print(what, o);
-            bad += o->ebudget != 0 || o->wasted * 20 >= (o->issued ? o->issued : 1);
         }
     for (int mix = 0; mix < NMIX; mix++)
         for (int f = 0; f < (int)NF; f++) {
@@ -1621,7 +1621,6 @@ START_TEST(test_store_frag_optimizer)
                           "mix %d, cache %.2f x: %llu of %llu prefetches evicted unused", mix, factor[f],
                           (unsigned long long)o->wasted, (unsigned long long)o->issued);
         }
-    (void)bad;
 }
 END_TEST
 

@@ -505,6 +505,20 @@ static uint64_t coheld_need(zo_store *s, const zo_tensor *t, zo_tier x, size_t q
     return sum;
 }
 
+/* Evicting v's copy wastes work: a copy the trace needs within the
+ * lookahead, or without a trace one a hint loaded and nobody used yet. */
+static uint64_t plan_cost(zo_store *s, zo_tensor *v, zo_tier x)
+{
+    const zo__copy *c = &v->c[x];
+    if (c->ver != v->cur_ver)
+        return 0;
+    if (have_trace(s)) {
+        uint64_t d = zo__trace_dist(s, v);
+        return d != ZO__DIST_INF && d <= s->cfg.lookahead ? c->len : 0;
+    }
+    return c->prefetched ? c->len : 0;
+}
+
 /* What v's copy in tier x is to the placement of t's copy there (th: t's
  * hold, if the trace knows it). */
 static int plan_class(zo_store *s, zo_tier x, zo_tensor *v, const zo_tensor *t, int prefetch, uint64_t dist,
@@ -525,6 +539,11 @@ static int plan_class(zo_store *s, zo_tier x, zo_tensor *v, const zo_tensor *t, 
     }
     if (th->known && next_hold(s, v, &h, &q) && h.a < th->e && h.e > th->a)
         return PL_WALL; /* acquired while t is held */
+    /* without t's co-held set, a copy loaded ahead for use soon is taken as
+     * held with t: a run's edge next to it, not it, is t's place (if no
+     * run fits, the plain window may still evict it) */
+    if (!th->known && !prefetch && plan_cost(s, v, x))
+        return PL_WALL;
     uint64_t score = 0;
     int ok = victim_ok(s, x, v, t, prefetch, dist, have_trace(s), &score, failed);
     if (ok > 0)
@@ -539,20 +558,6 @@ static int plan_class(zo_store *s, zo_tier x, zo_tensor *v, const zo_tensor *t, 
         !(c->wb_fail && c->wb_fail_round == s->tier[x].space_round))
         return PL_LATER;
     return PL_WALL;
-}
-
-/* Evicting v's copy wastes work: a copy the trace needs within the
- * lookahead, or without a trace one a hint loaded and nobody used yet. */
-static uint64_t plan_cost(zo_store *s, zo_tensor *v, zo_tier x)
-{
-    const zo__copy *c = &v->c[x];
-    if (c->ver != v->cur_ver)
-        return 0;
-    if (have_trace(s)) {
-        uint64_t d = zo__trace_dist(s, v);
-        return d != ZO__DIST_INF && d <= s->cfg.lookahead ? c->len : 0;
-    }
-    return c->prefetched ? c->len : 0;
 }
 
 typedef struct plan_cand {

@@ -549,6 +549,10 @@ static int plan_class(zo_store *s, zo_tier x, zo_tensor *v, const zo_tensor *t, 
     if (ok > 0)
         return PL_NOW;
     if (ok < 0) {
+        /* a stream keeps it (its caller may be the thread that waits for
+         * this load): not worth waiting for; transfers end by themselves */
+        if (v->streams)
+            return PL_WALL;
         (*inflight)++;
         return PL_LATER;
     }
@@ -575,6 +579,66 @@ static int plan_better(const plan_cand *c, const plan_cand *b, int prefetch)
     if (c->cost != b->cost)
         return c->cost < b->cost;
     return prefetch ? c->at > b->at : c->at < b->at;
+}
+
+/* The best place for a copy of `need` bytes in the runs of items it (sorted,
+ * prefix sums pl: bytes usable only later, pd: dirty victims, pc: cost): at
+ * one edge of a window of `win` bytes inside a run (edge: of the run
+ * itself). *now: usable now; *ev: usable now or later. */
+static void plan_search(const span_item *it, size_t n, const uint64_t *pl, const uint64_t *pd, const uint64_t *pc,
+                        uint64_t win, uint64_t need, int edge, int prefetch, plan_cand *now, plan_cand *ev)
+{
+    for (size_t i0 = 0; i0 < n;) {
+        size_t i1 = i0;
+        while (i1 + 1 < n && it[i1].off + it[i1].len == it[i1 + 1].off)
+            i1++;
+        uint64_t rs = it[i0].off, re = it[i1].off + it[i1].len;
+        for (size_t k = i0; re - rs >= win && k <= i1; k++) {
+            /* t at the bottom of a window starting at item k, or at the top
+             * of one ending with it (in edge mode: the run's own ends) */
+            for (int top = 0; top < 2; top++) {
+                uint64_t at;
+                if (!top) {
+                    if ((edge && k != i0) || it[k].off + win > re)
+                        continue;
+                    at = it[k].off;
+                } else {
+                    uint64_t end = it[k].off + it[k].len;
+                    if ((edge && k != i1) || end < rs + win)
+                        continue;
+                    at = end - need;
+                }
+                /* the items [at, at + need) covers (binary searches: the
+                 * items of a run are adjacent, in order) */
+                size_t a = top ? i0 : k, b = top ? k : i1;
+                if (top) {
+                    size_t hi = k; /* first item ending after at */
+                    while (a < hi) {
+                        size_t mid = a + (hi - a) / 2;
+                        if (it[mid].off + it[mid].len <= at)
+                            a = mid + 1;
+                        else
+                            hi = mid;
+                    }
+                } else {
+                    size_t lo = k; /* last item starting before at + need */
+                    while (lo < b) {
+                        size_t mid = lo + (b - lo + 1) / 2;
+                        if (it[mid].off < at + need)
+                            lo = mid;
+                        else
+                            b = mid - 1;
+                    }
+                }
+                plan_cand cd = {1, a, b, at, pd[b + 1] - pd[a], pc[b + 1] - pc[a]};
+                if (plan_better(&cd, ev, prefetch))
+                    *ev = cd;
+                if (pl[b + 1] == pl[a] && plan_better(&cd, now, prefetch))
+                    *now = cd;
+            }
+        }
+        i0 = i1 + 1;
+    }
 }
 
 /* 0: placed; -EAGAIN: wait (dirty victims' write-backs started, or room
@@ -627,43 +691,9 @@ static int plan_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64
         pc[i + 1] = pc[i] + it[i].cost;
     }
     plan_cand now = {0}, ev = {0};
-    for (size_t i0 = 0; i0 < n;) {
-        size_t i1 = i0;
-        while (i1 + 1 < n && it[i1].off + it[i1].len == it[i1 + 1].off)
-            i1++;
-        uint64_t rs = it[i0].off, re = it[i1].off + it[i1].len;
-        for (size_t k = i0; re - rs >= win && k <= i1; k++) {
-            /* t at the bottom of a window starting at item k, or at the top
-             * of one ending with it (in edge mode: the run's own ends) */
-            for (int top = 0; top < 2; top++) {
-                uint64_t at;
-                if (!top) {
-                    if ((edge && k != i0) || it[k].off + win > re)
-                        continue;
-                    at = it[k].off;
-                } else {
-                    uint64_t end = it[k].off + it[k].len;
-                    if ((edge && k != i1) || end < rs + win)
-                        continue;
-                    at = end - need;
-                }
-                /* the items [at, at + need) covers */
-                size_t a = top ? i0 : k, b = top ? k : i1;
-                if (top)
-                    while (it[a].off + it[a].len <= at)
-                        a++;
-                else
-                    while (it[b].off >= at + need)
-                        b--;
-                plan_cand cd = {1, a, b, at, pd[b + 1] - pd[a], pc[b + 1] - pc[a]};
-                if (plan_better(&cd, &ev, prefetch))
-                    ev = cd;
-                if (pl[b + 1] == pl[a] && plan_better(&cd, &now, prefetch))
-                    now = cd;
-            }
-        }
-        i0 = i1 + 1;
-    }
+    plan_search(it, n, pl, pd, pc, win, need, edge, prefetch, &now, &ev);
+    if (!ev.ok && win > need) /* the group never fits together here: plan for t alone */
+        plan_search(it, n, pl, pd, pc, need, need, edge, prefetch, &now, &ev);
     if (!ev.ok) {
         r = ZO__NOPLAN;
         goto out;

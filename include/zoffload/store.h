@@ -32,7 +32,11 @@
  *   differs from the trace is recorded and replaces it. Eviction picks the
  *   copy whose next use in the trace is farthest (LRU without a trace), and
  *   prefetch never evicts a copy needed sooner than the one it fetches.
- *   zo_store_prefetch() is an explicit hint with the same rules.
+ *   zo_store_prefetch() is an explicit hint with the same rules. The trace
+ *   also records how long each acquire stays referenced, and a copy is
+ *   placed where the tensors held with it fit beside it, so tensors
+ *   acquired together (an optimizer's master, m and v) fit in a cache of
+ *   their summed sizes, whatever their sizes (docs/store.md).
  *
  * Streams and group sweeps
  *   zo_store_stream_open() walks one tensor in slot-sized pieces through
@@ -451,7 +455,11 @@ typedef struct zo_store_tier_need {
                               (each one rounded to the tier's allocation granule) */
     uint64_t any_layout; /**< a budget that lets them be acquired one after another, in the order
                               given, each kept referenced, whatever the free space looks like
-                              (other copies unreferenced): the fragmentation headroom included */
+                              (other copies unreferenced): the fragmentation headroom included,
+                              whatever placed the other copies. With ZO_TRACE_AUTO a cache that
+                              groups acquired together pass through (no home copies in the tier)
+                              needs `exact` of the largest group: placement keeps room for a
+                              group beside its first copy (docs/store.md, headroom) */
 } zo_store_tier_need;
 
 /**

@@ -85,6 +85,11 @@ typedef struct zo__copy {
     int wb_fail;         /* the last write-back from this copy failed with this error (0: none) */
     uint64_t wb_fail_round; /* tier's space round of that failure: eviction skips it in that round */
     uint64_t lru;        /* tick of the last acquire */
+    /* The current hold (refs > 0) in the trace (trace.c): the record
+     * entries of its first and latest acquire, and the trace position its
+     * first acquire matched; valid while hold_epoch == zo_store.trace_epoch */
+    uint32_t rec_hold, rec_last, hold_tpos;
+    uint64_t hold_epoch;
     unsigned waiters;    /* acquires waiting on this copy (on wq), not parked */
     unsigned parked;     /* acquires of this copy parked in the tier's space queue */
     zo_list wq;          /* those waiting on it (zo_store_req.link), in arrival order */
@@ -110,6 +115,7 @@ struct zo_tensor {
     int wb_err;          /* first write-back error since the last flush */
     char wb_detail[ZO_ERRMSG_LEN];
     char wb_fail_detail[ZO_ERRMSG_LEN]; /* why the last write-back failed (copy's wb_fail) */
+    uint64_t plan_mark;  /* placement planning: counted once (store.c, coheld_need) */
     uint32_t *tpos;      /* positions in the trace, ascending */
     size_t ntpos, captpos;
     struct zo_tensor *prev, *next; /* all tensors */
@@ -226,10 +232,16 @@ typedef struct zo__tier {
     uint64_t space_round;
 } zo__tier;
 
+/* An acquire of the trace, and how long the tensor stayed referenced: end
+ * is the number of acquires recorded when its last reference went (the
+ * entries in (this one, end) were acquired while it was held); 0 while it
+ * is held, or held past the end of the iteration. */
 typedef struct zo__trace_ent {
     zo_tensor *t;
     zo_tier tier;
+    uint32_t end;
 } zo__trace_ent;
+#define ZO__TPOS_NONE UINT32_MAX
 
 struct zo_store {
     zo_store_config cfg;
@@ -280,6 +292,8 @@ struct zo_store {
     size_t pos;
     int recording;
     uint64_t iter_mismatch;
+    uint64_t trace_epoch; /* bumped when rec or pos start over (zo__copy.hold_epoch) */
+    uint64_t plan_gen;    /* placement planning passes (zo_tensor.plan_mark) */
 
     /* jobs */
     unsigned jobs_active;
@@ -351,7 +365,12 @@ static inline uint8_t *zo__slot_ptr(zo_store *s, int slot)
 }
 
 /* trace.c */
+/* An acquire of t in tier x, before it takes its reference. */
 void zo__trace_note(zo_store *s, zo_tensor *t, zo_tier x);
+/* t's copy in tier x lost its last reference: the hold's entries end. */
+void zo__trace_hold_end(zo_store *s, zo_tensor *t, zo_tier x);
+/* How many entries trace entry q's tensor stays held from q on (>= 1). */
+uint64_t zo__trace_hold_len(const zo_store *s, size_t q);
 void zo__trace_pump(zo_store *s);
 uint64_t zo__trace_dist(zo_store *s, const zo_tensor *t);
 void zo__trace_forget_tensor(zo_store *s, zo_tensor *t);

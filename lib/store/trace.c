@@ -3,7 +3,9 @@
  * entry expected) and the next `lookahead` entries are loaded ahead, within
  * the prefetch byte cap. Every iteration is recorded too; one whose order
  * differed from the trace replaces it at zo_store_step(). The distance to a
- * tensor's next use in the trace drives eviction (Belady's rule). */
+ * tensor's next use in the trace drives eviction (Belady's rule). Each
+ * entry also records how long its tensor stayed referenced (releases), so
+ * placement knows which tensors are held together (store.c, plan_space). */
 #include "store/store_internal.h"
 
 #include <stdlib.h>
@@ -49,35 +51,68 @@ void zo__trace_note(zo_store *s, zo_tensor *t, zo_tier x)
 {
     if (s->trace_mode != ZO_TRACE_AUTO)
         return;
+    zo__copy *c = &t->c[x];
+    int starts = !c->refs || c->hold_epoch != s->trace_epoch; /* a new hold (or one from before the epoch) */
+    uint32_t ri = ZO__TPOS_NONE;
     if (s->nrec < TRACE_MAX) {
         if (s->nrec == s->caprec) {
-            size_t c = s->caprec ? s->caprec * 2 : 64;
-            zo__trace_ent *p = realloc(s->rec, c * sizeof(*p));
+            size_t cap = s->caprec ? s->caprec * 2 : 64;
+            zo__trace_ent *p = realloc(s->rec, cap * sizeof(*p));
             if (p) {
                 s->rec = p;
-                s->caprec = c;
+                s->caprec = cap;
             }
         }
-        if (s->nrec < s->caprec)
-            s->rec[s->nrec++] = (zo__trace_ent){t, x};
-    }
-    if (s->recording || !s->ntrace)
-        return;
-    size_t n = s->ntrace;
-    if (s->trace[s->pos].t == t && s->trace[s->pos].tier == x) {
-        s->pos = (s->pos + 1) % n;
-        return;
-    }
-    /* out of order: look a little ahead (an access skipped), else stay */
-    s->iter_mismatch++;
-    size_t window = ZO_MIN(n, (size_t)ZO_MAX(8u, 2 * s->cfg.lookahead));
-    for (size_t k = 1; k < window; k++) {
-        size_t q = (s->pos + k) % n;
-        if (s->trace[q].t == t && s->trace[q].tier == x) {
-            s->pos = (q + 1) % n;
-            return;
+        if (s->nrec < s->caprec) {
+            ri = (uint32_t)s->nrec;
+            s->rec[s->nrec++] = (zo__trace_ent){t, x, 0};
         }
     }
+    if (starts) {
+        c->hold_epoch = s->trace_epoch;
+        c->rec_hold = ri;
+        c->hold_tpos = ZO__TPOS_NONE;
+    }
+    c->rec_last = ri;
+    if (s->recording || !s->ntrace)
+        return;
+    size_t n = s->ntrace, q = s->pos;
+    if (s->trace[q].t != t || s->trace[q].tier != x) {
+        /* out of order: look a little ahead (an access skipped), else stay */
+        s->iter_mismatch++;
+        size_t window = ZO_MIN(n, (size_t)ZO_MAX(8u, 2 * s->cfg.lookahead));
+        size_t k;
+        for (k = 1; k < window; k++) {
+            q = (s->pos + k) % n;
+            if (s->trace[q].t == t && s->trace[q].tier == x)
+                break;
+        }
+        if (k == window)
+            return;
+    }
+    s->pos = (q + 1) % n;
+    if (starts)
+        c->hold_tpos = (uint32_t)q;
+}
+
+void zo__trace_hold_end(zo_store *s, zo_tensor *t, zo_tier x)
+{
+    zo__copy *c = &t->c[x];
+    if (s->trace_mode != ZO_TRACE_AUTO || c->hold_epoch != s->trace_epoch || c->rec_hold == ZO__TPOS_NONE ||
+        c->rec_last == ZO__TPOS_NONE || c->rec_last >= s->nrec)
+        return;
+    /* every acquire of this hold: the entries after each were acquired
+     * while the tensor was held */
+    for (size_t i = c->rec_hold; i <= c->rec_last; i++)
+        if (s->rec[i].t == t && s->rec[i].tier == x && !s->rec[i].end)
+            s->rec[i].end = (uint32_t)s->nrec;
+    c->rec_hold = c->rec_last = ZO__TPOS_NONE;
+}
+
+uint64_t zo__trace_hold_len(const zo_store *s, size_t q)
+{
+    uint32_t end = s->trace[q].end;
+    return (end > q ? end : s->ntrace) - q;
 }
 
 uint64_t zo__trace_dist(zo_store *s, const zo_tensor *t)
@@ -145,6 +180,7 @@ ZO_API int zo_store_step(zo_store *s)
         s->nrec = 0;
         s->pos = 0;
         s->iter_mismatch = 0;
+        s->trace_epoch++;
         zo__trace_pump(s);
     }
     pthread_mutex_unlock(&s->lock);
@@ -157,6 +193,7 @@ static void reset(zo_store *s)
     s->pos = 0;
     s->iter_mismatch = 0;
     s->recording = 1;
+    s->trace_epoch++;
     clear_positions(s);
 }
 

@@ -1,6 +1,6 @@
 """A tool killed while fio runs must not leave fio running, nor its files.
 
-Usage: fio-child-cleanup.py store|aio TOOL
+Usage: fio-child-cleanup.py store|aio|tile TOOL
 
 Real processes: the tool runs with --vs-fio and --fio pointing at a fake fio
 (a shell script that writes its pid and sleeps), in a fresh directory under
@@ -9,8 +9,8 @@ Then:
   - the fake fio is gone within two seconds (the handler kills its process
     group; after SIGKILL the death signal does);
   - after SIGINT/SIGTERM the tool died of that signal and the files it made
-    (zo-store-bench's run directory with its arenas and fio's file,
-    zo-aio-bench's data file) are gone;
+    (zo-store-bench's and zo-tile-bench's run directory with its arenas and
+    fio's file, zo-aio-bench's data file) are gone;
   - fio ran in its own process group.
 """
 import os
@@ -65,6 +65,9 @@ def run_case(kind, tool, sig):
         if kind == "store":
             argv = [tool, "--optim", "--vs-fio", "--fio", fake, "--path", work, "--state", "3M",
                     "--group-elems", "100000", "--pairs", "1"]
+        elif kind == "tile":
+            argv = [tool, "--fio", fake, "--path", work, "--batch", "2", "--out", "64", "--in", "64", "--pairs", "1",
+                    "--fio-size", "1M"]
         else:
             argv = [tool, "--vs-fio", "--fio", fake, "--path", work, "--size", "2M", "--pairs", "1",
                     "--no-progress"]

@@ -30,7 +30,13 @@ static inline int zo__tile_has_msg(const zo_errbuf *eb)
 /* In-place NVMe tiles read ahead of the one in use: at most this many
  * (each holds two pool slots; fewer when the pool is smaller, see walk.c),
  * and no more once this many bytes are on their way (large tiles keep a
- * disk busy with one or two reads in flight). */
+ * disk busy with one or two reads in flight). The queue is filled while
+ * fewer than this many bytes are queued, so tiles of 29 MiB (batch 16,
+ * 8192 x 8192 fp32, 32 MiB slots) go two ahead. 64 MiB (three ahead) was
+ * no faster there: NVMe step 256-298 ms against 277-291 ms with 32 MiB,
+ * and more time waiting for tiles (20-23 ms a run against 17-20; nice'd,
+ * alternated, 2026-11; noisy, but not better): two reads in flight
+ * already keep the one disk busy, and a third holds two more pool slots. */
 #define ZO_TILE_AHEAD_MAX 8u
 #define ZO_TILE_AHEAD_BYTES (32ull << 20)
 

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -441,40 +442,45 @@ void zo_tool_cleanup_drop(const char *path)
 }
 
 /* ---- fio ------------------------------------------------------------------------------------ */
-int zo_fio_run(const zo_fio_job *jb, zo_fio_result *fr)
-{
-    memset(fr, 0, sizeof(*fr));
-    char a_file[16400], a_size[64], a_bs[64], a_qd[64], a_jobs[64], a_rw[64], a_mix[64], a_loops[64], a_direct[32],
-        a_inc[64], a_iomem[80];
-    char a_name[] = "--name=zo-vs-fio";
-    if ((size_t)snprintf(a_file, sizeof(a_file), "--filename=%s", jb->filename) >= sizeof(a_file))
-        return snprintf(fr->err, sizeof(fr->err), "file names too long"), -1;
-    snprintf(a_size, sizeof(a_size), "--size=%llu", (unsigned long long)jb->size);
-    snprintf(a_bs, sizeof(a_bs), "--bs=%llu", (unsigned long long)jb->bs);
-    snprintf(a_qd, sizeof(a_qd), "--iodepth=%u", jb->iodepth);
-    snprintf(a_jobs, sizeof(a_jobs), "--numjobs=%u", jb->numjobs ? jb->numjobs : 1);
-    snprintf(a_inc, sizeof(a_inc), "--offset_increment=%llu", (unsigned long long)jb->offset_increment);
-    snprintf(a_rw, sizeof(a_rw), "--rw=%s", jb->rw);
-    snprintf(a_mix, sizeof(a_mix), "--rwmixread=%u", jb->rwmixread);
-    snprintf(a_loops, sizeof(a_loops), "--loops=%u", jb->loops);
-    snprintf(a_direct, sizeof(a_direct), "--direct=%d", jb->direct);
+/* fio's argument vector for a job: one builder, so that the line a tool
+ * prints (zo_fio_cmdline) is the one zo_fio_run runs. */
+typedef struct fio_args {
+    char file[16400], size[64], bs[64], qd[64], jobs[64], rw[64], mix[64], loops[64], direct[32], inc[64], iomem[80];
+    char name[32];
     const char *argv[32];
+} fio_args;
+
+static int fio_argv(const zo_fio_job *jb, fio_args *a, char *err, size_t errlen)
+{
+    snprintf(a->name, sizeof(a->name), "--name=zo-vs-fio");
+    if ((size_t)snprintf(a->file, sizeof(a->file), "--filename=%s", jb->filename) >= sizeof(a->file))
+        return snprintf(err, errlen, "file names too long"), -1;
+    snprintf(a->size, sizeof(a->size), "--size=%llu", (unsigned long long)jb->size);
+    snprintf(a->bs, sizeof(a->bs), "--bs=%llu", (unsigned long long)jb->bs);
+    snprintf(a->qd, sizeof(a->qd), "--iodepth=%u", jb->iodepth);
+    snprintf(a->jobs, sizeof(a->jobs), "--numjobs=%u", jb->numjobs ? jb->numjobs : 1);
+    snprintf(a->inc, sizeof(a->inc), "--offset_increment=%llu", (unsigned long long)jb->offset_increment);
+    snprintf(a->rw, sizeof(a->rw), "--rw=%s", jb->rw);
+    snprintf(a->mix, sizeof(a->mix), "--rwmixread=%u", jb->rwmixread);
+    snprintf(a->loops, sizeof(a->loops), "--loops=%u", jb->loops);
+    snprintf(a->direct, sizeof(a->direct), "--direct=%d", jb->direct);
+    const char **argv = a->argv;
     int n = 0;
     argv[n++] = jb->fio ? jb->fio : "fio";
-    argv[n++] = a_name;
-    argv[n++] = a_file;
-    argv[n++] = a_size;
-    argv[n++] = a_bs;
-    argv[n++] = a_qd;
-    argv[n++] = a_jobs;
+    argv[n++] = a->name;
+    argv[n++] = a->file;
+    argv[n++] = a->size;
+    argv[n++] = a->bs;
+    argv[n++] = a->qd;
+    argv[n++] = a->jobs;
     if (jb->offset_increment)
-        argv[n++] = a_inc;
-    argv[n++] = a_rw;
+        argv[n++] = a->inc;
+    argv[n++] = a->rw;
     if (jb->rwmixread)
-        argv[n++] = a_mix;
+        argv[n++] = a->mix;
     if (jb->loops)
-        argv[n++] = a_loops;
-    argv[n++] = a_direct;
+        argv[n++] = a->loops;
+    argv[n++] = a->direct;
     argv[n++] = "--ioengine=io_uring";
     if (jb->fixedbufs)
         argv[n++] = "--fixedbufs";
@@ -482,15 +488,91 @@ int zo_fio_run(const zo_fio_job *jb, zo_fio_result *fr)
     if (jb->sqpoll)
         argv[n++] = "--sqthread_poll=1";
     if (jb->iomem) {
-        snprintf(a_iomem, sizeof(a_iomem), "--iomem=%s", jb->iomem);
-        argv[n++] = a_iomem;
+        snprintf(a->iomem, sizeof(a->iomem), "--iomem=%s", jb->iomem);
+        argv[n++] = a->iomem;
     }
     argv[n++] = "--thread";
     argv[n++] = "--group_reporting";
     argv[n++] = "--output-format=terse";
     argv[n++] = "--terse-version=3";
     argv[n] = NULL;
+    return 0;
+}
 
+int zo_fio_cmdline(const zo_fio_job *job, char *buf, size_t len)
+{
+    fio_args *a = malloc(sizeof(*a));
+    char err[64];
+    if (!a || fio_argv(job, a, err, sizeof(err)) < 0) {
+        free(a);
+        return -1;
+    }
+    size_t at = 0;
+    int r = 0;
+    for (int i = 0; a->argv[i]; i++) {
+        int k = snprintf(buf + at, len - at, "%s%s", i ? " " : "", a->argv[i]);
+        if (k < 0 || (size_t)k >= len - at) {
+            r = -1;
+            break;
+        }
+        at += (size_t)k;
+    }
+    free(a);
+    return r;
+}
+
+/* /proc/meminfo's "key: N" (the value as written, kB for sizes); 0 if absent */
+static uint64_t meminfo_value(const char *key)
+{
+    FILE *f = fopen("/proc/meminfo", "re");
+    if (!f)
+        return 0;
+    char line[256];
+    uint64_t v = 0;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof(line), f))
+        if (!strncmp(line, key, kl) && line[kl] == ':') {
+            v = strtoull(line + kl + 1, NULL, 10);
+            break;
+        }
+    fclose(f);
+    return v;
+}
+
+int zo_fio_hugepages_fit(uint64_t bs, unsigned iodepth, unsigned numjobs, char *why, size_t len)
+{
+    uint64_t hp = meminfo_value("Hugepagesize") * 1024;
+    uint64_t nr = 0;
+    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "re");
+    if (f) {
+        if (fscanf(f, "%" SCNu64, &nr) != 1)
+            nr = 0;
+        fclose(f);
+    }
+    uint64_t avail_pages = meminfo_value("HugePages_Free");
+    uint64_t rsvd = meminfo_value("HugePages_Rsvd");
+    avail_pages = avail_pages > rsvd ? avail_pages - rsvd : 0;
+    if (!hp || !nr) {
+        snprintf(why, len, "no huge pages (/proc/sys/vm/nr_hugepages is 0)");
+        return 0;
+    }
+    /* fio's buffer per job: iodepth x bs, one page of alignment slack,
+     * rounded up to whole huge pages */
+    uint64_t per_job = (bs * iodepth + 4096 + hp - 1) / hp;
+    uint64_t need = per_job * (numjobs ? numjobs : 1);
+    if (need > avail_pages) {
+        snprintf(why, len,
+                 "fio's buffers need %llu huge pages of %llu KiB, %llu free (/proc/sys/vm/nr_hugepages %llu)",
+                 (unsigned long long)need, (unsigned long long)(hp >> 10), (unsigned long long)avail_pages,
+                 (unsigned long long)nr);
+        return 0;
+    }
+    return 1;
+}
+
+/* Run fio as argv (zo_fio_run's whole work after building the line). */
+static int fio_exec(const char *const *argv, const zo_fio_job *jb, zo_fio_result *fr)
+{
     int pfd[2];
     if (pipe2(pfd, O_CLOEXEC) != 0)
         return snprintf(fr->err, sizeof(fr->err), "pipe: %s", strerror(errno)), -1;
@@ -570,4 +652,15 @@ int zo_fio_run(const zo_fio_job *jb, zo_fio_result *fr)
     double runtime_s = (rms > wms ? rms : wms) / 1000.0;
     fr->cpu_s = (atof(fields[87]) + atof(fields[88])) / 100.0 * runtime_s * (jb->numjobs ? jb->numjobs : 1);
     return 0;
+}
+
+int zo_fio_run(const zo_fio_job *jb, zo_fio_result *fr)
+{
+    memset(fr, 0, sizeof(*fr));
+    fio_args *fa = malloc(sizeof(*fa));
+    if (!fa)
+        return snprintf(fr->err, sizeof(fr->err), "out of memory"), -1;
+    int r = fio_argv(jb, fa, fr->err, sizeof(fr->err)) < 0 ? -1 : fio_exec(fa->argv, jb, fr);
+    free(fa);
+    return r;
 }

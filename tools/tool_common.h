@@ -115,4 +115,15 @@ typedef struct zo_fio_result {
  * zo_tool_cleanup_signals() kill that group. */
 int zo_fio_run(const zo_fio_job *job, zo_fio_result *res);
 
+/* The command line zo_fio_run runs for job, the binary first, arguments
+ * separated by one space (for the tools' output and JSON). 0, or -1 (buf
+ * too small, out of memory). */
+int zo_fio_cmdline(const zo_fio_job *job, char *buf, size_t len);
+
+/* Whether fio's --iomem=shmhuge buffers (per job iodepth x bs and a page of
+ * alignment, in whole huge pages) fit the huge pages free now
+ * (/proc/meminfo HugePages_Free less HugePages_Rsvd; none at all when
+ * /proc/sys/vm/nr_hugepages is 0). 1 yes; 0 no, the reason in why. */
+int zo_fio_hugepages_fit(uint64_t bs, unsigned iodepth, unsigned numjobs, char *why, size_t len);
+
 #endif

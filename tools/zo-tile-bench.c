@@ -13,6 +13,18 @@
  * (the weights are read twice, once per pass). Reported: medians of each
  * time and of the per-pair ratios host/untiled and nvme/bound.
  *
+ * fio runs in its best mode here (the project compares with each peer's
+ * best): io_uring, O_DIRECT, registered files and fixed buffers, its
+ * buffers in huge pages (--iomem=shmhuge) when enough are free (else fio's
+ * default, said in the output), 4 MiB blocks at QD 8, on a file of at least
+ * 512 MiB laid out once per run (in the warm-up round) and removed at the
+ * end or on an interrupt. The fio command line is printed.
+ *
+ * Slot size: an NVMe tile read in place is at most one of the store's pool
+ * slots, so by default (--slot-size auto) the slot is sized to the tile the
+ * pinned-host home gets from the budget (a power of two MiB, 4..64 MiB):
+ * both homes then walk the same grid.
+ *
  *   --plan     print the tile grid chosen for each --budgets entry and exit
  *              (no device, no store): what the docs' table comes from.
  *
@@ -53,12 +65,14 @@
 #define MAXU(a, b) ((a) > (b) ? (a) : (b))
 
 typedef struct opts {
-    uint64_t batch, out, in, budget, slot_size;
+    uint64_t batch, out, in, budget, slot_size; /* slot_size 0: auto */
+    uint64_t fio_size;                          /* 0: max(512 MiB, 2 x W) */
     uint32_t tile_out, tile_in;
     zo_dtype dtype;
     zo_dev_kind dev;
     unsigned pairs;
     const char *path, *fio;
+    const char *fio_iomem; /* NULL: shmhuge when the huge pages fit, else fio's default */
     int json, plan, no_nvme, no_fio, copy_tiles;
     int no_keep, no_prefetch, in_order; /* the pass-boundary measures off (to compare) */
     unsigned read_ahead;                /* 0: the pool's default */
@@ -81,8 +95,9 @@ static void usage(FILE *f)
                "  --pairs N            alternating rounds, medians reported (default 5)\n"
                "  --path DIR           swap directory and fio's file (default /var/tmp)\n"
                "  --no-nvme            skip the NVMe-homed run and the fio bound\n"
-               "  --slot-size SIZE     the store's pinned pool slot (default the store's, 4 MiB): an\n"
-               "                       NVMe-homed tile read in place is at most one slot\n"
+               "  --slot-size SIZE|auto  the store's pinned pool slot: an NVMe-homed tile read in\n"
+               "                       place is at most one slot. auto (default): the pinned-host\n"
+               "                       home's tile rounded up to a power of two MiB, 4 MiB..64 MiB\n"
                "  --copy-tiles         copy every tile into the device buffers (the host backend\n"
                "                       otherwise reads tiles in host memory in place)\n"
                "  --no-keep            forward does not keep its last tile for backward\n"
@@ -91,6 +106,9 @@ static void usage(FILE *f)
                "                       store's pool allows; 1: the next tile only)\n"
                "  --in-order           backward walks the tiles first to last (the old order; no keep)\n"
                "  --fio PATH           the fio binary (default fio in PATH); --no-fio: no bound\n"
+               "  --fio-iomem MODE     fio's buffer memory (--iomem=MODE; default shmhuge when the free\n"
+               "                       huge pages hold fio's buffers, else fio's default, malloc)\n"
+               "  --fio-size SIZE      fio's file (default the larger of 512 MiB and 2 x W's bytes)\n"
                "  --plan               print the grid for each --budgets entry and exit\n"
                "  --budgets LIST       comma list of sizes for --plan (default 8M,64M,512M)\n"
                "  --json               one JSON object on stdout\n");
@@ -114,7 +132,8 @@ static int parse_budgets(const char *s, opts *o)
 static int parse_opts(int argc, char **argv, opts *o)
 {
     enum { OPT_B = 256, OPT_OUT, OPT_IN, OPT_DT, OPT_BUD, OPT_TILE, OPT_DEV, OPT_PR, OPT_PATH, OPT_NONVME, OPT_FIO, OPT_NOFIO, OPT_PLAN,
-           OPT_BUDS, OPT_JSON, OPT_COPY, OPT_SLOT, OPT_NOKEEP, OPT_NOPRE, OPT_INORDER, OPT_AHEAD, OPT_HELP };
+           OPT_BUDS, OPT_JSON, OPT_COPY, OPT_SLOT, OPT_NOKEEP, OPT_NOPRE, OPT_INORDER, OPT_AHEAD, OPT_FIOMEM,
+           OPT_FIOSIZE, OPT_HELP };
     static const struct option lo[] = {
         {"batch", 1, 0, OPT_B},     {"out", 1, 0, OPT_OUT},        {"in", 1, 0, OPT_IN},       {"dtype", 1, 0, OPT_DT},
         {"budget", 1, 0, OPT_BUD},  {"tile", 1, 0, OPT_TILE},      {"device", 1, 0, OPT_DEV},  {"pairs", 1, 0, OPT_PR},
@@ -122,6 +141,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"plan", 0, 0, OPT_PLAN},   {"budgets", 1, 0, OPT_BUDS},   {"json", 0, 0, OPT_JSON},   {"help", 0, 0, OPT_HELP},
         {"copy-tiles", 0, 0, OPT_COPY}, {"slot-size", 1, 0, OPT_SLOT}, {"no-keep", 0, 0, OPT_NOKEEP},
         {"no-prefetch", 0, 0, OPT_NOPRE}, {"in-order", 0, 0, OPT_INORDER}, {"read-ahead", 1, 0, OPT_AHEAD},
+        {"fio-iomem", 1, 0, OPT_FIOMEM}, {"fio-size", 1, 0, OPT_FIOSIZE},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -154,8 +174,20 @@ static int parse_opts(int argc, char **argv, opts *o)
             break;
         case OPT_SLOT:
             /* the store checks the rest (a multiple of the swap chunk size) */
-            if (zo_parse_size(optarg, &o->slot_size) || o->slot_size == 0 || o->slot_size > ((uint64_t)1 << 30))
-                return bad("--slot-size %s: not a size in (0, 1G]", optarg);
+            if (!strcmp(optarg, "auto"))
+                o->slot_size = 0;
+            else if (zo_parse_size(optarg, &o->slot_size) || o->slot_size == 0 || o->slot_size > ((uint64_t)1 << 30))
+                return bad("--slot-size %s: not a size in (0, 1G] or auto", optarg);
+            break;
+        case OPT_FIOMEM:
+            /* fio checks the mode itself (its list depends on its build) */
+            if (!*optarg || strchr(optarg, ' '))
+                return bad("--fio-iomem '%s': expected a fio --iomem mode, e.g. shmhuge or malloc", optarg);
+            o->fio_iomem = optarg;
+            break;
+        case OPT_FIOSIZE:
+            if (zo_parse_size(optarg, &o->fio_size) || o->fio_size < (1u << 20))
+                return bad("--fio-size %s: not a size of at least 1M", optarg);
             break;
         case OPT_TILE: {
             unsigned a, b;
@@ -294,23 +326,82 @@ static int cmd_plan(const opts *o)
 }
 
 /* ---- fio ------------------------------------------------------------------------------------ */
-/* Sequential read bandwidth of a fresh file of `size` bytes in --path (fio
- * lays it out first), O_DIRECT, 4 MiB blocks, io_uring QD 8. */
-static int fio_read_bw(const opts *o, uint64_t size, double *bw, char *err, size_t errlen)
+/* fio's blocks and queue depth. Its best mode on this machine's virtio
+ * disk (io_uring, direct, fixedbufs, registerfiles, shmhuge; 1 GiB file,
+ * alternated, nice'd, 2026-11): bs 4M QD 8 at 1.8-3.0 GB/s, bs 1M QD 32 at
+ * 2.0-2.9, bs 4M QD 16 at 2.3-3.0, bs 8M QD 8 at 2.3-3.0: within the noise
+ * of each other, 4M QD 8 as fast as any. It is 32 MiB in flight (16 huge
+ * pages of fio's buffers), as the tiled walk's read-ahead. */
+#define FIO_BS (4ull << 20)
+#define FIO_QD 8u
+/* fio's file: large enough that the disk's cache and the first request's
+ * latency do not decide the rate (128 MiB read slower than 1 GiB here) */
+#define FIO_MIN_FILE (512ull << 20)
+
+typedef struct fio_setup {
+    zo_fio_job job;
+    char file[4300];
+    char cmdline[8800];
+    char iomem_note[256]; /* why not shmhuge (default mode only) */
+    const char *iomem;    /* as passed; NULL: fio's default */
+} fio_setup;
+
+/* The job, its mode (huge pages when they fit, unless --fio-iomem) and
+ * fio's file in dir (created here O_EXCL, 0600, empty: fio lays it out on
+ * its first run; the caller registered dir for removal on interrupt). */
+static int fio_prepare(const opts *o, const char *dir, uint64_t wbytes, fio_setup *fs)
 {
-    char file[4200];
-    snprintf(file, sizeof(file), "%s/zo-tile-bench-fio.%ld.dat", o->path, (long)getpid());
-    zo_fio_job jb = {.fio = o->fio, .filename = file, .size = (size + (4u << 20) - 1) / (4u << 20) * (4u << 20),
-                     .bs = 4u << 20, .iodepth = 8, .numjobs = 1, .rw = "read", .direct = 1};
+    memset(fs, 0, sizeof(*fs));
+    uint64_t size = o->fio_size ? o->fio_size : MAXU(FIO_MIN_FILE, 2 * wbytes);
+    size = (size + FIO_BS - 1) / FIO_BS * FIO_BS;
+    snprintf(fs->file, sizeof(fs->file), "%s/fio.dat", dir);
+    if (o->fio_iomem) {
+        fs->iomem = o->fio_iomem;
+    } else if (zo_fio_hugepages_fit(FIO_BS, FIO_QD, 1, fs->iomem_note, sizeof(fs->iomem_note))) {
+        fs->iomem = "shmhuge";
+    }
+    fs->job = (zo_fio_job){.fio = o->fio, .filename = fs->file, .size = size, .bs = FIO_BS, .iodepth = FIO_QD,
+                           .numjobs = 1, .rw = "read", .direct = 1, .fixedbufs = 1, .iomem = fs->iomem};
+    if (zo_fio_cmdline(&fs->job, fs->cmdline, sizeof(fs->cmdline)) < 0)
+        snprintf(fs->cmdline, sizeof(fs->cmdline), "(too long to print)");
+    int created = 0;
+    char why[512];
+    int fd = zo_tool_open_data(fs->file, &created, why, sizeof(why));
+    if (fd < 0) {
+        fprintf(stderr, "zo-tile-bench: fio's file %s: %s\n", fs->file, why);
+        fs->file[0] = '\0';
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+/* fio's sequential read bandwidth on its file, O_DIRECT, in the mode set. */
+static int fio_read_bw(const fio_setup *fs, double *bw, char *err, size_t errlen)
+{
     zo_fio_result fr;
-    int r = zo_fio_run(&jb, &fr);
-    unlink(file);
+    int r = zo_fio_run(&fs->job, &fr);
     if (r < 0 || fr.bw[0] <= 0) {
         snprintf(err, errlen, "%s", r < 0 ? fr.err : "fio reported no read bandwidth");
         return -1;
     }
     *bw = fr.bw[0];
     return 0;
+}
+
+/* The pool slot for --slot-size auto: the tile the pinned-host home plans
+ * from the budget (the NVMe home's tile is capped at one slot when read in
+ * place) rounded up to a power of two MiB, within [the store's default,
+ * 64 MiB]. Measured (batch 512, 4096 x 4096 fp32, NVMe / bound): 4 MiB
+ * slots 1.095, 8M 1.064, 16M 1.050, 32M 1.047; batch 16, 8192 x 8192:
+ * 296 ms with 4 MiB slots, 213 ms with 32 MiB. At most 64 MiB: the store's
+ * 16 slots then pin 1 GiB. */
+static uint64_t auto_slot(uint64_t tile_bytes, uint64_t store_default)
+{
+    uint64_t s = 1u << 20;
+    while (s < tile_bytes && s < (64ull << 20))
+        s <<= 1;
+    return MAXU(s, store_default);
 }
 
 /* ---- the measured runs --------------------------------------------------------------------- */
@@ -325,6 +416,9 @@ typedef struct bench {
     void *x, *dy, *w;       /* device */
     float *y, *dx, *dw;
     zo_tile_grid grid[2];   /* host home, NVMe home */
+    uint64_t slot_size;     /* the store's pool slot (chosen in main) */
+    int slot_auto;          /* chosen by --slot-size auto */
+    fio_setup fio;          /* fio's job and file (file[0]: none made) */
 } bench;
 
 static const char *fetch_mode(const zo_tile_grid *g)
@@ -433,8 +527,7 @@ static int setup(bench *bn)
     zo_store_config_default(&sc);
     sc.host_bytes = wbytes + (1u << 20);
     sc.trace = ZO_TRACE_OFF;
-    if (o->slot_size)
-        sc.slot_size = (size_t)o->slot_size;
+    sc.slot_size = (size_t)bn->slot_size;
     sc.dev = bn->dev;
     if (!o->no_nvme) {
         if (!mkdtemp(bn->dir)) {
@@ -442,6 +535,8 @@ static int setup(bench *bn)
             free(h);
             return fail("mkdtemp", -errno, bn->dir);
         }
+        /* an interrupt removes it with the arenas and fio's file */
+        zo_tool_cleanup_add(bn->dir, 1);
         const char *dirs[] = {bn->dir};
         zo_swap_config wc;
         zo_swap_config_default(&wc);
@@ -504,8 +599,12 @@ static void teardown(bench *bn)
         zo_tiled_linear_destroy(&bn->tl[i]);
     zo_store_destroy(&bn->store);
     zo_swap_destroy(&bn->swap);
+    if (bn->fio.file[0] && unlink(bn->fio.file) != 0 && errno != ENOENT)
+        fprintf(stderr, "zo-tile-bench: could not remove %s: %s\n", bn->fio.file, strerror(errno));
     if (bn->dir[0] && rmdir(bn->dir) != 0)
         fprintf(stderr, "zo-tile-bench: could not remove %s: %s\n", bn->dir, strerror(errno));
+    if (bn->dir[0])
+        zo_tool_cleanup_drop(bn->dir);
     void *ps[] = {bn->x, bn->dy, bn->w, bn->y, bn->dx, bn->dw};
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
         if (ps[i])
@@ -525,6 +624,9 @@ int main(int argc, char **argv)
         return rc;
     if (o.plan)
         return cmd_plan(&o);
+    /* SIGINT/SIGTERM/SIGHUP: end fio, remove the run's directory, then die */
+    if (zo_tool_cleanup_signals() != 0)
+        fprintf(stderr, "zo-tile-bench: cannot install the interrupt handlers: %s\n", strerror(errno));
     /* refuse a plan that cannot work before touching any device */
     zo_tile_grid pg;
     size_t esz = zo_dtype_size(o.dtype);
@@ -537,13 +639,34 @@ int main(int argc, char **argv)
     bench bn;
     memset(&bn, 0, sizeof(bn));
     bn.o = &o;
+    zo_store_config scd;
+    zo_store_config_default(&scd);
+    bn.slot_size = o.slot_size;
+    if (!bn.slot_size) {
+        /* the tile the pinned-host home plans (in place on the host
+         * backend unless --copy-tiles: as zo_tiled_linear_create plans) */
+        zo_tile_grid hg = pg;
+        unsigned hf = ZO_TILE_TRAIN | (o.dev == ZO_DEV_HOST && !o.copy_tiles ? ZO_TILE_IN_PLACE : 0);
+        if (o.tile_out ? zo_tile_grid_make(o.batch, o.out, o.in, o.dtype, o.tile_out, o.tile_in, hf, &hg)
+                       : zo_tile_plan(o.batch, o.out, o.in, o.dtype, o.budget ? o.budget : MAXU(wbytes / 4, 1), hf, &hg))
+            hg = pg;
+        bn.slot_size = auto_slot(hg.tile_bytes, scd.slot_size);
+        bn.slot_auto = 1;
+    }
     rc = setup(&bn);
     if (rc) {
         teardown(&bn);
         return rc;
     }
+    zo_store_stats ss;
+    zo_store_get_stats(bn.store, &ss);
+    uint64_t pool_bytes = (uint64_t)ss.pool_slots * ss.pool_slot_size;
     int use_fio = !o.no_nvme && !o.no_fio;
     char fio_err[256] = "";
+    if (use_fio && fio_prepare(&o, bn.dir, wbytes, &bn.fio) < 0) {
+        teardown(&bn);
+        return EXIT_RUN;
+    }
     /* the CPU an NVMe run spends verifying what it reads: CRC32C's rate on
      * one core here (best of 3 over up to 64 MiB) */
     double crc_bw = 0;
@@ -567,8 +690,14 @@ int main(int argc, char **argv)
     double *t[R_COUNT], *ratio_host = calloc(o.pairs, 8), *ratio_nvme = calloc(o.pairs, 8);
     for (int k = 0; k < R_COUNT; k++)
         t[k] = calloc(o.pairs, sizeof(double));
-    /* one warm-up round (first-touch, OpenBLAS thread start, page cache) */
+    /* one warm-up round (first-touch, OpenBLAS thread start, page cache;
+     * fio lays its file out, once for the run) */
     rc = untiled(&bn) || tiled(&bn, 0) || (!o.no_nvme && tiled(&bn, 1)) ? EXIT_RUN : 0;
+    if (!rc && use_fio) {
+        double bw0;
+        if (fio_read_bw(&bn.fio, &bw0, fio_err, sizeof(fio_err)) < 0)
+            use_fio = 0; /* say why below; the rest still runs */
+    }
     for (unsigned p = 0; p < o.pairs && !rc; p++) {
         int order[R_COUNT] = {R_UNTILED, R_HOST, R_NVME, R_FIO};
         if (p % 2) /* alternate: reversed every other round */
@@ -586,7 +715,7 @@ int main(int argc, char **argv)
                 rc = untiled(&bn);
             else if (k == R_HOST || k == R_NVME)
                 rc = tiled(&bn, k == R_NVME);
-            else if (fio_read_bw(&o, wbytes, &t[R_FIO][p], fio_err, sizeof(fio_err)) < 0)
+            else if (fio_read_bw(&bn.fio, &t[R_FIO][p], fio_err, sizeof(fio_err)) < 0)
                 use_fio = 0; /* say why below; the rest still runs */
             if (k != R_FIO)
                 t[k][p] = now_s() - t0;
@@ -641,6 +770,23 @@ int main(int argc, char **argv)
                 zj_num(&j, "fio_read_bytes_per_s", med[R_FIO]);
             else
                 zj_str(&j, "fio_skipped", o.no_nvme || o.no_fio ? "not asked" : fio_err);
+            if (bn.fio.cmdline[0]) {
+                zj_str(&j, "fio_cmdline", bn.fio.cmdline);
+                zj_str(&j, "fio_iomem", bn.fio.iomem ? bn.fio.iomem : "malloc (fio's default)");
+                if (bn.fio.iomem_note[0])
+                    zj_str(&j, "fio_iomem_note", bn.fio.iomem_note);
+                zj_uint(&j, "fio_file_bytes", bn.fio.job.size);
+                zj_uint(&j, "fio_bs", bn.fio.job.bs);
+                zj_uint(&j, "fio_iodepth", bn.fio.job.iodepth);
+            }
+            zj_obj_begin(&j, "store_pool");
+            zj_uint(&j, "slot_size", ss.pool_slot_size);
+            zj_bool(&j, "slot_size_auto", bn.slot_auto);
+            zj_uint(&j, "slots", ss.pool_slots);
+            zj_uint(&j, "pool_bytes", pool_bytes);
+            zj_uint(&j, "pinned_bytes", ss.pinned_bytes);
+            zj_bool(&j, "pool_locked", ss.pool_locked);
+            zj_obj_end(&j);
             zj_num(&j, "ratio_host_to_untiled", rh);
             zj_num(&j, "ratio_nvme_to_bound", rn);
             zj_arr_begin(&j, "pairs");
@@ -697,6 +843,21 @@ int main(int argc, char **argv)
                 printf("tiles (%s home): %u x %u (grid %u x %u), device working memory %s, fetch %s\n",
                        i ? "NVMe" : "pinned host", g->tile_out, g->tile_in, g->tiles_out, g->tiles_in, work,
                        (g->flags & ZO_TILE_IN_PLACE) ? "in place (no copy)" : "copied into two device buffers");
+            }
+            char sb[32], pb[32], tb[32];
+            fmt_bytes(sb, sizeof(sb), ss.pool_slot_size);
+            fmt_bytes(pb, sizeof(pb), pool_bytes);
+            fmt_bytes(tb, sizeof(tb), ss.pinned_bytes);
+            int capped = !o.no_nvme && (bn.grid[1].flags & ZO_TILE_IN_PLACE) &&
+                         bn.grid[1].tile_bytes < bn.grid[0].tile_bytes;
+            printf("store pool: %zu slots of %s (%s%s), %s pinned%s; the store pins %s in all\n", ss.pool_slots, sb,
+                   bn.slot_auto ? "auto: the pinned-host home's tile, rounded up" : "--slot-size",
+                   capped ? "; NVMe tiles cut to one slot" : "", pb,
+                   ss.pool_locked ? "" : " (not page-locked: the OS refused)", tb);
+            if (bn.fio.cmdline[0]) {
+                printf("fio: %s\n", bn.fio.cmdline);
+                if (bn.fio.iomem_note[0])
+                    printf("fio: without --iomem=shmhuge (fio's default buffers, slower): %s\n", bn.fio.iomem_note);
             }
             printf("%u pairs, order alternating\n", o.pairs);
             printf("  untiled GEMMs (W on the device)   %10.3f ms\n", med[R_UNTILED] * 1e3);

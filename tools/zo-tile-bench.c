@@ -335,7 +335,7 @@ static int cmd_plan(const opts *o)
 #define FIO_BS (4ull << 20)
 #define FIO_QD 8u
 /* fio's file: large enough that the disk's cache and the first request's
- * latency do not decide the rate (128 MiB read slower than 1 GiB here) */
+ * latency do not decide the rate (128 MiB read slightly slower than 1 GiB here) */
 #define FIO_MIN_FILE (512ull << 20)
 
 typedef struct fio_setup {
@@ -642,7 +642,10 @@ int main(int argc, char **argv)
     zo_store_config scd;
     zo_store_config_default(&scd);
     bn.slot_size = o.slot_size;
-    if (!bn.slot_size) {
+    if (!bn.slot_size && o.no_nvme) {
+        bn.slot_size = scd.slot_size; /* no NVMe tile to size the slot for */
+        bn.slot_auto = 1;
+    } else if (!bn.slot_size) {
         /* the tile the pinned-host home plans (in place on the host
          * backend unless --copy-tiles: as zo_tiled_linear_create plans) */
         zo_tile_grid hg = pg;

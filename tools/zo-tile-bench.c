@@ -698,7 +698,17 @@ int main(int argc, char **argv)
     rc = untiled(&bn) || tiled(&bn, 0) || (!o.no_nvme && tiled(&bn, 1)) ? EXIT_RUN : 0;
     if (!rc && use_fio) {
         double bw0;
-        if (fio_read_bw(&bn.fio, &bw0, fio_err, sizeof(fio_err)) < 0)
+        int r0 = fio_read_bw(&bn.fio, &bw0, fio_err, sizeof(fio_err));
+        if (r0 < 0 && !o.fio_iomem && bn.fio.iomem) {
+            /* the huge pages free a moment ago were taken meanwhile (they
+             * are shared with every process): fio's default buffers, said */
+            snprintf(bn.fio.iomem_note, sizeof(bn.fio.iomem_note), "fio with --iomem=shmhuge failed: %s", fio_err);
+            bn.fio.iomem = bn.fio.job.iomem = NULL;
+            if (zo_fio_cmdline(&bn.fio.job, bn.fio.cmdline, sizeof(bn.fio.cmdline)) < 0)
+                snprintf(bn.fio.cmdline, sizeof(bn.fio.cmdline), "(too long to print)");
+            r0 = fio_read_bw(&bn.fio, &bw0, fio_err, sizeof(fio_err));
+        }
+        if (r0 < 0)
             use_fio = 0; /* say why below; the rest still runs */
     }
     for (unsigned p = 0; p < o.pairs && !rc; p++) {

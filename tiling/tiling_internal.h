@@ -29,16 +29,17 @@ static inline int zo__tile_has_msg(const zo_errbuf *eb)
 
 /* In-place NVMe tiles read ahead of the one in use: at most this many
  * (each holds two pool slots; fewer when the pool is smaller, see walk.c),
- * and no more once this many bytes are on their way (large tiles keep a
- * disk busy with one or two reads in flight). The queue is filled while
- * fewer than this many bytes are queued, so tiles of 29 MiB (batch 16,
- * 8192 x 8192 fp32, 32 MiB slots) go two ahead. 64 MiB (three ahead) was
- * no faster there: NVMe step 256-298 ms against 277-291 ms with 32 MiB,
- * and more time waiting for tiles (20-23 ms a run against 17-20; nice'd,
- * alternated, 2026-11; noisy, but not better): two reads in flight
- * already keep the one disk busy, and a third holds two more pool slots. */
+ * and no more once this many bytes are queued. The pool bounds the depth
+ * anyway; the byte cap only keeps a huge pool from reading a whole layer
+ * ahead. With tiles of 29 MiB (batch 16, 8192 x 8192 fp32, 32 MiB slots)
+ * a 32 MiB cap went two ahead and left the disk idle at each tile
+ * boundary: on a quiet machine (alternating runs, 5-7 pairs each) the
+ * NVMe step / bound was 1.087, 1.236, 1.164, 1.089 with 32 MiB, 1.161
+ * with 64 MiB and 0.992, 1.199, 1.002 with 128 MiB (four or five ahead);
+ * the disk's own drift is as large, but deeper was never worse. (A
+ * nice'd run under load earlier saw no gain from 64 MiB.) */
 #define ZO_TILE_AHEAD_MAX 8u
-#define ZO_TILE_AHEAD_BYTES (32ull << 20)
+#define ZO_TILE_AHEAD_BYTES (128ull << 20)
 
 /* Whether in-place fetching applies: asked for, on the host backend (its
  * device memory is host memory; a GPU's GEMMs read device memory). */

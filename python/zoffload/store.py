@@ -81,7 +81,7 @@ class SwapConfig(ctypes.Structure):
                 ("arena_size", c_u64), ("reserve", c_u64), ("max_bytes", c_u64),
                 ("chunk_size", c_size_t), ("checksum", c_int), ("keep_files", c_int),
                 ("buffered", c_int), ("aio", c_void_p), ("aio_cfg", c_void_p),
-                ("csum_threads", c_uint), ("verify", c_int)]
+                ("csum_threads", c_uint)]
 
 
 class SwapInfo(ctypes.Structure):

@@ -5,9 +5,7 @@
  * flight; a read chunk is verified as soon as its read completes. Both run
  * on the store's checksum threads (csum_threads), or inline when there are
  * none: the write's checksum in the submitting thread, the read's check on
- * the engine thread that completed it. A read is also verified inline when
- * cfg.verify says so (by default when CRC32C runs on VPCLMULQDQ: cheaper
- * than the hand-off to a checksum thread). */
+ * the engine thread that completed it. */
 #define ZO_MODULE "swap"
 #include "core/internal.h"
 #include "core/extent.h"
@@ -127,7 +125,6 @@ struct zo_swap {
     /* checksum threads: verify reads off the engine threads */
     pthread_t *vthr;
     unsigned nvthr;
-    int verify_inline;       /* reads verified on the I/O thread even with nvthr (cfg.verify) */
     pthread_mutex_t vlock;
     pthread_cond_t vcond;
     zo_queue vq;             /* chunks to checksum or verify, FIFO */
@@ -677,8 +674,6 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
     if (!zo_csum_available(cfg.checksum))
         return ZO_FAIL(NULL, ZO_ENOTSUP, "zo_swap_create: checksum %s not built in (libxxhash missing)",
                        zo_csum_name(cfg.checksum));
-    if ((unsigned)cfg.verify > ZO_SWAP_VERIFY_INLINE)
-        return ZO_FAIL(NULL, ZO_ECONFIG, "zo_swap_create: verify %d is not a zo_swap_verify", (int)cfg.verify);
     if (cfg.csum_threads > 64)
         return ZO_FAIL(NULL, ZO_ECONFIG, "zo_swap_create: csum_threads %u is absurd (at most 64)", cfg.csum_threads);
     /* a small run sizes its arenas from what it needs: anything from one
@@ -733,12 +728,6 @@ ZO_API int zo_swap_create(zo_swap **out, const zo_swap_config *ucfg)
         while (l > 1 && s->dirs[i].path[l - 1] == '/')
             s->dirs[i].path[--l] = 0;
     }
-    /* A fast kernel verifies a chunk in less time than the hand-off to a
-     * checksum thread costs the read pipeline (a wake-up, a context switch
-     * on few cores, the chunk's completion delayed behind the queue). */
-    s->verify_inline = cfg.verify == ZO_SWAP_VERIFY_INLINE ||
-                       (cfg.verify == ZO_SWAP_VERIFY_AUTO && cfg.checksum == ZO_CSUM_CRC32C &&
-                        strcmp(zo_crc32c_variant(), "vpclmul") == 0);
     if (cfg.checksum != ZO_CSUM_NONE && cfg.csum_threads) {
         s->vthr = calloc(cfg.csum_threads, sizeof(*s->vthr));
         if (!s->vthr) {
@@ -1085,7 +1074,7 @@ static void chunk_done(void *user, int64_t res)
     atomic_fetch_add(&s->chunks_read, 1);
     if (s->cfg.checksum == ZO_CSUM_NONE) {
         io_put(io, 1);
-    } else if (s->nvthr && !s->verify_inline) {
+    } else if (s->nvthr) {
         /* verify off the engine thread: it goes back to reaping and
          * submitting while a checksum thread reads the chunk */
         csum_queue(s, c);

@@ -264,9 +264,6 @@ static zo_swap *make_swap(const char *const *dirs, unsigned n, size_t chunk, uin
     const char *ct = getenv("ZO_TEST_CSUM_THREADS"); /* 0: checksums inline */
     if (ct)
         c.csum_threads = (unsigned)atoi(ct);
-    const char *cv = getenv("ZO_TEST_CSUM_VERIFY"); /* threads | inline (default: the store's auto) */
-    if (cv)
-        c.verify = !strcmp(cv, "inline") ? ZO_SWAP_VERIFY_INLINE : ZO_SWAP_VERIFY_THREADS;
     zo_swap *s = NULL;
     int r = zo_swap_create(&s, &c);
     ck_assert_msg(r == 0, "zo_swap_create: %s (%s)", zo_strerror(r), zo_last_error_detail());
@@ -542,9 +539,6 @@ START_TEST(test_swap_dirs)
     c.csum_threads = 65;
     ck_assert_int_eq(zo_swap_create(&s, &c), ZO_ECONFIG);
     c.csum_threads = 1;
-    c.verify = (zo_swap_verify)3;
-    ck_assert_int_eq(zo_swap_create(&s, &c), ZO_ECONFIG);
-    c.verify = ZO_SWAP_VERIFY_AUTO;
     c.ndirs = 0;
     ck_assert_int_eq(zo_swap_create(&s, &c), -EINVAL);
     ck_assert_int_eq(zo_swap_create(&s, NULL), -EINVAL);

@@ -66,7 +66,6 @@ typedef struct opts {
     uint64_t tensor_size;
     zo_csum_kind csum;
     unsigned csum_threads; /* UINT_MAX: the swap store's default */
-    int csum_verify;       /* zo_swap_verify */
 } opts;
 
 static void usage(FILE *f)
@@ -113,8 +112,6 @@ static void usage(FILE *f)
             "  --tensor-size SIZE     bytes per tensor (default 256M)\n"
             "  --checksum crc32c|xxh3|none   (default crc32c); --no-checksum is --checksum none\n"
             "  --csum-threads N       the swap store's checksum threads (default: its default; 0: inline)\n"
-            "  --csum-verify auto|inline|threads   where a chunk read back is checked (default auto:\n"
-            "                         inline on the I/O thread with the VPCLMULQDQ CRC32C, else threads)\n"
             "output:\n"
             "  --json                 one JSON object on stdout\n"
             "  --progress | --no-progress   progress line on stderr (default: when stderr is a terminal)\n"
@@ -217,7 +214,7 @@ enum {
     OPT_READ = 256, OPT_WRITE, OPT_MIXED, OPT_SIZE, OPT_BS, OPT_QD, OPT_THREADS, OPT_REQ, OPT_PATH, OPT_DIRECT, OPT_BUFFERED,
     OPT_REG, OPT_UNREG, OPT_SQPOLL, OPT_BACKEND, OPT_VERIFY, OPT_LOOPS, OPT_JSON, OPT_SWEEP, OPT_SWEEP_BS, OPT_SWEEP_QD,
     OPT_SWEEP_T, OPT_VSFIO, OPT_PAIRS, OPT_FIO, OPT_KEEP, OPT_PROGRESS, OPT_NOPROGRESS, OPT_HELP, OPT_BUFFERS, OPT_FIO_IOMEM,
-    OPT_STORE, OPT_TENSORS, OPT_TSIZE, OPT_CSUM, OPT_NOCSUM, OPT_CSTH, OPT_VERIFYAT,
+    OPT_STORE, OPT_TENSORS, OPT_TSIZE, OPT_CSUM, OPT_NOCSUM, OPT_CSTH,
 };
 
 static int parse_opts(int argc, char **argv, opts *o)
@@ -241,7 +238,6 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"through-store", no_argument, 0, OPT_STORE}, {"tensors", required_argument, 0, OPT_TENSORS},
         {"tensor-size", required_argument, 0, OPT_TSIZE}, {"checksum", required_argument, 0, OPT_CSUM},
         {"no-checksum", no_argument, 0, OPT_NOCSUM},  {"csum-threads", required_argument, 0, OPT_CSTH},
-        {"csum-verify", required_argument, 0, OPT_VERIFYAT},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -386,16 +382,6 @@ static int parse_opts(int argc, char **argv, opts *o)
             if (parse_uint(optarg, 64, &v) != 0)
                 return bad("--csum-threads %s: must be 0..64", optarg);
             o->csum_threads = (unsigned)v;
-            break;
-        case OPT_VERIFYAT:
-            if (!strcmp(optarg, "auto"))
-                o->csum_verify = ZO_SWAP_VERIFY_AUTO;
-            else if (!strcmp(optarg, "inline"))
-                o->csum_verify = ZO_SWAP_VERIFY_INLINE;
-            else if (!strcmp(optarg, "threads"))
-                o->csum_verify = ZO_SWAP_VERIFY_THREADS;
-            else
-                return bad("--csum-verify %s: expected auto, inline or threads", optarg);
             break;
         case OPT_PROGRESS: o->progress = 1; break;
         case OPT_NOPROGRESS: o->progress = 0; break;
@@ -830,7 +816,6 @@ static int store_open(const opts *o, const zo_aio_config *cfg)
     sc.checksum = o->csum;
     if (o->csum_threads != UINT_MAX)
         sc.csum_threads = o->csum_threads;
-    sc.verify = (zo_swap_verify)o->csum_verify;
     sc.keep_files = o->keep;
     sc.buffered = !o->direct;
     sc.aio = g_store.a;
@@ -1322,13 +1307,10 @@ static void print_engine(const opts *o, const params *pp, const run_res *r)
     if (o->through_store) {
         char ts[32];
         fmt_bytes(ts, sizeof(ts), o->tensor_size);
-        static const char *const vnames[] = {"auto", "threads", "inline"};
-        printf("store:   %u tensor%s x %s through zo_swap over %d director%s, chunk %s, checksum %s%s%s (verify %s), "
-               "%u loop%s\n",
+        printf("store:   %u tensor%s x %s through zo_swap over %d director%s, chunk %s, checksum %s%s%s, %u loop%s\n",
                o->tensors, o->tensors > 1 ? "s" : "", ts, o->npaths, o->npaths > 1 ? "ies" : "y", bs,
                zo_csum_name(o->csum), o->csum == ZO_CSUM_CRC32C ? " " : "",
-               o->csum == ZO_CSUM_CRC32C ? zo_crc32c_variant() : "", vnames[o->csum_verify], o->loops,
-               o->loops > 1 ? "s" : "");
+               o->csum == ZO_CSUM_CRC32C ? zo_crc32c_variant() : "", o->loops, o->loops > 1 ? "s" : "");
     } else {
         printf("data:    %d file%s x %s, %u loop%s\n", o->npaths, o->npaths > 1 ? "s" : "", sz, o->loops,
                o->loops > 1 ? "s" : "");

@@ -22,9 +22,7 @@
  *   drive. Every chunk written gets a checksum, computed on the source
  *   buffer while its write is in flight; every chunk read is verified in
  *   the destination buffer as soon as its read completes (on a checksum
- *   thread, off the I/O threads; inline on the I/O thread when
- *   csum_threads is 0 or `verify` says so, by default with the VPCLMULQDQ
- *   CRC32C), and a
+ *   thread, off the I/O threads; inline when csum_threads is 0), and a
  *   mismatch fails the read with ZO_ECORRUPT whose detail names the tensor,
  *   the byte offset, the arena file and both checksums.
  *   Arena files are removed by zo_swap_destroy() unless `keep_files` is set.
@@ -110,17 +108,6 @@ typedef uint64_t zo_swap_id;
 #define ZO_SWAP_MAX_DIRS 64
 #define ZO_SWAP_NAME_MAX 255 /**< longest allocation name kept (bytes) */
 
-/** Where a chunk read back is verified when there are checksum threads. */
-typedef enum zo_swap_verify {
-    /** inline on the I/O thread when the checksum kernel is a fast one
-     *  (CRC32C with VPCLMULQDQ: ~30 us per MiB), else on the checksum
-     *  threads. Measured on 2 cores: handing each 1 MiB chunk to a thread
-     *  cost swap-in 0.79-0.83x fio, verifying inline 0.90-0.94x. */
-    ZO_SWAP_VERIFY_AUTO = 0,
-    ZO_SWAP_VERIFY_THREADS = 1, /**< on the checksum threads (the I/O thread goes back to reaping at once) */
-    ZO_SWAP_VERIFY_INLINE = 2,  /**< on the I/O thread that completed the read (no hand-off) */
-} zo_swap_verify;
-
 typedef struct zo_swap_config {
     size_t struct_size;       /**< sizeof(zo_swap_config), set by the defaults function */
     const char *const *dirs;  /**< swap directories (required; several = striping); copied */
@@ -135,7 +122,6 @@ typedef struct zo_swap_config {
     struct zo_aio *aio;       /**< engine to use (not owned); NULL: create one from aio_cfg */
     const struct zo_aio_config *aio_cfg; /**< config of the engine created when aio is NULL (NULL = defaults) */
     unsigned csum_threads;    /**< threads computing and verifying checksums off the I/O and calling threads (0: inline); default 1, max 64 */
-    zo_swap_verify verify;    /**< where a read chunk is verified (csum_threads > 0); default ZO_SWAP_VERIFY_AUTO */
 } zo_swap_config;
 
 /** Fill *cfg with the defaults above (dirs NULL). NULL is ignored. */

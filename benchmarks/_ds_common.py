@@ -68,10 +68,14 @@ def _std_of(args):
     return max(found) if found else 0
 
 
+_fixed_cxx_args = set()    # the cxx_args functions fix_cxx_std installed
+
+
 def fix_cxx_std(builder_cls):
     """Patch builder_cls.cxx_args to pass exactly one -std=c++NN, the newest of
-    17, torch's and the builder's own. Idempotent."""
-    if getattr(builder_cls.cxx_args, "_zo_std_fixed", False):
+    17, torch's and the builder's own. Idempotent (a class whose cxx_args is
+    already one of ours, itself or inherited, is left alone)."""
+    if builder_cls.cxx_args in _fixed_cxx_args:
         return
     orig = builder_cls.cxx_args
     want = max(17, torch_cxx_std())
@@ -81,7 +85,7 @@ def fix_cxx_std(builder_cls):
         std = max(want, _std_of(args))
         return [a for a in args if not a.startswith("-std=")] + ["-std=c++%d" % std]
 
-    cxx_args._zo_std_fixed = True
+    _fixed_cxx_args.add(cxx_args)
     builder_cls.cxx_args = cxx_args
 
 

@@ -51,11 +51,15 @@ def _single_rank_env():
         os.environ.setdefault(k, v)
 
 
+_wrapped_collectives = set()    # torch.distributed functions already routed (by name)
+
+
 def _bf16_collectives(torch):
-    """gloo (torch 1.13) cannot reduce bf16: route bf16 tensors through fp32."""
+    """gloo (torch 1.13) cannot reduce bf16: route bf16 tensors through fp32.
+
+    Done once per process: which functions are wrapped is kept here, not as
+    an attribute planted on torch.distributed."""
     import torch.distributed as td
-    if getattr(td, "_zo_bf16_wrapped", False):
-        return
 
     def wrap(fn):
         def w(tensor, *a, **k):
@@ -70,8 +74,9 @@ def _bf16_collectives(torch):
         return w
 
     for name in ("all_reduce", "broadcast", "reduce"):
-        setattr(td, name, wrap(getattr(td, name)))
-    td._zo_bf16_wrapped = True
+        if name not in _wrapped_collectives:
+            setattr(td, name, wrap(getattr(td, name)))
+            _wrapped_collectives.add(name)
 
 
 def _fix_builders():

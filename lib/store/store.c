@@ -456,7 +456,7 @@ static int window_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint
  * now: the others then find their room beside it. Without the co-held set
  * (the recording iteration, a tensor the trace does not know) t goes at an
  * edge of a run, which never splits one. A demand load that only fits (or
- * fits more cheaply, without evicting a copy needed soon) on space a
+ * fits more cheaply: fewer bytes evicted that are needed soon) on space a
  * transfer in flight will free waits for it; a prefetch that does not fit
  * now is not issued. ZO_TRACE_OFF places as before (window_space). */
 #define ZO__NOPLAN 1 /* plan_space found no room, not even later */

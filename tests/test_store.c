@@ -1586,6 +1586,59 @@ END_TEST
  * 1.2 x in one. Every size from 1.00 x (the group's exact bytes), four
  * mixes of group sizes, five steps: no ZO_EBUDGET, prefetches wasted under
  * 5 % of those issued, contents bit for bit. */
+/* The trace records how long each acquire stays held (placement's
+ * co-held sets): nested acquires of one hold all end at its last release,
+ * a hold still open at zo_store_step() counts as held to the end of the
+ * iteration, and one that spans the step ends nothing in the next record. */
+START_TEST(test_store_trace_holds)
+{
+    env e;
+    env_opts o = env_opts_sized(0, 8 * MiB, 0, 0, 0);
+    o.trace = ZO_TRACE_AUTO;
+    o.trace_set = 1;
+    env_open_with(&e, &o);
+    enum { F, A, B, C, D, E, NT };
+    zo_tensor *t[NT];
+    for (int i = 0; i < NT; i++) {
+        char nm[8];
+        snprintf(nm, sizeof(nm), "h%d", i);
+        t[i] = reg(e.st, nm, 4096, ZO_TIER_HOST);
+    }
+    const zo_tier h = ZO_TIER_HOST;
+    acq(e.st, t[F], h, 0); /* 0, held across the step */
+    acq(e.st, t[A], h, 0); /* 1 */
+    acq(e.st, t[B], h, 0); /* 2 */
+    acq(e.st, t[A], h, 0); /* 3: the same hold as 1 */
+    ck_assert_int_eq(zo_store_release(e.st, t[A], h, 0), 0);
+    acq(e.st, t[C], h, 0); /* 4 */
+    ck_assert_int_eq(zo_store_release(e.st, t[A], h, 0), 0); /* A's hold: 1 and 3 end at 5 */
+    acq(e.st, t[D], h, 0); /* 5 */
+    ck_assert_int_eq(zo_store_release(e.st, t[B], h, 0), 0);
+    ck_assert_int_eq(zo_store_release(e.st, t[C], h, 0), 0);
+    ck_assert_int_eq(zo_store_release(e.st, t[D], h, 0), 0);
+    acq(e.st, t[E], h, 0); /* 6 */
+    ck_assert_int_eq(zo_store_release(e.st, t[E], h, 0), 0);
+    acq(e.st, t[F], h, 0); /* 7: F's hold from 0 goes on */
+    ck_assert_int_eq(zo_store_step(e.st), 0);
+    static const uint32_t want_end[] = {0, 5, 6, 5, 6, 6, 7, 0};
+    static const uint64_t want_len[] = {8, 4, 4, 2, 2, 1, 1, 1};
+    ck_assert_uint_eq(e.st->ntrace, 8);
+    for (size_t q = 0; q < 8; q++) {
+        ck_assert_msg(e.st->trace[q].end == want_end[q], "entry %zu: end %u, want %u", q, e.st->trace[q].end,
+                      want_end[q]);
+        ck_assert_uint_eq(zo__trace_hold_len(e.st, q), want_len[q]);
+    }
+    /* F's hold ends in the next iteration: the new record's entries stay open */
+    acq(e.st, t[A], h, 0);
+    ck_assert_int_eq(zo_store_release(e.st, t[F], h, 0), 0);
+    ck_assert_int_eq(zo_store_release(e.st, t[F], h, 0), 0);
+    ck_assert_int_eq(zo_store_release(e.st, t[A], h, 0), 0);
+    ck_assert_uint_eq(e.st->nrec, 1);
+    ck_assert_uint_eq(e.st->rec[0].end, 1);
+    env_close(&e);
+}
+END_TEST
+
 START_TEST(test_store_frag_optimizer)
 {
     static const double factor[] = {1.00, 1.05, 1.08, 1.10, 1.12, 1.20};
@@ -2567,6 +2620,7 @@ int main(int argc, char **argv)
     tc = tcase_create("frag");
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_store_frag_optimizer);
+    tcase_add_test(tc, test_store_trace_holds);
     suite_add_tcase(s, tc);
     /* a hang is the bug these look for: fail it in bounded time */
     tc = tcase_create("errors");

@@ -318,6 +318,33 @@ static int span_cmp(const void *a, const void *b)
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
+/* Take the place chosen for t's copy in tier x at `at`, items it[a..b]
+ * covering it: with dirty victims among them their write-backs start (each
+ * freed once home) and the caller tries again (-EAGAIN; a prefetch gets
+ * ZO_EBUDGET); otherwise the victims are evicted and the copy placed (0). */
+static int take_place(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, const span_item *it, size_t a, size_t b,
+                      uint64_t dirty, uint64_t at)
+{
+    zo__tier *tr = &s->tier[x];
+    uint64_t need = zo__ext_round(&tr->ext, t->bytes);
+    int r;
+    if (dirty) {
+        for (size_t i = a; i <= b; i++)
+            if (it[i].dirty && (r = zo__store_start_writeback(s, it[i].v, x, 1)) < 0)
+                return r;
+        return prefetch ? ZO_EBUDGET : -EAGAIN;
+    }
+    for (size_t i = a; i <= b; i++)
+        if (it[i].v)
+            evict(s, it[i].v, x);
+    if ((r = zo__ext_claim(&tr->ext, at, need)) == 0)
+        copy_place(s, t, x, at, need);
+    else if (r != -ENOMEM)
+        r = ZO_FAIL(&s->err, ZO_EINTERNAL, "%s tier: the place [%llu, +%llu) chosen for '%s' is not free",
+                    zo_tier_name(x), (unsigned long long)at, (unsigned long long)need, t->name);
+    return r;
+}
+
 /* Choose where t's copy goes in tier x before anything is evicted (issue
  * 9: a prefetch that evicted victims and then found it still did not fit
  * gave up, and the next pump reloaded what it had evicted into the space
@@ -400,25 +427,8 @@ static int window_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint
             best_at = at;
         }
     }
-    int r = ZO_EBUDGET;
-    if (best_a == SIZE_MAX)
-        goto out; /* does not fit: evict nothing */
-    if (best_dirty) {
-        for (size_t i = best_a; i <= best_b; i++)
-            if (it[i].dirty && (r = zo__store_start_writeback(s, it[i].v, x, 1)) < 0)
-                goto out;
-        r = prefetch ? ZO_EBUDGET : -EAGAIN;
-        goto out;
-    }
-    for (size_t i = best_a; i <= best_b; i++)
-        if (it[i].v)
-            evict(s, it[i].v, x);
-    if ((r = zo__ext_claim(&tr->ext, best_at, need)) == 0)
-        copy_place(s, t, x, best_at, need);
-    else if (r != -ENOMEM)
-        r = ZO_FAIL(&s->err, ZO_EINTERNAL, "%s tier: planned window [%llu, +%llu) for '%s' is not free", zo_tier_name(x),
-                    (unsigned long long)best_at, (unsigned long long)need, t->name);
-out:
+    int r = best_a == SIZE_MAX ? ZO_EBUDGET /* does not fit: evict nothing */
+                               : take_place(s, t, x, prefetch, it, best_a, best_b, best_dirty, best_at);
     free(it);
     return r;
 }
@@ -446,7 +456,7 @@ out:
  * now: the others then find their room beside it. Without the co-held set
  * (the recording iteration, a tensor the trace does not know) t goes at an
  * edge of a run, which never splits one. A demand load that only fits (or
- * fits more cheaply, without evicting a copy needed soon) on space a
+ * fits more cheaply: fewer bytes evicted that are needed soon) on space a
  * transfer in flight will free waits for it; a prefetch that does not fit
  * now is not issued. ZO_TRACE_OFF places as before (window_space). */
 #define ZO__NOPLAN 1 /* plan_space found no room, not even later */
@@ -704,21 +714,7 @@ static int plan_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64
         r = prefetch ? ZO_EBUDGET : -EAGAIN;
         goto out;
     }
-    if (now.dirty) {
-        for (size_t i = now.a; i <= now.b; i++)
-            if (it[i].dirty && (r = zo__store_start_writeback(s, it[i].v, x, 1)) < 0)
-                goto out;
-        r = prefetch ? ZO_EBUDGET : -EAGAIN;
-        goto out;
-    }
-    for (size_t i = now.a; i <= now.b; i++)
-        if (it[i].v)
-            evict(s, it[i].v, x);
-    if ((r = zo__ext_claim(&tr->ext, now.at, need)) == 0)
-        copy_place(s, t, x, now.at, need);
-    else if (r != -ENOMEM)
-        r = ZO_FAIL(&s->err, ZO_EINTERNAL, "%s tier: planned place [%llu, +%llu) for '%s' is not free", zo_tier_name(x),
-                    (unsigned long long)now.at, (unsigned long long)need, t->name);
+    r = take_place(s, t, x, prefetch, it, now.a, now.b, now.dirty, now.at);
 out:
     free(pre);
     free(it);

@@ -86,9 +86,10 @@ typedef struct zo__copy {
     uint64_t wb_fail_round; /* tier's space round of that failure: eviction skips it in that round */
     uint64_t lru;        /* tick of the last acquire */
     /* The current hold (refs > 0) in the trace (trace.c): the record
-     * entries of its first and latest acquire, and the trace position its
-     * first acquire matched; valid while hold_epoch == zo_store.trace_epoch */
-    uint32_t rec_hold, rec_last, hold_tpos;
+     * entry of its latest acquire (the entries link back to the hold's
+     * earlier ones), and the trace position its first acquire matched;
+     * valid while hold_epoch == zo_store.trace_epoch */
+    uint32_t rec_last, hold_tpos;
     uint64_t hold_epoch;
     unsigned waiters;    /* acquires waiting on this copy (on wq), not parked */
     unsigned parked;     /* acquires of this copy parked in the tier's space queue */
@@ -234,14 +235,16 @@ typedef struct zo__tier {
 
 /* An acquire of the trace, and how long the tensor stayed referenced: end
  * is the number of acquires recorded when its last reference went (the
- * entries in (this one, end) were acquired while it was held); 0 while it
- * is held, or held past the end of the iteration. */
+ * entries in (this one, end) were acquired while it was held); 0: held
+ * past the end of the iteration. While the hold lasts (record only), 0 or
+ * ZO__END_LINK | the record entry of the hold's previous acquire. */
 typedef struct zo__trace_ent {
     zo_tensor *t;
     zo_tier tier;
     uint32_t end;
 } zo__trace_ent;
 #define ZO__TPOS_NONE UINT32_MAX
+#define ZO__END_LINK (UINT32_C(1) << 31) /* entries stay below it (TRACE_MAX) */
 
 struct zo_store {
     zo_store_config cfg;

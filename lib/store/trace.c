@@ -33,6 +33,8 @@ static void adopt(zo_store *s)
     clear_positions(s);
     for (size_t i = 0; i < s->ntrace; i++) {
         zo_tensor *t = s->trace[i].t;
+        if (s->trace[i].end & ZO__END_LINK)
+            s->trace[i].end = 0; /* still held: to the end of the iteration */
         if (t->ntpos == t->captpos) {
             size_t c = t->captpos ? t->captpos * 2 : 4;
             uint32_t *p = realloc(t->tpos, c * sizeof(*p));
@@ -64,13 +66,15 @@ void zo__trace_note(zo_store *s, zo_tensor *t, zo_tier x)
             }
         }
         if (s->nrec < s->caprec) {
+            /* while the hold lasts, end links this acquire to the hold's
+             * previous one: its release walks just the hold's acquires */
+            uint32_t link = !starts && c->rec_last != ZO__TPOS_NONE ? ZO__END_LINK | c->rec_last : 0;
             ri = (uint32_t)s->nrec;
-            s->rec[s->nrec++] = (zo__trace_ent){t, x, 0};
+            s->rec[s->nrec++] = (zo__trace_ent){t, x, link};
         }
     }
     if (starts) {
         c->hold_epoch = s->trace_epoch;
-        c->rec_hold = ri;
         c->hold_tpos = ZO__TPOS_NONE;
     }
     c->rec_last = ri;
@@ -98,15 +102,21 @@ void zo__trace_note(zo_store *s, zo_tensor *t, zo_tier x)
 void zo__trace_hold_end(zo_store *s, zo_tensor *t, zo_tier x)
 {
     zo__copy *c = &t->c[x];
-    if (s->trace_mode != ZO_TRACE_AUTO || c->hold_epoch != s->trace_epoch || c->rec_hold == ZO__TPOS_NONE ||
-        c->rec_last == ZO__TPOS_NONE || c->rec_last >= s->nrec)
+    if (s->trace_mode != ZO_TRACE_AUTO || c->hold_epoch != s->trace_epoch || c->rec_last == ZO__TPOS_NONE ||
+        c->rec_last >= s->nrec)
         return;
-    /* every acquire of this hold: the entries after each were acquired
-     * while the tensor was held */
-    for (size_t i = c->rec_hold; i <= c->rec_last; i++)
-        if (s->rec[i].t == t && s->rec[i].tier == x && !s->rec[i].end)
-            s->rec[i].end = (uint32_t)s->nrec;
-    c->rec_hold = c->rec_last = ZO__TPOS_NONE;
+    /* every acquire of this hold, latest first along the links (the
+     * entries after each were acquired while the tensor was held); an
+     * acquire the record missed ends the chain, and the ones before it
+     * stay open (adopt: held to the end), as if never released */
+    for (uint32_t i = c->rec_last;;) {
+        uint32_t link = s->rec[i].end;
+        s->rec[i].end = (uint32_t)s->nrec;
+        if (!(link & ZO__END_LINK) || (link & ~ZO__END_LINK) >= i)
+            break;
+        i = link & ~ZO__END_LINK;
+    }
+    c->rec_last = ZO__TPOS_NONE;
 }
 
 uint64_t zo__trace_hold_len(const zo_store *s, size_t q)

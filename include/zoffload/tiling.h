@@ -141,7 +141,7 @@ ZO_API int zo_tile_walk_in_place(const zo_tile_walk *w);
  * deeper than one (each a pool slot's read: one read in flight leaves a
  * disk idle between small tiles). The default (tiles 0 restores it) is
  * what the store's pool allows: (pool slots - 5) / 2 + 1, at most 8, and a walk
- * stops going deeper once 32 MiB are on their way. 1: the next tile only.
+ * stops going deeper once 128 MiB are on their way. 1: the next tile only.
  * @return the depth now in effect (capped at the default); -EINVAL (NULL).
  */
 ZO_API int zo_tile_walk_set_read_ahead(zo_tile_walk *w, unsigned tiles);

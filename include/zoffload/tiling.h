@@ -196,9 +196,10 @@ ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigne
  * NVMe tile holds its stream's pool slots until used or dropped). A no-op
  * if t is kept or already prefetched. Does not block on the transfer.
  * @return 0 (also when the store pool has no free slot now: then nothing
- *         is begun and stats.prefetch_skipped counts it); -EINVAL (NULL);
- *         -ENOMEM; other errors of zo_store_acquire() /
- *         zo_store_stream_open().
+ *         is begun and stats.prefetch_skipped counts it); -EINVAL (NULL,
+ *         a tile larger than the walker's buffers that is not read in
+ *         place); other errors of zo_store_tensor_info(), zo_store_acquire()
+ *         and zo_store_stream_open().
  */
 ZO_API int zo_tile_walk_prefetch(zo_tile_walk *w, zo_tensor *t);
 

@@ -186,8 +186,10 @@ static int parse_opts(int argc, char **argv, opts *o)
             o->fio_iomem = optarg;
             break;
         case OPT_FIOSIZE:
-            if (zo_parse_size(optarg, &o->fio_size) || o->fio_size < (1u << 20))
-                return bad("--fio-size %s: not a size of at least 1M", optarg);
+            /* at most 1P: it is rounded up to fio's block size (a value near
+             * 2^64 would wrap to a 0-byte file) */
+            if (zo_parse_size(optarg, &o->fio_size) || o->fio_size < (1u << 20) || o->fio_size > (1ull << 50))
+                return bad("--fio-size %s: not a size of at least 1M and at most 1P", optarg);
             break;
         case OPT_TILE: {
             unsigned a, b;

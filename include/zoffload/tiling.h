@@ -307,8 +307,9 @@ typedef struct zo_tiled_linear_config {
      *  slot, pinned reference or device buffer) for the backward to start
      *  with, without fetching it again; held until the next walk, prefetch,
      *  zo_tiled_linear_drop(), set_weight or destroy (so W must not be
-     *  written through the store in between). An NVMe tile holds its
-     *  stream's pool slots (2) meanwhile: with many tiled layers whose
+     *  written through the store in between). An NVMe tile read in place
+     *  holds its stream's two pool slots meanwhile (a copied one is in the
+     *  walker's buffer and holds none): with many tiled layers whose
      *  forwards all run before their backwards, set it only where the pool
      *  has room (zo-train: the last layer). 0 (default): nothing is held. */
     int keep_last;

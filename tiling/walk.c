@@ -31,6 +31,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A fetch under way (step A to C). */
+typedef struct fetch {
+    zo_tensor *t;
+    zo_tier home;
+    uint64_t bytes;
+    zo_store_req *req;       /* device/host home */
+    zo_store_stream *sst;    /* NVMe home */
+    int in_place;            /* used where it is (no copy into a buffer) */
+} fetch;
+
 struct zo_tile_walk {
     zo_store *store;
     zo_dev *dev;
@@ -51,25 +61,16 @@ struct zo_tile_walk {
     const void *ptr[2];    /* where slot i's tile is in device memory */
     /* Between runs: the last tile of a run with ZO_TILE_RUN_KEEP_LAST, still
      * in slot kept_slot (its reference / stream / buffer held), and a fetch
-     * begun by zo_tile_walk_prefetch(). The next run takes over whichever is
-     * its first tile and drops the other. */
+     * begun by zo_tile_walk_prefetch() (pre.t NULL: none; held here, not
+     * allocated per prefetch). The next run takes over whichever is its
+     * first tile and drops the other. */
     zo_tensor *kept;
     int kept_slot;
-    struct fetch *pre;
+    fetch pre;
     zo_tile_walk_stats st;
     zo_errbuf err;
 };
 
-/* A fetch under way (step A to C). */
-typedef struct fetch fetch;
-struct fetch {
-    zo_tensor *t;
-    zo_tier home;
-    uint64_t bytes;
-    zo_store_req *req;       /* device/host home */
-    zo_store_stream *sst;    /* NVMe home */
-    int in_place;            /* used where it is (no copy into a buffer) */
-};
 
 static void fetch_abort(zo_tile_walk *w, fetch *f);
 static int release_slot(zo_tile_walk *w, int i);
@@ -451,10 +452,9 @@ ZO_API void zo_tile_walk_drop(zo_tile_walk *w)
 {
     if (!w)
         return;
-    if (w->pre) {
-        fetch_abort(w, w->pre);
-        free(w->pre);
-        w->pre = NULL;
+    if (w->pre.t) {
+        fetch_abort(w, &w->pre);
+        memset(&w->pre, 0, sizeof(w->pre));
     }
     if (w->kept) {
         /* its work is done (the run synced the compute stream) */
@@ -468,16 +468,13 @@ ZO_API int zo_tile_walk_prefetch(zo_tile_walk *w, zo_tensor *t)
 {
     if (!w || !t)
         return ZO_FAIL(w ? &w->err : NULL, -EINVAL, "zo_tile_walk_prefetch: NULL argument");
-    if (w->kept == t || (w->pre && w->pre->t == t))
+    if (w->kept == t || w->pre.t == t)
         return 0; /* already there or on its way */
     zo_tile_walk_drop(w);
-    fetch *f = malloc(sizeof(*f));
-    if (!f)
-        return -ENOMEM;
-    int r = fetch_begin(w, t, f);
+    fetch f;
+    int r = fetch_begin(w, t, &f);
     if (r < 0) {
-        fetch_abort(w, f);
-        free(f);
+        fetch_abort(w, &f);
         /* the pool is busy with other streams: no prefetch, the run fetches
          * the tile itself */
         if (r == -EBUSY) {
@@ -521,22 +518,16 @@ ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigne
         w->kept = NULL;
         w->st.reused++;
     } else {
-        fetch *pre = w->pre;
-        w->pre = NULL;
-        if (pre && pre->t != tiles[0]) {
-            fetch_abort(w, pre);
-            free(pre);
-            pre = NULL;
+        fetch f0 = w->pre;
+        memset(&w->pre, 0, sizeof(w->pre));
+        if (f0.t && f0.t != tiles[0]) {
+            fetch_abort(w, &f0);
+            f0.t = NULL;
         }
         zo_tile_walk_drop(w); /* a kept tile not wanted now */
-        fetch f0;
-        int early = pre != NULL;
-        if (pre) {
-            f0 = *pre;
-            free(pre);
-        } else {
+        int early = f0.t != NULL;
+        if (!early)
             r = fetch_begin(w, tiles[0], &f0);
-        }
         if (r == 0 && n > 1 && early) {
             /* tile 0 was prefetched (its read ran while the caller did
              * other work): the reads after it start now, not after it is

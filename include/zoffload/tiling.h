@@ -141,7 +141,7 @@ ZO_API int zo_tile_walk_in_place(const zo_tile_walk *w);
  * deeper than one (each a pool slot's read: one read in flight leaves a
  * disk idle between small tiles). The default (tiles 0 restores it) is
  * what the store's pool allows: (pool slots - 5) / 2 + 1, at most 8, and a walk
- * stops going deeper once 32 MiB are on their way. 1: the next tile only.
+ * stops going deeper once 128 MiB are on their way. 1: the next tile only.
  * @return the depth now in effect (capped at the default); -EINVAL (NULL).
  */
 ZO_API int zo_tile_walk_set_read_ahead(zo_tile_walk *w, unsigned tiles);
@@ -196,9 +196,10 @@ ZO_API int zo_tile_walk_run_ex(zo_tile_walk *w, zo_tensor *const *tiles, unsigne
  * NVMe tile holds its stream's pool slots until used or dropped). A no-op
  * if t is kept or already prefetched. Does not block on the transfer.
  * @return 0 (also when the store pool has no free slot now: then nothing
- *         is begun and stats.prefetch_skipped counts it); -EINVAL (NULL);
- *         -ENOMEM; other errors of zo_store_acquire() /
- *         zo_store_stream_open().
+ *         is begun and stats.prefetch_skipped counts it); -EINVAL (NULL,
+ *         a tile larger than the walker's buffers that is not read in
+ *         place); other errors of zo_store_tensor_info(), zo_store_acquire()
+ *         and zo_store_stream_open().
  */
 ZO_API int zo_tile_walk_prefetch(zo_tile_walk *w, zo_tensor *t);
 
@@ -306,8 +307,9 @@ typedef struct zo_tiled_linear_config {
      *  slot, pinned reference or device buffer) for the backward to start
      *  with, without fetching it again; held until the next walk, prefetch,
      *  zo_tiled_linear_drop(), set_weight or destroy (so W must not be
-     *  written through the store in between). An NVMe tile holds its
-     *  stream's pool slots (2) meanwhile: with many tiled layers whose
+     *  written through the store in between). An NVMe tile read in place
+     *  holds its stream's two pool slots meanwhile (a copied one is in the
+     *  walker's buffer and holds none): with many tiled layers whose
      *  forwards all run before their backwards, set it only where the pool
      *  has room (zo-train: the last layer). 0 (default): nothing is held. */
     int keep_last;

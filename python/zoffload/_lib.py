@@ -324,6 +324,18 @@ C_STRUCTS = {k: v[0] for k, v in SIZED_STRUCTS.items()}
 C_STRUCTS.update({"zo_pinned_info": PinnedInfo, "zo_pinned_stats": PinnedStats,
                   "zo_grad_stats": GradStats, "zo_ckpt_entry": CkptEntry})
 
+
+
+def register_structs(sized=None, plain=None):
+    """Make a module's struct mirrors known: sized ({C name: (struct, C
+    default function, extra default arguments)}, structs with struct_size)
+    to new_struct() and both kinds to the ABI test (C_STRUCTS)."""
+    sized = sized or {}
+    SIZED_STRUCTS.update(sized)
+    C_STRUCTS.update({k: v[0] for k, v in sized.items()})
+    C_STRUCTS.update(plain or {})
+
+
 _SCRATCH = 4096
 
 

@@ -132,10 +132,9 @@ _SIZED = {
     "zo_store_config": (StoreConfig, "zo_store_config_default", ()),
     "zo_tensor_desc": (TensorDesc, "zo_tensor_desc_default", ()),
 }
-_lib.C_STRUCTS.update({k: v[0] for k, v in _SIZED.items()})
-_lib.SIZED_STRUCTS.update(_SIZED)   # the store is in every library these bindings load
-_lib.C_STRUCTS.update({"zo_swap_info": SwapInfo, "zo_tensor_info": TensorInfo,
-                       "zo_store_tier_need": TierNeed, "zo_store_stats": StoreStats})
+# the store is in every library these bindings load
+_lib.register_structs(_SIZED, {"zo_swap_info": SwapInfo, "zo_tensor_info": TensorInfo,
+                               "zo_store_tier_need": TierNeed, "zo_store_stats": StoreStats})
 
 _declared = False
 

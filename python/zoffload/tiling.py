@@ -60,10 +60,8 @@ class DevInfo(ctypes.Structure):
                 ("copy_engines", c_int)]
 
 
-_SIZED = {"zo_tiled_linear_config": (TiledLinearConfig, "zo_tiled_linear_config_default", ())}
-_lib.SIZED_STRUCTS.update(_SIZED)
-_lib.C_STRUCTS.update({k: v[0] for k, v in _SIZED.items()})
-_lib.C_STRUCTS.update({"zo_tile_grid": TileGrid, "zo_tile_host_sink": TileHostSink,
+_lib.register_structs({"zo_tiled_linear_config": (TiledLinearConfig, "zo_tiled_linear_config_default", ())},
+                      {"zo_tile_grid": TileGrid, "zo_tile_host_sink": TileHostSink,
                        "zo_tile_walk_stats": TileWalkStats, "zo_dev_info": DevInfo})
 
 _declared = False

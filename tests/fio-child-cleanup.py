@@ -73,9 +73,20 @@ def run_case(kind, tool, sig):
                     "--no-progress"]
         env = dict(os.environ, ZO_FAKE_FIO_PIDFILE=pidfile)
 
+        # zo-store-bench: a directory at the name a run with this pid used
+        # to take (zo-store-bench.PID), holding a file: another live run
+        # with the same pid in another PID namespace, or a killed run's
+        # leftover. The tool must neither use it nor remove what is in it.
+        foreign = "zo-store-bench.%d"
+
         def default_signals():
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(s, signal.SIG_DFL)
+            if kind == "store":
+                d = os.path.join(work, foreign % os.getpid())
+                os.mkdir(d, 0o700)
+                with open(os.path.join(d, "other-run.dat"), "w") as f:
+                    f.write("not yours")
 
         # stderr to a file: a pipe would stay open as long as a surviving
         # fio holds it, and reading it would wait for fio to end
@@ -97,7 +108,8 @@ def run_case(kind, tool, sig):
             fio_pid = int(f.read())
         assert alive(fio_pid), "fake fio is not running"
         fio_pgid, tool_pgid = pgid_of(fio_pid), pgid_of(p.pid)
-        made = os.listdir(work)
+        planted = [foreign % p.pid] if kind == "store" else []
+        made = [n for n in os.listdir(work) if n not in planted]
         assert made, f"{kind}: the tool made no files in {work}"
 
         os.kill(p.pid, sig)
@@ -110,8 +122,11 @@ def run_case(kind, tool, sig):
         assert p.returncode == -sig, f"{kind}: tool ended with {p.returncode}, not signal {sig}: {err}"
         assert wait_for(lambda: not alive(fio_pid), 2.0), f"{kind}: fio (pid {fio_pid}) still runs after signal {sig}"
         if sig != signal.SIGKILL:
-            left = os.listdir(work)
+            left = [n for n in os.listdir(work) if n not in planted]
             assert not left, f"{kind}: signal {sig} left {left} (made {made})"
+        for d in planted:
+            kept = os.listdir(os.path.join(work, d))
+            assert kept == ["other-run.dat"], f"{kind}: the directory {d} of another run now holds {kept}"
         assert fio_pgid == fio_pid and fio_pgid != tool_pgid, "fio did not run in its own process group"
         print(f"{kind}: signal {sig}: fio gone, files {'removed' if sig != signal.SIGKILL else 'left (SIGKILL)'}")
     finally:

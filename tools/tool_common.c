@@ -416,15 +416,28 @@ int zo_tool_cleanup_signals(void)
     return 0;
 }
 
+/* A slot's path and dir are written once, before the slot is first
+ * published, and never again: dropping only clears `used`, and adding the
+ * same path again sets it back. Reusing a dropped slot for another path
+ * would rewrite a path that a handler running on another thread (the
+ * library's threads do not block these signals) may have seen as used a
+ * moment before and be reading: it could then remove a mix of the two
+ * names. The tools register a few fixed names (zo-aio-bench one per
+ * --path, zo-store-bench its one run directory), so the table never fills
+ * up by repetition. Called from one thread (main). */
 int zo_tool_cleanup_add(const char *path, int dir)
 {
-    if (strlen(path) >= sizeof(cleanup_slots[0].path))
+    if (strlen(path) >= sizeof(cleanup_slots[0].path) || !path[0])
         return -1;
     for (int i = 0; i < CLEANUP_SLOTS; i++)
-        if (atomic_load(&cleanup_slots[i].used) && !strcmp(cleanup_slots[i].path, path))
+        if (cleanup_slots[i].path[0] && !strcmp(cleanup_slots[i].path, path)) {
+            if (cleanup_slots[i].dir != dir)
+                return -1; /* a file and a directory of one name: a caller's mistake */
+            atomic_store(&cleanup_slots[i].used, 1);
             return 0;
+        }
     for (int i = 0; i < CLEANUP_SLOTS; i++) {
-        if (atomic_load(&cleanup_slots[i].used))
+        if (cleanup_slots[i].path[0])
             continue;
         strcpy(cleanup_slots[i].path, path);
         cleanup_slots[i].dir = dir;
@@ -437,7 +450,7 @@ int zo_tool_cleanup_add(const char *path, int dir)
 void zo_tool_cleanup_drop(const char *path)
 {
     for (int i = 0; i < CLEANUP_SLOTS; i++)
-        if (atomic_load(&cleanup_slots[i].used) && !strcmp(cleanup_slots[i].path, path))
+        if (cleanup_slots[i].path[0] && !strcmp(cleanup_slots[i].path, path))
             atomic_store(&cleanup_slots[i].used, 0);
 }
 

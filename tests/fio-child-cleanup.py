@@ -12,6 +12,8 @@ Then:
     (zo-store-bench's and zo-tile-bench's run directory with its arenas and
     fio's file, zo-aio-bench's data file) are gone;
   - fio ran in its own process group.
+First, --fio naming a missing or non-executable file: exit 1 with "cannot
+run PATH: reason", no files left.
 """
 import os
 import shutil
@@ -140,8 +142,42 @@ def run_case(kind, tool, sig):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def missing_fio_case(kind, tool):
+    """--fio naming nothing, or a file that is not executable: exit 1 with
+    "cannot run PATH: <why>" (the child reports exec's errno through a
+    pipe; it used to print from the forked child of a threaded process),
+    and the files the tool made are removed."""
+    tmp = tempfile.mkdtemp(prefix="zo-fio-missing-", dir="/var/tmp")
+    try:
+        work = os.path.join(tmp, "work")
+        os.mkdir(work)
+        noexec = os.path.join(tmp, "fio-noexec")
+        with open(noexec, "w") as f:
+            f.write(FAKE_FIO)
+        os.chmod(noexec, 0o600)
+        for fio, why in ((os.path.join(tmp, "no-such-fio"), "No such file or directory"),
+                         (noexec, "Permission denied")):
+            if kind == "store":
+                argv = [tool, "--optim", "--vs-fio", "--fio", fio, "--path", work, "--state", "3M",
+                        "--group-elems", "100000", "--pairs", "1"]
+            elif kind == "aio":
+                argv = [tool, "--vs-fio", "--fio", fio, "--path", work, "--size", "2M", "--pairs", "1",
+                        "--no-progress"]
+            else:
+                return
+            r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
+            want = f"cannot run {fio}: {why}"
+            assert r.returncode == 1 and want in r.stderr, f"{kind}: --fio {fio}: rc {r.returncode}, {r.stderr!r}"
+            left = os.listdir(work)
+            assert not left, f"{kind}: --fio {fio} left {left}"
+            print(f"{kind}: --fio {fio}: {want}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     kind, tool = sys.argv[1], sys.argv[2]
+    missing_fio_case(kind, tool)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         run_case(kind, tool, sig)
 

@@ -586,9 +586,20 @@ int zo_fio_hugepages_fit(uint64_t bs, unsigned iodepth, unsigned numjobs, char *
 /* Run fio as argv (zo_fio_run's whole work after building the line). */
 static int fio_exec(const char *const *argv, const zo_fio_job *jb, zo_fio_result *fr)
 {
-    int pfd[2];
+    /* pfd: fio's stdout. efd: the child's errno if it cannot exec fio
+     * (close-on-exec, so a successful exec closes it empty). Between fork
+     * and exec the child of this multi-threaded process may only make
+     * async-signal-safe calls: no stdio, no strerror there; the parent
+     * words the error. */
+    int pfd[2], efd[2];
     if (pipe2(pfd, O_CLOEXEC) != 0)
         return snprintf(fr->err, sizeof(fr->err), "pipe: %s", strerror(errno)), -1;
+    if (pipe2(efd, O_CLOEXEC) != 0) {
+        int e = errno;
+        close(pfd[0]);
+        close(pfd[1]);
+        return snprintf(fr->err, sizeof(fr->err), "pipe: %s", strerror(e)), -1;
+    }
     fflush(NULL); /* the child must not write our buffered output again */
     /* No interrupt between fork and recording the child's group in this
      * thread: the handler would miss the child, and in the child (until it
@@ -607,13 +618,18 @@ static int fio_exec(const char *const *argv, const zo_fio_job *jb, zo_fio_result
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         close(pfd[0]);
         close(pfd[1]);
+        close(efd[0]);
+        close(efd[1]);
         return snprintf(fr->err, sizeof(fr->err), "fork: %s", strerror(e)), -1;
     }
     if (pid == 0) {
         for (size_t i = 0; i < sizeof(cleanup_sigs) / sizeof(cleanup_sigs[0]); i++) {
             struct sigaction cur;
-            if (sigaction(cleanup_sigs[i], NULL, &cur) == 0 && cur.sa_handler != SIG_IGN)
-                signal(cleanup_sigs[i], SIG_DFL);
+            if (sigaction(cleanup_sigs[i], NULL, &cur) == 0 && cur.sa_handler != SIG_IGN) {
+                cur.sa_handler = SIG_DFL;
+                cur.sa_flags = 0;
+                sigaction(cleanup_sigs[i], &cur, NULL);
+            }
         }
         /* its own group, so the handler (and only it) can end fio and any
          * process fio starts; killed when the tool dies, even by SIGKILL.
@@ -624,13 +640,15 @@ static int fio_exec(const char *const *argv, const zo_fio_job *jb, zo_fio_result
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         dup2(pfd[1], 1);
         execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+        int e = errno;
+        (void)!write(efd[1], &e, sizeof(e)); /* nothing more to do if it fails: status 127 says it */
         _exit(127);
     }
     setpgid(pid, pid); /* also here: whichever runs first, the group exists before it is signalled */
     atomic_store(&fio_pgid, (int)pid);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     close(pfd[1]);
+    close(efd[1]);
     char out[16384];
     size_t got = 0;
     ssize_t k;
@@ -642,10 +660,16 @@ static int fio_exec(const char *const *argv, const zo_fio_job *jb, zo_fio_result
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
     atomic_store(&fio_pgid, 0);
+    int exec_errno = 0;
+    ssize_t ek = read(efd[0], &exec_errno, sizeof(exec_errno));
+    close(efd[0]);
+    if (ek == (ssize_t)sizeof(exec_errno))
+        return snprintf(fr->err, sizeof(fr->err), "cannot run %s: %s%s", argv[0], strerror(exec_errno),
+                        exec_errno == ENOENT ? " (not installed? give --fio PATH)" : ""),
+               -1;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        snprintf(fr->err, sizeof(fr->err), "%s exited with status %d%s", argv[0],
-                 WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-                 WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (not installed? give --fio PATH)" : "");
+        snprintf(fr->err, sizeof(fr->err), "%s exited with status %d", argv[0],
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
         return -1;
     }
     /* terse v3: 6..9 read kb, bw, iops, runtime ms; 47..50 the same for

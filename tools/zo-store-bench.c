@@ -985,11 +985,9 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         zo_swap_get_info(e.swap, &si);
         printf("swap:    chunks of %zu bytes, checksum %s%s\n", si.chunk_size, zo_csum_name(o->csum),
                o->csum_threads == 0 ? " (inline)" : "");
-        if (o->vs_fio)
-            printf("fio:     --rw=rw --rwmixread=50 --size=%llu --bs=%llu --iodepth=%u --direct=1 --ioengine=io_uring "
-                   "--fixedbufs --registerfiles%s%s\n",
-                   (unsigned long long)fj.size, (unsigned long long)fj.bs, fj.iodepth, o->fio_iomem ? " --iomem=" : "",
-                   o->fio_iomem ? o->fio_iomem : "");
+        char cmd[20000]; /* the line zo_fio_run runs, from the same builder */
+        if (o->vs_fio && zo_fio_cmdline(&fj, cmd, sizeof(cmd)) == 0)
+            printf("fio:     %s\n", cmd);
         printf("runs:    %u%s, after one warm-up step (GB/s, GB = 10^9 bytes; each step reads and writes every byte of "
                "the state once)\n\n",
                P, o->vs_fio ? " pairs, alternating fio, zoffload" : "");

@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -534,37 +533,33 @@ int zo_fio_cmdline(const zo_fio_job *job, char *buf, size_t len)
     return r;
 }
 
-/* /proc/meminfo's "key: N" (the value as written, kB for sizes); 0 if absent */
-static uint64_t meminfo_value(const char *key)
+/* /proc/meminfo's "key: N" for each of keys (the value as written, kB for
+ * sizes), in one read of the file; 0 for a key that is absent */
+static void meminfo_values(const char *const *keys, uint64_t *vals, size_t n)
 {
+    memset(vals, 0, n * sizeof(*vals));
     FILE *f = fopen("/proc/meminfo", "re");
     if (!f)
-        return 0;
+        return;
     char line[256];
-    uint64_t v = 0;
-    size_t kl = strlen(key);
     while (fgets(line, sizeof(line), f))
-        if (!strncmp(line, key, kl) && line[kl] == ':') {
-            v = strtoull(line + kl + 1, NULL, 10);
-            break;
+        for (size_t i = 0; i < n; i++) {
+            size_t kl = strlen(keys[i]);
+            if (!strncmp(line, keys[i], kl) && line[kl] == ':')
+                vals[i] = strtoull(line + kl + 1, NULL, 10);
         }
     fclose(f);
-    return v;
 }
 
 int zo_fio_hugepages_fit(uint64_t bs, unsigned iodepth, unsigned numjobs, char *why, size_t len)
 {
-    uint64_t hp = meminfo_value("Hugepagesize") * 1024;
-    uint64_t nr = 0;
-    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "re");
-    if (f) {
-        if (fscanf(f, "%" SCNu64, &nr) != 1)
-            nr = 0;
-        fclose(f);
-    }
-    uint64_t avail_pages = meminfo_value("HugePages_Free");
-    uint64_t rsvd = meminfo_value("HugePages_Rsvd");
-    avail_pages = avail_pages > rsvd ? avail_pages - rsvd : 0;
+    /* HugePages_Total is what /proc/sys/vm/nr_hugepages sets, read in the
+     * same pass as the rest */
+    static const char *const keys[] = {"Hugepagesize", "HugePages_Total", "HugePages_Free", "HugePages_Rsvd"};
+    uint64_t v[4];
+    meminfo_values(keys, v, 4);
+    uint64_t hp = v[0] * 1024, nr = v[1];
+    uint64_t avail_pages = v[2] > v[3] ? v[2] - v[3] : 0;
     if (!hp || !nr) {
         snprintf(why, len, "no huge pages (/proc/sys/vm/nr_hugepages is 0)");
         return 0;

@@ -651,10 +651,17 @@ static int fio_exec(const char *const *argv, const zo_fio_job *jb, zo_fio_result
         got += (size_t)k;
     out[got] = '\0';
     close(pfd[0]);
+    /* Forget the group before reaping fio: once reaped, its pid (the group's
+     * id) may be handed to an unrelated process group, which the handler's
+     * kill(-pgid, SIGKILL) must never reach. WNOWAIT leaves fio a zombie,
+     * holding the id, until the group is forgotten. */
+    siginfo_t si;
+    while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR)
+        ;
+    atomic_store(&fio_pgid, 0);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
-    atomic_store(&fio_pgid, 0);
     int exec_errno = 0;
     ssize_t ek = read(efd[0], &exec_errno, sizeof(exec_errno));
     close(efd[0]);

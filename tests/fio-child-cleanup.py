@@ -12,6 +12,8 @@ Then:
     (zo-store-bench's and zo-tile-bench's run directory with its arenas and
     fio's file, zo-aio-bench's data file) are gone;
   - fio ran in its own process group.
+First, --fio naming a missing or non-executable file: exit 1 with "cannot
+run PATH: reason", no files left.
 """
 import os
 import shutil
@@ -73,9 +75,20 @@ def run_case(kind, tool, sig):
                     "--no-progress"]
         env = dict(os.environ, ZO_FAKE_FIO_PIDFILE=pidfile)
 
+        # zo-store-bench: a directory at the name a run with this pid used
+        # to take (zo-store-bench.PID), holding a file: another live run
+        # with the same pid in another PID namespace, or a killed run's
+        # leftover. The tool must neither use it nor remove what is in it.
+        foreign = "zo-store-bench.%d"
+
         def default_signals():
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(s, signal.SIG_DFL)
+            if kind == "store":
+                d = os.path.join(work, foreign % os.getpid())
+                os.mkdir(d, 0o700)
+                with open(os.path.join(d, "other-run.dat"), "w") as f:
+                    f.write("not yours")
 
         # stderr to a file: a pipe would stay open as long as a surviving
         # fio holds it, and reading it would wait for fio to end
@@ -97,7 +110,8 @@ def run_case(kind, tool, sig):
             fio_pid = int(f.read())
         assert alive(fio_pid), "fake fio is not running"
         fio_pgid, tool_pgid = pgid_of(fio_pid), pgid_of(p.pid)
-        made = os.listdir(work)
+        planted = [foreign % p.pid] if kind == "store" else []
+        made = [n for n in os.listdir(work) if n not in planted]
         assert made, f"{kind}: the tool made no files in {work}"
 
         os.kill(p.pid, sig)
@@ -110,8 +124,11 @@ def run_case(kind, tool, sig):
         assert p.returncode == -sig, f"{kind}: tool ended with {p.returncode}, not signal {sig}: {err}"
         assert wait_for(lambda: not alive(fio_pid), 2.0), f"{kind}: fio (pid {fio_pid}) still runs after signal {sig}"
         if sig != signal.SIGKILL:
-            left = os.listdir(work)
+            left = [n for n in os.listdir(work) if n not in planted]
             assert not left, f"{kind}: signal {sig} left {left} (made {made})"
+        for d in planted:
+            kept = os.listdir(os.path.join(work, d))
+            assert kept == ["other-run.dat"], f"{kind}: the directory {d} of another run now holds {kept}"
         assert fio_pgid == fio_pid and fio_pgid != tool_pgid, "fio did not run in its own process group"
         print(f"{kind}: signal {sig}: fio gone, files {'removed' if sig != signal.SIGKILL else 'left (SIGKILL)'}")
     finally:
@@ -125,8 +142,42 @@ def run_case(kind, tool, sig):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def missing_fio_case(kind, tool):
+    """--fio naming nothing, or a file that is not executable: exit 1 with
+    "cannot run PATH: <why>" (the child reports exec's errno through a
+    pipe; it used to print from the forked child of a threaded process),
+    and the files the tool made are removed."""
+    tmp = tempfile.mkdtemp(prefix="zo-fio-missing-", dir="/var/tmp")
+    try:
+        work = os.path.join(tmp, "work")
+        os.mkdir(work)
+        noexec = os.path.join(tmp, "fio-noexec")
+        with open(noexec, "w") as f:
+            f.write(FAKE_FIO)
+        os.chmod(noexec, 0o600)
+        for fio, why in ((os.path.join(tmp, "no-such-fio"), "No such file or directory"),
+                         (noexec, "Permission denied")):
+            if kind == "store":
+                argv = [tool, "--optim", "--vs-fio", "--fio", fio, "--path", work, "--state", "3M",
+                        "--group-elems", "100000", "--pairs", "1"]
+            elif kind == "aio":
+                argv = [tool, "--vs-fio", "--fio", fio, "--path", work, "--size", "2M", "--pairs", "1",
+                        "--no-progress"]
+            else:
+                return
+            r = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, timeout=120)
+            want = f"cannot run {fio}: {why}"
+            assert r.returncode == 1 and want in r.stderr, f"{kind}: --fio {fio}: rc {r.returncode}, {r.stderr!r}"
+            left = os.listdir(work)
+            assert not left, f"{kind}: --fio {fio} left {left}"
+            print(f"{kind}: --fio {fio}: {want}")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main():
     kind, tool = sys.argv[1], sys.argv[2]
+    missing_fio_case(kind, tool)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
         run_case(kind, tool, sig)
 

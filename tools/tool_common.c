@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <inttypes.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -416,15 +415,28 @@ int zo_tool_cleanup_signals(void)
     return 0;
 }
 
+/* A slot's path and dir are written once, before the slot is first
+ * published, and never again: dropping only clears `used`, and adding the
+ * same path again sets it back. Reusing a dropped slot for another path
+ * would rewrite a path that a handler running on another thread (the
+ * library's threads do not block these signals) may have seen as used a
+ * moment before and be reading: it could then remove a mix of the two
+ * names. The tools register a few fixed names (zo-aio-bench one per
+ * --path, zo-store-bench its one run directory), so the table never fills
+ * up by repetition. Called from one thread (main). */
 int zo_tool_cleanup_add(const char *path, int dir)
 {
-    if (strlen(path) >= sizeof(cleanup_slots[0].path))
+    if (strlen(path) >= sizeof(cleanup_slots[0].path) || !path[0])
         return -1;
     for (int i = 0; i < CLEANUP_SLOTS; i++)
-        if (atomic_load(&cleanup_slots[i].used) && !strcmp(cleanup_slots[i].path, path))
+        if (cleanup_slots[i].path[0] && !strcmp(cleanup_slots[i].path, path)) {
+            if (cleanup_slots[i].dir != dir)
+                return -1; /* a file and a directory of one name: a caller's mistake */
+            atomic_store(&cleanup_slots[i].used, 1);
             return 0;
+        }
     for (int i = 0; i < CLEANUP_SLOTS; i++) {
-        if (atomic_load(&cleanup_slots[i].used))
+        if (cleanup_slots[i].path[0])
             continue;
         strcpy(cleanup_slots[i].path, path);
         cleanup_slots[i].dir = dir;
@@ -437,7 +449,7 @@ int zo_tool_cleanup_add(const char *path, int dir)
 void zo_tool_cleanup_drop(const char *path)
 {
     for (int i = 0; i < CLEANUP_SLOTS; i++)
-        if (atomic_load(&cleanup_slots[i].used) && !strcmp(cleanup_slots[i].path, path))
+        if (cleanup_slots[i].path[0] && !strcmp(cleanup_slots[i].path, path))
             atomic_store(&cleanup_slots[i].used, 0);
 }
 
@@ -521,37 +533,33 @@ int zo_fio_cmdline(const zo_fio_job *job, char *buf, size_t len)
     return r;
 }
 
-/* /proc/meminfo's "key: N" (the value as written, kB for sizes); 0 if absent */
-static uint64_t meminfo_value(const char *key)
+/* /proc/meminfo's "key: N" for each of keys (the value as written, kB for
+ * sizes), in one read of the file; 0 for a key that is absent */
+static void meminfo_values(const char *const *keys, uint64_t *vals, size_t n)
 {
+    memset(vals, 0, n * sizeof(*vals));
     FILE *f = fopen("/proc/meminfo", "re");
     if (!f)
-        return 0;
+        return;
     char line[256];
-    uint64_t v = 0;
-    size_t kl = strlen(key);
     while (fgets(line, sizeof(line), f))
-        if (!strncmp(line, key, kl) && line[kl] == ':') {
-            v = strtoull(line + kl + 1, NULL, 10);
-            break;
+        for (size_t i = 0; i < n; i++) {
+            size_t kl = strlen(keys[i]);
+            if (!strncmp(line, keys[i], kl) && line[kl] == ':')
+                vals[i] = strtoull(line + kl + 1, NULL, 10);
         }
     fclose(f);
-    return v;
 }
 
 int zo_fio_hugepages_fit(uint64_t bs, unsigned iodepth, unsigned numjobs, char *why, size_t len)
 {
-    uint64_t hp = meminfo_value("Hugepagesize") * 1024;
-    uint64_t nr = 0;
-    FILE *f = fopen("/proc/sys/vm/nr_hugepages", "re");
-    if (f) {
-        if (fscanf(f, "%" SCNu64, &nr) != 1)
-            nr = 0;
-        fclose(f);
-    }
-    uint64_t avail_pages = meminfo_value("HugePages_Free");
-    uint64_t rsvd = meminfo_value("HugePages_Rsvd");
-    avail_pages = avail_pages > rsvd ? avail_pages - rsvd : 0;
+    /* HugePages_Total is what /proc/sys/vm/nr_hugepages sets, read in the
+     * same pass as the rest */
+    static const char *const keys[] = {"Hugepagesize", "HugePages_Total", "HugePages_Free", "HugePages_Rsvd"};
+    uint64_t v[4];
+    meminfo_values(keys, v, 4);
+    uint64_t hp = v[0] * 1024, nr = v[1];
+    uint64_t avail_pages = v[2] > v[3] ? v[2] - v[3] : 0;
     if (!hp || !nr) {
         snprintf(why, len, "no huge pages (/proc/sys/vm/nr_hugepages is 0)");
         return 0;
@@ -573,9 +581,20 @@ int zo_fio_hugepages_fit(uint64_t bs, unsigned iodepth, unsigned numjobs, char *
 /* Run fio as argv (zo_fio_run's whole work after building the line). */
 static int fio_exec(const char *const *argv, const zo_fio_job *jb, zo_fio_result *fr)
 {
-    int pfd[2];
+    /* pfd: fio's stdout. efd: the child's errno if it cannot exec fio
+     * (close-on-exec, so a successful exec closes it empty). Between fork
+     * and exec the child of this multi-threaded process may only make
+     * async-signal-safe calls: no stdio, no strerror there; the parent
+     * words the error. */
+    int pfd[2], efd[2];
     if (pipe2(pfd, O_CLOEXEC) != 0)
         return snprintf(fr->err, sizeof(fr->err), "pipe: %s", strerror(errno)), -1;
+    if (pipe2(efd, O_CLOEXEC) != 0) {
+        int e = errno;
+        close(pfd[0]);
+        close(pfd[1]);
+        return snprintf(fr->err, sizeof(fr->err), "pipe: %s", strerror(e)), -1;
+    }
     fflush(NULL); /* the child must not write our buffered output again */
     /* No interrupt between fork and recording the child's group in this
      * thread: the handler would miss the child, and in the child (until it
@@ -594,13 +613,18 @@ static int fio_exec(const char *const *argv, const zo_fio_job *jb, zo_fio_result
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         close(pfd[0]);
         close(pfd[1]);
+        close(efd[0]);
+        close(efd[1]);
         return snprintf(fr->err, sizeof(fr->err), "fork: %s", strerror(e)), -1;
     }
     if (pid == 0) {
         for (size_t i = 0; i < sizeof(cleanup_sigs) / sizeof(cleanup_sigs[0]); i++) {
             struct sigaction cur;
-            if (sigaction(cleanup_sigs[i], NULL, &cur) == 0 && cur.sa_handler != SIG_IGN)
-                signal(cleanup_sigs[i], SIG_DFL);
+            if (sigaction(cleanup_sigs[i], NULL, &cur) == 0 && cur.sa_handler != SIG_IGN) {
+                cur.sa_handler = SIG_DFL;
+                cur.sa_flags = 0;
+                sigaction(cleanup_sigs[i], &cur, NULL);
+            }
         }
         /* its own group, so the handler (and only it) can end fio and any
          * process fio starts; killed when the tool dies, even by SIGKILL.
@@ -611,13 +635,15 @@ static int fio_exec(const char *const *argv, const zo_fio_job *jb, zo_fio_result
         pthread_sigmask(SIG_SETMASK, &old, NULL);
         dup2(pfd[1], 1);
         execvp(argv[0], (char *const *)argv);
-        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+        int e = errno;
+        (void)!write(efd[1], &e, sizeof(e)); /* nothing more to do if it fails: status 127 says it */
         _exit(127);
     }
     setpgid(pid, pid); /* also here: whichever runs first, the group exists before it is signalled */
     atomic_store(&fio_pgid, (int)pid);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
     close(pfd[1]);
+    close(efd[1]);
     char out[16384];
     size_t got = 0;
     ssize_t k;
@@ -625,14 +651,27 @@ static int fio_exec(const char *const *argv, const zo_fio_job *jb, zo_fio_result
         got += (size_t)k;
     out[got] = '\0';
     close(pfd[0]);
+    /* Forget the group before reaping fio: once reaped, its pid (the group's
+     * id) may be handed to an unrelated process group, which the handler's
+     * kill(-pgid, SIGKILL) must never reach. WNOWAIT leaves fio a zombie,
+     * holding the id, until the group is forgotten. */
+    siginfo_t si;
+    while (waitid(P_PID, (id_t)pid, &si, WEXITED | WNOWAIT) < 0 && errno == EINTR)
+        ;
+    atomic_store(&fio_pgid, 0);
     int status = 0;
     while (waitpid(pid, &status, 0) < 0 && errno == EINTR)
         ;
-    atomic_store(&fio_pgid, 0);
+    int exec_errno = 0;
+    ssize_t ek = read(efd[0], &exec_errno, sizeof(exec_errno));
+    close(efd[0]);
+    if (ek == (ssize_t)sizeof(exec_errno))
+        return snprintf(fr->err, sizeof(fr->err), "cannot run %s: %s%s", argv[0], strerror(exec_errno),
+                        exec_errno == ENOENT ? " (not installed? give --fio PATH)" : ""),
+               -1;
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        snprintf(fr->err, sizeof(fr->err), "%s exited with status %d%s", argv[0],
-                 WIFEXITED(status) ? WEXITSTATUS(status) : -1,
-                 WIFEXITED(status) && WEXITSTATUS(status) == 127 ? " (not installed? give --fio PATH)" : "");
+        snprintf(fr->err, sizeof(fr->err), "%s exited with status %d", argv[0],
+                 WIFEXITED(status) ? WEXITSTATUS(status) : -1);
         return -1;
     }
     /* terse v3: 6..9 read kb, bw, iops, runtime ms; 47..50 the same for

@@ -76,7 +76,10 @@ int zo_tool_bad(const char *prog, const char *fmt, ...) __attribute__((format(pr
  * control) stays ignored. Call once, early in main. 0, or -1 (errno). */
 int zo_tool_cleanup_signals(void);
 /* Remove path if such a signal arrives: a file, or (dir != 0) a directory
- * with the files in it. 0, or -1 (table full or path too long: then the
+ * with the files in it. Adding a path dropped before arms it again; at
+ * most 16 distinct paths a process (a slot is never given to another
+ * path, see tool_common.c). Main thread only. 0, or -1 (table full, path
+ * empty or too long, or registered before with the other dir: then the
  * tool's own cleanup at exit is all there is). */
 int zo_tool_cleanup_add(const char *path, int dir);
 /* Forget path (the tool removes it itself, or keeps it). */

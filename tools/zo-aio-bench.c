@@ -567,6 +567,8 @@ static int open_targets(const opts *o, target *tg, int need_data)
             fd = zo_tool_open_data(t->path, &made, why, sizeof(why));
             if (fd < 0)
                 return bad("%s", why);
+            if (made && !o->keep) /* from its creation on, not after the engine opened it */
+                zo_tool_cleanup_add(t->path, 0);
             exists = 1;
         }
         /* a user's existing file is opened for writing only when a pass
@@ -576,15 +578,15 @@ static int open_targets(const opts *o, target *tg, int need_data)
                       (fd >= 0 ? ZO_FILE_NOFOLLOW : 0);
         int rc = zo_file_open(&t->f, t->path, fl);
         if (rc) {
-            if (made)
+            if (made) {
                 unlink(t->path);
+                zo_tool_cleanup_drop(t->path);
+            }
             if (fd >= 0)
                 close(fd);
             return bad("cannot open %s: %s (%s)", t->path, zo_strerror(rc), zo_last_error_detail());
         }
         t->created = made;
-        if (made && !o->keep)
-            zo_tool_cleanup_add(t->path, 0);
         if (fd >= 0) {
             /* the engine's file must be the one we examined */
             struct stat a, b;

@@ -323,12 +323,32 @@ static void env_close(env *e)
  * negative error of zo_swap_create(). */
 static int swap_open(const opts *o, const char *path, char *dir, size_t dirlen, zo_swap **out)
 {
-    snprintf(dir, dirlen, "%s/zo-store-bench.%ld", path, (long)getpid());
-    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
-        fprintf(stderr, "zo-store-bench: cannot create %s: %s\n", dir, strerror(errno));
+    /* The run's directory has a name no one else can guess or share:
+     * zo-store-bench.PID.XXXXXX made by mkdtemp (0700, never an existing
+     * one) on the first call, then created again under the same name by
+     * each later environment (the one before removed it). A leftover of a
+     * killed run, a live run with the same pid in another PID namespace or
+     * a symlink planted at the name is never used, cleared or removed by
+     * this run; mkdir failing with EEXIST on a later call means someone
+     * took our name meanwhile, and the run stops. */
+    static char run_dir[4200];
+    if (!run_dir[0]) {
+        char tmpl[sizeof(run_dir)];
+        int e = ENAMETOOLONG;
+        if ((size_t)snprintf(tmpl, sizeof(tmpl), "%s/zo-store-bench.%ld.XXXXXX", path, (long)getpid()) >=
+                sizeof(tmpl) ||
+            (!mkdtemp(tmpl) && (e = errno))) {
+            fprintf(stderr, "zo-store-bench: cannot create a run directory in %s: %s\n", path, strerror(e));
+            dir[0] = 0;
+            return EXIT_RUN;
+        }
+        memcpy(run_dir, tmpl, sizeof(run_dir));
+    } else if (mkdir(run_dir, 0700) != 0) {
+        fprintf(stderr, "zo-store-bench: cannot create %s: %s\n", run_dir, strerror(errno));
         dir[0] = 0;
         return EXIT_RUN;
     }
+    snprintf(dir, dirlen, "%s", run_dir);
     zo_tool_cleanup_add(dir, 1); /* an interrupt removes it with the arenas and fio's file */
     const char *dirs[] = {dir};
     zo_swap_config sc;
@@ -965,11 +985,9 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         zo_swap_get_info(e.swap, &si);
         printf("swap:    chunks of %zu bytes, checksum %s%s\n", si.chunk_size, zo_csum_name(o->csum),
                o->csum_threads == 0 ? " (inline)" : "");
-        if (o->vs_fio)
-            printf("fio:     --rw=rw --rwmixread=50 --size=%llu --bs=%llu --iodepth=%u --direct=1 --ioengine=io_uring "
-                   "--fixedbufs --registerfiles%s%s\n",
-                   (unsigned long long)fj.size, (unsigned long long)fj.bs, fj.iodepth, o->fio_iomem ? " --iomem=" : "",
-                   o->fio_iomem ? o->fio_iomem : "");
+        char cmd[20000]; /* the line zo_fio_run runs, from the same builder */
+        if (o->vs_fio && zo_fio_cmdline(&fj, cmd, sizeof(cmd)) == 0)
+            printf("fio:     %s\n", cmd);
         printf("runs:    %u%s, after one warm-up step (GB/s, GB = 10^9 bytes; each step reads and writes every byte of "
                "the state once)\n\n",
                P, o->vs_fio ? " pairs, alternating fio, zoffload" : "");

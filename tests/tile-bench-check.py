@@ -124,10 +124,18 @@ def check_fio(tool):
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def run_json(argv):
+    """The tool's --json output; on failure its exit status and stderr, not just a traceback."""
+    p = subprocess.run(argv, capture_output=True, text=True)
+    if p.returncode != 0:
+        sys.exit("%s exited %d:\n%s" % (" ".join(argv), p.returncode, p.stderr + p.stdout))
+    return json.loads(p.stdout)
+
+
 def check_slot(tool):
     base = [tool, "--json", "--no-fio", "--batch", "2", "--out", "3000", "--in", "1000", "--budget", "12M",
             "--pairs", "1", "--path", "/var/tmp"]
-    o = json.loads(subprocess.run(base, check=True, capture_output=True, text=True).stdout)
+    o = run_json(base)
     sp, g, gn = o["store_pool"], o["grid"], o["grid_nvme"]
     assert sp["slot_size_auto"] is True, sp
     s = sp["slot_size"]
@@ -135,7 +143,7 @@ def check_slot(tool):
     assert s >= g["tile_bytes"] > s // 2 and s == 8 << 20, (sp, g)
     assert gn == g, (g, gn)  # the NVMe home walks the pinned-host home's grid
     assert sp["pool_bytes"] == sp["slots"] * s and sp["pinned_bytes"] >= sp["pool_bytes"], sp
-    o4 = json.loads(subprocess.run(base + ["--slot-size", "4M"], check=True, capture_output=True, text=True).stdout)
+    o4 = run_json(base + ["--slot-size", "4M"])
     sp4, g4, gn4 = o4["store_pool"], o4["grid"], o4["grid_nvme"]
     assert sp4["slot_size_auto"] is False and sp4["slot_size"] == 4 << 20, sp4
     assert g4 == g and gn4["tile_bytes"] <= 4 << 20 and gn4["tiles_out"] > g4["tiles_out"], (g4, gn4)

@@ -53,6 +53,8 @@ typedef struct opts {
     int disk_stats;
     zo_csum_kind csum;
     unsigned csum_threads; /* UINT_MAX: the swap store's default */
+    unsigned queue_depth;  /* the swap's engine; 0: every pool slot in flight */
+    int io_only;           /* sweep without the update: the store's I/O alone */
     const char *fio, *fio_iomem;
 } opts;
 
@@ -95,6 +97,10 @@ static void usage(FILE *f)
                "                        8 with bf16 states keeps depth 2 pieces: the layout before depth by bytes)\n"
                "  --checksum crc32c|xxh3|none  the swap store's chunk checksum (default crc32c)\n"
                "  --csum-threads N      the swap store's checksum threads (default: its default, 1; 0: inline)\n"
+               "  --queue-depth N       chunks in flight in the swap store's aio engine (default: the\n"
+               "                        engine's, 32)\n"
+               "  --io-only             read and write every piece without updating it: the store's I/O\n"
+               "                        pipeline alone (the check then expects the initial values)\n"
                "  --disk-stats          after each run, what the block device of --path saw (requests, average\n"
                "                        request size, average queue depth, busy time) from its sysfs stat file\n"
                "  --vs-fio              alternate with fio (io_uring, direct, fixedbufs, registerfiles;\n"
@@ -160,7 +166,7 @@ static int parse_opts(int argc, char **argv, opts *o)
 {
     enum { O_PATH = 256, O_T, O_TS, O_DT, O_DEV, O_CMS, O_LA, O_IT, O_PR, O_CS, O_CSS, O_JSON, O_HELP,
            O_OPTIM, O_STATE, O_SDT, O_GE, O_DEPTH, O_SLS, O_SLOTS, O_VSFIO, O_FIO, O_FIOMEM,
-           O_MAXSL, O_DSTAT, O_CSUM, O_CSTH };
+           O_MAXSL, O_DSTAT, O_CSUM, O_CSTH, O_QD, O_IOONLY };
     static const struct option lo[] = {
         {"path", 1, 0, O_PATH},       {"tensors", 1, 0, O_T},     {"tensor-size", 1, 0, O_TS},
         {"device-tensors", 1, 0, O_DT}, {"device", 1, 0, O_DEV},  {"compute-ms", 1, 0, O_CMS},
@@ -171,6 +177,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"slot-size", 1, 0, O_SLS},   {"slots", 1, 0, O_SLOTS},   {"vs-fio", 0, 0, O_VSFIO},
         {"fio", 1, 0, O_FIO},         {"fio-iomem", 1, 0, O_FIOMEM}, {"max-slots", 1, 0, O_MAXSL},
         {"disk-stats", 0, 0, O_DSTAT},  {"checksum", 1, 0, O_CSUM}, {"csum-threads", 1, 0, O_CSTH},
+        {"queue-depth", 1, 0, O_QD},  {"io-only", 0, 0, O_IOONLY},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -207,6 +214,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {O_SLOTS, "--slots", 2, 65536, &o->slots, NULL, NULL},
         {O_MAXSL, "--max-slots", 1, 65536, &o->max_slots, NULL, NULL},
         {O_CSTH, "--csum-threads", 0, 64, &o->csum_threads, NULL, NULL},
+        {O_QD, "--queue-depth", 1, 4096, &o->queue_depth, NULL, NULL},
     };
     while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
         if (num_opt_parse(nums, sizeof(nums) / sizeof(nums[0]), c, optarg, &rc)) {
@@ -240,6 +248,7 @@ static int parse_opts(int argc, char **argv, opts *o)
             break;
         case O_VSFIO: o->vs_fio = 1; break;
         case O_DSTAT: o->disk_stats = 1; break;
+        case O_IOONLY: o->io_only = 1; break;
         case O_CSUM:
             if (zo_csum_parse(optarg, &o->csum) != 0)
                 return bad("--checksum %s: expected crc32c, xxh3 or none", optarg);
@@ -255,8 +264,8 @@ static int parse_opts(int argc, char **argv, opts *o)
         return bad("unexpected argument '%s'", argv[optind]);
     if (o->vs_fio && !o->optim)
         return bad("--vs-fio compares the --optim sweep with fio: add --optim");
-    if ((o->disk_stats || o->max_slots) && !o->optim)
-        return bad("--disk-stats and --max-slots are --optim options: add --optim");
+    if ((o->disk_stats || o->max_slots || o->queue_depth || o->io_only) && !o->optim)
+        return bad("--disk-stats, --max-slots, --queue-depth and --io-only are --optim options: add --optim");
     if (o->optim && o->checksums)
         return bad("--optim and --checksums: run them separately");
     if (o->device_tensors >= o->tensors)
@@ -321,6 +330,18 @@ static void env_close(env *e)
  * by the caller once the swap store is destroyed) and a zo_swap in it.
  * 0, EXIT_RUN (said why; dir[0] is 0 if there is nothing to remove), or a
  * negative error of zo_swap_create(). */
+/* The swap engine's queue depth: --queue-depth, else the engine's default.
+ * (Sizing it to every pool slot, 64 here, measured no better: 0.80 and
+ * 0.88 against 0.86-0.91 at 32, docs/benchmarks.md.) */
+static unsigned optim_queue_depth(const opts *o)
+{
+    if (o->queue_depth)
+        return o->queue_depth;
+    zo_aio_config ac;
+    zo_aio_config_default(&ac);
+    return ac.queue_depth;
+}
+
 static int swap_open(const opts *o, const char *path, char *dir, size_t dirlen, zo_swap **out)
 {
     /* The run's directory has a name no one else can guess or share:
@@ -358,6 +379,12 @@ static int swap_open(const opts *o, const char *path, char *dir, size_t dirlen, 
     sc.checksum = o->csum;
     if (o->csum_threads != UINT_MAX)
         sc.csum_threads = o->csum_threads;
+    zo_aio_config ac;
+    zo_aio_config_default(&ac);
+    if (o->optim && o->queue_depth) {
+        ac.queue_depth = optim_queue_depth(o);
+        sc.aio_cfg = &ac;
+    }
     return zo_swap_create(out, &sc);
 }
 
@@ -782,7 +809,7 @@ static int optim_sweep(const opts *o, optim_env *e, unsigned mode, int init, dou
                 p[i] = 1.0f;
             memset(pc.ptr[1], 0, pc.nelem * esz); /* 0.0 in f32 and bf16 */
             memset(pc.ptr[2], 0, pc.nelem * esz);
-        } else {
+        } else if (!o->io_only) {
             optim_update(o, pc.ptr, pc.nelem);
         }
         if ((rc = zo_store_sweep_done(sw, &pc)) != 0)
@@ -957,7 +984,7 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         rc = EXIT_RUN;
         goto out;
     }
-    unsigned steps = 1;
+    unsigned steps = o->io_only ? 0 : 1;
     /* fio's requests as the sweep's: chunk-sized, as many in flight as its
      * frames ahead and the one writing hold chunks */
     uint64_t qd = (info.depth + 1) * info.piece_elems * (4 + 2 * esz) / e.chunk;
@@ -983,8 +1010,9 @@ static int cmd_optim(const opts *o, const zo_machine *m)
                info.depth, (unsigned long long)info.piece_elems, info.slots);
         zo_swap_info si;
         zo_swap_get_info(e.swap, &si);
-        printf("swap:    chunks of %zu bytes, checksum %s%s\n", si.chunk_size, zo_csum_name(o->csum),
-               o->csum_threads == 0 ? " (inline)" : "");
+        printf("swap:    chunks of %zu bytes, checksum %s%s, engine queue depth %u%s\n", si.chunk_size,
+               zo_csum_name(o->csum), o->csum_threads == 0 ? " (inline)" : "", optim_queue_depth(o),
+               o->io_only ? "; --io-only: no update" : "");
         char cmd[20000]; /* the line zo_fio_run runs, from the same builder */
         if (o->vs_fio && zo_fio_cmdline(&fj, cmd, sizeof(cmd)) == 0)
             printf("fio:     %s\n", cmd);
@@ -1028,7 +1056,8 @@ static int cmd_optim(const opts *o, const zo_machine *m)
             rc = EXIT_RUN;
             break;
         }
-        steps++;
+        if (!o->io_only)
+            steps++;
         zo_store_stats st;
         zo_store_get_stats(e.st, &st);
         stall[p] = (double)st.stall_ns * 1e-9;
@@ -1066,6 +1095,8 @@ static int cmd_optim(const opts *o, const zo_machine *m)
             zj_uint(&j, "piece_elems", info.piece_elems);
             zj_uint(&j, "slots_reserved", info.slots);
             zj_str(&j, "checksum", zo_csum_name(o->csum));
+            zj_uint(&j, "queue_depth", optim_queue_depth(o));
+            zj_bool(&j, "io_only", o->io_only);
             if (o->vs_fio) {
                 zj_uint(&j, "fio_size", fj.size);
                 zj_uint(&j, "fio_bs", fj.bs);

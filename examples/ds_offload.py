@@ -51,14 +51,14 @@ def _single_rank_env():
         os.environ.setdefault(k, v)
 
 
-_wrapped_collectives = set()    # torch.distributed functions already routed (by name)
+# torch.distributed's own collectives, saved while ours stand in for them
+_gloo_collectives = {}
 
 
 def _bf16_collectives(torch):
-    """gloo (torch 1.13) cannot reduce bf16: route bf16 tensors through fp32.
-
-    Done once per process: which functions are wrapped is kept here, not as
-    an attribute planted on torch.distributed."""
+    """gloo (torch 1.13) cannot reduce or broadcast bf16: route bf16 tensors
+    through fp32 until _restore_collectives(). Each stand-in wraps the saved
+    original, so routing twice never stacks two wrappers."""
     import torch.distributed as td
 
     def wrap(fn):
@@ -74,9 +74,15 @@ def _bf16_collectives(torch):
         return w
 
     for name in ("all_reduce", "broadcast", "reduce"):
-        if name not in _wrapped_collectives:
-            setattr(td, name, wrap(getattr(td, name)))
-            _wrapped_collectives.add(name)
+        orig = _gloo_collectives.setdefault(name, getattr(td, name))
+        setattr(td, name, wrap(orig))
+
+
+def _restore_collectives():
+    import torch.distributed as td
+    for name, fn in _gloo_collectives.items():
+        setattr(td, name, fn)
+    _gloo_collectives.clear()
 
 
 def _fix_builders():
@@ -160,6 +166,10 @@ class Engine:
 
     def step(self):
         self.engine.step()
+
+    def close(self):
+        """Give torch.distributed its own collectives back."""
+        _restore_collectives()
 
     def describe(self):
         z = self.cfg["zero_optimization"]

@@ -569,6 +569,7 @@ def run(args, which, data):
         if args.save:
             name = opt.save(args.save)
             print("  saved optimizer checkpoint %s/%s" % (args.save, name))
+    if which != "torch":                   # OffloadAdamW, DeepSpeed's engine (gives back the collectives)
         opt.close()
     if args.save_weights and which == "zoffload":
         save_safetensors(args.save_weights, dict(model.named_parameters()))
@@ -757,8 +758,12 @@ def main():
         print("loss after %d steps: zoffload %.4f, %s %.4f (difference %.2e)"
               % (args.steps, a["loss_last"], b["which"], b["loss_last"],
                  abs(a["loss_last"] - b["loss_last"])))
-        print("zoffload / %s: tokens/s %.3fx, optimizer step %.3fx faster"
-              % (b["which"], a["tokens_per_s"] / b["tokens_per_s"], b["opt_ms"] / a["opt_ms"]))
+        if args.steps <= args.warmup:      # every step was warm-up: nothing timed
+            print("zoffload / %s: no speed comparison: --steps %d leaves no step after --warmup %d"
+                  % (b["which"], args.steps, args.warmup))
+        else:
+            print("zoffload / %s: tokens/s %.3fx, optimizer step %.3fx faster"
+                  % (b["which"], a["tokens_per_s"] / b["tokens_per_s"], b["opt_ms"] / a["opt_ms"]))
 
 
 if __name__ == "__main__":

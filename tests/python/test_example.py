@@ -79,3 +79,45 @@ def test_finetune_weights_round_trip(tmp_path):
         raise AssertionError("an int64 tensor was written")
     assert open(w1, "rb").read() == before
     assert not [f for f in os.listdir(tmp_path) if ".tmp." in f]
+
+
+def test_finetune_compare_all_warmup():
+    """--steps no larger than --warmup times nothing: the comparison says so
+    instead of dividing by zero."""
+    torch_or_skip()
+    cmd = [sys.executable, os.path.join(SRC, "examples", "finetune.py"), "--dim", "32",
+           "--layers", "1", "--heads", "2", "--seq", "16", "--batch", "2", "--steps", "2",
+           "--warmup", "2", "--threads", "1", "--compare", "torch"]
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=300)
+    out = r.stdout.decode()
+    assert r.returncode == 0, out
+    assert "no speed comparison: --steps 2 leaves no step after --warmup 2" in out, out
+
+
+def test_ds_offload_bf16_collectives(tmp_path):
+    """examples/ds_offload.py routes bf16 collectives through fp32 for gloo
+    while DeepSpeed's engine lives, never stacks wrappers, and gives
+    torch.distributed its own functions back."""
+    torch = torch_or_skip()
+    import torch.distributed as td
+    sys.path.insert(0, os.path.join(SRC, "examples"))
+    import ds_offload
+    mine = not td.is_initialized()
+    if mine:
+        td.init_process_group("gloo", init_method="file://%s" % (tmp_path / "pg"), rank=0, world_size=1)
+    own = {n: getattr(td, n) for n in ("all_reduce", "broadcast", "reduce")}
+    try:
+        ds_offload._bf16_collectives(torch)
+        ds_offload._bf16_collectives(torch)          # twice: still one wrapper over the original
+        assert all(getattr(td, n) is not own[n] for n in own)
+        assert ds_offload._gloo_collectives == own
+        t = torch.tensor([1.5, -2.25], dtype=torch.bfloat16)
+        td.all_reduce(t)
+        td.broadcast(t, src=0)
+        assert t.dtype == torch.bfloat16 and t.tolist() == [1.5, -2.25]
+    finally:
+        ds_offload._restore_collectives()
+        if mine:
+            td.destroy_process_group()
+    assert all(getattr(td, n) is own[n] for n in own)
+    assert ds_offload._gloo_collectives == {}

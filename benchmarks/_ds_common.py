@@ -68,16 +68,16 @@ def _std_of(args):
     return max(found) if found else 0
 
 
-_fixed_cxx_args = set()    # the cxx_args functions fix_cxx_std installed
+# each patched builder class's own cxx_args, as it was before fix_cxx_std
+_orig_cxx_args = {}
 
 
 def fix_cxx_std(builder_cls):
     """Patch builder_cls.cxx_args to pass exactly one -std=c++NN, the newest of
-    17, torch's and the builder's own. Idempotent (a class whose cxx_args is
-    already one of ours, itself or inherited, is left alone)."""
-    if builder_cls.cxx_args in _fixed_cxx_args:
-        return
-    orig = builder_cls.cxx_args
+    17, torch's and the builder's own. The patch always wraps the class's
+    saved original, so patching twice never stacks wrappers (and one inherited
+    from a patched base only repeats the same rewrite)."""
+    orig = _orig_cxx_args.setdefault(builder_cls, builder_cls.cxx_args)
     want = max(17, torch_cxx_std())
 
     def cxx_args(self):
@@ -85,7 +85,6 @@ def fix_cxx_std(builder_cls):
         std = max(want, _std_of(args))
         return [a for a in args if not a.startswith("-std=")] + ["-std=c++%d" % std]
 
-    _fixed_cxx_args.add(cxx_args)
     builder_cls.cxx_args = cxx_args
 
 

@@ -130,24 +130,11 @@ ZO_API int zo_tiled_linear_create(zo_tiled_linear **out, zo_store *store, zo_dev
         zo__tile_keep(&tl->err, r);
         goto fail;
     }
-    in_place = (tl->grid.flags & ZO_TILE_IN_PLACE) != 0;
     zo_tile_grid *g = &tl->grid;
     tl->ntiles = g->tiles_out * g->tiles_in;
-    char prefix[ZO_TENSOR_NAME_MAX + 1];
-    snprintf(prefix, sizeof(prefix), "%s.w", tl->name);
-    ZO_CHECK_GOTO(zo__tile_register(store, prefix, g, c->home, 0, &tl->tiles, &tl->err), r, fail);
-    tl->rtiles = zo__tile_reversed(tl->tiles, tl->ntiles);
-    if (!tl->rtiles) {
-        r = -ENOMEM;
-        goto fail;
-    }
     /* the working memory: exactly grid.work_bytes (zo__tile_linear_work) */
-    r = zo_tile_walk_create_ex(&tl->walk, store, dev, (g->flags & (ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE)) ? 0 : g->tile_bytes,
-                               in_place ? ZO_TILE_WALK_IN_PLACE : 0);
-    if (r < 0) {
-        zo__tile_keep(&tl->err, r);
-        goto fail;
-    }
+    ZO_CHECK_GOTO(zo__tile_setup(store, dev, tl->name, "w", g, c->home, 0, &tl->tiles, &tl->rtiles, &tl->walk,
+                                 &tl->err), r, fail);
     zo_tile_walk_set_read_ahead(tl->walk, c->read_ahead);
     size_t esz = zo_dtype_size(c->dtype);
     ZO_CHECK_GOTO(dev_alloc(tl, &tl->ones_f32, g->batch * sizeof(float), "ones vector"), r, fail);

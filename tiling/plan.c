@@ -219,6 +219,23 @@ fail:
     return r;
 }
 
+int zo__tile_setup(zo_store *st, zo_dev *dev, const char *name, const char *kind, const zo_tile_grid *g,
+                   zo_tier home, int one_dim, zo_tensor ***tiles, zo_tensor ***rtiles, zo_tile_walk **walk,
+                   zo_errbuf *eb)
+{
+    char prefix[ZO_TENSOR_NAME_MAX + 1];
+    snprintf(prefix, sizeof(prefix), "%s.%s", name, kind);
+    int r = zo__tile_register(st, prefix, g, home, one_dim, tiles, eb);
+    if (r < 0)
+        return r;
+    if (!(*rtiles = zo__tile_reversed(*tiles, (unsigned)((uint64_t)g->tiles_out * g->tiles_in))))
+        return -ENOMEM;
+    int in_place = (g->flags & ZO_TILE_IN_PLACE) != 0;
+    r = zo_tile_walk_create_ex(walk, st, dev, (g->flags & (ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE)) ? 0 : g->tile_bytes,
+                               in_place ? ZO_TILE_WALK_IN_PLACE : 0);
+    return r < 0 ? zo__tile_keep(eb, r) : 0;
+}
+
 void zo__tile_unregister(zo_store *st, zo_tensor ***tiles, unsigned n)
 {
     if (!*tiles)

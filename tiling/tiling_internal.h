@@ -77,6 +77,15 @@ int zo__tile_register(zo_store *st, const char *prefix, const zo_tile_grid *g, z
                       zo_tensor ***out, zo_errbuf *eb);
 void zo__tile_unregister(zo_store *st, zo_tensor ***tiles, unsigned n);
 
+/* What a tiled operator builds from its planned grid g: the tiles, named
+ * "<name>.<kind>..." in home (zo__tile_register), the same tiles last to
+ * first for its backward walks, and its walker, which stages tiles only
+ * when g neither keeps them resident nor reads them in place. Each output is
+ * set as soon as it exists, so the operator's destroy frees a partial set. */
+int zo__tile_setup(zo_store *st, zo_dev *dev, const char *name, const char *kind, const zo_tile_grid *g,
+                   zo_tier home, int one_dim, zo_tensor ***tiles, zo_tensor ***rtiles, zo_tile_walk **walk,
+                   zo_errbuf *eb);
+
 /* Copy W (host, ld) into / out of the tiles of g through the store. */
 int zo__tile_weight_io(zo_store *st, zo_tensor **tiles, const zo_tile_grid *g, void *w, uint64_t ld, int write,
                        zo_errbuf *eb);

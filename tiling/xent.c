@@ -162,22 +162,9 @@ ZO_API int zo_tiled_xent_create(zo_tiled_xent **out, zo_store *store, zo_dev *de
     if (r < 0)
         goto fail;
     zo_tile_grid *g = &x->grid;
-    in_place = (g->flags & ZO_TILE_IN_PLACE) != 0;
     x->ntiles = g->tiles_out;
-    char prefix[ZO_TENSOR_NAME_MAX + 1];
-    snprintf(prefix, sizeof(prefix), "%s.e", x->name);
-    ZO_CHECK_GOTO(zo__tile_register(store, prefix, g, c->home, 1, &x->tiles, &x->err), r, fail);
-    x->rtiles = zo__tile_reversed(x->tiles, x->ntiles);
-    if (!x->rtiles) {
-        r = -ENOMEM;
-        goto fail;
-    }
-    r = zo_tile_walk_create_ex(&x->walk, store, dev, (g->flags & (ZO_TILE_RESIDENT | ZO_TILE_IN_PLACE)) ? 0 : g->tile_bytes,
-                               in_place ? ZO_TILE_WALK_IN_PLACE : 0);
-    if (r < 0) {
-        zo__tile_keep(&x->err, r);
-        goto fail;
-    }
+    ZO_CHECK_GOTO(zo__tile_setup(store, dev, x->name, "e", g, c->home, 1, &x->tiles, &x->rtiles, &x->walk, &x->err),
+                  r, fail);
     size_t esz = zo_dtype_size(c->dtype), tile_elems = (size_t)g->batch * g->tile_out;
     for (int i = 0; i < 2; i++) {
         r = zo_dev_malloc(dev, (void **)&x->logits[i], tile_elems * sizeof(float));

@@ -14,7 +14,11 @@
  *                     in-place update per element; read and write GB/s,
  *                     and with --vs-fio fio (io_uring, direct, fixedbufs,
  *                     registerfiles) mixed read/write of the same bytes on
- *                     the same path, alternating pairs, medians.
+ *                     the same path, alternating pairs, medians; with
+ *                     --vs-raw also the sweep's own I/O pattern done with
+ *                     liburing alone (raw_sweep.h), to tell a gap that
+ *                     the pattern makes on this disk from one the store
+ *                     makes.
  *
  * Exit status: 0 success; 1 a run failed; 2 bad usage or input. */
 #include <ctype.h>
@@ -32,6 +36,7 @@
 
 #include <zoffload/zoffload.h>
 
+#include "raw_sweep.h"
 #include "tool_common.h"
 
 #define EXIT_RUN 1
@@ -46,7 +51,7 @@ typedef struct opts {
     int checksums, json;
     uint64_t csum_size;
     /* --optim */
-    int optim, vs_fio;
+    int optim, vs_fio, vs_raw;
     uint64_t state_bytes, group_elems, slot_size;
     zo_dtype state_dtype;
     unsigned depth, slots, max_slots;
@@ -105,9 +110,12 @@ static void usage(FILE *f)
                "                        request size, average queue depth, busy time) from its sysfs stat file\n"
                "  --vs-fio              alternate with fio (io_uring, direct, fixedbufs, registerfiles;\n"
                "                        mixed read/write of the same bytes on the same path)\n"
+               "  --vs-raw              also alternate with the sweep's own I/O done by a hand-written\n"
+               "                        liburing loop (same pieces, frames and update, no store; direct,\n"
+               "                        registered buffers and file), to tell the pattern's cost from the store's\n"
                "  --fio PATH            the fio binary (default: fio in PATH)\n"
                "  --fio-iomem MODE      fio's buffer memory (--iomem=MODE), e.g. shmhuge\n"
-               "  --pairs N             runs (pairs with --vs-fio; default 5)\n"
+               "  --pairs N             runs (pairs with --vs-fio or --vs-raw; default 5)\n"
                "checksums:\n"
                "  --checksums           CRC32C variants and XXH3 speed, alternating (median of --pairs)\n"
                "  --checksum-size SIZE  buffer (default 64M)\n"
@@ -166,7 +174,7 @@ static int parse_opts(int argc, char **argv, opts *o)
 {
     enum { O_PATH = 256, O_T, O_TS, O_DT, O_DEV, O_CMS, O_LA, O_IT, O_PR, O_CS, O_CSS, O_JSON, O_HELP,
            O_OPTIM, O_STATE, O_SDT, O_GE, O_DEPTH, O_SLS, O_SLOTS, O_VSFIO, O_FIO, O_FIOMEM,
-           O_MAXSL, O_DSTAT, O_CSUM, O_CSTH, O_QD, O_IOONLY };
+           O_MAXSL, O_DSTAT, O_CSUM, O_CSTH, O_QD, O_IOONLY, O_VSRAW };
     static const struct option lo[] = {
         {"path", 1, 0, O_PATH},       {"tensors", 1, 0, O_T},     {"tensor-size", 1, 0, O_TS},
         {"device-tensors", 1, 0, O_DT}, {"device", 1, 0, O_DEV},  {"compute-ms", 1, 0, O_CMS},
@@ -177,7 +185,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"slot-size", 1, 0, O_SLS},   {"slots", 1, 0, O_SLOTS},   {"vs-fio", 0, 0, O_VSFIO},
         {"fio", 1, 0, O_FIO},         {"fio-iomem", 1, 0, O_FIOMEM}, {"max-slots", 1, 0, O_MAXSL},
         {"disk-stats", 0, 0, O_DSTAT},  {"checksum", 1, 0, O_CSUM}, {"csum-threads", 1, 0, O_CSTH},
-        {"queue-depth", 1, 0, O_QD},  {"io-only", 0, 0, O_IOONLY},
+        {"queue-depth", 1, 0, O_QD},  {"io-only", 0, 0, O_IOONLY}, {"vs-raw", 0, 0, O_VSRAW},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -247,6 +255,7 @@ static int parse_opts(int argc, char **argv, opts *o)
                 return bad("--state-dtype %s: expected f32 or bf16", optarg);
             break;
         case O_VSFIO: o->vs_fio = 1; break;
+        case O_VSRAW: o->vs_raw = 1; break;
         case O_DSTAT: o->disk_stats = 1; break;
         case O_IOONLY: o->io_only = 1; break;
         case O_CSUM:
@@ -264,8 +273,8 @@ static int parse_opts(int argc, char **argv, opts *o)
         return bad("unexpected argument '%s'", argv[optind]);
     if (o->vs_fio && !o->optim)
         return bad("--vs-fio compares the --optim sweep with fio: add --optim");
-    if ((o->disk_stats || o->max_slots || o->queue_depth || o->io_only) && !o->optim)
-        return bad("--disk-stats, --max-slots, --queue-depth and --io-only are --optim options: add --optim");
+    if ((o->disk_stats || o->max_slots || o->queue_depth || o->io_only || o->vs_raw) && !o->optim)
+        return bad("--disk-stats, --max-slots, --queue-depth, --io-only and --vs-raw are --optim options: add --optim");
     if (o->optim && o->checksums)
         return bad("--optim and --checksums: run them separately");
     if (o->device_tensors >= o->tensors)
@@ -702,8 +711,11 @@ typedef struct optim_env {
     zo_tensor **t;       /* ngroups x (master, m, v) */
     size_t ngroups;
     size_t chunk;        /* the swap chunk size */
+    uint64_t nelem;      /* elements of state */
+    zo_raw_sweep *raw;   /* --vs-raw: the same I/O without the store */
     char dir[4200];
     char fio_file[4300];
+    char raw_file[4300];
 } optim_env;
 
 /* The update of every element: an Adam-shaped recurrence, cheap enough not
@@ -772,6 +784,8 @@ static void optim_expect(const opts *o, unsigned steps, float *p, float *m, floa
 
 static void optim_close(optim_env *e)
 {
+    zo_raw_sweep_close(e->raw); /* removes its file */
+    e->raw = NULL;
     zo_store_destroy(&e->st);
     zo_swap_destroy(&e->swap);
     free(e->t);
@@ -830,7 +844,7 @@ static int optim_open(const opts *o, optim_env *e, uint64_t *nelem_total)
     uint64_t total = o->state_bytes / (4 + 2 * esz);
     if (total == 0)
         total = 1;
-    *nelem_total = total;
+    *nelem_total = e->nelem = total;
     e->ngroups = (size_t)((total + o->group_elems - 1) / o->group_elems);
     if (rc != 0)
         goto fail;
@@ -873,6 +887,7 @@ static int optim_open(const opts *o, optim_env *e, uint64_t *nelem_total)
     if (rc)
         goto fail;
     snprintf(e->fio_file, sizeof(e->fio_file), "%s/fio.dat", e->dir);
+    snprintf(e->raw_file, sizeof(e->raw_file), "%s/raw.dat", e->dir);
     return 0;
 fail:
     fprintf(stderr, "zo-store-bench: setting up the optimizer state failed: %s (%s)\n", zo_strerror(rc),
@@ -881,21 +896,39 @@ fail:
     return EXIT_RUN;
 }
 
+/* One element's bytes of tensor k (0 master, 1 m, 2 v) of group g, from the store or the raw file */
+typedef int (*elem_reader)(optim_env *e, size_t g, int k, uint64_t off, void *out, size_t len);
+
+static int read_store(optim_env *e, size_t g, int k, uint64_t off, void *out, size_t len)
+{
+    return zo_store_read(e->st, e->t[g * 3 + k], off, out, len);
+}
+
+static int read_raw(optim_env *e, size_t g, int k, uint64_t off, void *out, size_t len)
+{
+    return zo_raw_sweep_read(e->raw, g, k, off, out, len);
+}
+
+/* The raw loop's update: the same as the store sweep's */
+static void raw_update(void *ctx, void *const ptr[3], uint64_t n)
+{
+    optim_update(ctx, ptr, n);
+}
+
 /* Every group's first, middle and last element hold what `steps` updates give */
-static int optim_check(const opts *o, optim_env *e, unsigned steps)
+static int optim_check(const opts *o, optim_env *e, unsigned steps, elem_reader rd, const char *who)
 {
     float want[3];
     optim_expect(o, steps, &want[0], &want[1], &want[2]);
     size_t esz = zo_dtype_size(o->state_dtype);
     for (size_t g = 0; g < e->ngroups; g++) {
-        zo_tensor_info ti;
-        zo_store_tensor_info(e->st, e->t[g * 3], &ti);
-        uint64_t n = ti.bytes / 4, at[3] = {0, n / 2, n - 1};
+        uint64_t left = e->nelem - g * o->group_elems, n = left < o->group_elems ? left : o->group_elems;
+        uint64_t at[3] = {0, n / 2, n - 1};
         for (int a = 0; a < 3; a++)
             for (int k = 0; k < 3; k++) {
                 size_t sz = k ? esz : 4;
                 uint8_t b[4] = {0};
-                int rc = zo_store_read(e->st, e->t[g * 3 + k], at[a] * sz, b, sz);
+                int rc = rd(e, g, k, at[a] * sz, b, sz);
                 float got;
                 if (sz == 4) {
                     memcpy(&got, b, 4);
@@ -905,9 +938,9 @@ static int optim_check(const opts *o, optim_env *e, unsigned steps)
                     got = zo_bf16_to_f32(h);
                 }
                 if (rc || memcmp(&got, &want[k], 4) != 0) {
-                    fprintf(stderr, "zo-store-bench: group %zu tensor %d element %llu: %s, %.9g (want %.9g after %u "
-                                    "updates)\n",
-                            g, k, (unsigned long long)at[a], rc ? zo_strerror(rc) : "read", (double)got,
+                    fprintf(stderr, "zo-store-bench: %s: group %zu tensor %d element %llu: %s, %.9g (want %.9g "
+                                    "after %u updates)\n",
+                            who, g, k, (unsigned long long)at[a], rc ? zo_strerror(rc) : "read", (double)got,
                             (double)want[k], steps);
                     return EXIT_RUN;
                 }
@@ -969,13 +1002,17 @@ static int cmd_optim(const opts *o, const zo_machine *m)
     size_t esz = zo_dtype_size(o->state_dtype);
     uint64_t bytes = nelem * (4 + 2 * esz); /* read once and written once per sweep */
     unsigned P = o->pairs;
-    double *zr = calloc(P, sizeof(double)), *zw = calloc(P, sizeof(double)), *fr = calloc(P, sizeof(double)),
-           *fw = calloc(P, sizeof(double)), *ratio = calloc(P, sizeof(double)), *stall = calloc(P, sizeof(double));
+    /* per run: zoffload read, write; fio read, write; raw read, write; ratios to fio, to raw; stall */
+    enum { ZR, ZW, FR, FW, RR, RW, RATIO, RRATIO, STALL, NSER };
+    double *ser[NSER] = {0};
     int rc = 0;
-    if (!zr || !zw || !fr || !fw || !ratio || !stall) {
-        rc = EXIT_RUN;
+    for (int i = 0; i < NSER; i++)
+        if (!(ser[i] = calloc(P, sizeof(double))))
+            rc = EXIT_RUN;
+    if (rc)
         goto out;
-    }
+    double *zr = ser[ZR], *zw = ser[ZW], *fr = ser[FR], *fw = ser[FW], *rr = ser[RR], *rw = ser[RW],
+           *ratio = ser[RATIO], *rratio = ser[RRATIO], *stall = ser[STALL];
     /* one warm-up step, untimed: it also gives the layout the sweeps pick */
     zo_store_sweep_info info;
     double s0;
@@ -984,7 +1021,27 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         rc = EXIT_RUN;
         goto out;
     }
-    unsigned steps = o->io_only ? 0 : 1;
+    unsigned steps = o->io_only ? 0 : 1, raw_steps = 0;
+    char why[512] = "";
+    if (o->vs_raw) {
+        /* the same pieces, as many frames as the sweep has slots for, the same update */
+        zo_raw_sweep_desc rd = {
+            .file = e.raw_file,
+            .nelem = nelem,
+            .group_elems = o->group_elems,
+            .piece_elems = info.piece_elems,
+            .state_esz = esz,
+            .request = e.chunk,
+            .frames = info.frames ? info.frames : 1,
+            .update = o->io_only ? NULL : raw_update,
+            .ctx = (void *)o,
+        };
+        if ((rc = zo_raw_sweep_open(&e.raw, &rd, why, sizeof(why))) != 0) {
+            fprintf(stderr, "zo-store-bench: --vs-raw: %s\n", why);
+            rc = EXIT_RUN;
+            goto out;
+        }
+    }
     /* fio's requests as the sweep's: chunk-sized, as many in flight as its
      * frames ahead and the one writing hold chunks */
     uint64_t qd = (info.depth + 1) * info.piece_elems * (4 + 2 * esz) / e.chunk;
@@ -1002,7 +1059,8 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         .iomem = o->fio_iomem,
     };
     if (!o->json) {
-        printf("zo-store-bench %s: optimizer sweep%s\n", zo_version_string(), o->vs_fio ? " vs fio" : "");
+        printf("zo-store-bench %s: optimizer sweep%s%s\n", zo_version_string(), o->vs_fio ? " vs fio" : "",
+               o->vs_raw ? " vs raw io_uring" : "");
         print_where(m, "path:   ", o->path);
         printf("state:   %.1f MiB: %zu groups of up to %llu elements, master f32, m and v %s; depth %u, pieces of "
                "%llu elements, %u slots reserved\n",
@@ -1016,13 +1074,25 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         char cmd[20000]; /* the line zo_fio_run runs, from the same builder */
         if (o->vs_fio && zo_fio_cmdline(&fj, cmd, sizeof(cmd)) == 0)
             printf("fio:     %s\n", cmd);
+        if (o->vs_raw)
+            printf("raw:     one thread, one ring, no store, requests of %zu bytes, %s\n", si.chunk_size,
+                   zo_raw_sweep_describe(e.raw));
         printf("runs:    %u%s, after one warm-up step (GB/s, GB = 10^9 bytes; each step reads and writes every byte of "
                "the state once)\n\n",
-               P, o->vs_fio ? " pairs, alternating fio, zoffload" : "");
+               P, o->vs_fio || o->vs_raw ? " rounds, alternating the references, then zoffload" : "");
+        printf("%5s", o->vs_fio || o->vs_raw ? "round" : "run");
         if (o->vs_fio)
-            printf("%5s %10s %10s %10s %10s %8s\n", "pair", "fio rd", "fio wr", "zo rd", "zo wr", "ratio");
-        else
-            printf("%5s %10s %10s %10s\n", "run", "zo rd", "zo wr", "stall s");
+            printf(" %10s %10s", "fio rd", "fio wr");
+        if (o->vs_raw)
+            printf(" %10s %10s", "raw rd", "raw wr");
+        printf(" %10s %10s", "zo rd", "zo wr");
+        if (o->vs_fio)
+            printf(" %8s", "ratio");
+        if (o->vs_raw)
+            printf(" %8s", "zo/raw");
+        if (!o->vs_fio && !o->vs_raw)
+            printf(" %10s", "stall s");
+        printf("\n");
     }
     char dstat[128] = "";
     if (o->disk_stats && !o->json && (rc = disk_stat_path(o->path, dstat, sizeof(dstat))) != 0) {
@@ -1032,7 +1102,7 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         goto out;
     }
     for (unsigned p = 0; p < P && rc == 0; p++) {
-        disk_snap f0, f1, z0, z1;
+        disk_snap f0, f1, r0, r1, z0, z1;
         if (o->vs_fio) {
             zo_fio_result res;
             disk_snap_take(dstat, &f0);
@@ -1045,6 +1115,20 @@ static int cmd_optim(const opts *o, const zo_machine *m)
             }
             fr[p] = res.bw[0];
             fw[p] = res.bw[1];
+        }
+        if (o->vs_raw) {
+            double secs;
+            disk_snap_take(dstat, &r0);
+            int rr_rc = zo_raw_sweep_run(e.raw, &secs, why, sizeof(why));
+            disk_snap_take(dstat, &r1);
+            if (rr_rc != 0) {
+                fprintf(stderr, "zo-store-bench: --vs-raw: %s\n", why);
+                rc = EXIT_RUN;
+                break;
+            }
+            if (!o->io_only)
+                raw_steps++;
+            rr[p] = rw[p] = (double)bytes / secs;
         }
         double secs;
         zo_store_reset_stats(e.st);
@@ -1063,19 +1147,34 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         stall[p] = (double)st.stall_ns * 1e-9;
         zr[p] = zw[p] = (double)bytes / secs;
         ratio[p] = o->vs_fio && fr[p] + fw[p] > 0 ? (zr[p] + zw[p]) / (fr[p] + fw[p]) : 0;
-        if (!o->json && o->vs_fio)
-            printf("%5u %10.3f %10.3f %10.3f %10.3f %8.3f\n", p + 1, fr[p] * 1e-9, fw[p] * 1e-9, zr[p] * 1e-9,
-                   zw[p] * 1e-9, ratio[p]);
-        else if (!o->json)
-            printf("%5u %10.3f %10.3f %10.3f\n", p + 1, zr[p] * 1e-9, zw[p] * 1e-9, stall[p]);
+        rratio[p] = o->vs_raw && rr[p] + rw[p] > 0 ? (zr[p] + zw[p]) / (rr[p] + rw[p]) : 0;
+        if (!o->json) {
+            printf("%5u", p + 1);
+            if (o->vs_fio)
+                printf(" %10.3f %10.3f", fr[p] * 1e-9, fw[p] * 1e-9);
+            if (o->vs_raw)
+                printf(" %10.3f %10.3f", rr[p] * 1e-9, rw[p] * 1e-9);
+            printf(" %10.3f %10.3f", zr[p] * 1e-9, zw[p] * 1e-9);
+            if (o->vs_fio)
+                printf(" %8.3f", ratio[p]);
+            if (o->vs_raw)
+                printf(" %8.3f", rratio[p]);
+            if (!o->vs_fio && !o->vs_raw)
+                printf(" %10.3f", stall[p]);
+            printf("\n");
+        }
         if (dstat[0]) {
             if (o->vs_fio)
                 disk_print("fio", &f0, &f1);
+            if (o->vs_raw)
+                disk_print("raw", &r0, &r1);
             disk_print("zo", &z0, &z1);
         }
     }
     if (rc == 0)
-        rc = optim_check(o, &e, steps);
+        rc = optim_check(o, &e, steps, read_store, "zoffload");
+    if (rc == 0 && o->vs_raw)
+        rc = optim_check(o, &e, raw_steps, read_raw, "raw io_uring");
     if (rc == 0) {
         if (o->json) {
             zo_json j;
@@ -1103,16 +1202,21 @@ static int cmd_optim(const opts *o, const zo_machine *m)
                 zj_uint(&j, "fio_iodepth", fj.iodepth);
                 zj_str(&j, "fio_iomem", o->fio_iomem ? o->fio_iomem : "malloc (fio's default)");
             }
+            if (o->vs_raw)
+                zj_str(&j, "raw", zo_raw_sweep_describe(e.raw));
             zj_obj_end(&j);
             zj_uint(&j, "pairs", P);
             const struct {
                 const char *k;
                 double *v;
-                int fio;
-            } arr[] = {{"read_bytes_per_s", zr, 0},     {"write_bytes_per_s", zw, 0}, {"stall_s", stall, 0},
-                       {"fio_read_bytes_per_s", fr, 1}, {"fio_write_bytes_per_s", fw, 1}, {"ratios", ratio, 1}};
+                int want; /* 0 always, 1 with --vs-fio, 2 with --vs-raw */
+            } arr[] = {{"read_bytes_per_s", zr, 0},      {"write_bytes_per_s", zw, 0},
+                       {"stall_s", stall, 0},            {"fio_read_bytes_per_s", fr, 1},
+                       {"fio_write_bytes_per_s", fw, 1}, {"ratios", ratio, 1},
+                       {"raw_read_bytes_per_s", rr, 2},  {"raw_write_bytes_per_s", rw, 2},
+                       {"raw_ratios", rratio, 2}};
             for (size_t a = 0; a < sizeof(arr) / sizeof(arr[0]); a++) {
-                if (arr[a].fio && !o->vs_fio)
+                if ((arr[a].want == 1 && !o->vs_fio) || (arr[a].want == 2 && !o->vs_raw))
                     continue;
                 zj_arr_begin(&j, arr[a].k);
                 for (unsigned p = 0; p < P; p++)
@@ -1130,16 +1234,18 @@ static int cmd_optim(const opts *o, const zo_machine *m)
             if (o->vs_fio)
                 printf("; fio read %.3f GB/s, write %.3f GB/s; ratio (read + write) %.3f", median(fr, P) * 1e-9,
                        median(fw, P) * 1e-9, median(ratio, P));
-            printf("\nchecked: every group's first, middle and last elements hold %u updates\n", steps);
+            if (o->vs_raw)
+                printf("; raw io_uring read = write %.3f GB/s; zoffload / raw %.3f", median(rr, P) * 1e-9,
+                       median(rratio, P));
+            printf("\nchecked: every group's first, middle and last elements hold %u updates", steps);
+            if (o->vs_raw)
+                printf(" (raw io_uring's file: %u)", raw_steps);
+            printf("\n");
         }
     }
 out:
-    free(zr);
-    free(zw);
-    free(fr);
-    free(fw);
-    free(ratio);
-    free(stall);
+    for (int i = 0; i < NSER; i++)
+        free(ser[i]);
     optim_close(&e);
     return rc;
 }

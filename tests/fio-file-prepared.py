@@ -1,8 +1,8 @@
-"""zo-store-bench --optim --vs-fio lays fio's file out itself before the
-first pair, so that fio never lays it out with buffered writes whose
-write-back would slow the first sweep.
+"""zo-store-bench --optim --vs-fio and zo-tile-bench lay fio's file out
+themselves before fio first runs, so that fio never lays it out with
+buffered writes whose write-back would slow the next timed runs.
 
-Usage: fio-file-prepared.py ZO_STORE_BENCH
+Usage: fio-file-prepared.py store|tile TOOL
 
 A fake fio (a Python script, --fio PATH) records, on each run, whether the
 file named by --filename already held --size bytes on disk (allocated, not
@@ -35,7 +35,7 @@ print(";".join(f))
 
 
 def main():
-    tool = sys.argv[1]
+    kind, tool = sys.argv[1], sys.argv[2]
     tmp = tempfile.mkdtemp(prefix="zo-fio-prepared-", dir="/var/tmp")
     try:
         fake = os.path.join(tmp, "fio")
@@ -44,14 +44,19 @@ def main():
         os.chmod(fake, 0o755)
         log = os.path.join(tmp, "log")
         env = dict(os.environ, ZO_FAKE_FIO_LOG=log)
-        p = subprocess.run([tool, "--optim", "--vs-fio", "--fio", fake, "--json", "--state", "6M",
-                            "--group-elems", "100000", "--pairs", "2", "--path", tmp],
-                           capture_output=True, text=True, env=env, timeout=120)
+        if kind == "store":
+            argv = [tool, "--optim", "--vs-fio", "--fio", fake, "--json", "--state", "6M",
+                    "--group-elems", "100000", "--pairs", "2", "--path", tmp]
+        else:
+            argv = [tool, "--fio", fake, "--json", "--path", tmp, "--batch", "2", "--out", "64", "--in", "64",
+                    "--pairs", "2", "--fio-size", "3M"]
+        p = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
         assert p.returncode == 0, (p.returncode, p.stderr)
         o = json.loads(p.stdout)
-        assert o["verified"] and len(o["ratios"]) == 2, o
+        if kind == "store":
+            assert o["verified"] and len(o["ratios"]) == 2, o
         runs = open(log).read().split("\n")[:-1]
-        assert len(runs) == 2 and all(r.startswith("ready ") for r in runs), runs
+        assert len(runs) >= 1 and all(r.startswith("ready ") for r in runs), runs
         left = sorted(n for n in os.listdir(tmp) if n not in ("fio", "log"))
         assert not left, left  # the run directory, fio's file with it, is gone
     finally:

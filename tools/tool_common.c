@@ -551,6 +551,43 @@ static void meminfo_values(const char *const *keys, uint64_t *vals, size_t n)
     fclose(f);
 }
 
+int zo_fio_file_prepare(const char *path, uint64_t size, char *why, size_t len)
+{
+    int created;
+    int fd = zo_tool_open_data(path, &created, why, len);
+    if (fd < 0)
+        return -1;
+    const size_t blen = 8u << 20;
+    uint8_t *buf = aligned_alloc(4096, blen);
+    int err = buf ? 0 : ENOMEM;
+    int fl = fcntl(fd, F_GETFL);
+    int direct = fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0;
+    for (size_t i = 0; buf && i < blen; i++)
+        buf[i] = (uint8_t)(i * 131 + (i >> 12) + 1); /* not zeros: nothing below may skip them */
+    for (uint64_t off = 0; !err && off < size;) {
+        size_t n = size - off < blen ? (size_t)(size - off) : blen;
+        if (direct)
+            n = (n + 4095) & ~(size_t)4095; /* a block past an odd size: fio's --size still fits */
+        ssize_t w = pwrite(fd, buf, n, (off_t)off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            err = w < 0 ? errno : EIO;
+        else
+            off += (uint64_t)w;
+    }
+    if (!err && fsync(fd) != 0)
+        err = errno;
+    if (err) {
+        snprintf(why, len, "laying out %s: %s", path, strerror(err));
+        if (created) /* a full disk leaves nothing of ours behind */
+            unlink(path);
+    }
+    free(buf);
+    close(fd);
+    return err ? -1 : 0;
+}
+
 int zo_fio_hugepages_fit(uint64_t bs, unsigned iodepth, unsigned numjobs, char *why, size_t len)
 {
     /* HugePages_Total is what /proc/sys/vm/nr_hugepages sets, read in the

@@ -123,6 +123,15 @@ int zo_fio_run(const zo_fio_job *job, zo_fio_result *res);
  * too small, out of memory). */
 int zo_fio_cmdline(const zo_fio_job *job, char *buf, size_t len);
 
+/* Lay fio's file out before its first timed run: `size` bytes of a non-zero
+ * pattern written with O_DIRECT (buffered where the filesystem refuses
+ * it), then fsync. Left to fio, the layout is buffered, and the kernel's
+ * write-back of those dirty pages runs under the next timed runs (it slowed
+ * zo-store-bench's first sweep to 0.24-1.5 GB/s against 1.6-2.0). fio
+ * reuses a file of its size as it is. The file is made with
+ * zo_tool_open_data(). 0, or -1 with the reason in why. */
+int zo_fio_file_prepare(const char *path, uint64_t size, char *why, size_t len);
+
 /* Whether fio's --iomem=shmhuge buffers (per job iodepth x bs and a page of
  * alignment, in whole huge pages) fit the huge pages free now
  * (/proc/meminfo HugePages_Free less HugePages_Rsvd; none at all when

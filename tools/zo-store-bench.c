@@ -22,7 +22,6 @@
  *
  * Exit status: 0 success; 1 a run failed; 2 bad usage or input. */
 #include <ctype.h>
-#include <fcntl.h>
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -173,11 +172,11 @@ static int num_opt_parse(const num_opt *nums, size_t n, int c, const char *arg, 
 
 static int parse_opts(int argc, char **argv, opts *o)
 {
-    enum { O_PATHDIR = 256, O_T, O_TS, O_DT, O_DEV, O_CMS, O_LA, O_IT, O_PR, O_CS, O_CSS, O_JSON, O_HELP,
+    enum { O_PATH = 256, O_T, O_TS, O_DT, O_DEV, O_CMS, O_LA, O_IT, O_PR, O_CS, O_CSS, O_JSON, O_HELP,
            O_OPTIM, O_STATE, O_SDT, O_GE, O_DEPTH, O_SLS, O_SLOTS, O_VSFIO, O_FIO, O_FIOMEM,
            O_MAXSL, O_DSTAT, O_CSUM, O_CSTH, O_QD, O_IOONLY, O_VSRAW };
     static const struct option lo[] = {
-        {"path", 1, 0, O_PATHDIR},       {"tensors", 1, 0, O_T},     {"tensor-size", 1, 0, O_TS},
+        {"path", 1, 0, O_PATH},       {"tensors", 1, 0, O_T},     {"tensor-size", 1, 0, O_TS},
         {"device-tensors", 1, 0, O_DT}, {"device", 1, 0, O_DEV},  {"compute-ms", 1, 0, O_CMS},
         {"lookahead", 1, 0, O_LA},    {"iters", 1, 0, O_IT},      {"pairs", 1, 0, O_PR},
         {"checksums", 0, 0, O_CS},    {"checksum-size", 1, 0, O_CSS}, {"json", 0, 0, O_JSON},
@@ -232,7 +231,7 @@ static int parse_opts(int argc, char **argv, opts *o)
             continue;
         }
         switch (c) {
-        case O_PATHDIR: o->path = optarg; break;
+        case O_PATH: o->path = optarg; break;
         case O_DEV:
             if (zo_dev_kind_parse(optarg, &o->dev))
                 return bad("--device %s: expected host or cuda", optarg);
@@ -994,48 +993,6 @@ static void disk_print(const char *who, const disk_snap *a, const disk_snap *b)
            el > 0 ? (double)d[9] / 10.0 / el : 0.0);
 }
 
-/* Lay fio's file out before the first round, with direct writes and an
- * fsync. Left to fio, the layout is buffered: gigabytes of dirty page cache
- * that the kernel writes back during the next runs (the first round's sweep
- * ran at 0.24-1.5 GB/s against 1.6-2.0 in the others). fio reuses a file
- * of its size as it is. 0, or EXIT_RUN said why. */
-static int fio_file_prepare(const char *path, uint64_t size)
-{
-    char why[512];
-    int created;
-    int fd = zo_tool_open_data(path, &created, why, sizeof(why));
-    if (fd < 0) {
-        fprintf(stderr, "zo-store-bench: fio's file: %s\n", why);
-        return EXIT_RUN;
-    }
-    size_t blen = 8u << 20;
-    uint8_t *buf = NULL;
-    int rc = zo_pinned_alloc((void **)&buf, blen, NULL);
-    int fl = fcntl(fd, F_GETFL);
-    int direct = fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0; /* else buffered, then fsync */
-    for (size_t i = 0; rc == 0 && i < blen; i++)
-        buf[i] = (uint8_t)(i * 131 + (i >> 12)); /* not zeros: nothing below may skip them */
-    for (uint64_t off = 0; rc == 0 && off < size;) {
-        size_t n = size - off < blen ? (size_t)(size - off) : blen;
-        if (direct)
-            n = (n + 4095) & ~(size_t)4095; /* the file is chunk-sized, so this never runs past it */
-        ssize_t w = pwrite(fd, buf, n, (off_t)off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            rc = w < 0 ? -errno : -EIO;
-        else
-            off += (uint64_t)w;
-    }
-    if (rc == 0 && fsync(fd) != 0)
-        rc = -errno;
-    if (rc)
-        fprintf(stderr, "zo-store-bench: laying out fio's file %s: %s\n", path, strerror(-rc));
-    zo_pinned_free(buf);
-    close(fd);
-    return rc ? EXIT_RUN : 0;
-}
-
 static int cmd_optim(const opts *o, const zo_machine *m)
 {
     optim_env e;
@@ -1101,8 +1058,11 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         .fixedbufs = 1,
         .iomem = o->fio_iomem,
     };
-    if (o->vs_fio && (rc = fio_file_prepare(e.fio_file, fj.size)) != 0)
+    if (o->vs_fio && zo_fio_file_prepare(e.fio_file, fj.size, why, sizeof(why)) != 0) {
+        fprintf(stderr, "zo-store-bench: fio's file: %s\n", why);
+        rc = EXIT_RUN;
         goto out;
+    }
     if (!o->json) {
         printf("zo-store-bench %s: optimizer sweep%s%s\n", zo_version_string(), o->vs_fio ? " vs fio" : "",
                o->vs_raw ? " vs raw io_uring" : "");

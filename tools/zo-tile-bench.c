@@ -350,8 +350,9 @@ typedef struct fio_setup {
 } fio_setup;
 
 /* The job, its mode (huge pages when they fit, unless --fio-iomem) and
- * fio's file in dir (created here O_EXCL, 0600, empty: fio lays it out on
- * its first run; the caller registered dir for removal on interrupt). */
+ * fio's file in dir (created and laid out here, untimed, with direct
+ * writes: zo_fio_file_prepare(); the caller registered dir for removal on
+ * interrupt). */
 static int fio_prepare(const opts *o, const char *dir, uint64_t wbytes, fio_setup *fs)
 {
     memset(fs, 0, sizeof(*fs));
@@ -367,15 +368,12 @@ static int fio_prepare(const opts *o, const char *dir, uint64_t wbytes, fio_setu
                            .numjobs = 1, .rw = "read", .direct = 1, .fixedbufs = 1, .iomem = fs->iomem};
     if (zo_fio_cmdline(&fs->job, fs->cmdline, sizeof(fs->cmdline)) < 0)
         snprintf(fs->cmdline, sizeof(fs->cmdline), "(too long to print)");
-    int created = 0;
     char why[512];
-    int fd = zo_tool_open_data(fs->file, &created, why, sizeof(why));
-    if (fd < 0) {
-        fprintf(stderr, "zo-tile-bench: fio's file %s: %s\n", fs->file, why);
+    if (zo_fio_file_prepare(fs->file, size, why, sizeof(why)) != 0) {
+        fprintf(stderr, "zo-tile-bench: fio's file: %s\n", why);
         fs->file[0] = '\0';
         return -1;
     }
-    close(fd);
     return 0;
 }
 

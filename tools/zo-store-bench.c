@@ -52,6 +52,7 @@ typedef struct opts {
     uint64_t csum_size;
     /* --optim */
     int optim, vs_fio, vs_raw;
+    int order_abba;        /* --order abba: zoffload first in every other round */
     uint64_t state_bytes, group_elems, slot_size;
     zo_dtype state_dtype;
     unsigned depth, slots, max_slots;
@@ -113,6 +114,8 @@ static void usage(FILE *f)
                "  --vs-raw              also alternate with the sweep's own I/O done by a hand-written\n"
                "                        liburing loop (same pieces, frames and update, no store; direct,\n"
                "                        registered buffers and file), to tell the pattern's cost from the store's\n"
+               "  --order ab|abba       ab (default): each round runs the references, then zoffload;\n"
+               "                        abba: every other round runs zoffload first\n"
                "  --fio PATH            the fio binary (default: fio in PATH)\n"
                "  --fio-iomem MODE      fio's buffer memory (--iomem=MODE), e.g. shmhuge\n"
                "  --pairs N             runs (pairs with --vs-fio or --vs-raw; default 5)\n"
@@ -174,7 +177,7 @@ static int parse_opts(int argc, char **argv, opts *o)
 {
     enum { O_PATH = 256, O_T, O_TS, O_DT, O_DEV, O_CMS, O_LA, O_IT, O_PR, O_CS, O_CSS, O_JSON, O_HELP,
            O_OPTIM, O_STATE, O_SDT, O_GE, O_DEPTH, O_SLS, O_SLOTS, O_VSFIO, O_FIO, O_FIOMEM,
-           O_MAXSL, O_DSTAT, O_CSUM, O_CSTH, O_QD, O_IOONLY, O_VSRAW };
+           O_MAXSL, O_DSTAT, O_CSUM, O_CSTH, O_QD, O_IOONLY, O_VSRAW, O_ORDER };
     static const struct option lo[] = {
         {"path", 1, 0, O_PATH},       {"tensors", 1, 0, O_T},     {"tensor-size", 1, 0, O_TS},
         {"device-tensors", 1, 0, O_DT}, {"device", 1, 0, O_DEV},  {"compute-ms", 1, 0, O_CMS},
@@ -186,6 +189,7 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"fio", 1, 0, O_FIO},         {"fio-iomem", 1, 0, O_FIOMEM}, {"max-slots", 1, 0, O_MAXSL},
         {"disk-stats", 0, 0, O_DSTAT},  {"checksum", 1, 0, O_CSUM}, {"csum-threads", 1, 0, O_CSTH},
         {"queue-depth", 1, 0, O_QD},  {"io-only", 0, 0, O_IOONLY}, {"vs-raw", 0, 0, O_VSRAW},
+        {"order", 1, 0, O_ORDER},
         {0, 0, 0, 0},
     };
     memset(o, 0, sizeof(*o));
@@ -256,6 +260,11 @@ static int parse_opts(int argc, char **argv, opts *o)
             break;
         case O_VSFIO: o->vs_fio = 1; break;
         case O_VSRAW: o->vs_raw = 1; break;
+        case O_ORDER:
+            if (strcmp(optarg, "ab") && strcmp(optarg, "abba"))
+                return bad("--order %s: expected ab or abba", optarg);
+            o->order_abba = !strcmp(optarg, "abba");
+            break;
         case O_DSTAT: o->disk_stats = 1; break;
         case O_IOONLY: o->io_only = 1; break;
         case O_CSUM:
@@ -273,8 +282,9 @@ static int parse_opts(int argc, char **argv, opts *o)
         return bad("unexpected argument '%s'", argv[optind]);
     if (o->vs_fio && !o->optim)
         return bad("--vs-fio compares the --optim sweep with fio: add --optim");
-    if ((o->disk_stats || o->max_slots || o->queue_depth || o->io_only || o->vs_raw) && !o->optim)
-        return bad("--disk-stats, --max-slots, --queue-depth, --io-only and --vs-raw are --optim options: add --optim");
+    if ((o->disk_stats || o->max_slots || o->queue_depth || o->io_only || o->vs_raw || o->order_abba) && !o->optim)
+        return bad("--disk-stats, --max-slots, --queue-depth, --io-only, --vs-raw and --order are --optim options: add "
+                   "--optim");
     if (o->optim && o->checksums)
         return bad("--optim and --checksums: run them separately");
     if (o->device_tensors >= o->tensors)
@@ -1084,7 +1094,10 @@ static int cmd_optim(const opts *o, const zo_machine *m)
                    zo_raw_sweep_describe(e.raw));
         printf("runs:    %u%s, after one warm-up step (GB/s, GB = 10^9 bytes; each step reads and writes every byte of "
                "the state once)\n\n",
-               P, o->vs_fio || o->vs_raw ? " rounds, alternating the references, then zoffload" : "");
+               P,
+               !o->vs_fio && !o->vs_raw ? ""
+               : o->order_abba          ? " rounds, alternating the references then zoffload, and zoffload then the references"
+                                        : " rounds, alternating the references, then zoffload");
         printf("%5s", o->vs_fio || o->vs_raw ? "round" : "run");
         if (o->vs_fio)
             printf(" %10s %10s", "fio rd", "fio wr");
@@ -1108,49 +1121,60 @@ static int cmd_optim(const opts *o, const zo_machine *m)
     }
     for (unsigned p = 0; p < P && rc == 0; p++) {
         disk_snap f0, f1, r0, r1, z0, z1;
-        if (o->vs_fio) {
-            zo_fio_result res;
-            disk_snap_take(dstat, &f0);
-            int fr_rc = zo_fio_run(&fj, &res);
-            disk_snap_take(dstat, &f1);
-            if (fr_rc != 0) {
-                fprintf(stderr, "zo-store-bench: fio failed: %s\n", res.err);
-                rc = EXIT_RUN;
-                break;
+        /* --order abba: every other round runs zoffload first, so that each
+         * side follows the other as often as itself (a run that leaves the
+         * disk slower for the next one then weighs on both) */
+        int zo_first = o->order_abba && (p & 1);
+        double zsecs = 0;
+        for (int ph = 0; ph < 2 && rc == 0; ph++) {
+            if ((ph == 0) == zo_first) {
+                zo_store_reset_stats(e.st);
+                disk_snap_take(dstat, &z0);
+                rc = optim_sweep(o, &e, ZO_STREAM_READ | ZO_STREAM_WRITE, 0, &zsecs, &info);
+                disk_snap_take(dstat, &z1);
+                if (rc) {
+                    fprintf(stderr, "zo-store-bench: sweep failed: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+                    rc = EXIT_RUN;
+                    break;
+                }
+                if (!o->io_only)
+                    steps++;
+                continue;
             }
-            fr[p] = res.bw[0];
-            fw[p] = res.bw[1];
-        }
-        if (o->vs_raw) {
-            double secs;
-            disk_snap_take(dstat, &r0);
-            int rr_rc = zo_raw_sweep_run(e.raw, &secs, why, sizeof(why));
-            disk_snap_take(dstat, &r1);
-            if (rr_rc != 0) {
-                fprintf(stderr, "zo-store-bench: --vs-raw: %s\n", why);
-                rc = EXIT_RUN;
-                break;
+            if (o->vs_fio) {
+                zo_fio_result res;
+                disk_snap_take(dstat, &f0);
+                int fr_rc = zo_fio_run(&fj, &res);
+                disk_snap_take(dstat, &f1);
+                if (fr_rc != 0) {
+                    fprintf(stderr, "zo-store-bench: fio failed: %s\n", res.err);
+                    rc = EXIT_RUN;
+                    break;
+                }
+                fr[p] = res.bw[0];
+                fw[p] = res.bw[1];
             }
-            if (!o->io_only)
-                raw_steps++;
-            rr[p] = rw[p] = (double)bytes / secs;
+            if (o->vs_raw) {
+                double secs;
+                disk_snap_take(dstat, &r0);
+                int rr_rc = zo_raw_sweep_run(e.raw, &secs, why, sizeof(why));
+                disk_snap_take(dstat, &r1);
+                if (rr_rc != 0) {
+                    fprintf(stderr, "zo-store-bench: --vs-raw: %s\n", why);
+                    rc = EXIT_RUN;
+                    break;
+                }
+                if (!o->io_only)
+                    raw_steps++;
+                rr[p] = rw[p] = (double)bytes / secs;
+            }
         }
-        double secs;
-        zo_store_reset_stats(e.st);
-        disk_snap_take(dstat, &z0);
-        rc = optim_sweep(o, &e, ZO_STREAM_READ | ZO_STREAM_WRITE, 0, &secs, &info);
-        disk_snap_take(dstat, &z1);
-        if (rc) {
-            fprintf(stderr, "zo-store-bench: sweep failed: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
-            rc = EXIT_RUN;
+        if (rc)
             break;
-        }
-        if (!o->io_only)
-            steps++;
         zo_store_stats st;
         zo_store_get_stats(e.st, &st);
         stall[p] = (double)st.stall_ns * 1e-9;
-        zr[p] = zw[p] = (double)bytes / secs;
+        zr[p] = zw[p] = (double)bytes / zsecs;
         ratio[p] = o->vs_fio && fr[p] + fw[p] > 0 ? (zr[p] + zw[p]) / (fr[p] + fw[p]) : 0;
         rratio[p] = o->vs_raw && rr[p] + rw[p] > 0 ? (zr[p] + zw[p]) / (rr[p] + rw[p]) : 0;
         if (!o->json) {
@@ -1201,6 +1225,7 @@ static int cmd_optim(const opts *o, const zo_machine *m)
             zj_str(&j, "checksum", zo_csum_name(o->csum));
             zj_uint(&j, "queue_depth", optim_queue_depth(o));
             zj_bool(&j, "io_only", o->io_only);
+            zj_str(&j, "order", o->order_abba ? "abba" : "ab");
             if (o->vs_fio) {
                 zj_uint(&j, "fio_size", fj.size);
                 zj_uint(&j, "fio_bs", fj.bs);
@@ -1231,6 +1256,10 @@ static int cmd_optim(const opts *o, const zo_machine *m)
                 snprintf(key, sizeof(key), "%s_median", arr[a].k);
                 zj_num(&j, key, median(arr[a].v, P));
             }
+            zj_arr_begin(&j, "zo_first"); /* per round: zoffload ran before the references */
+            for (unsigned p = 0; p < P; p++)
+                zj_bool(&j, NULL, (o->vs_fio || o->vs_raw) && o->order_abba && (p & 1));
+            zj_arr_end(&j);
             zj_bool(&j, "verified", 1);
             zj_obj_end(&j);
             zj_end(&j);

@@ -1068,6 +1068,17 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         .fixedbufs = 1,
         .iomem = o->fio_iomem,
     };
+    /* fio's huge-page buffers come from the pool the store's slots (and the
+     * raw loop's buffers) drew from first: say so before fio fails with
+     * its own "no huge pages available" */
+    if (o->vs_fio && o->fio_iomem && (!strncmp(o->fio_iomem, "shmhuge", 7) || !strncmp(o->fio_iomem, "mmaphuge", 8)) &&
+        !zo_fio_hugepages_fit(fj.bs, fj.iodepth, 1, why, sizeof(why))) {
+        fprintf(stderr, "zo-store-bench: --fio-iomem %s: %s, after the store's slots%s took theirs; raise "
+                        "/proc/sys/vm/nr_hugepages or leave out --fio-iomem\n",
+                o->fio_iomem, why, o->vs_raw ? " and the raw loop's buffers" : "");
+        rc = EXIT_RUN;
+        goto out;
+    }
     if (o->vs_fio && zo_fio_file_prepare(e.fio_file, fj.size, why, sizeof(why)) != 0) {
         fprintf(stderr, "zo-store-bench: fio's file: %s\n", why);
         rc = EXIT_RUN;

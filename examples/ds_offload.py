@@ -28,6 +28,7 @@ DeepSpeed does per step:
   against DeepSpeed).
 """
 
+import contextlib
 import importlib
 import os
 import sys
@@ -51,17 +52,15 @@ def _single_rank_env():
         os.environ.setdefault(k, v)
 
 
-# torch.distributed's own collectives, saved while ours stand in for them
-_gloo_collectives = {}
-
-
-def _bf16_collectives(torch):
-    """gloo (torch 1.13) cannot reduce or broadcast bf16: route bf16 tensors
-    through fp32 until _restore_collectives(). Each stand-in wraps the saved
-    original, so routing twice never stacks two wrappers."""
+@contextlib.contextmanager
+def bf16_collectives(torch):
+    """While open, bf16 tensors handed to torch.distributed's all_reduce,
+    broadcast and reduce go through an fp32 copy (gloo in torch 1.13 has no
+    bf16). The functions it replaced are kept here, in the context, and put
+    back when it closes, error or not; nested contexts unwind in order."""
     import torch.distributed as td
 
-    def wrap(fn):
+    def via_fp32(fn):
         def w(tensor, *a, **k):
             if isinstance(tensor, torch.Tensor) and tensor.dtype == torch.bfloat16:
                 t = tensor.float()
@@ -73,20 +72,19 @@ def _bf16_collectives(torch):
             return fn(tensor, *a, **k)
         return w
 
-    for name in ("all_reduce", "broadcast", "reduce"):
-        orig = _gloo_collectives.setdefault(name, getattr(td, name))
-        setattr(td, name, wrap(orig))
-
-
-def _restore_collectives():
-    import torch.distributed as td
-    for name, fn in _gloo_collectives.items():
-        setattr(td, name, fn)
-    _gloo_collectives.clear()
+    saved = {name: getattr(td, name) for name in ("all_reduce", "broadcast", "reduce")}
+    for name, fn in saved.items():
+        setattr(td, name, via_fp32(fn))
+    try:
+        yield
+    finally:
+        for name, fn in saved.items():
+            setattr(td, name, fn)
 
 
 def _fix_builders():
-    sys.path.insert(0, BENCH)
+    if BENCH not in sys.path:
+        sys.path.insert(0, BENCH)
     import _ds_common as c
     for cls in c.cpu_op_builder_classes():
         c.fix_cxx_std(cls)
@@ -150,11 +148,18 @@ class Engine:
         _fix_builders()
         if not torch.distributed.is_initialized():
             deepspeed.init_distributed(dist_backend="gloo")
-        _bf16_collectives(torch)
         self.cfg = config(args)
-        self.engine, self.opt, _, _ = deepspeed.initialize(model=model,
-                                                           model_parameters=model.parameters(),
-                                                           config=self.cfg)
+        # the routing lives as long as the engine: close() (or a failed
+        # initialize) gives torch.distributed its own functions back
+        self._scope = contextlib.ExitStack()
+        self._scope.enter_context(bf16_collectives(torch))
+        try:
+            self.engine, self.opt, _, _ = deepspeed.initialize(model=model,
+                                                               model_parameters=model.parameters(),
+                                                               config=self.cfg)
+        except BaseException:
+            self._scope.close()
+            raise
         self.version = deepspeed.__version__
         self.torch_version = torch.__version__
 
@@ -168,8 +173,8 @@ class Engine:
         self.engine.step()
 
     def close(self):
-        """Give torch.distributed its own collectives back."""
-        _restore_collectives()
+        """Give torch.distributed its own collectives back (twice is fine)."""
+        self._scope.close()
 
     def describe(self):
         z = self.cfg["zero_optimization"]

@@ -96,8 +96,9 @@ def test_finetune_compare_all_warmup():
 
 def test_ds_offload_bf16_collectives(tmp_path):
     """examples/ds_offload.py routes bf16 collectives through fp32 for gloo
-    while DeepSpeed's engine lives, never stacks wrappers, and gives
-    torch.distributed its own functions back."""
+    while its context (DeepSpeed's engine) lives, unwinds nested routing in
+    order, and gives torch.distributed its own functions back, also when the
+    body raises."""
     torch = torch_or_skip()
     import torch.distributed as td
     sys.path.insert(0, os.path.join(SRC, "examples"))
@@ -107,17 +108,25 @@ def test_ds_offload_bf16_collectives(tmp_path):
         td.init_process_group("gloo", init_method="file://%s" % (tmp_path / "pg"), rank=0, world_size=1)
     own = {n: getattr(td, n) for n in ("all_reduce", "broadcast", "reduce")}
     try:
-        ds_offload._bf16_collectives(torch)
-        ds_offload._bf16_collectives(torch)          # twice: still one wrapper over the original
-        assert all(getattr(td, n) is not own[n] for n in own)
-        assert ds_offload._gloo_collectives == own
-        t = torch.tensor([1.5, -2.25], dtype=torch.bfloat16)
-        td.all_reduce(t)
-        td.broadcast(t, src=0)
-        assert t.dtype == torch.bfloat16 and t.tolist() == [1.5, -2.25]
+        with ds_offload.bf16_collectives(torch):
+            outer = {n: getattr(td, n) for n in own}
+            assert all(outer[n] is not own[n] for n in own)
+            with ds_offload.bf16_collectives(torch):     # twice: each wraps what it found
+                t = torch.tensor([1.5, -2.25], dtype=torch.bfloat16)
+                td.all_reduce(t)
+                td.broadcast(t, src=0)
+                assert t.dtype == torch.bfloat16 and t.tolist() == [1.5, -2.25]
+            assert all(getattr(td, n) is outer[n] for n in own)
+            t = torch.tensor([3.0], dtype=torch.bfloat16)
+            td.reduce(t, dst=0)
+            assert t.tolist() == [3.0]
+        assert all(getattr(td, n) is own[n] for n in own)
+        try:
+            with ds_offload.bf16_collectives(torch):
+                raise KeyError("body fails")
+        except KeyError:
+            pass
     finally:
-        ds_offload._restore_collectives()
         if mine:
             td.destroy_process_group()
     assert all(getattr(td, n) is own[n] for n in own)
-    assert ds_offload._gloo_collectives == {}

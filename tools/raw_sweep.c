@@ -69,20 +69,6 @@ static uint64_t group_elems(const zo_raw_sweep *rs, size_t g)
     return left < rs->d.group_elems ? left : rs->d.group_elems;
 }
 
-static int write_all(int fd, const void *p, size_t len, uint64_t off)
-{
-    const uint8_t *b = p;
-    while (len) {
-        ssize_t w = pwrite(fd, b, len, (off_t)off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return w < 0 ? -errno : -EIO;
-        b += w, len -= (size_t)w, off += (uint64_t)w;
-    }
-    return 0;
-}
-
 /* Every group's master 1.0f and m, v 0, through the first frame's buffer */
 static int lay_out(zo_raw_sweep *rs, char *why, size_t whylen)
 {
@@ -97,15 +83,20 @@ static int lay_out(zo_raw_sweep *rs, char *why, size_t whylen)
         for (int k = 0; k < 3; k++) {
             uint64_t len = round_up(n * esz_of(rs, k), req);
             for (uint64_t o = 0; o < len; o += req) {
-                int rc = write_all(rs->fd, k ? (void *)zeros : (void *)ones, req, rs->base[g][k] + o);
-                if (rc) {
-                    snprintf(why, whylen, "writing %s: %s", rs->file, strerror(-rc));
-                    return rc;
+                int e = zo_tool_pwrite_all(rs->fd, k ? (void *)zeros : (void *)ones, req, rs->base[g][k] + o);
+                if (e) {
+                    snprintf(why, whylen, "writing %s: %s", rs->file, strerror(e));
+                    return -e;
                 }
             }
         }
     }
-    return fsync(rs->fd) == 0 ? 0 : -errno;
+    if (fsync(rs->fd) != 0) {
+        int e = errno;
+        snprintf(why, whylen, "fsync %s: %s", rs->file, strerror(e));
+        return -e;
+    }
+    return 0;
 }
 
 int zo_raw_sweep_open(zo_raw_sweep **out, const zo_raw_sweep_desc *d, char *why, size_t whylen)

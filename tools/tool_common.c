@@ -551,6 +551,20 @@ static void meminfo_values(const char *const *keys, uint64_t *vals, size_t n)
     fclose(f);
 }
 
+int zo_tool_pwrite_all(int fd, const void *buf, size_t len, uint64_t off)
+{
+    const uint8_t *b = buf;
+    while (len) {
+        ssize_t w = pwrite(fd, b, len, (off_t)off);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0)
+            return w < 0 ? errno : ENOSPC;
+        b += w, len -= (size_t)w, off += (uint64_t)w;
+    }
+    return 0;
+}
+
 int zo_fio_file_prepare(const char *path, uint64_t size, char *why, size_t len)
 {
     int created;
@@ -564,17 +578,11 @@ int zo_fio_file_prepare(const char *path, uint64_t size, char *why, size_t len)
     int direct = fl >= 0 && fcntl(fd, F_SETFL, fl | O_DIRECT) == 0;
     for (size_t i = 0; buf && i < blen; i++)
         buf[i] = (uint8_t)(i * 131 + (i >> 12) + 1); /* not zeros: nothing below may skip them */
-    for (uint64_t off = 0; !err && off < size;) {
+    for (uint64_t off = 0; !err && off < size; off += blen) {
         size_t n = size - off < blen ? (size_t)(size - off) : blen;
         if (direct)
             n = (n + 4095) & ~(size_t)4095; /* a block past an odd size: fio's --size still fits */
-        ssize_t w = pwrite(fd, buf, n, (off_t)off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            err = w < 0 ? errno : EIO;
-        else
-            off += (uint64_t)w;
+        err = zo_tool_pwrite_all(fd, buf, n, off);
     }
     if (!err && fsync(fd) != 0)
         err = errno;

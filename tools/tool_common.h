@@ -123,6 +123,11 @@ int zo_fio_run(const zo_fio_job *job, zo_fio_result *res);
  * too small, out of memory). */
 int zo_fio_cmdline(const zo_fio_job *job, char *buf, size_t len);
 
+/* Write all `len` bytes of buf at offset off, resuming short writes and
+ * EINTR. 0, or the errno that stopped it (a write that makes no progress
+ * and reports no error is ENOSPC: nothing left to write into). */
+int zo_tool_pwrite_all(int fd, const void *buf, size_t len, uint64_t off);
+
 /* Lay fio's file out before its first timed run: `size` bytes of a non-zero
  * pattern written with O_DIRECT (buffered where the filesystem refuses
  * it), then fsync. Left to fio, the layout is buffered, and the kernel's

@@ -514,16 +514,7 @@ static int fill_file(int fd, unsigned i, uint64_t size)
     for (uint64_t off = 0; off < size && !e;) {
         size_t n = (size_t)(size - off < chunk ? size - off : chunk);
         pattern_fill(buf, n, i, off);
-        for (size_t done = 0; done < n;) {
-            ssize_t w = pwrite(fd, buf + done, n - done, (off_t)(off + done));
-            if (w < 0 && errno == EINTR)
-                continue;
-            if (w <= 0) {
-                e = w < 0 ? errno : ENOSPC; /* no progress and no error: nothing left to write into */
-                break;
-            }
-            done += (size_t)w;
-        }
+        e = zo_tool_pwrite_all(fd, buf, n, off);
         off += n;
     }
     free(buf);

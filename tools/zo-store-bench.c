@@ -844,7 +844,7 @@ static int optim_sweep(const opts *o, optim_env *e, unsigned mode, int init, dou
     return rc ? rc : rc2;
 }
 
-static int optim_open(const opts *o, optim_env *e, uint64_t *nelem_total)
+static int optim_open(const opts *o, optim_env *e)
 {
     memset(e, 0, sizeof(*e));
     int rc = swap_open(o, o->path, e->dir, sizeof(e->dir), &e->swap);
@@ -854,7 +854,7 @@ static int optim_open(const opts *o, optim_env *e, uint64_t *nelem_total)
     uint64_t total = o->state_bytes / (4 + 2 * esz);
     if (total == 0)
         total = 1;
-    *nelem_total = e->nelem = total;
+    e->nelem = total;
     e->ngroups = (size_t)((total + o->group_elems - 1) / o->group_elems);
     if (rc != 0)
         goto fail;
@@ -1006,14 +1006,15 @@ static void disk_print(const char *who, const disk_snap *a, const disk_snap *b)
 static int cmd_optim(const opts *o, const zo_machine *m)
 {
     optim_env e;
-    uint64_t nelem;
-    if (optim_open(o, &e, &nelem))
+    if (optim_open(o, &e))
         return EXIT_RUN;
+    uint64_t nelem = e.nelem;
     size_t esz = zo_dtype_size(o->state_dtype);
     uint64_t bytes = nelem * (4 + 2 * esz); /* read once and written once per sweep */
     unsigned P = o->pairs;
-    /* per run: zoffload read, write; fio read, write; raw read, write; ratios to fio, to raw; stall */
-    enum { ZR, ZW, FR, FW, RR, RW, RATIO, RRATIO, STALL, NSER };
+    /* per run: zoffload, fio read, fio write, raw, ratios to fio and to raw, stall. A sweep reads
+     * and writes every byte once in the same time, so zoffload's and raw's one rate is both. */
+    enum { ZO, FR, FW, RAW, RATIO, RRATIO, STALL, NSER };
     double *ser[NSER] = {0};
     int rc = 0;
     for (int i = 0; i < NSER; i++)
@@ -1021,8 +1022,8 @@ static int cmd_optim(const opts *o, const zo_machine *m)
             rc = EXIT_RUN;
     if (rc)
         goto out;
-    double *zr = ser[ZR], *zw = ser[ZW], *fr = ser[FR], *fw = ser[FW], *rr = ser[RR], *rw = ser[RW],
-           *ratio = ser[RATIO], *rratio = ser[RRATIO], *stall = ser[STALL];
+    double *zo = ser[ZO], *fr = ser[FR], *fw = ser[FW], *raw = ser[RAW], *ratio = ser[RATIO], *rratio = ser[RRATIO],
+           *stall = ser[STALL];
     /* one warm-up step, untimed: it also gives the layout the sweeps pick */
     zo_store_sweep_info info;
     double s0;
@@ -1177,7 +1178,7 @@ static int cmd_optim(const opts *o, const zo_machine *m)
                 }
                 if (!o->io_only)
                     raw_steps++;
-                rr[p] = rw[p] = (double)bytes / secs;
+                raw[p] = (double)bytes / secs;
             }
         }
         if (rc)
@@ -1185,16 +1186,16 @@ static int cmd_optim(const opts *o, const zo_machine *m)
         zo_store_stats st;
         zo_store_get_stats(e.st, &st);
         stall[p] = (double)st.stall_ns * 1e-9;
-        zr[p] = zw[p] = (double)bytes / zsecs;
-        ratio[p] = o->vs_fio && fr[p] + fw[p] > 0 ? (zr[p] + zw[p]) / (fr[p] + fw[p]) : 0;
-        rratio[p] = o->vs_raw && rr[p] + rw[p] > 0 ? (zr[p] + zw[p]) / (rr[p] + rw[p]) : 0;
+        zo[p] = (double)bytes / zsecs;
+        ratio[p] = o->vs_fio && fr[p] + fw[p] > 0 ? 2 * zo[p] / (fr[p] + fw[p]) : 0;
+        rratio[p] = o->vs_raw && raw[p] > 0 ? zo[p] / raw[p] : 0;
         if (!o->json) {
             printf("%5u", p + 1);
             if (o->vs_fio)
                 printf(" %10.3f %10.3f", fr[p] * 1e-9, fw[p] * 1e-9);
             if (o->vs_raw)
-                printf(" %10.3f %10.3f", rr[p] * 1e-9, rw[p] * 1e-9);
-            printf(" %10.3f %10.3f", zr[p] * 1e-9, zw[p] * 1e-9);
+                printf(" %10.3f %10.3f", raw[p] * 1e-9, raw[p] * 1e-9);
+            printf(" %10.3f %10.3f", zo[p] * 1e-9, zo[p] * 1e-9);
             if (o->vs_fio)
                 printf(" %8.3f", ratio[p]);
             if (o->vs_raw)
@@ -1251,10 +1252,10 @@ static int cmd_optim(const opts *o, const zo_machine *m)
                 const char *k;
                 double *v;
                 int want; /* 0 always, 1 with --vs-fio, 2 with --vs-raw */
-            } arr[] = {{"read_bytes_per_s", zr, 0},      {"write_bytes_per_s", zw, 0},
+            } arr[] = {{"read_bytes_per_s", zo, 0},      {"write_bytes_per_s", zo, 0},
                        {"stall_s", stall, 0},            {"fio_read_bytes_per_s", fr, 1},
                        {"fio_write_bytes_per_s", fw, 1}, {"ratios", ratio, 1},
-                       {"raw_read_bytes_per_s", rr, 2},  {"raw_write_bytes_per_s", rw, 2},
+                       {"raw_read_bytes_per_s", raw, 2}, {"raw_write_bytes_per_s", raw, 2},
                        {"raw_ratios", rratio, 2}};
             for (size_t a = 0; a < sizeof(arr) / sizeof(arr[0]); a++) {
                 if ((arr[a].want == 1 && !o->vs_fio) || (arr[a].want == 2 && !o->vs_raw))
@@ -1275,12 +1276,12 @@ static int cmd_optim(const opts *o, const zo_machine *m)
             zj_obj_end(&j);
             zj_end(&j);
         } else {
-            printf("\nmedians: zoffload read %.3f GB/s, write %.3f GB/s", median(zr, P) * 1e-9, median(zw, P) * 1e-9);
+            printf("\nmedians: zoffload read %.3f GB/s, write %.3f GB/s", median(zo, P) * 1e-9, median(zo, P) * 1e-9);
             if (o->vs_fio)
                 printf("; fio read %.3f GB/s, write %.3f GB/s; ratio (read + write) %.3f", median(fr, P) * 1e-9,
                        median(fw, P) * 1e-9, median(ratio, P));
             if (o->vs_raw)
-                printf("; raw io_uring read = write %.3f GB/s; zoffload / raw %.3f", median(rr, P) * 1e-9,
+                printf("; raw io_uring read = write %.3f GB/s; zoffload / raw %.3f", median(raw, P) * 1e-9,
                        median(rratio, P));
             printf("\nchecked: every group's first, middle and last elements hold %u updates", steps);
             if (o->vs_raw)

@@ -512,13 +512,20 @@ ZO_API const char *zo_cpuadam_variant(void)
     return zo__cpuadam_dsp()->name;
 }
 
+/* Every variant any build of the library can have: a name compiled only
+ * for another architecture is known, and not available here. */
+static const char *const all_variants[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
+
 ZO_API int zo_cpuadam_variant_available(const char *name)
 {
     unsigned need = 0;
-    if (!name || !zo__cpuadam_dsp_named(name, &need))
-        return ZO_FAIL(NULL, -EINVAL, "zo_cpuadam_variant_available: unknown variant '%s'",
-                       name ? name : "(null)");
-    return (zo_cpu_flags() & need) == need;
+    if (name && zo__cpuadam_dsp_named(name, &need))
+        return (zo_cpu_flags() & need) == need;
+    for (size_t i = 0; name && i < ZO_ARRAY_LEN(all_variants); i++)
+        if (!strcmp(name, all_variants[i]))
+            return 0;
+    return ZO_FAIL(NULL, -EINVAL, "zo_cpuadam_variant_available: unknown variant '%s'",
+                   name ? name : "(null)");
 }
 
 /* ---- teams ------------------------------------------------------------------ */
@@ -575,9 +582,16 @@ ZO_API int zo_cpuadam_team_create(zo_cpuadam_team **out, const zo_cpuadam_team_c
     if (cfg.variant && strcmp(cfg.variant, "auto") != 0) {
         unsigned need = 0;
         dsp = zo__cpuadam_dsp_named(cfg.variant, &need);
-        if (!dsp)
-            return ZO_FAIL(NULL, ZO_ECONFIG, "%s: unknown variant '%s' (auto, scalar, avx2, avx512, avx512bf16)",
+        if (!dsp) {
+            int foreign = 0;
+            for (size_t i = 0; i < ZO_ARRAY_LEN(all_variants); i++)
+                foreign |= !strcmp(cfg.variant, all_variants[i]);
+            if (foreign)
+                return ZO_FAIL(NULL, ZO_ENOTSUP, "%s: variant '%s' is not built for this architecture",
+                               fn, cfg.variant);
+            return ZO_FAIL(NULL, ZO_ECONFIG, "%s: unknown variant '%s' (auto, scalar, avx2, avx512, avx512bf16, neon)",
                            fn, cfg.variant);
+        }
         if ((zo_cpu_flags() & need) != need)
             return ZO_FAIL(NULL, ZO_ENOTSUP, "%s: variant '%s' needs CPU features this CPU (or ZO_CPU_MASK) lacks",
                            fn, cfg.variant);

@@ -57,10 +57,17 @@ typedef struct zo_cpuadam_dsp {
                          size_t end);
 } zo_cpuadam_dsp;
 
-void zo__cpuadam_dsp_init(zo_cpuadam_dsp *dsp, unsigned flags);
-void zo__cpuadam_dsp_init_avx2(zo_cpuadam_dsp *dsp);
-void zo__cpuadam_dsp_init_avx512(zo_cpuadam_dsp *dsp);
-void zo__cpuadam_dsp_init_avx512bf16(zo_cpuadam_dsp *dsp);
+/* Each ISA file gives one constant table of its kernels' addresses and no
+ * code that runs before the CPU check (the dispatch rule, lib/core/vec_ref.h
+ * and docs/architecture.md); kernels_ref.c builds the usable tables. A
+ * NULL entry keeps the level below's kernel. */
+#if defined(__x86_64__)
+extern const zo_cpuadam_dsp zo__cpuadam_avx2;       /* x86/adam_avx2.c */
+extern const zo_cpuadam_dsp zo__cpuadam_avx512;     /* x86/adam_avx512.c */
+extern const zo_cpuadam_dsp zo__cpuadam_avx512bf16; /* x86/adam_avx512bf16.c */
+#elif defined(__aarch64__)
+extern const zo_cpuadam_dsp zo__cpuadam_neon; /* arm/adam_neon.c */
+#endif
 
 /* The table for explicit flags (ANDed with what the CPU has); never NULL. */
 const zo_cpuadam_dsp *zo__cpuadam_dsp_for(unsigned flags);

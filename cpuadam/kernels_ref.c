@@ -146,54 +146,62 @@ static void c_stream_bound(float *a, float *b, float *c, const float *d, float a
     }
 }
 
-void zo__cpuadam_dsp_init(zo_cpuadam_dsp *dsp, unsigned flags)
-{
-    dsp->name = "scalar";
-    dsp->step = c_step;
-    dsp->rollback = c_rollback;
-    dsp->grad_stats = c_grad_stats;
-    dsp->stream_bound = c_stream_bound;
-#if defined(__x86_64__)
-    if ((flags & ZO_CPU_LEVEL_AVX2) != ZO_CPU_LEVEL_AVX2)
-        return;
-    zo__cpuadam_dsp_init_avx2(dsp);
-    if ((flags & ZO_CPU_LEVEL_AVX512) != ZO_CPU_LEVEL_AVX512)
-        return;
-    zo__cpuadam_dsp_init_avx512(dsp);
-    if (!(flags & ZO_CPU_AVX512BF16))
-        return;
-    zo__cpuadam_dsp_init_avx512bf16(dsp);
-#else
-    (void)flags;
-#endif
-}
-
-/* One table per variant, built once; picking one by the current flags is a
- * couple of compares, cheap enough for every call. */
-enum { V_C, V_AVX2, V_AVX512, V_AVX512BF16, V_COUNT };
-static const unsigned variant_need[V_COUNT] = {
-    0,
-    ZO_CPU_LEVEL_AVX2,
-    ZO_CPU_LEVEL_AVX512,
-    ZO_CPU_LEVEL_AVX512 | ZO_CPU_AVX512BF16,
+static const zo_cpuadam_dsp c_table = {
+    .name = "scalar",
+    .step = c_step,
+    .rollback = c_rollback,
+    .grad_stats = c_grad_stats,
+    .stream_bound = c_stream_bound,
 };
+
+/* The variants from slowest to fastest, each needing what its predecessors
+ * need. The usable table of variant v is built here, in baseline code, by
+ * laying the constant tables 0..v over each other: only addresses are
+ * copied, so every table can be built on any CPU, and zo__cpuadam_dsp_for()
+ * keeps a table the CPU cannot run from being handed out. */
+static const struct {
+    unsigned need;
+    const zo_cpuadam_dsp *over;
+} variants[] = {
+    {0, &c_table},
+#if defined(__x86_64__)
+    {ZO_CPU_LEVEL_AVX2, &zo__cpuadam_avx2},
+    {ZO_CPU_LEVEL_AVX512, &zo__cpuadam_avx512},
+    {ZO_CPU_LEVEL_AVX512 | ZO_CPU_AVX512BF16, &zo__cpuadam_avx512bf16},
+#elif defined(__aarch64__)
+    {ZO_CPU_LEVEL_NEON, &zo__cpuadam_neon},
+#endif
+};
+#define V_COUNT (sizeof(variants) / sizeof(variants[0]))
 static zo_cpuadam_dsp tables[V_COUNT];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static void tables_init(void)
 {
-    for (int v = 0; v < V_COUNT; v++)
-        zo__cpuadam_dsp_init(&tables[v], variant_need[v]);
+    for (size_t v = 0; v < V_COUNT; v++) {
+        const zo_cpuadam_dsp *o = variants[v].over;
+        zo_cpuadam_dsp *d = &tables[v];
+        *d = v ? tables[v - 1] : c_table;
+        d->name = o->name;
+        if (o->step)
+            d->step = o->step;
+        if (o->rollback)
+            d->rollback = o->rollback;
+        if (o->grad_stats)
+            d->grad_stats = o->grad_stats;
+        if (o->stream_bound)
+            d->stream_bound = o->stream_bound;
+    }
 }
 
 const zo_cpuadam_dsp *zo__cpuadam_dsp_for(unsigned flags)
 {
     pthread_once(&tables_once, tables_init);
     flags &= zo_cpu_detected(); /* never hand out a table the CPU cannot run */
-    for (int v = V_COUNT - 1; v > 0; v--)
-        if ((flags & variant_need[v]) == variant_need[v])
+    for (size_t v = V_COUNT - 1; v > 0; v--)
+        if ((flags & variants[v].need) == variants[v].need)
             return &tables[v];
-    return &tables[V_C];
+    return &tables[0];
 }
 
 const zo_cpuadam_dsp *zo__cpuadam_dsp(void)
@@ -204,11 +212,10 @@ const zo_cpuadam_dsp *zo__cpuadam_dsp(void)
 const zo_cpuadam_dsp *zo__cpuadam_dsp_named(const char *name, unsigned *need)
 {
     pthread_once(&tables_once, tables_init);
-    for (int v = 0; v < V_COUNT; v++) {
-        /* on a non-x86 build every table is named "scalar" */
+    for (size_t v = 0; v < V_COUNT; v++) {
         if (strcmp(name, tables[v].name) == 0) {
             if (need)
-                *need = variant_need[v];
+                *need = variants[v].need;
             return &tables[v];
         }
     }

@@ -73,6 +73,7 @@ static void crc_fold_init(zo__crc_fold *f)
     fold_pair(f->d1536, 1536);
     fold_pair(f->d1024, 1024);
     fold_pair(f->d512, 512);
+    fold_pair(f->d768, 768);
     fold_pair(f->lanes, 384);
     fold_pair(f->lanes + 2, 256);
     fold_pair(f->lanes + 4, 128);
@@ -116,42 +117,36 @@ uint32_t zo__crc32c_ref(uint32_t reg, const uint8_t *p, size_t n)
     return reg;
 }
 
-static void crc_dsp_init(zo__crc_dsp *dsp, unsigned flags)
-{
-    dsp->name = "scalar";
-    dsp->crc32c = zo__crc32c_ref;
-#if defined(__x86_64__)
-    if (!(flags & ZO_CPU_SSE42))
-        return;
-    zo__crc_dsp_init_sse42(dsp);
-    /* Only on a CPU that has it: the init lives in a file built for
-     * AVX-512, and the compiler may use those registers anywhere in it. */
-    if ((flags & ZO__CRC_VPCLMUL_NEEDS) == ZO__CRC_VPCLMUL_NEEDS)
-        zo__crc_dsp_init_vpclmul(dsp);
-#else
-    (void)flags;
-#endif
-}
+static const zo__crc_dsp crc_ref = {"scalar", zo__crc32c_ref};
 
-enum { V_C, V_SSE42, V_VPCLMUL, V_COUNT };
-static zo__crc_dsp tables[V_COUNT];
+/* The variants from slowest to fastest, each needing what its predecessors
+ * need; a variant is a whole kernel, so there is nothing to lay over. */
+static const struct {
+    unsigned need;
+    const zo__crc_dsp *dsp;
+} variants[] = {
+    {0, &crc_ref},
+#if defined(__x86_64__)
+    {ZO_CPU_SSE42, &zo__crc_sse42},
+    {ZO__CRC_VPCLMUL256_NEEDS, &zo__crc_vpclmul256},
+    {ZO__CRC_VPCLMUL512_NEEDS, &zo__crc_vpclmul512},
+#elif defined(__aarch64__)
+    {ZO__CRC_ARMV8_NEEDS, &zo__crc_armv8},
+    {ZO__CRC_PMULL_NEEDS, &zo__crc_pmull},
+#endif
+};
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
-static void tables_init(void)
-{
-    crc_tables_init();
-    crc_dsp_init(&tables[V_C], 0);
-    crc_dsp_init(&tables[V_SSE42], ZO_CPU_SSE42);
-    crc_dsp_init(&tables[V_VPCLMUL], zo_cpu_detected() & ZO__CRC_VPCLMUL_NEEDS);
-}
-
+/* The kernels read the lookup and folding tables; they are built here, in
+ * plain C, before any kernel can be handed out. */
 const zo__crc_dsp *zo__crc_dsp_for(unsigned flags)
 {
-    pthread_once(&tables_once, tables_init);
-    flags &= zo_cpu_detected();
-    if ((flags & ZO__CRC_VPCLMUL_NEEDS) == ZO__CRC_VPCLMUL_NEEDS)
-        return &tables[V_VPCLMUL];
-    return &tables[(flags & ZO_CPU_SSE42) ? V_SSE42 : V_C];
+    pthread_once(&tables_once, crc_tables_init);
+    flags &= zo_cpu_detected(); /* never hand out a kernel the CPU cannot run */
+    for (size_t v = ZO_ARRAY_LEN(variants) - 1; v > 0; v--)
+        if ((flags & variants[v].need) == variants[v].need)
+            return variants[v].dsp;
+    return &crc_ref;
 }
 
 const zo__crc_dsp *zo__crc_dsp_cur(void)

@@ -55,6 +55,7 @@ static inline uint32_t zo__crc_shift_apply(const zo__crc_shift *s, uint32_t x)
 typedef struct zo__crc_fold {
     uint64_t d2048[2]; /* four 512-bit accumulators, 256 bytes a step */
     uint64_t d1536[2], d1024[2], d512[2]; /* joining them; d512 also one accumulator's step */
+    uint64_t d768[2]; /* 256-bit kernel: joining its first accumulator (d1024, d512 and lanes[2..3] too) */
     uint64_t lanes[8]; /* the four 128-bit lanes of one register onto the last: d384, d256, d128, 0 */
 } zo__crc_fold;
 extern zo__crc_fold zo__crc_fold_k;
@@ -70,17 +71,27 @@ uint64_t zo__crc_fold_const(unsigned e);
 const zo__crc_dsp *zo__crc_dsp_for(unsigned flags);
 /* The table for zo_cpu_flags(). */
 const zo__crc_dsp *zo__crc_dsp_cur(void);
-/* What the VPCLMULQDQ kernel needs (crc32q for the ends, 512-bit folding). */
-#define ZO__CRC_VPCLMUL_NEEDS (ZO_CPU_SSE42 | ZO_CPU_AVX512F | ZO_CPU_VPCLMULQDQ)
+/* What the VPCLMULQDQ kernels need (crc32q for the ends; 256- or 512-bit
+ * folding). The variants form a chain, each needing all of the one before. */
+#define ZO__CRC_VPCLMUL256_NEEDS (ZO_CPU_SSE42 | ZO_CPU_AVX2 | ZO_CPU_VPCLMULQDQ)
+#define ZO__CRC_VPCLMUL512_NEEDS (ZO__CRC_VPCLMUL256_NEEDS | ZO_CPU_AVX512F)
+/* aarch64: the CRC32C instructions; PMULL folding with them at the ends. */
+#define ZO__CRC_ARMV8_NEEDS ZO_CPU_ARM_CRC32
+#define ZO__CRC_PMULL_NEEDS (ZO_CPU_ARM_CRC32 | ZO_CPU_PMULL)
 /* The C reference (slicing-by-8) on the raw register. */
 uint32_t zo__crc32c_ref(uint32_t reg, const uint8_t *p, size_t n);
 
+/* Each ISA file gives a constant table and no code that runs before the
+ * CPU check (the dispatch rule, docs/architecture.md); checksum.c picks. */
 #if defined(__x86_64__)
-void zo__crc_dsp_init_sse42(zo__crc_dsp *dsp); /* x86/crc32c_sse42.c */
+extern const zo__crc_dsp zo__crc_sse42;      /* x86/crc32c_sse42.c */
+extern const zo__crc_dsp zo__crc_vpclmul256; /* x86/crc32c_vpclmul256.c */
+extern const zo__crc_dsp zo__crc_vpclmul512; /* x86/crc32c_vpclmul.c */
+/* the SSE4.2 kernel, for the folding kernels' ends */
 uint32_t zo__crc32c_sse42(uint32_t reg, const uint8_t *p, size_t n);
-/* x86/crc32c_vpclmul.c; call only when the CPU has ZO__CRC_VPCLMUL_NEEDS
- * (the file is compiled for AVX-512). */
-void zo__crc_dsp_init_vpclmul(zo__crc_dsp *dsp);
+#elif defined(__aarch64__)
+extern const zo__crc_dsp zo__crc_armv8; /* arm/crc32c_armv8.c */
+extern const zo__crc_dsp zo__crc_pmull; /* arm/crc32c_pmull.c */
 #endif
 
 /* Checksum of one chunk with the kind's fastest kernel (no argument checks). */

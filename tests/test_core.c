@@ -475,17 +475,29 @@ END_TEST
 START_TEST(test_cpu_flags_consistent)
 {
     unsigned d = zo_cpu_detected();
-    /* extensions imply the foundation */
-    if (d & (ZO_CPU_AVX512BW | ZO_CPU_AVX512BF16 | ZO_CPU_VPCLMULQDQ))
+    /* extensions imply the foundation; VPCLMULQDQ needs only AVX (it has a
+     * 256-bit form, used on CPUs with AVX2 and no AVX-512) */
+    if (d & (ZO_CPU_AVX512BW | ZO_CPU_AVX512BF16))
         ck_assert(d & ZO_CPU_AVX512F);
+    if (d & ZO_CPU_VPCLMULQDQ)
+        ck_assert(d & ZO_CPU_SSE42);
+    /* one architecture's features never show on another */
+    if (d & (ZO_CPU_NEON | ZO_CPU_ARM_CRC32 | ZO_CPU_PMULL | ZO_CPU_SVE))
+        ck_assert_uint_eq(d & (ZO_CPU_SSE42 | ZO_CPU_AVX2 | ZO_CPU_AVX512F), 0);
+#if defined(__aarch64__)
+    ck_assert(d & ZO_CPU_NEON); /* every ARMv8-A CPU */
+#endif
     ck_assert_str_eq(zo_cpu_flag_name(ZO_CPU_VPCLMULQDQ), "vpclmulqdq");
-    ck_assert_uint_eq(ZO_CPU_ALL, (ZO_CPU_VPCLMULQDQ << 1) - 1);
+    ck_assert_str_eq(zo_cpu_flag_name(ZO_CPU_NEON), "neon");
+    ck_assert_str_eq(zo_cpu_flag_name(ZO_CPU_SVE), "sve");
+    ck_assert_uint_eq(ZO_CPU_ALL, (ZO_CPU_SVE << 1) - 1);
     char buf[256];
     ck_assert_int_ge(zo_cpu_flags_string(d, buf, sizeof(buf)), 0);
     ck_assert_str_eq(zo_cpu_flag_name(ZO_CPU_AVX512BW), "avx512bw");
     ck_assert_ptr_null(zo_cpu_flag_name(3));
     ck_assert_str_eq(zo_cpu_level_name(0), "scalar");
     ck_assert_str_eq(zo_cpu_level_name(ZO_CPU_LEVEL_AVX2), "avx2");
+    ck_assert_str_eq(zo_cpu_level_name(ZO_CPU_LEVEL_NEON), "neon");
 }
 END_TEST
 
@@ -504,13 +516,17 @@ START_TEST(test_cpu_mask_env_bounds_dispatch)
         ck_assert_str_eq(v, "scalar");
     if (!(want & ZO_CPU_AVX512F))
         ck_assert_ptr_null(strstr(v, "avx512"));
-    /* a mask without AVX-512F (or without VPCLMULQDQ) leaves the folding
-     * CRC kernel out */
-    if (!(want & ZO_CPU_AVX512F) || !(want & ZO_CPU_VPCLMULQDQ))
-        ck_assert_str_ne(zo_crc32c_variant(), "vpclmul");
-    if ((zo_cpu_flags() & (ZO_CPU_SSE42 | ZO_CPU_AVX512F | ZO_CPU_VPCLMULQDQ)) ==
-        (ZO_CPU_SSE42 | ZO_CPU_AVX512F | ZO_CPU_VPCLMULQDQ))
-        ck_assert_str_eq(zo_crc32c_variant(), "vpclmul");
+    /* a mask without VPCLMULQDQ (or AVX2, or AVX-512F for the wide one)
+     * leaves the folding CRC kernels out */
+    const unsigned f256 = ZO_CPU_SSE42 | ZO_CPU_AVX2 | ZO_CPU_VPCLMULQDQ, f512 = f256 | ZO_CPU_AVX512F;
+    if ((want & f512) != f512)
+        ck_assert_str_ne(zo_crc32c_variant(), "vpclmul512");
+    if ((want & f256) != f256)
+        ck_assert_str_ne(zo_crc32c_variant(), "vpclmul256");
+    if ((zo_cpu_flags() & f512) == f512)
+        ck_assert_str_eq(zo_crc32c_variant(), "vpclmul512");
+    else if ((zo_cpu_flags() & f256) == f256)
+        ck_assert_str_eq(zo_crc32c_variant(), "vpclmul256");
 }
 END_TEST
 

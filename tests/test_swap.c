@@ -85,8 +85,14 @@ static const struct {
     const char *name;
 } crc_variants[] = {
     {0, "scalar"},
+#if defined(__x86_64__)
     {ZO_CPU_SSE42, "sse42"},
-    {ZO__CRC_VPCLMUL_NEEDS, "vpclmul"},
+    {ZO__CRC_VPCLMUL256_NEEDS, "vpclmul256"},
+    {ZO__CRC_VPCLMUL512_NEEDS, "vpclmul512"},
+#elif defined(__aarch64__)
+    {ZO__CRC_ARMV8_NEEDS, "armv8"},
+    {ZO__CRC_PMULL_NEEDS, "pmull"},
+#endif
 };
 
 static const char *crc_variant_for(unsigned flags)
@@ -214,7 +220,7 @@ START_TEST(test_crc_fold_constants)
     const struct {
         const uint64_t *k;
         unsigned d;
-    } pairs[] = {{K->d2048, 2048}, {K->d1536, 1536}, {K->d1024, 1024}, {K->d512, 512},
+    } pairs[] = {{K->d2048, 2048}, {K->d1536, 1536}, {K->d1024, 1024}, {K->d768, 768}, {K->d512, 512},
                  {K->lanes, 384},  {K->lanes + 2, 256}, {K->lanes + 4, 128}};
     ck_assert(K->lanes[6] == 0 && K->lanes[7] == 0);
     zo_test_rng rng = {zo_test_seed()};

@@ -162,11 +162,11 @@ static void avx2_grad_stats(const void *g, int gdt, size_t begin, size_t end, do
     }
 }
 
-void zo__cpuadam_dsp_init_avx2(zo_cpuadam_dsp *dsp)
-{
-    dsp->name = "avx2";
-    dsp->step = kt_step;
-    dsp->rollback = kt_rollback;
-    dsp->grad_stats = avx2_grad_stats;
-    dsp->stream_bound = kt_stream_bound;
-}
+/* Data only: generic code (kernels_ref.c) picks it after checking the CPU. */
+const zo_cpuadam_dsp zo__cpuadam_avx2 = {
+    .name = "avx2",
+    .step = kt_step,
+    .rollback = kt_rollback,
+    .grad_stats = avx2_grad_stats,
+    .stream_bound = kt_stream_bound,
+};

@@ -4,11 +4,11 @@
 #define ZO_KT_CVT_BF16(x) bf16_rne_int(x)
 #include "cpuadam/x86/avx512_layer.h"
 
-void zo__cpuadam_dsp_init_avx512(zo_cpuadam_dsp *dsp)
-{
-    dsp->name = "avx512";
-    dsp->step = kt_step;
-    dsp->rollback = kt_rollback;
-    dsp->grad_stats = kt_grad_stats;
-    dsp->stream_bound = kt_stream_bound;
-}
+/* Data only: generic code (kernels_ref.c) picks it after checking the CPU. */
+const zo_cpuadam_dsp zo__cpuadam_avx512 = {
+    .name = "avx512",
+    .step = kt_step,
+    .rollback = kt_rollback,
+    .grad_stats = kt_grad_stats,
+    .stream_bound = kt_stream_bound,
+};

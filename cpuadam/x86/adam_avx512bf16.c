@@ -7,9 +7,9 @@
 #define ZO_KT_CVT_BF16(x) ((__m256i)_mm512_cvtneps_pbh(x))
 #include "cpuadam/x86/avx512_layer.h"
 
-void zo__cpuadam_dsp_init_avx512bf16(zo_cpuadam_dsp *dsp)
-{
-    dsp->name = "avx512bf16";
-    dsp->step = kt_step;
-    dsp->rollback = kt_rollback;
-}
+/* Data only; the NULL entries keep the avx512 kernels (kernels_ref.c). */
+const zo_cpuadam_dsp zo__cpuadam_avx512bf16 = {
+    .name = "avx512bf16",
+    .step = kt_step,
+    .rollback = kt_rollback,
+};

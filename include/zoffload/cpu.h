@@ -32,18 +32,28 @@ extern "C" {
 #define ZO_CPU_AVX512DQ (1u << 7)
 #define ZO_CPU_AVX512BF16 (1u << 8)
 #define ZO_CPU_AVX512FP16 (1u << 9)
-/** VPCLMULQDQ (carry-less multiply on vector registers). Counted only with
- *  AVX-512F, like the AVX-512 extensions: the one kernel using it (CRC32C
- *  folding) works on 512-bit registers, so a mask without avx512f leaves
- *  it unused too. */
+/** VPCLMULQDQ (carry-less multiply on vector registers). Counted with AVX
+ *  (YMM state): the CRC32C folding kernel has a 256-bit form for CPUs with
+ *  AVX2 but no AVX-512 (Zen 3, Alder Lake) and a 512-bit one. */
 #define ZO_CPU_VPCLMULQDQ (1u << 10)
-#define ZO_CPU_ALL 0x7ffu
+/** aarch64: Advanced SIMD (NEON); every ARMv8-A CPU has it. */
+#define ZO_CPU_NEON (1u << 11)
+/** aarch64: the ARMv8 CRC32 instructions (CRC32C* for Castagnoli). */
+#define ZO_CPU_ARM_CRC32 (1u << 12)
+/** aarch64: PMULL/PMULL2 on 64-bit lanes (the crypto extension's). */
+#define ZO_CPU_PMULL (1u << 13)
+/** aarch64: the Scalable Vector Extension (Grace: SVE2, 4 x 128-bit). */
+#define ZO_CPU_SVE (1u << 14)
+#define ZO_CPU_ALL 0x7fffu
 
 /** What an "avx2" kernel needs. */
 #define ZO_CPU_LEVEL_AVX2 (ZO_CPU_SSE42 | ZO_CPU_AVX2 | ZO_CPU_FMA | ZO_CPU_F16C)
 /** What an "avx512" kernel needs. */
 #define ZO_CPU_LEVEL_AVX512 \
     (ZO_CPU_LEVEL_AVX2 | ZO_CPU_AVX512F | ZO_CPU_AVX512BW | ZO_CPU_AVX512VL | ZO_CPU_AVX512DQ)
+
+/** What the "neon" kernels need (aarch64). */
+#define ZO_CPU_LEVEL_NEON ZO_CPU_NEON
 
 /** Features this CPU and OS support, ignoring the mask. Thread-safe. */
 ZO_API unsigned zo_cpu_detected(void);
@@ -82,7 +92,7 @@ ZO_API const char *zo_cpu_flag_name(unsigned bit);
  */
 ZO_API int zo_cpu_flags_string(unsigned flags, char *buf, size_t len);
 
-/** Highest level name `flags` satisfies: "avx512", "avx2" or "scalar". */
+/** Highest level name `flags` satisfies: "avx512", "avx2", "neon" or "scalar". */
 ZO_API const char *zo_cpu_level_name(unsigned flags);
 
 /** CPU model string from CPUID (static, "" if unknown). */

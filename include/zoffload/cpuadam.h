@@ -232,13 +232,16 @@ ZO_API int zo_cpuadam_stream_bound(float *a, float *b, float *c, const float *d,
                                    size_t n, int nthreads);
 
 /** Name of the variant zo_cpu_flags() selects now: "scalar", "avx2",
- *  "avx512" or "avx512bf16". Thread-safe. */
+ *  "avx512" or "avx512bf16" on x86-64, "scalar" or "neon" on aarch64.
+ *  Thread-safe. */
 ZO_API const char *zo_cpuadam_variant(void);
 
 /**
- * Whether variant `name` ("scalar", "avx2", "avx512", "avx512bf16") can run
- * on this CPU under the current mask.
- * @return 1 yes, 0 no (CPU or mask lacks it), -EINVAL (unknown name).
+ * Whether variant `name` ("scalar", "avx2", "avx512", "avx512bf16", "neon")
+ * can run on this CPU under the current mask. Every name is known on every
+ * architecture: one built only for another architecture answers 0.
+ * @return 1 yes, 0 no (CPU, mask or architecture lacks it), -EINVAL
+ *         (unknown name).
  */
 ZO_API int zo_cpuadam_variant_available(const char *name);
 

@@ -14,6 +14,10 @@
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
 #define ZO_X86 1
+#elif defined(__aarch64__) && defined(__linux__)
+#include <asm/hwcap.h>
+#include <sys/auxv.h>
+#define ZO_X86 0
 #else
 #define ZO_X86 0
 #endif
@@ -25,7 +29,7 @@ static char cpu_model_str[64];
 
 static const char *const flag_names[] = {
     "sse4.2", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq",
-    "avx512bf16", "avx512fp16", "vpclmulqdq",
+    "avx512bf16", "avx512fp16", "vpclmulqdq", "neon", "crc32", "pmull", "sve",
 };
 
 #if ZO_X86
@@ -62,6 +66,10 @@ static unsigned detect(void)
         __cpuid_count(7, 0, a, b, c, d);
         if (os_ymm && has_avx && (b & bit_AVX2))
             f |= ZO_CPU_AVX2;
+        /* the VEX.256 form needs YMM state; the EVEX.512 one, checked by
+         * its kernel's needs, AVX-512F */
+        if (os_ymm && has_avx && (c & (1u << 10)))
+            f |= ZO_CPU_VPCLMULQDQ;
         if (os_zmm) {
             if (b & bit_AVX512F)
                 f |= ZO_CPU_AVX512F;
@@ -71,8 +79,6 @@ static unsigned detect(void)
                 f |= ZO_CPU_AVX512VL;
             if (b & bit_AVX512DQ)
                 f |= ZO_CPU_AVX512DQ;
-            if (c & (1u << 10)) /* VPCLMULQDQ */
-                f |= ZO_CPU_VPCLMULQDQ;
             if (d & (1u << 23)) /* AVX512_FP16 */
                 f |= ZO_CPU_AVX512FP16;
             unsigned a1, b1, c1, d1;
@@ -82,11 +88,10 @@ static unsigned detect(void)
                 f |= ZO_CPU_AVX512BF16;
         }
     }
-    /* Extensions are only usable with the foundation (VPCLMULQDQ counts as
-     * one: our kernel for it is 512-bit, see cpu.h). */
+    /* Extensions are only usable with the foundation. */
     if (!(f & ZO_CPU_AVX512F))
         f &= ~(ZO_CPU_AVX512BW | ZO_CPU_AVX512VL | ZO_CPU_AVX512DQ | ZO_CPU_AVX512BF16 |
-               ZO_CPU_AVX512FP16 | ZO_CPU_VPCLMULQDQ);
+               ZO_CPU_AVX512FP16);
 
     unsigned ext = __get_cpuid_max(0x80000000u, NULL);
     if (ext >= 0x80000004u) {
@@ -104,6 +109,41 @@ static unsigned detect(void)
         while (n && cpu_model_str[n - 1] == ' ')
             cpu_model_str[--n] = '\0';
     }
+    return f;
+}
+#elif defined(__aarch64__) && defined(__linux__)
+/* The kernel reports what the CPU has and the OS supports in the auxiliary
+ * vector (reading the ID registers from user space traps to it anyway). */
+static unsigned detect(void)
+{
+    unsigned long hw = getauxval(AT_HWCAP);
+    unsigned f = 0;
+    if (hw & HWCAP_ASIMD)
+        f |= ZO_CPU_NEON;
+    if (hw & HWCAP_CRC32)
+        f |= ZO_CPU_ARM_CRC32;
+    if (hw & HWCAP_PMULL)
+        f |= ZO_CPU_PMULL;
+    if (hw & HWCAP_SVE)
+        f |= ZO_CPU_SVE;
+    /* MIDR is exposed through sysfs; the model name is enough for zo-info */
+    FILE *fp = fopen("/proc/cpuinfo", "r");
+    if (fp) {
+        char line[256];
+        unsigned impl = 0, part = 0;
+        while (fgets(line, sizeof(line), fp)) {
+            if (sscanf(line, "CPU implementer : %x", &impl) == 1)
+                continue;
+            if (sscanf(line, "CPU part : %x", &part) == 1)
+                break;
+        }
+        fclose(fp);
+        if (impl)
+            snprintf(cpu_model_str, sizeof(cpu_model_str), "aarch64 implementer 0x%02x part 0x%03x",
+                     impl, part);
+    }
+    if (!cpu_model_str[0])
+        snprintf(cpu_model_str, sizeof(cpu_model_str), "aarch64");
     return f;
 }
 #else
@@ -185,6 +225,7 @@ static int parse_word(const char *w, unsigned *bits)
         {"scalar", 0}, {"none", 0}, {"c", 0},
         {"avx2", ZO_CPU_LEVEL_AVX2},
         {"avx512", ZO_CPU_LEVEL_AVX512}, {"all", ZO_CPU_ALL},
+        {"asimd", ZO_CPU_NEON},
     };
     for (size_t i = 0; i < ZO_ARRAY_LEN(levels); i++) {
         if (!strcasecmp(w, levels[i].name)) {
@@ -269,6 +310,8 @@ ZO_API const char *zo_cpu_level_name(unsigned flags)
         return "avx512";
     if ((flags & ZO_CPU_LEVEL_AVX2) == ZO_CPU_LEVEL_AVX2)
         return "avx2";
+    if ((flags & ZO_CPU_LEVEL_NEON) == ZO_CPU_LEVEL_NEON)
+        return "neon";
     return "scalar";
 }
 

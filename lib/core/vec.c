@@ -76,56 +76,74 @@ static size_t c_nonfinite_16(const uint16_t *src, size_t n, uint16_t exp_mask)
     return c;
 }
 
-void zo__vec_dsp_init(zo_vec_dsp *dsp, unsigned flags)
-{
-    dsp->name = "scalar";
-    dsp->f32_to_bf16 = c_f32_to_bf16;
-    dsp->f32_to_f16 = c_f32_to_f16;
-    dsp->bf16_to_f32 = c_bf16_to_f32;
-    dsp->f16_to_f32 = c_f16_to_f32;
-    dsp->sumsq_f32 = c_sumsq_f32;
-    dsp->sumsq_bf16 = c_sumsq_bf16;
-    dsp->sumsq_f16 = c_sumsq_f16;
-    dsp->nonfinite_f32 = c_nonfinite_f32;
-    dsp->nonfinite_16 = c_nonfinite_16;
-#if defined(__x86_64__)
-    if ((flags & ZO_CPU_LEVEL_AVX2) != ZO_CPU_LEVEL_AVX2)
-        return;
-    zo__vec_dsp_init_avx2(dsp);
-    if ((flags & ZO_CPU_LEVEL_AVX512) != ZO_CPU_LEVEL_AVX512)
-        return;
-    zo__vec_dsp_init_avx512(dsp);
-    if (!(flags & ZO_CPU_AVX512BF16))
-        return;
-    zo__vec_dsp_init_avx512bf16(dsp);
-#else
-    (void)flags;
-#endif
-}
+static const zo_vec_dsp c_table = {
+    .name = "scalar",
+    .f32_to_bf16 = c_f32_to_bf16,
+    .f32_to_f16 = c_f32_to_f16,
+    .bf16_to_f32 = c_bf16_to_f32,
+    .f16_to_f32 = c_f16_to_f32,
+    .sumsq_f32 = c_sumsq_f32,
+    .sumsq_bf16 = c_sumsq_bf16,
+    .sumsq_f16 = c_sumsq_f16,
+    .nonfinite_f32 = c_nonfinite_f32,
+    .nonfinite_16 = c_nonfinite_16,
+};
 
-/* One table per variant, built once; selection by the current flags is then
- * a couple of compares, cheap enough to do on every call. */
-enum { V_C, V_AVX2, V_AVX512, V_AVX512BF16, V_COUNT };
+/* The variants from slowest to fastest, each needing all its predecessors
+ * need. Each ISA file gives a constant table (data, no code runs); the
+ * usable table of variant v is built here, in baseline code, by laying
+ * variants 0..v over each other. Building touches only addresses, so all
+ * tables can be built on any CPU; zo__vec_dsp_for() is what keeps a table
+ * the CPU cannot run from being handed out. */
+static const struct {
+    unsigned need;
+    const zo_vec_dsp *over;
+} variants[] = {
+    {0, &c_table},
+#if defined(__x86_64__)
+    {ZO_CPU_LEVEL_AVX2, &zo__vec_avx2},
+    {ZO_CPU_LEVEL_AVX512, &zo__vec_avx512},
+    {ZO_CPU_LEVEL_AVX512 | ZO_CPU_AVX512BF16, &zo__vec_avx512bf16},
+#elif defined(__aarch64__)
+    {ZO_CPU_LEVEL_NEON, &zo__vec_neon},
+#endif
+};
+#define V_COUNT ZO_ARRAY_LEN(variants)
 static zo_vec_dsp tables[V_COUNT];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
+static void overlay(zo_vec_dsp *d, const zo_vec_dsp *o)
+{
+#define OVER(f) if (o->f) d->f = o->f
+    OVER(name);
+    OVER(f32_to_bf16);
+    OVER(f32_to_f16);
+    OVER(bf16_to_f32);
+    OVER(f16_to_f32);
+    OVER(sumsq_f32);
+    OVER(sumsq_bf16);
+    OVER(sumsq_f16);
+    OVER(nonfinite_f32);
+    OVER(nonfinite_16);
+#undef OVER
+}
+
 static void tables_init(void)
 {
-    zo__vec_dsp_init(&tables[V_C], 0);
-    zo__vec_dsp_init(&tables[V_AVX2], ZO_CPU_LEVEL_AVX2);
-    zo__vec_dsp_init(&tables[V_AVX512], ZO_CPU_LEVEL_AVX512);
-    zo__vec_dsp_init(&tables[V_AVX512BF16], ZO_CPU_LEVEL_AVX512 | ZO_CPU_AVX512BF16);
+    for (size_t v = 0; v < V_COUNT; v++) {
+        tables[v] = v ? tables[v - 1] : c_table;
+        overlay(&tables[v], variants[v].over);
+    }
 }
 
 const zo_vec_dsp *zo__vec_dsp_for(unsigned flags)
 {
     pthread_once(&tables_once, tables_init);
     flags &= zo_cpu_detected(); /* never hand out a table the CPU cannot run */
-    if ((flags & ZO_CPU_LEVEL_AVX512) == ZO_CPU_LEVEL_AVX512)
-        return &tables[(flags & ZO_CPU_AVX512BF16) ? V_AVX512BF16 : V_AVX512];
-    if ((flags & ZO_CPU_LEVEL_AVX2) == ZO_CPU_LEVEL_AVX2)
-        return &tables[V_AVX2];
-    return &tables[V_C];
+    for (size_t v = V_COUNT - 1; v > 0; v--)
+        if ((flags & variants[v].need) == variants[v].need)
+            return &tables[v];
+    return &tables[0];
 }
 
 const zo_vec_dsp *zo__vec_dsp(void)

@@ -79,7 +79,7 @@ static inline float zo__ref_f16_to_f32(uint16_t h)
     return zo__bits_f32(sign | ((e + 112u) << 23) | (m << 13));
 }
 
-/* The vec DSP table: one per variant, filled by zo__vec_dsp_init(). */
+/* The vec DSP table: one per variant. */
 typedef struct zo_vec_dsp {
     const char *name;
     void (*f32_to_bf16)(uint16_t *dst, const float *src, size_t n);
@@ -95,11 +95,21 @@ typedef struct zo_vec_dsp {
     size_t (*nonfinite_16)(const uint16_t *src, size_t n, uint16_t exp_mask);
 } zo_vec_dsp;
 
-/* Install the C versions, then upgrade to what `flags` allows. */
-void zo__vec_dsp_init(zo_vec_dsp *dsp, unsigned flags);
-void zo__vec_dsp_init_avx2(zo_vec_dsp *dsp);
-void zo__vec_dsp_init_avx512(zo_vec_dsp *dsp);
-void zo__vec_dsp_init_avx512bf16(zo_vec_dsp *dsp);
+/*
+ * The dispatch rule (docs/architecture.md, "CPU dispatch"): a file compiled
+ * with ISA flags holds kernels and one constant table of their addresses,
+ * and no function of it runs until generic code (vec.c, built for the
+ * baseline) has checked the CPU. The compiler may use the ISA's
+ * instructions anywhere in such a file, even to fill a struct, so there is
+ * no init function to call. A NULL entry keeps the level below's kernel.
+ */
+#if defined(__x86_64__)
+extern const zo_vec_dsp zo__vec_avx2;       /* x86/vec_avx2.c */
+extern const zo_vec_dsp zo__vec_avx512;     /* x86/vec_avx512.c */
+extern const zo_vec_dsp zo__vec_avx512bf16; /* x86/vec_avx512bf16.c */
+#elif defined(__aarch64__)
+extern const zo_vec_dsp zo__vec_neon; /* arm/vec_neon.c */
+#endif
 
 /* The table for the current zo_cpu_flags(); never NULL. */
 const zo_vec_dsp *zo__vec_dsp(void);

@@ -1,6 +1,6 @@
 /* CRC32C by carry-less folding on 512-bit registers (AVX-512F + VPCLMULQDQ),
  * the ends with the SSE4.2 crc32 instruction. Compiled with those flags
- * only; called only when the CPU has them (ZO__CRC_VPCLMUL_NEEDS).
+ * only; called only when the CPU has them (ZO__CRC_VPCLMUL512_NEEDS).
  *
  * Why: the crc32q kernel is bound by one crc32 a cycle (8 bytes). A
  * VPCLMULQDQ on a zmm register multiplies four 128-bit blocks at once, so
@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "nvme/nvme_internal.h"
+#include "nvme/x86/crc32c_align.h"
 
 static inline __m512i broadcast_pair(const uint64_t k[2])
 {
@@ -45,20 +46,7 @@ static uint32_t vpclmul_crc32c(uint32_t reg, const uint8_t *p, size_t n)
 {
     if (n < ZO__CRC_VPCLMUL_MIN)
         return zo__crc32c_sse42(reg, p, n);
-    /* Align to 64 bytes so no load splits a cache line (at most 7 crc32b
-     * and 7 crc32q). */
-    while ((uintptr_t)p & 7) {
-        reg = _mm_crc32_u8(reg, *p++);
-        n--;
-    }
-    uint64_t r = reg;
-    while ((uintptr_t)p & 63) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        r = _mm_crc32_u64(r, w);
-        p += 8;
-        n -= 8;
-    }
+    uint64_t r = zo__crc_align_head(reg, &p, &n, 64);
     if (n < ZO__CRC_VPCLMUL_MIN)
         return zo__crc32c_sse42((uint32_t)r, p, n);
 
@@ -97,8 +85,8 @@ static uint32_t vpclmul_crc32c(uint32_t reg, const uint8_t *p, size_t n)
     return zo__crc32c_sse42((uint32_t)r, p, n);
 }
 
-void zo__crc_dsp_init_vpclmul(zo__crc_dsp *dsp)
-{
-    dsp->name = "vpclmul";
-    dsp->crc32c = vpclmul_crc32c;
-}
+/* Data only: checksum.c picks it after checking the CPU. */
+const zo__crc_dsp zo__crc_vpclmul512 = {
+    .name = "vpclmul512",
+    .crc32c = vpclmul_crc32c,
+};

@@ -145,16 +145,16 @@ static size_t avx2_nonfinite_16(const uint16_t *src, size_t n, uint16_t exp_mask
     return c;
 }
 
-void zo__vec_dsp_init_avx2(zo_vec_dsp *dsp)
-{
-    dsp->name = "avx2";
-    dsp->f32_to_bf16 = avx2_f32_to_bf16;
-    dsp->f32_to_f16 = avx2_f32_to_f16;
-    dsp->bf16_to_f32 = avx2_bf16_to_f32;
-    dsp->f16_to_f32 = avx2_f16_to_f32;
-    dsp->sumsq_f32 = avx2_sumsq_f32;
-    dsp->sumsq_bf16 = avx2_sumsq_bf16;
-    dsp->sumsq_f16 = avx2_sumsq_f16;
-    dsp->nonfinite_f32 = avx2_nonfinite_f32;
-    dsp->nonfinite_16 = avx2_nonfinite_16;
-}
+/* Data only: generic code picks this table after checking the CPU. */
+const zo_vec_dsp zo__vec_avx2 = {
+    .name = "avx2",
+    .f32_to_bf16 = avx2_f32_to_bf16,
+    .f32_to_f16 = avx2_f32_to_f16,
+    .bf16_to_f32 = avx2_bf16_to_f32,
+    .f16_to_f32 = avx2_f16_to_f32,
+    .sumsq_f32 = avx2_sumsq_f32,
+    .sumsq_bf16 = avx2_sumsq_bf16,
+    .sumsq_f16 = avx2_sumsq_f16,
+    .nonfinite_f32 = avx2_nonfinite_f32,
+    .nonfinite_16 = avx2_nonfinite_16,
+};

@@ -137,16 +137,16 @@ static size_t avx512_nonfinite_16(const uint16_t *src, size_t n, uint16_t exp_ma
     return c;
 }
 
-void zo__vec_dsp_init_avx512(zo_vec_dsp *dsp)
-{
-    dsp->name = "avx512";
-    dsp->f32_to_bf16 = avx512_f32_to_bf16;
-    dsp->f32_to_f16 = avx512_f32_to_f16;
-    dsp->bf16_to_f32 = avx512_bf16_to_f32;
-    dsp->f16_to_f32 = avx512_f16_to_f32;
-    dsp->sumsq_f32 = avx512_sumsq_f32;
-    dsp->sumsq_bf16 = avx512_sumsq_bf16;
-    dsp->sumsq_f16 = avx512_sumsq_f16;
-    dsp->nonfinite_f32 = avx512_nonfinite_f32;
-    dsp->nonfinite_16 = avx512_nonfinite_16;
-}
+/* Data only: generic code picks this table after checking the CPU. */
+const zo_vec_dsp zo__vec_avx512 = {
+    .name = "avx512",
+    .f32_to_bf16 = avx512_f32_to_bf16,
+    .f32_to_f16 = avx512_f32_to_f16,
+    .bf16_to_f32 = avx512_bf16_to_f32,
+    .f16_to_f32 = avx512_f16_to_f32,
+    .sumsq_f32 = avx512_sumsq_f32,
+    .sumsq_bf16 = avx512_sumsq_bf16,
+    .sumsq_f16 = avx512_sumsq_f16,
+    .nonfinite_f32 = avx512_nonfinite_f32,
+    .nonfinite_16 = avx512_nonfinite_16,
+};

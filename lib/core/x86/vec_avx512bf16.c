@@ -22,8 +22,8 @@ static void bf16i_f32_to_bf16(uint16_t *dst, const float *src, size_t n)
     }
 }
 
-void zo__vec_dsp_init_avx512bf16(zo_vec_dsp *dsp)
-{
-    dsp->name = "avx512bf16";
-    dsp->f32_to_bf16 = bf16i_f32_to_bf16;
-}
+/* Data only; the NULL entries keep the avx512 kernels (vec.c). */
+const zo_vec_dsp zo__vec_avx512bf16 = {
+    .name = "avx512bf16",
+    .f32_to_bf16 = bf16i_f32_to_bf16,
+};

@@ -30,6 +30,13 @@
 
 #define AI static inline __attribute__((always_inline))
 
+/* Optional: software prefetch of the step's input streams at element i of
+ * the main loop (a layer defines it where the hardware prefetchers leave
+ * the loads short; see adam_avx2.c). */
+#ifndef KT_PREFETCH
+#define KT_PREFETCH(j, i, G, S) ((void)0)
+#endif
+
 typedef struct kconst {
     VF gscale, b1, omb1, b2, omb2, eps, decay, l2, neg_step, isbc2;
 } kconst;
@@ -122,11 +129,13 @@ AI void step_range(const zo__optim_job *j, size_t i, size_t end, const int K, co
     }
     if (nt) {
         for (; i + 2 * W <= end; i += 2 * W) {
+            KT_PREFETCH(j, i, G, S);
             step_vec(j, &c, i, W, K, G, S, O, 1);
             step_vec(j, &c, i + W, W, K, G, S, O, 1);
         }
     } else {
         for (; i + 2 * W <= end; i += 2 * W) {
+            KT_PREFETCH(j, i, G, S);
             step_vec(j, &c, i, W, K, G, S, O, 0);
             step_vec(j, &c, i + W, W, K, G, S, O, 0);
         }

@@ -528,6 +528,11 @@ ZO_API int zo_cpuadam_variant_available(const char *name)
                    name ? name : "(null)");
 }
 
+ZO_API const char *zo_cpuadam_variant_at(unsigned i, unsigned *needs)
+{
+    return zo__cpuadam_variant_at(i, needs);
+}
+
 /* ---- teams ------------------------------------------------------------------ */
 struct zo_cpuadam_team {
     int nthreads;

@@ -76,6 +76,8 @@ const zo_cpuadam_dsp *zo__cpuadam_dsp(void);
 /* The table of a named variant, or NULL if the name is unknown. Does not
  * check that the CPU can run it. *need gets the flags it needs. */
 const zo_cpuadam_dsp *zo__cpuadam_dsp_named(const char *name, unsigned *need);
+/* The i-th variant's name and needs (zo_cpuadam_variant_at()); NULL past the last. */
+const char *zo__cpuadam_variant_at(unsigned i, unsigned *need);
 
 /* Build a job from validated public arguments (cpuadam.c). Exposed for
  * the tests, which drive the DSP tables directly. Returns 0 or a negative

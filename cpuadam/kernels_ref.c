@@ -209,6 +209,15 @@ const zo_cpuadam_dsp *zo__cpuadam_dsp(void)
     return zo__cpuadam_dsp_for(zo_cpu_flags());
 }
 
+const char *zo__cpuadam_variant_at(unsigned i, unsigned *need)
+{
+    if (i >= V_COUNT)
+        return NULL;
+    if (need)
+        *need = variants[i].need;
+    return variants[i].over->name;
+}
+
 const zo_cpuadam_dsp *zo__cpuadam_dsp_named(const char *name, unsigned *need)
 {
     pthread_once(&tables_once, tables_init);

@@ -161,6 +161,15 @@ ZO_API uint32_t zo_crc32c(uint32_t crc, const void *buf, size_t n)
     return ~zo__crc_dsp_cur()->crc32c(~crc, buf, n);
 }
 
+ZO_API const char *zo_crc32c_variant_at(unsigned i, unsigned *needs)
+{
+    if (i >= ZO_ARRAY_LEN(variants))
+        return NULL;
+    if (needs)
+        *needs = variants[i].need;
+    return variants[i].dsp->name;
+}
+
 ZO_API const char *zo_crc32c_variant(void)
 {
     return zo__crc_dsp_cur()->name;

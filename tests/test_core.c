@@ -806,6 +806,50 @@ START_TEST(test_vec_public_api_errors)
 }
 END_TEST
 
+/* Every family lists its built variants slowest first, "scalar" first, each
+ * needing all its predecessor needs (dispatch takes the last one allowed),
+ * and the one picked now is the last the current flags allow. A variant
+ * that needs what the CPU lacks is listed but never picked: the tables are
+ * built from data on any CPU and only handed out after the CPU check. */
+START_TEST(test_kernel_variant_lists)
+{
+    const char *(*const at[])(unsigned, unsigned *) = {zo_vec_variant_at, zo_crc32c_variant_at,
+                                                       zo_cpuadam_variant_at};
+    const char *(*const cur[])(void) = {zo_vec_variant, zo_crc32c_variant, zo_cpuadam_variant};
+    unsigned saved = zo_cpu_get_mask();
+    const unsigned masks[] = {0, ZO_CPU_LEVEL_AVX2, ZO_CPU_SSE42, ZO_CPU_NEON, saved};
+    for (size_t f = 0; f < ZO_ARRAY_LEN(at); f++) {
+        unsigned need, prev = 0, n = 0;
+        const char *name;
+        ck_assert_str_eq(at[f](0, &need), "scalar");
+        ck_assert_uint_eq(need, 0);
+        for (; (name = at[f](n, &need)) != NULL; n++) {
+            ck_assert_uint_eq(need & prev, prev);
+            prev = need;
+        }
+        ck_assert_uint_ge(n, 1);
+        ck_assert_ptr_null(at[f](n + 100, NULL));
+        for (size_t k = 0; k < ZO_ARRAY_LEN(masks); k++) {
+            zo_cpu_set_mask(masks[k]);
+            const char *want = "scalar";
+            for (unsigned i = 0; (name = at[f](i, &need)) != NULL; i++)
+                if ((zo_cpu_flags() & need) == need)
+                    want = name;
+            ck_assert_str_eq(cur[f](), want);
+        }
+        zo_cpu_set_mask(saved);
+    }
+    /* every name is known on every architecture; foreign ones are not available */
+    ck_assert_int_ge(zo_cpuadam_variant_available("neon"), 0);
+    ck_assert_int_ge(zo_cpuadam_variant_available("avx2"), 0);
+#if defined(__aarch64__)
+    ck_assert_int_eq(zo_cpuadam_variant_available("avx2"), 0);
+#else
+    ck_assert_int_eq(zo_cpuadam_variant_available("neon"), 0);
+#endif
+}
+END_TEST
+
 static Suite *core_suite(void)
 {
     Suite *s = suite_create("core");
@@ -825,6 +869,7 @@ static Suite *core_suite(void)
     tc = tcase_create("cpu");
     tcase_add_test(tc, test_cpu_parse_mask);
     tcase_add_test(tc, test_cpu_flags_consistent);
+    tcase_add_test(tc, test_kernel_variant_lists);
     tcase_add_test(tc, test_cpu_mask_env_bounds_dispatch);
     tcase_add_test(tc, test_cpu_set_mask_lowers_dispatch);
     suite_add_tcase(s, tc);

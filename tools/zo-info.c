@@ -16,15 +16,32 @@
 
 typedef struct {
     const char *module;
-    const char *(*variant)(void);
+    const char *(*variant)(void);                        /* the one picked now */
+    const char *(*variant_at)(unsigned i, unsigned *needs); /* the ones built */
 } kernel_entry;
 
 /* One line per run-time-dispatched module. */
 static const kernel_entry kernels[] = {
-    {"vec", zo_vec_variant},
-    {"crc32c", zo_crc32c_variant},
-    {"cpuadam", zo_cpuadam_variant},
+    {"vec", zo_vec_variant, zo_vec_variant_at},
+    {"crc32c", zo_crc32c_variant, zo_crc32c_variant_at},
+    {"cpuadam", zo_cpuadam_variant, zo_cpuadam_variant_at},
 };
+
+/* The variants of kernel family k that are built, that this CPU runs, and
+ * that the mask leaves to dispatch, each as a space-separated list. */
+static void variant_lists(const kernel_entry *k, char *built, char *cpu, char *allowed, size_t len)
+{
+    unsigned det = zo_cpu_detected(), eff = zo_cpu_flags(), need;
+    built[0] = cpu[0] = allowed[0] = '\0';
+    const char *name;
+    for (unsigned i = 0; (name = k->variant_at(i, &need)) != NULL; i++) {
+        snprintf(built + strlen(built), len - strlen(built), "%s%s", i ? " " : "", name);
+        if ((det & need) == need)
+            snprintf(cpu + strlen(cpu), len - strlen(cpu), "%s%s", cpu[0] ? " " : "", name);
+        if ((eff & need) == need)
+            snprintf(allowed + strlen(allowed), len - strlen(allowed), "%s%s", allowed[0] ? " " : "", name);
+    }
+}
 
 static void usage(FILE *f)
 {
@@ -234,6 +251,19 @@ int main(int argc, char **argv)
         for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]); i++)
             zj_str(&j, kernels[i].module, kernels[i].variant());
         zj_obj_end(&j);
+        /* per family: built, runnable on this CPU, left by the mask, picked */
+        zj_obj_begin(&j, "kernel_variants");
+        for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]); i++) {
+            char built[256], cpu[256], allowed[256];
+            variant_lists(&kernels[i], built, cpu, allowed, sizeof(built));
+            zj_obj_begin(&j, kernels[i].module);
+            zj_str(&j, "built", built);
+            zj_str(&j, "cpu", cpu);
+            zj_str(&j, "allowed", allowed);
+            zj_str(&j, "picked", kernels[i].variant());
+            zj_obj_end(&j);
+        }
+        zj_obj_end(&j);
         zj_obj_begin(&j, "topology");
         if (trc == 0) {
             zj_str(&j, "source", zo_topo_source(topo));
@@ -349,9 +379,12 @@ int main(int argc, char **argv)
         printf("  mask:      %s%s%s%s\n", smask[0] ? smask : "(none: scalar only)", env_mask ? "  (ZO_CPU_MASK=" : "",
                env_mask ? env_mask : "", env_mask ? ")" : "");
         printf("  effective: %s  -> level %s\n", seff[0] ? seff : "(none)", zo_cpu_level_name(eff));
-        printf("\nkernels:\n");
-        for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]); i++)
-            printf("  %-10s %s\n", kernels[i].module, kernels[i].variant());
+        printf("\nkernels:    picked       built / this CPU runs / the mask allows\n");
+        for (size_t i = 0; i < sizeof(kernels) / sizeof(kernels[0]); i++) {
+            char built[256], cpu[256], allowed[256];
+            variant_lists(&kernels[i], built, cpu, allowed, sizeof(built));
+            printf("  %-10s %-12s %s / %s / %s\n", kernels[i].module, kernels[i].variant(), built, cpu, allowed);
+        }
         printf("\ntopology:\n");
         if (trc == 0) {
             printf("  source %s: %d CPUs, %d cores, %d NUMA node(s)\n", zo_topo_source(topo), zo_topo_ncpus(topo),

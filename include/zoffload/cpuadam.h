@@ -245,6 +245,13 @@ ZO_API const char *zo_cpuadam_variant(void);
  */
 ZO_API int zo_cpuadam_variant_available(const char *name);
 
+/**
+ * The i-th cpuadam variant built into this library, slowest first (0 is
+ * "scalar"); `needs` (if not NULL) gets the ZO_CPU_* flags it needs.
+ * @return its name, or NULL when i is past the last. Thread-safe.
+ */
+ZO_API const char *zo_cpuadam_variant_at(unsigned i, unsigned *needs);
+
 /* ------------------------------------------------------------------------ */
 /** @name Teams: a thread count, CPU pinning and a variant kept in a handle */
 /**@{*/

@@ -79,8 +79,17 @@ typedef enum zo_csum_kind {
  */
 ZO_API uint32_t zo_crc32c(uint32_t crc, const void *buf, size_t n);
 
-/** Name of the CRC32C variant the current mask selects: "sse42" or "scalar". */
+/** Name of the CRC32C variant the current mask selects: "scalar", "sse42",
+ *  "vpclmul256" or "vpclmul512" on x86-64; "scalar", "armv8" or "pmull" on
+ *  aarch64. */
 ZO_API const char *zo_crc32c_variant(void);
+
+/**
+ * The i-th CRC32C variant built into this library, slowest first (0 is
+ * "scalar"); `needs` (if not NULL) gets the ZO_CPU_* flags it needs.
+ * @return its name, or NULL when i is past the last. Thread-safe.
+ */
+ZO_API const char *zo_crc32c_variant_at(unsigned i, unsigned *needs);
 
 /**
  * Checksum of n bytes with the given kind, in *out (CRC32C zero-extended).

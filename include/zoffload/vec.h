@@ -55,6 +55,15 @@ ZO_API int zo_vec_nonfinite(const void *src, zo_dtype type, size_t n, size_t *co
  *  "avx512" or "avx512bf16". */
 ZO_API const char *zo_vec_variant(void);
 
+/**
+ * The i-th vec variant built into this library, slowest first (0 is
+ * "scalar"), for listing what dispatch can choose from (zo-info does).
+ * @param needs  if not NULL, gets the ZO_CPU_* flags the variant needs; it
+ *               may run when (zo_cpu_flags() & needs) == needs.
+ * @return its name, or NULL when i is past the last. Thread-safe.
+ */
+ZO_API const char *zo_vec_variant_at(unsigned i, unsigned *needs);
+
 /** Scalar conversions, exact reference semantics (see the file comment). */
 ZO_API uint16_t zo_f32_to_bf16(float f);
 ZO_API float zo_bf16_to_f32(uint16_t h);

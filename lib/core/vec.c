@@ -151,6 +151,15 @@ const zo_vec_dsp *zo__vec_dsp(void)
     return zo__vec_dsp_for(zo_cpu_flags());
 }
 
+ZO_API const char *zo_vec_variant_at(unsigned i, unsigned *needs)
+{
+    if (i >= V_COUNT)
+        return NULL;
+    if (needs)
+        *needs = variants[i].need;
+    return variants[i].over->name;
+}
+
 ZO_API const char *zo_vec_variant(void)
 {
     return zo__vec_dsp()->name;

@@ -22,7 +22,8 @@ r = json.load(open(sys.argv[1]))
 assert r["status"] == "refused" and "no CUDA device or driver" in r["reason"] and r["steps"] == [], r
 ' "$tmp/out/report.json" || fail "report.json does not say refused"
 [ -s "$tmp/out/report.md" ] || fail "no report.md"
-[ ! -e "$tmp/out/.work" ] || fail "the work folder was left in the report folder"
+[ "$(ls -A "$tmp/out" | sort | tr '\n' ' ')" = "report.json report.md " ] ||
+    fail "the report folder holds more than report.json and report.md: $(ls -A "$tmp/out")"
 echo "full run: exit 3, $(cat "$tmp/err" | head -n1)"
 
 bash "$script" --check-device --libcuda /nonexistent/libcuda.so.1 >"$tmp/stdout" 2>"$tmp/err"

@@ -5,8 +5,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
 jobs=$(nproc)
+# Where a CUDA toolkit is installed the build must have the CUDA backend:
+# the GPU check (scripts/gpu-check.sh) builds this code with -Dcuda=enabled
+# on a GPU machine, so a detection that silently drops it fails here first.
+cuda_opt=()
+[ -x "${CUDA_PATH:-${CUDA_HOME:-/usr/local/cuda}}/bin/nvcc" ] && cuda_opt=(-Dcuda=enabled)
 
-meson setup build -Dwerror=true --reconfigure >/dev/null 2>&1 || meson setup build -Dwerror=true
+meson setup build -Dwerror=true "${cuda_opt[@]}" --reconfigure >/dev/null 2>&1 ||
+    meson setup build -Dwerror=true "${cuda_opt[@]}"
 meson compile -C build -j "$jobs"
 meson test -C build --print-errorlogs --num-processes "$jobs"
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up and run every test, as CI does: a -Werror build, then an
-# address+undefined sanitizer build, each running the whole suite.
+# address+undefined sanitizer build, each running the whole suite; between
+# them the dispatch checks under emulation (scripts/emulated-check.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -36,6 +37,10 @@ cc docs/examples/platform_example.c -o "$dest/example-static" $(pkg-config "${pc
     "$(pkg-config "${pcflags[@]}" --variable=libdir zoffload)/libzoffload.a" $privlibs $(pkg-config --libs $reqs)
 "$dest/example-static" host
 unset PKG_CONFIG_PATH
+
+# The CPUs this machine is not: the dispatch suites and a short training run
+# under qemu-x86_64 as an AVX2-only, an SSE4.2-only and a baseline x86-64.
+./scripts/emulated-check.sh build
 
 meson setup build-san -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false --reconfigure >/dev/null 2>&1 ||
     meson setup build-san -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false

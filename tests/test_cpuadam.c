@@ -16,11 +16,13 @@
 
 #include "torch_vectors.h"
 
+/* Every architecture's variants: those this CPU cannot run are skipped. */
 static const unsigned variant_flags[] = {
     0,
     ZO_CPU_LEVEL_AVX2,
     ZO_CPU_LEVEL_AVX512,
     ZO_CPU_LEVEL_AVX512 | ZO_CPU_AVX512BF16,
+    ZO_CPU_LEVEL_NEON,
 };
 #define NVARIANTS (sizeof(variant_flags) / sizeof(variant_flags[0]))
 
@@ -883,7 +885,7 @@ END_TEST
 
 START_TEST(test_team_variants_match_dsp)
 {
-    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
     size_t n = 100003;
     zo_optim_hparams hp;
     zo_optim_hparams_default(&hp, ZO_OPTIM_ADAM);
@@ -1202,8 +1204,10 @@ START_TEST(test_mask_bounds_dispatch)
         ck_assert_int_eq(zo_cpu_parse_mask(env, &want), 0);
     const char *v = zo_cpuadam_variant();
     unsigned eff = zo_cpu_detected() & want;
-    if ((eff & ZO_CPU_LEVEL_AVX2) != ZO_CPU_LEVEL_AVX2)
+    if ((eff & ZO_CPU_LEVEL_AVX2) != ZO_CPU_LEVEL_AVX2 && (eff & ZO_CPU_LEVEL_NEON) != ZO_CPU_LEVEL_NEON)
         ck_assert_str_eq(v, "scalar");
+    if ((eff & ZO_CPU_LEVEL_NEON) == ZO_CPU_LEVEL_NEON)
+        ck_assert_str_eq(v, "neon");
     if ((eff & ZO_CPU_LEVEL_AVX512) != ZO_CPU_LEVEL_AVX512)
         ck_assert_ptr_null(strstr(v, "avx512"));
     if (!(eff & ZO_CPU_AVX512BF16))

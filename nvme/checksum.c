@@ -1,5 +1,5 @@
-/* Checksums: CRC32C (C reference, SSE4.2 and AVX-512 VPCLMULQDQ kernels
- * picked at run time) and
+/* Checksums: CRC32C (C reference; SSE4.2 and VPCLMULQDQ kernels on x86-64,
+ * CRC32C instruction and PMULL kernels on aarch64; picked at run time) and
  * XXH3 through libxxhash when the build has it. */
 #define ZO_MODULE "nvme"
 #include "core/internal.h"

@@ -92,6 +92,12 @@ uint32_t zo__crc32c_sse42(uint32_t reg, const uint8_t *p, size_t n);
 #elif defined(__aarch64__)
 extern const zo__crc_dsp zo__crc_armv8; /* arm/crc32c_armv8.c */
 extern const zo__crc_dsp zo__crc_pmull; /* arm/crc32c_pmull.c */
+/* the CRC32C instruction kernel, for the PMULL kernel's ends */
+uint32_t zo__crc32c_armv8(uint32_t reg, const uint8_t *p, size_t n);
+/* Below this many bytes the PMULL kernel hands the buffer to the CRC32C
+ * instruction one: the same trade as ZO__CRC_VPCLMUL_MIN (eight
+ * accumulators to set up and join), to be confirmed on hardware. */
+#define ZO__CRC_PMULL_MIN 256
 #endif
 
 /* Checksum of one chunk with the kind's fastest kernel (no argument checks). */

@@ -512,10 +512,19 @@ START_TEST(test_cpu_mask_env_bounds_dispatch)
     ck_assert_uint_eq(zo_cpu_get_mask(), want);
     ck_assert_uint_eq(zo_cpu_flags(), zo_cpu_detected() & want);
     const char *v = zo_vec_variant();
-    if (!(want & ZO_CPU_AVX2))
+    if (!(want & (ZO_CPU_AVX2 | ZO_CPU_NEON)))
         ck_assert_str_eq(v, "scalar");
     if (!(want & ZO_CPU_AVX512F))
         ck_assert_ptr_null(strstr(v, "avx512"));
+    if (zo_cpu_flags() & ZO_CPU_NEON)
+        ck_assert_str_eq(v, "neon");
+    /* aarch64: the PMULL kernel needs the CRC32 instructions for its ends */
+    if (!(zo_cpu_flags() & ZO_CPU_ARM_CRC32))
+        ck_assert(strcmp(zo_crc32c_variant(), "armv8") && strcmp(zo_crc32c_variant(), "pmull"));
+    else if (zo_cpu_flags() & ZO_CPU_PMULL)
+        ck_assert_str_eq(zo_crc32c_variant(), "pmull");
+    else
+        ck_assert_str_eq(zo_crc32c_variant(), "armv8");
     /* a mask without VPCLMULQDQ (or AVX2, or AVX-512F for the wide one)
      * leaves the folding CRC kernels out */
     const unsigned f256 = ZO_CPU_SSE42 | ZO_CPU_AVX2 | ZO_CPU_VPCLMULQDQ, f512 = f256 | ZO_CPU_AVX512F;
@@ -567,16 +576,21 @@ START_TEST(test_cpu_set_mask_lowers_dispatch)
     zo_cpu_set_mask(ZO_CPU_LEVEL_AVX2);
     if ((zo_cpu_detected() & ZO_CPU_LEVEL_AVX2) == ZO_CPU_LEVEL_AVX2)
         ck_assert_str_eq(zo_vec_variant(), "avx2");
+    zo_cpu_set_mask(ZO_CPU_LEVEL_NEON);
+    if ((zo_cpu_detected() & ZO_CPU_LEVEL_NEON) == ZO_CPU_LEVEL_NEON)
+        ck_assert_str_eq(zo_vec_variant(), "neon");
     zo_cpu_set_mask(old);
 }
 END_TEST
 
 /* ---- vec: every variant against the reference ---------------------------------- */
+/* Every architecture's variants: those this CPU cannot run are skipped. */
 static const unsigned variant_flags[] = {
     0,
     ZO_CPU_LEVEL_AVX2,
     ZO_CPU_LEVEL_AVX512,
     ZO_CPU_LEVEL_AVX512 | ZO_CPU_AVX512BF16,
+    ZO_CPU_LEVEL_NEON,
 };
 
 /* Fill with values that exercise rounding: random bit patterns (all

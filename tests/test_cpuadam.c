@@ -16,11 +16,13 @@
 
 #include "torch_vectors.h"
 
+/* Every architecture's variants: those this CPU cannot run are skipped. */
 static const unsigned variant_flags[] = {
     0,
     ZO_CPU_LEVEL_AVX2,
     ZO_CPU_LEVEL_AVX512,
     ZO_CPU_LEVEL_AVX512 | ZO_CPU_AVX512BF16,
+    ZO_CPU_LEVEL_NEON,
 };
 #define NVARIANTS (sizeof(variant_flags) / sizeof(variant_flags[0]))
 
@@ -638,6 +640,42 @@ START_TEST(test_rollback_restores_state)
 }
 END_TEST
 
+/* Every variant's rollback against the reference's, bit for bit, with
+ * planted elements where v is -0 and the gradient 0: AdamW gives v = -0
+ * back there, which the reference keeps (vp < 0 is false) and a max()
+ * instruction that returns +0 for (+0, -0), like AArch64's FMAX, would
+ * not. */
+START_TEST(test_rollback_matches_reference)
+{
+    zo_test_rng r = {zo_test_seed() ^ 0xb0b};
+    const zo_cpuadam_dsp *ref = zo__cpuadam_dsp_for(0);
+    for (size_t vi = 1; vi < NVARIANTS; vi++) {
+        if (!variant_runs(vi))
+            continue;
+        const zo_cpuadam_dsp *var = zo__cpuadam_dsp_for(variant_flags[vi]);
+        for (int kind = 0; kind < 2; kind++) {
+            const size_t n = 67;
+            slice s;
+            slice_init(&s, n, 3, kind, ZO__T_F32, ZO__T_F32, ZO__T_F32);
+            slice_fill(&s, &r, 0);
+            for (size_t i = 0; i < n; i += 5) {
+                ((float *)SG(&s))[i] = 0.0f;
+                ((float *)SV(&s, 1))[i] = ((float *)SV(&s, 2))[i] = -0.0f;
+            }
+            zo_optim_hparams hp;
+            random_hparams(&r, &hp, kind);
+            zo__optim_job jr, jv;
+            make_job(&s, 1, &hp, &jr, 1);
+            make_job(&s, 2, &hp, &jv, 1);
+            ref->rollback(&jr, 0, n);
+            var->rollback(&jv, 0, n);
+            compare_step(&s, var->name, 0);
+            slice_free(&s);
+        }
+    }
+}
+END_TEST
+
 /* ---- gradient statistics ------------------------------------------------------- */
 START_TEST(test_grad_stats_all_variants)
 {
@@ -883,7 +921,7 @@ END_TEST
 
 START_TEST(test_team_variants_match_dsp)
 {
-    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16"};
+    static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
     size_t n = 100003;
     zo_optim_hparams hp;
     zo_optim_hparams_default(&hp, ZO_OPTIM_ADAM);
@@ -1202,8 +1240,10 @@ START_TEST(test_mask_bounds_dispatch)
         ck_assert_int_eq(zo_cpu_parse_mask(env, &want), 0);
     const char *v = zo_cpuadam_variant();
     unsigned eff = zo_cpu_detected() & want;
-    if ((eff & ZO_CPU_LEVEL_AVX2) != ZO_CPU_LEVEL_AVX2)
+    if ((eff & ZO_CPU_LEVEL_AVX2) != ZO_CPU_LEVEL_AVX2 && (eff & ZO_CPU_LEVEL_NEON) != ZO_CPU_LEVEL_NEON)
         ck_assert_str_eq(v, "scalar");
+    if ((eff & ZO_CPU_LEVEL_NEON) == ZO_CPU_LEVEL_NEON)
+        ck_assert_str_eq(v, "neon");
     if ((eff & ZO_CPU_LEVEL_AVX512) != ZO_CPU_LEVEL_AVX512)
         ck_assert_ptr_null(strstr(v, "avx512"));
     if (!(eff & ZO_CPU_AVX512BF16))
@@ -1243,6 +1283,7 @@ static Suite *suite(void)
     suite_add_tcase(s, tc);
     tc = tcase_create("rollback");
     tcase_add_test(tc, test_rollback_restores_state);
+    tcase_add_test(tc, test_rollback_matches_reference);
     suite_add_tcase(s, tc);
     tc = tcase_create("stats");
     tcase_set_timeout(tc, 300);

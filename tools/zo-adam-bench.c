@@ -28,7 +28,7 @@ static void usage(FILE *f)
             "  --out T            updated-parameter copy: none (default), bf16, fp16, fp32\n"
             "  --state T          optimizer state type: fp32 (default), bf16\n"
             "  --threads T        threads (default: CPUs available)\n"
-            "  --variant V        auto (default), scalar, avx2, avx512, avx512bf16\n"
+            "  --variant V        auto (default), scalar, avx2, avx512, avx512bf16 (x86-64), neon (aarch64)\n"
             "  --pairs P          timed (bound, step) pairs, median reported (default 7, >= 1)\n"
             "  --nt M             streaming stores for the out copy: auto (default), on, off\n"
             "  --tile N           elements per tile (team setting; default the library's)\n"
@@ -435,7 +435,7 @@ int main(int argc, char **argv)
         return 2;
     }
     if (strcmp(variant, "auto") && zo_cpuadam_variant_available(variant) < 0) {
-        fprintf(stderr, "zo-adam-bench: unknown --variant '%s' (auto, scalar, avx2, avx512, avx512bf16)\n", variant);
+        fprintf(stderr, "zo-adam-bench: unknown --variant '%s' (auto, scalar, avx2, avx512, avx512bf16, neon)\n", variant);
         return 2;
     }
     if (small && n < 100000) {

@@ -6,7 +6,8 @@
  *                     tier; pairs alternate the store without prefetch and
  *                     with trace-driven prefetch, and report the demand
  *                     stall time of each and the median ratio.
- *   --checksums       CRC32C (every variant this CPU runs: scalar, sse42, vpclmul256, vpclmul512) and XXH3 speed
+ *   --checksums       CRC32C (every variant this CPU runs: scalar, sse42, vpclmul256, vpclmul512;
+ *                     armv8, pmull on aarch64) and XXH3 speed
  *                     on the same buffer, alternating, medians.
  *   --optim           an offload optimizer's step: one group sweep
  *                     (READ|WRITE) over N bytes of NVMe-homed state
@@ -640,21 +641,25 @@ static int cmd_checksums(const opts *o, const zo_machine *m)
     for (size_t i = 0; i < n; i++)
         buf[i] = (uint8_t)(i * 131 + (i >> 9));
     /* variants: each CRC32C kernel the CPU can run, picked by lowering
-     * the mask (none; without VPCLMULQDQ; without AVX-512F; all), named as
-     * dispatch names it */
+     * the mask (none; without VPCLMULQDQ; without AVX-512F; without PMULL
+     * on aarch64; all), named as dispatch names it, each once */
     struct {
         char name[32];
         zo_csum_kind kind;
         unsigned mask;
-    } v[6];
+    } v[7];
     int nv = 0;
     unsigned saved = zo_cpu_get_mask();
-    const unsigned crc_masks[] = {0, saved & ~ZO_CPU_VPCLMULQDQ, saved & ~ZO_CPU_AVX512F, saved};
+    const unsigned crc_masks[] = {0, saved & ~ZO_CPU_VPCLMULQDQ, saved & ~ZO_CPU_AVX512F, saved & ~ZO_CPU_PMULL,
+                                  saved};
     for (size_t i = 0; i < sizeof(crc_masks) / sizeof(crc_masks[0]); i++) {
         zo_cpu_set_mask(crc_masks[i]);
         char name[32];
         snprintf(name, sizeof(name), "crc32c %s", zo_crc32c_variant());
-        if (nv && !strcmp(v[nv - 1].name, name))
+        int seen = 0;
+        for (int k = 0; k < nv; k++)
+            seen |= !strcmp(v[k].name, name);
+        if (seen)
             continue;
         memcpy(v[nv].name, name, sizeof(name));
         v[nv].kind = ZO_CSUM_CRC32C;

@@ -67,15 +67,6 @@ LAI VF ldv(const void *base, int t, size_t i)
     return cvt_in(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i)), t);
 }
 
-LAI size_t esize(int t) { return t == ZO__T_F32 ? 4 : 2; }
-
-LAI VF ldv_part(const void *base, int t, size_t i, unsigned k)
-{
-    _Alignas(32) unsigned char buf[32] = {0};
-    memcpy(buf, (const char *)base + i * esize(t), k * esize(t));
-    return ldv(buf, t, 0);
-}
-
 LAI void stv(void *base, int t, size_t i, VF x, int nt)
 {
     if (t == ZO__T_F32) {
@@ -93,13 +84,6 @@ LAI void stv(void *base, int t, size_t i, VF x, int nt)
         _mm_storeu_si128(h, cvt_out(x, t));
 }
 
-LAI void stv_part(void *base, int t, size_t i, VF x, unsigned k)
-{
-    _Alignas(32) unsigned char buf[32];
-    stv(buf, t, 0, x, 0);
-    memcpy((char *)base + i * esize(t), buf, k * esize(t));
-}
-
 LAI void kt_fence(void) { _mm_sfence(); }
 
 /* Software prefetch, KT_PF_DIST elements ahead, of the four input streams.
@@ -113,14 +97,17 @@ LAI void kt_fence(void) { _mm_sfence(); }
 #define KT_PREFETCH(j, i, G, S)                                                              \
     do {                                                                                     \
         _mm_prefetch((const char *)((j)->p + (i) + KT_PF_DIST), _MM_HINT_T0);                \
-        _mm_prefetch((const char *)(j)->g + ((i) + KT_PF_DIST) * esize(G), _MM_HINT_T0);     \
-        _mm_prefetch((const char *)(j)->m + ((i) + KT_PF_DIST) * esize(S), _MM_HINT_T0);     \
-        _mm_prefetch((const char *)(j)->v + ((i) + KT_PF_DIST) * esize(S), _MM_HINT_T0);     \
+        _mm_prefetch((const char *)(j)->g + ((i) + KT_PF_DIST) * tsize(G), _MM_HINT_T0);     \
+        _mm_prefetch((const char *)(j)->m + ((i) + KT_PF_DIST) * tsize(S), _MM_HINT_T0);     \
+        _mm_prefetch((const char *)(j)->v + ((i) + KT_PF_DIST) * tsize(S), _MM_HINT_T0);     \
     } while (0)
-#include "cpuadam/x86/kernel_tmpl.h"
 
-/* ---- gradient statistics (double lanes: not in the template) ------------ */
-LAI void stats_vec(VF x, __m256d *a0, __m256d *a1, __m256i *cnt)
+typedef __m256d SD;
+typedef __m256i SC;
+LAI SD sd_zero(void) { return _mm256_setzero_pd(); }
+LAI SC sc_zero(void) { return _mm256_setzero_si256(); }
+
+LAI void stats_vec(VF x, SD *a0, SD *a1, SC *cnt)
 {
     const __m256i e = _mm256_set1_epi32(0x7f800000);
     __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
@@ -131,7 +118,7 @@ LAI void stats_vec(VF x, __m256d *a0, __m256d *a1, __m256i *cnt)
     *cnt = _mm256_sub_epi32(*cnt, bad); /* bad lanes are -1 */
 }
 
-LAI uint64_t hsum_u32(__m256i c)
+LAI uint64_t sc_sum(SC c)
 {
     _Alignas(32) uint32_t l[8];
     _mm256_store_si256((__m256i *)l, c);
@@ -141,47 +128,21 @@ LAI uint64_t hsum_u32(__m256i c)
     return s;
 }
 
-LAI void stats_range(const void *g, const int t, size_t i, size_t end, double *sumsq,
-                     uint64_t *nonfinite)
+LAI double sd_sum4(SD a0, SD a1, SD a2, SD a3)
 {
-    __m256d a0 = _mm256_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-    uint64_t total = 0;
-    while (i < end) { /* 32-bit lane counters: flush every 2^30 elements */
-        size_t stop = end - i > ((size_t)1 << 30) ? i + ((size_t)1 << 30) : end;
-        __m256i c0 = _mm256_setzero_si256(), c1 = c0;
-        for (; i + 2 * W <= stop; i += 2 * W) {
-            stats_vec(ldv(g, t, i), &a0, &a1, &c0);
-            stats_vec(ldv(g, t, i + W), &a2, &a3, &c1);
-        }
-        for (; i + W <= stop; i += W)
-            stats_vec(ldv(g, t, i), &a0, &a1, &c0);
-        if (i < stop) { /* zero padding adds nothing and is finite */
-            stats_vec(ldv_part(g, t, i, (unsigned)(stop - i)), &a2, &a3, &c1);
-            i = stop;
-        }
-        total += hsum_u32(c0) + hsum_u32(c1);
-    }
     __m256d s = _mm256_add_pd(_mm256_add_pd(a0, a1), _mm256_add_pd(a2, a3));
     __m128d h = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
-    *sumsq = _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
-    *nonfinite = total;
+    return _mm_cvtsd_f64(_mm_add_sd(h, _mm_unpackhi_pd(h, h)));
 }
 
-static void avx2_grad_stats(const void *g, int gdt, size_t begin, size_t end, double *sumsq,
-                            uint64_t *nonfinite)
-{
-    switch (gdt) {
-    case ZO__T_F16: stats_range(g, ZO__T_F16, begin, end, sumsq, nonfinite); break;
-    case ZO__T_BF16: stats_range(g, ZO__T_BF16, begin, end, sumsq, nonfinite); break;
-    default: stats_range(g, ZO__T_F32, begin, end, sumsq, nonfinite); break;
-    }
-}
+#define KT_PART_BY_BUFFER
+#include "cpuadam/kernel_tmpl.h"
 
 /* Data only: generic code (kernels_ref.c) picks it after checking the CPU. */
 const zo_cpuadam_dsp zo__cpuadam_avx2 = {
     .name = "avx2",
     .step = kt_step,
     .rollback = kt_rollback,
-    .grad_stats = avx2_grad_stats,
+    .grad_stats = kt_grad_stats,
     .stream_bound = kt_stream_bound,
 };

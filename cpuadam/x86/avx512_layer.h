@@ -108,16 +108,21 @@ LAI void stv_part(void *base, int t, size_t i, VF x, unsigned k)
 
 LAI void kt_fence(void) { _mm_sfence(); }
 
-#include "cpuadam/x86/kernel_tmpl.h"
+/* ---- gradient statistics (the template's stats_range) -------------------- */
+typedef __m512d SD;
+typedef __m512i SC;
+LAI SD sd_zero(void) { return _mm512_setzero_pd(); }
+LAI SC sc_zero(void) { return _mm512_setzero_si512(); }
 
-/* ---- gradient statistics (double lanes: not in the template) ------------ */
 LAI __m512d sq_acc(__m512d acc, __m256 x)
 {
     __m512d d = _mm512_cvtps_pd(x);
     return _mm512_fmadd_pd(d, d, acc);
 }
 
-LAI void stats_vec(VF x, __m512d *a0, __m512d *a1, __m512i *cnt)
+/* masked-off lanes of a partial vector load as zero: they add nothing and
+ * are finite */
+LAI void stats_vec(VF x, SD *a0, SD *a1, SC *cnt)
 {
     const __m512i e = _mm512_set1_epi32(0x7f800000);
     *a0 = sq_acc(*a0, _mm512_castps512_ps256(x));
@@ -126,42 +131,17 @@ LAI void stats_vec(VF x, __m512d *a0, __m512d *a1, __m512i *cnt)
     *cnt = _mm512_mask_sub_epi32(*cnt, bad, *cnt, _mm512_set1_epi32(-1));
 }
 
-/* Lane counters are 32-bit: flush them every 2^30 elements. */
-LAI void stats_range(const void *g, const int t, size_t i, size_t end, double *sumsq,
-                     uint64_t *nonfinite)
+LAI uint64_t sc_sum(SC c)
 {
-    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-    uint64_t total = 0;
-    while (i < end) {
-        size_t stop = end - i > ((size_t)1 << 30) ? i + ((size_t)1 << 30) : end;
-        __m512i c0 = _mm512_setzero_si512(), c1 = c0;
-        for (; i + 2 * W <= stop; i += 2 * W) {
-            stats_vec(ldv(g, t, i), &a0, &a1, &c0);
-            stats_vec(ldv(g, t, i + W), &a2, &a3, &c1);
-        }
-        for (; i + W <= stop; i += W)
-            stats_vec(ldv(g, t, i), &a0, &a1, &c0);
-        if (i < stop) {
-            /* masked-off lanes load as zero: they add nothing and are finite */
-            stats_vec(ldv_part(g, t, i, (unsigned)(stop - i)), &a2, &a3, &c1);
-            i = stop;
-        }
-        total += (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(
-            _mm512_cvtepu32_epi64(_mm512_castsi512_si256(_mm512_add_epi32(c0, c1))),
-            _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(_mm512_add_epi32(c0, c1), 1))));
-    }
-    *sumsq = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
-    *nonfinite = total;
+    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(
+        _mm512_cvtepu32_epi64(_mm512_castsi512_si256(c)), _mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(c, 1))));
 }
 
-static __attribute__((unused)) void kt_grad_stats(const void *g, int gdt, size_t begin, size_t end, double *sumsq,
-                          uint64_t *nonfinite)
+LAI double sd_sum4(SD a0, SD a1, SD a2, SD a3)
 {
-    switch (gdt) {
-    case ZO__T_F16: stats_range(g, ZO__T_F16, begin, end, sumsq, nonfinite); break;
-    case ZO__T_BF16: stats_range(g, ZO__T_BF16, begin, end, sumsq, nonfinite); break;
-    default: stats_range(g, ZO__T_F32, begin, end, sumsq, nonfinite); break;
-    }
+    return _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(a0, a1), _mm512_add_pd(a2, a3)));
 }
+
+#include "cpuadam/kernel_tmpl.h"
 
 #endif /* ZO_CPUADAM_AVX512_LAYER_H */

@@ -52,7 +52,7 @@ ZO_API int zo_vec_sumsq(const void *src, zo_dtype type, size_t n, double *out);
 ZO_API int zo_vec_nonfinite(const void *src, zo_dtype type, size_t n, size_t *count);
 
 /** Name of the variant the current CPU flags select: "scalar", "avx2",
- *  "avx512" or "avx512bf16". */
+ *  "avx512" or "avx512bf16" on x86-64, "scalar" or "neon" on aarch64. */
 ZO_API const char *zo_vec_variant(void);
 
 /**

@@ -15,7 +15,7 @@
 #include <string.h>
 
 #include "nvme/nvme_internal.h"
-#include "nvme/x86/crc32c_align.h"
+#include "nvme/x86/crc32c_x86.h"
 
 static inline __m256i pair(const uint64_t k[2])
 {

@@ -12,7 +12,19 @@
  *   ldv_part(base, t, i, k)      the first k < W elements, the rest 0
  *   stv(base, t, i, x, nt)       store W elements (nt: streaming, aligned)
  *   stv_part(base, t, i, x, k)   store the first k < W elements
+ *                                (a layer without masked loads and stores
+ *                                defines KT_PART_BY_BUFFER instead and gets
+ *                                the two through a stack buffer)
  *   kt_fence()                   after streaming stores
+ *
+ * and, for the gradient statistics (sums of squares in double lanes):
+ *
+ *   SD, sd_zero()                double accumulators holding W/2 squares
+ *   SC, sc_zero()                32-bit lane counters
+ *   stats_vec(x, &lo, &hi, &c)   squares of x's halves into lo and hi, and
+ *                                c += 1 in each lane whose x is inf or NaN
+ *   sc_sum(c)                    the sum of c's lanes (uint64_t)
+ *   sd_sum4(a0, a1, a2, a3)      the sum of all their lanes (double)
  *
  * The operations, their order and the five fused multiply-adds are exactly
  * those of the C reference (kernels_ref.c, which calls fmaf() at the same
@@ -28,6 +40,8 @@
 #ifndef ZO_CPUADAM_KERNEL_TMPL_H
 #define ZO_CPUADAM_KERNEL_TMPL_H
 
+#include <string.h>
+
 #define AI static inline __attribute__((always_inline))
 
 /* Optional: software prefetch of the step's input streams at element i of
@@ -35,6 +49,29 @@
  * the loads short; see adam_avx2.c). */
 #ifndef KT_PREFETCH
 #define KT_PREFETCH(j, i, G, S) ((void)0)
+#endif
+
+AI size_t tsize(int t)
+{
+    return t == ZO__T_F32 ? 4 : 2;
+}
+
+#ifdef KT_PART_BY_BUFFER
+/* Partial vectors through a small stack buffer, so tails get the same
+ * vector arithmetic as the body. */
+AI VF ldv_part(const void *base, int t, size_t i, unsigned k)
+{
+    _Alignas(64) unsigned char buf[4 * W] = {0};
+    memcpy(buf, (const char *)base + i * tsize(t), k * tsize(t));
+    return ldv(buf, t, 0);
+}
+
+AI void stv_part(void *base, int t, size_t i, VF x, unsigned k)
+{
+    _Alignas(64) unsigned char buf[4 * W];
+    stv(buf, t, 0, x, 0);
+    memcpy((char *)base + i * tsize(t), buf, k * tsize(t));
+}
 #endif
 
 typedef struct kconst {
@@ -103,11 +140,6 @@ AI void step_vec(const zo__optim_job *j, const kconst *c, size_t i, unsigned k, 
     st_k(j->p, ZO__T_F32, i, p, k, 0);
     if (O >= 0)
         st_k(j->out, O, i, p, k, nt);
-}
-
-AI size_t tsize(int t)
-{
-    return t == ZO__T_F32 ? 4 : 2;
 }
 
 AI void step_range(const zo__optim_job *j, size_t i, size_t end, const int K, const int G,
@@ -252,6 +284,41 @@ static __attribute__((unused)) void kt_stream_bound(float *a, float *b, float *c
         bound_vec(a, b, c, d, al, i, W);
     if (i < end)
         bound_vec(a, b, c, d, al, i, (unsigned)(end - i));
+}
+
+/* ---- gradient statistics: sum of squares (double), non-finite count ----- */
+AI void stats_range(const void *g, const int t, size_t i, size_t end, double *sumsq,
+                    uint64_t *nonfinite)
+{
+    SD a0 = sd_zero(), a1 = a0, a2 = a0, a3 = a0;
+    uint64_t total = 0;
+    while (i < end) { /* 32-bit lane counters: flush every 2^30 elements */
+        size_t stop = end - i > ((size_t)1 << 30) ? i + ((size_t)1 << 30) : end;
+        SC c0 = sc_zero(), c1 = c0;
+        for (; i + 2 * W <= stop; i += 2 * W) {
+            stats_vec(ldv(g, t, i), &a0, &a1, &c0);
+            stats_vec(ldv(g, t, i + W), &a2, &a3, &c1);
+        }
+        for (; i + W <= stop; i += W)
+            stats_vec(ldv(g, t, i), &a0, &a1, &c0);
+        if (i < stop) { /* zero padding adds nothing and is finite */
+            stats_vec(ldv_part(g, t, i, (unsigned)(stop - i)), &a2, &a3, &c1);
+            i = stop;
+        }
+        total += sc_sum(c0) + sc_sum(c1);
+    }
+    *sumsq = sd_sum4(a0, a1, a2, a3);
+    *nonfinite = total;
+}
+
+static __attribute__((unused)) void kt_grad_stats(const void *g, int gdt, size_t begin, size_t end,
+                                                  double *sumsq, uint64_t *nonfinite)
+{
+    switch (gdt) {
+    case ZO__T_F16: stats_range(g, ZO__T_F16, begin, end, sumsq, nonfinite); break;
+    case ZO__T_BF16: stats_range(g, ZO__T_BF16, begin, end, sumsq, nonfinite); break;
+    default: stats_range(g, ZO__T_F32, begin, end, sumsq, nonfinite); break;
+    }
 }
 
 #endif /* ZO_CPUADAM_KERNEL_TMPL_H */

@@ -86,16 +86,22 @@ LAI void stv(void *base, int t, size_t i, VF x, int nt)
 
 LAI void kt_fence(void) { _mm_sfence(); }
 
-/* Software prefetch, KT_PF_DIST elements ahead, of the four input streams.
- * Why: on Zen 3 the step's long sqrt/div chains fill the reorder window, so
- * fewer loads are in flight than in the plain streaming loop; with bf16
- * gradients and a bf16 out copy the step ran at 0.89x the in-place bound
- * without it and at 0.98-1.01x with it (docs/benchmarks.md, issue 20).
- * 1024 elements is 4 KiB ahead per fp32 stream, 16 KiB in all: well inside
- * L1, far enough for DRAM latency at this bandwidth. */
+/* Software prefetch, KT_PF_DIST elements ahead, of the four input streams
+ * when a gradient or state stream is 16-bit. Why: on Zen 3 the step's
+ * sqrt/div chains fill the reorder window, and with a half-rate bf16 stream
+ * among them the hardware prefetchers leave too few loads in flight: the
+ * fused bf16 step (bf16 grads in, bf16 params out) ran at 0.89x the
+ * in-place bound without it and at 0.98-1.04x with it. With four fp32
+ * streams the hardware prefetchers do the job and the extra instructions
+ * cost: 0.94-0.97x with the prefetch, 0.98-0.99x without (docs/benchmarks.md,
+ * issue 20). G and S are constants in each instantiation, so the test folds.
+ * 1024 elements is 4 KiB ahead per fp32 stream: inside L1, far enough for
+ * DRAM latency at this bandwidth. */
 #define KT_PF_DIST 1024
 #define KT_PREFETCH(j, i, G, S)                                                              \
     do {                                                                                     \
+        if ((G) == ZO__T_F32 && (S) == ZO__T_F32)                                            \
+            break;                                                                           \
         _mm_prefetch((const char *)((j)->p + (i) + KT_PF_DIST), _MM_HINT_T0);                \
         _mm_prefetch((const char *)(j)->g + ((i) + KT_PF_DIST) * tsize(G), _MM_HINT_T0);     \
         _mm_prefetch((const char *)(j)->m + ((i) + KT_PF_DIST) * tsize(S), _MM_HINT_T0);     \

@@ -1290,6 +1290,78 @@ START_TEST(test_optim_errors)
 }
 END_TEST
 
+/* A step on masters nobody set: they start at zero, so the update would
+ * write updates of zero masters over the framework's parameters. Refused
+ * (ZO_ESTATE, naming the missing call) until init_from_device, an import of
+ * every tensor's masters, or a load; the device params stay untouched.
+ * 0: two-pass, 1: speculative (the update starts at the first gradient). */
+START_TEST(test_optim_uninit_masters)
+{
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.clip_mode = _i ? ZO_OPTIM_CLIP_SPECULATIVE : ZO_OPTIM_CLIP_TWO_PASS;
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    size_t pes = zo_dtype_size(m.pdt);
+    void *before[NT];
+    for (int i = 0; i < NT; i++) {
+        before[i] = malloc(m.numel[i] * pes);
+        memcpy(before[i], e.dparam[i], m.numel[i] * pes);
+    }
+    /* speculative: the first gradient of the last micro-step would start the update */
+    fill_grad(&e, NT - 1, 1, 1.0);
+    int rc = zo_optim_grad(e.o, NT - 1, e.dgrad[NT - 1], NULL);
+    ck_assert_int_eq(rc, _i ? ZO_ESTATE : 0);
+    for (int i = 0; i < NT - 1; i++) {
+        fill_grad(&e, i, 1, 1.0);
+        ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), _i ? ZO_ESTATE : 0);
+    }
+    ck_assert_int_eq(zo_optim_step(e.o, NULL, NULL), ZO_ESTATE);
+    ck_assert_msg(strstr(zo_optim_errmsg(e.o), "zo_optim_init_from_device()") &&
+                  strstr(zo_optim_errmsg(e.o), "never set") && strstr(zo_optim_errmsg(e.o), "'embed'"),
+                  "%s", zo_optim_errmsg(e.o));
+    ck_assert_int_eq(zo_optim_push_params(e.o), ZO_ESTATE);
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+    ck_assert_int_eq(info.step, 0);
+    ck_assert_uint_eq(info.updates_done, 0);
+    for (int i = 0; i < NT; i++)
+        ck_assert_msg(memcmp(before[i], e.dparam[i], m.numel[i] * pes) == 0, "device params of %d changed", i);
+    /* every tensor's masters but the last one's, tensor 3 in two pieces: still refused, naming it */
+    float *w = malloc(m.total * 4);
+    for (uint64_t k = 0; k < m.total; k++)
+        w[k] = init_param(k);
+    for (int i = 0; i < NT - 1; i++) {
+        uint64_t half = i == 3 ? m.numel[i] / 2 : 0;
+        if (half)
+            ck_assert_int_eq(zo_optim_state_import(e.o, (unsigned)i, ZO_OPTIM_STATE_MASTER, w + m.off[i] + half,
+                                                   ZO_DTYPE_F32, half, m.numel[i] - half), 0);
+        ck_assert_int_eq(zo_optim_state_import(e.o, (unsigned)i, ZO_OPTIM_STATE_MASTER, w + m.off[i], ZO_DTYPE_F32,
+                                               0, half ? half : m.numel[i]), 0);
+    }
+    ck_assert_int_eq(zo_optim_step(e.o, NULL, NULL), ZO_ESTATE);
+    ck_assert_msg(strstr(zo_optim_errmsg(e.o), "'norm'"), "%s", zo_optim_errmsg(e.o));
+    ck_assert_int_eq(zo_optim_state_import(e.o, NT - 1, ZO_OPTIM_STATE_MASTER, w + m.off[NT - 1], ZO_DTYPE_F32, 0,
+                                           m.numel[NT - 1]), 0);
+    ck_assert_int_eq(zo_optim_push_params(e.o), 0);
+    for (int i = 0; i < NT; i++) {
+        fill_grad(&e, i, 2, 1.0);
+        ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+    }
+    rc = zo_optim_step(e.o, NULL, NULL);
+    ck_assert_msg(rc == 0, "%s", zo_optim_errmsg(e.o));
+    /* a fresh engine initialised from the device steps at once */
+    zo_optim_destroy(&e.o);
+    eng_create(&e);
+    train(&e, NULL, 1, 1);
+    free(w);
+    for (int i = 0; i < NT; i++)
+        free(before[i]);
+    eng_free(&e);
+}
+END_TEST
+
 /* destroy while a step runs (and while DPU copies are pending; 2: DPU with
  * double-buffered device params, writing the engine's second buffers) */
 START_TEST(test_optim_destroy_async)
@@ -1680,5 +1752,11 @@ int main(void)
     tcase_add_test(tc, test_optim_eager_learned_order);
     tcase_add_test(tc, test_optim_nvme_full_disk_reserved);
     suite_add_tcase(s, tc);
+    /* the API contract: what a framework can get wrong is refused, never
+     * silently run (CK_RUN_CASE=contract runs these alone) */
+    TCase *tcc = tcase_create("contract");
+    tcase_set_timeout(tcc, 300);
+    tcase_add_loop_test(tcc, test_optim_uninit_masters, 0, 2);
+    suite_add_tcase(s, tcc);
     return zo_test_run(s);
 }

@@ -288,7 +288,13 @@ ZO_API void zo_optim_config_default(zo_optim_config *cfg);
  * (zero), allocates the accumulators, staging and parameter buffers,
  * creates two device streams and starts the worker thread. Masters start
  * at zero: initialise them with zo_optim_init_from_device(),
- * zo_optim_state_import() or zo_optim_load().
+ * zo_optim_state_import() of ZO_OPTIM_STATE_MASTER for every tensor, or
+ * zo_optim_load(). Until every tensor's masters are set, the calls that
+ * would apply or push them (zo_optim_step_async(), zo_optim_step(),
+ * zo_optim_push_params(), and under the eager speculative step the
+ * gradient that would start the update) refuse with ZO_ESTATE and a
+ * detail naming the first tensor and these calls: a step on zero masters
+ * would write updates of zero over the framework's parameters.
  * @return 0; -EINVAL (out or cfg NULL, struct_size out of range, no groups,
  *         a group without tensors or with a zero numel, NULL dev); ZO_ECONFIG
  *         (a value out of range: dtype, sub_group_size, buffer_count,
@@ -351,7 +357,10 @@ ZO_API int zo_optim_state_export(zo_optim *o, unsigned index, zo_optim_state whi
  * Copy elements [off, off + n) of one state of tensor `index` in from
  * `src` of type `dtype` (F32, BF16, F16; widened exactly). Importing
  * masters also rewrites the low-precision parameter buffer for the range
- * (not the device params: zo_optim_push_params() does that). Blocks.
+ * (not the device params: zo_optim_push_params() does that), and counts
+ * toward the tensor's masters being set (see zo_optim_create()): a tensor
+ * counts as set once imports have written numel of its master elements
+ * (elements are counted, not tracked: import each range once). Blocks.
  * @return as zo_optim_state_export(); ZO_ESTATE (a step in flight).
  */
 ZO_API int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, const void *src,
@@ -361,7 +370,8 @@ ZO_API int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state whi
  * Copy the parameter buffers (the masters cast to param_dtype) to the
  * device parameters of every group that has dev_params (with
  * dpu_double_buffer: to the current buffers), and wait.
- * @return 0; ZO_ESTATE (a step in flight); device errors.
+ * @return 0; ZO_ESTATE (a step in flight; or some tensor's masters were
+ *         never set, see zo_optim_create()); device errors.
  */
 ZO_API int zo_optim_push_params(zo_optim *o);
 
@@ -441,7 +451,9 @@ ZO_API void zo_optim_step_opts_default(zo_optim_step_opts *opts);
  * update, copies its parameters to the device. opts may be NULL.
  * @return 0 (started, or accumulated); ZO_ESTATE (a step already in flight
  *         or not yet collected without DPU: call zo_optim_wait() first; or an
- *         earlier step failed mid-update: load a checkpoint); the previous
+ *         earlier step failed mid-update: load a checkpoint; or some
+ *         tensor's masters were never set: zo_optim_init_from_device(),
+ *         zo_optim_state_import() or zo_optim_load() first); the previous
  *         step's error under DPU (this step is started all the same,
  *         unless that error left the states undefined: then it is not); copy
  *         errors of the gradients; -EINVAL (bad opts).

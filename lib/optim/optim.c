@@ -312,8 +312,10 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
     o->numel = off;
     o->fingerprint = fp;
     o->sgs = calloc(nsg, sizeof(*o->sgs));
-    if (!o->sgs)
+    o->master_set = calloc(nt, sizeof(*o->master_set));
+    if (!o->sgs || !o->master_set)
         return -ENOMEM;
+    o->masters_unset = nt;
     o->nsg = nsg;
     for (unsigned g = 0; g < o->ngroups; g++) {
         zo__og *og = &o->groups[g];
@@ -708,6 +710,7 @@ void zo_optim_destroy(zo_optim **op)
     free(o->sg_updated);
     free(o->sg_ntens);
     free(o->eager_order);
+    free(o->master_set);
     zo__gst_free(o);
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->cond);
@@ -744,6 +747,41 @@ int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *numel, unsi
     if (name)
         *name = o->tensors[index].name;
     return 0;
+}
+
+/* ---- masters set ----------------------------------------------------------------- */
+
+void zo__masters_all_set(zo_optim *o)
+{
+    for (unsigned i = 0; i < o->nt; i++)
+        o->master_set[i] = o->tensors[i].numel;
+    o->masters_unset = 0;
+}
+
+void zo__masters_add(zo_optim *o, unsigned t, uint64_t n)
+{
+    uint64_t have = o->master_set[t], numel = o->tensors[t].numel;
+    if (have >= numel)
+        return;
+    /* an import cannot tell a rewrite of a range from a new one: elements
+     * are counted, so overlapping partial imports may count twice */
+    o->master_set[t] = n >= numel - have ? numel : have + n;
+    if (o->master_set[t] == numel)
+        o->masters_unset--;
+}
+
+int zo__masters_check(zo_optim *o, const char *fn)
+{
+    if (!o->masters_unset)
+        return 0;
+    unsigned t = 0;
+    while (t < o->nt && o->master_set[t] >= o->tensors[t].numel)
+        t++;
+    return ZO_FAIL(&o->err, ZO_ESTATE,
+                   "%s: the fp32 masters of tensor '%s'%s were never set (they start at zero, and a step would "
+                   "write updates of zero masters over the parameters): call zo_optim_init_from_device(), "
+                   "zo_optim_state_import(ZO_OPTIM_STATE_MASTER) for every tensor, or zo_optim_load() first",
+                   fn, t < o->nt ? o->tensors[t].name : "?", o->masters_unset > 1 ? " (and others)" : "");
 }
 
 /* ---- gradient intake -------------------------------------------------------------- */
@@ -808,6 +846,9 @@ static int eager_start(zo_optim *o)
 {
     if (o->failed)
         return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim: an earlier step failed mid-update; load a checkpoint first");
+    int r = zo__masters_check(o, "zo_optim_grad");
+    if (r < 0)
+        return r;
     zo__job job = {.win = o->win, .pbuf = 0, .delayed = 0, .eager = 1, .scale = o->win_scale[o->win],
                    .t_call = zo__now_ns()};
     zo_optim_step_opts_default(&job.opts);
@@ -1099,6 +1140,8 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     if (o->failed)
         return ZO_FAIL(&o->err, ZO_ESTATE,
                        "zo_optim_step_async: an earlier step failed mid-update; zo_optim_load() a checkpoint first");
+    if ((r = zo__masters_check(o, "zo_optim_step_async")) < 0)
+        return r;
     uint64_t t_call = zo__now_ns();
     pthread_mutex_lock(&o->lock);
     int busy = o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING || o->ws == ZO__W_DONE;

@@ -219,6 +219,13 @@ struct zo_optim {
     uint64_t pinned_bytes, host_bytes;
     /* a step failed while writing states: they are undefined until a load */
     _Atomic int failed;
+    /* The masters start at zero, and a step on zero masters would write
+     * updates of zero over the framework's parameters: per tensor, the
+     * master elements set so far (saturating at numel) by
+     * zo_optim_state_import(); init_from_device() and load set them all.
+     * masters_unset counts the tensors not yet covered (caller's thread). */
+    uint64_t *master_set;
+    unsigned masters_unset;
 
     /* speculative step state (per sub-group) */
     unsigned *sg_list;       /* walk order scratch (worker) */
@@ -296,6 +303,12 @@ int zo__win_range(zo_optim *o, unsigned w, uint64_t lo, uint64_t n, const void *
 
 /* optim.c */
 int zo__optim_quiesce(zo_optim *o, int for_load);
+/* the masters of every tensor are set (after init_from_device or a load) */
+void zo__masters_all_set(zo_optim *o);
+/* an import set n master elements of tensor t */
+void zo__masters_add(zo_optim *o, unsigned t, uint64_t n);
+/* 0, or ZO_ESTATE naming fn and the first tensor whose masters were never set */
+int zo__masters_check(zo_optim *o, const char *fn);
 void zo__acc_add(float *dst, const void *src, zo_dtype dt, size_t n, int first);
 
 #endif /* ZO_OPTIM_INTERNAL_H */

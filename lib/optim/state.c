@@ -118,8 +118,11 @@ int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, con
     if (which == ZO_OPTIM_STATE_MASTER && (r = zo__pbuf_fresh(o, o->pcur)) < 0)
         return r;
     zo__ot *t = &o->tensors[index];
-    return state_io(o, t->group, which, t->off + off, t->off + off + n, NULL, src, dtype,
-                    which == ZO_OPTIM_STATE_MASTER);
+    r = state_io(o, t->group, which, t->off + off, t->off + off + n, NULL, src, dtype,
+                 which == ZO_OPTIM_STATE_MASTER);
+    if (r == 0 && which == ZO_OPTIM_STATE_MASTER)
+        zo__masters_add(o, index, n);
+    return r;
 }
 
 /* Zero the optimizer states (not the masters) of every sub-group. */
@@ -190,6 +193,7 @@ states:
     if (r == 0) {
         o->params_current = 1;
         o->failed = 0;
+        zo__masters_all_set(o);
     }
     return r;
 }
@@ -199,7 +203,7 @@ int zo_optim_push_params(zo_optim *o)
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_push_params: NULL engine");
     int r = zo__optim_quiesce(o, 0);
-    if (r < 0)
+    if (r < 0 || (r = zo__masters_check(o, "zo_optim_push_params")) < 0)
         return r;
     if (o->direct && (!o->pbuf[o->pcur] || o->pbuf_stale[o->pcur])) {
         /* the device params are the latest (the kernel wrote them; no
@@ -367,6 +371,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     o->push_pending = 0;
     o->have_res = 0;
     o->failed = 0;
+    zo__masters_all_set(o);
     /* the parameter buffer from the masters (the cast the fused step
      * does); in direct mode without a parameter buffer (every tensor has
      * device params, which are host memory) the device params themselves */

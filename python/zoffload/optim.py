@@ -14,6 +14,7 @@ Example (numpy, host backend)::
     from zoffload.optim import Engine
     e = Engine([{"numel": [1000, 10]}], param_dtype="f32", kind="adamw", lr=1e-3)
     e.import_state(0, "master", np.random.rand(1000).astype(np.float32))
+    e.import_state(1, "master", np.zeros(10, np.float32))  # every tensor's, before a step
     e.grad_host(0, np.ones(1000, np.float32))
     res = e.step()
 """

@@ -122,8 +122,10 @@
  *   sub-groups before the failure hold the new values, the failing piece is
  *   undefined, the rest hold the old ones (making it all-before would need
  *   a second copy of the states on disk). The engine then refuses steps,
- *   saves, exports and imports with ZO_ESTATE until zo_optim_load()
- *   restores a checkpoint (or zo_optim_init_from_device() starts over). A
+ *   gradients, saves, exports, imports, pushes and parameter buffers with
+ *   ZO_ESTATE until zo_optim_load() restores a checkpoint (or
+ *   zo_optim_init_from_device() starts over); a load or init that fails
+ *   midway leaves it refusing the same way. A
  *   failure before any state is written (a gradient copy) drops the
  *   window's gradients and changes nothing.
  *
@@ -337,7 +339,10 @@ ZO_API int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *nume
  * Initialise every master from the device parameters (widened to fp32)
  * and zero the states; also fills the parameter buffers. Needs dev_params
  * in every group. With dpu_double_buffer it reads the current buffers (those
- * zo_optim_param_device() gives). Blocks until done.
+ * zo_optim_param_device() gives). Blocks until done. A success also ends
+ * the refusals after a failed step or load; a failure after the masters
+ * began to be rewritten leaves them undefined and the engine refuses as
+ * after a failed load (see zo_optim_load()) until an init or load succeeds.
  * @return 0; ZO_ESTATE (a group has no dev_params; or a step in flight or
  *         gradients pending); device copy errors; store errors.
  */
@@ -390,8 +395,9 @@ ZO_API int zo_optim_push_params(zo_optim *o);
  *         being applied to the accumulators this gradient would land in:
  *         only possible without DPU between step_async and wait; speculative
  *         mode: a second gradient for the tensor in the last micro-step, or
- *         an earlier step failed mid-update); device errors (also a failed
- *         earlier copy).
+ *         masters never set; any mode: the states are undefined after a
+ *         step, load or init that failed midway); device errors (also a
+ *         failed earlier copy).
  */
 ZO_API int zo_optim_grad(zo_optim *o, unsigned index, const void *dev_grad, struct zo_event *ready);
 
@@ -608,9 +614,19 @@ ZO_API int zo_optim_save(zo_optim *o, const char *root, const char *name, unsign
  * stay the ones zo_optim_param_device() gave). A run resumed from it
  * continues bit-identically.
  * user_json, if not NULL, receives the caller's JSON (truncated to len, NUL-terminated).
+ *
+ * What can be checked without reading the data is checked before anything
+ * is written (the manifest, the engine's record and its fingerprint): a
+ * load refused there leaves the engine as it was. The data is read once,
+ * each chunk verified as it is restored, so a corrupt chunk or an I/O
+ * error is found midway, after earlier states were overwritten: the
+ * engine then refuses steps, gradients, saves, exports, imports, pushes
+ * and parameter buffers with ZO_ESTATE (the detail says a load failed)
+ * until a zo_optim_load() or zo_optim_init_from_device() succeeds.
  * @return 0; -EINVAL; ZO_EFORMAT (not an optim checkpoint, or the config
  *         fingerprint differs: layout, dtypes, optimizer kinds); -ENOENT;
- *         errors of zo_store_restore(); ZO_ESTATE (step in flight).
+ *         errors of zo_store_restore() (ZO_ECORRUPT, -EIO...: the states
+ *         are then undefined, see above); ZO_ESTATE (step in flight).
  */
 ZO_API int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_json, size_t len);
 

@@ -829,6 +829,9 @@ static void d2h_land(void *arg)
  * would land in (possible only without DPU: one window). */
 static int intake_ok(zo_optim *o, const char *fn)
 {
+    int r = zo__failed_check(o, fn); /* the window would feed undefined states */
+    if (r < 0)
+        return r;
     pthread_mutex_lock(&o->lock);
     /* DONE counts too: without DPU the window is free only once wait() collected the step */
     int busy = o->ws != ZO__W_IDLE && o->job.win == o->win && !o->eager_open;
@@ -844,10 +847,8 @@ static int intake_ok(zo_optim *o, const char *fn)
  * in it has its gradient, while backward goes on. */
 static int eager_start(zo_optim *o)
 {
-    if (o->failed)
-        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim: an earlier step failed mid-update; load a checkpoint first");
-    int r = zo__masters_check(o, "zo_optim_grad");
-    if (r < 0)
+    int r = zo__failed_check(o, "zo_optim_grad");
+    if (r < 0 || (r = zo__masters_check(o, "zo_optim_grad")) < 0)
         return r;
     zo__job job = {.win = o->win, .pbuf = 0, .delayed = 0, .eager = 1, .scale = o->win_scale[o->win],
                    .t_call = zo__now_ns()};
@@ -1107,21 +1108,38 @@ static int push_pending(zo_optim *o)
     return 0;
 }
 
+int zo__failed_check(zo_optim *o, const char *fn)
+{
+    int why = o->failed;
+    if (!why)
+        return 0;
+    return ZO_FAIL(&o->err, ZO_ESTATE, "%s: %s, so the masters and states are undefined: zo_optim_load() a checkpoint "
+                   "(or zo_optim_init_from_device()) first", fn,
+                   why == ZO__FAILED_LOAD   ? "an earlier zo_optim_load() failed after it began to restore them"
+                   : why == ZO__FAILED_INIT ? "an earlier zo_optim_init_from_device() failed midway"
+                                            : "an earlier step failed mid-update");
+}
+
 int zo__optim_quiesce(zo_optim *o, int for_load)
 {
     if (o->eager_open)
         return collect(o, NULL); /* ZO_ESTATE: mid-window */
     int r = collect(o, NULL);
     if (for_load) {
-        /* a load replaces whatever the step in flight left, failed or not;
-         * no copy may still read the buffers it rewrites */
-        o->push_pending = 0;
+        /* a load or init replaces whatever the step in flight left, failed
+         * or not (its error is theirs to replace). An applied update still
+         * goes to the device first: a load that is refused before it writes
+         * anything leaves the engine as it was, device params included. No
+         * copy may still read the buffers they rewrite. */
+        int r2 = o->failed ? 0 : push_pending(o);
+        if (o->failed)
+            o->push_pending = 0;
         zo_stream_sync(o->h2d);
-        return 0;
+        return r2;
     }
     int r2 = push_pending(o);
     if (r == 0 && r2 == 0 && o->failed)
-        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim: a step failed mid-update; zo_optim_load() a checkpoint first");
+        return zo__failed_check(o, "zo_optim");
     return r < 0 ? r : r2;
 }
 
@@ -1137,10 +1155,7 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     if (opts.global_nonfinite < -1 || opts.global_nonfinite > 1 || isnan(opts.global_sumsq))
         return ZO_FAIL(&o->err, -EINVAL, "zo_optim_step_async: global_nonfinite %d / global_sumsq %g out of range",
                        opts.global_nonfinite, opts.global_sumsq);
-    if (o->failed)
-        return ZO_FAIL(&o->err, ZO_ESTATE,
-                       "zo_optim_step_async: an earlier step failed mid-update; zo_optim_load() a checkpoint first");
-    if ((r = zo__masters_check(o, "zo_optim_step_async")) < 0)
+    if ((r = zo__failed_check(o, "zo_optim_step_async")) < 0 || (r = zo__masters_check(o, "zo_optim_step_async")) < 0)
         return r;
     uint64_t t_call = zo__now_ns();
     pthread_mutex_lock(&o->lock);
@@ -1180,8 +1195,7 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     if (o->failed) {
         /* the step just collected failed mid-update: nothing more on those states */
         o->micro--;
-        return prev_err < 0 ? prev_err
-                            : ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_step_async: an earlier step failed mid-update");
+        return prev_err < 0 ? prev_err : zo__failed_check(o, "zo_optim_step_async");
     }
     if ((r = push_pending(o)) < 0)
         return r;
@@ -1356,13 +1370,16 @@ int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
     if (!o || !host || index >= o->nt)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_param_buffer: %s",
                        !o || !host ? "NULL argument" : "index out of range");
+    int r = zo__failed_check(o, "zo_optim_param_buffer"); /* the buffer may be half rebuilt */
+    if (r < 0)
+        return r;
     pthread_mutex_lock(&o->lock);
     int busy = (o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING) && o->npbuf == 1;
     unsigned b = o->pcur;
     pthread_mutex_unlock(&o->lock);
     if (busy)
         return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_param_buffer: a step is writing the buffer: wait first");
-    int r = zo__pbuf_fresh(o, b);
+    r = zo__pbuf_fresh(o, b);
     if (r < 0)
         return r;
     *host = (const char *)o->pbuf[b] + o->tensors[index].off * o->pes;

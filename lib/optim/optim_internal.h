@@ -217,7 +217,9 @@ struct zo_optim {
     int have_tl;
 
     uint64_t pinned_bytes, host_bytes;
-    /* a step failed while writing states: they are undefined until a load */
+    /* the states are undefined (a ZO__FAILED_* reason, 0: they are not)
+     * until a load or init_from_device succeeds: every call that would read
+     * or build on them refuses with ZO_ESTATE (zo__failed_check) */
     _Atomic int failed;
     /* The masters start at zero, and a step on zero masters would write
      * updates of zero over the framework's parameters: per tensor, the
@@ -301,8 +303,17 @@ void zo__win_land(zo_optim *o, unsigned w, unsigned t, float *spill, uint64_t e,
  * tensors are in the range, an fp32 copy the caller frees (*tmp) */
 int zo__win_range(zo_optim *o, unsigned w, uint64_t lo, uint64_t n, const void **g, zo_dtype *dt, float **tmp);
 
+/* why the states are undefined (zo_optim.failed) */
+enum {
+    ZO__FAILED_STEP = 1, /* a step failed while writing states */
+    ZO__FAILED_LOAD = 2, /* zo_optim_load() failed after it began to overwrite them */
+    ZO__FAILED_INIT = 3, /* zo_optim_init_from_device() failed after it began to overwrite them */
+};
+
 /* optim.c */
 int zo__optim_quiesce(zo_optim *o, int for_load);
+/* 0, or ZO_ESTATE naming fn and why the states are undefined */
+int zo__failed_check(zo_optim *o, const char *fn);
 /* the masters of every tensor are set (after init_from_device or a load) */
 void zo__masters_all_set(zo_optim *o);
 /* an import set n master elements of tensor t */

@@ -179,8 +179,11 @@ int zo_optim_init_from_device(zo_optim *o)
     }
     if (r == 0)
         r = zo_stream_sync(o->h2d);
-    if (r < 0)
+    if (r < 0) {
+        /* the parameter buffer is partly rewritten */
+        o->failed = ZO__FAILED_INIT;
         return ZO_FAIL(&o->err, r, "zo_optim_init_from_device: copying the device params: %s", zo_dev_errmsg(o->dev));
+    }
     o->pbuf_stale[o->pcur] = 0;
     for (unsigned g = 0; g < o->ngroups && r == 0; g++) {
         zo__og *og = &o->groups[g];
@@ -194,6 +197,9 @@ states:
         o->params_current = 1;
         o->failed = 0;
         zo__masters_all_set(o);
+    } else {
+        /* masters or states partly rewritten (state_io / zero_states said why) */
+        o->failed = ZO__FAILED_INIT;
     }
     return r;
 }
@@ -338,21 +344,31 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
         return ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_last_error_detail());
     char *nm = strdup(zo_ckpt_name(rd));
     char *js = strdup(zo_ckpt_user_json(rd) ? zo_ckpt_user_json(rd) : "");
-    zo_ckpt_close(&rd);
     zo_optim_hparams *hps = calloc(o->ngroups, sizeof(*hps));
+    float *tmp = NULL;
+    zo__scaler sc;
+    int64_t step = 0;
+    uint64_t c[4];
     if (!nm || !js || !hps) {
         r = -ENOMEM;
         goto out;
     }
-    zo__scaler sc;
-    int64_t step = 0;
-    uint64_t c[4];
-    /* everything is checked before anything is overwritten */
+    /* Everything that can be checked without reading the data is checked
+     * before anything is overwritten: on these errors the engine is left
+     * exactly as it was. */
     if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0)
         goto out;
+    zo_ckpt_close(&rd);
+    /* From here on the states are being overwritten. A chunk's checksum is
+     * only known once it is read, and the data is read once (a verifying
+     * first pass would read the whole checkpoint twice): a failure now
+     * (a corrupt chunk, an I/O error) leaves the states partly restored, so
+     * the engine refuses everything that would use them until a load or
+     * init_from_device() succeeds. */
     if ((r = zo_store_restore(o->store, root, nm)) < 0) {
-        ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_store_errmsg(o->store));
-        goto out;
+        ZO_FAIL(&o->err, r, "zo_optim_load: %s; the engine refuses steps until a load succeeds",
+                zo_store_errmsg(o->store));
+        goto failed;
     }
     o->step = step;
     o->micro = c[0];
@@ -370,16 +386,13 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     }
     o->push_pending = 0;
     o->have_res = 0;
-    o->failed = 0;
-    zo__masters_all_set(o);
     /* the parameter buffer from the masters (the cast the fused step
      * does); in direct mode without a parameter buffer (every tensor has
      * device params, which are host memory) the device params themselves */
     int to_dev = !o->pbuf[o->pcur];
-    float *tmp = malloc(TILE_ELEMS * 4);
-    if (!tmp) {
-        r = -ENOMEM;
-        goto out;
+    if (!(tmp = malloc(TILE_ELEMS * 4))) {
+        r = ZO_FAIL(&o->err, -ENOMEM, "zo_optim_load: no memory to rebuild the parameters");
+        goto failed;
     }
     for (unsigned i = 0; i < o->nt && r == 0; i++) {
         zo__ot *t = &o->tensors[i];
@@ -391,16 +404,17 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
             e += cnt;
         }
     }
-    free(tmp);
     if (r < 0)
-        goto out;
+        goto failed;
     o->pbuf_stale[o->pcur] = to_dev; /* rebuilt from the masters, unless it does not exist */
     if (!to_dev && (r = zo__push_range(o, o->pcur, o->dcur, 0, o->numel)) == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_load: copying the params to the device: %s", zo_dev_errmsg(o->dev));
-        goto out;
+        goto failed;
     }
+    o->failed = 0;
+    zo__masters_all_set(o);
     o->params_current = 1;
     if (user_json && len) {
         const char *u = strstr(js, "]},\"user\":");
@@ -412,7 +426,12 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
         memcpy(user_json, u, k);
         user_json[k] = '\0';
     }
+    goto out;
+failed:
+    o->failed = ZO__FAILED_LOAD;
 out:
+    zo_ckpt_close(&rd);
+    free(tmp);
     free(nm);
     free(js);
     free(hps);

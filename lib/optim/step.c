@@ -586,7 +586,7 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
          * is undefined, the rest the old ones: refuse to go on until a load.
          * The copies already queued read the parameter buffer a load
          * rewrites: let them finish first. */
-        o->failed = 1;
+        o->failed = ZO__FAILED_STEP;
         if (zo__push_now(o, job))
             zo_stream_sync(o->h2d);
         return r;

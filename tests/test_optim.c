@@ -798,6 +798,30 @@ static void train(eng *e, ref *r, int from, int to)
     }
 }
 
+/* A checkpoint directory and a bf16 engine with the clipping train()'s
+ * reference applies, created and initialised. */
+typedef struct ckpt_run {
+    char dir[256];
+    model m;
+    ref r;
+    eng e;
+} ckpt_run;
+
+static void ckpt_run_setup(ckpt_run *k)
+{
+    zo_test_mkdtemp(k->dir, sizeof(k->dir));
+    setup(&k->m, &k->r, &k->e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    k->e.cfg.max_grad_norm = 1.0;
+    eng_create(&k->e);
+}
+
+static void ckpt_run_free(ckpt_run *k)
+{
+    eng_free(&k->e);
+    ref_free(&k->r);
+    zo_test_rmtree(k->dir);
+}
+
 START_TEST(test_optim_save_load)
 {
     char dir[256];
@@ -1383,20 +1407,6 @@ END_TEST
 
 /* ---- checkpoints a load must refuse -------------------------------------------------------- */
 
-/* checkpoint `ck`'s manifest.json, read whole (NUL-terminated; caller frees) */
-static char *manifest_read(const char *root, const char *ck, size_t *len)
-{
-    char p[600];
-    snprintf(p, sizeof(p), "%s/%s/manifest.json", root, ck);
-    FILE *f = fopen(p, "r");
-    ck_assert_ptr_nonnull(f);
-    char *text = malloc(1 << 20);
-    *len = fread(text, 1, (1 << 20) - 1, f);
-    fclose(f);
-    text[*len] = 0;
-    return text;
-}
-
 static void manifest_write(const char *root, const char *ck, const char *text)
 {
     char p[600];
@@ -1407,31 +1417,6 @@ static void manifest_write(const char *root, const char *ck, const char *text)
     ck_assert_int_eq(fclose(f), 0);
 }
 
-/* Flip one byte at `off` of tensor `name`'s data in checkpoint `ck` (its
- * data offset read from the manifest). */
-static void ckpt_corrupt(const char *root, const char *ck, const char *name, uint64_t off)
-{
-    size_t len;
-    char *text = manifest_read(root, ck, &len);
-    char key[300];
-    snprintf(key, sizeof(key), "\"name\":\t\"%s\"", name);
-    char *at = strstr(text, key);
-    ck_assert_msg(at != NULL, "no %s in the manifest", name);
-    at = strstr(at, "\"offset\":");
-    ck_assert_ptr_nonnull(at);
-    unsigned long long base = strtoull(at + strlen("\"offset\":"), NULL, 10);
-    free(text);
-    char p[600];
-    snprintf(p, sizeof(p), "%s/%s/tensors.bin", root, ck);
-    int fd = open(p, O_RDWR);
-    ck_assert_int_ge(fd, 0);
-    uint8_t v;
-    ck_assert_int_eq(pread(fd, &v, 1, (off_t)(base + off)), 1);
-    v ^= 0x20;
-    ck_assert_int_eq(pwrite(fd, &v, 1, (off_t)(base + off)), 1);
-    close(fd);
-}
-
 /* A load that fails: refused before anything is written where it can be
  * (a record that does not match: the engine goes on as it was), and where
  * the failure is found only midway (a corrupt chunk of the last sub-group's
@@ -1440,71 +1425,67 @@ static void ckpt_corrupt(const char *root, const char *ck, const char *name, uin
  * succeeds; training then continues exactly as the uninterrupted run. */
 START_TEST(test_optim_load_fails_midway)
 {
-    char dir[256];
-    zo_test_mkdtemp(dir, sizeof(dir));
-    model m;
-    ref r;
-    eng e;
-    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
-    e.cfg.max_grad_norm = 1.0; /* as train() has the reference clip */
-    eng_create(&e);
-    train(&e, &r, 1, 2);
-    ck_assert_int_eq(zo_optim_save(e.o, dir, "step-2", 0, NULL), 0);
+    ckpt_run k;
+    ckpt_run_setup(&k);
+    model *m = &k.m;
+    ref *r = &k.r;
+    eng *e = &k.e;
+    const char *dir = k.dir;
+    train(e, r, 1, 2);
+    ck_assert_int_eq(zo_optim_save(e->o, dir, "step-2", 0, NULL), 0);
     /* a record that is not this engine's (the fingerprint changed): refused
      * before anything is touched, and the run goes on */
-    ck_assert_int_eq(zo_optim_save(e.o, dir, "other", 0, NULL), 0);
+    ck_assert_int_eq(zo_optim_save(e->o, dir, "other", 0, NULL), 0);
     size_t len;
-    char *text = manifest_read(dir, "other", &len);
+    char *text = zo_test_manifest_read(dir, "other", &len);
     char *fp = strstr(text, "\"fingerprint\":");
     ck_assert_ptr_nonnull(fp);
     fp = strchr(fp + strlen("\"fingerprint\":"), '"') + 1;
     *fp = *fp == '0' ? '1' : '0';
     manifest_write(dir, "other", text);
     free(text);
-    ck_assert_int_eq(zo_optim_load(e.o, dir, "other", NULL, 0), ZO_EFORMAT);
-    compare(&e, &r, "after a refused load");
-    train(&e, &r, 3, 3);
-    compare(&e, &r, "a step after a refused load");
+    ck_assert_int_eq(zo_optim_load(e->o, dir, "other", NULL, 0), ZO_EFORMAT);
+    compare(e, r, "after a refused load");
+    train(e, r, 3, 3);
+    compare(e, r, "a step after a refused load");
     /* a corrupt chunk in the last sub-group's states: found midway */
-    train(&e, NULL, 4, 4);
-    ck_assert_int_eq(zo_optim_save(e.o, dir, "step-4", 0, NULL), 0);
+    train(e, NULL, 4, 4);
+    ck_assert_int_eq(zo_optim_save(e->o, dir, "step-4", 0, NULL), 0);
     zo_optim_info info = {.struct_size = sizeof(info)};
-    ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+    ck_assert_int_eq(zo_optim_get_info(e->o, &info), 0);
     char last[64];
     snprintf(last, sizeof(last), "optim.sg%u.exp_avg_sq", info.nsubgroups - 1);
-    ckpt_corrupt(dir, "step-4", last, 100);
-    int rc = zo_optim_load(e.o, dir, "step-4", NULL, 0);
-    ck_assert_msg(rc == ZO_ECORRUPT, "load: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e.o));
+    ck_assert_int_eq(zo_test_ckpt_corrupt(dir, "step-4", last, 100), 0);
+    int rc = zo_optim_load(e->o, dir, "step-4", NULL, 0);
+    ck_assert_msg(rc == ZO_ECORRUPT, "load: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e->o));
     /* every call that would use the half-restored states is refused */
-    ck_assert_int_eq(zo_optim_step(e.o, NULL, NULL), ZO_ESTATE);
-    ck_assert_msg(strstr(zo_optim_errmsg(e.o), "zo_optim_load() failed"), "%s", zo_optim_errmsg(e.o));
-    fill_grad(&e, 0, 5, 1.0);
-    ck_assert_int_eq(zo_optim_grad(e.o, 0, e.dgrad[0], NULL), ZO_ESTATE);
-    ck_assert_int_eq(zo_optim_grad_host(e.o, 0, e.dgrad[0], m.gdt), ZO_ESTATE);
-    ck_assert_int_eq(zo_optim_save(e.o, dir, "bad", 0, NULL), ZO_ESTATE);
-    ck_assert_int_eq(zo_optim_push_params(e.o), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_step(e->o, NULL, NULL), ZO_ESTATE);
+    ck_assert_msg(strstr(zo_optim_errmsg(e->o), "zo_optim_load() failed"), "%s", zo_optim_errmsg(e->o));
+    fill_grad(e, 0, 5, 1.0);
+    ck_assert_int_eq(zo_optim_grad(e->o, 0, e->dgrad[0], NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_grad_host(e->o, 0, e->dgrad[0], m->gdt), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_save(e->o, dir, "bad", 0, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_push_params(e->o), ZO_ESTATE);
     float x;
-    ck_assert_int_eq(zo_optim_state_export(e.o, 0, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), ZO_ESTATE);
-    ck_assert_int_eq(zo_optim_state_import(e.o, 0, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_state_export(e->o, 0, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_state_import(e->o, 0, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), ZO_ESTATE);
     const void *pb;
-    ck_assert_int_eq(zo_optim_param_buffer(e.o, 0, &pb), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_param_buffer(e->o, 0, &pb), ZO_ESTATE);
     /* a good checkpoint brings it back: the run goes on as the uninterrupted one */
-    rc = zo_optim_load(e.o, dir, "step-2", NULL, 0);
-    ck_assert_msg(rc == 0, "load: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e.o));
-    ref_free(&r);
-    ref_init(&r, &m);
-    train_ref_only(&e, &r, 1, 2);
-    compare(&e, &r, "step-2 restored");
-    train(&e, &r, 3, 4);
-    compare(&e, &r, "after the failed load");
+    rc = zo_optim_load(e->o, dir, "step-2", NULL, 0);
+    ck_assert_msg(rc == 0, "load: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e->o));
+    ref_free(r);
+    ref_init(r, m);
+    train_ref_only(e, r, 1, 2);
+    compare(e, r, "step-2 restored");
+    train(e, r, 3, 4);
+    compare(e, r, "after the failed load");
     /* init_from_device also clears the refusal */
-    ck_assert_int_eq(zo_optim_load(e.o, dir, "step-4", NULL, 0), ZO_ECORRUPT);
-    ck_assert_int_eq(zo_optim_step(e.o, NULL, NULL), ZO_ESTATE);
-    ck_assert_int_eq(zo_optim_init_from_device(e.o), 0);
-    train(&e, NULL, 1, 1);
-    eng_free(&e);
-    ref_free(&r);
-    zo_test_rmtree(dir);
+    ck_assert_int_eq(zo_optim_load(e->o, dir, "step-4", NULL, 0), ZO_ECORRUPT);
+    ck_assert_int_eq(zo_optim_step(e->o, NULL, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_init_from_device(e->o), 0);
+    train(e, NULL, 1, 1);
+    ckpt_run_free(&k);
 }
 END_TEST
 

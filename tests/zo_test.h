@@ -8,6 +8,7 @@
 
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/capability.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -95,6 +96,51 @@ static inline void zo_test_rmtree(const char *dir)
     snprintf(cmd, sizeof(cmd), "rm -rf -- '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+/* Checkpoint `ck`'s manifest.json under `root`, read whole and
+ * NUL-terminated (*len bytes; the caller frees it), or NULL. */
+static inline char *zo_test_manifest_read(const char *root, const char *ck, size_t *len)
+{
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/%s/manifest.json", root, ck);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return NULL;
+    char *text = malloc(1 << 20);
+    *len = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (text)
+        text[*len] = 0;
+    return text;
+}
+
+/* Flip one byte at `off` of tensor `name`'s data in checkpoint `ck`: the
+ * data file lays tensors out in order, each at the "offset" its manifest
+ * entry gives. 0, or -1 (the tensor or the file is missing). */
+static inline int zo_test_ckpt_corrupt(const char *root, const char *ck, const char *name, uint64_t off)
+{
+    size_t len;
+    char *text = zo_test_manifest_read(root, ck, &len);
+    char key[300];
+    snprintf(key, sizeof(key), "\"name\":\t\"%s\"", name);
+    char *at = text ? strstr(text, key) : NULL;
+    at = at ? strstr(at, "\"offset\":") : NULL;
+    unsigned long long base = at ? strtoull(at + strlen("\"offset\":"), NULL, 10) : 0;
+    free(text);
+    if (!at)
+        return -1;
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/%s/tensors.bin", root, ck);
+    int fd = open(p, O_RDWR), r = -1;
+    unsigned char v;
+    if (fd >= 0 && pread(fd, &v, 1, (off_t)(base + off)) == 1) {
+        v ^= 0x20;
+        r = pwrite(fd, &v, 1, (off_t)(base + off)) == 1 ? 0 : -1;
+    }
+    if (fd >= 0)
+        close(fd);
+    return r;
 }
 
 /* Drop CAP_IPC_LOCK from this process so RLIMIT_MEMLOCK binds (root

@@ -1489,6 +1489,84 @@ START_TEST(test_optim_load_fails_midway)
 }
 END_TEST
 
+/* Index of the bracket or brace closing the one at text[at] (strings
+ * skipped; the manifest's names have no escapes). */
+static size_t json_close(const char *text, size_t at)
+{
+    int depth = 0, str = 0;
+    for (size_t i = at; text[i]; i++) {
+        if (text[i] == '"')
+            str = !str;
+        else if (!str && (text[i] == '[' || text[i] == '{'))
+            depth++;
+        else if (!str && (text[i] == ']' || text[i] == '}') && --depth == 0)
+            return i;
+    }
+    ck_abort_msg("unbalanced JSON");
+    return 0;
+}
+
+/* Remove text[a, b) */
+static void cut(char *text, size_t a, size_t b)
+{
+    memmove(text + a, text + b, strlen(text + b) + 1);
+}
+
+/* Checkpoints whose tensor set is not the engine's, each made from a good
+ * one by editing its manifest as a careless tool or a hand might (loaded
+ * by name: the manifest's CRC is checked only through `latest`, and a tool
+ * can fix that up too): no tensors at all, one dropped, two of the same
+ * size with their names swapped. Each is refused before anything is
+ * written (ZO_EFORMAT, naming what differs), and training goes on as it
+ * was: fresh or stale states never run under the restored step count. */
+START_TEST(test_optim_load_tensor_set)
+{
+    ckpt_run k;
+    ckpt_run_setup(&k);
+    train(&k.e, &k.r, 1, 2);
+    static const char *const cases[] = {"empty", "dropped", "swapped"};
+    static const char *const why[] = {"lacks 'optim.sg0.master'", "lacks 'optim.sg1.master'", "names swapped"};
+    for (int c = 0; c < 3; c++) {
+        ck_assert_int_eq(zo_optim_save(k.e.o, k.dir, cases[c], 0, NULL), 0);
+        size_t len;
+        char *text = zo_test_manifest_read(k.dir, cases[c], &len);
+        ck_assert_ptr_nonnull(text);
+        if (c == 0) {
+            size_t a = (size_t)(strchr(strstr(text, "\"tensors\":"), '[') - text);
+            cut(text, a + 1, json_close(text, a));
+        } else if (c == 1) {
+            char *at = strstr(text, "\"name\":\t\"optim.sg1.master\"");
+            ck_assert_ptr_nonnull(at);
+            while (*at != '{')
+                at--;
+            size_t a = (size_t)(at - text), b = json_close(text, a) + 1;
+            if (text[b] == ',')
+                b++;
+            cut(text, a, b);
+        } else {
+            /* m and v of sub-group 0: the same size and dtype */
+            const char *m1 = "\"optim.sg0.exp_avg\"", *v1 = "\"optim.sg0.exp_avg_sq\"";
+            char *x = strstr(text, m1), *y = strstr(text, v1);
+            ck_assert(x && y && x < y);
+            char *sw = malloc(len + 1);
+            snprintf(sw, len + 1, "%.*s%s%.*s%s%s", (int)(x - text), text, v1, (int)(y - x - strlen(m1)),
+                     x + strlen(m1), m1, y + strlen(v1));
+            strcpy(text, sw);
+            free(sw);
+        }
+        manifest_write(k.dir, cases[c], text);
+        free(text);
+        int rc = zo_optim_load(k.e.o, k.dir, cases[c], NULL, 0);
+        ck_assert_msg(rc == ZO_EFORMAT && strstr(zo_optim_errmsg(k.e.o), why[c]), "%s: %s (%s)", cases[c],
+                      zo_strerror(rc), zo_optim_errmsg(k.e.o));
+        compare(&k.e, &k.r, cases[c]);
+    }
+    train(&k.e, &k.r, 3, 3);
+    compare(&k.e, &k.r, "a step after the refused loads");
+    ckpt_run_free(&k);
+}
+END_TEST
+
 /* destroy while a step runs (and while DPU copies are pending; 2: DPU with
  * double-buffered device params, writing the engine's second buffers) */
 START_TEST(test_optim_destroy_async)
@@ -1885,6 +1963,7 @@ int main(void)
     tcase_set_timeout(tcc, 300);
     tcase_add_loop_test(tcc, test_optim_uninit_masters, 0, 2);
     tcase_add_test(tcc, test_optim_load_fails_midway);
+    tcase_add_test(tcc, test_optim_load_tensor_set);
     suite_add_tcase(s, tcc);
     return zo_test_run(s);
 }

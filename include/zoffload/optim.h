@@ -616,15 +616,18 @@ ZO_API int zo_optim_save(zo_optim *o, const char *root, const char *name, unsign
  * user_json, if not NULL, receives the caller's JSON (truncated to len, NUL-terminated).
  *
  * What can be checked without reading the data is checked before anything
- * is written (the manifest, the engine's record and its fingerprint): a
- * load refused there leaves the engine as it was. The data is read once,
+ * is written (the manifest, the engine's record and its fingerprint, and
+ * the tensor set: the checkpoint must hold exactly the engine's states, by
+ * name, dtype and shape, in the order a save writes them): a load refused
+ * there leaves the engine as it was. The data is read once,
  * each chunk verified as it is restored, so a corrupt chunk or an I/O
  * error is found midway, after earlier states were overwritten: the
  * engine then refuses steps, gradients, saves, exports, imports, pushes
  * and parameter buffers with ZO_ESTATE (the detail says a load failed)
  * until a zo_optim_load() or zo_optim_init_from_device() succeeds.
  * @return 0; -EINVAL; ZO_EFORMAT (not an optim checkpoint, or the config
- *         fingerprint differs: layout, dtypes, optimizer kinds); -ENOENT;
+ *         fingerprint differs: layout, dtypes, optimizer kinds; or a state
+ *         is missing, extra, of another size or out of place); -ENOENT;
  *         errors of zo_store_restore() (ZO_ECORRUPT, -EIO...: the states
  *         are then undefined, see above); ZO_ESTATE (step in flight).
  */

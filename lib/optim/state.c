@@ -332,6 +332,53 @@ static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *st
     return 0;
 }
 
+/* The checkpoint's tensors must be exactly the engine's store tensors,
+ * each with the engine's dtype and shape, in the order a save writes them
+ * (registration order: sub-group by sub-group, master, m, v). The store's
+ * restore alone takes a checkpoint that lacks some (their states would stay
+ * as they are, fresh or stale, under the restored step count and scaler)
+ * and one whose same-size names were swapped in the manifest (each state
+ * restored into the other's place): the order catches that, as the data
+ * offsets stay in manifest order. */
+static int check_tensor_set(zo_optim *o, zo_ckpt_reader *rd)
+{
+    unsigned n = zo_ckpt_count(rd), want = 0, k = 0;
+    const char *ck = zo_ckpt_name(rd);
+    for (unsigned i = 0; i < o->nsg; i++)
+        for (int s = 0; s < ZO_OPTIM_STATE_COUNT; s++)
+            want += o->sgs[i].t[s] != NULL;
+    for (unsigned i = 0; i < o->nsg; i++)
+        for (int s = 0; s < ZO_OPTIM_STATE_COUNT; s++) {
+            if (!o->sgs[i].t[s])
+                continue;
+            zo_tensor_info ti;
+            zo_ckpt_entry e;
+            unsigned at;
+            int r = zo_store_tensor_info(o->store, o->sgs[i].t[s], &ti);
+            if (r < 0)
+                return ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_store_errmsg(o->store));
+            if (zo_ckpt_find(rd, ti.name, &at) < 0 || zo_ckpt_get_entry(rd, at, &e) < 0)
+                return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: checkpoint %s lacks '%s' (it holds %u tensors, "
+                               "this engine's states are %u): not a checkpoint of this engine", ck, ti.name, n, want);
+            int same = e.dtype == ti.dtype && e.ndim == ti.ndim && e.bytes == ti.bytes;
+            for (unsigned d = 0; same && d < ti.ndim; d++)
+                same = e.shape[d] == ti.shape[d];
+            if (!same)
+                return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: '%s' is %llu bytes of %s (%u dims) in checkpoint "
+                               "%s, %llu bytes of %s (%u dims) in this engine", ti.name,
+                               (unsigned long long)e.bytes, zo_dtype_name(e.dtype), e.ndim, ck,
+                               (unsigned long long)ti.bytes, zo_dtype_name(ti.dtype), ti.ndim);
+            if (at != k)
+                return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: checkpoint %s holds '%s' as tensor %u, where this "
+                               "engine saves it as tensor %u: names swapped or entries reordered", ck, ti.name, at, k);
+            k++;
+        }
+    if (n != want)
+        return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: checkpoint %s holds %u tensors, this engine's states are "
+                       "%u: it has tensors this engine does not", ck, n, want);
+    return 0;
+}
+
 int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_json, size_t len)
 {
     if (!o || !root)
@@ -354,9 +401,9 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
         goto out;
     }
     /* Everything that can be checked without reading the data is checked
-     * before anything is overwritten: on these errors the engine is left
-     * exactly as it was. */
-    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0)
+     * before anything is overwritten (the record, its fingerprint, the
+     * tensor set): on these errors the engine is left exactly as it was. */
+    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0 || (r = check_tensor_set(o, rd)) < 0)
         goto out;
     zo_ckpt_close(&rd);
     /* From here on the states are being overwritten. A chunk's checksum is

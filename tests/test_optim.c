@@ -1231,6 +1231,18 @@ START_TEST(test_optim_errors)
     c = e.cfg;
     c.param_dtype = ZO_DTYPE_U8;
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    /* the device dtype is required: a default (it was bf16) wrote bf16 into
+     * an fp32 trainer's buffers with rc 0; grad_dtype follows it */
+    zo_optim_config d;
+    zo_optim_config_default(&d);
+    ck_assert_int_eq(d.param_dtype, ZO_DTYPE_COUNT);
+    d.dev = c.dev;
+    d.groups = c.groups;
+    d.ngroups = c.ngroups;
+    ck_assert_int_eq(zo_optim_create(&o, &d), ZO_ECONFIG);
+    ck_assert_msg(strstr(zo_last_error_detail(), "param_dtype is not set") &&
+                  strstr(zo_last_error_detail(), "ZO_DTYPE_F32"), "%s", zo_last_error_detail());
+    ck_assert_ptr_null(o);
     c = e.cfg;
     c.sub_group_size = 10;
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);

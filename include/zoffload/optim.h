@@ -215,8 +215,11 @@ typedef struct zo_optim_config {
 
     /* ---- model ---- */
     struct zo_dev *dev;          /**< device backend (not owned, required; ZO_DEV_HOST is the reference) */
-    zo_dtype param_dtype;        /**< device params: ZO_DTYPE_BF16 (default), ZO_DTYPE_F16 or ZO_DTYPE_F32
-                                      (DeepSpeed: bf16.enabled / fp16.enabled / neither) */
+    zo_dtype param_dtype;        /**< device params: ZO_DTYPE_BF16, ZO_DTYPE_F16 or ZO_DTYPE_F32 (DeepSpeed:
+                                      bf16.enabled / fp16.enabled / neither). Required: the default is
+                                      ZO_DTYPE_COUNT (unset) and create refuses it with ZO_ECONFIG, since the
+                                      engine writes params of this dtype into dev_params and a wrong one (a
+                                      bf16 guess for an fp32 trainer) would go unnoticed */
     zo_dtype grad_dtype;         /**< device gradients: ZO_DTYPE_COUNT (default) means param_dtype */
     const zo_optim_group *groups; /**< [ngroups] parameter groups (read during create) */
     unsigned ngroups;            /**< >= 1 */
@@ -299,8 +302,8 @@ ZO_API void zo_optim_config_default(zo_optim_config *cfg);
  * would write updates of zero over the framework's parameters.
  * @return 0; -EINVAL (out or cfg NULL, struct_size out of range, no groups,
  *         a group without tensors or with a zero numel, NULL dev); ZO_ECONFIG
- *         (a value out of range: dtype, sub_group_size, buffer_count,
- *         hyperparameters, speculative mode with Adagrad/Lion/bf16 states,
+ *         (param_dtype not set; a value out of range: dtype, sub_group_size,
+ *         buffer_count, hyperparameters, speculative mode with Adagrad/Lion/bf16 states,
  *         NVMe placement without nvme_path or swap...; the detail names the
  *         field); -EEXIST (two tensors with one name); ZO_EBUDGET (pinned_bytes
  *         cannot hold what the placement needs: the detail says how much);

@@ -688,7 +688,8 @@ ZO_API int zo_optim_json_apply(zo_optim_json *j, zo_optim_config *cfg, zo_optim_
     else if ((v[V_FP16_EN].set && !v[V_FP16_EN].is_auto) && (v[V_BF16_EN].set && !v[V_BF16_EN].is_auto))
         c.param_dtype = ZO_DTYPE_F32; /* both present and false: fp32 training */
     if ((v[V_FP16_EN].set && v[V_FP16_EN].is_auto) || (v[V_BF16_EN].set && v[V_BF16_EN].is_auto))
-        REPORT("auto: fp16/bf16.enabled: parameter dtype stays %s (the caller's)\n", zo_dtype_name(c.param_dtype));
+        REPORT("auto: fp16/bf16.enabled: parameter dtype stays %s\n",
+               c.param_dtype == ZO_DTYPE_COUNT ? "unset (the caller sets param_dtype)" : zo_dtype_name(c.param_dtype));
     if (v[V_LOSS_SCALE].set)
         c.loss_scale = v[V_LOSS_SCALE].num;
     if (v[V_ISP].set)

@@ -35,7 +35,9 @@ void zo_optim_config_default(zo_optim_config *cfg)
         return;
     memset(cfg, 0, sizeof(*cfg));
     cfg->struct_size = sizeof(*cfg);
-    cfg->param_dtype = ZO_DTYPE_BF16;
+    /* no default: a guess (it was bf16) writes bf16 into an fp32 trainer's
+     * buffers with rc 0 everywhere; create asks for it instead */
+    cfg->param_dtype = ZO_DTYPE_COUNT;
     cfg->grad_dtype = ZO_DTYPE_COUNT;
     zo_optim_hparams_default(&cfg->hparams, ZO_OPTIM_ADAMW);
     cfg->placement = ZO_OPTIM_PLACE_HOST;
@@ -473,6 +475,12 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         goto fail;
     }
     o->dev = cfg->dev;
+    if (cfg->param_dtype == ZO_DTYPE_COUNT) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: param_dtype is not set: give the dtype of the device "
+                    "params the engine writes (ZO_DTYPE_F32 for an fp32 or CPU trainer, ZO_DTYPE_BF16, "
+                    "ZO_DTYPE_F16); there is no default");
+        goto fail;
+    }
     o->pdt = cfg->param_dtype;
     o->gdt = cfg->grad_dtype == ZO_DTYPE_COUNT ? cfg->param_dtype : cfg->grad_dtype;
     if (o->pdt != ZO_DTYPE_F32 && o->pdt != ZO_DTYPE_BF16 && o->pdt != ZO_DTYPE_F16) {

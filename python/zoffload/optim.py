@@ -238,6 +238,11 @@ class Engine(_lib.Handle):
         cfg.hparams = _ca.hparams(self._kind, **hp_kw)
         cfg.dev = self._dev.handle
         self._keep = []
+        if kw.get("param_dtype") is None:
+            # the engine writes params of this dtype: no default, a wrong
+            # guess (bf16 into fp32 tensors) would go unnoticed
+            raise TypeError("Engine: param_dtype is required (\"f32\", \"bf16\" or \"f16\": the dtype of the "
+                            "parameters the engine writes)")
         for k, v in kw.items():
             if k in ("param_dtype", "grad_dtype"):
                 v = ZO_DTYPE_COUNT if v is None else _dtype(v)

@@ -1579,6 +1579,48 @@ START_TEST(test_optim_load_tensor_set)
 }
 END_TEST
 
+/* zo_optim_errmsg() is the detail of the driving thread's latest call: a
+ * call that succeeds leaves "", not an older call's failure; the detail of
+ * a failed update (found by the worker) comes with the call that returns
+ * its error, even when other calls succeeded in between. */
+START_TEST(test_optim_errmsg)
+{
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    eng e;
+    eng_config(&e, &m);
+    eng_create(&e);
+    ck_assert_str_eq(zo_optim_errmsg(e.o), "");
+    ck_assert_int_eq(zo_optim_set_lr(e.o, 2, 1e-3), -EINVAL);
+    ck_assert(strstr(zo_optim_errmsg(e.o), "group out of range"));
+    ck_assert_int_eq(zo_optim_set_lr(e.o, 0, 2e-3), 0);
+    ck_assert_str_eq(zo_optim_errmsg(e.o), "");
+    float x;
+    ck_assert_int_eq(zo_optim_state_export(e.o, NT, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), -EINVAL);
+    ck_assert(zo_optim_errmsg(e.o)[0]);
+    ck_assert_int_eq(zo_optim_state_export(e.o, 0, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), 0);
+    ck_assert_str_eq(zo_optim_errmsg(e.o), "");
+    /* an update that fails on the worker (inf gradients, the default
+     * policy): successful calls meanwhile do not lose its detail */
+    for (int i = 0; i < NT; i++) {
+        fill_grad(&e, i, 1, 1.0);
+        if (i == 2)
+            put(e.dgrad[i], m.gdt, 1, INFINITY);
+        ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+    }
+    ck_assert_int_eq(zo_optim_step_async(e.o, NULL), 0);
+    while (zo_optim_poll(e.o) == ZO_PENDING)
+        usleep(1000);
+    ck_assert_int_eq(zo_optim_set_lr(e.o, 0, 1e-3), 0);
+    ck_assert_str_eq(zo_optim_errmsg(e.o), "");
+    ck_assert_int_eq(zo_optim_wait(e.o, NULL), ZO_ENONFINITE);
+    ck_assert_msg(strstr(zo_optim_errmsg(e.o), "inf/NaN"), "%s", zo_optim_errmsg(e.o));
+    train(&e, NULL, 2, 2);
+    ck_assert_str_eq(zo_optim_errmsg(e.o), "");
+    eng_free(&e);
+}
+END_TEST
+
 /* destroy while a step runs (and while DPU copies are pending; 2: DPU with
  * double-buffered device params, writing the engine's second buffers) */
 START_TEST(test_optim_destroy_async)
@@ -1976,6 +2018,7 @@ int main(void)
     tcase_add_loop_test(tcc, test_optim_uninit_masters, 0, 2);
     tcase_add_test(tcc, test_optim_load_fails_midway);
     tcase_add_test(tcc, test_optim_load_tensor_set);
+    tcase_add_test(tcc, test_optim_errmsg);
     suite_add_tcase(s, tcc);
     return zo_test_run(s);
 }

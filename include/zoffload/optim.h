@@ -322,7 +322,18 @@ ZO_API int zo_optim_create(zo_optim **out, const zo_optim_config *cfg);
  */
 ZO_API void zo_optim_destroy(zo_optim **o);
 
-/** The engine's last error detail ("" if none). */
+/**
+ * The detail of the driving thread's latest call on the engine: why it
+ * failed, or "" when it succeeded (each such call clears it as it begins;
+ * the any-thread calls zo_optim_poll(), zo_optim_eventfd(),
+ * zo_optim_params_current(), zo_optim_get_info(), zo_optim_loss_scale()
+ * and the tensor queries leave it). The detail of an update that failed on
+ * the worker comes with the call that returns its error (zo_optim_wait(),
+ * zo_optim_step(), the next step_async under DPU...), whatever succeeded in
+ * between. Read it right after the call. Thread-safe: a copy in a
+ * thread-local buffer valid until this thread next calls zo_optim_errmsg()
+ * (NULL gives "").
+ */
 ZO_API const char *zo_optim_errmsg(const zo_optim *o);
 
 /* ---- tensors ------------------------------------------------------------------ */

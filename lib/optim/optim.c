@@ -71,7 +71,8 @@ void zo_optim_step_opts_default(zo_optim_step_opts *opts)
 
 const char *zo_optim_errmsg(const zo_optim *o)
 {
-    return o ? o->err.msg : "";
+    static _Thread_local char tls[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(o ? &o->err : NULL, tls);
 }
 
 /* ---- helpers ------------------------------------------------------------------- */
@@ -953,6 +954,7 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
 
 int zo_optim_grad_bucket(zo_optim *o, const zo_optim_grad_ref *refs, unsigned n, struct zo_event *ready)
 {
+    zo__enter(o);
     if (!o || (!refs && n))
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_grad: NULL argument");
     int r = intake_ok(o, "zo_optim_grad");
@@ -978,6 +980,7 @@ int zo_optim_grad(zo_optim *o, unsigned index, const void *dev_grad, struct zo_e
 
 int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dtype dtype)
 {
+    zo__enter(o);
     if (!o || !host_grad || index >= o->nt)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_grad_host: %s",
                        !o || !host_grad ? "NULL argument" : "tensor index out of range");
@@ -1014,6 +1017,7 @@ int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dt
 
 int zo_optim_grads_done(zo_optim *o)
 {
+    zo__enter(o);
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_grads_done: NULL engine");
     int r = zo_stream_sync(o->d2h), r2 = zo_stream_sync(o->land);
@@ -1035,6 +1039,7 @@ static int close_window(zo_optim *o)
 
 int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite)
 {
+    zo__enter(o);
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_grad_norm_partial: NULL engine");
     int r = intake_ok(o, "zo_optim_grad_norm_partial");
@@ -1082,6 +1087,8 @@ static int collect(zo_optim *o, zo_optim_step_result *res)
     int r = 0;
     if (o->ws == ZO__W_DONE) {
         r = o->job_err;
+        if (r < 0) /* the update's detail becomes this call's */
+            zo__errbuf_set(&o->err, o->job_msg);
         if (res)
             *res = o->job_res;
         int applied = r == 0 && !o->job_res.skipped;
@@ -1151,7 +1158,7 @@ int zo__optim_quiesce(zo_optim *o, int for_load)
     return r < 0 ? r : r2;
 }
 
-int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
+static int step_async_impl(zo_optim *o, const zo_optim_step_opts *uopts)
 {
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_step_async: NULL engine");
@@ -1244,7 +1251,7 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     return prev_err;
 }
 
-int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
+static int wait_impl(zo_optim *o, zo_optim_step_result *res)
 {
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_wait: NULL engine");
@@ -1273,14 +1280,28 @@ int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
     return r < 0 ? r : r2;
 }
 
+int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *opts)
+{
+    zo__enter(o);
+    return step_async_impl(o, opts);
+}
+
+int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
+{
+    zo__enter(o);
+    return wait_impl(o, res);
+}
+
 int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res)
 {
     int r;
+    zo__enter(o);
     if (o && res && (r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1,
                                        &o->err, "zo_optim_step")) < 0)
         return r;
-    r = zo_optim_step_async(o, opts);
-    int r2 = o ? zo_optim_wait(o, res) : r;
+    /* the wait must not clear the detail of a step_async that failed */
+    r = step_async_impl(o, opts);
+    int r2 = o ? wait_impl(o, res) : r;
     return r < 0 ? r : r2;
 }
 
@@ -1306,6 +1327,7 @@ int zo_optim_params_current(zo_optim *o)
 
 int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res)
 {
+    zo__enter(o);
     if (!o || !res)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_last_result: NULL argument");
     int r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1, &o->err,
@@ -1328,6 +1350,7 @@ double zo_optim_loss_scale(const zo_optim *o)
 
 int zo_optim_set_lr(zo_optim *o, unsigned group, double lr)
 {
+    zo__enter(o);
     if (!o || group >= o->ngroups)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_lr: %s", o ? "group out of range" : "NULL engine");
     zo_optim_hparams hp = o->groups[group].hp;
@@ -1337,6 +1360,7 @@ int zo_optim_set_lr(zo_optim *o, unsigned group, double lr)
 
 int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uhp)
 {
+    zo__enter(o);
     if (!o || group >= o->ngroups || !uhp)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_hparams: %s",
                        !o || !uhp ? "NULL argument" : "group out of range");
@@ -1357,6 +1381,7 @@ int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uh
 
 int zo_optim_set_step(zo_optim *o, int64_t step)
 {
+    zo__enter(o);
     if (!o || step < 0)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_step: %s",
                        o ? "step must be >= 0" : "NULL engine");
@@ -1375,6 +1400,7 @@ int zo_optim_set_step(zo_optim *o, int64_t step)
 
 int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
 {
+    zo__enter(o);
     if (!o || !host || index >= o->nt)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_param_buffer: %s",
                        !o || !host ? "NULL argument" : "index out of range");
@@ -1396,6 +1422,7 @@ int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
 
 int zo_optim_param_device(zo_optim *o, unsigned index, void **dev, struct zo_event **ready)
 {
+    zo__enter(o);
     if (!o || index >= o->nt)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_param_device: %s",
                        o ? "index out of range" : "NULL engine");

@@ -116,7 +116,15 @@ typedef struct zo__scaler {
 struct zo_optim {
     zo_optim_config cfg; /* caller's config; groups/nvme_path pointers cleared */
     char *nvme_path;
+    /* The detail of the driving thread's latest call: cleared as each call
+     * of the driving thread begins (zo__enter), so a call that succeeds
+     * leaves "" (zo_optim_errmsg()). The worker writes its own (werr); the
+     * detail of a failed update is kept with its error (job_msg, under
+     * lock) and becomes err's when the call that collects the error
+     * returns it. */
     zo_errbuf err;
+    zo_errbuf werr;
+    char job_msg[ZO_ERRMSG_LEN];
     zo_dev *dev;
     zo_dtype pdt, gdt;
     size_t pes, ges;
@@ -251,6 +259,21 @@ struct zo_optim {
     /* cumulative counters (worker, under lock) */
     uint64_t updates_done, nvme_read_total, nvme_write_total;
 };
+
+/* The error buffer of the calling thread: the worker's own, or the driving
+ * thread's (also the streams' threads, whose errors surface through the
+ * driving thread's calls). */
+static inline zo_errbuf *zo__eb(zo_optim *o)
+{
+    return o->worker_started && pthread_equal(pthread_self(), o->worker) ? &o->werr : &o->err;
+}
+
+/* A call of the driving thread begins: the previous call's detail goes. */
+static inline void zo__enter(zo_optim *o)
+{
+    if (o)
+        zo__errbuf_set(&o->err, "");
+}
 
 /* step.c */
 void *zo__optim_worker(void *arg);

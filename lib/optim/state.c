@@ -97,6 +97,7 @@ out:
 int zo_optim_state_export(zo_optim *o, unsigned index, zo_optim_state which, void *dst, zo_dtype dtype,
                           uint64_t off, uint64_t n)
 {
+    zo__enter(o);
     int r = check_range(o, "zo_optim_state_export", index, which, dtype, off, n, dst);
     if (r < 0)
         return r;
@@ -109,6 +110,7 @@ int zo_optim_state_export(zo_optim *o, unsigned index, zo_optim_state which, voi
 int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, const void *src, zo_dtype dtype,
                           uint64_t off, uint64_t n)
 {
+    zo__enter(o);
     int r = check_range(o, "zo_optim_state_import", index, which, dtype, off, n, src);
     if (r < 0)
         return r;
@@ -152,6 +154,7 @@ static int zero_states(zo_optim *o)
 
 int zo_optim_init_from_device(zo_optim *o)
 {
+    zo__enter(o);
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_init_from_device: NULL engine");
     for (unsigned g = 0; g < o->ngroups; g++)
@@ -206,6 +209,7 @@ states:
 
 int zo_optim_push_params(zo_optim *o)
 {
+    zo__enter(o);
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_push_params: NULL engine");
     int r = zo__optim_quiesce(o, 0);
@@ -241,6 +245,7 @@ static int pending_grads(const zo_optim *o)
 
 int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep_last, const char *user_json)
 {
+    zo__enter(o);
     if (!o || !root || !name)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_save: NULL argument");
     int r = zo__optim_quiesce(o, 0);
@@ -381,6 +386,7 @@ static int check_tensor_set(zo_optim *o, zo_ckpt_reader *rd)
 
 int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_json, size_t len)
 {
+    zo__enter(o);
     if (!o || !root)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_load: NULL argument");
     int r = zo__optim_quiesce(o, 1);
@@ -489,6 +495,7 @@ out:
 
 int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl)
 {
+    zo__enter(o);
     if (!o || !tl)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_get_timeline: NULL argument");
     int r = ZO_STRUCT_OUT(tl, (const zo_optim_timeline *)NULL, ZO_OPTIM_TIMELINE_SIZE_V1, &o->err,
@@ -506,6 +513,7 @@ int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl)
 
 int zo_optim_timeline_json(zo_optim *o, char *buf, size_t len)
 {
+    zo__enter(o);
     zo_optim_timeline t = {.struct_size = sizeof(t)};
     int r = zo_optim_get_timeline(o, &t);
     if (r < 0)

@@ -1277,6 +1277,20 @@ START_TEST(test_optim_errors)
     g[0] = e.grp[0];
     g[0].hparams = &hp;
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    /* step, grad_scale and clip_coef are the engine's: a group that sets
+     * them is refused, not silently overridden */
+    for (int k = 0; k < 3; k++) {
+        hp = m.hp[0];
+        if (k == 0)
+            hp.step = 5;
+        else if (k == 1)
+            hp.grad_scale = 0.5;
+        else
+            hp.clip_coef = 0.25;
+        ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+        ck_assert_msg(strstr(zo_last_error_detail(), "the engine sets these itself"), "%s", zo_last_error_detail());
+        ck_assert_ptr_null(o);
+    }
     /* speculative with Lion */
     zo_optim_hparams_default(&hp, ZO_OPTIM_LION);
     c.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
@@ -1316,6 +1330,12 @@ START_TEST(test_optim_errors)
     zo_optim_hparams lion;
     zo_optim_hparams_default(&lion, ZO_OPTIM_LION);
     ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &lion), ZO_ECONFIG);
+    zo_optim_hparams h2 = m.hp[0];
+    h2.clip_coef = 0.5;
+    ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &h2), ZO_ECONFIG);
+    ck_assert(strstr(zo_optim_errmsg(e.o), "clip_coef 0.5"));
+    h2.clip_coef = 1.0;
+    ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &h2), 0);
     /* without double buffering the device params stay where the framework put them */
     void *dp = NULL;
     zo_event *ev = (zo_event *)1;

@@ -196,7 +196,9 @@ typedef struct zo_optim_group {
     void *const *dev_params;     /**< [ntensors] device parameters (param_dtype, zo_dev_malloc() memory of
                                       the config's device), or NULL: the engine never touches device
                                       params; the framework copies from zo_optim_param_buffer() itself */
-    const zo_optim_hparams *hparams; /**< NULL: the config's `hparams` */
+    const zo_optim_hparams *hparams; /**< NULL: the config's `hparams`. step, grad_scale and clip_coef are
+                                          the engine's: leave them at zo_optim_hparams_default()'s 1
+                                          (anything else is ZO_ECONFIG) */
     zo_optim_placement placement; /**< default ZO_OPTIM_PLACE_DEFAULT (the config's) */
     uint64_t sub_group_size;     /**< elements per sub-group; 0 (default): the config's */
     zo_dtype state_dtype;        /**< m and v: ZO_DTYPE_F32 (default) or ZO_DTYPE_BF16 */
@@ -225,7 +227,8 @@ typedef struct zo_optim_config {
     unsigned ngroups;            /**< >= 1 */
     zo_optim_hparams hparams;    /**< default hyperparameters of the groups (optimizer.type, optimizer.params:
                                       lr, betas, eps, weight_decay, bias_correction; "Adam" with
-                                      adam_w_mode true is ZO_OPTIM_ADAMW); default: AdamW defaults */
+                                      adam_w_mode true is ZO_OPTIM_ADAMW); default: AdamW defaults.
+                                      step, grad_scale, clip_coef: the engine's, leave them at 1 */
 
     /* ---- zero_optimization.offload_optimizer, sub_group_size ---- */
     zo_optim_placement placement; /**< offload_optimizer.device: "cpu" HOST (default), "nvme" NVME */
@@ -562,8 +565,9 @@ ZO_API int zo_optim_params_current(zo_optim *o);
  * @return 0; -EINVAL (NULL, group out of range); ZO_ECONFIG (lr not finite or < 0).
  */
 ZO_API int zo_optim_set_lr(zo_optim *o, unsigned group, double lr);
-/** Replace a group's hyperparameters (kind must stay). step, grad_scale and clip_coef are the engine's.
- *  @return 0; -EINVAL; ZO_ECONFIG (out of range, kind changed). */
+/** Replace a group's hyperparameters (kind must stay). step, grad_scale and clip_coef are the engine's
+ *  and must stay at zo_optim_hparams_default()'s 1 (zo_optim_set_step() sets the update count).
+ *  @return 0; -EINVAL; ZO_ECONFIG (out of range, kind changed, step/grad_scale/clip_coef set). */
 ZO_API int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *hp);
 
 /**

@@ -102,6 +102,21 @@ static void states_used(zo_optim_kind k, int used[ZO_OPTIM_STATE_COUNT])
     used[ZO_OPTIM_STATE_EXP_AVG_SQ] = k != ZO_OPTIM_LION;
 }
 
+/* step, grad_scale and clip_coef belong to the engine (its update count,
+ * loss scale and clip coefficient): a group that sets them would have them
+ * silently replaced, so anything but zo_optim_hparams_default()'s 1 is
+ * refused. */
+static int check_engine_fields(zo_optim *o, const zo_optim_hparams *hp, unsigned g, const char *fn)
+{
+    if (hp->step == 1 && hp->grad_scale == 1.0 && hp->clip_coef == 1.0)
+        return 0;
+    return ZO_FAIL(&o->err, ZO_ECONFIG,
+                   "%s: group %u hparams set step %lld, grad_scale %g, clip_coef %g: the engine sets these itself "
+                   "(its update count: zo_optim_set_step(); the loss scale; max_grad_norm clipping): leave them at "
+                   "zo_optim_hparams_default()'s 1",
+                   fn, g, (long long)hp->step, hp->grad_scale, hp->clip_coef);
+}
+
 /* Validate hyperparameters by the kernel's own rules: one step on one element. */
 static int check_hparams(zo_optim *o, const zo_optim_hparams *hp, unsigned g, zo_dtype sdt)
 {
@@ -253,10 +268,10 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
         if (og->hp.struct_size != sizeof(zo_optim_hparams) || og->hp.kind < 0 || og->hp.kind >= ZO_OPTIM_KIND_COUNT)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u hparams not filled by "
                            "zo_optim_hparams_default()", g);
-        og->hp.step = 1;
-        og->hp.grad_scale = 1.0;
-        og->hp.clip_coef = 1.0;
-        int r = check_hparams(o, &og->hp, g, og->sdt);
+        int r = check_engine_fields(o, &og->hp, g, "zo_optim_create");
+        if (r < 0)
+            return r;
+        r = check_hparams(o, &og->hp, g, og->sdt);
         if (r < 0)
             return r;
         if (cfg->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE &&
@@ -1368,11 +1383,8 @@ int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uh
     if (uhp->struct_size != sizeof(zo_optim_hparams) || uhp->kind != og->hp.kind)
         return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_set_hparams: struct_size or optimizer kind differs");
     zo_optim_hparams hp = *uhp;
-    hp.step = 1;
-    hp.grad_scale = 1.0;
-    hp.clip_coef = 1.0;
-    int r = check_hparams(o, &hp, group, og->sdt);
-    if (r < 0)
+    int r = check_engine_fields(o, &hp, group, "zo_optim_set_hparams");
+    if (r < 0 || (r = check_hparams(o, &hp, group, og->sdt)) < 0)
         return r;
     /* the worker reads hp while it runs (DPU): the change waits for the next update */
     og->hp_next = hp;

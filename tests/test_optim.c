@@ -15,7 +15,10 @@
 #include <stdlib.h>
 #include <fcntl.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <zoffload/zoffload.h>
@@ -807,11 +810,17 @@ typedef struct ckpt_run {
     eng e;
 } ckpt_run;
 
-static void ckpt_run_setup(ckpt_run *k)
+/* ... configured only (params and gradients in dtype) */
+static void ckpt_run_config(ckpt_run *k, zo_dtype dtype)
 {
     zo_test_mkdtemp(k->dir, sizeof(k->dir));
-    setup(&k->m, &k->r, &k->e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    setup(&k->m, &k->r, &k->e, dtype, dtype);
     k->e.cfg.max_grad_norm = 1.0;
+}
+
+static void ckpt_run_setup(ckpt_run *k)
+{
+    ckpt_run_config(k, ZO_DTYPE_BF16);
     eng_create(&k->e);
 }
 
@@ -1641,6 +1650,114 @@ START_TEST(test_optim_errmsg)
 }
 END_TEST
 
+/* The fp32 CPU trainer's path (docs/optim-integration.md): on the host
+ * backend the params and gradients may be plain malloc() memory (optim.h,
+ * dev_params); the engine reads and writes them in place, exactly as the
+ * reference run. */
+START_TEST(test_optim_host_malloc)
+{
+    ckpt_run k;
+    ckpt_run_config(&k, ZO_DTYPE_F32);
+    void *devp[NT], *devg[NT];
+    for (int i = 0; i < NT; i++) {
+        devp[i] = k.e.dparam[i];
+        devg[i] = k.e.dgrad[i];
+        k.e.dparam[i] = malloc(k.m.numel[i] * 4); /* grp[].dev_params point into e.dparam */
+        k.e.dgrad[i] = malloc(k.m.numel[i] * 4);
+        memcpy(k.e.dparam[i], devp[i], k.m.numel[i] * 4);
+    }
+    eng_create(&k.e);
+    train(&k.e, &k.r, 1, 3);
+    compare(&k.e, &k.r, "malloc'd params");
+    zo_optim_destroy(&k.e.o);
+    for (int i = 0; i < NT; i++) {
+        free(k.e.dparam[i]);
+        free(k.e.dgrad[i]);
+        k.e.dparam[i] = devp[i];
+        k.e.dgrad[i] = devg[i];
+    }
+    ckpt_run_free(&k);
+}
+END_TEST
+
+/* Bytes of the arena files in `dir` whose name carries pid `pid` (0: any). */
+static uint64_t arena_bytes(const char *dir, pid_t pid)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    char pre[64];
+    snprintf(pre, sizeof(pre), "zo-swap.%d.", (int)pid);
+    uint64_t sum = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (strncmp(de->d_name, pid ? pre : "zo-swap.", strlen(pid ? pre : "zo-swap.")) != 0)
+            continue;
+        char p[600];
+        struct stat st;
+        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+        if (stat(p, &st) == 0)
+            sum += (uint64_t)st.st_size;
+    }
+    closedir(d);
+    return sum;
+}
+
+/* docs/optim.md: the swap files of a run killed with SIGKILL (no destroy,
+ * no cleanup) are reclaimed by the next engine created with the same
+ * nvme_path (the swap store's flock on each arena file dies with the
+ * process), and not before: a live engine's are never touched. */
+START_TEST(test_optim_nvme_killed_reclaimed)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        eng e;
+        eng_config(&e, &m);
+        e.cfg.placement = ZO_OPTIM_PLACE_NVME;
+        e.cfg.nvme_path = dir;
+        int r = zo_optim_create(&e.o, &e.cfg);
+        if (r == 0)
+            r = zo_optim_init_from_device(e.o);
+        char c = r == 0 ? 'y' : 'n';
+        if (write(ready[1], &c, 1) != 1)
+            _exit(3);
+        pause(); /* killed here, engine and all */
+        _exit(0);
+    }
+    close(ready[1]);
+    char c = 0;
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    ck_assert_int_eq(c, 'y');
+    uint64_t held = arena_bytes(dir, child);
+    ck_assert_uint_gt(held, 0);
+    /* a second engine beside the live one leaves its files alone */
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.placement = ZO_OPTIM_PLACE_NVME;
+    e.cfg.nvme_path = dir;
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    ck_assert_uint_eq(arena_bytes(dir, child), held);
+    zo_optim_destroy(&e.o);
+    ck_assert_int_eq(kill(child, SIGKILL), 0);
+    int st;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    ck_assert_uint_eq(arena_bytes(dir, child), held); /* nobody has looked yet */
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    ck_assert_uint_eq(arena_bytes(dir, child), 0);
+    zo_optim_destroy(&e.o);
+    ck_assert_uint_eq(arena_bytes(dir, 0), 0); /* and destroy removes its own */
+    eng_free(&e);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 /* destroy while a step runs (and while DPU copies are pending; 2: DPU with
  * double-buffered device params, writing the engine's second buffers) */
 START_TEST(test_optim_destroy_async)
@@ -2039,6 +2156,8 @@ int main(void)
     tcase_add_test(tcc, test_optim_load_fails_midway);
     tcase_add_test(tcc, test_optim_load_tensor_set);
     tcase_add_test(tcc, test_optim_errmsg);
+    tcase_add_test(tcc, test_optim_host_malloc);
+    tcase_add_test(tcc, test_optim_nvme_killed_reclaimed);
     suite_add_tcase(s, tcc);
     return zo_test_run(s);
 }

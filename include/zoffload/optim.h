@@ -194,8 +194,12 @@ typedef struct zo_optim_group {
     const uint64_t *numel;       /**< [ntensors] element counts, each >= 1 */
     const char *const *names;    /**< [ntensors] unique names (1..200 bytes, no '/'), or NULL: "g<group>.t<i>" */
     void *const *dev_params;     /**< [ntensors] device parameters (param_dtype, zo_dev_malloc() memory of
-                                      the config's device), or NULL: the engine never touches device
-                                      params; the framework copies from zo_optim_param_buffer() itself */
+                                      the config's device; on the host backend any host memory will do,
+                                      plain malloc() or a framework's tensors: it copies with memcpy and
+                                      the fused kernel writes them in place), or NULL: the engine never
+                                      touches device params; the framework copies from
+                                      zo_optim_param_buffer() itself. Not owned: valid, at the same
+                                      address, until zo_optim_destroy() */
     const zo_optim_hparams *hparams; /**< NULL: the config's `hparams`. step, grad_scale and clip_coef are
                                           the engine's: leave them at zo_optim_hparams_default()'s 1
                                           (anything else is ZO_ECONFIG) */
@@ -401,8 +405,9 @@ ZO_API int zo_optim_push_params(zo_optim *o);
 
 /**
  * Hand over the gradient of tensor `index`: `numel` elements of grad_dtype
- * at device pointer `dev_grad`, valid once `ready` completes (NULL: already
- * valid). The copy is queued on the engine's device -> host stream behind
+ * at device pointer `dev_grad` (on the host backend any host memory,
+ * malloc() included: it is read in place), valid once `ready` completes
+ * (NULL: already valid). The copy is queued on the engine's device -> host stream behind
  * `ready` and the call returns at once; the device memory must stay valid
  * and unchanged until the copy is done (zo_optim_grads_done() or the next
  * step call). Within one accumulation window the first gradient of a

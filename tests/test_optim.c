@@ -1650,6 +1650,60 @@ START_TEST(test_optim_errmsg)
 }
 END_TEST
 
+/* zo_optim_discard_grads(): a window dropped mid-way (two of three
+ * micro-steps, and a gradient after them) leaves no trace: the next window
+ * updates exactly as the reference that never saw it, and a save is allowed
+ * again at once. Under the eager speculative step a window whose update
+ * has begun cannot be dropped. */
+START_TEST(test_optim_discard_grads)
+{
+    ckpt_run k;
+    ckpt_run_config(&k, ZO_DTYPE_BF16);
+    k.e.cfg.grad_accum_steps = 3;
+    eng_create(&k.e);
+    zo_optim *o = k.e.o;
+    for (int ms = 0; ms < 2; ms++) {
+        for (int i = 0; i < NT; i++) {
+            fill_grad(&k.e, i, 100 + ms, 1.0);
+            ck_assert_int_eq(zo_optim_grad(o, (unsigned)i, k.e.dgrad[i], NULL), 0);
+        }
+        ck_assert_int_eq(zo_optim_step_async(o, NULL), 0);
+    }
+    ck_assert_int_eq(zo_optim_grad(o, 1, k.e.dgrad[1], NULL), 0);
+    ck_assert_int_eq(zo_optim_save(o, k.dir, "mid", 0, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_discard_grads(o), 0);
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    ck_assert_int_eq(zo_optim_get_info(o, &info), 0);
+    ck_assert_uint_eq(info.micro_steps, 0);
+    ck_assert_int_eq(zo_optim_save(o, k.dir, "boundary", 0, NULL), 0);
+    /* one whole window, as the reference sees it: tensor 2 gets no gradient */
+    for (int ms = 1; ms <= 3; ms++) {
+        for (int i = 0; i < NT; i++) {
+            if (i == 2)
+                continue;
+            fill_grad(&k.e, i, ms, 1.0);
+            ref_grad(&k.r, i, k.e.dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(o, (unsigned)i, k.e.dgrad[i], NULL), 0);
+        }
+        ck_assert_int_eq(zo_optim_step(o, NULL, NULL), 0);
+    }
+    ref_step(&k.r, 1.0, 1.0, NULL);
+    compare(&k.e, &k.r, "after a discarded window");
+    zo_optim_destroy(&k.e.o);
+    /* eager speculative: the last micro-step's first gradient starts the update */
+    k.e.cfg.grad_accum_steps = 1;
+    k.e.cfg.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
+    eng_create(&k.e);
+    ck_assert_int_eq(zo_optim_grad(k.e.o, 0, k.e.dgrad[0], NULL), 0);
+    ck_assert_int_eq(zo_optim_discard_grads(k.e.o), ZO_ESTATE);
+    ck_assert(strstr(zo_optim_errmsg(k.e.o), "has begun"));
+    ck_assert_int_eq(zo_optim_step(k.e.o, NULL, NULL), 0);
+    ck_assert_int_eq(zo_optim_discard_grads(k.e.o), 0); /* an empty window: nothing to drop */
+    ck_assert_int_eq(zo_optim_discard_grads(NULL), -EINVAL);
+    ckpt_run_free(&k);
+}
+END_TEST
+
 /* The fp32 CPU trainer's path (docs/optim-integration.md): on the host
  * backend the params and gradients may be plain malloc() memory (optim.h,
  * dev_params); the engine reads and writes them in place, exactly as the
@@ -2157,6 +2211,7 @@ int main(void)
     tcase_add_test(tcc, test_optim_load_tensor_set);
     tcase_add_test(tcc, test_optim_errmsg);
     tcase_add_test(tcc, test_optim_host_malloc);
+    tcase_add_test(tcc, test_optim_discard_grads);
     tcase_add_test(tcc, test_optim_nvme_killed_reclaimed);
     suite_add_tcase(s, tcc);
     return zo_test_run(s);

@@ -448,6 +448,20 @@ ZO_API int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad
 ZO_API int zo_optim_grads_done(zo_optim *o);
 
 /**
+ * Drop the current accumulation window: every gradient handed over since
+ * the last boundary (waited for first) and the window's micro-steps (the
+ * micro-step count goes back to the boundary's), as if the window had not
+ * begun. For a framework's zero_grad() mid-window, or a trainer stopping
+ * between boundaries that still wants to save (saves are refused
+ * mid-window). Masters, states, counts and the scaler are untouched; under
+ * DPU an update in flight goes on. Blocks until the window's copies land.
+ * @return 0; -EINVAL (NULL); ZO_ESTATE (without DPU, a step in flight on
+ *         this window; the eager speculative update of this window has
+ *         begun; the states are undefined); copy errors.
+ */
+ZO_API int zo_optim_discard_grads(zo_optim *o);
+
+/**
  * This rank's partial of the global gradient norm for the current
  * boundary: waits for the gradients, then *sumsq = sum of the squares of
  * the accumulated (still loss-scaled) gradients, in double, summed tensor

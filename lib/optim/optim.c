@@ -1052,6 +1052,31 @@ static int close_window(zo_optim *o)
     return 0;
 }
 
+int zo_optim_discard_grads(zo_optim *o)
+{
+    zo__enter(o);
+    if (!o)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_discard_grads: NULL engine");
+    /* the eager speculative update already applies this window's gradients */
+    if (o->eager_open)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_discard_grads: the speculative update of this window has "
+                       "begun (its last micro-step's first gradient started it): end the micro-step with "
+                       "zo_optim_step_async()");
+    int r = intake_ok(o, "zo_optim_discard_grads");
+    if (r < 0 || (r = zo_optim_grads_done(o)) < 0)
+        return r;
+    /* with no arrivals, the window's next gradients overwrite the
+     * accumulators, and tensors without one are zeroed at the step */
+    unsigned w = o->win;
+    memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+    zo__win_reset(o, w);
+    zo__gst_reset(o, w);
+    atomic_store(&o->d2h_ns[w], 0);
+    atomic_store(&o->d2h_bytes[w], 0);
+    o->micro -= o->micro % o->cfg.grad_accum_steps;
+    return 0;
+}
+
 int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite)
 {
     zo__enter(o);

@@ -23,6 +23,30 @@ run() {
     echo "exit $rc: $(cat "$scratch/err")"
 }
 
+# start zo-train in the background (pid in $pid), output in $scratch/out and
+# err, and wait until it is training (its engine line is out: up to 60 s)
+start_training() {
+    "$train" "$@" >"$scratch/out" 2>"$scratch/err" &
+    pid=$!
+    i=0
+    while ! grep -q "^engine:" "$scratch/out" 2>/dev/null; do
+        kill -0 $pid 2>/dev/null && [ $i -lt 600 ] ||
+            { echo "no engine line"; cat "$scratch/out" "$scratch/err"; kill -9 $pid 2>/dev/null; exit 1; }
+        sleep 0.1; i=$((i + 1))
+    done
+}
+
+# wait for $pid to end, within $1 seconds (killed and failed otherwise); rc in $rc
+wait_within() {
+    i=0
+    while kill -0 $pid 2>/dev/null; do
+        [ $i -lt $(($1 * 10)) ] || { echo "still running after $1 s"; kill -9 $pid; cat "$scratch/err"; exit 1; }
+        sleep 0.1; i=$((i + 1))
+    done
+    wait $pid
+    rc=$?
+}
+
 # the NVMe parent holds nothing of ours after the run
 nothing_left() {
     if [ -n "$(ls -A "$1")" ]; then
@@ -133,6 +157,32 @@ interrupt-save-resume)
     [ -f "$scratch/ck/latest" ] || { echo "no checkpoint"; ls -la "$scratch/ck"; exit 1; }
     run 0 "" --layers 2 --width 256 --batch 64 --steps 2 --resume "$scratch/ck" --verify
     grep -q "bit for bit" "$scratch/out" || { echo "resume did not verify"; cat "$scratch/out"; exit 1; } ;;
+interrupt-in-window)
+    # a signal inside a long accumulation window (60000 micro-steps of 20 ms or more) stops the
+    # run within a micro-step, not at the boundary half an hour later; the window is dropped and
+    # the checkpoint is at the last boundary, from which a resumed run verifies
+    ZO_TRAIN_TEST_MICRO_DELAY_MS=20 start_training $small --steps 3 --accum 60000 --save "$scratch/ck"
+    sleep 0.5
+    kill -TERM $pid
+    wait_within 20
+    [ "$rc" -eq 0 ] || { echo "interrupted run exit $rc"; cat "$scratch/err"; exit 1; }
+    grep -q "interrupted inside an accumulation window" "$scratch/out" && grep -q "saved .*step-0" "$scratch/out" ||
+        { echo "no interrupt or save line:"; cat "$scratch/out"; exit 1; }
+    run 0 "" $small --steps 2 --accum 2 --resume "$scratch/ck" --verify
+    grep -q "bit for bit" "$scratch/out" || { echo "resume did not verify"; cat "$scratch/out"; exit 1; } ;;
+second-signal)
+    # a second signal ends a run stuck in a long micro-step at once (128 + SIGINT)
+    mkdir "$scratch/nvme"
+    ZO_TRAIN_TEST_MICRO_DELAY_MS=100000 start_training $small --steps 2 --offload nvme --nvme-path "$scratch/nvme"
+    sleep 0.3
+    kill -INT $pid
+    sleep 0.5
+    kill -0 $pid 2>/dev/null || { echo "the first signal did not wait for the micro-step"; exit 1; }
+    kill -INT $pid
+    wait_within 10
+    [ "$rc" -eq 130 ] && grep -q "second signal" "$scratch/err" ||
+        { echo "exit $rc after two signals:"; cat "$scratch/err"; exit 1; }
+    echo "exit 130: $(cat "$scratch/err")" ;;
 plan-config)
     # zo-plan --config writes a config the engine loads: zo-train runs it and verifies
     "$plan" --no-probe --config "$scratch/plan.json" -- --layers 2 --width 32 --batch 4 --accum 2 --clip 0.5 \

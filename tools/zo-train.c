@@ -108,12 +108,42 @@ static FILE *create_file(const char *path)
     return f;
 }
 
-/* Ctrl-C (and SIGTERM): stop at the next step boundary. */
+/* Ctrl-C (and SIGTERM): stop at the next micro-step (a window stopped
+ * inside is dropped, so the checkpoint is at a step boundary). A second
+ * signal exits at once: a run stuck in a long micro-step must still be
+ * stoppable; its private NVMe directory is then reclaimed by the next run
+ * (zo_tool_rundir_make). */
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig)
 {
-    (void)sig;
-    g_stop = 1;
+    if (g_stop) {
+        static const char msg[] = "zo-train: second signal: exiting now, without saving\n";
+        if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {
+            /* nothing more to say */
+        }
+        _exit(128 + sig);
+    }
+    g_stop = sig;
+}
+
+/* Test hook: ZO_TRAIN_TEST_MICRO_DELAY_MS makes every micro-step take that
+ * much longer (a stand-in for a long forward/backward), so the tests can
+ * signal a run inside a micro-step or an accumulation window. Signals do
+ * not shorten it. */
+static void test_micro_delay(void)
+{
+    static long ms = -1;
+    if (ms < 0) {
+        const char *e = getenv("ZO_TRAIN_TEST_MICRO_DELAY_MS");
+        ms = e ? strtol(e, NULL, 10) : 0;
+        if (ms < 0)
+            ms = 0;
+    }
+    if (!ms)
+        return;
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
 }
 
 static double now_s(void)
@@ -1047,7 +1077,11 @@ int main(int argc, char **argv)
     for (unsigned s = 0; s < opt.steps && !g_stop; s++) {
         double t0 = now_s(), compute = 0, data = 0, loss = 0, ref_loss = 0;
         double scale = zo_optim_loss_scale(o); /* fp16: the dynamic loss scale of this window */
-        for (unsigned k = 0; k < cfg.grad_accum_steps; k++, micro++) {
+        unsigned k;
+        for (k = 0; k < cfg.grad_accum_steps; k++, micro++) {
+            if (g_stop)
+                break; /* inside the window: checked at every micro-step, not only at the boundary */
+            test_micro_delay();
             double td = now_s();
             train_teacher_batch(&teacher, micro, x, y);
             double tc = now_s();
@@ -1084,6 +1118,24 @@ int main(int argc, char **argv)
                 }
                 ref_loss += rl / cfg.grad_accum_steps;
             }
+        }
+        if (k < cfg.grad_accum_steps) {
+            /* Stopped inside the window: a step on part of it would not be
+             * this run's step, and a save is refused mid-window; drop it, so
+             * the run ends (and saves) at the last boundary and a resumed run
+             * starts this window again from its first micro-step. */
+            if ((r = zo_optim_discard_grads(o)) < 0) {
+                fprintf(stderr, "zo-train: dropping the interrupted window: %s (%s)\n", zo_strerror(r),
+                        zo_optim_errmsg(o));
+                goto out;
+            }
+            micro -= k;
+            if (opt.verify)
+                for (unsigned i = 0; i < ref.ntensors; i++)
+                    ref.first[i] = 1;
+            printf("interrupted inside an accumulation window: its %u of %u micro-steps are dropped\n", k,
+                   cfg.grad_accum_steps);
+            break;
         }
         /* Without DPU (or in its warm-up) the update finishes now; with it,
          * the next step call finishes it while this step's forward runs. */
@@ -1150,7 +1202,7 @@ int main(int argc, char **argv)
             totals_add_timeline(&tot, &tl); /* the last update, finished by the wait */
     }
     if (g_stop)
-        printf("interrupted: stopped at a step boundary\n");
+        printf("interrupted (%s): stopped at a step boundary\n", g_stop == SIGTERM ? "SIGTERM" : "SIGINT");
 
     if (opt.save) {
         char name[64], user[128];

@@ -183,6 +183,25 @@ second-signal)
     [ "$rc" -eq 130 ] && grep -q "second signal" "$scratch/err" ||
         { echo "exit $rc after two signals:"; cat "$scratch/err"; exit 1; }
     echo "exit 130: $(cat "$scratch/err")" ;;
+resume-lr-seed)
+    # --resume goes on with the checkpoint's seed (the teacher and the data): the resumed steps'
+    # losses are the uninterrupted run's; another --seed is refused; --lr replaces the
+    # checkpoint's learning rate (the in-memory reference takes it, so --verify would fail if
+    # the engine kept the old one)
+    run 0 "" $small --steps 2 --seed 5 --lr 0.002 --save "$scratch/ck"
+    run 2 "trained with seed 5" $small --steps 1 --resume "$scratch/ck" --seed 6
+    run 0 "" $small --steps 4 --seed 5 --lr 0.002 --json "$scratch/a.json"
+    run 0 "" $small --steps 2 --resume "$scratch/ck" --json "$scratch/c.json"
+    grep -q "seed 5 (the checkpoint's), lr 0.002 (the checkpoint's)" "$scratch/out" ||
+        { echo "no resume line:"; cat "$scratch/out"; exit 1; }
+    loss() { sed -n "s/.*\"step\":$2,\"loss\":\([^,]*\),.*/\1/p" "$1"; }
+    for st in 3 4; do
+        a=$(loss "$scratch/a.json" $st); c=$(loss "$scratch/c.json" $st)
+        [ -n "$a" ] && [ "$a" = "$c" ] || { echo "step $st: uninterrupted loss '$a', resumed '$c'"; exit 1; }
+    done
+    run 0 "" $small --steps 2 --resume "$scratch/ck" --lr 0.0005 --verify
+    grep -q "lr 0.0005 (--lr)" "$scratch/out" && grep -q "bit for bit" "$scratch/out" ||
+        { echo "--lr on resume:"; cat "$scratch/out"; exit 1; } ;;
 plan-config)
     # zo-plan --config writes a config the engine loads: zo-train runs it and verifies
     "$plan" --no-probe --config "$scratch/plan.json" -- --layers 2 --width 32 --batch 4 --accum 2 --clip 0.5 \

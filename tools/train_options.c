@@ -174,7 +174,7 @@ int train_options_parse(int argc, char **argv, options *o)
         case O_VERIFY: o->verify = 1; break;
         case O_JSON: o->json = optarg; break;
         case O_QUIET: o->quiet = 1; break;
-        case O_SEED: if (parse_u64("--seed", optarg, 0, UINT64_MAX / 4, &o->seed)) return 2; break;
+        case O_SEED: if (parse_u64("--seed", optarg, 0, UINT64_MAX / 4, &o->seed)) return 2; o->seed_given = 1; break;
         case O_HELP: train_usage(stdout); return -1;
         default:
             fprintf(stderr, "zo-train: unknown option '%s' (--help lists them)\n", argv[optind - 1]);

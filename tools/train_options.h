@@ -38,6 +38,7 @@ typedef struct options {
     const char *json;         /* --json */
     int quiet;                /* --quiet: no per-step lines */
     uint64_t seed;            /* --seed */
+    int seed_given;
     int defaulted;            /* no model flags: the embedded default */
 } options;
 

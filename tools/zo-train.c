@@ -1008,6 +1008,41 @@ int main(int argc, char **argv)
             goto out;
         }
         micro = um;
+        /* The seed makes the teacher and the data: the run goes on with the
+         * checkpoint's, and another one would be another task. */
+        unsigned long long useed;
+        if ((p = strstr(user, "\"seed\":")) && sscanf(p, "\"seed\":%llu", &useed) == 1) {
+            if (opt.seed_given && opt.seed != useed) {
+                fprintf(stderr, "zo-train: --resume %s: --seed %" PRIu64 ", but the checkpoint was trained with seed "
+                                "%llu (the teacher and the data follow the seed): give --seed %llu or leave it out\n",
+                        opt.resume, opt.seed, useed, useed);
+                rc = 2;
+                goto out;
+            }
+            shape.seed = useed;
+        }
+        /* The learning rate: --lr replaces the checkpoint's; without it the
+         * checkpoint's goes on (zo_optim_load restored it), and the
+         * reference of --verify takes it too. */
+        double ulr;
+        const char *lr_from = "--lr";
+        if (opt.lr_given) {
+            if ((r = zo_optim_set_lr(o, 0, opt.lr)) < 0 || (r = zo_optim_set_lr(o, 1, opt.lr)) < 0) {
+                fprintf(stderr, "zo-train: --lr %g: %s (%s)\n", opt.lr, zo_strerror(r), zo_optim_errmsg(o));
+                rc = 2;
+                goto out;
+            }
+        } else if ((p = strstr(user, "\"lr\":")) && sscanf(p, "\"lr\":%lf", &ulr) == 1) {
+            hp_w.lr = hp_b.lr = ulr;
+            lr_from = "the checkpoint's";
+        } else {
+            lr_from = NULL; /* an older checkpoint: the engine has it, we do not know it */
+        }
+        printf("resumed from %s: seed %" PRIu64 "%s, ", opt.resume, shape.seed, opt.seed_given ? "" : " (the checkpoint's)");
+        if (lr_from)
+            printf("lr %g (%s)\n", hp_w.lr, lr_from);
+        else
+            printf("lr: the checkpoint's (not recorded in it)\n");
         if (tiled && (r = refresh_tiles(o, &dm)) < 0)
             goto out;
     } else if (tiled) {
@@ -1205,11 +1240,12 @@ int main(int argc, char **argv)
         printf("interrupted (%s): stopped at a step boundary\n", g_stop == SIGTERM ? "SIGTERM" : "SIGINT");
 
     if (opt.save) {
-        char name[64], user[128];
+        char name[64], user[192];
         zo_optim_get_info(o, &info);
         snprintf(name, sizeof(name), "step-%" PRId64, info.step);
-        snprintf(user, sizeof(user), "{\"micro\":%" PRIu64 ",\"layers\":%u,\"width\":%zu,\"seed\":%" PRIu64 "}", micro,
-                 shape.layers, shape.width, shape.seed);
+        snprintf(user, sizeof(user),
+                 "{\"micro\":%" PRIu64 ",\"layers\":%u,\"width\":%zu,\"seed\":%" PRIu64 ",\"lr\":%.17g}", micro,
+                 shape.layers, shape.width, shape.seed, hp_w.lr);
         if (mkdir(opt.save, 0700) < 0 && errno != EEXIST) {
             fprintf(stderr, "zo-train: --save %s: %s\n", opt.save, strerror(errno));
             goto out;

@@ -59,6 +59,13 @@ too-wide)
     run 2 "32-bit" --width 100000 --layers 1 ;;
 too-big)
     run 2 "more than this machine" --params 64G --layers 4096 ;;
+params-limits)
+    # --params with a narrow --width: the layers it implies are held to --layers' limit, in
+    # 64 bits (2^32 + 1 layers once wrapped to one, a 2-parameter model); 1e6 is a size
+    run 2 "4294967297 layers, more than the 4096" --params 8589934594 --width 1
+    run 2 "10000 layers, more than the 4096" --params 20000 --width 1
+    run 0 "" --params 1e5 --layers 2 --batch 4 --steps 1 --quiet
+    grep -q "^model: 2 layers of 223 x 223" "$scratch/out" || { echo "--params 1e5:"; cat "$scratch/out"; exit 1; } ;;
 params-too-small)
     run 2 "less than one layer" --params 10 --width 64 ;;
 missing-nvme-path)

@@ -42,6 +42,9 @@ typedef struct options {
     int defaulted;            /* no model flags: the embedded default */
 } options;
 
+/* The most layers a model may have (--layers, and what --params with --width implies). */
+#define TRAIN_MAX_LAYERS 4096u
+
 /* The host backend's device budget zo-train sets itself when --device-budget
  * is not given: what the device model needs (params, grads, activations)
  * and an eighth more, never the fp32 masters and states. */

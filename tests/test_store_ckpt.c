@@ -278,6 +278,11 @@ START_TEST(test_store_restore_user_json)
     zo_tensor *a = reg(&e, "a", n, ZO_TIER_HOST, 31);
     ck_assert_int_eq(zo_store_checkpoint(e.st, e.root, "s7", NULL, 0, 0, "{\"step\": 7, \"lr\": 0.5}"), 0);
     ck_assert_int_eq(zo_store_checkpoint(e.st, e.root, "s8", NULL, 0, 0, NULL), 0);
+    /* a name taken: the store's detail says so (it was empty when the
+     * checkpoint could not even begin; zo_optim_save passes it on) */
+    ck_assert_int_eq(zo_store_checkpoint(e.st, e.root, "s8", NULL, 0, 0, NULL), -EEXIST);
+    ck_assert_msg(strstr(zo_store_errmsg(e.st), "zo_store_checkpoint") && strstr(zo_store_errmsg(e.st), "s8"), "%s",
+                  zo_store_errmsg(e.st));
     uint8_t *junk = malloc(n);
     fill(junk, n, 98);
     ck_assert_int_eq(zo_store_write(e.st, a, 0, junk, n), 0);

@@ -59,6 +59,16 @@ too-wide)
     run 2 "32-bit" --width 100000 --layers 1 ;;
 too-big)
     run 2 "more than this machine" --params 64G --layers 4096 ;;
+save-checked-first)
+    # --save problems are found before the first step, not after the whole run (with an empty
+    # detail): not a directory, a checkpoint name this run would write already there
+    run 2 "exists and is not a directory" $small --steps 2 --save /dev/null
+    ! grep -q "^summary" "$scratch/out" || { echo "trained before refusing"; exit 1; }
+    mkdir -p "$scratch/ck/step-2"
+    run 2 "already holds step-2" $small --steps 2 --save "$scratch/ck"
+    ! grep -q "^summary" "$scratch/out" || { echo "trained before refusing"; exit 1; }
+    run 0 "" $small --steps 1 --save "$scratch/ck"
+    [ -f "$scratch/ck/latest" ] || { echo "no checkpoint"; exit 1; } ;;
 params-limits)
     # --params with a narrow --width: the layers it implies are held to --layers' limit, in
     # 64 bits (2^32 + 1 layers once wrapped to one, a 2-parameter model); 1e6 is a size

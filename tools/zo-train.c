@@ -24,6 +24,7 @@
  * included), and compares losses every step and the masters, optimizer
  * states and device parameters bit for bit at the end.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
@@ -106,6 +107,43 @@ static FILE *create_file(const char *path)
     if (!f)
         close(fd);
     return f;
+}
+
+/* --save DIR, checked before the first step rather than after the last:
+ * DIR is (made if missing, mode 0700) a directory this process can write
+ * into, and holds no checkpoint this run could write, step-K for K in
+ * (first, last] (an interrupted or skipping run ends before last; a
+ * checkpoint is never overwritten). 0, or -1 with the reason on stderr. */
+static int check_save_dir(const char *dir, int64_t first, int64_t last)
+{
+    char why[PATH_MAX + 128];
+    if (zo_tool_mkdir(dir, why, sizeof(why)) < 0) {
+        fprintf(stderr, "zo-train: --save %s: %s\n", dir, why);
+        return -1;
+    }
+    if (access(dir, W_OK | X_OK) < 0) {
+        fprintf(stderr, "zo-train: --save %s: cannot write checkpoints into it: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "zo-train: --save %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    int r = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && r == 0) {
+        long long k;
+        int n = 0;
+        if (sscanf(de->d_name, "step-%lld%n", &k, &n) == 1 && de->d_name[n] == 0 && k > first && k <= last) {
+            fprintf(stderr, "zo-train: --save %s: it already holds %s, a checkpoint this run may write (steps "
+                            "%" PRId64 " to %" PRId64 "; checkpoints are never overwritten): remove it or save "
+                            "elsewhere\n", dir, de->d_name, first + 1, last);
+            r = -1;
+        }
+    }
+    closedir(d);
+    return r;
 }
 
 /* Ctrl-C (and SIGTERM): stop at the next micro-step (a window stopped
@@ -1053,6 +1091,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "zo-train: zo_optim_init_from_device: %s: %s\n", zo_strerror(r), zo_optim_errmsg(o));
         goto out;
     }
+    if (opt.save) {
+        zo_optim_info si = {.struct_size = sizeof(si)};
+        if ((r = zo_optim_get_info(o, &si)) < 0 || check_save_dir(opt.save, si.step, si.step + opt.steps) < 0) {
+            rc = 2;
+            goto out;
+        }
+    }
 
     if (opt.verify) {
         if ((r = reference_init(&ref, &shape, &cfg, &dm, tiled ? &tiling : NULL)) < 0 ||
@@ -1246,10 +1291,6 @@ int main(int argc, char **argv)
         snprintf(user, sizeof(user),
                  "{\"micro\":%" PRIu64 ",\"layers\":%u,\"width\":%zu,\"seed\":%" PRIu64 ",\"lr\":%.17g}", micro,
                  shape.layers, shape.width, shape.seed, hp_w.lr);
-        if (mkdir(opt.save, 0700) < 0 && errno != EEXIST) {
-            fprintf(stderr, "zo-train: --save %s: %s\n", opt.save, strerror(errno));
-            goto out;
-        }
         if ((r = zo_optim_save(o, opt.save, name, 2, user)) < 0) {
             fprintf(stderr, "zo-train: --save %s: %s (%s)\n", opt.save, zo_strerror(r), zo_optim_errmsg(o));
             goto out;

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -86,6 +87,16 @@ static inline void zo_test_mkdtemp(char *buf, size_t len)
     snprintf(buf, len, "%s/zo-test-XXXXXX", base);
     if (!mkdtemp(buf)) {
         fprintf(stderr, "mkdtemp(%s): %s\n", buf, strerror(errno));
+        exit(1);
+    }
+}
+
+/* Make directory <base>/<name> (0700) and its path in buf. */
+static inline void zo_test_subdir(char *buf, size_t len, const char *base, const char *name)
+{
+    snprintf(buf, len, "%s/%s", base, name);
+    if (mkdir(buf, 0700) != 0) {
+        fprintf(stderr, "mkdir(%s): %s\n", buf, strerror(errno));
         exit(1);
     }
 }
@@ -167,6 +178,17 @@ static inline int zo_test_limit_memlock(uint64_t bytes)
     if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0)
         return -errno;
     return zo_test_drop_ipc_lock();
+}
+
+/* A suite `name` with one test case of that name and `timeout` seconds,
+ * added to it (*tc: add the tests there). */
+static inline Suite *zo_test_suite1(const char *name, TCase **tc, double timeout)
+{
+    Suite *s = suite_create(name);
+    *tc = tcase_create(name);
+    tcase_set_timeout(*tc, timeout);
+    suite_add_tcase(s, *tc);
+    return s;
 }
 
 /* Run a suite; returns the process exit code. CK_FORK stays as configured

@@ -199,7 +199,28 @@ second-signal)
     wait_within 10
     [ "$rc" -eq 130 ] && grep -q "second signal" "$scratch/err" ||
         { echo "exit $rc after two signals:"; cat "$scratch/err"; exit 1; }
-    echo "exit 130: $(cat "$scratch/err")" ;;
+    echo "exit 130: $(cat "$scratch/err")"
+    # it left its private directory; the next run in that parent reclaims it
+    [ -n "$(ls -A "$scratch/nvme")" ] || { echo "nothing left to reclaim?"; exit 1; }
+    run 0 "removed .*/zo-train-" $small --steps 1 --offload nvme --nvme-path "$scratch/nvme"
+    nothing_left "$scratch/nvme" ;;
+killed-run-reclaimed)
+    # kill -9 leaves the private directory with the swap files; each run makes a fresh one, so
+    # only a reclaim of stale run directories gets the space back: the next run does it, and
+    # never touches a live run's (a second run beside the first)
+    mkdir "$scratch/nvme"
+    ZO_TRAIN_TEST_MICRO_DELAY_MS=100000 start_training $small --steps 2 --offload nvme --nvme-path "$scratch/nvme"
+    live=$pid
+    run 0 "" $small --steps 1 --offload nvme --nvme-path "$scratch/nvme"
+    ! grep -q "removed" "$scratch/err" && [ "$(ls -A "$scratch/nvme" | wc -l)" -eq 1 ] ||
+        { echo "a live run's directory was touched:"; ls -la "$scratch/nvme"; cat "$scratch/err"; exit 1; }
+    kill -KILL $live
+    wait $live
+    left=$(ls -A "$scratch/nvme")
+    [ -n "$left" ] && [ -n "$(ls -A "$scratch/nvme/$left")" ] || { echo "kill -9 left nothing?"; exit 1; }
+    run 0 "removed .*/$left, the run directory of a run that is gone (pid $live)" $small --steps 1 --offload nvme \
+        --nvme-path "$scratch/nvme"
+    nothing_left "$scratch/nvme" ;;
 resume-lr-seed)
     # --resume goes on with the checkpoint's seed (the teacher and the data): the resumed steps'
     # losses are the uninterrupted run's; another --seed is refused; --lr replaces the

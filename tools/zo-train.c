@@ -27,7 +27,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -50,30 +49,10 @@
 
 /* ---- temporary directories and files ------------------------------------------------------ */
 
-/* The private swap directory, removed at exit on every path (also Ctrl-C). */
-static char g_tmpdir[PATH_MAX];
+/* The private swap directory, removed at exit on every path (also Ctrl-C);
+ * one a killed run left is reclaimed by the next run (zo_tool_rundir). */
+static zo_tool_rundir g_run = {.lock = -1};
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    if (flag == FTW_DP)
-        rmdir(path);
-    else
-        unlink(path);
-    return 0;
-}
-
-static void remove_tmpdir(void)
-{
-    if (g_tmpdir[0]) {
-        nftw(g_tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-        g_tmpdir[0] = 0;
-    }
-}
-
-/* mkdtemp in parent: mode 0700, owned by us, a fresh name (a leftover of a
- * killed run never collides). */
 static int make_tmpdir(const char *parent)
 {
     struct stat st;
@@ -81,14 +60,9 @@ static int make_tmpdir(const char *parent)
         fprintf(stderr, "zo-train: NVMe path %s: %s\n", parent, errno ? strerror(errno) : "not a directory");
         return -1;
     }
-    if (snprintf(g_tmpdir, sizeof(g_tmpdir), "%s/zo-train-XXXXXX", parent) >= (int)sizeof(g_tmpdir)) {
-        g_tmpdir[0] = 0;
-        fprintf(stderr, "zo-train: NVMe path %s: too long\n", parent);
-        return -1;
-    }
-    if (!mkdtemp(g_tmpdir)) {
-        fprintf(stderr, "zo-train: NVMe path %s: cannot create a directory in it: %s\n", parent, strerror(errno));
-        g_tmpdir[0] = 0;
+    char why[PATH_MAX + 128];
+    if (zo_tool_rundir_make(&g_run, "zo-train", parent, why, sizeof(why)) < 0) {
+        fprintf(stderr, "zo-train: NVMe path %s: %s\n", parent, why);
         return -1;
     }
     return 0;
@@ -930,7 +904,7 @@ int main(int argc, char **argv)
             rc = 2;
             goto out;
         }
-        cfg.nvme_path = g_tmpdir;
+        cfg.nvme_path = g_run.path;
     } else if (opt.nvme_path) {
         fprintf(stderr, "zo-train: --nvme-path needs --offload nvme\n");
         rc = 2;
@@ -956,7 +930,7 @@ int main(int argc, char **argv)
         uint64_t wbytes = (uint64_t)shape.layers * shape.width * shape.width * 4;
         if (tiling.home == ZO_TIER_NVME) {
             char dir[PATH_MAX + 8];
-            snprintf(dir, sizeof(dir), "%s/tiles", g_tmpdir);
+            snprintf(dir, sizeof(dir), "%s/tiles", g_run.path);
             zo_swap_config sc;
             zo_swap_config_default(&sc);
             const char *dirs[1] = {dir};
@@ -1144,7 +1118,7 @@ int main(int argc, char **argv)
            "clip %g, %d threads, %u sub-groups\n",
            mib(state_bytes), state_bytes > budget ? "do not fit" : "would fit",
            cfg.placement == ZO_OPTIM_PLACE_NVME ? "NVMe in " : "pinned host memory",
-           cfg.placement == ZO_OPTIM_PLACE_NVME ? g_tmpdir : "", cfg.dpu ? "on" : "off", cfg.dpu_warmup_steps,
+           cfg.placement == ZO_OPTIM_PLACE_NVME ? g_run.path : "", cfg.dpu ? "on" : "off", cfg.dpu_warmup_steps,
            cfg.max_grad_norm, cfg.nthreads, info.nsubgroups);
     fflush(stdout);
 
@@ -1403,6 +1377,6 @@ out:
     zo_store_destroy(&tile_store); /* after the model: its tiled layers unregister their tiles */
     zo_swap_destroy(&tile_swap);
     zo_dev_close(&dev);
-    remove_tmpdir();
+    zo_tool_rundir_remove(&g_run);
     return rc;
 }

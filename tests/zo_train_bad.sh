@@ -97,7 +97,14 @@ config-missing)
     run 2 "No such file" $small --config "$scratch/none.json" ;;
 config-dtype-clash)
     printf '{"fp16": {"enabled": true}}\n' >"$scratch/ds.json"
-    run 2 "to match" $small --config "$scratch/ds.json" ;;
+    run 2 "sets device params f16, the model has bf16: give --param-dtype f16" $small --config "$scratch/ds.json"
+    # the gradients' clash names the gradients' dtypes (it printed the params' before)
+    printf '{"zoffload": {"grad_dtype": "fp32"}}\n' >"$scratch/ds.json"
+    run 2 "sets device gradients (zoffload.grad_dtype) f32, the model's are bf16: give --grad f32" $small \
+        --config "$scratch/ds.json"
+    # an option without its value says so (it said "unknown option")
+    run 2 "--config needs a value" $small --config
+    run 2 "--steps needs a value" $small --steps ;;
 json-exists)
     : >"$scratch/steps.json"
     run 2 "never overwrites" $small --steps 1 --json "$scratch/steps.json" ;;

@@ -139,7 +139,8 @@ int train_options_parse(int argc, char **argv, options *o)
     int c, model_flags = 0;
     uint64_t v;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    /* ":": a missing value is ':', not '?' (which reads as an unknown option) */
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         switch (c) {
         case O_PARAMS: if (parse_u64("--params", optarg, 2, 1ull << 40, &o->params)) return 2; model_flags = 1; break;
         case O_LAYERS: if (parse_u64("--layers", optarg, 1, TRAIN_MAX_LAYERS, &v)) return 2; o->layers = (unsigned)v; model_flags = 1; break;
@@ -176,6 +177,9 @@ int train_options_parse(int argc, char **argv, options *o)
         case O_QUIET: o->quiet = 1; break;
         case O_SEED: if (parse_u64("--seed", optarg, 0, UINT64_MAX / 4, &o->seed)) return 2; o->seed_given = 1; break;
         case O_HELP: train_usage(stdout); return -1;
+        case ':':
+            fprintf(stderr, "zo-train: %s needs a value (--help lists the options)\n", argv[optind - 1]);
+            return 2;
         default:
             fprintf(stderr, "zo-train: unknown option '%s' (--help lists them)\n", argv[optind - 1]);
             return 2;

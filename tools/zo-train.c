@@ -853,11 +853,17 @@ int main(int argc, char **argv)
             rc = 2;
             goto out;
         }
-        if (cfg.param_dtype != shape.param_dtype || (cfg.grad_dtype != ZO_DTYPE_COUNT &&
-                                                      cfg.grad_dtype != shape.grad_dtype)) {
-            fprintf(stderr, "zo-train: --config %s sets device params %s, the model has %s: give --param-dtype "
-                            "and --grad to match\n", opt.config, zo_dtype_name(cfg.param_dtype),
-                    zo_dtype_name(shape.param_dtype));
+        if (cfg.param_dtype != shape.param_dtype) {
+            fprintf(stderr, "zo-train: --config %s sets device params %s, the model has %s: give --param-dtype %s "
+                            "to match\n", opt.config, zo_dtype_name(cfg.param_dtype),
+                    zo_dtype_name(shape.param_dtype), zo_dtype_name(cfg.param_dtype));
+            rc = 2;
+            goto out;
+        }
+        if (cfg.grad_dtype != ZO_DTYPE_COUNT && cfg.grad_dtype != shape.grad_dtype) {
+            fprintf(stderr, "zo-train: --config %s sets device gradients (zoffload.grad_dtype) %s, the model's are %s: "
+                            "give --grad %s to match\n", opt.config, zo_dtype_name(cfg.grad_dtype),
+                    zo_dtype_name(shape.grad_dtype), zo_dtype_name(cfg.grad_dtype));
             rc = 2;
             goto out;
         }

@@ -1199,7 +1199,10 @@ int main(int argc, char **argv)
         }
         /* Without DPU (or in its warm-up) the update finishes now; with it,
          * the next step call finishes it while this step's forward runs. */
-        zo_optim_get_info(o, &info);
+        if ((r = zo_optim_get_info(o, &info)) < 0) {
+            fprintf(stderr, "zo-train: zo_optim_get_info: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
+            goto out;
+        }
         zo_optim_step_result res = {.struct_size = sizeof(res)};
         if (!cfg.dpu || !info.dpu_active) {
             if ((r = zo_optim_wait(o, &res)) < 0) {

@@ -75,17 +75,18 @@ def run_case(kind, tool, sig):
                     "--no-progress"]
         env = dict(os.environ, ZO_FAKE_FIO_PIDFILE=pidfile)
 
-        # zo-store-bench: a directory at the name a run with this pid used
-        # to take (zo-store-bench.PID), holding a file: another live run
-        # with the same pid in another PID namespace, or a killed run's
-        # leftover. The tool must neither use it nor remove what is in it.
-        foreign = "zo-store-bench.%d"
+        # zo-store-bench: a directory named like the tool's run directories
+        # (zo-store-bench-XXXXXX) but not marked as one (no owner file),
+        # holding a file: someone else's. The tool's reclaim of stale run
+        # directories must neither use it nor remove what is in it.
+        def foreign_name(pid):
+            return "zo-store-bench-p%05d" % (pid % 100000)
 
         def default_signals():
             for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 signal.signal(s, signal.SIG_DFL)
             if kind == "store":
-                d = os.path.join(work, foreign % os.getpid())
+                d = os.path.join(work, foreign_name(os.getpid()))
                 os.mkdir(d, 0o700)
                 with open(os.path.join(d, "other-run.dat"), "w") as f:
                     f.write("not yours")
@@ -110,7 +111,7 @@ def run_case(kind, tool, sig):
             fio_pid = int(f.read())
         assert alive(fio_pid), "fake fio is not running"
         fio_pgid, tool_pgid = pgid_of(fio_pid), pgid_of(p.pid)
-        planted = [foreign % p.pid] if kind == "store" else []
+        planted = [foreign_name(p.pid)] if kind == "store" else []
         made = [n for n in os.listdir(work) if n not in planted]
         assert made, f"{kind}: the tool made no files in {work}"
 

@@ -419,6 +419,22 @@ START_TEST(test_parse_size)
     ck_assert_int_eq(zo_parse_size("1 G", &v), -EINVAL);
     ck_assert_int_eq(zo_parse_size("99999999999999999999", &v), -ERANGE);
     ck_assert_int_eq(zo_parse_size("17179869184G", &v), -ERANGE);
+    /* scientific notation, exactly (the tools' docs promise --params 1e6);
+     * "2.5e0" is not a whole number */
+    static const struct {
+        const char *s;
+        int rc;
+        uint64_t v;
+    } sci[] = {{"1e6", 0, 1000000},       {"1E9", 0, 1000000000ull},   {"2.5e9", 0, 2500000000ull},
+               {"1.50e1", 0, 15},         {"3e0", 0, 3},               {"1.8e19", 0, 18000000000000000000ull},
+               {"2.5e0", -EINVAL, 0},     {"1e", -EINVAL, 0},          {"1e-3", -EINVAL, 0},
+               {"1e6G", -EINVAL, 0},      {"1.5", -EINVAL, 0},         {"1..5e3", -EINVAL, 0},
+               {"2e19", -ERANGE, 0},      {"1e1000000", -ERANGE, 0}};
+    for (size_t i = 0; i < sizeof(sci) / sizeof(sci[0]); i++) {
+        v = 0;
+        ck_assert_msg(zo_parse_size(sci[i].s, &v) == sci[i].rc && (sci[i].rc || v == sci[i].v), "%s: %llu", sci[i].s,
+                      (unsigned long long)v);
+    }
 }
 END_TEST
 

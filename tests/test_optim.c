@@ -13,8 +13,12 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <fcntl.h>
 #include <string.h>
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <zoffload/zoffload.h>
@@ -764,6 +768,24 @@ END_TEST
 
 /* ---- save / load ------------------------------------------------------------------------- */
 
+/* the reference alone through steps from..to of train() (the gradients it
+ * would have seen, from the params the reference holds) */
+static void train_ref_only(eng *e, ref *r, int from, int to)
+{
+    model *m = e->m;
+    size_t ges = zo_dtype_size(m->gdt);
+    for (int s = from; s <= to; s++) {
+        for (int i = 0; i < NT; i++) {
+            void *g = malloc(m->numel[i] * ges);
+            for (uint64_t k = 0; k < m->numel[i]; k++)
+                put(g, m->gdt, k, grad_value(m->off[i] + k, s, get(r->out, m->pdt, m->off[i] + k), 1.0));
+            ref_grad(r, i, g);
+            free(g);
+        }
+        ref_step(r, 1.0, 1.0, NULL);
+    }
+}
+
 static void train(eng *e, ref *r, int from, int to)
 {
     for (int s = from; s <= to; s++) {
@@ -777,6 +799,36 @@ static void train(eng *e, ref *r, int from, int to)
         if (r)
             ref_step(r, 1.0, 1.0, NULL);
     }
+}
+
+/* A checkpoint directory and a bf16 engine with the clipping train()'s
+ * reference applies, created and initialised. */
+typedef struct ckpt_run {
+    char dir[256];
+    model m;
+    ref r;
+    eng e;
+} ckpt_run;
+
+/* ... configured only (params and gradients in dtype) */
+static void ckpt_run_config(ckpt_run *k, zo_dtype dtype)
+{
+    zo_test_mkdtemp(k->dir, sizeof(k->dir));
+    setup(&k->m, &k->r, &k->e, dtype, dtype);
+    k->e.cfg.max_grad_norm = 1.0;
+}
+
+static void ckpt_run_setup(ckpt_run *k)
+{
+    ckpt_run_config(k, ZO_DTYPE_BF16);
+    eng_create(&k->e);
+}
+
+static void ckpt_run_free(ckpt_run *k)
+{
+    eng_free(&k->e);
+    ref_free(&k->r);
+    zo_test_rmtree(k->dir);
 }
 
 START_TEST(test_optim_save_load)
@@ -1188,6 +1240,18 @@ START_TEST(test_optim_errors)
     c = e.cfg;
     c.param_dtype = ZO_DTYPE_U8;
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    /* the device dtype is required: a default (it was bf16) wrote bf16 into
+     * an fp32 trainer's buffers with rc 0; grad_dtype follows it */
+    zo_optim_config d;
+    zo_optim_config_default(&d);
+    ck_assert_int_eq(d.param_dtype, ZO_DTYPE_COUNT);
+    d.dev = c.dev;
+    d.groups = c.groups;
+    d.ngroups = c.ngroups;
+    ck_assert_int_eq(zo_optim_create(&o, &d), ZO_ECONFIG);
+    ck_assert_msg(strstr(zo_last_error_detail(), "param_dtype is not set") &&
+                  strstr(zo_last_error_detail(), "ZO_DTYPE_F32"), "%s", zo_last_error_detail());
+    ck_assert_ptr_null(o);
     c = e.cfg;
     c.sub_group_size = 10;
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
@@ -1222,6 +1286,20 @@ START_TEST(test_optim_errors)
     g[0] = e.grp[0];
     g[0].hparams = &hp;
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+    /* step, grad_scale and clip_coef are the engine's: a group that sets
+     * them is refused, not silently overridden */
+    for (int k = 0; k < 3; k++) {
+        hp = m.hp[0];
+        if (k == 0)
+            hp.step = 5;
+        else if (k == 1)
+            hp.grad_scale = 0.5;
+        else
+            hp.clip_coef = 0.25;
+        ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
+        ck_assert_msg(strstr(zo_last_error_detail(), "the engine sets these itself"), "%s", zo_last_error_detail());
+        ck_assert_ptr_null(o);
+    }
     /* speculative with Lion */
     zo_optim_hparams_default(&hp, ZO_OPTIM_LION);
     c.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
@@ -1261,6 +1339,12 @@ START_TEST(test_optim_errors)
     zo_optim_hparams lion;
     zo_optim_hparams_default(&lion, ZO_OPTIM_LION);
     ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &lion), ZO_ECONFIG);
+    zo_optim_hparams h2 = m.hp[0];
+    h2.clip_coef = 0.5;
+    ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &h2), ZO_ECONFIG);
+    ck_assert(strstr(zo_optim_errmsg(e.o), "clip_coef 0.5"));
+    h2.clip_coef = 1.0;
+    ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &h2), 0);
     /* without double buffering the device params stay where the framework put them */
     void *dp = NULL;
     zo_event *ev = (zo_event *)1;
@@ -1287,6 +1371,444 @@ START_TEST(test_optim_errors)
     zo_optim_destroy(&o);
     ck_assert_int_eq(zo_optim_poll(NULL), -EINVAL);
     ck_assert_str_eq(zo_optim_errmsg(NULL), "");
+}
+END_TEST
+
+/* A step on masters nobody set: they start at zero, so the update would
+ * write updates of zero masters over the framework's parameters. Refused
+ * (ZO_ESTATE, naming the missing call) until init_from_device, an import of
+ * every tensor's masters, or a load; the device params stay untouched.
+ * 0: two-pass, 1: speculative (the update starts at the first gradient). */
+START_TEST(test_optim_uninit_masters)
+{
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.clip_mode = _i ? ZO_OPTIM_CLIP_SPECULATIVE : ZO_OPTIM_CLIP_TWO_PASS;
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    size_t pes = zo_dtype_size(m.pdt);
+    void *before[NT];
+    for (int i = 0; i < NT; i++) {
+        before[i] = malloc(m.numel[i] * pes);
+        memcpy(before[i], e.dparam[i], m.numel[i] * pes);
+    }
+    /* speculative: the first gradient of the last micro-step would start the update */
+    fill_grad(&e, NT - 1, 1, 1.0);
+    int rc = zo_optim_grad(e.o, NT - 1, e.dgrad[NT - 1], NULL);
+    ck_assert_int_eq(rc, _i ? ZO_ESTATE : 0);
+    for (int i = 0; i < NT - 1; i++) {
+        fill_grad(&e, i, 1, 1.0);
+        ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), _i ? ZO_ESTATE : 0);
+    }
+    ck_assert_int_eq(zo_optim_step(e.o, NULL, NULL), ZO_ESTATE);
+    ck_assert_msg(strstr(zo_optim_errmsg(e.o), "zo_optim_init_from_device()") &&
+                  strstr(zo_optim_errmsg(e.o), "never set") && strstr(zo_optim_errmsg(e.o), "'embed'"),
+                  "%s", zo_optim_errmsg(e.o));
+    ck_assert_int_eq(zo_optim_push_params(e.o), ZO_ESTATE);
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+    ck_assert_int_eq(info.step, 0);
+    ck_assert_uint_eq(info.updates_done, 0);
+    for (int i = 0; i < NT; i++)
+        ck_assert_msg(memcmp(before[i], e.dparam[i], m.numel[i] * pes) == 0, "device params of %d changed", i);
+    /* every tensor's masters but the last one's, tensor 3 in two pieces: still refused, naming it */
+    float *w = malloc(m.total * 4);
+    for (uint64_t k = 0; k < m.total; k++)
+        w[k] = init_param(k);
+    for (int i = 0; i < NT - 1; i++) {
+        uint64_t half = i == 3 ? m.numel[i] / 2 : 0;
+        if (half)
+            ck_assert_int_eq(zo_optim_state_import(e.o, (unsigned)i, ZO_OPTIM_STATE_MASTER, w + m.off[i] + half,
+                                                   ZO_DTYPE_F32, half, m.numel[i] - half), 0);
+        ck_assert_int_eq(zo_optim_state_import(e.o, (unsigned)i, ZO_OPTIM_STATE_MASTER, w + m.off[i], ZO_DTYPE_F32,
+                                               0, half ? half : m.numel[i]), 0);
+    }
+    ck_assert_int_eq(zo_optim_step(e.o, NULL, NULL), ZO_ESTATE);
+    ck_assert_msg(strstr(zo_optim_errmsg(e.o), "'norm'"), "%s", zo_optim_errmsg(e.o));
+    ck_assert_int_eq(zo_optim_state_import(e.o, NT - 1, ZO_OPTIM_STATE_MASTER, w + m.off[NT - 1], ZO_DTYPE_F32, 0,
+                                           m.numel[NT - 1]), 0);
+    ck_assert_int_eq(zo_optim_push_params(e.o), 0);
+    for (int i = 0; i < NT; i++) {
+        fill_grad(&e, i, 2, 1.0);
+        ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+    }
+    rc = zo_optim_step(e.o, NULL, NULL);
+    ck_assert_msg(rc == 0, "%s", zo_optim_errmsg(e.o));
+    /* a fresh engine initialised from the device steps at once */
+    zo_optim_destroy(&e.o);
+    eng_create(&e);
+    train(&e, NULL, 1, 1);
+    free(w);
+    for (int i = 0; i < NT; i++)
+        free(before[i]);
+    eng_free(&e);
+}
+END_TEST
+
+/* ---- checkpoints a load must refuse -------------------------------------------------------- */
+
+static void manifest_write(const char *root, const char *ck, const char *text)
+{
+    char p[600];
+    snprintf(p, sizeof(p), "%s/%s/manifest.json", root, ck);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(text, 1, strlen(text), f), strlen(text));
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+/* A load that fails: refused before anything is written where it can be
+ * (a record that does not match: the engine goes on as it was), and where
+ * the failure is found only midway (a corrupt chunk of the last sub-group's
+ * states, read after the others were restored) the engine refuses
+ * everything that would use the half-restored states until a load
+ * succeeds; training then continues exactly as the uninterrupted run. */
+START_TEST(test_optim_load_fails_midway)
+{
+    ckpt_run k;
+    ckpt_run_setup(&k);
+    model *m = &k.m;
+    ref *r = &k.r;
+    eng *e = &k.e;
+    const char *dir = k.dir;
+    train(e, r, 1, 2);
+    ck_assert_int_eq(zo_optim_save(e->o, dir, "step-2", 0, NULL), 0);
+    /* a record that is not this engine's (the fingerprint changed): refused
+     * before anything is touched, and the run goes on */
+    ck_assert_int_eq(zo_optim_save(e->o, dir, "other", 0, NULL), 0);
+    size_t len;
+    char *text = zo_test_manifest_read(dir, "other", &len);
+    char *fp = strstr(text, "\"fingerprint\":");
+    ck_assert_ptr_nonnull(fp);
+    fp = strchr(fp + strlen("\"fingerprint\":"), '"') + 1;
+    *fp = *fp == '0' ? '1' : '0';
+    manifest_write(dir, "other", text);
+    free(text);
+    ck_assert_int_eq(zo_optim_load(e->o, dir, "other", NULL, 0), ZO_EFORMAT);
+    compare(e, r, "after a refused load");
+    train(e, r, 3, 3);
+    compare(e, r, "a step after a refused load");
+    /* a corrupt chunk in the last sub-group's states: found midway */
+    train(e, NULL, 4, 4);
+    ck_assert_int_eq(zo_optim_save(e->o, dir, "step-4", 0, NULL), 0);
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    ck_assert_int_eq(zo_optim_get_info(e->o, &info), 0);
+    char last[64];
+    snprintf(last, sizeof(last), "optim.sg%u.exp_avg_sq", info.nsubgroups - 1);
+    ck_assert_int_eq(zo_test_ckpt_corrupt(dir, "step-4", last, 100), 0);
+    int rc = zo_optim_load(e->o, dir, "step-4", NULL, 0);
+    ck_assert_msg(rc == ZO_ECORRUPT, "load: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e->o));
+    /* every call that would use the half-restored states is refused */
+    ck_assert_int_eq(zo_optim_step(e->o, NULL, NULL), ZO_ESTATE);
+    ck_assert_msg(strstr(zo_optim_errmsg(e->o), "zo_optim_load() failed"), "%s", zo_optim_errmsg(e->o));
+    fill_grad(e, 0, 5, 1.0);
+    ck_assert_int_eq(zo_optim_grad(e->o, 0, e->dgrad[0], NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_grad_host(e->o, 0, e->dgrad[0], m->gdt), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_save(e->o, dir, "bad", 0, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_push_params(e->o), ZO_ESTATE);
+    float x;
+    ck_assert_int_eq(zo_optim_state_export(e->o, 0, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_state_import(e->o, 0, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), ZO_ESTATE);
+    const void *pb;
+    ck_assert_int_eq(zo_optim_param_buffer(e->o, 0, &pb), ZO_ESTATE);
+    /* a good checkpoint brings it back: the run goes on as the uninterrupted one */
+    rc = zo_optim_load(e->o, dir, "step-2", NULL, 0);
+    ck_assert_msg(rc == 0, "load: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e->o));
+    ref_free(r);
+    ref_init(r, m);
+    train_ref_only(e, r, 1, 2);
+    compare(e, r, "step-2 restored");
+    train(e, r, 3, 4);
+    compare(e, r, "after the failed load");
+    /* init_from_device also clears the refusal */
+    ck_assert_int_eq(zo_optim_load(e->o, dir, "step-4", NULL, 0), ZO_ECORRUPT);
+    ck_assert_int_eq(zo_optim_step(e->o, NULL, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_init_from_device(e->o), 0);
+    train(e, NULL, 1, 1);
+    ckpt_run_free(&k);
+}
+END_TEST
+
+/* Index of the bracket or brace closing the one at text[at] (strings
+ * skipped; the manifest's names have no escapes). */
+static size_t json_close(const char *text, size_t at)
+{
+    int depth = 0, str = 0;
+    for (size_t i = at; text[i]; i++) {
+        if (text[i] == '"')
+            str = !str;
+        else if (!str && (text[i] == '[' || text[i] == '{'))
+            depth++;
+        else if (!str && (text[i] == ']' || text[i] == '}') && --depth == 0)
+            return i;
+    }
+    ck_abort_msg("unbalanced JSON");
+    return 0;
+}
+
+/* Remove text[a, b) */
+static void cut(char *text, size_t a, size_t b)
+{
+    memmove(text + a, text + b, strlen(text + b) + 1);
+}
+
+/* Checkpoints whose tensor set is not the engine's, each made from a good
+ * one by editing its manifest as a careless tool or a hand might (loaded
+ * by name: the manifest's CRC is checked only through `latest`, and a tool
+ * can fix that up too): no tensors at all, one dropped, two of the same
+ * size with their names swapped. Each is refused before anything is
+ * written (ZO_EFORMAT, naming what differs), and training goes on as it
+ * was: fresh or stale states never run under the restored step count. */
+START_TEST(test_optim_load_tensor_set)
+{
+    ckpt_run k;
+    ckpt_run_setup(&k);
+    train(&k.e, &k.r, 1, 2);
+    static const char *const cases[] = {"empty", "dropped", "swapped"};
+    static const char *const why[] = {"lacks 'optim.sg0.master'", "lacks 'optim.sg1.master'", "names swapped"};
+    for (int c = 0; c < 3; c++) {
+        ck_assert_int_eq(zo_optim_save(k.e.o, k.dir, cases[c], 0, NULL), 0);
+        size_t len;
+        char *text = zo_test_manifest_read(k.dir, cases[c], &len);
+        ck_assert_ptr_nonnull(text);
+        if (c == 0) {
+            size_t a = (size_t)(strchr(strstr(text, "\"tensors\":"), '[') - text);
+            cut(text, a + 1, json_close(text, a));
+        } else if (c == 1) {
+            char *at = strstr(text, "\"name\":\t\"optim.sg1.master\"");
+            ck_assert_ptr_nonnull(at);
+            while (*at != '{')
+                at--;
+            size_t a = (size_t)(at - text), b = json_close(text, a) + 1;
+            if (text[b] == ',')
+                b++;
+            cut(text, a, b);
+        } else {
+            /* m and v of sub-group 0: the same size and dtype */
+            const char *m1 = "\"optim.sg0.exp_avg\"", *v1 = "\"optim.sg0.exp_avg_sq\"";
+            char *x = strstr(text, m1), *y = strstr(text, v1);
+            ck_assert(x && y && x < y);
+            char *sw = malloc(len + 1);
+            snprintf(sw, len + 1, "%.*s%s%.*s%s%s", (int)(x - text), text, v1, (int)(y - x - strlen(m1)),
+                     x + strlen(m1), m1, y + strlen(v1));
+            strcpy(text, sw);
+            free(sw);
+        }
+        manifest_write(k.dir, cases[c], text);
+        free(text);
+        int rc = zo_optim_load(k.e.o, k.dir, cases[c], NULL, 0);
+        ck_assert_msg(rc == ZO_EFORMAT && strstr(zo_optim_errmsg(k.e.o), why[c]), "%s: %s (%s)", cases[c],
+                      zo_strerror(rc), zo_optim_errmsg(k.e.o));
+        compare(&k.e, &k.r, cases[c]);
+    }
+    train(&k.e, &k.r, 3, 3);
+    compare(&k.e, &k.r, "a step after the refused loads");
+    ckpt_run_free(&k);
+}
+END_TEST
+
+/* zo_optim_errmsg() is the detail of the driving thread's latest call: a
+ * call that succeeds leaves "", not an older call's failure; the detail of
+ * a failed update (found by the worker) comes with the call that returns
+ * its error, even when other calls succeeded in between. */
+START_TEST(test_optim_errmsg)
+{
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    eng e;
+    eng_config(&e, &m);
+    eng_create(&e);
+    ck_assert_str_eq(zo_optim_errmsg(e.o), "");
+    ck_assert_int_eq(zo_optim_set_lr(e.o, 2, 1e-3), -EINVAL);
+    ck_assert(strstr(zo_optim_errmsg(e.o), "group out of range"));
+    ck_assert_int_eq(zo_optim_set_lr(e.o, 0, 2e-3), 0);
+    ck_assert_str_eq(zo_optim_errmsg(e.o), "");
+    float x;
+    ck_assert_int_eq(zo_optim_state_export(e.o, NT, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), -EINVAL);
+    ck_assert(zo_optim_errmsg(e.o)[0]);
+    ck_assert_int_eq(zo_optim_state_export(e.o, 0, ZO_OPTIM_STATE_MASTER, &x, ZO_DTYPE_F32, 0, 1), 0);
+    ck_assert_str_eq(zo_optim_errmsg(e.o), "");
+    /* an update that fails on the worker (inf gradients, the default
+     * policy): successful calls meanwhile do not lose its detail */
+    for (int i = 0; i < NT; i++) {
+        fill_grad(&e, i, 1, 1.0);
+        if (i == 2)
+            put(e.dgrad[i], m.gdt, 1, INFINITY);
+        ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+    }
+    ck_assert_int_eq(zo_optim_step_async(e.o, NULL), 0);
+    while (zo_optim_poll(e.o) == ZO_PENDING)
+        usleep(1000);
+    ck_assert_int_eq(zo_optim_set_lr(e.o, 0, 1e-3), 0);
+    ck_assert_str_eq(zo_optim_errmsg(e.o), "");
+    ck_assert_int_eq(zo_optim_wait(e.o, NULL), ZO_ENONFINITE);
+    ck_assert_msg(strstr(zo_optim_errmsg(e.o), "inf/NaN"), "%s", zo_optim_errmsg(e.o));
+    train(&e, NULL, 2, 2);
+    ck_assert_str_eq(zo_optim_errmsg(e.o), "");
+    eng_free(&e);
+}
+END_TEST
+
+/* zo_optim_discard_grads(): a window dropped mid-way (two of three
+ * micro-steps, and a gradient after them) leaves no trace: the next window
+ * updates exactly as the reference that never saw it, and a save is allowed
+ * again at once. Under the eager speculative step a window whose update
+ * has begun cannot be dropped. */
+START_TEST(test_optim_discard_grads)
+{
+    ckpt_run k;
+    ckpt_run_config(&k, ZO_DTYPE_BF16);
+    k.e.cfg.grad_accum_steps = 3;
+    eng_create(&k.e);
+    zo_optim *o = k.e.o;
+    for (int ms = 0; ms < 2; ms++) {
+        for (int i = 0; i < NT; i++) {
+            fill_grad(&k.e, i, 100 + ms, 1.0);
+            ck_assert_int_eq(zo_optim_grad(o, (unsigned)i, k.e.dgrad[i], NULL), 0);
+        }
+        ck_assert_int_eq(zo_optim_step_async(o, NULL), 0);
+    }
+    ck_assert_int_eq(zo_optim_grad(o, 1, k.e.dgrad[1], NULL), 0);
+    ck_assert_int_eq(zo_optim_save(o, k.dir, "mid", 0, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_optim_discard_grads(o), 0);
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    ck_assert_int_eq(zo_optim_get_info(o, &info), 0);
+    ck_assert_uint_eq(info.micro_steps, 0);
+    ck_assert_int_eq(zo_optim_save(o, k.dir, "boundary", 0, NULL), 0);
+    /* one whole window, as the reference sees it: tensor 2 gets no gradient */
+    for (int ms = 1; ms <= 3; ms++) {
+        for (int i = 0; i < NT; i++) {
+            if (i == 2)
+                continue;
+            fill_grad(&k.e, i, ms, 1.0);
+            ref_grad(&k.r, i, k.e.dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(o, (unsigned)i, k.e.dgrad[i], NULL), 0);
+        }
+        ck_assert_int_eq(zo_optim_step(o, NULL, NULL), 0);
+    }
+    ref_step(&k.r, 1.0, 1.0, NULL);
+    compare(&k.e, &k.r, "after a discarded window");
+    zo_optim_destroy(&k.e.o);
+    /* eager speculative: the last micro-step's first gradient starts the update */
+    k.e.cfg.grad_accum_steps = 1;
+    k.e.cfg.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
+    eng_create(&k.e);
+    ck_assert_int_eq(zo_optim_grad(k.e.o, 0, k.e.dgrad[0], NULL), 0);
+    ck_assert_int_eq(zo_optim_discard_grads(k.e.o), ZO_ESTATE);
+    ck_assert(strstr(zo_optim_errmsg(k.e.o), "has begun"));
+    ck_assert_int_eq(zo_optim_step(k.e.o, NULL, NULL), 0);
+    ck_assert_int_eq(zo_optim_discard_grads(k.e.o), 0); /* an empty window: nothing to drop */
+    ck_assert_int_eq(zo_optim_discard_grads(NULL), -EINVAL);
+    ckpt_run_free(&k);
+}
+END_TEST
+
+/* The fp32 CPU trainer's path (docs/optim-integration.md): on the host
+ * backend the params and gradients may be plain malloc() memory (optim.h,
+ * dev_params); the engine reads and writes them in place, exactly as the
+ * reference run. */
+START_TEST(test_optim_host_malloc)
+{
+    ckpt_run k;
+    ckpt_run_config(&k, ZO_DTYPE_F32);
+    void *devp[NT], *devg[NT];
+    for (int i = 0; i < NT; i++) {
+        devp[i] = k.e.dparam[i];
+        devg[i] = k.e.dgrad[i];
+        k.e.dparam[i] = malloc(k.m.numel[i] * 4); /* grp[].dev_params point into e.dparam */
+        k.e.dgrad[i] = malloc(k.m.numel[i] * 4);
+        memcpy(k.e.dparam[i], devp[i], k.m.numel[i] * 4);
+    }
+    eng_create(&k.e);
+    train(&k.e, &k.r, 1, 3);
+    compare(&k.e, &k.r, "malloc'd params");
+    zo_optim_destroy(&k.e.o);
+    for (int i = 0; i < NT; i++) {
+        free(k.e.dparam[i]);
+        free(k.e.dgrad[i]);
+        k.e.dparam[i] = devp[i];
+        k.e.dgrad[i] = devg[i];
+    }
+    ckpt_run_free(&k);
+}
+END_TEST
+
+/* Bytes of the arena files in `dir` whose name carries pid `pid` (0: any). */
+static uint64_t arena_bytes(const char *dir, pid_t pid)
+{
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    char pre[64];
+    snprintf(pre, sizeof(pre), "zo-swap.%d.", (int)pid);
+    uint64_t sum = 0;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (strncmp(de->d_name, pid ? pre : "zo-swap.", strlen(pid ? pre : "zo-swap.")) != 0)
+            continue;
+        char p[600];
+        struct stat st;
+        snprintf(p, sizeof(p), "%s/%s", dir, de->d_name);
+        if (stat(p, &st) == 0)
+            sum += (uint64_t)st.st_size;
+    }
+    closedir(d);
+    return sum;
+}
+
+/* docs/optim.md: the swap files of a run killed with SIGKILL (no destroy,
+ * no cleanup) are reclaimed by the next engine created with the same
+ * nvme_path (the swap store's flock on each arena file dies with the
+ * process), and not before: a live engine's are never touched. */
+START_TEST(test_optim_nvme_killed_reclaimed)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    model m;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    int ready[2];
+    ck_assert_int_eq(pipe(ready), 0);
+    pid_t child = fork();
+    ck_assert_int_ge(child, 0);
+    if (child == 0) {
+        eng e;
+        eng_config(&e, &m);
+        e.cfg.placement = ZO_OPTIM_PLACE_NVME;
+        e.cfg.nvme_path = dir;
+        int r = zo_optim_create(&e.o, &e.cfg);
+        if (r == 0)
+            r = zo_optim_init_from_device(e.o);
+        char c = r == 0 ? 'y' : 'n';
+        if (write(ready[1], &c, 1) != 1)
+            _exit(3);
+        pause(); /* killed here, engine and all */
+        _exit(0);
+    }
+    close(ready[1]);
+    char c = 0;
+    ck_assert_int_eq(read(ready[0], &c, 1), 1);
+    close(ready[0]);
+    ck_assert_int_eq(c, 'y');
+    uint64_t held = arena_bytes(dir, child);
+    ck_assert_uint_gt(held, 0);
+    /* a second engine beside the live one leaves its files alone */
+    eng e;
+    eng_config(&e, &m);
+    e.cfg.placement = ZO_OPTIM_PLACE_NVME;
+    e.cfg.nvme_path = dir;
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    ck_assert_uint_eq(arena_bytes(dir, child), held);
+    zo_optim_destroy(&e.o);
+    ck_assert_int_eq(kill(child, SIGKILL), 0);
+    int st;
+    ck_assert_int_eq(waitpid(child, &st, 0), child);
+    ck_assert_uint_eq(arena_bytes(dir, child), held); /* nobody has looked yet */
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    ck_assert_uint_eq(arena_bytes(dir, child), 0);
+    zo_optim_destroy(&e.o);
+    ck_assert_uint_eq(arena_bytes(dir, 0), 0); /* and destroy removes its own */
+    eng_free(&e);
+    zo_test_rmtree(dir);
 }
 END_TEST
 
@@ -1680,5 +2202,17 @@ int main(void)
     tcase_add_test(tc, test_optim_eager_learned_order);
     tcase_add_test(tc, test_optim_nvme_full_disk_reserved);
     suite_add_tcase(s, tc);
+    /* the API contract: what a framework can get wrong is refused, never
+     * silently run (CK_RUN_CASE=contract runs these alone) */
+    TCase *tcc = tcase_create("contract");
+    tcase_set_timeout(tcc, 300);
+    tcase_add_loop_test(tcc, test_optim_uninit_masters, 0, 2);
+    tcase_add_test(tcc, test_optim_load_fails_midway);
+    tcase_add_test(tcc, test_optim_load_tensor_set);
+    tcase_add_test(tcc, test_optim_errmsg);
+    tcase_add_test(tcc, test_optim_host_malloc);
+    tcase_add_test(tcc, test_optim_discard_grads);
+    tcase_add_test(tcc, test_optim_nvme_killed_reclaimed);
+    suite_add_tcase(s, tcc);
     return zo_test_run(s);
 }

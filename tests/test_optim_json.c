@@ -143,6 +143,12 @@ START_TEST(test_typos_name_the_closest_key)
     expect_bad("{\"sub_group_size\": 1000}", ZO_ECONFIG, "belongs in zero_optimization.sub_group_size");
     expect_bad("{\"zoffload\": {\"dpu_warmup\": 1}}", ZO_ECONFIG, "did you mean dpu_warmup_steps?");
     expect_bad("{\"completely_unrelated_thing\": 1}", ZO_ECONFIG, "unknown key completely_unrelated_thing");
+    /* control bytes in a key or a string value never reach a terminal raw */
+    expect_bad("{\"zoffload\": {\"\\u001b]0;pwned\\u0007\\u001b[2J\": 1}}", ZO_ECONFIG,
+               "unknown key zoffload.\\x1b]0;pwned\\x07\\x1b[2J");
+    ck_assert(!strchr(zo_last_error_detail(), 0x1b) && !strchr(zo_last_error_detail(), 0x07));
+    expect_bad("{\"zoffload\": {\"clip_mode\": \"\\u001b[31mred\"}}", ZO_ECONFIG, "\"\\x1b[31mred\" is not one of");
+    ck_assert(!strchr(zo_last_error_detail(), 0x1b));
 }
 END_TEST
 

@@ -8,12 +8,14 @@
 
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <linux/capability.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -89,12 +91,67 @@ static inline void zo_test_mkdtemp(char *buf, size_t len)
     }
 }
 
+/* Make directory <base>/<name> (0700) and its path in buf. */
+static inline void zo_test_subdir(char *buf, size_t len, const char *base, const char *name)
+{
+    snprintf(buf, len, "%s/%s", base, name);
+    if (mkdir(buf, 0700) != 0) {
+        fprintf(stderr, "mkdir(%s): %s\n", buf, strerror(errno));
+        exit(1);
+    }
+}
+
 static inline void zo_test_rmtree(const char *dir)
 {
     char cmd[4200];
     snprintf(cmd, sizeof(cmd), "rm -rf -- '%s'", dir);
     if (system(cmd) != 0)
         fprintf(stderr, "warning: could not remove %s\n", dir);
+}
+
+/* Checkpoint `ck`'s manifest.json under `root`, read whole and
+ * NUL-terminated (*len bytes; the caller frees it), or NULL. */
+static inline char *zo_test_manifest_read(const char *root, const char *ck, size_t *len)
+{
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/%s/manifest.json", root, ck);
+    FILE *f = fopen(p, "r");
+    if (!f)
+        return NULL;
+    char *text = malloc(1 << 20);
+    *len = text ? fread(text, 1, (1 << 20) - 1, f) : 0;
+    fclose(f);
+    if (text)
+        text[*len] = 0;
+    return text;
+}
+
+/* Flip one byte at `off` of tensor `name`'s data in checkpoint `ck`: the
+ * data file lays tensors out in order, each at the "offset" its manifest
+ * entry gives. 0, or -1 (the tensor or the file is missing). */
+static inline int zo_test_ckpt_corrupt(const char *root, const char *ck, const char *name, uint64_t off)
+{
+    size_t len;
+    char *text = zo_test_manifest_read(root, ck, &len);
+    char key[300];
+    snprintf(key, sizeof(key), "\"name\":\t\"%s\"", name);
+    char *at = text ? strstr(text, key) : NULL;
+    at = at ? strstr(at, "\"offset\":") : NULL;
+    unsigned long long base = at ? strtoull(at + strlen("\"offset\":"), NULL, 10) : 0;
+    free(text);
+    if (!at)
+        return -1;
+    char p[4200];
+    snprintf(p, sizeof(p), "%s/%s/tensors.bin", root, ck);
+    int fd = open(p, O_RDWR), r = -1;
+    unsigned char v;
+    if (fd >= 0 && pread(fd, &v, 1, (off_t)(base + off)) == 1) {
+        v ^= 0x20;
+        r = pwrite(fd, &v, 1, (off_t)(base + off)) == 1 ? 0 : -1;
+    }
+    if (fd >= 0)
+        close(fd);
+    return r;
 }
 
 /* Drop CAP_IPC_LOCK from this process so RLIMIT_MEMLOCK binds (root
@@ -121,6 +178,17 @@ static inline int zo_test_limit_memlock(uint64_t bytes)
     if (setrlimit(RLIMIT_MEMLOCK, &rl) != 0)
         return -errno;
     return zo_test_drop_ipc_lock();
+}
+
+/* A suite `name` with one test case of that name and `timeout` seconds,
+ * added to it (*tc: add the tests there). */
+static inline Suite *zo_test_suite1(const char *name, TCase **tc, double timeout)
+{
+    Suite *s = suite_create(name);
+    *tc = tcase_create(name);
+    tcase_set_timeout(*tc, timeout);
+    suite_add_tcase(s, *tc);
+    return s;
 }
 
 /* Run a suite; returns the process exit code. CK_FORK stays as configured

@@ -23,6 +23,30 @@ run() {
     echo "exit $rc: $(cat "$scratch/err")"
 }
 
+# start zo-train in the background (pid in $pid), output in $scratch/out and
+# err, and wait until it is training (its engine line is out: up to 60 s)
+start_training() {
+    "$train" "$@" >"$scratch/out" 2>"$scratch/err" &
+    pid=$!
+    i=0
+    while ! grep -q "^engine:" "$scratch/out" 2>/dev/null; do
+        kill -0 $pid 2>/dev/null && [ $i -lt 600 ] ||
+            { echo "no engine line"; cat "$scratch/out" "$scratch/err"; kill -9 $pid 2>/dev/null; exit 1; }
+        sleep 0.1; i=$((i + 1))
+    done
+}
+
+# wait for $pid to end, within $1 seconds (killed and failed otherwise); rc in $rc
+wait_within() {
+    i=0
+    while kill -0 $pid 2>/dev/null; do
+        [ $i -lt $(($1 * 10)) ] || { echo "still running after $1 s"; kill -9 $pid; cat "$scratch/err"; exit 1; }
+        sleep 0.1; i=$((i + 1))
+    done
+    wait $pid
+    rc=$?
+}
+
 # the NVMe parent holds nothing of ours after the run
 nothing_left() {
     if [ -n "$(ls -A "$1")" ]; then
@@ -35,6 +59,23 @@ too-wide)
     run 2 "32-bit" --width 100000 --layers 1 ;;
 too-big)
     run 2 "more than this machine" --params 64G --layers 4096 ;;
+save-checked-first)
+    # --save problems are found before the first step, not after the whole run (with an empty
+    # detail): not a directory, a checkpoint name this run would write already there
+    run 2 "exists and is not a directory" $small --steps 2 --save /dev/null
+    ! grep -q "^summary" "$scratch/out" || { echo "trained before refusing"; exit 1; }
+    mkdir -p "$scratch/ck/step-2"
+    run 2 "already holds step-2" $small --steps 2 --save "$scratch/ck"
+    ! grep -q "^summary" "$scratch/out" || { echo "trained before refusing"; exit 1; }
+    run 0 "" $small --steps 1 --save "$scratch/ck"
+    [ -f "$scratch/ck/latest" ] || { echo "no checkpoint"; exit 1; } ;;
+params-limits)
+    # --params with a narrow --width: the layers it implies are held to --layers' limit, in
+    # 64 bits (2^32 + 1 layers once wrapped to one, a 2-parameter model); 1e6 is a size
+    run 2 "4294967297 layers, more than the 4096" --params 8589934594 --width 1
+    run 2 "10000 layers, more than the 4096" --params 20000 --width 1
+    run 0 "" --params 1e5 --layers 2 --batch 4 --steps 1 --quiet
+    grep -q "^model: 2 layers of 223 x 223" "$scratch/out" || { echo "--params 1e5:"; cat "$scratch/out"; exit 1; } ;;
 params-too-small)
     run 2 "less than one layer" --params 10 --width 64 ;;
 missing-nvme-path)
@@ -56,7 +97,14 @@ config-missing)
     run 2 "No such file" $small --config "$scratch/none.json" ;;
 config-dtype-clash)
     printf '{"fp16": {"enabled": true}}\n' >"$scratch/ds.json"
-    run 2 "to match" $small --config "$scratch/ds.json" ;;
+    run 2 "sets device params f16, the model has bf16: give --param-dtype f16" $small --config "$scratch/ds.json"
+    # the gradients' clash names the gradients' dtypes (it printed the params' before)
+    printf '{"zoffload": {"grad_dtype": "fp32"}}\n' >"$scratch/ds.json"
+    run 2 "sets device gradients (zoffload.grad_dtype) f32, the model's are bf16: give --grad f32" $small \
+        --config "$scratch/ds.json"
+    # an option without its value says so (it said "unknown option")
+    run 2 "--config needs a value" $small --config
+    run 2 "--steps needs a value" $small --steps ;;
 json-exists)
     : >"$scratch/steps.json"
     run 2 "never overwrites" $small --steps 1 --json "$scratch/steps.json" ;;
@@ -133,6 +181,72 @@ interrupt-save-resume)
     [ -f "$scratch/ck/latest" ] || { echo "no checkpoint"; ls -la "$scratch/ck"; exit 1; }
     run 0 "" --layers 2 --width 256 --batch 64 --steps 2 --resume "$scratch/ck" --verify
     grep -q "bit for bit" "$scratch/out" || { echo "resume did not verify"; cat "$scratch/out"; exit 1; } ;;
+interrupt-in-window)
+    # a signal inside a long accumulation window (60000 micro-steps of 20 ms or more) stops the
+    # run within a micro-step, not at the boundary half an hour later; the window is dropped and
+    # the checkpoint is at the last boundary, from which a resumed run verifies
+    ZO_TRAIN_TEST_MICRO_DELAY_MS=20 start_training $small --steps 3 --accum 60000 --save "$scratch/ck"
+    sleep 0.5
+    kill -TERM $pid
+    wait_within 20
+    [ "$rc" -eq 0 ] || { echo "interrupted run exit $rc"; cat "$scratch/err"; exit 1; }
+    grep -q "interrupted inside an accumulation window" "$scratch/out" && grep -q "saved .*step-0" "$scratch/out" ||
+        { echo "no interrupt or save line:"; cat "$scratch/out"; exit 1; }
+    run 0 "" $small --steps 2 --accum 2 --resume "$scratch/ck" --verify
+    grep -q "bit for bit" "$scratch/out" || { echo "resume did not verify"; cat "$scratch/out"; exit 1; } ;;
+second-signal)
+    # a second signal ends a run stuck in a long micro-step at once (128 + SIGINT)
+    mkdir "$scratch/nvme"
+    ZO_TRAIN_TEST_MICRO_DELAY_MS=100000 start_training $small --steps 2 --offload nvme --nvme-path "$scratch/nvme"
+    sleep 0.3
+    kill -INT $pid
+    sleep 0.5
+    kill -0 $pid 2>/dev/null || { echo "the first signal did not wait for the micro-step"; exit 1; }
+    kill -INT $pid
+    wait_within 10
+    [ "$rc" -eq 130 ] && grep -q "second signal" "$scratch/err" ||
+        { echo "exit $rc after two signals:"; cat "$scratch/err"; exit 1; }
+    echo "exit 130: $(cat "$scratch/err")"
+    # it left its private directory; the next run in that parent reclaims it
+    [ -n "$(ls -A "$scratch/nvme")" ] || { echo "nothing left to reclaim?"; exit 1; }
+    run 0 "removed .*/zo-train-" $small --steps 1 --offload nvme --nvme-path "$scratch/nvme"
+    nothing_left "$scratch/nvme" ;;
+killed-run-reclaimed)
+    # kill -9 leaves the private directory with the swap files; each run makes a fresh one, so
+    # only a reclaim of stale run directories gets the space back: the next run does it, and
+    # never touches a live run's (a second run beside the first)
+    mkdir "$scratch/nvme"
+    ZO_TRAIN_TEST_MICRO_DELAY_MS=100000 start_training $small --steps 2 --offload nvme --nvme-path "$scratch/nvme"
+    live=$pid
+    run 0 "" $small --steps 1 --offload nvme --nvme-path "$scratch/nvme"
+    ! grep -q "removed" "$scratch/err" && [ "$(ls -A "$scratch/nvme" | wc -l)" -eq 1 ] ||
+        { echo "a live run's directory was touched:"; ls -la "$scratch/nvme"; cat "$scratch/err"; exit 1; }
+    kill -KILL $live
+    wait $live
+    left=$(ls -A "$scratch/nvme")
+    [ -n "$left" ] && [ -n "$(ls -A "$scratch/nvme/$left")" ] || { echo "kill -9 left nothing?"; exit 1; }
+    run 0 "removed .*/$left, the run directory of a run that is gone (pid $live)" $small --steps 1 --offload nvme \
+        --nvme-path "$scratch/nvme"
+    nothing_left "$scratch/nvme" ;;
+resume-lr-seed)
+    # --resume goes on with the checkpoint's seed (the teacher and the data): the resumed steps'
+    # losses are the uninterrupted run's; another --seed is refused; --lr replaces the
+    # checkpoint's learning rate (the in-memory reference takes it, so --verify would fail if
+    # the engine kept the old one)
+    run 0 "" $small --steps 2 --seed 5 --lr 0.002 --save "$scratch/ck"
+    run 2 "trained with seed 5" $small --steps 1 --resume "$scratch/ck" --seed 6
+    run 0 "" $small --steps 4 --seed 5 --lr 0.002 --json "$scratch/a.json"
+    run 0 "" $small --steps 2 --resume "$scratch/ck" --json "$scratch/c.json"
+    grep -q "seed 5 (the checkpoint's), lr 0.002 (the checkpoint's)" "$scratch/out" ||
+        { echo "no resume line:"; cat "$scratch/out"; exit 1; }
+    loss() { sed -n "s/.*\"step\":$2,\"loss\":\([^,]*\),.*/\1/p" "$1"; }
+    for st in 3 4; do
+        a=$(loss "$scratch/a.json" $st); c=$(loss "$scratch/c.json" $st)
+        [ -n "$a" ] && [ "$a" = "$c" ] || { echo "step $st: uninterrupted loss '$a', resumed '$c'"; exit 1; }
+    done
+    run 0 "" $small --steps 2 --resume "$scratch/ck" --lr 0.0005 --verify
+    grep -q "lr 0.0005 (--lr)" "$scratch/out" && grep -q "bit for bit" "$scratch/out" ||
+        { echo "--lr on resume:"; cat "$scratch/out"; exit 1; } ;;
 plan-config)
     # zo-plan --config writes a config the engine loads: zo-train runs it and verifies
     "$plan" --no-probe --config "$scratch/plan.json" -- --layers 2 --width 32 --batch 4 --accum 2 --clip 0.5 \

@@ -1,6 +1,7 @@
 /* Shared helpers of the command-line tools (see tool_common.h). */
 #include "tool_common.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -11,6 +12,7 @@
 #include <mntent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -327,6 +329,244 @@ int zo_tool_bad(const char *prog, const char *fmt, ...)
     fprintf(stderr, "\n");
     va_end(ap);
     return 2;
+}
+
+/* ---- private run directories ------------------------------------------------------------------ */
+#define RUNDIR_OWNER ".zo-run-owner"
+#define RUNDIR_MAX_DEPTH 16
+
+/* This boot's id (36 characters), or "" */
+static void boot_id(char out[40])
+{
+    out[0] = 0;
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+    if (!f)
+        return;
+    if (!fgets(out, 40, f))
+        out[0] = 0;
+    fclose(f);
+    out[strcspn(out, "\n")] = 0;
+}
+
+/* When process pid started (clock ticks since boot, /proc/<pid>/stat's
+ * 22nd field), or 0 if it does not exist (or cannot be read). */
+static unsigned long long proc_start(pid_t pid)
+{
+    char p[64], buf[1024];
+    snprintf(p, sizeof(p), "/proc/%d/stat", (int)pid);
+    int fd = open(p, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    buf[n] = 0;
+    const char *q = strrchr(buf, ')'); /* the command name may hold spaces and parentheses */
+    unsigned long long t = 0;
+    /* after ") ": state (3) ... starttime (22): skip 19 fields */
+    if (!q || sscanf(q + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu", &t) != 1)
+        return 0;
+    return t;
+}
+
+/* <prog>-XXXXXX, as mkdtemp makes it */
+static int rundir_name(const char *name, const char *prog)
+{
+    size_t n = strlen(prog);
+    if (strncmp(name, prog, n) != 0 || name[n] != '-' || strlen(name + n + 1) != 6)
+        return 0;
+    for (const char *c = name + n + 1; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9')))
+            return 0;
+    return 1;
+}
+
+/* Remove what directory dfd holds, never following a symlink (a symlink
+ * is removed itself); the disk space of the files removed is added to
+ * *bytes. Subdirectories of another user are left (and so is their
+ * parent, which then cannot be removed). */
+static void rm_tree_at(int dfd, int depth, uint64_t *bytes)
+{
+    int fd = dup(dfd);
+    DIR *dir = fd >= 0 ? fdopendir(fd) : NULL;
+    if (!dir) {
+        if (fd >= 0)
+            close(fd);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, ".."))
+            continue;
+        struct stat st;
+        if (fstatat(dfd, de->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0)
+            continue;
+        if (S_ISDIR(st.st_mode)) {
+            if (st.st_uid != geteuid() || depth >= RUNDIR_MAX_DEPTH)
+                continue;
+            int sub = openat(dfd, de->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (sub < 0)
+                continue;
+            rm_tree_at(sub, depth + 1, bytes);
+            close(sub);
+            unlinkat(dfd, de->d_name, AT_REMOVEDIR);
+        } else if (unlinkat(dfd, de->d_name, 0) == 0 && S_ISREG(st.st_mode) && bytes) {
+            *bytes += (uint64_t)st.st_blocks * 512;
+        }
+    }
+    closedir(dir);
+}
+
+/* Is <parentfd>/<name> a stale run directory of prog? 1 (then *owner_pid
+ * says whose; the directory is open in *dfd and its owner file in *ofd,
+ * locked by us), 0 no (nothing left open). */
+static int rundir_stale(int parentfd, const char *name, const char *prog, int *dfd, int *ofd, long *owner_pid)
+{
+    struct stat st, dst, ost;
+    *dfd = *ofd = -1;
+    if (fstatat(parentfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 022))
+        return 0; /* a symlink, another user's, or one others may write into: never ours */
+    int d = openat(parentfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (d < 0)
+        return 0;
+    if (fstat(d, &dst) != 0 || dst.st_dev != st.st_dev || dst.st_ino != st.st_ino)
+        goto no; /* swapped meanwhile */
+    int o = openat(d, RUNDIR_OWNER, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (o < 0)
+        goto no; /* unmarked: not a directory of ours (or one being made) */
+    if (fstat(o, &ost) != 0 || !S_ISREG(ost.st_mode) || ost.st_uid != geteuid() || ost.st_nlink != 1 ||
+        flock(o, LOCK_EX | LOCK_NB) != 0) {
+        close(o); /* another user's, a link, or held by a live run */
+        goto no;
+    }
+    /* The lock is ours: its owner is gone, or it has just created the file
+     * and waits for our lock to take its own (the file is still empty). */
+    char text[256], who[64], boot[40], now[40];
+    ssize_t n = pread(o, text, sizeof(text) - 1, 0);
+    long pid = 0;
+    unsigned long long start = 0;
+    text[n > 0 ? n : 0] = 0;
+    if (n <= 0 || sscanf(text, "%63s pid %ld boot %39s start %llu", who, &pid, boot, &start) != 4 ||
+        strcmp(who, prog) != 0) {
+        close(o);
+        goto no;
+    }
+    /* The lock says gone; the process table must agree (a filesystem where
+     * locks do not work, say): the same pid on this boot that started when
+     * the owner did is the owner, alive. */
+    boot_id(now);
+    if (!strcmp(boot, now) && pid > 0 && proc_start((pid_t)pid) == start) {
+        close(o);
+        goto no;
+    }
+    *dfd = d;
+    *ofd = o;
+    *owner_pid = pid;
+    return 1;
+no:
+    close(d);
+    return 0;
+}
+
+int zo_tool_rundir_reclaim(const char *prog, const char *parent, uint64_t *bytes)
+{
+    if (bytes)
+        *bytes = 0;
+    int pfd = open(parent, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR *dir = pfd >= 0 ? fdopendir(dup(pfd)) : NULL;
+    if (!dir) {
+        if (pfd >= 0)
+            close(pfd);
+        return 0;
+    }
+    int removed = 0;
+    struct dirent *de;
+    while ((de = readdir(dir))) {
+        int dfd, ofd;
+        long pid;
+        if (!rundir_name(de->d_name, prog) || !rundir_stale(pfd, de->d_name, prog, &dfd, &ofd, &pid))
+            continue;
+        uint64_t b = 0;
+        rm_tree_at(dfd, 0, &b); /* the owner file too: we hold its lock until it is gone */
+        close(dfd);
+        close(ofd);
+        if (unlinkat(pfd, de->d_name, AT_REMOVEDIR) == 0) {
+            removed++;
+            fprintf(stderr, "%s: removed %s/%s, the run directory of a run that is gone (pid %ld), %.1f MiB\n", prog,
+                    parent, de->d_name, pid, (double)b / (1024.0 * 1024.0));
+        } else {
+            fprintf(stderr, "%s: could not remove %s/%s, the run directory of a run that is gone (pid %ld): %s\n",
+                    prog, parent, de->d_name, pid, strerror(errno));
+        }
+        if (bytes)
+            *bytes += b;
+    }
+    closedir(dir);
+    close(pfd);
+    return removed;
+}
+
+int zo_tool_rundir_make(zo_tool_rundir *d, const char *prog, const char *parent, char *why, size_t whylen)
+{
+    d->path[0] = 0;
+    d->lock = -1;
+    zo_tool_rundir_reclaim(prog, parent, NULL);
+    char tmpl[sizeof(d->path)];
+    if ((size_t)snprintf(tmpl, sizeof(tmpl), "%s/%s-XXXXXX", parent, prog) >= sizeof(tmpl)) {
+        snprintf(why, whylen, "%s: path too long", parent);
+        return -1;
+    }
+    if (!mkdtemp(tmpl)) {
+        snprintf(why, whylen, "cannot create a directory in %s: %s", parent, strerror(errno));
+        return -1;
+    }
+    /* the mark: created, locked, then written (a reclaimer that takes the
+     * lock in between finds it empty and leaves the directory alone) */
+    char owner[sizeof(tmpl) + sizeof(RUNDIR_OWNER) + 1];
+    snprintf(owner, sizeof(owner), "%s/%s", tmpl, RUNDIR_OWNER);
+    int fd = open(owner, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    int e = fd < 0 ? errno : 0;
+    while (fd >= 0 && flock(fd, LOCK_EX) != 0)
+        if (errno != EINTR) {
+            e = errno;
+            break;
+        }
+    char text[160], boot[40];
+    boot_id(boot);
+    int n = snprintf(text, sizeof(text), "%s pid %ld boot %s start %llu\n", prog, (long)getpid(), boot[0] ? boot : "-",
+                     proc_start(getpid()));
+    if (!e && zo_tool_pwrite_all(fd, text, (size_t)n, 0) != 0)
+        e = errno ? errno : EIO;
+    if (e) {
+        snprintf(why, whylen, "cannot mark %s as this run's: %s", tmpl, strerror(e));
+        if (fd >= 0)
+            close(fd);
+        unlink(owner);
+        rmdir(tmpl);
+        return -1;
+    }
+    memcpy(d->path, tmpl, sizeof(d->path));
+    d->lock = fd;
+    return 0;
+}
+
+void zo_tool_rundir_remove(zo_tool_rundir *d)
+{
+    if (!d || !d->path[0])
+        return;
+    int fd = open(d->path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd >= 0) {
+        rm_tree_at(fd, 0, NULL);
+        close(fd);
+    }
+    if (rmdir(d->path) != 0 && errno != ENOENT)
+        fprintf(stderr, "could not remove %s: %s\n", d->path, strerror(errno));
+    if (d->lock >= 0)
+        close(d->lock);
+    d->lock = -1;
+    d->path[0] = 0;
 }
 
 /* ---- cleanup on SIGINT / SIGTERM / SIGHUP -------------------------------------------------- */

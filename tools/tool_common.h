@@ -46,6 +46,37 @@ int zo_tool_open_data(const char *path, int *created, char *why, size_t whylen);
  * is accepted. Only the last component is created. 0, or -1 with why. */
 int zo_tool_mkdir(const char *path, char *why, size_t whylen);
 
+/* ---- private run directories ------------------------------------------------ */
+/* A tool's files for one run (swap arenas, fio's file) go in a directory of
+ * their own, <parent>/<prog>-XXXXXX (mkdtemp: mode 0700, a fresh name).
+ * A run killed with SIGKILL (or by the OOM killer) leaves it behind, and
+ * since the next run makes a fresh name, nothing would ever look there
+ * again: so each directory is marked as the tool's own by an owner file,
+ * .zo-run-owner (0600), saying "<prog> pid P boot B start T" (the boot id
+ * and the process start time, so a reused pid cannot pass for the owner)
+ * and held with flock(LOCK_EX) for the run's life (the kernel drops it
+ * when the process dies, however it dies), and every run first reclaims
+ * the stale ones of its prog in its parent. */
+typedef struct zo_tool_rundir {
+    char path[4200]; /* "" when none */
+    int lock;        /* the owner file, held locked; -1 when none */
+} zo_tool_rundir;
+
+/* Reclaim stale run directories of `prog` in `parent` (messages on stderr),
+ * then make this run's and mark it. 0, or -1 with why (d->path ""). */
+int zo_tool_rundir_make(zo_tool_rundir *d, const char *prog, const char *parent, char *why, size_t whylen);
+/* Remove the run directory with everything in it (never following a
+ * symlink) and let go of it. NULL or an empty one: nothing. */
+void zo_tool_rundir_remove(zo_tool_rundir *d);
+/* Remove every directory <parent>/<prog>-XXXXXX that is a stale run
+ * directory: not a symlink, owned by this effective user and not writable
+ * by others, holding a regular owner file of this user that no live
+ * process holds locked and whose owner (pid, boot id, start time) is not
+ * running. Anything else named like one is left alone. Its contents go
+ * without following symlinks. Returns how many were removed; *bytes (may be
+ * NULL) gets the disk space they held. Says what it removed on stderr. */
+int zo_tool_rundir_reclaim(const char *prog, const char *parent, uint64_t *bytes);
+
 /* Facts about this machine: CPU model and count, ISA level, memory, kernel. */
 typedef struct zo_machine {
     char cpu_model[64];

@@ -139,10 +139,11 @@ int train_options_parse(int argc, char **argv, options *o)
     int c, model_flags = 0;
     uint64_t v;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+    /* ":": a missing value is ':', not '?' (which reads as an unknown option) */
+    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
         switch (c) {
         case O_PARAMS: if (parse_u64("--params", optarg, 2, 1ull << 40, &o->params)) return 2; model_flags = 1; break;
-        case O_LAYERS: if (parse_u64("--layers", optarg, 1, 4096, &v)) return 2; o->layers = (unsigned)v; model_flags = 1; break;
+        case O_LAYERS: if (parse_u64("--layers", optarg, 1, TRAIN_MAX_LAYERS, &v)) return 2; o->layers = (unsigned)v; model_flags = 1; break;
         case O_WIDTH: if (parse_u64("--width", optarg, 1, 1 << 20, &o->width)) return 2; model_flags = 1; break;
         case O_BATCH: if (parse_u64("--batch", optarg, 1, 1 << 20, &o->batch)) return 2; break;
         case O_STEPS: if (parse_u64("--steps", optarg, 1, 100000000, &v)) return 2; o->steps = (unsigned)v; break;
@@ -174,8 +175,11 @@ int train_options_parse(int argc, char **argv, options *o)
         case O_VERIFY: o->verify = 1; break;
         case O_JSON: o->json = optarg; break;
         case O_QUIET: o->quiet = 1; break;
-        case O_SEED: if (parse_u64("--seed", optarg, 0, UINT64_MAX / 4, &o->seed)) return 2; break;
+        case O_SEED: if (parse_u64("--seed", optarg, 0, UINT64_MAX / 4, &o->seed)) return 2; o->seed_given = 1; break;
         case O_HELP: train_usage(stdout); return -1;
+        case ':':
+            fprintf(stderr, "zo-train: %s needs a value (--help lists the options)\n", argv[optind - 1]);
+            return 2;
         default:
             fprintf(stderr, "zo-train: unknown option '%s' (--help lists them)\n", argv[optind - 1]);
             return 2;
@@ -197,8 +201,21 @@ int train_options_parse(int argc, char **argv, options *o)
     /* The embedded default: 6 layers of 2048 (25.2 M parameters: 288 MiB of
      * fp32 masters and Adam states against a device budget of about 130 MiB),
      * NVMe offload into a temporary directory, DPU after one warm-up step. */
-    if (!o->layers)
-        o->layers = o->params && o->width ? (unsigned)(o->params / (o->width * o->width + o->width)) : 6;
+    if (!o->layers && o->params && o->width) {
+        /* in 64 bits, and held to --layers' own limit: a narrow width asks
+         * for more layers than --layers accepts (and cast to unsigned, 2^32
+         * + 1 of them wrapped to 1) */
+        uint64_t l = o->params / (o->width * o->width + o->width);
+        if (l > TRAIN_MAX_LAYERS) {
+            fprintf(stderr, "zo-train: --params %" PRIu64 " at --width %" PRIu64 " means %" PRIu64 " layers, more than "
+                            "the %u --layers allows: give a larger --width (or --layers)\n",
+                    o->params, o->width, l, TRAIN_MAX_LAYERS);
+            return 2;
+        }
+        o->layers = (unsigned)l;
+    } else if (!o->layers) {
+        o->layers = 6;
+    }
     if (!o->layers) {
         fprintf(stderr, "zo-train: --params %" PRIu64 " is less than one layer of width %" PRIu64 "\n", o->params,
                 o->width);

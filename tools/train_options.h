@@ -38,8 +38,12 @@ typedef struct options {
     const char *json;         /* --json */
     int quiet;                /* --quiet: no per-step lines */
     uint64_t seed;            /* --seed */
+    int seed_given;
     int defaulted;            /* no model flags: the embedded default */
 } options;
+
+/* The most layers a model may have (--layers, and what --params with --width implies). */
+#define TRAIN_MAX_LAYERS 4096u
 
 /* The host backend's device budget zo-train sets itself when --device-budget
  * is not given: what the device model needs (params, grads, activations)

@@ -267,7 +267,8 @@ typedef struct bench {
     zo_optim_config cfg;
     zo_optim_json *json;
     zo_optim *opt;
-    char dir[4096];  /* private NVMe directory, removed at exit */
+    zo_tool_rundir run; /* private NVMe directory, removed at exit (a killed run's: by the next run) */
+    const char *dir;    /* run.path */
     char fio_file[4200];
     double slice_s;  /* compute per tensor */
 } bench;
@@ -310,12 +311,9 @@ static void bench_free(bench *b)
     zo_optim_json_free(&b->json);
     if (b->fio_file[0])
         unlink(b->fio_file);
-    if (b->dir[0]) {
-        /* the engine's swap store removed its arenas at destroy; anything
-         * else left is ours (the fio file, removed above) */
-        if (rmdir(b->dir) < 0 && errno != ENOENT)
-            fprintf(stderr, "zo-optim-bench: could not remove %s: %s\n", b->dir, strerror(errno));
-    }
+    /* the engine's swap store removed its arenas at destroy; what is left
+     * is ours (the run's owner mark) */
+    zo_tool_rundir_remove(&b->run);
 }
 
 static volatile sig_atomic_t interrupted;
@@ -416,13 +414,13 @@ static int setup(bench *b, const opts *o)
             rc = EXIT_USAGE;
             goto fail_usage;
         }
-        snprintf(b->dir, sizeof(b->dir), "%s/zo-optim-bench.XXXXXX", o->nvme_path);
-        if (!mkdtemp(b->dir)) {
-            fprintf(stderr, "zo-optim-bench: cannot make a directory in %s: %s\n", o->nvme_path, strerror(errno));
-            b->dir[0] = '\0';
+        char why[4300];
+        if (zo_tool_rundir_make(&b->run, "zo-optim-bench", o->nvme_path, why, sizeof(why)) < 0) {
+            fprintf(stderr, "zo-optim-bench: %s\n", why);
             rc = EXIT_USAGE;
             goto fail_usage;
         }
+        b->dir = b->run.path;
         b->cfg.nvme_path = b->dir;
     }
     if (o->config) {

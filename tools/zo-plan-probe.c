@@ -15,6 +15,8 @@
 #include <zoffload/zoffload.h>
 #include <zoffload/optim_json.h>
 
+#include "tool_common.h"
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -32,7 +34,7 @@ typedef struct probe {
     int have_model;
     train_teacher teacher;
     float *x, *y;
-    char dir[PATH_MAX];
+    zo_tool_rundir run; /* the NVMe probe's private directory */
 } probe;
 
 static void probe_free(probe *p)
@@ -55,8 +57,7 @@ static void probe_free(probe *p)
     free(p->numel);
     zo_dev_close(&p->dev);
     /* the engine's swap store unlinks its files when destroyed */
-    if (p->dir[0] && rmdir(p->dir) < 0)
-        fprintf(stderr, "zo-plan: run probe: removing %s: %s\n", p->dir, strerror(errno));
+    zo_tool_rundir_remove(&p->run); /* the owner mark is what is left */
 }
 
 /* zo-train's gradient hand-over (engine_grad in zo-train.c) */
@@ -217,16 +218,15 @@ int plan_probe_run(const plan_probe_in *in, plan_probe_out *out)
     cfg.nthreads = in->nthreads ? in->nthreads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     cfg.nvme_path = NULL;
     if (in->nvme) {
-        snprintf(p.dir, sizeof(p.dir), "%s/zo-plan-probe-XXXXXX", in->nvme_dir);
-        if (!mkdtemp(p.dir)) {
-            r = -errno;
-            p.dir[0] = 0;
+        char why[PATH_MAX + 128];
+        if (zo_tool_rundir_make(&p.run, "zo-plan-probe", in->nvme_dir, why, sizeof(why)) < 0) {
+            r = -(errno ? errno : EIO);
             zo_optim_json_free(&cj);
-            fprintf(stderr, "zo-plan: NVMe probe in %s: cannot make its directory: %s\n", in->nvme_dir, strerror(-r));
+            fprintf(stderr, "zo-plan: NVMe probe in %s: cannot make its directory: %s\n", in->nvme_dir, why);
             probe_free(&p);
             return r;
         }
-        cfg.nvme_path = p.dir;
+        cfg.nvme_path = p.run.path;
     }
     unsigned ngroups = opt ? 2 : 1;
     for (unsigned g = 0; g < ngroups; g++) {

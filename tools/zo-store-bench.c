@@ -340,16 +340,9 @@ static void env_close(env *e)
     zo_swap_destroy(&e->swap);
     zo_dev_close(&e->dev);
     free(e->t);
-    if (e->dir[0]) {
-        rmdir(e->dir);
-        zo_tool_cleanup_drop(e->dir);
-    }
+    /* the run directory stays until the process ends (run_dir_remove) */
 }
 
-/* The swap store of a run: a private directory under --path (dir, removed
- * by the caller once the swap store is destroyed) and a zo_swap in it.
- * 0, EXIT_RUN (said why; dir[0] is 0 if there is nothing to remove), or a
- * negative error of zo_swap_create(). */
 /* The swap engine's queue depth: --queue-depth, else the engine's default.
  * (Sizing it to every pool slot, 64 here, measured no better: 0.80 and
  * 0.88 against 0.86-0.91 at 32, docs/benchmarks.md.) */
@@ -362,35 +355,35 @@ static unsigned optim_queue_depth(const opts *o)
     return ac.queue_depth;
 }
 
+/* The run's directory: zo-store-bench-XXXXXX (zo_tool_rundir: mkdtemp,
+ * 0700, marked as this run's, one a killed run left reclaimed first),
+ * made by the first environment and kept until the process ends; each
+ * environment's swap store removes its own arenas. */
+static zo_tool_rundir run_dir = {.lock = -1};
+
+static void run_dir_remove(void)
+{
+    zo_tool_cleanup_drop(run_dir.path);
+    zo_tool_rundir_remove(&run_dir);
+}
+
+/* The swap store of an environment: a zo_swap in the run's private
+ * directory under --path (dir: its path, removed when the process ends).
+ * 0, EXIT_RUN (said why; dir[0] is 0), or a negative error of
+ * zo_swap_create(). */
 static int swap_open(const opts *o, const char *path, char *dir, size_t dirlen, zo_swap **out)
 {
-    /* The run's directory has a name no one else can guess or share:
-     * zo-store-bench.PID.XXXXXX made by mkdtemp (0700, never an existing
-     * one) on the first call, then created again under the same name by
-     * each later environment (the one before removed it). A leftover of a
-     * killed run, a live run with the same pid in another PID namespace or
-     * a symlink planted at the name is never used, cleared or removed by
-     * this run; mkdir failing with EEXIST on a later call means someone
-     * took our name meanwhile, and the run stops. */
-    static char run_dir[4200];
-    if (!run_dir[0]) {
-        char tmpl[sizeof(run_dir)];
-        int e = ENAMETOOLONG;
-        if ((size_t)snprintf(tmpl, sizeof(tmpl), "%s/zo-store-bench.%ld.XXXXXX", path, (long)getpid()) >=
-                sizeof(tmpl) ||
-            (!mkdtemp(tmpl) && (e = errno))) {
-            fprintf(stderr, "zo-store-bench: cannot create a run directory in %s: %s\n", path, strerror(e));
+    if (!run_dir.path[0]) {
+        char why[4300];
+        if (zo_tool_rundir_make(&run_dir, "zo-store-bench", path, why, sizeof(why)) < 0) {
+            fprintf(stderr, "zo-store-bench: %s\n", why);
             dir[0] = 0;
             return EXIT_RUN;
         }
-        memcpy(run_dir, tmpl, sizeof(run_dir));
-    } else if (mkdir(run_dir, 0700) != 0) {
-        fprintf(stderr, "zo-store-bench: cannot create %s: %s\n", run_dir, strerror(errno));
-        dir[0] = 0;
-        return EXIT_RUN;
+        atexit(run_dir_remove);
+        zo_tool_cleanup_add(run_dir.path, 1); /* an interrupt removes it with the arenas and fio's file */
     }
-    snprintf(dir, dirlen, "%s", run_dir);
-    zo_tool_cleanup_add(dir, 1); /* an interrupt removes it with the arenas and fio's file */
+    snprintf(dir, dirlen, "%s", run_dir.path);
     const char *dirs[] = {dir};
     zo_swap_config sc;
     zo_swap_config_default(&sc);
@@ -807,10 +800,7 @@ static void optim_close(optim_env *e)
     free(e->t);
     if (e->fio_file[0])
         unlink(e->fio_file);
-    if (e->dir[0]) {
-        rmdir(e->dir);
-        zo_tool_cleanup_drop(e->dir);
-    }
+    /* the run directory stays until the process ends (run_dir_remove) */
 }
 
 static int optim_sweep(const opts *o, optim_env *e, unsigned mode, int init, double *secs, zo_store_sweep_info *info)

@@ -412,7 +412,8 @@ typedef struct bench {
     zo_stream *s;
     zo_swap *swap;
     zo_store *store;
-    char dir[4200];
+    char dir[4200];     /* run.path, or "" without NVMe */
+    zo_tool_rundir run; /* private directory: a killed run's is reclaimed by the next run */
     zo_tiled_linear *tl[2]; /* host home, NVMe home */
     void *x, *dy, *w;       /* device */
     float *y, *dx, *dw;
@@ -523,7 +524,6 @@ static int setup(bench *bn)
     }
 
     /* the store: pinned host tier for W, and a swap store in a fresh directory */
-    snprintf(bn->dir, sizeof(bn->dir), "%s/zo-tile-bench-XXXXXX", o->path);
     zo_store_config sc;
     zo_store_config_default(&sc);
     sc.host_bytes = wbytes + (1u << 20);
@@ -531,11 +531,13 @@ static int setup(bench *bn)
     sc.slot_size = (size_t)bn->slot_size;
     sc.dev = bn->dev;
     if (!o->no_nvme) {
-        if (!mkdtemp(bn->dir)) {
+        char why[4300];
+        if (zo_tool_rundir_make(&bn->run, "zo-tile-bench", o->path, why, sizeof(why)) < 0) {
             free(f);
             free(h);
-            return fail("mkdtemp", -errno, bn->dir);
+            return fail("the run directory", -EIO, why);
         }
+        snprintf(bn->dir, sizeof(bn->dir), "%s", bn->run.path);
         /* an interrupt removes it with the arenas and fio's file */
         zo_tool_cleanup_add(bn->dir, 1);
         const char *dirs[] = {bn->dir};
@@ -602,8 +604,7 @@ static void teardown(bench *bn)
     zo_swap_destroy(&bn->swap);
     if (bn->fio.file[0] && unlink(bn->fio.file) != 0 && errno != ENOENT)
         fprintf(stderr, "zo-tile-bench: could not remove %s: %s\n", bn->fio.file, strerror(errno));
-    if (bn->dir[0] && rmdir(bn->dir) != 0)
-        fprintf(stderr, "zo-tile-bench: could not remove %s: %s\n", bn->dir, strerror(errno));
+    zo_tool_rundir_remove(&bn->run); /* the swap store removed its arenas: the owner mark is left */
     if (bn->dir[0])
         zo_tool_cleanup_drop(bn->dir);
     void *ps[] = {bn->x, bn->dy, bn->w, bn->y, bn->dx, bn->dw};

@@ -24,9 +24,9 @@
  * included), and compares losses every step and the masters, optimizer
  * states and device parameters bit for bit at the end.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -49,30 +49,10 @@
 
 /* ---- temporary directories and files ------------------------------------------------------ */
 
-/* The private swap directory, removed at exit on every path (also Ctrl-C). */
-static char g_tmpdir[PATH_MAX];
+/* The private swap directory, removed at exit on every path (also Ctrl-C);
+ * one a killed run left is reclaimed by the next run (zo_tool_rundir). */
+static zo_tool_rundir g_run = {.lock = -1};
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    (void)st;
-    (void)ftw;
-    if (flag == FTW_DP)
-        rmdir(path);
-    else
-        unlink(path);
-    return 0;
-}
-
-static void remove_tmpdir(void)
-{
-    if (g_tmpdir[0]) {
-        nftw(g_tmpdir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-        g_tmpdir[0] = 0;
-    }
-}
-
-/* mkdtemp in parent: mode 0700, owned by us, a fresh name (a leftover of a
- * killed run never collides). */
 static int make_tmpdir(const char *parent)
 {
     struct stat st;
@@ -80,14 +60,9 @@ static int make_tmpdir(const char *parent)
         fprintf(stderr, "zo-train: NVMe path %s: %s\n", parent, errno ? strerror(errno) : "not a directory");
         return -1;
     }
-    if (snprintf(g_tmpdir, sizeof(g_tmpdir), "%s/zo-train-XXXXXX", parent) >= (int)sizeof(g_tmpdir)) {
-        g_tmpdir[0] = 0;
-        fprintf(stderr, "zo-train: NVMe path %s: too long\n", parent);
-        return -1;
-    }
-    if (!mkdtemp(g_tmpdir)) {
-        fprintf(stderr, "zo-train: NVMe path %s: cannot create a directory in it: %s\n", parent, strerror(errno));
-        g_tmpdir[0] = 0;
+    char why[PATH_MAX + 128];
+    if (zo_tool_rundir_make(&g_run, "zo-train", parent, why, sizeof(why)) < 0) {
+        fprintf(stderr, "zo-train: NVMe path %s: %s\n", parent, why);
         return -1;
     }
     return 0;
@@ -108,12 +83,79 @@ static FILE *create_file(const char *path)
     return f;
 }
 
-/* Ctrl-C (and SIGTERM): stop at the next step boundary. */
+/* --save DIR, checked before the first step rather than after the last:
+ * DIR is (made if missing, mode 0700) a directory this process can write
+ * into, and holds no checkpoint this run could write, step-K for K in
+ * (first, last] (an interrupted or skipping run ends before last; a
+ * checkpoint is never overwritten). 0, or -1 with the reason on stderr. */
+static int check_save_dir(const char *dir, int64_t first, int64_t last)
+{
+    char why[PATH_MAX + 128];
+    if (zo_tool_mkdir(dir, why, sizeof(why)) < 0) {
+        fprintf(stderr, "zo-train: --save %s: %s\n", dir, why);
+        return -1;
+    }
+    if (access(dir, W_OK | X_OK) < 0) {
+        fprintf(stderr, "zo-train: --save %s: cannot write checkpoints into it: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    DIR *d = opendir(dir);
+    if (!d) {
+        fprintf(stderr, "zo-train: --save %s: %s\n", dir, strerror(errno));
+        return -1;
+    }
+    int r = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) && r == 0) {
+        long long k;
+        int n = 0;
+        if (sscanf(de->d_name, "step-%lld%n", &k, &n) == 1 && de->d_name[n] == 0 && k > first && k <= last) {
+            fprintf(stderr, "zo-train: --save %s: it already holds %s, a checkpoint this run may write (steps "
+                            "%" PRId64 " to %" PRId64 "; checkpoints are never overwritten): remove it or save "
+                            "elsewhere\n", dir, de->d_name, first + 1, last);
+            r = -1;
+        }
+    }
+    closedir(d);
+    return r;
+}
+
+/* Ctrl-C (and SIGTERM): stop at the next micro-step (a window stopped
+ * inside is dropped, so the checkpoint is at a step boundary). A second
+ * signal exits at once: a run stuck in a long micro-step must still be
+ * stoppable; its private NVMe directory is then reclaimed by the next run
+ * (zo_tool_rundir_make). */
 static volatile sig_atomic_t g_stop;
 static void on_signal(int sig)
 {
-    (void)sig;
-    g_stop = 1;
+    if (g_stop) {
+        static const char msg[] = "zo-train: second signal: exiting now, without saving\n";
+        if (write(STDERR_FILENO, msg, sizeof(msg) - 1) < 0) {
+            /* nothing more to say */
+        }
+        _exit(128 + sig);
+    }
+    g_stop = sig;
+}
+
+/* Test hook: ZO_TRAIN_TEST_MICRO_DELAY_MS makes every micro-step take that
+ * much longer (a stand-in for a long forward/backward), so the tests can
+ * signal a run inside a micro-step or an accumulation window. Signals do
+ * not shorten it. */
+static void test_micro_delay(void)
+{
+    static long ms = -1;
+    if (ms < 0) {
+        const char *e = getenv("ZO_TRAIN_TEST_MICRO_DELAY_MS");
+        ms = e ? strtol(e, NULL, 10) : 0;
+        if (ms < 0)
+            ms = 0;
+    }
+    if (!ms)
+        return;
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
 }
 
 static double now_s(void)
@@ -811,11 +853,17 @@ int main(int argc, char **argv)
             rc = 2;
             goto out;
         }
-        if (cfg.param_dtype != shape.param_dtype || (cfg.grad_dtype != ZO_DTYPE_COUNT &&
-                                                      cfg.grad_dtype != shape.grad_dtype)) {
-            fprintf(stderr, "zo-train: --config %s sets device params %s, the model has %s: give --param-dtype "
-                            "and --grad to match\n", opt.config, zo_dtype_name(cfg.param_dtype),
-                    zo_dtype_name(shape.param_dtype));
+        if (cfg.param_dtype != shape.param_dtype) {
+            fprintf(stderr, "zo-train: --config %s sets device params %s, the model has %s: give --param-dtype %s "
+                            "to match\n", opt.config, zo_dtype_name(cfg.param_dtype),
+                    zo_dtype_name(shape.param_dtype), zo_dtype_name(cfg.param_dtype));
+            rc = 2;
+            goto out;
+        }
+        if (cfg.grad_dtype != ZO_DTYPE_COUNT && cfg.grad_dtype != shape.grad_dtype) {
+            fprintf(stderr, "zo-train: --config %s sets device gradients (zoffload.grad_dtype) %s, the model's are %s: "
+                            "give --grad %s to match\n", opt.config, zo_dtype_name(cfg.grad_dtype),
+                    zo_dtype_name(shape.grad_dtype), zo_dtype_name(cfg.grad_dtype));
             rc = 2;
             goto out;
         }
@@ -862,7 +910,7 @@ int main(int argc, char **argv)
             rc = 2;
             goto out;
         }
-        cfg.nvme_path = g_tmpdir;
+        cfg.nvme_path = g_run.path;
     } else if (opt.nvme_path) {
         fprintf(stderr, "zo-train: --nvme-path needs --offload nvme\n");
         rc = 2;
@@ -888,7 +936,7 @@ int main(int argc, char **argv)
         uint64_t wbytes = (uint64_t)shape.layers * shape.width * shape.width * 4;
         if (tiling.home == ZO_TIER_NVME) {
             char dir[PATH_MAX + 8];
-            snprintf(dir, sizeof(dir), "%s/tiles", g_tmpdir);
+            snprintf(dir, sizeof(dir), "%s/tiles", g_run.path);
             zo_swap_config sc;
             zo_swap_config_default(&sc);
             const char *dirs[1] = {dir};
@@ -978,6 +1026,41 @@ int main(int argc, char **argv)
             goto out;
         }
         micro = um;
+        /* The seed makes the teacher and the data: the run goes on with the
+         * checkpoint's, and another one would be another task. */
+        unsigned long long useed;
+        if ((p = strstr(user, "\"seed\":")) && sscanf(p, "\"seed\":%llu", &useed) == 1) {
+            if (opt.seed_given && opt.seed != useed) {
+                fprintf(stderr, "zo-train: --resume %s: --seed %" PRIu64 ", but the checkpoint was trained with seed "
+                                "%llu (the teacher and the data follow the seed): give --seed %llu or leave it out\n",
+                        opt.resume, opt.seed, useed, useed);
+                rc = 2;
+                goto out;
+            }
+            shape.seed = useed;
+        }
+        /* The learning rate: --lr replaces the checkpoint's; without it the
+         * checkpoint's goes on (zo_optim_load restored it), and the
+         * reference of --verify takes it too. */
+        double ulr;
+        const char *lr_from = "--lr";
+        if (opt.lr_given) {
+            if ((r = zo_optim_set_lr(o, 0, opt.lr)) < 0 || (r = zo_optim_set_lr(o, 1, opt.lr)) < 0) {
+                fprintf(stderr, "zo-train: --lr %g: %s (%s)\n", opt.lr, zo_strerror(r), zo_optim_errmsg(o));
+                rc = 2;
+                goto out;
+            }
+        } else if ((p = strstr(user, "\"lr\":")) && sscanf(p, "\"lr\":%lf", &ulr) == 1) {
+            hp_w.lr = hp_b.lr = ulr;
+            lr_from = "the checkpoint's";
+        } else {
+            lr_from = NULL; /* an older checkpoint: the engine has it, we do not know it */
+        }
+        printf("resumed from %s: seed %" PRIu64 "%s, ", opt.resume, shape.seed, opt.seed_given ? "" : " (the checkpoint's)");
+        if (lr_from)
+            printf("lr %g (%s)\n", hp_w.lr, lr_from);
+        else
+            printf("lr: the checkpoint's (not recorded in it)\n");
         if (tiled && (r = refresh_tiles(o, &dm)) < 0)
             goto out;
     } else if (tiled) {
@@ -987,6 +1070,13 @@ int main(int argc, char **argv)
     } else if ((r = zo_optim_init_from_device(o)) < 0) {
         fprintf(stderr, "zo-train: zo_optim_init_from_device: %s: %s\n", zo_strerror(r), zo_optim_errmsg(o));
         goto out;
+    }
+    if (opt.save) {
+        zo_optim_info si = {.struct_size = sizeof(si)};
+        if ((r = zo_optim_get_info(o, &si)) < 0 || check_save_dir(opt.save, si.step, si.step + opt.steps) < 0) {
+            rc = 2;
+            goto out;
+        }
     }
 
     if (opt.verify) {
@@ -1034,7 +1124,7 @@ int main(int argc, char **argv)
            "clip %g, %d threads, %u sub-groups\n",
            mib(state_bytes), state_bytes > budget ? "do not fit" : "would fit",
            cfg.placement == ZO_OPTIM_PLACE_NVME ? "NVMe in " : "pinned host memory",
-           cfg.placement == ZO_OPTIM_PLACE_NVME ? g_tmpdir : "", cfg.dpu ? "on" : "off", cfg.dpu_warmup_steps,
+           cfg.placement == ZO_OPTIM_PLACE_NVME ? g_run.path : "", cfg.dpu ? "on" : "off", cfg.dpu_warmup_steps,
            cfg.max_grad_norm, cfg.nthreads, info.nsubgroups);
     fflush(stdout);
 
@@ -1047,7 +1137,11 @@ int main(int argc, char **argv)
     for (unsigned s = 0; s < opt.steps && !g_stop; s++) {
         double t0 = now_s(), compute = 0, data = 0, loss = 0, ref_loss = 0;
         double scale = zo_optim_loss_scale(o); /* fp16: the dynamic loss scale of this window */
-        for (unsigned k = 0; k < cfg.grad_accum_steps; k++, micro++) {
+        unsigned k;
+        for (k = 0; k < cfg.grad_accum_steps; k++, micro++) {
+            if (g_stop)
+                break; /* inside the window: checked at every micro-step, not only at the boundary */
+            test_micro_delay();
             double td = now_s();
             train_teacher_batch(&teacher, micro, x, y);
             double tc = now_s();
@@ -1085,9 +1179,30 @@ int main(int argc, char **argv)
                 ref_loss += rl / cfg.grad_accum_steps;
             }
         }
+        if (k < cfg.grad_accum_steps) {
+            /* Stopped inside the window: a step on part of it would not be
+             * this run's step, and a save is refused mid-window; drop it, so
+             * the run ends (and saves) at the last boundary and a resumed run
+             * starts this window again from its first micro-step. */
+            if ((r = zo_optim_discard_grads(o)) < 0) {
+                fprintf(stderr, "zo-train: dropping the interrupted window: %s (%s)\n", zo_strerror(r),
+                        zo_optim_errmsg(o));
+                goto out;
+            }
+            micro -= k;
+            if (opt.verify)
+                for (unsigned i = 0; i < ref.ntensors; i++)
+                    ref.first[i] = 1;
+            printf("interrupted inside an accumulation window: its %u of %u micro-steps are dropped\n", k,
+                   cfg.grad_accum_steps);
+            break;
+        }
         /* Without DPU (or in its warm-up) the update finishes now; with it,
          * the next step call finishes it while this step's forward runs. */
-        zo_optim_get_info(o, &info);
+        if ((r = zo_optim_get_info(o, &info)) < 0) {
+            fprintf(stderr, "zo-train: zo_optim_get_info: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
+            goto out;
+        }
         zo_optim_step_result res = {.struct_size = sizeof(res)};
         if (!cfg.dpu || !info.dpu_active) {
             if ((r = zo_optim_wait(o, &res)) < 0) {
@@ -1150,18 +1265,15 @@ int main(int argc, char **argv)
             totals_add_timeline(&tot, &tl); /* the last update, finished by the wait */
     }
     if (g_stop)
-        printf("interrupted: stopped at a step boundary\n");
+        printf("interrupted (%s): stopped at a step boundary\n", g_stop == SIGTERM ? "SIGTERM" : "SIGINT");
 
     if (opt.save) {
-        char name[64], user[128];
+        char name[64], user[192];
         zo_optim_get_info(o, &info);
         snprintf(name, sizeof(name), "step-%" PRId64, info.step);
-        snprintf(user, sizeof(user), "{\"micro\":%" PRIu64 ",\"layers\":%u,\"width\":%zu,\"seed\":%" PRIu64 "}", micro,
-                 shape.layers, shape.width, shape.seed);
-        if (mkdir(opt.save, 0700) < 0 && errno != EEXIST) {
-            fprintf(stderr, "zo-train: --save %s: %s\n", opt.save, strerror(errno));
-            goto out;
-        }
+        snprintf(user, sizeof(user),
+                 "{\"micro\":%" PRIu64 ",\"layers\":%u,\"width\":%zu,\"seed\":%" PRIu64 ",\"lr\":%.17g}", micro,
+                 shape.layers, shape.width, shape.seed, hp_w.lr);
         if ((r = zo_optim_save(o, opt.save, name, 2, user)) < 0) {
             fprintf(stderr, "zo-train: --save %s: %s (%s)\n", opt.save, zo_strerror(r), zo_optim_errmsg(o));
             goto out;
@@ -1274,6 +1386,6 @@ out:
     zo_store_destroy(&tile_store); /* after the model: its tiled layers unregister their tiles */
     zo_swap_destroy(&tile_swap);
     zo_dev_close(&dev);
-    remove_tmpdir();
+    zo_tool_rundir_remove(&g_run);
     return rc;
 }

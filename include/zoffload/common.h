@@ -148,8 +148,11 @@ ZO_API int zo_dtype_parse(const char *s, zo_dtype *out);
  * Parse a byte count: a decimal integer with an optional suffix. Binary
  * suffixes K, M, G, T (also KiB, MiB, GiB, TiB, k, m, g, t) mean powers of
  * 1024; decimal suffixes KB, MB, GB, TB mean powers of 1000. "13522",
- * "1G" (= 2^30), "1GB" (= 10^9), "64MiB". Whitespace is not allowed.
- * @return 0, -EINVAL (NULL/empty/unknown suffix/garbage), -ERANGE (overflow).
+ * "1G" (= 2^30), "1GB" (= 10^9), "64MiB". Scientific notation without a
+ * suffix, as parameter counts are written, if the value is a whole number:
+ * "1e6", "2.5e9", "1E9" ("2.5e0" is -EINVAL). Whitespace is not allowed.
+ * @return 0, -EINVAL (NULL/empty/unknown suffix/garbage/not a whole number),
+ *         -ERANGE (overflow).
  */
 ZO_API int zo_parse_size(const char *s, uint64_t *out);
 /**@}*/

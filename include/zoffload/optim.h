@@ -122,8 +122,10 @@
  *   sub-groups before the failure hold the new values, the failing piece is
  *   undefined, the rest hold the old ones (making it all-before would need
  *   a second copy of the states on disk). The engine then refuses steps,
- *   saves, exports and imports with ZO_ESTATE until zo_optim_load()
- *   restores a checkpoint (or zo_optim_init_from_device() starts over). A
+ *   gradients, saves, exports, imports, pushes and parameter buffers with
+ *   ZO_ESTATE until zo_optim_load() restores a checkpoint (or
+ *   zo_optim_init_from_device() starts over); a load or init that fails
+ *   midway leaves it refusing the same way. A
  *   failure before any state is written (a gradient copy) drops the
  *   window's gradients and changes nothing.
  *
@@ -192,9 +194,15 @@ typedef struct zo_optim_group {
     const uint64_t *numel;       /**< [ntensors] element counts, each >= 1 */
     const char *const *names;    /**< [ntensors] unique names (1..200 bytes, no '/'), or NULL: "g<group>.t<i>" */
     void *const *dev_params;     /**< [ntensors] device parameters (param_dtype, zo_dev_malloc() memory of
-                                      the config's device), or NULL: the engine never touches device
-                                      params; the framework copies from zo_optim_param_buffer() itself */
-    const zo_optim_hparams *hparams; /**< NULL: the config's `hparams` */
+                                      the config's device; on the host backend any host memory will do,
+                                      plain malloc() or a framework's tensors: it copies with memcpy and
+                                      the fused kernel writes them in place), or NULL: the engine never
+                                      touches device params; the framework copies from
+                                      zo_optim_param_buffer() itself. Not owned: valid, at the same
+                                      address, until zo_optim_destroy() */
+    const zo_optim_hparams *hparams; /**< NULL: the config's `hparams`. step, grad_scale and clip_coef are
+                                          the engine's: leave them at zo_optim_hparams_default()'s 1
+                                          (anything else is ZO_ECONFIG) */
     zo_optim_placement placement; /**< default ZO_OPTIM_PLACE_DEFAULT (the config's) */
     uint64_t sub_group_size;     /**< elements per sub-group; 0 (default): the config's */
     zo_dtype state_dtype;        /**< m and v: ZO_DTYPE_F32 (default) or ZO_DTYPE_BF16 */
@@ -213,14 +221,18 @@ typedef struct zo_optim_config {
 
     /* ---- model ---- */
     struct zo_dev *dev;          /**< device backend (not owned, required; ZO_DEV_HOST is the reference) */
-    zo_dtype param_dtype;        /**< device params: ZO_DTYPE_BF16 (default), ZO_DTYPE_F16 or ZO_DTYPE_F32
-                                      (DeepSpeed: bf16.enabled / fp16.enabled / neither) */
+    zo_dtype param_dtype;        /**< device params: ZO_DTYPE_BF16, ZO_DTYPE_F16 or ZO_DTYPE_F32 (DeepSpeed:
+                                      bf16.enabled / fp16.enabled / neither). Required: the default is
+                                      ZO_DTYPE_COUNT (unset) and create refuses it with ZO_ECONFIG, since the
+                                      engine writes params of this dtype into dev_params and a wrong one (a
+                                      bf16 guess for an fp32 trainer) would go unnoticed */
     zo_dtype grad_dtype;         /**< device gradients: ZO_DTYPE_COUNT (default) means param_dtype */
     const zo_optim_group *groups; /**< [ngroups] parameter groups (read during create) */
     unsigned ngroups;            /**< >= 1 */
     zo_optim_hparams hparams;    /**< default hyperparameters of the groups (optimizer.type, optimizer.params:
                                       lr, betas, eps, weight_decay, bias_correction; "Adam" with
-                                      adam_w_mode true is ZO_OPTIM_ADAMW); default: AdamW defaults */
+                                      adam_w_mode true is ZO_OPTIM_ADAMW); default: AdamW defaults.
+                                      step, grad_scale, clip_coef: the engine's, leave them at 1 */
 
     /* ---- zero_optimization.offload_optimizer, sub_group_size ---- */
     zo_optim_placement placement; /**< offload_optimizer.device: "cpu" HOST (default), "nvme" NVME */
@@ -288,11 +300,17 @@ ZO_API void zo_optim_config_default(zo_optim_config *cfg);
  * (zero), allocates the accumulators, staging and parameter buffers,
  * creates two device streams and starts the worker thread. Masters start
  * at zero: initialise them with zo_optim_init_from_device(),
- * zo_optim_state_import() or zo_optim_load().
+ * zo_optim_state_import() of ZO_OPTIM_STATE_MASTER for every tensor, or
+ * zo_optim_load(). Until every tensor's masters are set, the calls that
+ * would apply or push them (zo_optim_step_async(), zo_optim_step(),
+ * zo_optim_push_params(), and under the eager speculative step the
+ * gradient that would start the update) refuse with ZO_ESTATE and a
+ * detail naming the first tensor and these calls: a step on zero masters
+ * would write updates of zero over the framework's parameters.
  * @return 0; -EINVAL (out or cfg NULL, struct_size out of range, no groups,
  *         a group without tensors or with a zero numel, NULL dev); ZO_ECONFIG
- *         (a value out of range: dtype, sub_group_size, buffer_count,
- *         hyperparameters, speculative mode with Adagrad/Lion/bf16 states,
+ *         (param_dtype not set; a value out of range: dtype, sub_group_size,
+ *         buffer_count, hyperparameters, speculative mode with Adagrad/Lion/bf16 states,
  *         NVMe placement without nvme_path or swap...; the detail names the
  *         field); -EEXIST (two tensors with one name); ZO_EBUDGET (pinned_bytes
  *         cannot hold what the placement needs: the detail says how much);
@@ -311,7 +329,18 @@ ZO_API int zo_optim_create(zo_optim **out, const zo_optim_config *cfg);
  */
 ZO_API void zo_optim_destroy(zo_optim **o);
 
-/** The engine's last error detail ("" if none). */
+/**
+ * The detail of the driving thread's latest call on the engine: why it
+ * failed, or "" when it succeeded (each such call clears it as it begins;
+ * the any-thread calls zo_optim_poll(), zo_optim_eventfd(),
+ * zo_optim_params_current(), zo_optim_get_info(), zo_optim_loss_scale()
+ * and the tensor queries leave it). The detail of an update that failed on
+ * the worker comes with the call that returns its error (zo_optim_wait(),
+ * zo_optim_step(), the next step_async under DPU...), whatever succeeded in
+ * between. Read it right after the call. Thread-safe: a copy in a
+ * thread-local buffer valid until this thread next calls zo_optim_errmsg()
+ * (NULL gives "").
+ */
 ZO_API const char *zo_optim_errmsg(const zo_optim *o);
 
 /* ---- tensors ------------------------------------------------------------------ */
@@ -331,7 +360,10 @@ ZO_API int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *nume
  * Initialise every master from the device parameters (widened to fp32)
  * and zero the states; also fills the parameter buffers. Needs dev_params
  * in every group. With dpu_double_buffer it reads the current buffers (those
- * zo_optim_param_device() gives). Blocks until done.
+ * zo_optim_param_device() gives). Blocks until done. A success also ends
+ * the refusals after a failed step or load; a failure after the masters
+ * began to be rewritten leaves them undefined and the engine refuses as
+ * after a failed load (see zo_optim_load()) until an init or load succeeds.
  * @return 0; ZO_ESTATE (a group has no dev_params; or a step in flight or
  *         gradients pending); device copy errors; store errors.
  */
@@ -351,7 +383,10 @@ ZO_API int zo_optim_state_export(zo_optim *o, unsigned index, zo_optim_state whi
  * Copy elements [off, off + n) of one state of tensor `index` in from
  * `src` of type `dtype` (F32, BF16, F16; widened exactly). Importing
  * masters also rewrites the low-precision parameter buffer for the range
- * (not the device params: zo_optim_push_params() does that). Blocks.
+ * (not the device params: zo_optim_push_params() does that), and counts
+ * toward the tensor's masters being set (see zo_optim_create()): a tensor
+ * counts as set once imports have written numel of its master elements
+ * (elements are counted, not tracked: import each range once). Blocks.
  * @return as zo_optim_state_export(); ZO_ESTATE (a step in flight).
  */
 ZO_API int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, const void *src,
@@ -361,7 +396,8 @@ ZO_API int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state whi
  * Copy the parameter buffers (the masters cast to param_dtype) to the
  * device parameters of every group that has dev_params (with
  * dpu_double_buffer: to the current buffers), and wait.
- * @return 0; ZO_ESTATE (a step in flight); device errors.
+ * @return 0; ZO_ESTATE (a step in flight; or some tensor's masters were
+ *         never set, see zo_optim_create()); device errors.
  */
 ZO_API int zo_optim_push_params(zo_optim *o);
 
@@ -369,8 +405,9 @@ ZO_API int zo_optim_push_params(zo_optim *o);
 
 /**
  * Hand over the gradient of tensor `index`: `numel` elements of grad_dtype
- * at device pointer `dev_grad`, valid once `ready` completes (NULL: already
- * valid). The copy is queued on the engine's device -> host stream behind
+ * at device pointer `dev_grad` (on the host backend any host memory,
+ * malloc() included: it is read in place), valid once `ready` completes
+ * (NULL: already valid). The copy is queued on the engine's device -> host stream behind
  * `ready` and the call returns at once; the device memory must stay valid
  * and unchanged until the copy is done (zo_optim_grads_done() or the next
  * step call). Within one accumulation window the first gradient of a
@@ -380,8 +417,9 @@ ZO_API int zo_optim_push_params(zo_optim *o);
  *         being applied to the accumulators this gradient would land in:
  *         only possible without DPU between step_async and wait; speculative
  *         mode: a second gradient for the tensor in the last micro-step, or
- *         an earlier step failed mid-update); device errors (also a failed
- *         earlier copy).
+ *         masters never set; any mode: the states are undefined after a
+ *         step, load or init that failed midway); device errors (also a
+ *         failed earlier copy).
  */
 ZO_API int zo_optim_grad(zo_optim *o, unsigned index, const void *dev_grad, struct zo_event *ready);
 
@@ -408,6 +446,20 @@ ZO_API int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad
  *  @return 0 or the first copy error (the window's gradients are then lost: ZO_ESTATE
  *  until the next boundary discards them). */
 ZO_API int zo_optim_grads_done(zo_optim *o);
+
+/**
+ * Drop the current accumulation window: every gradient handed over since
+ * the last boundary (waited for first) and the window's micro-steps (the
+ * micro-step count goes back to the boundary's), as if the window had not
+ * begun. For a framework's zero_grad() mid-window, or a trainer stopping
+ * between boundaries that still wants to save (saves are refused
+ * mid-window). Masters, states, counts and the scaler are untouched; under
+ * DPU an update in flight goes on. Blocks until the window's copies land.
+ * @return 0; -EINVAL (NULL); ZO_ESTATE (without DPU, a step in flight on
+ *         this window; the eager speculative update of this window has
+ *         begun; the states are undefined); copy errors.
+ */
+ZO_API int zo_optim_discard_grads(zo_optim *o);
 
 /**
  * This rank's partial of the global gradient norm for the current
@@ -441,7 +493,9 @@ ZO_API void zo_optim_step_opts_default(zo_optim_step_opts *opts);
  * update, copies its parameters to the device. opts may be NULL.
  * @return 0 (started, or accumulated); ZO_ESTATE (a step already in flight
  *         or not yet collected without DPU: call zo_optim_wait() first; or an
- *         earlier step failed mid-update: load a checkpoint); the previous
+ *         earlier step failed mid-update: load a checkpoint; or some
+ *         tensor's masters were never set: zo_optim_init_from_device(),
+ *         zo_optim_state_import() or zo_optim_load() first); the previous
  *         step's error under DPU (this step is started all the same,
  *         unless that error left the states undefined: then it is not); copy
  *         errors of the gradients; -EINVAL (bad opts).
@@ -530,8 +584,9 @@ ZO_API int zo_optim_params_current(zo_optim *o);
  * @return 0; -EINVAL (NULL, group out of range); ZO_ECONFIG (lr not finite or < 0).
  */
 ZO_API int zo_optim_set_lr(zo_optim *o, unsigned group, double lr);
-/** Replace a group's hyperparameters (kind must stay). step, grad_scale and clip_coef are the engine's.
- *  @return 0; -EINVAL; ZO_ECONFIG (out of range, kind changed). */
+/** Replace a group's hyperparameters (kind must stay). step, grad_scale and clip_coef are the engine's
+ *  and must stay at zo_optim_hparams_default()'s 1 (zo_optim_set_step() sets the update count).
+ *  @return 0; -EINVAL; ZO_ECONFIG (out of range, kind changed, step/grad_scale/clip_coef set). */
 ZO_API int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *hp);
 
 /**
@@ -596,9 +651,22 @@ ZO_API int zo_optim_save(zo_optim *o, const char *root, const char *name, unsign
  * stay the ones zo_optim_param_device() gave). A run resumed from it
  * continues bit-identically.
  * user_json, if not NULL, receives the caller's JSON (truncated to len, NUL-terminated).
+ *
+ * What can be checked without reading the data is checked before anything
+ * is written (the manifest, the engine's record and its fingerprint, and
+ * the tensor set: the checkpoint must hold exactly the engine's states, by
+ * name, dtype and shape, in the order a save writes them): a load refused
+ * there leaves the engine as it was. The data is read once,
+ * each chunk verified as it is restored, so a corrupt chunk or an I/O
+ * error is found midway, after earlier states were overwritten: the
+ * engine then refuses steps, gradients, saves, exports, imports, pushes
+ * and parameter buffers with ZO_ESTATE (the detail says a load failed)
+ * until a zo_optim_load() or zo_optim_init_from_device() succeeds.
  * @return 0; -EINVAL; ZO_EFORMAT (not an optim checkpoint, or the config
- *         fingerprint differs: layout, dtypes, optimizer kinds); -ENOENT;
- *         errors of zo_store_restore(); ZO_ESTATE (step in flight).
+ *         fingerprint differs: layout, dtypes, optimizer kinds; or a state
+ *         is missing, extra, of another size or out of place); -ENOENT;
+ *         errors of zo_store_restore() (ZO_ECORRUPT, -EIO...: the states
+ *         are then undefined, see above); ZO_ESTATE (step in flight).
  */
 ZO_API int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_json, size_t len);
 

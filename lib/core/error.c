@@ -195,10 +195,56 @@ ZO_API int zo_dtype_parse(const char *s, zo_dtype *out)
 }
 
 /* ---- sizes ---------------------------------------------------------------- */
+/* Scientific notation, as people write parameter counts: "1e6", "2.5e9"
+ * (digits, an optional fraction, e or E and a decimal exponent), exactly, in
+ * integers: the value must be a whole number. 0, -EINVAL, -ERANGE. */
+static int parse_sci(const char *s, uint64_t *out)
+{
+    uint64_t m = 0;
+    int frac = -1, exp = 0; /* frac: fraction digits seen (-1: no '.') */
+    const char *p = s;
+    for (; isdigit((unsigned char)*p) || (*p == '.' && frac < 0); p++) {
+        if (*p == '.') {
+            frac = 0;
+            continue;
+        }
+        unsigned d = (unsigned)(*p - '0');
+        if (m > (UINT64_MAX - d) / 10)
+            return -ERANGE;
+        m = m * 10 + d;
+        if (frac >= 0)
+            frac++;
+    }
+    if (p == s || (*p != 'e' && *p != 'E') || !isdigit((unsigned char)p[1]))
+        return -EINVAL;
+    for (p++; isdigit((unsigned char)*p); p++) {
+        exp = exp * 10 + (*p - '0');
+        if (exp > 1000)
+            return -ERANGE;
+    }
+    if (*p)
+        return -EINVAL;
+    exp -= frac > 0 ? frac : 0;
+    for (; exp < 0; exp++) { /* "2.5e0": not a whole number unless the digits end in zeros */
+        if (m % 10)
+            return -EINVAL;
+        m /= 10;
+    }
+    for (; exp > 0; exp--) {
+        if (m && m > UINT64_MAX / 10)
+            return -ERANGE;
+        m *= 10;
+    }
+    *out = m;
+    return 0;
+}
+
 ZO_API int zo_parse_size(const char *s, uint64_t *out)
 {
     if (!s || !out || !isdigit((unsigned char)s[0]))
         return -EINVAL;
+    if (strpbrk(s, "eE.") && !strpbrk(s, "KMGTkmgtiB"))
+        return parse_sci(s, out);
     uint64_t v = 0;
     const char *p = s;
     while (isdigit((unsigned char)*p)) {

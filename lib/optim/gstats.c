@@ -117,7 +117,7 @@ int zo__gst_track(zo_optim *o, unsigned w, unsigned t, uint32_t pieces)
         }
         pthread_mutex_unlock(&o->lock);
         if (o->eager)
-            return ZO_FAIL(&o->err, ZO_ESTATE,
+            return ZO_FAIL(zo__eb(o), ZO_ESTATE,
                            "zo_optim_grad: tensor '%s' got a second gradient in the last micro-step: the speculative "
                            "step may already have used the first (hand each gradient over once)",
                            o->tensors[t].name);

@@ -290,8 +290,33 @@ static const char *find_elsewhere(const keydef *tab, const char *name, const cha
     return NULL;
 }
 
-static int unknown_key(const keydef *tab, const char *path, const char *name)
+/* A key or string value of the file, for a message: control bytes, quotes
+ * and backslashes as \xNN (a key of escape sequences must not reach the
+ * user's terminal raw), cut to 64 bytes. Returns buf. */
+#define ESC_LEN (64 * 4 + 8)
+static const char *esc(const char *s, char buf[ESC_LEN])
 {
+    size_t n = 0;
+    for (size_t i = 0; s[i] && n + 5 < ESC_LEN; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (i == 64) {
+            memcpy(buf + n, "...", 3);
+            n += 3;
+            break;
+        }
+        if (c < 0x20 || c == 0x7f || c == '"' || c == '\\')
+            n += (size_t)snprintf(buf + n, ESC_LEN - n, "\\x%02x", c);
+        else
+            buf[n++] = (char)c;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+static int unknown_key(const keydef *tab, const char *path, const char *uname)
+{
+    char ebuf[ESC_LEN];
+    const char *name = uname;
     const char *best = NULL;
     unsigned bestd = 99;
     size_t nl = strlen(name);
@@ -305,10 +330,12 @@ static int unknown_key(const keydef *tab, const char *path, const char *name)
             bestd = d, best = k->name;
     }
     unsigned allow = nl <= 4 ? 1 : nl <= 9 ? 2 : 3;
+    char where[256];
+    int elsewhere = find_elsewhere(k_top, name, NULL, where, sizeof(where)) != NULL;
+    name = esc(uname, ebuf); /* from here on, for the message */
     if (best && bestd <= allow)
         return ZO_FAIL(NULL, ZO_ECONFIG, "unknown key %s%s%s (did you mean %s?)", path, *path ? "." : "", name, best);
-    char where[256];
-    if (find_elsewhere(k_top, name, NULL, where, sizeof(where)))
+    if (elsewhere)
         return ZO_FAIL(NULL, ZO_ECONFIG, "unknown key %s%s%s (it belongs in %s)", path, *path ? "." : "", name, where);
     return ZO_FAIL(NULL, ZO_ECONFIG, "unknown key %s%s%s%s%s%s", path, *path ? "." : "", name,
                    best ? " (closest known: " : "", best ? best : "", best ? ")" : "");
@@ -410,7 +437,8 @@ static int walk(zo_optim_json *j, const cJSON *obj, const keydef *tab, const cha
         } else if ((k->types & T_SIZE) && cJSON_IsString(it)) {
             uint64_t b;
             if (zo_parse_size(it->valuestring, &b) < 0)
-                return ZO_FAIL(NULL, ZO_ECONFIG, "%s: \"%s\" is not a byte count (e.g. 2GiB)", full, it->valuestring);
+                return ZO_FAIL(NULL, ZO_ECONFIG, "%s: \"%s\" is not a byte count (e.g. 2GiB)", full,
+                               esc(it->valuestring, (char[ESC_LEN]){0}));
             v->num = (double)b;
             ZO_CHECK(check_number(k, full, v->num));
         } else if ((k->types & T_STR) && cJSON_IsString(it)) {
@@ -444,7 +472,7 @@ static int str_choice(const jval *v, const char *const *names, unsigned n, const
         size_t l = strlen(list);
         snprintf(list + l, sizeof(list) - l, "%s%s", i ? ", " : "", names[i]);
     }
-    return ZO_FAIL(NULL, ZO_ECONFIG, "%s: \"%s\" is not one of %s", v->path, v->str, list);
+    return ZO_FAIL(NULL, ZO_ECONFIG, "%s: \"%s\" is not one of %s", v->path, esc(v->str, (char[ESC_LEN]){0}), list);
 }
 
 /* Cross-key checks that need no machine facts. */
@@ -459,7 +487,7 @@ static int validate(zo_optim_json *j)
         for (i = 0; i < ZO_ARRAY_LEN(known_no); i++)
             if (strcasecmp(v[V_OPT_TYPE].str, known_no[i]) == 0)
                 return ZO_FAIL(NULL, ZO_ENOTSUP, "optimizer.type \"%s\" is a DeepSpeed optimizer zoffload does not "
-                               "offload (it has AdamW, Adam, Adagrad, Lion)", v[V_OPT_TYPE].str);
+                               "offload (it has AdamW, Adam, Adagrad, Lion)", esc(v[V_OPT_TYPE].str, (char[ESC_LEN]){0}));
         ZO_CHECK(str_choice(&v[V_OPT_TYPE], ok, ZO_ARRAY_LEN(ok), NULL, &i));
     }
     if (v[V_AMSGRAD].set && v[V_AMSGRAD].b)
@@ -493,11 +521,12 @@ static int validate(zo_optim_json *j)
     zo_dtype dt;
     if (v[V_STATE_DTYPE].set && (zo_dtype_parse(v[V_STATE_DTYPE].str, &dt) < 0 ||
                                  (dt != ZO_DTYPE_F32 && dt != ZO_DTYPE_BF16)))
-        return ZO_FAIL(NULL, ZO_ECONFIG, "zoffload.state_dtype: \"%s\" is not fp32 or bf16", v[V_STATE_DTYPE].str);
+        return ZO_FAIL(NULL, ZO_ECONFIG, "zoffload.state_dtype: \"%s\" is not fp32 or bf16",
+                       esc(v[V_STATE_DTYPE].str, (char[ESC_LEN]){0}));
     if (v[V_GRAD_DTYPE].set && (zo_dtype_parse(v[V_GRAD_DTYPE].str, &dt) < 0 ||
                                 (dt != ZO_DTYPE_F32 && dt != ZO_DTYPE_BF16 && dt != ZO_DTYPE_F16)))
         return ZO_FAIL(NULL, ZO_ECONFIG, "zoffload.grad_dtype: \"%s\" is not fp32, fp16 or bf16",
-                       v[V_GRAD_DTYPE].str);
+                       esc(v[V_GRAD_DTYPE].str, (char[ESC_LEN]){0}));
     return 0;
 }
 
@@ -688,7 +717,8 @@ ZO_API int zo_optim_json_apply(zo_optim_json *j, zo_optim_config *cfg, zo_optim_
     else if ((v[V_FP16_EN].set && !v[V_FP16_EN].is_auto) && (v[V_BF16_EN].set && !v[V_BF16_EN].is_auto))
         c.param_dtype = ZO_DTYPE_F32; /* both present and false: fp32 training */
     if ((v[V_FP16_EN].set && v[V_FP16_EN].is_auto) || (v[V_BF16_EN].set && v[V_BF16_EN].is_auto))
-        REPORT("auto: fp16/bf16.enabled: parameter dtype stays %s (the caller's)\n", zo_dtype_name(c.param_dtype));
+        REPORT("auto: fp16/bf16.enabled: parameter dtype stays %s\n",
+               c.param_dtype == ZO_DTYPE_COUNT ? "unset (the caller sets param_dtype)" : zo_dtype_name(c.param_dtype));
     if (v[V_LOSS_SCALE].set)
         c.loss_scale = v[V_LOSS_SCALE].num;
     if (v[V_ISP].set)

@@ -35,7 +35,9 @@ void zo_optim_config_default(zo_optim_config *cfg)
         return;
     memset(cfg, 0, sizeof(*cfg));
     cfg->struct_size = sizeof(*cfg);
-    cfg->param_dtype = ZO_DTYPE_BF16;
+    /* no default: a guess (it was bf16) writes bf16 into an fp32 trainer's
+     * buffers with rc 0 everywhere; create asks for it instead */
+    cfg->param_dtype = ZO_DTYPE_COUNT;
     cfg->grad_dtype = ZO_DTYPE_COUNT;
     zo_optim_hparams_default(&cfg->hparams, ZO_OPTIM_ADAMW);
     cfg->placement = ZO_OPTIM_PLACE_HOST;
@@ -69,7 +71,8 @@ void zo_optim_step_opts_default(zo_optim_step_opts *opts)
 
 const char *zo_optim_errmsg(const zo_optim *o)
 {
-    return o ? o->err.msg : "";
+    static _Thread_local char tls[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(o ? &o->err : NULL, tls);
 }
 
 /* ---- helpers ------------------------------------------------------------------- */
@@ -97,6 +100,21 @@ static void states_used(zo_optim_kind k, int used[ZO_OPTIM_STATE_COUNT])
     used[ZO_OPTIM_STATE_MASTER] = 1;
     used[ZO_OPTIM_STATE_EXP_AVG] = k != ZO_OPTIM_ADAGRAD;
     used[ZO_OPTIM_STATE_EXP_AVG_SQ] = k != ZO_OPTIM_LION;
+}
+
+/* step, grad_scale and clip_coef belong to the engine (its update count,
+ * loss scale and clip coefficient): a group that sets them would have them
+ * silently replaced, so anything but zo_optim_hparams_default()'s 1 is
+ * refused. */
+static int check_engine_fields(zo_optim *o, const zo_optim_hparams *hp, unsigned g, const char *fn)
+{
+    if (hp->step == 1 && hp->grad_scale == 1.0 && hp->clip_coef == 1.0)
+        return 0;
+    return ZO_FAIL(&o->err, ZO_ECONFIG,
+                   "%s: group %u hparams set step %lld, grad_scale %g, clip_coef %g: the engine sets these itself "
+                   "(its update count: zo_optim_set_step(); the loss scale; max_grad_norm clipping): leave them at "
+                   "zo_optim_hparams_default()'s 1",
+                   fn, g, (long long)hp->step, hp->grad_scale, hp->clip_coef);
 }
 
 /* Validate hyperparameters by the kernel's own rules: one step on one element. */
@@ -250,10 +268,10 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
         if (og->hp.struct_size != sizeof(zo_optim_hparams) || og->hp.kind < 0 || og->hp.kind >= ZO_OPTIM_KIND_COUNT)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u hparams not filled by "
                            "zo_optim_hparams_default()", g);
-        og->hp.step = 1;
-        og->hp.grad_scale = 1.0;
-        og->hp.clip_coef = 1.0;
-        int r = check_hparams(o, &og->hp, g, og->sdt);
+        int r = check_engine_fields(o, &og->hp, g, "zo_optim_create");
+        if (r < 0)
+            return r;
+        r = check_hparams(o, &og->hp, g, og->sdt);
         if (r < 0)
             return r;
         if (cfg->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE &&
@@ -312,8 +330,10 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
     o->numel = off;
     o->fingerprint = fp;
     o->sgs = calloc(nsg, sizeof(*o->sgs));
-    if (!o->sgs)
+    o->master_set = calloc(nt, sizeof(*o->master_set));
+    if (!o->sgs || !o->master_set)
         return -ENOMEM;
+    o->masters_unset = nt;
     o->nsg = nsg;
     for (unsigned g = 0; g < o->ngroups; g++) {
         zo__og *og = &o->groups[g];
@@ -471,6 +491,12 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         goto fail;
     }
     o->dev = cfg->dev;
+    if (cfg->param_dtype == ZO_DTYPE_COUNT) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: param_dtype is not set: give the dtype of the device "
+                    "params the engine writes (ZO_DTYPE_F32 for an fp32 or CPU trainer, ZO_DTYPE_BF16, "
+                    "ZO_DTYPE_F16); there is no default");
+        goto fail;
+    }
     o->pdt = cfg->param_dtype;
     o->gdt = cfg->grad_dtype == ZO_DTYPE_COUNT ? cfg->param_dtype : cfg->grad_dtype;
     if (o->pdt != ZO_DTYPE_F32 && o->pdt != ZO_DTYPE_BF16 && o->pdt != ZO_DTYPE_F16) {
@@ -708,6 +734,7 @@ void zo_optim_destroy(zo_optim **op)
     free(o->sg_updated);
     free(o->sg_ntens);
     free(o->eager_order);
+    free(o->master_set);
     zo__gst_free(o);
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->cond);
@@ -744,6 +771,41 @@ int zo_optim_tensor_get(const zo_optim *o, unsigned index, uint64_t *numel, unsi
     if (name)
         *name = o->tensors[index].name;
     return 0;
+}
+
+/* ---- masters set ----------------------------------------------------------------- */
+
+void zo__masters_all_set(zo_optim *o)
+{
+    for (unsigned i = 0; i < o->nt; i++)
+        o->master_set[i] = o->tensors[i].numel;
+    o->masters_unset = 0;
+}
+
+void zo__masters_add(zo_optim *o, unsigned t, uint64_t n)
+{
+    uint64_t have = o->master_set[t], numel = o->tensors[t].numel;
+    if (have >= numel)
+        return;
+    /* an import cannot tell a rewrite of a range from a new one: elements
+     * are counted, so overlapping partial imports may count twice */
+    o->master_set[t] = n >= numel - have ? numel : have + n;
+    if (o->master_set[t] == numel)
+        o->masters_unset--;
+}
+
+int zo__masters_check(zo_optim *o, const char *fn)
+{
+    if (!o->masters_unset)
+        return 0;
+    unsigned t = 0;
+    while (t < o->nt && o->master_set[t] >= o->tensors[t].numel)
+        t++;
+    return ZO_FAIL(&o->err, ZO_ESTATE,
+                   "%s: the fp32 masters of tensor '%s'%s were never set (they start at zero, and a step would "
+                   "write updates of zero masters over the parameters): call zo_optim_init_from_device(), "
+                   "zo_optim_state_import(ZO_OPTIM_STATE_MASTER) for every tensor, or zo_optim_load() first",
+                   fn, t < o->nt ? o->tensors[t].name : "?", o->masters_unset > 1 ? " (and others)" : "");
 }
 
 /* ---- gradient intake -------------------------------------------------------------- */
@@ -791,6 +853,9 @@ static void d2h_land(void *arg)
  * would land in (possible only without DPU: one window). */
 static int intake_ok(zo_optim *o, const char *fn)
 {
+    int r = zo__failed_check(o, fn); /* the window would feed undefined states */
+    if (r < 0)
+        return r;
     pthread_mutex_lock(&o->lock);
     /* DONE counts too: without DPU the window is free only once wait() collected the step */
     int busy = o->ws != ZO__W_IDLE && o->job.win == o->win && !o->eager_open;
@@ -806,8 +871,9 @@ static int intake_ok(zo_optim *o, const char *fn)
  * in it has its gradient, while backward goes on. */
 static int eager_start(zo_optim *o)
 {
-    if (o->failed)
-        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim: an earlier step failed mid-update; load a checkpoint first");
+    int r = zo__failed_check(o, "zo_optim_grad");
+    if (r < 0 || (r = zo__masters_check(o, "zo_optim_grad")) < 0)
+        return r;
     zo__job job = {.win = o->win, .pbuf = 0, .delayed = 0, .eager = 1, .scale = o->win_scale[o->win],
                    .t_call = zo__now_ns()};
     zo_optim_step_opts_default(&job.opts);
@@ -903,6 +969,7 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
 
 int zo_optim_grad_bucket(zo_optim *o, const zo_optim_grad_ref *refs, unsigned n, struct zo_event *ready)
 {
+    zo__enter(o);
     if (!o || (!refs && n))
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_grad: NULL argument");
     int r = intake_ok(o, "zo_optim_grad");
@@ -928,6 +995,7 @@ int zo_optim_grad(zo_optim *o, unsigned index, const void *dev_grad, struct zo_e
 
 int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dtype dtype)
 {
+    zo__enter(o);
     if (!o || !host_grad || index >= o->nt)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_grad_host: %s",
                        !o || !host_grad ? "NULL argument" : "tensor index out of range");
@@ -964,6 +1032,7 @@ int zo_optim_grad_host(zo_optim *o, unsigned index, const void *host_grad, zo_dt
 
 int zo_optim_grads_done(zo_optim *o)
 {
+    zo__enter(o);
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_grads_done: NULL engine");
     int r = zo_stream_sync(o->d2h), r2 = zo_stream_sync(o->land);
@@ -983,8 +1052,34 @@ static int close_window(zo_optim *o)
     return 0;
 }
 
+int zo_optim_discard_grads(zo_optim *o)
+{
+    zo__enter(o);
+    if (!o)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_discard_grads: NULL engine");
+    /* the eager speculative update already applies this window's gradients */
+    if (o->eager_open)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_discard_grads: the speculative update of this window has "
+                       "begun (its last micro-step's first gradient started it): end the micro-step with "
+                       "zo_optim_step_async()");
+    int r = intake_ok(o, "zo_optim_discard_grads");
+    if (r < 0 || (r = zo_optim_grads_done(o)) < 0)
+        return r;
+    /* with no arrivals, the window's next gradients overwrite the
+     * accumulators, and tensors without one are zeroed at the step */
+    unsigned w = o->win;
+    memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+    zo__win_reset(o, w);
+    zo__gst_reset(o, w);
+    atomic_store(&o->d2h_ns[w], 0);
+    atomic_store(&o->d2h_bytes[w], 0);
+    o->micro -= o->micro % o->cfg.grad_accum_steps;
+    return 0;
+}
+
 int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite)
 {
+    zo__enter(o);
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_grad_norm_partial: NULL engine");
     int r = intake_ok(o, "zo_optim_grad_norm_partial");
@@ -1032,6 +1127,8 @@ static int collect(zo_optim *o, zo_optim_step_result *res)
     int r = 0;
     if (o->ws == ZO__W_DONE) {
         r = o->job_err;
+        if (r < 0) /* the update's detail becomes this call's */
+            zo__errbuf_set(&o->err, o->job_msg);
         if (res)
             *res = o->job_res;
         int applied = r == 0 && !o->job_res.skipped;
@@ -1066,25 +1163,42 @@ static int push_pending(zo_optim *o)
     return 0;
 }
 
+int zo__failed_check(zo_optim *o, const char *fn)
+{
+    int why = o->failed;
+    if (!why)
+        return 0;
+    return ZO_FAIL(&o->err, ZO_ESTATE, "%s: %s, so the masters and states are undefined: zo_optim_load() a checkpoint "
+                   "(or zo_optim_init_from_device()) first", fn,
+                   why == ZO__FAILED_LOAD   ? "an earlier zo_optim_load() failed after it began to restore them"
+                   : why == ZO__FAILED_INIT ? "an earlier zo_optim_init_from_device() failed midway"
+                                            : "an earlier step failed mid-update");
+}
+
 int zo__optim_quiesce(zo_optim *o, int for_load)
 {
     if (o->eager_open)
         return collect(o, NULL); /* ZO_ESTATE: mid-window */
     int r = collect(o, NULL);
     if (for_load) {
-        /* a load replaces whatever the step in flight left, failed or not;
-         * no copy may still read the buffers it rewrites */
-        o->push_pending = 0;
+        /* a load or init replaces whatever the step in flight left, failed
+         * or not (its error is theirs to replace). An applied update still
+         * goes to the device first: a load that is refused before it writes
+         * anything leaves the engine as it was, device params included. No
+         * copy may still read the buffers they rewrite. */
+        int r2 = o->failed ? 0 : push_pending(o);
+        if (o->failed)
+            o->push_pending = 0;
         zo_stream_sync(o->h2d);
-        return 0;
+        return r2;
     }
     int r2 = push_pending(o);
     if (r == 0 && r2 == 0 && o->failed)
-        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim: a step failed mid-update; zo_optim_load() a checkpoint first");
+        return zo__failed_check(o, "zo_optim");
     return r < 0 ? r : r2;
 }
 
-int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
+static int step_async_impl(zo_optim *o, const zo_optim_step_opts *uopts)
 {
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_step_async: NULL engine");
@@ -1096,9 +1210,8 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     if (opts.global_nonfinite < -1 || opts.global_nonfinite > 1 || isnan(opts.global_sumsq))
         return ZO_FAIL(&o->err, -EINVAL, "zo_optim_step_async: global_nonfinite %d / global_sumsq %g out of range",
                        opts.global_nonfinite, opts.global_sumsq);
-    if (o->failed)
-        return ZO_FAIL(&o->err, ZO_ESTATE,
-                       "zo_optim_step_async: an earlier step failed mid-update; zo_optim_load() a checkpoint first");
+    if ((r = zo__failed_check(o, "zo_optim_step_async")) < 0 || (r = zo__masters_check(o, "zo_optim_step_async")) < 0)
+        return r;
     uint64_t t_call = zo__now_ns();
     pthread_mutex_lock(&o->lock);
     int busy = o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING || o->ws == ZO__W_DONE;
@@ -1137,8 +1250,7 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     if (o->failed) {
         /* the step just collected failed mid-update: nothing more on those states */
         o->micro--;
-        return prev_err < 0 ? prev_err
-                            : ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_step_async: an earlier step failed mid-update");
+        return prev_err < 0 ? prev_err : zo__failed_check(o, "zo_optim_step_async");
     }
     if ((r = push_pending(o)) < 0)
         return r;
@@ -1179,7 +1291,7 @@ int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *uopts)
     return prev_err;
 }
 
-int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
+static int wait_impl(zo_optim *o, zo_optim_step_result *res)
 {
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_wait: NULL engine");
@@ -1208,14 +1320,28 @@ int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
     return r < 0 ? r : r2;
 }
 
+int zo_optim_step_async(zo_optim *o, const zo_optim_step_opts *opts)
+{
+    zo__enter(o);
+    return step_async_impl(o, opts);
+}
+
+int zo_optim_wait(zo_optim *o, zo_optim_step_result *res)
+{
+    zo__enter(o);
+    return wait_impl(o, res);
+}
+
 int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res)
 {
     int r;
+    zo__enter(o);
     if (o && res && (r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1,
                                        &o->err, "zo_optim_step")) < 0)
         return r;
-    r = zo_optim_step_async(o, opts);
-    int r2 = o ? zo_optim_wait(o, res) : r;
+    /* the wait must not clear the detail of a step_async that failed */
+    r = step_async_impl(o, opts);
+    int r2 = o ? wait_impl(o, res) : r;
     return r < 0 ? r : r2;
 }
 
@@ -1241,6 +1367,7 @@ int zo_optim_params_current(zo_optim *o)
 
 int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res)
 {
+    zo__enter(o);
     if (!o || !res)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_last_result: NULL argument");
     int r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1, &o->err,
@@ -1263,6 +1390,7 @@ double zo_optim_loss_scale(const zo_optim *o)
 
 int zo_optim_set_lr(zo_optim *o, unsigned group, double lr)
 {
+    zo__enter(o);
     if (!o || group >= o->ngroups)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_lr: %s", o ? "group out of range" : "NULL engine");
     zo_optim_hparams hp = o->groups[group].hp;
@@ -1272,6 +1400,7 @@ int zo_optim_set_lr(zo_optim *o, unsigned group, double lr)
 
 int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uhp)
 {
+    zo__enter(o);
     if (!o || group >= o->ngroups || !uhp)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_hparams: %s",
                        !o || !uhp ? "NULL argument" : "group out of range");
@@ -1279,11 +1408,8 @@ int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uh
     if (uhp->struct_size != sizeof(zo_optim_hparams) || uhp->kind != og->hp.kind)
         return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_set_hparams: struct_size or optimizer kind differs");
     zo_optim_hparams hp = *uhp;
-    hp.step = 1;
-    hp.grad_scale = 1.0;
-    hp.clip_coef = 1.0;
-    int r = check_hparams(o, &hp, group, og->sdt);
-    if (r < 0)
+    int r = check_engine_fields(o, &hp, group, "zo_optim_set_hparams");
+    if (r < 0 || (r = check_hparams(o, &hp, group, og->sdt)) < 0)
         return r;
     /* the worker reads hp while it runs (DPU): the change waits for the next update */
     og->hp_next = hp;
@@ -1292,6 +1418,7 @@ int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uh
 
 int zo_optim_set_step(zo_optim *o, int64_t step)
 {
+    zo__enter(o);
     if (!o || step < 0)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_step: %s",
                        o ? "step must be >= 0" : "NULL engine");
@@ -1310,16 +1437,20 @@ int zo_optim_set_step(zo_optim *o, int64_t step)
 
 int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
 {
+    zo__enter(o);
     if (!o || !host || index >= o->nt)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_param_buffer: %s",
                        !o || !host ? "NULL argument" : "index out of range");
+    int r = zo__failed_check(o, "zo_optim_param_buffer"); /* the buffer may be half rebuilt */
+    if (r < 0)
+        return r;
     pthread_mutex_lock(&o->lock);
     int busy = (o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING) && o->npbuf == 1;
     unsigned b = o->pcur;
     pthread_mutex_unlock(&o->lock);
     if (busy)
         return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_param_buffer: a step is writing the buffer: wait first");
-    int r = zo__pbuf_fresh(o, b);
+    r = zo__pbuf_fresh(o, b);
     if (r < 0)
         return r;
     *host = (const char *)o->pbuf[b] + o->tensors[index].off * o->pes;
@@ -1328,6 +1459,7 @@ int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
 
 int zo_optim_param_device(zo_optim *o, unsigned index, void **dev, struct zo_event **ready)
 {
+    zo__enter(o);
     if (!o || index >= o->nt)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_param_device: %s",
                        o ? "index out of range" : "NULL engine");

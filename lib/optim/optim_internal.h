@@ -116,7 +116,15 @@ typedef struct zo__scaler {
 struct zo_optim {
     zo_optim_config cfg; /* caller's config; groups/nvme_path pointers cleared */
     char *nvme_path;
+    /* The detail of the driving thread's latest call: cleared as each call
+     * of the driving thread begins (zo__enter), so a call that succeeds
+     * leaves "" (zo_optim_errmsg()). The worker writes its own (werr); the
+     * detail of a failed update is kept with its error (job_msg, under
+     * lock) and becomes err's when the call that collects the error
+     * returns it. */
     zo_errbuf err;
+    zo_errbuf werr;
+    char job_msg[ZO_ERRMSG_LEN];
     zo_dev *dev;
     zo_dtype pdt, gdt;
     size_t pes, ges;
@@ -217,8 +225,17 @@ struct zo_optim {
     int have_tl;
 
     uint64_t pinned_bytes, host_bytes;
-    /* a step failed while writing states: they are undefined until a load */
+    /* the states are undefined (a ZO__FAILED_* reason, 0: they are not)
+     * until a load or init_from_device succeeds: every call that would read
+     * or build on them refuses with ZO_ESTATE (zo__failed_check) */
     _Atomic int failed;
+    /* The masters start at zero, and a step on zero masters would write
+     * updates of zero over the framework's parameters: per tensor, the
+     * master elements set so far (saturating at numel) by
+     * zo_optim_state_import(); init_from_device() and load set them all.
+     * masters_unset counts the tensors not yet covered (caller's thread). */
+    uint64_t *master_set;
+    unsigned masters_unset;
 
     /* speculative step state (per sub-group) */
     unsigned *sg_list;       /* walk order scratch (worker) */
@@ -242,6 +259,21 @@ struct zo_optim {
     /* cumulative counters (worker, under lock) */
     uint64_t updates_done, nvme_read_total, nvme_write_total;
 };
+
+/* The error buffer of the calling thread: the worker's own, or the driving
+ * thread's (also the streams' threads, whose errors surface through the
+ * driving thread's calls). */
+static inline zo_errbuf *zo__eb(zo_optim *o)
+{
+    return o->worker_started && pthread_equal(pthread_self(), o->worker) ? &o->werr : &o->err;
+}
+
+/* A call of the driving thread begins: the previous call's detail goes. */
+static inline void zo__enter(zo_optim *o)
+{
+    if (o)
+        zo__errbuf_set(&o->err, "");
+}
 
 /* step.c */
 void *zo__optim_worker(void *arg);
@@ -294,8 +326,23 @@ void zo__win_land(zo_optim *o, unsigned w, unsigned t, float *spill, uint64_t e,
  * tensors are in the range, an fp32 copy the caller frees (*tmp) */
 int zo__win_range(zo_optim *o, unsigned w, uint64_t lo, uint64_t n, const void **g, zo_dtype *dt, float **tmp);
 
+/* why the states are undefined (zo_optim.failed) */
+enum {
+    ZO__FAILED_STEP = 1, /* a step failed while writing states */
+    ZO__FAILED_LOAD = 2, /* zo_optim_load() failed after it began to overwrite them */
+    ZO__FAILED_INIT = 3, /* zo_optim_init_from_device() failed after it began to overwrite them */
+};
+
 /* optim.c */
 int zo__optim_quiesce(zo_optim *o, int for_load);
+/* 0, or ZO_ESTATE naming fn and why the states are undefined */
+int zo__failed_check(zo_optim *o, const char *fn);
+/* the masters of every tensor are set (after init_from_device or a load) */
+void zo__masters_all_set(zo_optim *o);
+/* an import set n master elements of tensor t */
+void zo__masters_add(zo_optim *o, unsigned t, uint64_t n);
+/* 0, or ZO_ESTATE naming fn and the first tensor whose masters were never set */
+int zo__masters_check(zo_optim *o, const char *fn);
 void zo__acc_add(float *dst, const void *src, zo_dtype dt, size_t n, int first);
 
 #endif /* ZO_OPTIM_INTERNAL_H */

@@ -97,6 +97,7 @@ out:
 int zo_optim_state_export(zo_optim *o, unsigned index, zo_optim_state which, void *dst, zo_dtype dtype,
                           uint64_t off, uint64_t n)
 {
+    zo__enter(o);
     int r = check_range(o, "zo_optim_state_export", index, which, dtype, off, n, dst);
     if (r < 0)
         return r;
@@ -109,6 +110,7 @@ int zo_optim_state_export(zo_optim *o, unsigned index, zo_optim_state which, voi
 int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, const void *src, zo_dtype dtype,
                           uint64_t off, uint64_t n)
 {
+    zo__enter(o);
     int r = check_range(o, "zo_optim_state_import", index, which, dtype, off, n, src);
     if (r < 0)
         return r;
@@ -118,8 +120,11 @@ int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, con
     if (which == ZO_OPTIM_STATE_MASTER && (r = zo__pbuf_fresh(o, o->pcur)) < 0)
         return r;
     zo__ot *t = &o->tensors[index];
-    return state_io(o, t->group, which, t->off + off, t->off + off + n, NULL, src, dtype,
-                    which == ZO_OPTIM_STATE_MASTER);
+    r = state_io(o, t->group, which, t->off + off, t->off + off + n, NULL, src, dtype,
+                 which == ZO_OPTIM_STATE_MASTER);
+    if (r == 0 && which == ZO_OPTIM_STATE_MASTER)
+        zo__masters_add(o, index, n);
+    return r;
 }
 
 /* Zero the optimizer states (not the masters) of every sub-group. */
@@ -149,6 +154,7 @@ static int zero_states(zo_optim *o)
 
 int zo_optim_init_from_device(zo_optim *o)
 {
+    zo__enter(o);
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_init_from_device: NULL engine");
     for (unsigned g = 0; g < o->ngroups; g++)
@@ -176,8 +182,11 @@ int zo_optim_init_from_device(zo_optim *o)
     }
     if (r == 0)
         r = zo_stream_sync(o->h2d);
-    if (r < 0)
+    if (r < 0) {
+        /* the parameter buffer is partly rewritten */
+        o->failed = ZO__FAILED_INIT;
         return ZO_FAIL(&o->err, r, "zo_optim_init_from_device: copying the device params: %s", zo_dev_errmsg(o->dev));
+    }
     o->pbuf_stale[o->pcur] = 0;
     for (unsigned g = 0; g < o->ngroups && r == 0; g++) {
         zo__og *og = &o->groups[g];
@@ -190,16 +199,21 @@ states:
     if (r == 0) {
         o->params_current = 1;
         o->failed = 0;
+        zo__masters_all_set(o);
+    } else {
+        /* masters or states partly rewritten (state_io / zero_states said why) */
+        o->failed = ZO__FAILED_INIT;
     }
     return r;
 }
 
 int zo_optim_push_params(zo_optim *o)
 {
+    zo__enter(o);
     if (!o)
         return ZO_FAIL(NULL, -EINVAL, "zo_optim_push_params: NULL engine");
     int r = zo__optim_quiesce(o, 0);
-    if (r < 0)
+    if (r < 0 || (r = zo__masters_check(o, "zo_optim_push_params")) < 0)
         return r;
     if (o->direct && (!o->pbuf[o->pcur] || o->pbuf_stale[o->pcur])) {
         /* the device params are the latest (the kernel wrote them; no
@@ -231,6 +245,7 @@ static int pending_grads(const zo_optim *o)
 
 int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep_last, const char *user_json)
 {
+    zo__enter(o);
     if (!o || !root || !name)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_save: NULL argument");
     int r = zo__optim_quiesce(o, 0);
@@ -322,8 +337,56 @@ static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *st
     return 0;
 }
 
+/* The checkpoint's tensors must be exactly the engine's store tensors,
+ * each with the engine's dtype and shape, in the order a save writes them
+ * (registration order: sub-group by sub-group, master, m, v). The store's
+ * restore alone takes a checkpoint that lacks some (their states would stay
+ * as they are, fresh or stale, under the restored step count and scaler)
+ * and one whose same-size names were swapped in the manifest (each state
+ * restored into the other's place): the order catches that, as the data
+ * offsets stay in manifest order. */
+static int check_tensor_set(zo_optim *o, zo_ckpt_reader *rd)
+{
+    unsigned n = zo_ckpt_count(rd), want = 0, k = 0;
+    const char *ck = zo_ckpt_name(rd);
+    for (unsigned i = 0; i < o->nsg; i++)
+        for (int s = 0; s < ZO_OPTIM_STATE_COUNT; s++)
+            want += o->sgs[i].t[s] != NULL;
+    for (unsigned i = 0; i < o->nsg; i++)
+        for (int s = 0; s < ZO_OPTIM_STATE_COUNT; s++) {
+            if (!o->sgs[i].t[s])
+                continue;
+            zo_tensor_info ti;
+            zo_ckpt_entry e;
+            unsigned at;
+            int r = zo_store_tensor_info(o->store, o->sgs[i].t[s], &ti);
+            if (r < 0)
+                return ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_store_errmsg(o->store));
+            if (zo_ckpt_find(rd, ti.name, &at) < 0 || zo_ckpt_get_entry(rd, at, &e) < 0)
+                return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: checkpoint %s lacks '%s' (it holds %u tensors, "
+                               "this engine's states are %u): not a checkpoint of this engine", ck, ti.name, n, want);
+            int same = e.dtype == ti.dtype && e.ndim == ti.ndim && e.bytes == ti.bytes;
+            for (unsigned d = 0; same && d < ti.ndim; d++)
+                same = e.shape[d] == ti.shape[d];
+            if (!same)
+                return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: '%s' is %llu bytes of %s (%u dims) in checkpoint "
+                               "%s, %llu bytes of %s (%u dims) in this engine", ti.name,
+                               (unsigned long long)e.bytes, zo_dtype_name(e.dtype), e.ndim, ck,
+                               (unsigned long long)ti.bytes, zo_dtype_name(ti.dtype), ti.ndim);
+            if (at != k)
+                return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: checkpoint %s holds '%s' as tensor %u, where this "
+                               "engine saves it as tensor %u: names swapped or entries reordered", ck, ti.name, at, k);
+            k++;
+        }
+    if (n != want)
+        return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: checkpoint %s holds %u tensors, this engine's states are "
+                       "%u: it has tensors this engine does not", ck, n, want);
+    return 0;
+}
+
 int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_json, size_t len)
 {
+    zo__enter(o);
     if (!o || !root)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_load: NULL argument");
     int r = zo__optim_quiesce(o, 1);
@@ -334,21 +397,31 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
         return ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_last_error_detail());
     char *nm = strdup(zo_ckpt_name(rd));
     char *js = strdup(zo_ckpt_user_json(rd) ? zo_ckpt_user_json(rd) : "");
-    zo_ckpt_close(&rd);
     zo_optim_hparams *hps = calloc(o->ngroups, sizeof(*hps));
+    float *tmp = NULL;
+    zo__scaler sc;
+    int64_t step = 0;
+    uint64_t c[4];
     if (!nm || !js || !hps) {
         r = -ENOMEM;
         goto out;
     }
-    zo__scaler sc;
-    int64_t step = 0;
-    uint64_t c[4];
-    /* everything is checked before anything is overwritten */
-    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0)
+    /* Everything that can be checked without reading the data is checked
+     * before anything is overwritten (the record, its fingerprint, the
+     * tensor set): on these errors the engine is left exactly as it was. */
+    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0 || (r = check_tensor_set(o, rd)) < 0)
         goto out;
+    zo_ckpt_close(&rd);
+    /* From here on the states are being overwritten. A chunk's checksum is
+     * only known once it is read, and the data is read once (a verifying
+     * first pass would read the whole checkpoint twice): a failure now
+     * (a corrupt chunk, an I/O error) leaves the states partly restored, so
+     * the engine refuses everything that would use them until a load or
+     * init_from_device() succeeds. */
     if ((r = zo_store_restore(o->store, root, nm)) < 0) {
-        ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_store_errmsg(o->store));
-        goto out;
+        ZO_FAIL(&o->err, r, "zo_optim_load: %s; the engine refuses steps until a load succeeds",
+                zo_store_errmsg(o->store));
+        goto failed;
     }
     o->step = step;
     o->micro = c[0];
@@ -366,15 +439,13 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     }
     o->push_pending = 0;
     o->have_res = 0;
-    o->failed = 0;
     /* the parameter buffer from the masters (the cast the fused step
      * does); in direct mode without a parameter buffer (every tensor has
      * device params, which are host memory) the device params themselves */
     int to_dev = !o->pbuf[o->pcur];
-    float *tmp = malloc(TILE_ELEMS * 4);
-    if (!tmp) {
-        r = -ENOMEM;
-        goto out;
+    if (!(tmp = malloc(TILE_ELEMS * 4))) {
+        r = ZO_FAIL(&o->err, -ENOMEM, "zo_optim_load: no memory to rebuild the parameters");
+        goto failed;
     }
     for (unsigned i = 0; i < o->nt && r == 0; i++) {
         zo__ot *t = &o->tensors[i];
@@ -386,16 +457,17 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
             e += cnt;
         }
     }
-    free(tmp);
     if (r < 0)
-        goto out;
+        goto failed;
     o->pbuf_stale[o->pcur] = to_dev; /* rebuilt from the masters, unless it does not exist */
     if (!to_dev && (r = zo__push_range(o, o->pcur, o->dcur, 0, o->numel)) == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_load: copying the params to the device: %s", zo_dev_errmsg(o->dev));
-        goto out;
+        goto failed;
     }
+    o->failed = 0;
+    zo__masters_all_set(o);
     o->params_current = 1;
     if (user_json && len) {
         const char *u = strstr(js, "]},\"user\":");
@@ -407,7 +479,12 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
         memcpy(user_json, u, k);
         user_json[k] = '\0';
     }
+    goto out;
+failed:
+    o->failed = ZO__FAILED_LOAD;
 out:
+    zo_ckpt_close(&rd);
+    free(tmp);
     free(nm);
     free(js);
     free(hps);
@@ -418,6 +495,7 @@ out:
 
 int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl)
 {
+    zo__enter(o);
     if (!o || !tl)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_get_timeline: NULL argument");
     int r = ZO_STRUCT_OUT(tl, (const zo_optim_timeline *)NULL, ZO_OPTIM_TIMELINE_SIZE_V1, &o->err,
@@ -435,6 +513,7 @@ int zo_optim_get_timeline(zo_optim *o, zo_optim_timeline *tl)
 
 int zo_optim_timeline_json(zo_optim *o, char *buf, size_t len)
 {
+    zo__enter(o);
     zo_optim_timeline t = {.struct_size = sizeof(t)};
     int r = zo_optim_get_timeline(o, &t);
     if (r < 0)

@@ -120,7 +120,7 @@ static int one_sg_stats(zo_optim *o, unsigned w, unsigned i, zo_grad_stats *gs, 
     if (ns)
         *ns += zo__now_ns() - t0;
     if (r < 0)
-        return ZO_FAIL(&o->err, r, "zo_optim: gradient statistics: %s", zo_cpuadam_team_errmsg(o->team));
+        return ZO_FAIL(zo__eb(o), r, "zo_optim: gradient statistics: %s", zo_cpuadam_team_errmsg(o->team));
     return 0;
 }
 
@@ -171,7 +171,7 @@ int zo__pbuf_fresh(zo_optim *o, unsigned b)
     if (r == 0)
         r = zo_stream_sync(o->h2d);
     if (r < 0)
-        return ZO_FAIL(&o->err, r, "zo_optim: reading the parameters back: %s", zo_dev_errmsg(o->dev));
+        return ZO_FAIL(zo__eb(o), r, "zo_optim: reading the parameters back: %s", zo_dev_errmsg(o->dev));
     o->pbuf_stale[b] = 0;
     return 0;
 }
@@ -200,7 +200,7 @@ static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_ST
     t.out_dtype = o->pdt;
     int r = rollback ? zo_cpuadam_team_rollback(o->team, &hp, &t) : zo_cpuadam_team_step(o->team, &hp, &t);
     if (r < 0)
-        return ZO_FAIL(&o->err, r, "zo_optim: %s of sub-group %u: %s", rollback ? "rollback" : "update",
+        return ZO_FAIL(zo__eb(o), r, "zo_optim: %s of sub-group %u: %s", rollback ? "rollback" : "update",
                        (unsigned)(sg - o->sgs), zo_cpuadam_team_errmsg(o->team));
     return 0;
 }
@@ -275,7 +275,7 @@ static int eager_land(zo_optim *o, const zo__job *job)
         return 0;
     int r = zo_event_sync(o->ev_win[job->win]);
     if (r < 0)
-        return ZO_FAIL(&o->err, r, "zo_optim: a gradient copy failed: %s", zo_dev_errmsg(o->dev));
+        return ZO_FAIL(zo__eb(o), r, "zo_optim: a gradient copy failed: %s", zo_dev_errmsg(o->dev));
     zo__win_zero_missing(o, job->win);
     o->landed = 1;
     return 0;
@@ -294,7 +294,7 @@ static int eager_wait(zo_optim *o, long i, const zo__job *job, zo_optim_timeline
     pthread_mutex_unlock(&o->lock);
     tl->stall_ns += zo__now_ns() - t0;
     if (abort)
-        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim: the engine is being destroyed");
+        return ZO_FAIL(zo__eb(o), ZO_ESTATE, "zo_optim: the engine is being destroyed");
     return closed ? eager_land(o, job) : 0;
 }
 
@@ -328,7 +328,7 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
     int r = zo_store_sweep_open(o->store, &d, &sw);
     free(ts);
     if (r < 0)
-        return ZO_FAIL(&o->err, r, "zo_optim: opening the sweep of group %u: %s", g, zo_store_errmsg(o->store));
+        return ZO_FAIL(zo__eb(o), r, "zo_optim: opening the sweep of group %u: %s", g, zo_store_errmsg(o->store));
     const zo__job *job = w->job;
     for (;;) {
         zo_store_sweep_piece pc;
@@ -336,7 +336,7 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
         r = zo_store_sweep_next(sw, &pc);
         tl->nvme_read_ns += zo__now_ns() - t0;
         if (r < 0) {
-            ZO_FAIL(&o->err, r, "zo_optim: loading group %u: %s", g, zo_store_errmsg(o->store));
+            ZO_FAIL(zo__eb(o), r, "zo_optim: loading group %u: %s", g, zo_store_errmsg(o->store));
             break;
         }
         if (pc.nelem == 0)
@@ -370,13 +370,13 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
         tl->compute_ns += zo__now_ns() - t0;
         int r2 = zo_store_sweep_done(sw, &pc);
         if (r == 0 && r2 < 0)
-            r = ZO_FAIL(&o->err, r2, "zo_optim: %s", zo_store_errmsg(o->store));
+            r = ZO_FAIL(zo__eb(o), r2, "zo_optim: %s", zo_store_errmsg(o->store));
         if (r < 0)
             break;
         if (zo__push_now(o, job) && !w->rollback && !o->direct &&
             (r = zo__push_range(o, job->pbuf, job->dbuf, sg->off + pc.elem_off, sg->off + pc.elem_off + pc.nelem)) <
                 0) {
-            ZO_FAIL(&o->err, r, "zo_optim: queueing the parameter copy: %s", zo_dev_errmsg(o->dev));
+            ZO_FAIL(zo__eb(o), r, "zo_optim: queueing the parameter copy: %s", zo_dev_errmsg(o->dev));
             break;
         }
         if (pc.group_last && w->speculative) {
@@ -391,7 +391,7 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
     int rc = zo_store_sweep_close(&sw);
     tl->nvme_write_ns += zo__now_ns() - t0;
     if (r == 0 && rc < 0)
-        r = ZO_FAIL(&o->err, rc, "zo_optim: writing group %u back: %s", g, zo_store_errmsg(o->store));
+        r = ZO_FAIL(zo__eb(o), rc, "zo_optim: writing group %u back: %s", g, zo_store_errmsg(o->store));
     return r;
 }
 
@@ -485,7 +485,7 @@ static int run_speculative(zo_optim *o, const zo__job *job, zo_optim_step_result
             list[nupd++] = i;
     if ((ovf || coef < 1.0) && nupd) {
         if (zo__push_now(o, job) && (r = zo_stream_sync(o->h2d)) < 0) /* those copies read what the rollback rewrites */
-            return ZO_FAIL(&o->err, r, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
+            return ZO_FAIL(zo__eb(o), r, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
         walk rb = {.job = job, .coef = 1.0, .rollback = 1, .list = list, .n = nupd};
         if ((r = walk_list(o, &rb, tl)) < 0)
             return r;
@@ -536,7 +536,7 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
         tl->stall_ns += zo__now_ns() - t0;
         if (r < 0) {
             finish_window(o, w);
-            return ZO_FAIL(&o->err, r, "zo_optim: a gradient copy failed; the window's gradients are dropped: %s",
+            return ZO_FAIL(zo__eb(o), r, "zo_optim: a gradient copy failed; the window's gradients are dropped: %s",
                            zo_dev_errmsg(o->dev));
         }
         *t_upd = zo__now_ns();
@@ -586,7 +586,7 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
          * is undefined, the rest the old ones: refuse to go on until a load.
          * The copies already queued read the parameter buffer a load
          * rewrites: let them finish first. */
-        o->failed = 1;
+        o->failed = ZO__FAILED_STEP;
         if (zo__push_now(o, job))
             zo_stream_sync(o->h2d);
         return r;
@@ -602,7 +602,7 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
         if (r == 0)
             r = r2;
         if (r < 0)
-            return ZO_FAIL(&o->err, r, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
+            return ZO_FAIL(zo__eb(o), r, "zo_optim: parameter copy to the device failed: %s", zo_dev_errmsg(o->dev));
         if (o->dbl && !o->direct)
             o->pdone_rec[job->dbuf] = 1;
     }
@@ -614,7 +614,7 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
         pthread_mutex_unlock(&o->lock);
         res->skipped = 1;
         if (!policy_skip)
-            return ZO_FAIL(&o->err, ZO_ENONFINITE,
+            return ZO_FAIL(zo__eb(o), ZO_ENONFINITE,
                            "zo_optim: %llu inf/NaN gradient elements; the step was not applied",
                            (unsigned long long)res->nonfinite);
         return 0;
@@ -661,6 +661,8 @@ void *zo__optim_worker(void *arg)
         res.step = o->step;
         tl.step = o->step;
         o->job_err = r;
+        if (r < 0) /* kept with the error for the call that collects it */
+            zo__errbuf_get(&o->werr, o->job_msg, sizeof(o->job_msg));
         o->job_res = res;
         o->last_res = res;
         o->have_res = 1;

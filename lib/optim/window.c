@@ -170,7 +170,7 @@ int zo__win_range(zo_optim *o, unsigned w, uint64_t lo, uint64_t n, const void *
     float *f = NULL;
     int r = zo_aligned_alloc((void **)&f, ZO_ALIGN_UP((size_t)n * 4, (size_t)64), 64);
     if (r < 0)
-        return ZO_FAIL(&o->err, r, "zo_optim: no memory for the fp32 copy of %llu gradient elements",
+        return ZO_FAIL(zo__eb(o), r, "zo_optim: no memory for the fp32 copy of %llu gradient elements",
                        (unsigned long long)n);
     for (i = a; i < o->nt && o->tensors[i].off < hi; i++) {
         const zo__ot *ot = &o->tensors[i];

@@ -577,6 +577,8 @@ ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, 
     o.aio = s->swap ? zo_swap_get_aio(s->swap) : NULL;
     zo_ckpt_writer *w = NULL;
     r = zo_ckpt_begin(&w, root, name, &o);
+    if (r < 0) /* its detail went to this thread's only: the store's would stay empty */
+        fail_detail(s, r, "zo_store_checkpoint", NULL);
     for (unsigned i = 0; i < cnt && r == 0; i++) {
         zo_ckpt_entry e = {.name = list[i]->name, .dtype = list[i]->desc.dtype, .ndim = list[i]->desc.ndim,
                            .bytes = list[i]->bytes};

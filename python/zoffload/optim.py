@@ -14,6 +14,7 @@ Example (numpy, host backend)::
     from zoffload.optim import Engine
     e = Engine([{"numel": [1000, 10]}], param_dtype="f32", kind="adamw", lr=1e-3)
     e.import_state(0, "master", np.random.rand(1000).astype(np.float32))
+    e.import_state(1, "master", np.zeros(10, np.float32))  # every tensor's, before a step
     e.grad_host(0, np.ones(1000, np.float32))
     res = e.step()
 """
@@ -237,6 +238,11 @@ class Engine(_lib.Handle):
         cfg.hparams = _ca.hparams(self._kind, **hp_kw)
         cfg.dev = self._dev.handle
         self._keep = []
+        if kw.get("param_dtype") is None:
+            # the engine writes params of this dtype: no default, a wrong
+            # guess (bf16 into fp32 tensors) would go unnoticed
+            raise TypeError("Engine: param_dtype is required (\"f32\", \"bf16\" or \"f16\": the dtype of the "
+                            "parameters the engine writes)")
         for k, v in kw.items():
             if k in ("param_dtype", "grad_dtype"):
                 v = ZO_DTYPE_COUNT if v is None else _dtype(v)

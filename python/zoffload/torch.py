@@ -240,7 +240,9 @@ class _EngineBackend:
         for dt, e, gmap, _ in self.engines:
             for gi, eg in gmap.items():
                 g = opt.param_groups[gi]
-                e.set_hparams(eg, opt._hparams(g, g.get("step", 0) + 1))
+                h = opt._hparams(g, g.get("step", 0) + 1)
+                h.step = 1  # the engine counts its updates itself (and refuses another count here)
+                e.set_hparams(eg, h)
 
     def _params_from_torch(self):
         if self.direct:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up and run every test, as CI does: a -Werror build, then an
 # address+undefined sanitizer build, each running the whole suite; between
-# them the dispatch checks under emulation (scripts/emulated-check.sh).
+# them the dispatch checks under emulation: x86-64 CPUs this machine is not
+# (scripts/emulated-check.sh) and an aarch64 cross build (cross-aarch64.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
@@ -41,6 +42,9 @@ unset PKG_CONFIG_PATH
 # The CPUs this machine is not: the dispatch suites and a short training run
 # under qemu-x86_64 as an AVX2-only, an SSE4.2-only and a baseline x86-64.
 ./scripts/emulated-check.sh build
+# aarch64 (NVIDIA Grace): a cross build with Debian's toolchain and multiarch
+# packages, its dispatch suites and a 3-step zo-train under qemu-aarch64.
+./scripts/cross-aarch64.sh
 
 meson setup build-san -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false --reconfigure >/dev/null 2>&1 ||
     meson setup build-san -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false

@@ -441,7 +441,7 @@ def run(args, which, data):
     if which == "zoffload":
         opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                            max_grad_norm=args.max_grad_norm or None, delay_update=args.delay_update,
-                           nthreads=args.threads, engine=args.engine,
+                           nthreads=args.threads,
                            offload_device=args.offload, nvme_path=args.nvme_path,
                            clip_mode=args.clip_mode, sub_group_size=args.sub_group_size,
                            buffer_count=args.buffer_count,
@@ -537,8 +537,8 @@ def run(args, which, data):
             if tl and args.log_every == 1:
                 extra = ("  (fwd %.2f s, bwd %.2f s, step call %.2f s, sub-groups updated during "
                          "backward so far %d, engine stall %.2f s, rss %.2f GiB"
-                         % (t1 - t0, t2 - t1, t3 - t2, opt._eb.engines[0][1].info()["eager_subgroups"]
-                            if opt.engine == "zo_optim" else 0, tl["stall_ns"] / 1e9,
+                         % (t1 - t0, t2 - t1, t3 - t2, opt._eb.engines[0][1].info()["eager_subgroups"],
+                            tl["stall_ns"] / 1e9,
                             rss_bytes() / GiB))
                 if bound_bw:
                     b = tl["nvme_read_bytes"] / bound_bw["read"] + tl["nvme_write_bytes"] / bound_bw["write"]
@@ -558,7 +558,6 @@ def run(args, which, data):
         st = zmem.pinned_stats()
         res["pinned_mib"] = (st["locked_bytes"] + st["unlocked_bytes"]) / 2 ** 20
         res["kernel_ms"] = {k: 1e3 * v / n for k, v in opt.timings.items()}
-        res["engine"] = opt.engine
         tl = opt.timeline()
         res["timeline"] = tl[0] if tl else None
         res["stall_ms"] = 1e3 * stall / n
@@ -621,8 +620,8 @@ def report(r):
              r["fwd_ms"] + r["bwd_ms"] + r["opt_ms"], r["fwd_ms"], r["bwd_ms"], r["opt_ms"]))
     if "kernel_ms" in r:
         k = r["kernel_ms"]
-        print("[%s] optimizer per step (%s engine): %s; pinned %.1f MiB"
-              % (r["which"], r["engine"], ", ".join("%s %.2f ms" % kv for kv in k.items()),
+        print("[%s] optimizer per step: %s; pinned %.1f MiB"
+              % (r["which"], ", ".join("%s %.2f ms" % kv for kv in k.items()),
                  r["pinned_mib"]))
     if r.get("timeline"):
         t = r["timeline"]
@@ -677,8 +676,6 @@ def main():
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=None, help="optimizer threads")
     ap.add_argument("--delay-update", action="store_true", help="DPU (overlap the update)")
-    ap.add_argument("--engine", choices=["auto", "zo_optim", "kernels"], default="auto",
-                    help="OffloadAdamW's engine (default: zo_optim where the library has it)")
     ap.add_argument("--offload", choices=["cpu", "nvme"], default="cpu",
                     help="where masters and states live")
     ap.add_argument("--nvme-path", default=None, help="swap directory for --offload nvme")

@@ -1,5 +1,6 @@
 """PyTorch integration: optimizers whose fp32 masters and states live off
-the device, updated by libzoffload's fused CPU kernels.
+the device, in libzoffload's offload optimizer engine (``zo_optim``,
+optim.h; bound in zoffload.optim).
 
     from zoffload.torch import OffloadAdamW
     opt = OffloadAdamW(model.parameters(), lr=1e-4, weight_decay=0.01,
@@ -10,32 +11,36 @@ the device, updated by libzoffload's fused CPU kernels.
         opt.step()               # fused unscale/clip/AdamW/cast, params copied back
         opt.zero_grad()
 
+This module is a thin front: the engine owns the optimizer's policy
+(masters, states, gradient accumulation, clipping, loss scaling, overflow,
+DPU, checkpoints); this module maps torch's optimizer interface onto it.
+
 What happens:
 
 * The model's parameters stay where they are (GPU, or CPU standing in for
-  it), in their own dtype (bf16, fp16 or fp32). The optimizer keeps an fp32
-  master copy and the states in pinned host memory (``zo_pinned_alloc``:
-  page-locked, NUMA-local), laid out flat per (param group, dtype)
-  "segment", so one kernel call updates a whole segment.
+  it), in their own dtype (bf16, fp16 or fp32). The engine keeps an fp32
+  master copy and the states in pinned host memory or on NVMe: one engine
+  per parameter dtype (an engine has one device dtype); with several, the
+  global norm and overflow are combined across them as across ranks.
 * Gradients are handed over as backward produces them: a hook per parameter
   (``Tensor.register_post_accumulate_grad_hook`` on torch >= 2.1, the
-  AccumulateGrad node's hook on older torch) copies the gradient into a
-  pinned buffer in its own dtype and frees ``p.grad``, so the device never
-  holds all gradients at once. ``grad_hooks="step"`` instead collects the
-  ``.grad`` tensors at ``step()``. Gradient accumulation over several
-  backward passes adds into the buffer.
-* ``step()`` optionally computes the global gradient norm and the inf/NaN
-  count in one pass (``zo_cpuadam_grad_stats``), skips the step on overflow
-  (fp16 dynamic loss scaling), then runs the fused kernel: unscale
-  (1/loss_scale) and clip coefficient folded into one multiplier, the
-  update of master and states, and the cast of the new parameters to their
-  dtype in the same pass; the result is copied back into the parameters.
+  AccumulateGrad node's hook on older torch) gives the gradient to the
+  engine from host memory (``zo_optim_grad_host``) and frees ``p.grad``, so
+  the device never holds all gradients at once. ``grad_hooks="step"``
+  instead collects the ``.grad`` tensors at ``step()``. Gradient
+  accumulation over several backward passes adds up in the engine.
+* ``step()`` runs the engine's step: the global gradient norm and the
+  inf/NaN count, the skip on overflow (fp16 dynamic loss scaling), then the
+  fused kernel (unscale and clip coefficient folded into one multiplier,
+  the update of master and states, the cast of the new parameters to their
+  dtype in the same pass). CPU parameters are written in place by the
+  kernel; others are copied back from the engine's parameter buffers.
 * ``delay_update=True`` (DeepSpeed's DPU): from step ``dpu_warmup + 1`` on,
-  the update of step N runs on a background thread while forward/backward
-  of step N+1 run with the parameters of step N-1; ``step()`` of N+1 first
-  waits for it (the fence) and copies its result into the parameters, so
-  the next forward sees them. ``wait()`` is the fence on demand (before
-  evaluation or saving).
+  the update of step N runs on the engine's worker thread while
+  forward/backward of step N+1 run with the parameters of step N-1;
+  ``step()`` of N+1 first waits for it (the fence) and copies its result
+  into the parameters, so the next forward sees them. ``wait()`` is the
+  fence on demand (before evaluation or saving).
 
 Differences from torch.optim: a parameter that got no gradient in a step is
 updated with a zero gradient (its states decay; torch skips it), as
@@ -43,7 +48,6 @@ DeepSpeed's offload does; ``amsgrad``, ``maximize``, ``foreach``,
 ``capturable`` and ``differentiable`` are not offered.
 """
 
-import concurrent.futures
 import json
 import math
 import os
@@ -52,10 +56,8 @@ import weakref
 import torch
 
 from . import arrays
-from . import errors as _errors
 from . import ckpt as _ckpt
 from . import cpuadam as _ca
-from . import mem as _mem
 # parameter offload and the tiled linear live in their own modules (neither
 # imports this one at load time) and are part of zoffload.torch
 from .torch_params import offload_parameters, restore_parameters, ParamOffload, ParamBudgetError
@@ -74,82 +76,45 @@ def _has_post_accumulate_hook():
 
 
 class LossScaler:
-    """Dynamic (or static) loss scaling for fp16 training, with DeepSpeed's
-    rules: the scale starts at 2**initial_scale_power; a step whose
-    gradients overflow is skipped and, after `hysteresis` overflows, the
-    scale is halved (not below min_scale); after `window` steps without
-    overflow it doubles. ``scale=<number>`` gives a static scale."""
+    """The loss scaling settings of fp16 training, with DeepSpeed's rules
+    (fp16.* in a DeepSpeed config), given to the engine, which keeps the
+    scaler's state and applies the rules (lib/optim, optim.h "Non-finite
+    gradients"): the scale starts at 2**initial_scale_power; a step whose
+    gradients overflow is skipped; an overflow while `hysteresis` is
+    used up halves the scale (not below min_scale), each earlier one
+    uses up one; after `window` steps without overflow the scale doubles
+    (and hysteresis is refilled; with consecutive_hysteresis after every
+    good step). ``scale=<number>`` gives a static scale. The current scale
+    is the optimizer's ``loss_scale``."""
 
     def __init__(self, scale=None, initial_scale_power=16, window=1000, hysteresis=2,
-                 min_scale=1.0, dynamic=None):
-        self.dynamic = (scale is None) if dynamic is None else dynamic
+                 min_scale=1.0, dynamic=None, consecutive_hysteresis=False):
+        self.dynamic = (scale is None) if dynamic is None else bool(dynamic)
         self.scale = float(scale) if scale is not None else float(2 ** initial_scale_power)
         if not (self.scale > 0 and math.isfinite(self.scale)):
             raise ValueError("loss scale must be finite and > 0, not %r" % (scale,))
+        if self.dynamic and math.log2(self.scale) != int(math.log2(self.scale)):
+            raise ValueError("a dynamic loss scale starts at a power of two, not %r" % self.scale)
         self.window = int(window)
         self.hysteresis = int(hysteresis)
         self.min_scale = float(min_scale)
-        self._good = 0
-        self._hyst = self.hysteresis
-        self.overflows = 0
+        self.consecutive_hysteresis = bool(consecutive_hysteresis)
+        if self.window < 1 or self.hysteresis < 1:
+            raise ValueError("loss scale window and hysteresis must be >= 1")
 
-    def update(self, overflow):
-        if overflow:
-            self.overflows += 1
-            self._good = 0
-            if self.dynamic:
-                self._hyst -= 1
-                if self._hyst <= 0:
-                    self.scale = max(self.scale / 2.0, self.min_scale)
-                    self._hyst = self.hysteresis
-        else:
-            self._good += 1
-            if self.dynamic and self._good >= self.window:
-                self.scale *= 2.0
-                self._good = 0
-                self._hyst = self.hysteresis
+    def engine_config(self):
+        """The zo_optim_config fields."""
+        if not self.dynamic:
+            return {"loss_scale": self.scale}
+        return {"loss_scale": 0.0, "initial_scale_power": int(math.log2(self.scale)),
+                "loss_scale_window": self.window, "hysteresis": self.hysteresis,
+                "consecutive_hysteresis": int(self.consecutive_hysteresis),
+                "min_loss_scale": self.min_scale}
 
     def state_dict(self):
         return {"scale": self.scale, "dynamic": self.dynamic, "window": self.window,
-                "hysteresis": self.hysteresis, "min_scale": self.min_scale, "good": self._good,
-                "hyst_left": self._hyst, "overflows": self.overflows}
-
-    def load_state_dict(self, d):
-        self.scale = float(d["scale"])
-        self.dynamic = bool(d["dynamic"])
-        self.window = int(d["window"])
-        self.hysteresis = int(d["hysteresis"])
-        self.min_scale = float(d["min_scale"])
-        self._good = int(d.get("good", 0))
-        self._hyst = int(d.get("hyst_left", self.hysteresis))
-        self.overflows = int(d.get("overflows", 0))
-
-
-class _Segment:
-    """Params of one group and one dtype, laid out flat in pinned memory."""
-
-    def __init__(self, group, dtype, params, state_names, state_dtype, n_grad_bufs, numa_node):
-        self.group = group
-        self.dtype = dtype
-        self.params = params              # [(index, param)]
-        self.offsets = []
-        off = 0
-        for _, p in params:
-            self.offsets.append(off)
-            off += p.numel()
-        self.n = off
-        pe = lambda dt: _mem.pinned_empty(self.n, dt, like="torch", numa_node=numa_node)
-        self.master = pe(torch.float32)
-        self.states = {nm: pe(state_dtype) for nm in state_names}
-        self.grads = [pe(dtype) for _ in range(n_grad_bufs)]
-        self.out = pe(dtype)
-
-    def view(self, flat, k):
-        """Param k's slice of a flat buffer, shaped like the param."""
-        _, p = self.params[k]
-        o = self.offsets[k]
-        return flat[o:o + p.numel()].view(p.shape)
-
+                "hysteresis": self.hysteresis, "min_scale": self.min_scale,
+                "consecutive_hysteresis": self.consecutive_hysteresis}
 
 
 class _EngineBackend:
@@ -210,7 +175,7 @@ class _EngineBackend:
                     self._ptrs.extend((i, opt._plist[i][1].data_ptr()) for i in mine)
                 groups.append(grp)
                 idx.extend(mine)
-            kw = dict(param_dtype=_ZO_DT[dt], placement=offload_device,
+            kw = dict(param_dtype=_ZO_DT[dt], grad_dtype=_ZO_DT[dt], placement=offload_device,
                       max_grad_norm=opt.max_grad_norm or 0.0,
                       dpu=opt.delay_update, dpu_warmup_steps=opt.dpu_warmup,
                       nthreads=nthreads or 0, numa_node=numa_node, clip_mode=clip_mode,
@@ -455,54 +420,43 @@ class OffloadOptimizer(torch.optim.Optimizer):
     dpu_warmup:      steps run without delay first (default 0)
     grad_hooks:      "auto" (hand gradients over during backward), "step" (at step())
     state_dtype:     torch.float32 (default) or torch.bfloat16 for the two states
-    nthreads:        CPU threads of the kernels (default: the CPUs this process may use)
-    numa_node:       NUMA node for the pinned buffers (-1: no binding)
-    offload_device:  "cpu" (pinned host memory) or "nvme" (zo_optim engine only)
+    nthreads:        CPU threads of the update (default: the CPUs this process may use)
+    numa_node:       NUMA node for the pinned buffers (-1: the engine's choice)
+    offload_device:  "cpu" (pinned host memory) or "nvme"
     nvme_path:       directory of the swap files for offload_device="nvme"
-    engine:          "auto" (zo_optim when the library has a working one, else
-                     "kernels"), "zo_optim" (the C engine, optim.h), or "kernels"
-                     (this module drives the cpuadam kernels over pinned buffers)
-    sub_group_size, pinned_bytes, pin_memory, buffer_count: zo_optim settings
-                     (DeepSpeed's names; ignored by the kernels engine)
+    sub_group_size, pinned_bytes, pin_memory, buffer_count: engine settings
+                     (DeepSpeed's names, see optim.h)
     clip_mode:       "two_pass" (default: norm first, then the update, after
-                     backward) or "speculative" (zo_optim: each sub-group is
-                     updated as soon as backward has produced all of its
-                     gradients, in backward's order, so the update, and with
-                     NVMe its disk traffic, overlaps backward; clipping or an
-                     overflow found at the end rolls the step back and redoes
-                     it: cheap for rare events, three sweeps when it hits).
-                     Adam/AdamW with fp32 states, without delay_update.
+                     backward) or "speculative" (each sub-group is updated as
+                     soon as backward has produced all of its gradients, in
+                     backward's order, so the update, and with NVMe its disk
+                     traffic, overlaps backward; clipping or an overflow found
+                     at the end rolls the step back and redoes it: cheap for
+                     rare events, three sweeps when it hits). Adam/AdamW with
+                     fp32 states, without delay_update.
 
-    Memory (zo_optim engine, CPU params): the parameters' own memory is
-    written by the engine (no copy of the params); gradients wait in a
-    window of 2 B/param for bf16/fp16 params (4 B/param for fp32 params or
-    several backward passes per step) and each ``p.grad`` is freed as soon
-    as the engine has it, so torch never holds all gradients at once;
-    masters and states (12 B/param) are in pinned memory or on NVMe.
-    ``memory()`` reports it.
+    Memory (CPU params): the parameters' own memory is written by the engine
+    (no copy of the params); gradients wait in a window of 2 B/param for
+    bf16/fp16 params (4 B/param for fp32 params or several backward passes
+    per step) and each ``p.grad`` is freed as soon as the engine has it, so
+    torch never holds all gradients at once; masters and states (12 B/param)
+    are in pinned memory or on NVMe. ``memory()`` reports it.
     """
 
     _kind = None
-    #: state names in torch's format, and the kernel slot each one fills
+    #: state names in torch's format
     _state_names = ("exp_avg", "exp_avg_sq")
-    _slots = {"exp_avg": "exp_avg", "exp_avg_sq": "exp_avg_sq"}
 
     def __init__(self, params, defaults, *, max_grad_norm=None, loss_scale=None,
                  delay_update=False, dpu_warmup=0, grad_hooks="auto", state_dtype=torch.float32,
                  nthreads=None, numa_node=-1, offload_device="cpu", nvme_path=None,
-                 engine="auto", sub_group_size=None, pinned_bytes=None, pin_memory=True,
+                 sub_group_size=None, pinned_bytes=None, pin_memory=True,
                  buffer_count=None, clip_mode="two_pass"):
         super().__init__(params, defaults)
         if clip_mode not in ("two_pass", "speculative"):
             raise ValueError("clip_mode must be 'two_pass' or 'speculative', not %r" % (clip_mode,))
-        if clip_mode == "speculative" and engine == "kernels":
-            raise ValueError("clip_mode='speculative' needs engine='zo_optim'")
         if offload_device not in ("cpu", "nvme"):
             raise ValueError("offload_device must be 'cpu' or 'nvme', not %r" % (offload_device,))
-        if engine not in ("auto", "zo_optim", "kernels"):
-            raise ValueError("engine must be 'auto', 'zo_optim' or 'kernels', not %r" % (engine,))
-        if offload_device == "nvme" and engine == "kernels":
-            raise ValueError("offload_device='nvme' needs engine='zo_optim'")
         if state_dtype not in (torch.float32, torch.bfloat16):
             raise TypeError("state_dtype must be torch.float32 or torch.bfloat16")
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
@@ -524,60 +478,30 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.dpu_warmup = int(dpu_warmup)
         self.state_dtype = state_dtype
         self.last_grad_norm = None
-        self._eb = None
+        self.steps_skipped = 0
         self._skip_nonfinite = False
+        self._hooks = []
         self._check_params()
         for gi, p in self._plist:
             self.state[p]["step"] = torch.zeros((), dtype=torch.float32)
-        if engine != "kernels":
-            try:
-                self._eb = _EngineBackend(
-                    self, state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
-                    offload_device=offload_device, nvme_path=nvme_path,
-                    sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
-                    pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode)
-            except (_errors.NotSupported, _errors.LibraryNotFound):
-                if engine == "zo_optim" or offload_device == "nvme" or clip_mode != "two_pass":
-                    raise
-        self.engine = "zo_optim" if self._eb is not None else "kernels"
-        self._hooks = []
+        self._eb = _EngineBackend(
+            self, state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
+            offload_device=offload_device, nvme_path=nvme_path,
+            sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
+            pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode)
+        self.timings = self._eb.timings
         self.grad_hook_mode = self._install_hooks(grad_hooks)
-        self.steps_skipped = 0
-        if self._eb is not None:
-            self.timings = self._eb.timings
-            return
-        self._team = _ca.Team(nthreads=nthreads)
-        self._layout(state_dtype, numa_node)
-        self._cur = 0                       # grad buffer the hooks fill
-        self._written = [False] * len(self._plist)
-        self._pending = None                # DPU: future of the update in flight
-        self._pending_copy = False          # DPU: its result is not in the params yet
-        self._copy_event = None
-        self._executor = None
-        self.timings = {"grad_stats": 0.0, "update": 0.0, "copy_back": 0.0, "fence": 0.0}
-        self._load_masters_from_params()
 
     @property
     def _scaler_cfg(self):
         """The loss scaler as zo_optim config fields. Without a scaler the
         engine must not scale on its own (fp16 defaults to dynamic there)."""
-        sc = self.scaler
-        if sc is None:
-            return {"loss_scale": 1.0}
-        if not sc.dynamic:
-            return {"loss_scale": sc.scale}
-        power = math.log2(sc.scale)
-        if power != int(power):
-            raise ValueError("zo_optim: a dynamic loss scale starts at a power of two, not %r"
-                             % sc.scale)
-        return {"loss_scale": 0.0, "initial_scale_power": int(power),
-                "loss_scale_window": sc.window, "hysteresis": sc.hysteresis,
-                "min_loss_scale": sc.min_scale}
+        return self.scaler.engine_config() if self.scaler is not None else {"loss_scale": 1.0}
 
     def _zo_kind_id(self):
         return self._zo_kind
 
-    # ------------------------------------------------------------ layout
+    # ------------------------------------------------------------ parameters
     def _check_params(self):
         plist, dev = [], None
         seen = set()
@@ -607,32 +531,6 @@ class OffloadOptimizer(torch.optim.Optimizer):
             raise ValueError("optimizer got an empty parameter list")
         self.device = dev
         self._plist = plist
-
-    def _layout(self, state_dtype, numa_node):
-        keyed = {}
-        for i, (gi, p) in enumerate(self._plist):
-            keyed.setdefault((gi, p.dtype), []).append((i, p))
-        nbufs = 2 if self.delay_update else 1
-        self._segments = []
-        self._where = [None] * len(self._plist)   # param index -> (segment, k)
-        for (gi, dt), ps in sorted(keyed.items(), key=lambda kv: (kv[0][0], str(kv[0][1]))):
-            seg = _Segment(gi, dt, ps, self._state_names, state_dtype, nbufs, numa_node)
-            for k, (i, _) in enumerate(ps):
-                self._where[i] = (seg, k)
-            self._segments.append(seg)
-        for i, (gi, p) in enumerate(self._plist):
-            seg, k = self._where[i]
-            st = self.state[p]
-            for nm in self._state_names:
-                st[nm] = seg.view(seg.states[nm], k)
-            if p.dtype != torch.float32:
-                st["master_param"] = seg.view(seg.master, k)
-
-    def _load_masters_from_params(self):
-        with torch.no_grad():
-            for i, (gi, p) in enumerate(self._plist):
-                seg, k = self._where[i]
-                seg.view(seg.master, k).copy_(p.detach().to("cpu", torch.float32))
 
     # ------------------------------------------------------------ gradient intake
     def _install_hooks(self, mode):
@@ -680,78 +578,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
             return
         if g.is_sparse:
             raise RuntimeError("sparse gradients are not supported")
-        if self._eb is not None:
-            return self._eb.take_grad(i, p)
-        seg, k = self._where[i]
-        buf = seg.view(seg.grads[self._cur], k)
-        with torch.no_grad():
-            if self._written[i]:
-                buf.add_(g.detach().to("cpu"))
-            else:
-                buf.copy_(g.detach(), non_blocking=True)
-        self._written[i] = True
-        p.grad = None
+        self._eb.take_grad(i, p)
 
     def _collect_step_grads(self):
         for i, (_, p) in enumerate(self._plist):
             if p.grad is not None:
                 self._take_grad(i, p)
 
-    def _zero_unwritten(self, buf_index):
-        for i, w in enumerate(self._written):
-            if not w:
-                seg, k = self._where[i]
-                seg.view(seg.grads[buf_index], k).zero_()
-
     # ------------------------------------------------------------ the step
     def _hparams(self, group, step):
         raise NotImplementedError
 
-    def _grad_stats(self, buf_index):
-        sumsq, nonfinite = 0.0, 0
-        for seg in self._segments:
-            v = arrays.view(seg.grads[buf_index], "grad")
-            s, nf = self._team.grad_stats_view(v)
-            sumsq += s
-            nonfinite += nf
-        return sumsq, nonfinite
-
-    def _run_update(self, buf_index, grad_scale, clip_coef, steps):
-        for seg in self._segments:
-            g = self.param_groups[seg.group]
-            h = self._hparams(g, steps[seg.group])
-            h.grad_scale = grad_scale
-            h.clip_coef = clip_coef
-            st = {slot: seg.states[nm] for slot, nm in self._slots.items()}
-            t, views = _ca.tensors(seg.master, seg.grads[buf_index], st.get("exp_avg"),
-                                   st.get("exp_avg_sq"), seg.out)
-            self._team.step(h, t)
-            del views
-
-    def _copy_back(self):
-        with torch.no_grad():
-            for seg in self._segments:
-                for k, (i, p) in enumerate(seg.params):
-                    p.data.copy_(seg.view(seg.out, k), non_blocking=True)
-        if self.device.type == "cuda":
-            # The next update rewrites `out`: it must wait for these copies.
-            self._copy_event = torch.cuda.Event()
-            self._copy_event.record()
-
     def _fence(self):
         """Wait for a delayed update and put its result into the params."""
-        if self._eb is not None:
-            return self._eb.wait()
-        if self._pending is not None:
-            t0 = _now()
-            fut, self._pending = self._pending, None
-            fut.result()
-            self.timings["fence"] += _now() - t0
-        if self._pending_copy:
-            self._pending_copy = False
-            t0 = _now()
-            self._copy_back()
-            self.timings["copy_back"] += _now() - t0
+        self._eb.wait()
 
     def wait(self):
         """The DPU fence: finish a delayed update and copy its parameters
@@ -767,7 +607,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         again without direct mode; allowed only before the first step, when
         the masters still equal the parameters (read from them again here)."""
         eb = self._eb
-        if eb is None or not eb.direct:
+        if not eb.direct:
             return
         if any(g.get("step", 0) for g in self.param_groups):
             raise ValueError("this optimizer already stepped with the parameters updated in place: "
@@ -783,77 +623,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self._eb is not None:
-            self._collect_step_grads()
-            self._eb.step()
-            self.steps_skipped = self._eb.steps_skipped
-            return loss
-        self._fence()
         # Gradients that bypassed the hooks (grad_hooks="step", or a .grad
         # set by hand) are taken here.
         self._collect_step_grads()
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
-            if self._copy_event is not None:
-                self._copy_event.synchronize()
-        buf = self._cur
-        self._zero_unwritten(buf)
-        self._written = [False] * len(self._plist)
-        grad_scale = 1.0 / self.scaler.scale if self.scaler is not None else 1.0
-        clip_coef = 1.0
-        self.last_grad_norm = None
-        if self.max_grad_norm is not None or self.scaler is not None:
-            t0 = _now()
-            sumsq, nonfinite = self._grad_stats(buf)
-            self.timings["grad_stats"] += _now() - t0
-            overflow = nonfinite > 0 or not math.isfinite(sumsq)
-            if self.scaler is not None:
-                self.scaler.update(overflow)
-            if overflow:
-                self.steps_skipped += 1
-                self.last_grad_norm = float("inf")
-                if self.scaler is None:
-                    raise FloatingPointError(
-                        "%d gradient elements are inf or NaN; without loss scaling the step "
-                        "cannot be skipped silently" % nonfinite)
-                return loss
-            norm = math.sqrt(sumsq) * grad_scale
-            self.last_grad_norm = norm
-            if self.max_grad_norm is not None:
-                # torch.nn.utils.clip_grad_norm_'s coefficient
-                clip_coef = min(1.0, self.max_grad_norm / (norm + 1e-6))
-        steps = []
-        for g in self.param_groups:
-            g["step"] = g.get("step", 0) + 1
-            steps.append(g["step"])
-        for i, (gi, p) in enumerate(self._plist):
-            self.state[p]["step"].fill_(steps[gi])
-        delayed = self.delay_update and steps[0] > self.dpu_warmup
-        if delayed:
-            if self._executor is None:
-                self._executor = concurrent.futures.ThreadPoolExecutor(
-                    max_workers=1, thread_name_prefix="zoffload-dpu")
-            self._pending = self._executor.submit(self._timed_update, buf, grad_scale,
-                                                  clip_coef, steps)
-            self._pending_copy = True
-            if len(self._segments[0].grads) > 1:
-                self._cur ^= 1
-        else:
-            self._timed_update(buf, grad_scale, clip_coef, steps)
-            t0 = _now()
-            self._copy_back()
-            self.timings["copy_back"] += _now() - t0
+        self._eb.step()
+        self.steps_skipped = self._eb.steps_skipped
         return loss
 
-    def _timed_update(self, buf, grad_scale, clip_coef, steps):
-        t0 = _now()
-        self._run_update(buf, grad_scale, clip_coef, steps)
-        self.timings["update"] += _now() - t0
-
     def zero_grad(self, set_to_none=True):
-        """Forget gradients handed over since the last step (and any .grad)."""
-        if self._eb is None:
-            self._written = [False] * len(self._plist)
+        """Clear the parameters' .grad."""
         super().zero_grad(set_to_none=set_to_none)
 
     def scale_loss(self, loss):
@@ -863,37 +641,34 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     @property
     def loss_scale(self):
-        if self._eb is not None:
-            return self._eb.loss_scale
-        return self.scaler.scale if self.scaler is not None else 1.0
+        """The scale the engine expects the next backward's loss to carry."""
+        return self._eb.loss_scale
 
     def memory(self):
-        """zo_optim engine: the host memory it holds (dict: grad_buffer_bytes,
+        """The host memory the engine holds (dict: grad_buffer_bytes,
         pinned_bytes, host_bytes, state_bytes of masters + states wherever
-        they live, numel, NVMe bytes moved so far); None with the kernels
-        engine."""
-        return self._eb.memory() if self._eb is not None else None
+        they live, numel, NVMe bytes moved so far)."""
+        return self._eb.memory()
 
     def timeline(self):
-        """zo_optim engine: where the latest update's time went (a dict per
-        engine, see zo_optim_timeline); None with the kernels engine."""
-        if self._eb is None:
-            return None
+        """Where the latest update's time went (a dict per engine, see
+        zo_optim_timeline)."""
         return [e.timeline() for _, e, _, _ in self._eb.engines]
 
     # ------------------------------------------------------------ state
     def state_dict(self):
         """torch's format: {'state': {index: {'step', 'exp_avg', ...,
         'master_param' (low-precision params only)}}, 'param_groups': [...]};
-        plus 'zoffload' with the loss scaler. The tensors are copies."""
+        plus 'zoffload' with the loss scaler's settings and current scale.
+        The tensors are copies."""
         self._fence()
         sd = super().state_dict()
         sd["state"] = {k: {n: t.clone() for n, t in v.items()} for k, v in sd["state"].items()}
-        if self._eb is not None:
-            for i in range(len(self._plist)):
-                sd["state"].setdefault(i, {}).update(self._eb.export_param(i))
+        for i in range(len(self._plist)):
+            sd["state"].setdefault(i, {}).update(self._eb.export_param(i))
         sd["zoffload"] = {"format": _FORMAT, "kind": self._kind,
-                          "scaler": self.scaler.state_dict() if self.scaler else None}
+                          "scaler": self.scaler.state_dict() if self.scaler else None,
+                          "loss_scale": self.loss_scale}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -918,14 +693,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         pidx = {id(p): i for i, (_, p) in enumerate(self._plist)}
         order = [p for g in self.param_groups for p in g["params"]]
         st = state_dict["state"]
-        if self._eb is not None:
-            steps = {int(float(s["step"])) for s in st.values() if "step" in s}
-            if len(steps) > 1:
-                raise ValueError("zo_optim keeps one step count; the state dict has %s"
-                                 % sorted(steps))
-            if steps and steps != {0} and not self._eb.engines[0][1].can_set_step():
-                # refuse before anything is imported
-                self._eb.engines[0][1].set_step(0)
+        steps = {int(float(s["step"])) for s in st.values() if "step" in s}
+        if len(steps) > 1:
+            raise ValueError("zo_optim keeps one step count; the state dict has %s"
+                             % sorted(steps))
         with torch.no_grad():
             for sid, p in zip(ids, order):
                 i = pidx[id(p)]
@@ -934,50 +705,20 @@ class OffloadOptimizer(torch.optim.Optimizer):
                     continue
                 if "step" in s:
                     self.state[p]["step"].fill_(float(s["step"]))
-                if self._eb is not None:
-                    self._eb.import_param(i, s, p)
-                    continue
-                seg, k = self._where[i]
-                for nm in self._state_names:
-                    if nm in s:
-                        dst = seg.view(seg.states[nm], k)
-                        if tuple(s[nm].shape) != tuple(dst.shape):
-                            raise ValueError("state %r of parameter %d has shape %s, param %s"
-                                             % (nm, sid, tuple(s[nm].shape), tuple(dst.shape)))
-                        dst.copy_(s[nm])
-                m = seg.view(seg.master, k)
-                if "master_param" in s:
-                    m.copy_(s["master_param"])
-                else:
-                    m.copy_(p.detach().to("cpu", torch.float32))
+                self._eb.import_param(i, s, p)
         for g, sg in zip(self.param_groups, groups):
             for key, val in sg.items():
                 if key != "params":
                     g[key] = val
             if "step" not in sg:
-                steps = [float(st[sid]["step"]) for sid in sg["params"]
-                         if sid in st and "step" in st[sid]]
-                g["step"] = int(max(steps)) if steps else 0
-        z = state_dict.get("zoffload")
-        if z and z.get("scaler") and self.scaler is not None:
-            self.scaler.load_state_dict(z["scaler"])
-        if self._eb is not None:
-            for _, e, _, _ in self._eb.engines:
-                if steps and steps != {0}:
-                    e.set_step(max(steps))
-            self._eb._set_hparams()
-            self._eb.copy_back()
-            return
-        self._refresh_out_and_params()
-
-    def _refresh_out_and_params(self):
-        """params <- cast(masters), through the out buffers."""
-        with torch.no_grad():
-            for seg in self._segments:
-                seg.out.copy_(seg.master.to(seg.dtype))
-        self._copy_back()
-        if self.device.type == "cuda":
-            self._copy_event.synchronize()
+                gsteps = [float(st[sid]["step"]) for sid in sg["params"]
+                          if sid in st and "step" in st[sid]]
+                g["step"] = int(max(gsteps)) if gsteps else 0
+        for _, e, _, _ in self._eb.engines:
+            if steps and steps != {0}:
+                e.set_step(max(steps))
+        self._eb._set_hparams()
+        self._eb.copy_back()
 
     def save(self, root, name=None, keep_last=2):
         """Crash-safe checkpoint of the optimizer (masters, states, steps,
@@ -987,24 +728,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._fence()
         step = self.param_groups[0].get("step", 0)
         name = name or "step%d" % step
-        if self._eb is not None:
-            groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-            self._eb.save(root, name, keep_last,
-                          _jsonable({"format": _FORMAT, "kind": self._kind, "param_groups": groups}))
-            return name
-        tensors = {}
-        for j, seg in enumerate(self._segments):
-            tensors["seg%d.master" % j] = seg.master
-            for nm in self._state_names:
-                tensors["seg%d.%s" % (j, nm)] = seg.states[nm]
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
-        user = {"format": _FORMAT, "kind": self._kind, "param_groups": groups,
-                "segments": [{"group": s.group, "dtype": str(s.dtype),
-                              "shapes": [list(p.shape) for _, p in s.params]}
-                             for s in self._segments],
-                "scaler": self.scaler.state_dict() if self.scaler else None}
-        os.makedirs(str(root), mode=0o700, exist_ok=True)
-        _ckpt.save(root, name, tensors, user=_jsonable(user), keep_last=keep_last)
+        self._eb.save(root, name, keep_last,
+                      _jsonable({"format": _FORMAT, "kind": self._kind, "param_groups": groups}))
         return name
 
     def load(self, root, name=None):
@@ -1012,63 +738,31 @@ class OffloadOptimizer(torch.optim.Optimizer):
         verifying every checksum; the model parameters are set from the
         restored masters. Returns the checkpoint's name."""
         self._fence()
-        if self._eb is not None:
-            user = self._eb.load(root, name) or {}
-            if user.get("format") != _FORMAT or user.get("kind") != self._kind:
-                raise ValueError("checkpoint %s was not written by %s" % (root, type(self).__name__))
-            for g, sg in zip(self.param_groups, user["param_groups"]):
-                for k, v in sg.items():
-                    g[k] = tuple(v) if isinstance(v, list) else v
-            for gi, p in self._plist:
-                self.state[p]["step"].fill_(self.param_groups[gi].get("step", 0))
-            self._eb._set_hparams()
-            return name or _ckpt.latest(os.path.join(str(root), "engine0"))
-        with _ckpt.Reader(root, name) as r:
-            user = r.user or {}
-            if user.get("format") != _FORMAT or user.get("kind") != self._kind:
-                raise ValueError("checkpoint %s/%s was not written by %s"
-                                 % (root, r.name, type(self).__name__))
-            segs = user["segments"]
-            mine = [{"group": s.group, "dtype": str(s.dtype),
-                     "shapes": [list(p.shape) for _, p in s.params]} for s in self._segments]
-            if segs != mine:
-                raise ValueError("checkpoint %s/%s holds a different set of parameters "
-                                 "(groups, dtypes or shapes differ)" % (root, r.name))
-            for j, seg in enumerate(self._segments):
-                r.read_into("seg%d.master" % j, seg.master)
-                for nm in self._state_names:
-                    r.read_into("seg%d.%s" % (j, nm), seg.states[nm])
-            for g, sg in zip(self.param_groups, user["param_groups"]):
-                for k, v in sg.items():
-                    g[k] = tuple(v) if isinstance(v, list) else v
-            if user.get("scaler") and self.scaler is not None:
-                self.scaler.load_state_dict(user["scaler"])
-            for i, (gi, p) in enumerate(self._plist):
-                self.state[p]["step"].fill_(self.param_groups[gi].get("step", 0))
-            self._written = [False] * len(self._plist)
-            self._refresh_out_and_params()
-            return r.name
+        user = self._eb.load(root, name) or {}
+        if user.get("format") != _FORMAT or user.get("kind") != self._kind:
+            raise ValueError("checkpoint %s was not written by %s" % (root, type(self).__name__))
+        for g, sg in zip(self.param_groups, user["param_groups"]):
+            for k, v in sg.items():
+                g[k] = tuple(v) if isinstance(v, list) else v
+        for gi, p in self._plist:
+            self.state[p]["step"].fill_(self.param_groups[gi].get("step", 0))
+        self._eb._set_hparams()
+        return name or _ckpt.latest(os.path.join(str(root), "engine0"))
 
     def close(self):
-        """Finish pending work and remove the gradient hooks."""
-        self._fence()
+        """Finish pending work, remove the gradient hooks and free the engine."""
+        if getattr(self, "_eb", None) is not None and self._eb.engines:
+            self._fence()
         for h in self._hooks:
             (h[1] if isinstance(h, tuple) else h).remove()
         self._hooks = []
-        if self._eb is not None:
+        if getattr(self, "_eb", None) is not None:
             self._eb.close()
-            return
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
-        self._team.close()
 
     def __del__(self):
         try:
             for h in getattr(self, "_hooks", ()):
                 (h[1] if isinstance(h, tuple) else h).remove()
-            if getattr(self, "_executor", None) is not None:
-                self._executor.shutdown(wait=True)
         except Exception:  # interpreter shutdown
             pass
 
@@ -1135,7 +829,6 @@ class OffloadAdagrad(OffloadOptimizer):
     _kind = "adagrad"
     _zo_kind = _ca.ADAGRAD
     _state_names = ("sum",)
-    _slots = {"exp_avg_sq": "sum"}
 
     def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
                  initial_accumulator_value=0.0, eps=1e-10, **kw):
@@ -1144,12 +837,8 @@ class OffloadAdagrad(OffloadOptimizer):
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                       initial_accumulator_value=initial_accumulator_value,
                                       eps=eps), **kw)
-        if self._eb is not None:
-            for i in range(len(self._plist)):
-                self._eb.fill_state(i, "sum", initial_accumulator_value)
-        else:
-            for seg in self._segments:
-                seg.states["sum"].fill_(initial_accumulator_value)
+        for i in range(len(self._plist)):
+            self._eb.fill_state(i, "sum", initial_accumulator_value)
 
     def _hparams(self, g, step):
         clr = g["lr"] / (1 + (step - 1) * g["lr_decay"])
@@ -1163,7 +852,6 @@ class OffloadLion(OffloadOptimizer):
     _kind = "lion"
     _zo_kind = _ca.LION
     _state_names = ("exp_avg",)
-    _slots = {"exp_avg": "exp_avg"}
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **kw):
         b1, b2 = betas

@@ -22,7 +22,7 @@ def test_finetune_example_runs():
         assert m, out
         assert float(m.group(2)) < float(m.group(1)), out       # it learned something
         assert int(m.group(3)) > 0
-    assert re.search(r"\[zoffload\] optimizer per step \((zo_optim|kernels) engine\): .* "
+    assert re.search(r"\[zoffload\] optimizer per step: .* "
                      r"pinned [0-9.]+ MiB", out), out
     assert "peak host memory" in out and "corpus:" in out
 

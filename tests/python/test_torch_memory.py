@@ -1,4 +1,4 @@
-"""zoffload.torch on the zo_optim engine: what a big model needs to fit. The
+"""zoffload.torch: what a big model needs to fit. The
 gradients wait in their own dtype (2 B/param for bf16), each p.grad is freed
 as soon as the engine has it (torch never holds all gradients), the engine
 writes CPU params in place (no parameter buffer), and the speculative step
@@ -10,13 +10,6 @@ from conftest import torch_or_skip
 torch = torch_or_skip()
 import zoffload  # noqa: E402
 from zoffload.torch import OffloadAdamW  # noqa: E402
-
-
-def _engine_or_skip():
-    try:
-        OffloadAdamW([torch.nn.Parameter(torch.zeros(4))], engine="zo_optim").close()
-    except (zoffload.NotSupported, zoffload.LibraryNotFound) as e:
-        pytest.skip("zo_optim engine unavailable: %s" % e)
 
 
 def model(dtype=torch.bfloat16, seed=0, width=64, depth=4):
@@ -50,11 +43,10 @@ def _after_hook(p, fn):
 
 
 def test_window_bytes_and_memory_report():
-    _engine_or_skip()
     for dt, per in ((torch.bfloat16, 2), (torch.float16, 2), (torch.float32, 4)):
         m = model(dt)
         n = sum(p.numel() for p in m.parameters())
-        opt = OffloadAdamW(m.parameters(), engine="zo_optim",
+        opt = OffloadAdamW(m.parameters(),
                            loss_scale=1.0 if dt == torch.float16 else None)
         mem = opt.memory()
         assert mem["numel"] == n
@@ -69,9 +61,8 @@ def test_window_bytes_and_memory_report():
 def test_grads_freed_as_taken():
     """No two .grad tensors coexist: when a parameter's gradient arrives,
     every other parameter's .grad has already been taken and freed."""
-    _engine_or_skip()
     m = model()
-    opt = OffloadAdamW(m.parameters(), lr=1e-3, engine="zo_optim")
+    opt = OffloadAdamW(m.parameters(), lr=1e-3)
     params = list(m.parameters())
     seen = []
     hooks = [_after_hook(p, lambda q: seen.append(sum(x.grad is not None for x in params)))
@@ -89,7 +80,7 @@ def test_grads_freed_as_taken():
 
 def _run(clip_mode, data, max_grad_norm=None, sub_group_size=None, lr_schedule=True):
     m = model()
-    opt = OffloadAdamW(m.parameters(), lr=1e-2, engine="zo_optim", clip_mode=clip_mode,
+    opt = OffloadAdamW(m.parameters(), lr=1e-2, clip_mode=clip_mode,
                        max_grad_norm=max_grad_norm, sub_group_size=sub_group_size)
     for k, b in enumerate(data):
         loss_fn(m, b).backward()
@@ -107,7 +98,6 @@ def test_speculative_equals_two_pass():
     """Without clipping the speculative step (updates during backward) gives
     the two-pass step's bits, LR schedule included; it did update sub-groups
     while backward ran."""
-    _engine_or_skip()
     data = batches(6)
     a, _ = _run("two_pass", data, sub_group_size=1024)
     b, info = _run("speculative", data, sub_group_size=1024)
@@ -120,7 +110,6 @@ def test_speculative_equals_two_pass():
 def test_speculative_clipping_close():
     """With clipping that hits, the speculative step rolls back and redoes:
     within the rollback's rounding of the two-pass result."""
-    _engine_or_skip()
     data = batches(4)
     a, _ = _run("two_pass", data, max_grad_norm=1e-3, sub_group_size=1024)
     b, info = _run("speculative", data, max_grad_norm=1e-3, sub_group_size=1024)
@@ -133,12 +122,9 @@ def test_clip_mode_errors():
     p = [torch.nn.Parameter(torch.zeros(4))]
     with pytest.raises(ValueError, match="clip_mode"):
         OffloadAdamW(p, clip_mode="eager")
-    with pytest.raises(ValueError, match="speculative"):
-        OffloadAdamW(p, clip_mode="speculative", engine="kernels")
-    _engine_or_skip()
     mixed = [torch.nn.Parameter(torch.zeros(4)), torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))]
     with pytest.raises(ValueError, match="one parameter dtype"):
-        OffloadAdamW(mixed, clip_mode="speculative", engine="zo_optim")
+        OffloadAdamW(mixed, clip_mode="speculative")
 
 
 def test_finetune_big_model_path(tmp_path):
@@ -146,7 +132,6 @@ def test_finetune_big_model_path(tmp_path):
     bf16 params, activation checkpointing, NVMe placement, the speculative
     step; the memory model, the step split and (with fio) the NVMe bound
     are reported, and the loss falls."""
-    _engine_or_skip()
     import os
     import re
     import shutil
@@ -185,9 +170,8 @@ def test_moved_params_refused_not_written():
     write would land in memory torch may have freed), and the new tensor is
     left as it was. offload_parameters() marks its parameters so that an
     optimizer made after it, or attached to it, never writes in place."""
-    _engine_or_skip()
     m = model(torch.float32)
-    opt = OffloadAdamW(m.parameters(), engine="zo_optim")
+    opt = OffloadAdamW(m.parameters())
     assert opt._eb.direct
     b = batches(1, dtype=torch.float32)[0]
     loss_fn(m, b).backward()
@@ -203,6 +187,6 @@ def test_moved_params_refused_not_written():
     m2 = model(torch.float32)
     for p in m2.parameters():
         p._zo_offloaded = True
-    opt2 = OffloadAdamW(m2.parameters(), engine="zo_optim")
+    opt2 = OffloadAdamW(m2.parameters())
     assert not opt2._eb.direct
     opt2.close()

@@ -157,6 +157,24 @@ static void ref_grad(ref *r, int i, const void *g)
     r->first[i] = 0;
 }
 
+/* The kernel over the reference's elements [o, o + n) with gradients g */
+static void ref_kernel(ref *r, const zo_optim_hparams *hp, uint64_t o, uint64_t n, const void *g, zo_dtype gdt)
+{
+    model *m = r->m;
+    zo_cpuadam_tensors t;
+    zo_cpuadam_tensors_default(&t);
+    t.n = n;
+    t.param = r->master + o;
+    t.grad = g;
+    t.grad_dtype = gdt;
+    t.exp_avg = r->m1 + o;
+    t.exp_avg_sq = r->v + o;
+    t.state_dtype = ZO_DTYPE_F32;
+    t.param_out = (char *)r->out + o * zo_dtype_size(m->pdt);
+    t.out_dtype = m->pdt;
+    ck_assert_int_eq(zo_cpuadam_team_step(r->team, hp, &t), 0);
+}
+
 /* The boundary: returns 1 if applied, 0 if overflowed. */
 static int ref_step(ref *r, double scale, double max_norm, double *norm_out)
 {
@@ -193,19 +211,7 @@ static int ref_step(ref *r, double scale, double max_norm, double *norm_out)
         hp.step = r->step;
         hp.grad_scale = 1.0 / scale;
         hp.clip_coef = coef;
-        zo_cpuadam_tensors t;
-        zo_cpuadam_tensors_default(&t);
-        uint64_t o = m->goff[g];
-        t.n = m->gnumel[g];
-        t.param = r->master + o;
-        t.grad = r->acc + o;
-        t.grad_dtype = ZO_DTYPE_F32;
-        t.exp_avg = r->m1 + o;
-        t.exp_avg_sq = r->v + o;
-        t.state_dtype = ZO_DTYPE_F32;
-        t.param_out = (char *)r->out + o * zo_dtype_size(m->pdt);
-        t.out_dtype = m->pdt;
-        ck_assert_int_eq(zo_cpuadam_team_step(r->team, &hp, &t), 0);
+        ref_kernel(r, &hp, m->goff[g], m->gnumel[g], r->acc + m->goff[g], ZO_DTYPE_F32);
     }
     return 1;
 }
@@ -900,6 +906,127 @@ START_TEST(test_optim_save_load)
     e.grp[1].numel = g1_numel;
     eng_free(&e);
     ref_free(&r);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* ZO_OPTIM_NO_GRAD_SKIP: a tensor without a gradient in a window is left
+ * alone (master, states, device params) and not counted; the others are
+ * updated with their own counts. Reference: the kernels run tensor by tensor
+ * with each tensor's own count. The counts survive save and load; a ZERO
+ * engine refuses such a checkpoint and per-tensor counts. _i: 0 direct (the
+ * kernel writes the params), 1 DPU (a pair of parameter buffers: the one an
+ * update writes holds older params), 2 DPU with double-buffered device
+ * params (likewise), 3 through the parameter buffer and copies, 4 the
+ * speculative step (sub-groups updated as their gradients complete). */
+static const unsigned skip_masks[] = {0x3f, 0x2d, 0x02, 0x3f}; /* tensors with a gradient, per step */
+
+static void skip_steps(eng *e, ref *r, int64_t *ts, int from, int to)
+{
+    model *m = e->m;
+    for (int k = from; k <= to; k++) {
+        unsigned mask = skip_masks[k - 1];
+        for (int i = 0; i < NT; i++) {
+            if (!(mask >> i & 1))
+                continue;
+            for (uint64_t j = 0; j < m->numel[i]; j++)
+                put(e->dgrad[i], m->gdt, j, grad_value(m->off[i] + j, k, 0.0f, 1.0));
+            ck_assert_int_eq(zo_optim_grad(e->o, (unsigned)i, e->dgrad[i], NULL), 0);
+            ts[i]++;
+            if (!r)
+                continue;
+            zo_optim_hparams hp = m->hp[i < NT0 ? 0 : 1];
+            hp.step = ts[i];
+            ref_kernel(r, &hp, m->off[i], m->numel[i], e->dgrad[i], m->gdt);
+        }
+        if (k == 2) { /* a norm asked for first does not give the others a gradient */
+            double sumsq;
+            ck_assert_int_eq(zo_optim_grad_norm_partial(e->o, &sumsq, NULL), 0);
+        }
+        int rc = zo_optim_step(e->o, NULL, NULL);
+        ck_assert_msg(rc == 0, "step %d: %s (%s)", k, zo_strerror(rc), zo_optim_errmsg(e->o));
+        for (int i = 0; i < NT; i++) {
+            int64_t got = -1;
+            ck_assert_int_eq(zo_optim_tensor_step(e->o, (unsigned)i, &got), 0);
+            ck_assert_msg(got == ts[i], "step %d: tensor %d counts %lld, want %lld", k, i, (long long)got,
+                          (long long)ts[i]);
+        }
+        if (!r)
+            continue;
+        void *dev[NT];
+        for (int i = 0; i < NT; i++)
+            ck_assert_int_ge(zo_optim_param_device(e->o, (unsigned)i, &dev[i], NULL), 0);
+        char when[32];
+        snprintf(when, sizeof(when), "skip step %d", k);
+        compare_dev(e, r, when, dev);
+    }
+}
+
+START_TEST(test_optim_no_grad_skip)
+{
+    char dir[256];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    zo__optim_force_copy = _i == 3;
+    model m;
+    ref r;
+    eng e;
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    e.cfg.no_grad = ZO_OPTIM_NO_GRAD_SKIP;
+    e.cfg.dpu = _i == 1 || _i == 2;
+    e.cfg.dpu_warmup_steps = 0;
+    e.cfg.dpu_double_buffer = _i == 2;
+    e.cfg.clip_mode = _i == 4 ? ZO_OPTIM_CLIP_SPECULATIVE : ZO_OPTIM_CLIP_TWO_PASS;
+    eng_create(&e);
+    int64_t ts[NT] = {0}, ts_saved[NT];
+    skip_steps(&e, &r, ts, 1, 3);
+    ck_assert_int_eq(zo_optim_save(e.o, dir, "skip", 0, NULL), 0);
+    memcpy(ts_saved, ts, sizeof(ts));
+    skip_steps(&e, &r, ts, 4, 4);
+    /* resumed in a new engine: the same counts, the same step 4 */
+    zo_optim_destroy(&e.o);
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    ck_assert_int_eq(zo_optim_load(e.o, dir, "skip", NULL, 0), 0);
+    for (int i = 0; i < NT; i++) {
+        int64_t got = -1;
+        ck_assert_int_eq(zo_optim_tensor_step(e.o, (unsigned)i, &got), 0);
+        ck_assert_int_eq(got, ts_saved[i]);
+    }
+    skip_steps(&e, NULL, ts_saved, 4, 4);
+    void *dev[NT];
+    for (int i = 0; i < NT; i++)
+        ck_assert_int_ge(zo_optim_param_device(e.o, (unsigned)i, &dev[i], NULL), 0);
+    compare_dev(&e, &r, "skip, resumed", dev);
+    /* per-tensor counts set by hand, and the engine-wide set */
+    ck_assert_int_eq(zo_optim_set_tensor_step(e.o, 1, 9), 0);
+    int64_t got = -1;
+    ck_assert_int_eq(zo_optim_tensor_step(e.o, 1, &got), 0);
+    ck_assert_int_eq(got, 9);
+    ck_assert_int_eq(zo_optim_set_tensor_step(e.o, NT, 9), -EINVAL);
+    ck_assert_int_eq(zo_optim_set_tensor_step(e.o, 0, -1), -EINVAL);
+    ck_assert_int_eq(zo_optim_set_step(e.o, 4), 0);
+    ck_assert_int_eq(zo_optim_tensor_step(e.o, 1, &got), 0);
+    ck_assert_int_eq(got, 4);
+    /* an engine with one count refuses the checkpoint (counts differ) and per-tensor counts */
+    zo_optim_destroy(&e.o);
+    e.cfg.no_grad = ZO_OPTIM_NO_GRAD_ZERO;
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    ck_assert_int_eq(zo_optim_load(e.o, dir, "skip", NULL, 0), ZO_EFORMAT);
+    ck_assert_msg(strstr(zo_optim_errmsg(e.o), "own update count"), "%s", zo_optim_errmsg(e.o));
+    ck_assert_int_eq(zo_optim_set_tensor_step(e.o, 0, 3), ZO_ECONFIG);
+    ck_assert_int_eq(zo_optim_set_tensor_step(e.o, 0, 0), 0);
+    zo_optim_destroy(&e.o);
+    /* a caller built before no_grad existed: its shorter config is taken, with ZERO */
+    e.cfg.no_grad = ZO_OPTIM_NO_GRAD_SKIP;
+    e.cfg.struct_size = offsetof(zo_optim_config, no_grad);
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), 0);
+    ck_assert_int_eq(zo_optim_set_tensor_step(e.o, 0, 3), ZO_ECONFIG);
+    zo_optim_destroy(&e.o);
+    e.cfg.struct_size = sizeof(e.cfg);
+    e.cfg.no_grad = (zo_optim_no_grad)2;
+    ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), ZO_ECONFIG);
+    eng_free(&e);
+    ref_free(&r);
+    zo__optim_force_copy = 0;
     zo_test_rmtree(dir);
 }
 END_TEST
@@ -2192,6 +2319,7 @@ int main(void)
     tcase_add_loop_test(tc, test_optim_dpu_double, 0, 3);
     tcase_add_test(tc, test_optim_save_load);
     tcase_add_test(tc, test_optim_export_import);
+    tcase_add_loop_test(tc, test_optim_no_grad_skip, 0, 5);
     tcase_add_test(tc, test_optim_speculative);
     tcase_add_test(tc, test_optim_bf16_states);
     tcase_add_test(tc, test_optim_errors);

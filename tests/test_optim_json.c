@@ -30,7 +30,8 @@ static const char ds_nvme[] = "{\n"
     "          \"single_submit\": true, \"overlap_events\": false},\n"
     "  \"zoffload\": {\"dpu\": true, \"dpu_warmup_steps\": 3, \"dpu_double_buffer\": true,\n"
     "               \"clip_mode\": \"speculative\",\n"
-    "               \"pinned_bytes\": \"768MiB\", \"state_dtype\": \"bf16\", \"nonfinite\": \"skip\"}\n"
+    "               \"pinned_bytes\": \"768MiB\", \"state_dtype\": \"bf16\", \"nonfinite\": \"skip\",\n"
+    "               \"no_grad\": \"skip\"}\n"
     "}\n";
 
 START_TEST(test_deepspeed_file_maps)
@@ -67,6 +68,7 @@ START_TEST(test_deepspeed_file_maps)
     ck_assert_int_eq(c.dpu_double_buffer, 1);
     ck_assert_int_eq(c.clip_mode, ZO_OPTIM_CLIP_SPECULATIVE);
     ck_assert_int_eq(c.nonfinite, ZO_OPTIM_NONFINITE_SKIP);
+    ck_assert_int_eq(c.no_grad, ZO_OPTIM_NO_GRAD_SKIP);
     ck_assert_uint_eq(c.pinned_bytes, 768ull << 20);
     ck_assert_int_eq(g.state_dtype, ZO_DTYPE_BF16);
     /* the DeepSpeed keys with no meaning here are accepted and reported */

@@ -80,6 +80,21 @@
  *   it. Either way the accumulated gradients are discarded and no inf/NaN
  *   ever reaches the masters.
  *
+ * Tensors without a gradient (::zo_optim_no_grad)
+ *   A tensor that got no gradient in an accumulation window (none was
+ *   handed over since the last boundary: a frozen parameter, a branch the
+ *   forward did not take) is, at the boundary:
+ *   - ZO_OPTIM_NO_GRAD_ZERO (the default, DeepSpeed's offload): updated with
+ *     a zero gradient: its states decay, weight decay applies, and every
+ *     tensor counts the engine's one step count;
+ *   - ZO_OPTIM_NO_GRAD_SKIP (torch.optim's rule): left alone: master, states
+ *     and device params untouched, and not counted: each tensor has its own
+ *     update count (zo_optim_tensor_step()), which Adam's bias correction
+ *     uses, as torch keeps `step` per parameter. It takes no part in the
+ *     global norm (its gradient is zero there either way).
+ *   The engine's count (zo_optim_step_result.step, zo_optim_info.step)
+ *   counts the boundaries applied in both modes.
+ *
  * Delayed parameter update (DPU, ZeRO-Offload paper)
  *   With `dpu` set, zo_optim_step_async() at a boundary returns once the
  *   update is queued; the CPU applies the gradients of step N while the
@@ -174,6 +189,12 @@ typedef enum zo_optim_nonfinite {
     ZO_OPTIM_NONFINITE_ERROR = 0, /**< the step fails with ZO_ENONFINITE, nothing updated (default) */
     ZO_OPTIM_NONFINITE_SKIP = 1,  /**< the step is skipped and counted, nothing updated */
 } zo_optim_nonfinite;
+
+/** What a boundary does with a tensor that got no gradient in its window (see the file comment). */
+typedef enum zo_optim_no_grad {
+    ZO_OPTIM_NO_GRAD_ZERO = 0, /**< updated with a zero gradient, one step count for all (DeepSpeed; default) */
+    ZO_OPTIM_NO_GRAD_SKIP = 1, /**< skipped: untouched, and a step count per tensor (torch.optim) */
+} zo_optim_no_grad;
 
 /** The per-tensor optimizer states, for export / import. */
 typedef enum zo_optim_state {
@@ -289,6 +310,8 @@ typedef struct zo_optim_config {
                                       dev_params, each update writes the buffer the device is not reading as
                                       its sub-groups finish, and the framework switches buffers at the step
                                       call (zo_optim_param_device()); no copy at the step call. Default 0 */
+    zo_optim_no_grad no_grad;    /**< tensors without a gradient in a window: ZO_OPTIM_NO_GRAD_ZERO (default)
+                                      or ZO_OPTIM_NO_GRAD_SKIP (see "Tensors without a gradient") */
 } zo_optim_config;
 
 /** Fill *cfg with the defaults listed above. NULL ignored. */
@@ -591,12 +614,31 @@ ZO_API int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hpar
 
 /**
  * Set the number of updates applied so far (the next update is step + 1:
- * Adam's bias correction uses it). For frameworks that restore the count
- * from their own state_dict instead of zo_optim_load(). Between updates
+ * Adam's bias correction uses it), the engine's and every tensor's. For
+ * frameworks that restore the count from their own state_dict instead of
+ * zo_optim_load(). Between updates
  * only. @return 0; -EINVAL (NULL, step < 0); ZO_ESTATE (an update in flight
  * or not yet collected with zo_optim_wait()).
  */
 ZO_API int zo_optim_set_step(zo_optim *o, int64_t step);
+
+/**
+ * The number of updates applied to tensor `index`: the engine's count
+ * under ZO_OPTIM_NO_GRAD_ZERO; its own under ZO_OPTIM_NO_GRAD_SKIP (the
+ * boundaries at which it had a gradient). Between updates (an update in
+ * flight may still change it). @return 0; -EINVAL (NULL, index out of range).
+ */
+ZO_API int zo_optim_tensor_step(zo_optim *o, unsigned index, int64_t *step);
+
+/**
+ * Set tensor `index`'s update count (ZO_OPTIM_NO_GRAD_SKIP: a framework
+ * restoring per-parameter counts from its own state_dict;
+ * zo_optim_set_step() sets every tensor's and the engine's). Between updates
+ * only. @return 0; -EINVAL (NULL, index out of range, step < 0); ZO_ECONFIG
+ * (ZO_OPTIM_NO_GRAD_ZERO: every tensor has the engine's count, and step
+ * differs from it); ZO_ESTATE (an update in flight or not yet collected).
+ */
+ZO_API int zo_optim_set_tensor_step(zo_optim *o, unsigned index, int64_t step);
 
 /* ---- library-owned host buffers -------------------------------------------------------- */
 
@@ -633,7 +675,7 @@ ZO_API int zo_optim_param_device(zo_optim *o, unsigned index, void **dev, struct
 /* ---- save / load ----------------------------------------------------------------------- */
 
 /**
- * Save everything (masters, states, step counts, loss scaler, accumulation
+ * Save everything (masters, states, step counts (per tensor too), loss scaler, accumulation
  * position, config fingerprint) as checkpoint <root>/<name> through the
  * store's crash-safe checkpoints, keeping the last `keep_last` (0: all).
  * user_json (NULL or a JSON value) is stored beside the engine's own record.

@@ -35,7 +35,7 @@ enum vid {
     V_CLIP, V_ACCUM, V_SGS,
     V_OFF_DEVICE, V_NVME_PATH, V_PIN, V_BUFCNT,
     V_AIO_BS, V_AIO_QD, V_AIO_THREADS, V_AIO_SS, V_AIO_OE, V_AIO_GDS,
-    V_PINNED_BYTES, V_STAGING, V_CLIP_MODE, V_NONFINITE, V_DPU, V_DPU_WARMUP, V_DPU_DOUBLE, V_NTHREADS, V_NUMA,
+    V_PINNED_BYTES, V_STAGING, V_CLIP_MODE, V_NONFINITE, V_NO_GRAD, V_DPU, V_DPU_WARMUP, V_DPU_DOUBLE, V_NTHREADS, V_NUMA,
     V_STATE_DTYPE, V_GRAD_DTYPE,
     V_COUNT
 };
@@ -172,6 +172,7 @@ static const keydef k_ours[] = {
     {"grad_staging_bytes", T_SIZE, V_STAGING, 65536, 0x1p40, NULL},
     {"clip_mode", T_STR, V_CLIP_MODE, 0, 0, NULL},
     {"nonfinite", T_STR, V_NONFINITE, 0, 0, NULL},
+    {"no_grad", T_STR, V_NO_GRAD, 0, 0, NULL},
     {"dpu", T_BOOL, V_DPU, 0, 0, NULL},
     {"dpu_warmup_steps", T_INT, V_DPU_WARMUP, 0, 1e9, NULL},
     {"dpu_double_buffer", T_BOOL, V_DPU_DOUBLE, 0, 0, NULL},
@@ -518,6 +519,10 @@ static int validate(zo_optim_json *j)
         static const char *const m[] = {"error", "skip"};
         ZO_CHECK(str_choice(&v[V_NONFINITE], m, 2, NULL, &dummy));
     }
+    if (v[V_NO_GRAD].set) {
+        static const char *const m[] = {"zero", "skip"};
+        ZO_CHECK(str_choice(&v[V_NO_GRAD], m, 2, NULL, &dummy));
+    }
     zo_dtype dt;
     if (v[V_STATE_DTYPE].set && (zo_dtype_parse(v[V_STATE_DTYPE].str, &dt) < 0 ||
                                  (dt != ZO_DTYPE_F32 && dt != ZO_DTYPE_BF16)))
@@ -853,6 +858,8 @@ ZO_API int zo_optim_json_apply(zo_optim_json *j, zo_optim_config *cfg, zo_optim_
     if (v[V_NONFINITE].set)
         c.nonfinite = strcasecmp(v[V_NONFINITE].str, "skip") == 0 ? ZO_OPTIM_NONFINITE_SKIP
                                                                 : ZO_OPTIM_NONFINITE_ERROR;
+    if (v[V_NO_GRAD].set)
+        c.no_grad = strcasecmp(v[V_NO_GRAD].str, "skip") == 0 ? ZO_OPTIM_NO_GRAD_SKIP : ZO_OPTIM_NO_GRAD_ZERO;
     if (v[V_DPU].set)
         c.dpu = v[V_DPU].b;
     if (v[V_DPU_WARMUP].set)

@@ -55,6 +55,7 @@ void zo_optim_config_default(zo_optim_config *cfg)
     cfg->grad_accum_steps = 1;
     cfg->clip_mode = ZO_OPTIM_CLIP_TWO_PASS;
     cfg->nonfinite = ZO_OPTIM_NONFINITE_ERROR;
+    cfg->no_grad = ZO_OPTIM_NO_GRAD_ZERO;
     cfg->dpu_warmup_steps = 1;
     cfg->numa_node = -1;
 }
@@ -474,7 +475,8 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         return -ENOMEM;
     o->efd = -1;
     zo_optim_config_default(&o->cfg);
-    int r = ZO_STRUCT_IN(&o->cfg, ucfg, sizeof(zo_optim_config), &o->err, "zo_optim_create");
+    /* a caller built before no_grad was added passes the struct that ends there */
+    int r = ZO_STRUCT_IN(&o->cfg, ucfg, offsetof(zo_optim_config, no_grad), &o->err, "zo_optim_create");
     if (r < 0) {
         free(o);
         return r;
@@ -539,6 +541,11 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     if ((unsigned)cfg->clip_mode > ZO_OPTIM_CLIP_SPECULATIVE || (unsigned)cfg->nonfinite > ZO_OPTIM_NONFINITE_SKIP ||
         (cfg->dpu != 0 && cfg->dpu != 1) || cfg->nthreads < 0 || cfg->nthreads > 1024) {
         r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: clip_mode, nonfinite, dpu or nthreads out of range");
+        goto fail;
+    }
+    if ((unsigned)cfg->no_grad > ZO_OPTIM_NO_GRAD_SKIP) {
+        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: no_grad %d (ZO_OPTIM_NO_GRAD_ZERO or _SKIP)",
+                    (int)cfg->no_grad);
         goto fail;
     }
     if ((cfg->dpu_double_buffer != 0 && cfg->dpu_double_buffer != 1) || (cfg->dpu_double_buffer && !cfg->dpu)) {
@@ -627,8 +634,9 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     o->sg_updated = calloc(o->nsg, 1);
     o->sg_ntens = calloc(o->nsg, sizeof(*o->sg_ntens));
     o->eager_order = calloc(o->nsg, sizeof(*o->eager_order));
+    o->tstep = calloc(o->nt, sizeof(*o->tstep));
     if (!o->sg_list || !o->sg_sumsq || !o->sg_nf || !o->sg_stats || !o->sg_updated || !o->sg_ntens ||
-        !o->eager_order) {
+        !o->eager_order || !o->tstep) {
         r = -ENOMEM;
         goto fail;
     }
@@ -735,6 +743,7 @@ void zo_optim_destroy(zo_optim **op)
     free(o->sg_ntens);
     free(o->eager_order);
     free(o->master_set);
+    free(o->tstep);
     zo__gst_free(o);
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->cond);
@@ -1088,9 +1097,10 @@ int zo_optim_grad_norm_partial(zo_optim *o, double *sumsq, uint64_t *nonfinite)
     if ((r = zo_optim_grads_done(o)) < 0)
         return r;
     unsigned w = o->win;
-    /* tensors without a gradient this window are zero */
+    /* tensors without a gradient this window are zero (and, unless they
+     * are to be skipped, count as having one) */
     zo__win_zero_missing(o, w);
-    for (unsigned i = 0; i < o->nt; i++)
+    for (unsigned i = 0; i < o->nt && o->cfg.no_grad == ZO_OPTIM_NO_GRAD_ZERO; i++)
         if (!o->arrivals[w][i])
             o->arrivals[w][i] = 1;
     double s = 0;
@@ -1426,12 +1436,51 @@ int zo_optim_set_step(zo_optim *o, int64_t step)
     /* the worker reads the count as it starts an update (bias correction):
      * only between updates, with nothing waiting to be collected */
     int busy = o->ws != ZO__W_IDLE || o->push_pending;
-    if (!busy)
+    if (!busy) {
         o->step = step;
+        for (unsigned i = 0; i < o->nt; i++)
+            o->tstep[i] = step;
+    }
     pthread_mutex_unlock(&o->lock);
     if (busy)
         return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_set_step: an update is in flight or not collected: call "
                        "zo_optim_wait() first");
+    return 0;
+}
+
+int zo_optim_tensor_step(zo_optim *o, unsigned index, int64_t *step)
+{
+    zo__enter(o);
+    if (!o || !step || index >= o->nt)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_tensor_step: %s",
+                       !o || !step ? "NULL argument" : "index out of range");
+    pthread_mutex_lock(&o->lock);
+    *step = o->cfg.no_grad == ZO_OPTIM_NO_GRAD_SKIP ? o->tstep[index] : o->step;
+    pthread_mutex_unlock(&o->lock);
+    return 0;
+}
+
+int zo_optim_set_tensor_step(zo_optim *o, unsigned index, int64_t step)
+{
+    zo__enter(o);
+    if (!o || index >= o->nt || step < 0)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_tensor_step: %s",
+                       !o ? "NULL engine" : step < 0 ? "step must be >= 0" : "index out of range");
+    pthread_mutex_lock(&o->lock);
+    int busy = o->ws != ZO__W_IDLE || o->push_pending;
+    int64_t cur = o->step;
+    int skip = o->cfg.no_grad == ZO_OPTIM_NO_GRAD_SKIP;
+    if (!busy && skip)
+        o->tstep[index] = step;
+    pthread_mutex_unlock(&o->lock);
+    if (busy)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_set_tensor_step: an update is in flight or not collected: "
+                       "call zo_optim_wait() first");
+    if (!skip && step != cur)
+        return ZO_FAIL(&o->err, ZO_ECONFIG,
+                       "zo_optim_set_tensor_step: tensor '%s' to %lld: with no_grad ZO_OPTIM_NO_GRAD_ZERO every "
+                       "tensor has the engine's count (%lld); per-tensor counts need ZO_OPTIM_NO_GRAD_SKIP",
+                       o->tensors[index].name, (long long)step, (long long)cur);
     return 0;
 }
 

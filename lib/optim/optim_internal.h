@@ -217,6 +217,10 @@ struct zo_optim {
 
     /* counters (published under lock by the worker) */
     int64_t step;
+    /* per tensor: updates applied to it (ZO_OPTIM_NO_GRAD_SKIP; under ZERO
+     * every tensor has `step`, and this is not read). The worker changes it
+     * at the end of an update; the caller's thread only between updates. */
+    int64_t *tstep;
     uint64_t micro, boundaries, skipped, rollbacks;
     zo__scaler scaler;
     zo_optim_step_result last_res;

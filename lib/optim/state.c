@@ -254,7 +254,8 @@ int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep
     if (pending_grads(o))
         return ZO_FAIL(&o->err, ZO_ESTATE,
                        "zo_optim_save: gradients accumulated but not applied (save at a step boundary)");
-    size_t cap = 512 + (size_t)o->ngroups * 160 + (user_json ? strlen(user_json) : 4);
+    int skip = o->cfg.no_grad == ZO_OPTIM_NO_GRAD_SKIP;
+    size_t cap = 512 + (size_t)o->ngroups * 160 + (skip ? (size_t)o->nt * 24 : 0) + (user_json ? strlen(user_json) : 4);
     char *js = malloc(cap);
     if (!js)
         return -ENOMEM;
@@ -262,10 +263,15 @@ int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep
                                 "{\"zo_optim\":{\"format\":%d,\"fingerprint\":\"%016" PRIx64 "\",\"step\":%" PRId64
                                 ",\"micro\":%" PRIu64 ",\"boundaries\":%" PRIu64 ",\"skipped\":%" PRIu64
                                 ",\"rollbacks\":%" PRIu64 ",\"scale\":\"%a\",\"scaler_iter\":%" PRId64
-                                ",\"last_overflow\":%" PRId64 ",\"hysteresis\":%u,\"groups\":[",
+                                ",\"last_overflow\":%" PRId64 ",\"hysteresis\":%u,",
                                 OPTIM_FORMAT, o->fingerprint, o->step, o->micro, o->boundaries, o->skipped,
                                 o->rollbacks, o->scaler.scale, o->scaler.cur_iter, o->scaler.last_overflow_iter,
                                 o->scaler.cur_hysteresis);
+    if (skip) /* per-tensor update counts (ZO_OPTIM_NO_GRAD_SKIP) */
+        for (unsigned i = 0; i < o->nt; i++)
+            n += (size_t)snprintf(js + n, cap - n, "%s%" PRId64 "%s", i ? "," : "\"tensor_steps\":[", o->tstep[i],
+                                  i + 1 == o->nt ? "]," : "");
+    n += (size_t)snprintf(js + n, cap - n, "\"groups\":[");
     for (unsigned g = 0; g < o->ngroups; g++) {
         const zo_optim_hparams *hp = &o->groups[g].hp_next;
         n += (size_t)snprintf(js + n, cap - n, "%s\"%a,%a,%a,%a,%a,%d\"", g ? "," : "", hp->lr, hp->beta1,
@@ -384,6 +390,35 @@ static int check_tensor_set(zo_optim *o, zo_ckpt_reader *rd)
     return 0;
 }
 
+/* The per-tensor update counts of the record into ts[nt]: its
+ * "tensor_steps", or every tensor at the engine's `step` when it has none
+ * (a ZO_OPTIM_NO_GRAD_ZERO checkpoint). A ZERO engine takes only counts
+ * that all equal `step`. */
+static int parse_tensor_steps(zo_optim *o, const char *js, int64_t step, int64_t *ts)
+{
+    const char *rec = strstr(js, "{\"zo_optim\":{");
+    const char *end = rec ? strstr(rec, "]},\"user\":") : NULL;
+    const char *p = rec && end ? field(rec, end, "tensor_steps") : NULL;
+    for (unsigned i = 0; i < o->nt; i++)
+        ts[i] = step;
+    if (!p)
+        return 0;
+    for (unsigned i = 0; i < o->nt; i++) {
+        int used = 0;
+        if (sscanf(p, i ? ",%" SCNd64 "%n" : "[%" SCNd64 "%n", &ts[i], &used) != 1 || ts[i] < 0 || p + used > end)
+            return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: tensor_steps: entry %u missing or negative", i);
+        p += used;
+        if (o->cfg.no_grad != ZO_OPTIM_NO_GRAD_SKIP && ts[i] != step)
+            return ZO_FAIL(&o->err, ZO_EFORMAT,
+                           "zo_optim_load: tensor '%s' has its own update count %" PRId64 " (engine %" PRId64
+                           "): the checkpoint is of an engine with ZO_OPTIM_NO_GRAD_SKIP; this one keeps one count",
+                           o->tensors[i].name, ts[i], step);
+    }
+    if (*p != ']')
+        return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: tensor_steps has more than %u entries", o->nt);
+    return 0;
+}
+
 int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_json, size_t len)
 {
     zo__enter(o);
@@ -398,18 +433,21 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     char *nm = strdup(zo_ckpt_name(rd));
     char *js = strdup(zo_ckpt_user_json(rd) ? zo_ckpt_user_json(rd) : "");
     zo_optim_hparams *hps = calloc(o->ngroups, sizeof(*hps));
+    int64_t *ts = calloc(o->nt, sizeof(*ts));
     float *tmp = NULL;
     zo__scaler sc;
     int64_t step = 0;
     uint64_t c[4];
-    if (!nm || !js || !hps) {
+    if (!nm || !js || !hps || !ts) {
         r = -ENOMEM;
         goto out;
     }
     /* Everything that can be checked without reading the data is checked
      * before anything is overwritten (the record, its fingerprint, the
-     * tensor set): on these errors the engine is left exactly as it was. */
-    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0 || (r = check_tensor_set(o, rd)) < 0)
+     * per-tensor update counts, the tensor set): on these errors the engine
+     * is left exactly as it was. */
+    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0 || (r = parse_tensor_steps(o, js, step, ts)) < 0 ||
+        (r = check_tensor_set(o, rd)) < 0)
         goto out;
     zo_ckpt_close(&rd);
     /* From here on the states are being overwritten. A chunk's checksum is
@@ -424,6 +462,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
         goto failed;
     }
     o->step = step;
+    memcpy(o->tstep, ts, o->nt * sizeof(*ts));
     o->micro = c[0];
     o->boundaries = c[1];
     o->skipped = c[2];
@@ -488,6 +527,7 @@ out:
     free(nm);
     free(js);
     free(hps);
+    free(ts);
     return r;
 }
 

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <zoffload/mem.h>
+#include <zoffload/vec.h>
 
 /* ---- worker state machine --------------------------------------------------------- */
 
@@ -178,13 +179,13 @@ int zo__pbuf_fresh(zo_optim *o, unsigned b)
 
 /* One fused kernel call (or its rollback) over n elements of a sub-group:
  * states at st, gradients at g (in the window's dtype gdt, or fp32), the
- * param-dtype copy written to `out`. */
+ * param-dtype copy written to `out`; `step` updates applied so far. */
 static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t n,
-                       const void *g, zo_dtype gdt, void *out, double scale, double coef, int rollback)
+                       const void *g, zo_dtype gdt, void *out, double scale, double coef, int rollback, int64_t step)
 {
     const zo__og *og = &o->groups[sg->group];
     zo_optim_hparams hp = og->hp;
-    hp.step = o->step + 1;
+    hp.step = step + 1;
     hp.grad_scale = 1.0 / scale;
     hp.clip_coef = coef;
     zo_cpuadam_tensors t;
@@ -205,10 +206,21 @@ static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_ST
     return 0;
 }
 
+/* Whether tensor t is updated by window w's boundary: every tensor, or
+ * under ZO_OPTIM_NO_GRAD_SKIP those that got a gradient in the window. */
+static int tensor_updated(const zo_optim *o, unsigned w, unsigned t)
+{
+    return o->cfg.no_grad != ZO_OPTIM_NO_GRAD_SKIP || o->arrivals[w][t] > 0;
+}
+
 /* The fused kernel (or its rollback) over one piece of a sub-group. The
  * params go to the parameter buffer pb, or in direct mode straight into
  * device param buffer db of the tensors that have them (one call per tensor
- * the piece crosses: the update is elementwise, so the bits are the same). */
+ * the piece crosses: the update is elementwise, so the bits are the same).
+ * Under ZO_OPTIM_NO_GRAD_SKIP the piece is cut where the tensors' step
+ * counts or fates differ: a tensor without a gradient is not computed, and
+ * where the buffer the update writes does not already hold its params (the
+ * other buffer of a DPU pair) they are cast from its master there. */
 static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_STATE_COUNT], uint64_t elem_off,
                         uint64_t n, unsigned w, unsigned pb, unsigned db, double scale, double coef,
                         int rollback)
@@ -217,34 +229,44 @@ static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_S
     const void *g;
     zo_dtype gdt;
     float *tmp;
+    int skip = o->cfg.no_grad == ZO_OPTIM_NO_GRAD_SKIP;
     int r = zo__win_range(o, w, lo, n, &g, &gdt, &tmp);
     if (r < 0)
         return r;
     size_t ges = zo_dtype_size(gdt);
-    if (!o->direct) {
-        r = kernel_call(o, sg, st, n, g, gdt, (char *)o->pbuf[pb] + lo * o->pes, scale, coef, rollback);
+    if (!o->direct && !skip) {
+        r = kernel_call(o, sg, st, n, g, gdt, (char *)o->pbuf[pb] + lo * o->pes, scale, coef, rollback, o->step);
         zo_aligned_free(tmp);
         return r;
     }
-    o->pbuf_stale[pb] = 1;
+    if (o->direct)
+        o->pbuf_stale[pb] = 1;
     const zo__og *og = &o->groups[sg->group];
     size_t sz[ZO_OPTIM_STATE_COUNT];
     for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
         sz[k] = k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(og->sdt);
-    /* runs of tensors without device params go to pbuf in one call */
+    /* runs of tensors that go to pbuf with the same count and fate take one call */
     for (unsigned i = zo__tensor_at(o, lo); lo < hi;) {
         const zo__ot *t = &o->tensors[i];
+        int to_dev = o->direct && t->devb[db];
+        int upd = tensor_updated(o, w, i);
+        int64_t step = skip ? o->tstep[i] : o->step;
         uint64_t e = ZO_MIN(hi, t->off + t->numel);
-        if (!t->devb[db])
-            while (i + 1 < o->nt && !o->tensors[i + 1].devb[db] && e < hi) {
+        if (!to_dev)
+            while (i + 1 < o->nt && e < hi && !(o->direct && o->tensors[i + 1].devb[db]) &&
+                   tensor_updated(o, w, i + 1) == upd && (!skip || o->tstep[i + 1] == step)) {
                 i++;
                 e = ZO_MIN(hi, o->tensors[i].off + o->tensors[i].numel);
             }
         void *s2[ZO_OPTIM_STATE_COUNT];
         for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
             s2[k] = st[k] ? (char *)st[k] + (lo - sg->off - elem_off) * sz[k] : NULL;
-        void *out = t->devb[db] ? (char *)t->devb[db] + (lo - t->off) * o->pes : (char *)o->pbuf[pb] + lo * o->pes;
-        r = kernel_call(o, sg, s2, e - lo, (const char *)g + (lo - lo0) * ges, gdt, out, scale, coef, rollback);
+        void *out = to_dev ? (char *)t->devb[db] + (lo - t->off) * o->pes : (char *)o->pbuf[pb] + lo * o->pes;
+        if (upd)
+            r = kernel_call(o, sg, s2, e - lo, (const char *)g + (lo - lo0) * ges, gdt, out, scale, coef, rollback,
+                            step);
+        else if (!rollback && (to_dev ? o->dbl : o->npbuf > 1))
+            r = zo_vec_cast(out, o->pdt, s2[ZO_OPTIM_STATE_MASTER], ZO_DTYPE_F32, (size_t)(e - lo));
         if (r < 0)
             break;
         lo = e;
@@ -512,6 +534,17 @@ static int run_speculative(zo_optim *o, const zo__job *job, zo_optim_step_result
     return 0;
 }
 
+/* ZO_OPTIM_NO_GRAD_SKIP: the tensors window w's applied update changed
+ * count it (before the window is finished: it tells which had a gradient). */
+static void count_tensor_steps(zo_optim *o, unsigned w)
+{
+    pthread_mutex_lock(&o->lock);
+    for (unsigned t = 0; t < o->nt; t++)
+        if (o->arrivals[w][t])
+            o->tstep[t]++;
+    pthread_mutex_unlock(&o->lock);
+}
+
 static void finish_window(zo_optim *o, unsigned w)
 {
     zo__gst_keep_order(o, w);
@@ -574,6 +607,8 @@ static int run_job(zo_optim *o, const zo__job *job, zo_optim_step_result *res, z
             r = walk_list(o, &wk, tl);
         }
     }
+    if (r == 0 && !overflow && o->cfg.no_grad == ZO_OPTIM_NO_GRAD_SKIP)
+        count_tensor_steps(o, w);
     finish_window(o, w);
     tl->d2h_ns = atomic_exchange(&o->d2h_ns[w], 0);
     tl->d2h_bytes = atomic_exchange(&o->d2h_bytes[w], 0);

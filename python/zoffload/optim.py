@@ -30,6 +30,7 @@ PLACE_DEFAULT, PLACE_HOST, PLACE_NVME = -1, 0, 1
 PLACEMENTS = {"default": PLACE_DEFAULT, "cpu": PLACE_HOST, "host": PLACE_HOST, "nvme": PLACE_NVME}
 CLIP_TWO_PASS, CLIP_SPECULATIVE = 0, 1
 NONFINITE_ERROR, NONFINITE_SKIP = 0, 1
+NO_GRAD_ZERO, NO_GRAD_SKIP = 0, 1
 STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ = 0, 1, 2
 STATES = {"master": STATE_MASTER, "exp_avg": STATE_EXP_AVG, "exp_avg_sq": STATE_EXP_AVG_SQ,
           "sum": STATE_EXP_AVG_SQ}
@@ -68,7 +69,8 @@ class OptimConfig(ctypes.Structure):
                 ("consecutive_hysteresis", c_int), ("min_loss_scale", c_double),
                 ("max_grad_norm", c_double), ("grad_accum_steps", c_uint), ("clip_mode", c_int),
                 ("nonfinite", c_int), ("dpu", c_int), ("dpu_warmup_steps", c_uint),
-                ("nthreads", c_int), ("numa_node", c_int), ("dpu_double_buffer", c_int)]
+                ("nthreads", c_int), ("numa_node", c_int), ("dpu_double_buffer", c_int),
+                ("no_grad", c_int)]
 
 
 class OptimStepOpts(ctypes.Structure):
@@ -170,6 +172,9 @@ def _declare():
     d("zo_optim_timeline_json", c_int, [c_void_p, ctypes.c_char_p, c_size_t])
     if lib.has("zo_optim_set_step"):
         d("zo_optim_set_step", c_int, [c_void_p, c_i64])
+    if lib.has("zo_optim_tensor_step"):
+        d("zo_optim_tensor_step", c_int, [c_void_p, c_uint, P(c_i64)])
+        d("zo_optim_set_tensor_step", c_int, [c_void_p, c_uint, c_i64])
     if lib.has("zo_optim_config_from_json"):
         d("zo_optim_config_from_json", c_int, [P(OptimConfig), c_char_p])
     _lib.SIZED_STRUCTS.update(_SIZED)
@@ -220,7 +225,7 @@ class Engine(_lib.Handle):
     loss_scale, initial_scale_power, loss_scale_window, hysteresis,
     consecutive_hysteresis, min_loss_scale, max_grad_norm, grad_accum_steps,
     clip_mode, nonfinite, dpu, dpu_warmup_steps, nthreads, numa_node,
-    dpu_double_buffer), and
+    dpu_double_buffer, no_grad: "zero" or "skip", see optim.h), and
     the default hyperparameters (kind, lr, betas, eps, weight_decay,
     bias_correction). `device` is a :class:`Device` (default: a host one).
     """
@@ -255,6 +260,8 @@ class Engine(_lib.Handle):
                 v = {"two_pass": CLIP_TWO_PASS, "speculative": CLIP_SPECULATIVE}[v]
             elif k == "nonfinite" and isinstance(v, str):
                 v = {"error": NONFINITE_ERROR, "skip": NONFINITE_SKIP}[v]
+            elif k == "no_grad" and isinstance(v, str):
+                v = {"zero": NO_GRAD_ZERO, "skip": NO_GRAD_SKIP}[v]
             elif k in ("dev", "groups", "ngroups", "hparams", "struct_size", "swap"):
                 raise TypeError("Engine: %r is set by the bindings" % k)
             if not hasattr(cfg, k) or k.startswith("_"):
@@ -453,6 +460,16 @@ class Engine(_lib.Handle):
                 "this libzoffload has no zo_optim_set_step: a state dict's step count cannot be "
                 "given to the engine (zo_optim_load restores it from an engine checkpoint)")
         self._c(lib.zo_optim_set_step(self._live(), int(step)), "zo_optim_set_step")
+
+    def tensor_step(self, i):
+        """Updates applied to tensor i (its own count with no_grad="skip")."""
+        s = c_i64()
+        self._c(lib.zo_optim_tensor_step(self._live(), int(i), ctypes.byref(s)), "zo_optim_tensor_step")
+        return s.value
+
+    def set_tensor_step(self, i, step):
+        """Set tensor i's update count (no_grad="skip")."""
+        self._c(lib.zo_optim_set_tensor_step(self._live(), int(i), int(step)), "zo_optim_set_tensor_step")
 
     def param_buffer(self, i, like="numpy"):
         """The engine's buffer of tensor i's latest parameters in param_dtype,

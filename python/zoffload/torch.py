@@ -42,10 +42,12 @@ What happens:
   into the parameters, so the next forward sees them. ``wait()`` is the
   fence on demand (before evaluation or saving).
 
-Differences from torch.optim: a parameter that got no gradient in a step is
-updated with a zero gradient (its states decay; torch skips it), as
-DeepSpeed's offload does; ``amsgrad``, ``maximize``, ``foreach``,
-``capturable`` and ``differentiable`` are not offered.
+A parameter without a gradient in a step (``.grad`` None at ``step()`` and
+none handed over since the last one) is skipped as torch.optim skips it:
+not updated, not decayed, its states and its own step count untouched
+(``no_grad="zero"``: DeepSpeed's zero gradient instead). ``amsgrad``,
+``maximize``, ``foreach``, ``capturable`` and ``differentiable`` are not
+offered.
 """
 
 import json
@@ -126,13 +128,15 @@ class _EngineBackend:
     device works; masters and states live in pinned host memory or on NVMe."""
 
     def __init__(self, opt, *, state_dtype, nthreads, numa_node, offload_device, nvme_path,
-                 sub_group_size, pinned_bytes, pin_memory, buffer_count, clip_mode, direct=None):
+                 sub_group_size, pinned_bytes, pin_memory, buffer_count, clip_mode, no_grad,
+                 direct=None):
         from . import optim as _optim
         self.opt = weakref.proxy(opt)      # no cycle: the optimizer owns this
         self.kw = dict(state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
                        offload_device=offload_device, nvme_path=nvme_path,
                        sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
-                       pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode)
+                       pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode,
+                       no_grad=no_grad)
         # CPU params without DPU: the engine's fused kernel writes the new
         # params straight into the parameters' memory (zo_optim's direct mode
         # on the host backend): no parameter buffer (2 B/param) and no copy
@@ -144,6 +148,7 @@ class _EngineBackend:
             direct = (opt.device.type == "cpu" and not opt.delay_update
                       and not any(getattr(p, "_zo_offloaded", False) for _, p in opt._plist))
         self.direct = bool(direct)
+        self.no_grad = no_grad
         self.speculative = clip_mode == "speculative"
         self._hp_sent = False
         self.engines = []           # [(dtype, Engine, {torch group: engine group}, [param idx])]
@@ -179,7 +184,7 @@ class _EngineBackend:
                       max_grad_norm=opt.max_grad_norm or 0.0,
                       dpu=opt.delay_update, dpu_warmup_steps=opt.dpu_warmup,
                       nthreads=nthreads or 0, numa_node=numa_node, clip_mode=clip_mode,
-                      pin_memory=pin_memory,
+                      pin_memory=pin_memory, no_grad=no_grad,
                       nonfinite="skip" if opt._skip_nonfinite else "error")
             if nvme_path is not None:
                 kw["nvme_path"] = nvme_path
@@ -196,6 +201,7 @@ class _EngineBackend:
             self.engines.append((dt, e, gmap, idx))
             for t, i in enumerate(idx):
                 self.where[i] = (no, t)
+        self.tsteps = [0] * len(opt._plist)
         self._params_from_torch()
         self._set_hparams()
 
@@ -221,7 +227,9 @@ class _EngineBackend:
                 e = self.engines[no][1]
                 e.import_state(t, "master", p.detach().to("cpu", torch.float32).reshape(-1))
 
-    def copy_back(self):
+    def copy_back(self, only=None):
+        """The engines' parameters into the model's (all, or the indices in
+        `only`: those an update changed)."""
         t0 = _now()
         if self.direct:
             # the kernel wrote the params; after an import of masters the
@@ -231,7 +239,8 @@ class _EngineBackend:
             self.timings["copy_back"] += _now() - t0
             return
         with torch.no_grad():
-            for i, (gi, p) in enumerate(self.opt._plist):
+            for i in range(len(self.opt._plist)) if only is None else only:
+                p = self.opt._plist[i][1]
                 no, t = self.where[i]
                 buf = self.engines[no][1].param_buffer(t, like="torch")
                 p.data.copy_(buf.view(p.shape))
@@ -300,7 +309,7 @@ class _EngineBackend:
             t0 = _now()
             res = self._wait_all()
             self.timings["update"] += _now() - t0
-            self.copy_back()
+            self.copy_back(self.refresh_steps())
         if res is not None:
             self._account(res)
         return res
@@ -322,14 +331,38 @@ class _EngineBackend:
         step = res["step"]
         for g in opt.param_groups:
             g["step"] = step
-        for gi, p in opt._plist:
-            opt.state[p]["step"].fill_(step)
+
+    def refresh_steps(self):
+        """Each parameter's update count from the engines (its own with
+        no_grad="skip"); returns the indices whose count moved."""
+        moved = []
+        for i, (gi, p) in enumerate(self.opt._plist):
+            no, t = self.where[i]
+            s = self.engines[no][1].tensor_step(t)
+            if s != self.tsteps[i]:
+                self.tsteps[i] = s
+                self.opt.state[p]["step"].fill_(s)
+                moved.append(i)
+        return moved
+
+    def set_steps(self, steps):
+        """Set every parameter's update count (a list by parameter index);
+        the engines' own counts become the largest."""
+        top = max(steps) if steps else 0
+        for _, e, _, _ in self.engines:
+            e.set_step(top)
+        if self.no_grad == "skip":
+            for i, s in enumerate(steps):
+                no, t = self.where[i]
+                if s != top:
+                    self.engines[no][1].set_tensor_step(t, s)
+        self.refresh_steps()
 
     def wait(self):
         t0 = _now()
         res = self._wait_all()
         self.timings["fence"] += _now() - t0
-        self.copy_back()
+        self.copy_back(self.refresh_steps())
         if res is not None and res.get("boundary"):
             self._account(res)
 
@@ -419,6 +452,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
     delay_update:    DPU: overlap the update of step N with forward/backward of N+1
     dpu_warmup:      steps run without delay first (default 0)
     grad_hooks:      "auto" (hand gradients over during backward), "step" (at step())
+    no_grad:         parameters without a gradient in a step: "skip" (default,
+                     torch's rule: not updated, no weight decay, states and
+                     their own step count untouched) or "zero" (DeepSpeed's:
+                     updated with a zero gradient, one step count for all)
     state_dtype:     torch.float32 (default) or torch.bfloat16 for the two states
     nthreads:        CPU threads of the update (default: the CPUs this process may use)
     numa_node:       NUMA node for the pinned buffers (-1: the engine's choice)
@@ -451,8 +488,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
                  delay_update=False, dpu_warmup=0, grad_hooks="auto", state_dtype=torch.float32,
                  nthreads=None, numa_node=-1, offload_device="cpu", nvme_path=None,
                  sub_group_size=None, pinned_bytes=None, pin_memory=True,
-                 buffer_count=None, clip_mode="two_pass"):
+                 buffer_count=None, clip_mode="two_pass", no_grad="skip"):
         super().__init__(params, defaults)
+        if no_grad not in ("skip", "zero"):
+            raise ValueError("no_grad must be 'skip' (torch's rule) or 'zero' (DeepSpeed's), not %r"
+                             % (no_grad,))
         if clip_mode not in ("two_pass", "speculative"):
             raise ValueError("clip_mode must be 'two_pass' or 'speculative', not %r" % (clip_mode,))
         if offload_device not in ("cpu", "nvme"):
@@ -488,7 +528,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self, state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
             offload_device=offload_device, nvme_path=nvme_path,
             sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
-            pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode)
+            pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode,
+            no_grad=no_grad)
+        self.no_grad = no_grad
         self.timings = self._eb.timings
         self.grad_hook_mode = self._install_hooks(grad_hooks)
 
@@ -660,12 +702,17 @@ class OffloadOptimizer(torch.optim.Optimizer):
         """torch's format: {'state': {index: {'step', 'exp_avg', ...,
         'master_param' (low-precision params only)}}, 'param_groups': [...]};
         plus 'zoffload' with the loss scaler's settings and current scale.
-        The tensors are copies."""
+        A parameter never updated has no entry (as in torch). The tensors
+        are copies."""
         self._fence()
         sd = super().state_dict()
-        sd["state"] = {k: {n: t.clone() for n, t in v.items()} for k, v in sd["state"].items()}
-        for i in range(len(self._plist)):
-            sd["state"].setdefault(i, {}).update(self._eb.export_param(i))
+        state = {}
+        for i, (_, p) in enumerate(self._plist):
+            if self._eb.tsteps[i] == 0:
+                continue
+            state[i] = {"step": torch.tensor(float(self._eb.tsteps[i]))}
+            state[i].update(self._eb.export_param(i))
+        sd["state"] = state
         sd["zoffload"] = {"format": _FORMAT, "kind": self._kind,
                           "scaler": self.scaler.state_dict() if self.scaler else None,
                           "loss_scale": self.loss_scale}
@@ -673,7 +720,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict):
         """Load a state dict of this class or of the matching torch.optim
-        optimizer (then masters come from the current parameters)."""
+        optimizer (then masters come from the current parameters). A
+        parameter without an entry starts afresh (zero states, count 0,
+        master from the parameter), as in torch. Everything is checked
+        before anything is changed."""
         self._fence()
         groups = state_dict["param_groups"]
         for sg in groups:
@@ -691,34 +741,42 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                  % (len(g["params"]), len(sg["params"])))
             ids.extend(sg["params"])
         pidx = {id(p): i for i, (_, p) in enumerate(self._plist)}
-        order = [p for g in self.param_groups for p in g["params"]]
+        order = [pidx[id(p)] for g in self.param_groups for p in g["params"]]
         st = state_dict["state"]
-        steps = {int(float(s["step"])) for s in st.values() if "step" in s}
-        if len(steps) > 1:
-            raise ValueError("zo_optim keeps one step count; the state dict has %s"
-                             % sorted(steps))
+        entries = [None] * len(self._plist)
+        steps = [0] * len(self._plist)
+        for sid, i in zip(ids, order):
+            s = st.get(sid)
+            if s is None:
+                continue
+            p = self._plist[i][1]
+            for nm in self._state_names + ("master_param",):
+                if nm in s and tuple(s[nm].shape) != tuple(p.shape):
+                    raise ValueError("state %r of parameter %s has shape %s, the parameter %s"
+                                     % (nm, sid, tuple(s[nm].shape), tuple(p.shape)))
+            entries[i] = s
+            steps[i] = int(float(s["step"])) if "step" in s else 0
+        if self.no_grad == "zero" and len(set(steps)) > 1:
+            raise ValueError("no_grad='zero' keeps one step count for all parameters; the state dict "
+                             "has %s (no_grad='skip' keeps one per parameter)" % sorted(set(steps)))
         with torch.no_grad():
-            for sid, p in zip(ids, order):
-                i = pidx[id(p)]
-                s = st.get(sid)
-                if s is None:
-                    continue
-                if "step" in s:
-                    self.state[p]["step"].fill_(float(s["step"]))
-                self._eb.import_param(i, s, p)
+            for i, s in enumerate(entries):
+                self._eb.import_param(i, s if s is not None else self._fresh_state(i),
+                                      self._plist[i][1])
         for g, sg in zip(self.param_groups, groups):
             for key, val in sg.items():
                 if key != "params":
                     g[key] = val
-            if "step" not in sg:
-                gsteps = [float(st[sid]["step"]) for sid in sg["params"]
-                          if sid in st and "step" in st[sid]]
-                g["step"] = int(max(gsteps)) if gsteps else 0
-        for _, e, _, _ in self._eb.engines:
-            if steps and steps != {0}:
-                e.set_step(max(steps))
+        self._eb.set_steps(steps)
+        for g in self.param_groups:
+            g["step"] = max(steps)
         self._eb._set_hparams()
         self._eb.copy_back()
+
+    def _fresh_state(self, i):
+        """The state of a parameter that was never updated."""
+        p = self._plist[i][1]
+        return {nm: torch.zeros(p.shape) for nm in self._state_names}
 
     def save(self, root, name=None, keep_last=2):
         """Crash-safe checkpoint of the optimizer (masters, states, steps,
@@ -744,8 +802,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for g, sg in zip(self.param_groups, user["param_groups"]):
             for k, v in sg.items():
                 g[k] = tuple(v) if isinstance(v, list) else v
-        for gi, p in self._plist:
-            self.state[p]["step"].fill_(self.param_groups[gi].get("step", 0))
+        self._eb.refresh_steps()
         self._eb._set_hparams()
         return name or _ckpt.latest(os.path.join(str(root), "engine0"))
 
@@ -837,8 +894,12 @@ class OffloadAdagrad(OffloadOptimizer):
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                       initial_accumulator_value=initial_accumulator_value,
                                       eps=eps), **kw)
-        for i in range(len(self._plist)):
-            self._eb.fill_state(i, "sum", initial_accumulator_value)
+        for i, (gi, _) in enumerate(self._plist):
+            self._eb.fill_state(i, "sum", self.param_groups[gi]["initial_accumulator_value"])
+
+    def _fresh_state(self, i):
+        gi, p = self._plist[i]
+        return {"sum": torch.full(p.shape, float(self.param_groups[gi]["initial_accumulator_value"]))}
 
     def _hparams(self, g, step):
         clr = g["lr"] / (1 + (step - 1) * g["lr_decay"])

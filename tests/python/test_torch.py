@@ -223,6 +223,82 @@ def test_dpu_equals_delayed_schedule(warmup):
     assert max((a - b).abs().max().item() for a, b in zip(m3.parameters(), m2.parameters())) > 1e-4
 
 
+class Branchy(torch.nn.Module):
+    """A trunk, a frozen layer, two heads used on different steps and a
+    layer frozen at first and unfrozen later: parameters that get no
+    gradient in some steps."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.trunk = torch.nn.Linear(12, 24)
+        self.frozen = torch.nn.Linear(24, 24).requires_grad_(False)
+        self.late = torch.nn.Linear(24, 24).requires_grad_(False)
+        self.a = torch.nn.Linear(24, 3)
+        self.b = torch.nn.Linear(24, 3)
+
+    def forward(self, x, k):
+        h = torch.tanh(self.late(torch.tanh(self.frozen(torch.tanh(self.trunk(x))))))
+        return self.a(h) if k % 3 else self.b(h)
+
+
+def _train_branchy(m, opt, data):
+    for k, (x, y) in enumerate(data):
+        if k == 4:
+            m.late.requires_grad_(True)
+        # (torch 1.13's default set_to_none=False would leave zero tensors,
+        # which are gradients to torch: updated, decayed)
+        opt.zero_grad(set_to_none=True)
+        (m(x, k) - y).pow(2).mean().backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("hooks", ["auto", "step"])
+def test_params_without_gradient_follow_torch(hooks):
+    """Issue 21 items 1 and 11: torch.optim.AdamW skips a parameter without
+    a gradient (no weight decay, states untouched, its own step count), on
+    every torch version; so does OffloadAdamW by default: a frozen layer
+    stays bit for bit, a head used every third step and a layer unfrozen
+    at step 5 train as under torch (bias correction by their own counts)."""
+    m1, data = Branchy(), batches(12)
+    m2 = copy.deepcopy(m1)
+    frozen0 = m2.frozen.weight.detach().clone()
+    o1 = torch.optim.AdamW(m1.parameters(), lr=1e-2, weight_decay=0.1)
+    o2 = OffloadAdamW(m2.parameters(), lr=1e-2, weight_decay=0.1, grad_hooks=hooks)
+    _train_branchy(m1, o1, data)
+    _train_branchy(m2, o2, data)
+    assert torch.equal(m2.frozen.weight, frozen0)
+    assert_close_params(m1, m2)
+    # per-parameter step counts, and no state for the never-updated ones, as torch's
+    sd1, sd2 = o1.state_dict()["state"], o2.state_dict()["state"]
+    assert sorted(sd1) == sorted(sd2)
+    for k in sd1:
+        assert float(sd1[k]["step"]) == float(sd2[k]["step"]), k
+    names = [n for n, _ in m2.named_parameters()]
+    steps = {names[k]: int(float(sd2[k]["step"])) for k in sd2}
+    assert steps["trunk.weight"] == 12 and steps["b.weight"] == 4 and steps["late.weight"] == 8
+    assert "frozen.weight" not in steps
+    # a fresh optimizer takes the per-parameter counts from either dict
+    m3 = copy.deepcopy(m2)
+    o3 = OffloadAdamW(m3.parameters(), lr=1e-2, weight_decay=0.1)
+    o3.load_state_dict(o1.state_dict())
+    assert {k: float(v["step"]) for k, v in o3.state_dict()["state"].items()} == \
+        {k: float(v["step"]) for k, v in sd1.items()}
+
+
+def test_params_without_gradient_zero_option():
+    """no_grad="zero" keeps DeepSpeed's rule: a parameter without a gradient
+    is updated with a zero gradient (weight decay applies), one count for all."""
+    m, data = Branchy(), batches(3)
+    frozen0 = m.frozen.weight.detach().clone()
+    o = OffloadAdamW(m.parameters(), lr=1e-2, weight_decay=0.1, no_grad="zero")
+    _train_branchy(m, o, data)
+    assert not torch.equal(m.frozen.weight, frozen0)
+    assert {float(v["step"]) for v in o.state_dict()["state"].values()} == {3.0}
+    with pytest.raises(ValueError, match="no_grad"):
+        OffloadAdamW(m.parameters(), no_grad="none")
+
+
 def test_lr_scheduler_drives_the_offload_optimizer():
     m1, data = model(), batches(10)
     m2 = copy.deepcopy(m1)

@@ -172,6 +172,8 @@ def _declare():
     d("zo_optim_timeline_json", c_int, [c_void_p, ctypes.c_char_p, c_size_t])
     if lib.has("zo_optim_set_step"):
         d("zo_optim_set_step", c_int, [c_void_p, c_i64])
+    if lib.has("zo_optim_discard_grads"):
+        d("zo_optim_discard_grads", c_int, [c_void_p])
     if lib.has("zo_optim_tensor_step"):
         d("zo_optim_tensor_step", c_int, [c_void_p, c_uint, P(c_i64)])
         d("zo_optim_set_tensor_step", c_int, [c_void_p, c_uint, c_i64])
@@ -389,6 +391,19 @@ class Engine(_lib.Handle):
             raise ValueError("grad of tensor %d has %d elements, the tensor %d"
                              % (i, v.n, self.numel[i]))
         self._c(lib.zo_optim_grad_host(self._live(), int(i), v.ptr, v.dtype), "zo_optim_grad_host")
+
+    def can_discard_grads(self):
+        """Whether this library can drop an accumulation window (zo_optim_discard_grads)."""
+        return lib.has("zo_optim_discard_grads")
+
+    def discard_grads(self):
+        """Forget every gradient handed over since the last boundary."""
+        if not self.can_discard_grads():
+            raise _lib._errors.NotSupported(
+                _lib._errors.ZO_ENOTSUP, "zo_optim_discard_grads", "not supported",
+                "this libzoffload has no zo_optim_discard_grads: gradients handed over cannot be "
+                "dropped before the step applies them")
+        self._c(lib.zo_optim_discard_grads(self._live()), "zo_optim_discard_grads")
 
     def grads_done(self):
         self._c(lib.zo_optim_grads_done(self._live()), "zo_optim_grads_done")

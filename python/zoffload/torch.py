@@ -202,6 +202,7 @@ class _EngineBackend:
             for t, i in enumerate(idx):
                 self.where[i] = (no, t)
         self.tsteps = [0] * len(opt._plist)
+        self.handed = 0             # gradients handed over since the last step
         self._params_from_torch()
         self._set_hparams()
 
@@ -260,7 +261,23 @@ class _EngineBackend:
         if host.device.type != "cpu" or not host.is_contiguous():
             host = host.to("cpu").contiguous()
         self.engines[no][1].grad_host(t, host.reshape(-1))
+        self.handed += 1
         p.grad = None
+
+    def discard(self):
+        """Forget the gradients handed over since the last step (zero_grad)."""
+        if not self.handed:
+            return
+        for _, e, _, _ in self.engines:
+            if not e.can_discard_grads():
+                raise NotImplementedError(
+                    "zero_grad(): %d gradients were handed to the engine during backward "
+                    "(grad_hooks='backward') and this libzoffload cannot drop them (it has no "
+                    "zo_optim_discard_grads): the next step() would apply them. Use a library with "
+                    "it, or grad_hooks='step'" % self.handed)
+        for _, e, _, _ in self.engines:
+            e.discard_grads()
+        self.handed = 0
 
     # -- step
     def check_in_place(self):
@@ -298,6 +315,7 @@ class _EngineBackend:
                 e.step_async(global_sumsq=sumsq, global_nonfinite=nonfinite > 0)
         else:
             self.engines[0][1].step_async()
+        self.handed = 0
         self.timings["launch"] += _now() - t0
         delayed = opt.delay_update and self.engines[0][1].info()["dpu_active"]
         if delayed:
@@ -673,7 +691,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return loss
 
     def zero_grad(self, set_to_none=True):
-        """Clear the parameters' .grad."""
+        """Clear the parameters' .grad, and forget the gradients handed to
+        the engine since the last step (the hooks hand them over during
+        backward): what a later step() applies is only what comes after."""
+        self._eb.discard()
         super().zero_grad(set_to_none=set_to_none)
 
     def scale_loss(self, loss):

@@ -441,7 +441,7 @@ def run(args, which, data):
     if which == "zoffload":
         opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                            max_grad_norm=args.max_grad_norm or None, delay_update=args.delay_update,
-                           nthreads=args.threads,
+                           nthreads=args.threads, grad_hooks="backward",  # .grad freed as handed over
                            offload_device=args.offload, nvme_path=args.nvme_path,
                            clip_mode=args.clip_mode, sub_group_size=args.sub_group_size,
                            buffer_count=args.buffer_count,

@@ -7,8 +7,8 @@ optim.h; bound in zoffload.optim).
                        max_grad_norm=1.0)
     for batch in data:
         loss = model(batch).loss
-        loss.backward()          # gradients leave the device as they are produced
-        opt.step()               # fused unscale/clip/AdamW/cast, params copied back
+        loss.backward()
+        opt.step()               # gradients to the engine; fused unscale/clip/AdamW/cast
         opt.zero_grad()
 
 This module is a thin front: the engine owns the optimizer's policy
@@ -22,13 +22,18 @@ What happens:
   master copy and the states in pinned host memory or on NVMe: one engine
   per parameter dtype (an engine has one device dtype); with several, the
   global norm and overflow are combined across them as across ranks.
-* Gradients are handed over as backward produces them: a hook per parameter
+* Gradients: by default (``grad_hooks="step"``) ``.grad`` is torch's until
+  ``step()`` gives each one to the engine from host memory
+  (``zo_optim_grad_host``) and leaves it there, so torch code between
+  backward and step (``clip_grad_norm_``, ``zero_grad``, inspection) works
+  as with any optimizer. ``grad_hooks="backward"`` hands them over as
+  backward produces them instead: a hook per parameter
   (``Tensor.register_post_accumulate_grad_hook`` on torch >= 2.1, the
   AccumulateGrad node's hook on older torch) gives the gradient to the
-  engine from host memory (``zo_optim_grad_host``) and frees ``p.grad``, so
-  the device never holds all gradients at once. ``grad_hooks="step"``
-  instead collects the ``.grad`` tensors at ``step()``. Gradient
-  accumulation over several backward passes adds up in the engine.
+  engine and frees ``p.grad``, so the device never holds all gradients at
+  once; clipping is then ``max_grad_norm``'s (torch's clipping functions
+  refuse those parameters), and ``zero_grad()`` drops the engine's window.
+  Gradient accumulation over several backward passes adds up in the engine.
 * ``step()`` runs the engine's step: the global gradient norm and the
   inf/NaN count, the skip on overflow (fp16 dynamic loss scaling), then the
   fused kernel (unscale and clip coefficient folded into one multiplier,
@@ -75,6 +80,43 @@ _FORMAT = "zoffload.torch.OffloadOptimizer/1"
 
 def _has_post_accumulate_hook():
     return hasattr(torch.Tensor, "register_post_accumulate_grad_hook")
+
+
+# Optimizers with grad_hooks="backward": the hooks free p.grad as they hand
+# it to the engine, so torch's clipping functions would see no gradient,
+# clip nothing and return 0. They are wrapped (once, when the first such
+# optimizer is made) to refuse parameters whose gradient went that way.
+_BACKWARD_HOOKED = weakref.WeakSet()
+
+
+def _guard_clipping():
+    import functools
+    import torch.nn.utils as nn_utils
+    from torch.nn.utils import clip_grad
+
+    def guarded(fn, name):
+        @functools.wraps(fn)
+        def clip(parameters, *args, **kwargs):
+            parameters = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+            for opt in list(_BACKWARD_HOOKED):
+                n = opt._eb.handed_among(parameters) if getattr(opt, "_eb", None) else 0
+                if n:
+                    raise RuntimeError(
+                        "torch.nn.utils.%s: %d of these parameters' gradients were handed to %s "
+                        "during backward (grad_hooks='backward' frees p.grad as it hands it over), so "
+                        "it would clip nothing and return 0. Give the optimizer max_grad_norm=... "
+                        "instead (the same global-norm clipping, fused into the step; the norm is "
+                        "opt.last_grad_norm after step()), or use grad_hooks='step' (the default), "
+                        "which leaves .grad to torch until step()" % (name, n, type(opt).__name__))
+            return fn(parameters, *args, **kwargs)
+        clip._zo_guard = True
+        return clip
+
+    for mod in (nn_utils, clip_grad):
+        for name in ("clip_grad_norm_", "clip_grad_value_"):
+            fn = getattr(mod, name, None)
+            if fn is not None and not getattr(fn, "_zo_guard", False):
+                setattr(mod, name, guarded(fn, name))
 
 
 class LossScaler:
@@ -203,6 +245,7 @@ class _EngineBackend:
                 self.where[i] = (no, t)
         self.tsteps = [0] * len(opt._plist)
         self.handed = 0             # gradients handed over since the last step
+        self.handed_idx = set()     # params whose .grad was freed by that
         self._params_from_torch()
         self._set_hparams()
 
@@ -248,7 +291,15 @@ class _EngineBackend:
         self.timings["copy_back"] += _now() - t0
 
     # -- gradients
-    def take_grad(self, i, p):
+    def handed_among(self, params):
+        """How many of `params` had their gradient handed over since the
+        last step (and their .grad freed)."""
+        if not self.handed_idx:
+            return 0
+        mine = {id(self.opt._plist[i][1]) for i in self.handed_idx}
+        return sum(1 for p in params if id(p) in mine)
+
+    def take_grad(self, i, p, free):
         if self.speculative and not self._hp_sent:
             self.check_in_place()
             # the speculative step starts with this step's first gradient:
@@ -262,7 +313,9 @@ class _EngineBackend:
             host = host.to("cpu").contiguous()
         self.engines[no][1].grad_host(t, host.reshape(-1))
         self.handed += 1
-        p.grad = None
+        if free:
+            self.handed_idx.add(i)
+            p.grad = None
 
     def discard(self):
         """Forget the gradients handed over since the last step (zero_grad)."""
@@ -278,6 +331,7 @@ class _EngineBackend:
         for _, e, _, _ in self.engines:
             e.discard_grads()
         self.handed = 0
+        self.handed_idx.clear()
 
     # -- step
     def check_in_place(self):
@@ -316,6 +370,7 @@ class _EngineBackend:
         else:
             self.engines[0][1].step_async()
         self.handed = 0
+        self.handed_idx.clear()
         self.timings["launch"] += _now() - t0
         delayed = opt.delay_update and self.engines[0][1].info()["dpu_active"]
         if delayed:
@@ -469,7 +524,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
     loss_scale:      None (no scaling), "dynamic", a number (static), or a LossScaler
     delay_update:    DPU: overlap the update of step N with forward/backward of N+1
     dpu_warmup:      steps run without delay first (default 0)
-    grad_hooks:      "auto" (hand gradients over during backward), "step" (at step())
+    grad_hooks:      "step" (default: .grad as torch has it, handed over at
+                     step(); torch's clipping, zero_grad and inspection work
+                     as with any optimizer) or "backward" ("auto": hand each
+                     gradient over as backward completes it and free .grad,
+                     so torch never holds all gradients; clip with
+                     max_grad_norm, torch's clipping functions refuse)
     no_grad:         parameters without a gradient in a step: "skip" (default,
                      torch's rule: not updated, no weight decay, states and
                      their own step count untouched) or "zero" (DeepSpeed's:
@@ -493,9 +553,10 @@ class OffloadOptimizer(torch.optim.Optimizer):
     Memory (CPU params): the parameters' own memory is written by the engine
     (no copy of the params); gradients wait in a window of 2 B/param for
     bf16/fp16 params (4 B/param for fp32 params or several backward passes
-    per step) and each ``p.grad`` is freed as soon as the engine has it, so
-    torch never holds all gradients at once; masters and states (12 B/param)
-    are in pinned memory or on NVMe. ``memory()`` reports it.
+    per step); with grad_hooks="backward" each ``p.grad`` is freed as soon
+    as the engine has it, so torch never holds all gradients at once;
+    masters and states (12 B/param) are in pinned memory or on NVMe.
+    ``memory()`` reports it.
     """
 
     _kind = None
@@ -503,7 +564,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
     _state_names = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, params, defaults, *, max_grad_norm=None, loss_scale=None,
-                 delay_update=False, dpu_warmup=0, grad_hooks="auto", state_dtype=torch.float32,
+                 delay_update=False, dpu_warmup=0, grad_hooks="step", state_dtype=torch.float32,
                  nthreads=None, numa_node=-1, offload_device="cpu", nvme_path=None,
                  sub_group_size=None, pinned_bytes=None, pin_memory=True,
                  buffer_count=None, clip_mode="two_pass", no_grad="skip"):
@@ -519,8 +580,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             raise TypeError("state_dtype must be torch.float32 or torch.bfloat16")
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError("max_grad_norm must be finite and > 0, not %r" % (max_grad_norm,))
-        if grad_hooks not in ("auto", "step"):
-            raise ValueError("grad_hooks must be 'auto' or 'step', not %r" % (grad_hooks,))
+        if grad_hooks not in ("step", "backward", "auto"):
+            raise ValueError("grad_hooks must be 'step' or 'backward' ('auto'), not %r" % (grad_hooks,))
         self.max_grad_norm = max_grad_norm
         for g in self.param_groups:
             g.setdefault("step", 0)
@@ -596,6 +657,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
     def _install_hooks(self, mode):
         if mode == "step":
             return "step"
+        _BACKWARD_HOOKED.add(self)
+        _guard_clipping()
         for i, (_, p) in enumerate(self._plist):
             if not p.requires_grad:
                 continue
@@ -632,18 +695,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 opt._take_grad(i, p)
         return hook
 
-    def _take_grad(self, i, p):
+    def _take_grad(self, i, p, free=True):
         g = p.grad
         if g is None:
             return
         if g.is_sparse:
             raise RuntimeError("sparse gradients are not supported")
-        self._eb.take_grad(i, p)
+        self._eb.take_grad(i, p, free)
 
     def _collect_step_grads(self):
+        """The .grad tensors the hooks did not take (grad_hooks="step", a
+        parameter without a hook, a .grad set by hand). With "step" they stay
+        in .grad, as torch leaves them after a step."""
+        keep = self.grad_hook_mode == "step"
         for i, (_, p) in enumerate(self._plist):
             if p.grad is not None:
-                self._take_grad(i, p)
+                self._take_grad(i, p, free=not keep)
 
     # ------------------------------------------------------------ the step
     def _hparams(self, group, step):

@@ -140,7 +140,7 @@ def test_same_as_no_offload_offload_adamw(tmp_path, home):
     parameters equals OffloadAdamW over the plain model."""
     ref, mod = _pair()
     batches = _batches(4)
-    kw = dict(lr=1e-2, weight_decay=0.1, max_grad_norm=1.0)
+    kw = dict(lr=1e-2, weight_decay=0.1, max_grad_norm=1.0, grad_hooks="backward")
     oref = OffloadAdamW(ref.parameters(), **kw)
     if home == "nvme":
         # an NVMe home's params are placeholders between uses: make the

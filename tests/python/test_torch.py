@@ -52,7 +52,7 @@ def assert_close_params(m1, m2, rtol=RTOL, atol=ATOL):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=rtol, atol=atol, msg=n)
 
 
-@pytest.mark.parametrize("hooks", ["auto", "step"])
+@pytest.mark.parametrize("hooks", ["backward", "step"])
 def test_adamw_equals_torch_fp32(hooks):
     m1, data = model(), batches(20)
     m2 = copy.deepcopy(m1)
@@ -60,14 +60,14 @@ def test_adamw_equals_torch_fp32(hooks):
           data)
     opt = OffloadAdamW(m2.parameters(), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05,
                        grad_hooks=hooks, nthreads=2)
-    if hooks == "auto":
+    if hooks == "backward":
         assert opt.grad_hook_mode in ("post_accumulate_grad_hook", "accumulate_grad_node")
     train(m2, opt, data)
     assert_close_params(m1, m2)
     # the parameters moved: the test would notice an optimizer that does nothing
     assert not torch.allclose(m2[0].weight, model()[0].weight)
     # gradients were handed over and freed
-    if hooks == "auto":
+    if hooks == "backward":
         assert all(p.grad is None for p in m2.parameters())
 
 
@@ -174,6 +174,41 @@ def test_clipping_equals_clip_grad_norm():
     assert_close_params(m1, m2)
 
 
+def test_clip_grad_norm_between_backward_and_step():
+    """Issue 21 item 9: torch.nn.utils.clip_grad_norm_ between backward and
+    step() (HF Trainer's max_grad_norm) clips what step() applies and returns
+    the true norm: the default grad_hooks="step" leaves .grad to torch until
+    step(). With grad_hooks="backward" the gradients are gone from .grad by
+    then, and the clipping functions refuse instead of returning 0."""
+    m1, data = model(), batches(12)
+    m2 = copy.deepcopy(m1)
+    o1 = torch.optim.AdamW(m1.parameters(), lr=1e-2)
+    o2 = OffloadAdamW(m2.parameters(), lr=1e-2)
+    for b in data:
+        norms = []
+        for m, o in ((m1, o1), (m2, o2)):
+            o.zero_grad()
+            loss_fn(m, b).backward()
+            norms.append(float(torch.nn.utils.clip_grad_norm_(m.parameters(), 0.05)))
+            o.step()
+        assert norms[0] > 0.05                      # it clips
+        assert norms[1] == pytest.approx(norms[0], rel=1e-5)
+        assert o2.last_grad_norm == pytest.approx(0.05, rel=1e-4)   # what the engine applied
+    assert_close_params(m1, m2)
+    m3 = model()
+    o3 = OffloadAdamW(m3.parameters(), lr=1e-2, grad_hooks="backward")
+    loss_fn(m3, data[0]).backward()
+    for clip in (lambda: torch.nn.utils.clip_grad_norm_(m3.parameters(), 1.0),
+                 lambda: torch.nn.utils.clip_grad.clip_grad_norm_(list(m3.parameters()), 1.0),
+                 lambda: torch.nn.utils.clip_grad_value_(m3.parameters(), 1.0)):
+        with pytest.raises(RuntimeError, match="max_grad_norm"):
+            clip()
+    # another model's parameters pass through (torch keeps their .grad after a step)
+    assert float(torch.nn.utils.clip_grad_norm_(m1.parameters(), 1e9)) > 0
+    o3.step()
+    assert float(torch.nn.utils.clip_grad_norm_(m3.parameters(), 1.0)) == 0.0   # nothing held back now
+
+
 def test_grad_accumulation():
     m1, data = model(), batches(20)
     m2 = copy.deepcopy(m1)
@@ -188,7 +223,7 @@ def test_grad_accumulation():
     assert_close_params(m1, m2)
 
 
-@pytest.mark.parametrize("hooks", ["auto", "step"])
+@pytest.mark.parametrize("hooks", ["backward", "step"])
 def test_zero_grad_drops_what_was_handed_over(hooks):
     """Issue 21 item 10: backward(); zero_grad(); backward(); step() applies
     the second gradient only, as torch does, though the hooks handed the
@@ -199,7 +234,7 @@ def test_zero_grad_drops_what_was_handed_over(hooks):
     m2 = copy.deepcopy(m1)
     o1 = torch.optim.AdamW(m1.parameters(), lr=1e-2)
     o2 = OffloadAdamW(m2.parameters(), lr=1e-2, grad_hooks=hooks)
-    if hooks == "auto" and not _lib.lib.has("zo_optim_discard_grads"):
+    if hooks == "backward" and not _lib.lib.has("zo_optim_discard_grads"):
         loss_fn(m2, data[0]).backward()
         with pytest.raises(NotImplementedError, match="zo_optim_discard_grads"):
             o2.zero_grad()
@@ -279,7 +314,7 @@ def _train_branchy(m, opt, data):
         opt.step()
 
 
-@pytest.mark.parametrize("hooks", ["auto", "step"])
+@pytest.mark.parametrize("hooks", ["backward", "step"])
 def test_params_without_gradient_follow_torch(hooks):
     """Issue 21 items 1 and 11: torch.optim.AdamW skips a parameter without
     a gradient (no weight decay, states untouched, its own step count), on
@@ -508,10 +543,10 @@ def test_dropped_optimizer_lets_go_of_the_gradients():
     taking the model's gradients through its hooks (they hold it weakly)."""
     m1, data = model(), batches(6)
     m2 = copy.deepcopy(m1)
-    o = OffloadAdamW(m2.parameters(), lr=1e-2)
+    o = OffloadAdamW(m2.parameters(), lr=1e-2, grad_hooks="backward")
     del o
     train(m1, torch.optim.AdamW(m1.parameters(), lr=1e-2), data)
-    train(m2, OffloadAdamW(m2.parameters(), lr=1e-2), data)
+    train(m2, OffloadAdamW(m2.parameters(), lr=1e-2, grad_hooks="backward"), data)
     assert_close_params(m1, m2)
 
 

@@ -62,7 +62,7 @@ def test_grads_freed_as_taken():
     """No two .grad tensors coexist: when a parameter's gradient arrives,
     every other parameter's .grad has already been taken and freed."""
     m = model()
-    opt = OffloadAdamW(m.parameters(), lr=1e-3)
+    opt = OffloadAdamW(m.parameters(), lr=1e-3, grad_hooks="backward")
     params = list(m.parameters())
     seen = []
     hooks = [_after_hook(p, lambda q: seen.append(sum(x.grad is not None for x in params)))
@@ -80,7 +80,7 @@ def test_grads_freed_as_taken():
 
 def _run(clip_mode, data, max_grad_norm=None, sub_group_size=None, lr_schedule=True):
     m = model()
-    opt = OffloadAdamW(m.parameters(), lr=1e-2, clip_mode=clip_mode,
+    opt = OffloadAdamW(m.parameters(), lr=1e-2, clip_mode=clip_mode, grad_hooks="backward",
                        max_grad_norm=max_grad_norm, sub_group_size=sub_group_size)
     for k, b in enumerate(data):
         loss_fn(m, b).backward()

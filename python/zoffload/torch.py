@@ -161,6 +161,102 @@ class LossScaler:
                 "consecutive_hysteresis": self.consecutive_hysteresis}
 
 
+class _ParamState(dict):
+    """``optimizer.state[p]`` of an offload optimizer: torch's keys ("step"
+    and the optimizer's states: "exp_avg", "exp_avg_sq"; Adagrad "sum";
+    Lion "exp_avg"), present once the parameter has been updated (Adagrad:
+    from the start), as torch's. The states live in the engine (pinned
+    memory or NVMe, fp32 or bf16), so a state read here is an fp32 copy
+    (bf16 states widened exactly), made when first asked for and rewritten
+    in place after every later update of the parameter, so a tensor kept
+    from here stays current. Written in place (its version counter moved),
+    it goes back into the engine before the next step(), state_dict() or
+    save(); assigning a tensor to a key imports it at once."""
+
+    def __init__(self, opt, i):
+        super().__init__()
+        self._opt = weakref.ref(opt)
+        self._i = i
+        self._seen = {}          # key -> the tensor's _version after our own write
+
+    def _keys(self):
+        opt = self._opt()
+        if opt is None or (not opt._eager_state and opt._eb.tsteps[self._i] == 0):
+            return ()
+        return ("step",) + opt._state_names
+
+    def _fill(self, k, t):
+        opt = self._opt()
+        with torch.no_grad():
+            if k == "step":
+                t.fill_(float(opt._eb.tsteps[self._i]))
+            else:
+                opt._eb.export_state(self._i, k, t)     # through the pointer: no version bump
+        self._seen[k] = t._version
+
+    def __getitem__(self, k):
+        if k not in self._keys():
+            raise KeyError(k)
+        if not dict.__contains__(self, k):
+            p = self._opt()._plist[self._i][1]
+            t = torch.zeros((), dtype=torch.float32) if k == "step" else \
+                torch.empty(p.shape, dtype=torch.float32)
+            self._fill(k, t)
+            dict.__setitem__(self, k, t)
+            self._opt()._live.add(self._i)
+        return dict.__getitem__(self, k)
+
+    def __setitem__(self, k, v):
+        opt = self._opt()
+        if k not in ("step",) + opt._state_names:
+            raise KeyError("%s keeps %s per parameter, not %r"
+                           % (type(opt).__name__, ", ".join(("step",) + opt._state_names), k))
+        opt._eb.import_live(self._i, k, v)
+        if dict.__contains__(self, k):
+            self._fill(k, dict.__getitem__(self, k))
+
+    def __delitem__(self, k):
+        raise TypeError("the state of an offload optimizer's parameter cannot be deleted "
+                        "(load_state_dict() replaces it)")
+
+    def __contains__(self, k):
+        return k in self._keys()
+
+    def __iter__(self):
+        return iter(self._keys())
+
+    def __len__(self):
+        return len(self._keys())
+
+    def __repr__(self):
+        return repr(dict(self.items()))
+
+    def keys(self):
+        return list(self._keys())
+
+    def items(self):
+        return [(k, self[k]) for k in self._keys()]
+
+    def values(self):
+        return [self[k] for k in self._keys()]
+
+    def get(self, k, default=None):
+        return self[k] if k in self._keys() else default
+
+    def refresh(self):
+        """The copies handed out, rewritten from the engine."""
+        for k in list(dict.keys(self)):
+            self._fill(k, dict.__getitem__(self, k))
+
+    def write_back(self):
+        """The copies written in place since, into the engine."""
+        for k in list(dict.keys(self)):
+            t = dict.__getitem__(self, k)
+            if t._version != self._seen.get(k):
+                self._opt()._eb.import_live(self._i, k, t)
+                self._seen[k] = t._version
+
+
 class _EngineBackend:
     """OffloadOptimizer's state in zo_optim engines (optim.h): one engine per
     parameter dtype (an engine has one device dtype); with several, the
@@ -414,8 +510,10 @@ class _EngineBackend:
             s = self.engines[no][1].tensor_step(t)
             if s != self.tsteps[i]:
                 self.tsteps[i] = s
-                self.opt.state[p]["step"].fill_(s)
                 moved.append(i)
+        for i in moved:
+            if i in self.opt._live:
+                self.opt.state[self.opt._plist[i][1]].refresh()
         return moved
 
     def set_steps(self, steps):
@@ -456,6 +554,33 @@ class _EngineBackend:
         return out
 
     # -- state
+    def export_state(self, i, name, out):
+        """State `name` of parameter i into tensor `out` (its dtype)."""
+        no, t = self.where[i]
+        self.engines[no][1].export_state(t, name, out.view(-1))
+
+    def import_live(self, i, name, value):
+        """state[p][name] = value: a state tensor, or the step count."""
+        p = self.opt._plist[i][1]
+        no, t = self.where[i]
+        e = self.engines[no][1]
+        if name == "step":
+            s = int(float(value))
+            if self.no_grad != "skip" and s != self.tsteps[i]:
+                raise ValueError("no_grad='zero' keeps one step count for all parameters: set it "
+                                 "with load_state_dict()")
+            if self.no_grad == "skip":
+                e.set_tensor_step(t, s)
+            self.tsteps[i] = s
+            return
+        src = torch.as_tensor(value).detach().to("cpu")
+        if tuple(src.shape) != tuple(p.shape):
+            raise ValueError("state %r has shape %s, the parameter %s"
+                             % (name, tuple(src.shape), tuple(p.shape)))
+        if src.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            src = src.float()
+        e.import_state(t, name, src.contiguous().reshape(-1))
+
     def export_param(self, i):
         opt = self.opt
         p = opt._plist[i][1]
@@ -477,13 +602,7 @@ class _EngineBackend:
         e = self.engines[no][1]
         for nm in self.opt._state_names:
             if nm in s:
-                src = s[nm].detach().to("cpu")
-                if tuple(src.shape) != tuple(p.shape):
-                    raise ValueError("state %r has shape %s, param %s"
-                                     % (nm, tuple(src.shape), tuple(p.shape)))
-                if src.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-                    src = src.float()
-                e.import_state(t, nm, src.contiguous().reshape(-1))
+                self.import_live(i, nm, s[nm])
         m = s.get("master_param")
         m = m.detach().to("cpu", torch.float32) if m is not None else p.detach().to("cpu", torch.float32)
         e.import_state(t, "master", m.contiguous().reshape(-1))
@@ -562,6 +681,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
     _kind = None
     #: state names in torch's format
     _state_names = ("exp_avg", "exp_avg_sq")
+    #: whether torch's optimizer has a parameter's state before its first update
+    _eager_state = False
 
     def __init__(self, params, defaults, *, max_grad_norm=None, loss_scale=None,
                  delay_update=False, dpu_warmup=0, grad_hooks="step", state_dtype=torch.float32,
@@ -601,8 +722,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._skip_nonfinite = False
         self._hooks = []
         self._check_params()
-        for gi, p in self._plist:
-            self.state[p]["step"] = torch.zeros((), dtype=torch.float32)
+        self._live = set()          # params whose state[p] has copies handed out
         self._eb = _EngineBackend(
             self, state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
             offload_device=offload_device, nvme_path=nvme_path,
@@ -610,6 +730,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
             pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode,
             no_grad=no_grad)
         self.no_grad = no_grad
+        for i, (_, p) in enumerate(self._plist):
+            self.state[p] = _ParamState(self, i)
         self.timings = self._eb.timings
         self.grad_hook_mode = self._install_hooks(grad_hooks)
 
@@ -750,12 +872,23 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._write_back_live()
         # Gradients that bypassed the hooks (grad_hooks="step", or a .grad
         # set by hand) are taken here.
         self._collect_step_grads()
         self._eb.step()
         self.steps_skipped = self._eb.steps_skipped
         return loss
+
+    def _write_back_live(self):
+        """state[p] tensors written in place since they were handed out go
+        back into the engine."""
+        for i in self._live:
+            self.state[self._plist[i][1]].write_back()
+
+    def _refresh_live(self):
+        for i in self._live:
+            self.state[self._plist[i][1]].refresh()
 
     def zero_grad(self, set_to_none=True):
         """Clear the parameters' .grad, and forget the gradients handed to
@@ -793,6 +926,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         A parameter never updated has no entry (as in torch). The tensors
         are copies."""
         self._fence()
+        self._write_back_live()
         sd = super().state_dict()
         state = {}
         for i, (_, p) in enumerate(self._plist):
@@ -860,6 +994,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             g["step"] = max(steps)
         self._eb._set_hparams()
         self._eb.copy_back()
+        self._refresh_live()
 
     def _fresh_state(self, i):
         """The state of a parameter that was never updated."""
@@ -872,6 +1007,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         (default "step<N>"). A kill at any point leaves the previous
         checkpoint intact. Returns the name."""
         self._fence()
+        self._write_back_live()
         step = self.param_groups[0].get("step", 0)
         name = name or "step%d" % step
         groups = [{k: v for k, v in g.items() if k != "params"} for g in self.param_groups]
@@ -891,6 +1027,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             for k, v in sg.items():
                 g[k] = tuple(v) if isinstance(v, list) else v
         self._eb.refresh_steps()
+        self._refresh_live()
         self._eb._set_hparams()
         return name or _ckpt.latest(os.path.join(str(root), "engine0"))
 
@@ -974,6 +1111,7 @@ class OffloadAdagrad(OffloadOptimizer):
     _kind = "adagrad"
     _zo_kind = _ca.ADAGRAD
     _state_names = ("sum",)
+    _eager_state = True
 
     def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
                  initial_accumulator_value=0.0, eps=1e-10, **kw):

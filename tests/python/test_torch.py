@@ -398,6 +398,44 @@ def test_state_dict_round_trip_resumes_identically():
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+def test_live_state_reads_and_writes(state_dtype):
+    """Issue 21 item 8: optimizer.state[p] has torch's keys once p was
+    updated (fp32 copies of the engine's states, bf16 states widened), kept
+    current after every step; written in place, a state goes back into the
+    engine: zeroing exp_avg mid-run does what it does to torch's AdamW."""
+    m1, data = model(), batches(8)
+    m2 = copy.deepcopy(m1)
+    o1 = torch.optim.AdamW(m1.parameters(), lr=1e-2)
+    o2 = OffloadAdamW(m2.parameters(), lr=1e-2, state_dtype=state_dtype)
+    w1, w2 = m1[0].weight, m2[0].weight
+    assert len(o2.state[w2]) == 0 and "exp_avg" not in o2.state[w2]     # as torch before a step
+    train(m1, o1, data[:4])
+    train(m2, o2, data[:4])
+    st = o2.state[w2]
+    assert set(st) == set(o1.state[w1]) == {"step", "exp_avg", "exp_avg_sq"}
+    ea = st["exp_avg"]
+    assert ea.dtype == torch.float32 and float(st["step"]) == 4
+    sd = o2.state_dict()["state"][0]
+    torch.testing.assert_close(ea, sd["exp_avg"].float(), rtol=0, atol=0)
+    tol = dict(rtol=1e-5, atol=1e-7) if state_dtype == torch.float32 else dict(rtol=1e-2, atol=1e-5)
+    torch.testing.assert_close(st["exp_avg_sq"], o1.state[w1]["exp_avg_sq"], **tol)
+    train(m1, o1, data[4:5])
+    train(m2, o2, data[4:5])
+    assert float(st["step"]) == 5                               # the copy handed out is current
+    torch.testing.assert_close(ea, o2.state_dict()["state"][0]["exp_avg"].float(), rtol=0, atol=0)
+    for o, w in ((o1, w1), (o2, w2)):                           # written in place: the engine's too
+        o.state[w]["exp_avg"].zero_()
+    o2.state[m2[2].weight]["exp_avg_sq"] = o1.state[m1[2].weight]["exp_avg_sq"] * 2
+    o1.state[m1[2].weight]["exp_avg_sq"].mul_(2)
+    train(m1, o1, data[5:])
+    train(m2, o2, data[5:])
+    if state_dtype == torch.float32:
+        assert_close_params(m1, m2)
+    with pytest.raises(KeyError):
+        o2.state[w2]["exp_avg_max"] = torch.zeros(24, 12)
+
+
 def test_load_torch_adamw_state_dict():
     m1, data = model(), batches(12)
     m2 = copy.deepcopy(m1)

@@ -50,9 +50,11 @@ What happens:
 A parameter without a gradient in a step (``.grad`` None at ``step()`` and
 none handed over since the last one) is skipped as torch.optim skips it:
 not updated, not decayed, its states and its own step count untouched
-(``no_grad="zero"``: DeepSpeed's zero gradient instead). ``amsgrad``,
-``maximize``, ``foreach``, ``capturable`` and ``differentiable`` are not
-offered.
+(``no_grad="zero"``: DeepSpeed's zero gradient instead). torch.optim's
+keywords: ``foreach`` and ``fused`` are accepted as the hints they are,
+``maximize`` is honoured, ``amsgrad``, ``capturable=True`` and
+``differentiable=True`` are refused by name. ``add_param_group`` builds
+the new group's state in the engine.
 """
 
 import json
@@ -320,7 +322,7 @@ class _EngineBackend:
                 idx.extend(mine)
             kw = dict(param_dtype=_ZO_DT[dt], grad_dtype=_ZO_DT[dt], placement=offload_device,
                       max_grad_norm=opt.max_grad_norm or 0.0,
-                      dpu=opt.delay_update, dpu_warmup_steps=opt.dpu_warmup,
+                      dpu=opt.delay_update, dpu_warmup_steps=opt._dpu_warmup_left,
                       nthreads=nthreads or 0, numa_node=numa_node, clip_mode=clip_mode,
                       pin_memory=pin_memory, no_grad=no_grad,
                       nonfinite="skip" if opt._skip_nonfinite else "error")
@@ -348,6 +350,8 @@ class _EngineBackend:
     # -- helpers
     def _set_hparams(self):
         opt = self.opt
+        for g in opt.param_groups:
+            opt._check_group_flags(g)
         for dt, e, gmap, _ in self.engines:
             for gi, eg in gmap.items():
                 g = opt.param_groups[gi]
@@ -407,6 +411,8 @@ class _EngineBackend:
         host = g.detach()
         if host.device.type != "cpu" or not host.is_contiguous():
             host = host.to("cpu").contiguous()
+        if self.opt.param_groups[self.opt._plist[i][0]].get("maximize"):
+            host = torch.neg(host)      # torch's maximize: the update follows -grad
         self.engines[no][1].grad_host(t, host.reshape(-1))
         self.handed += 1
         if free:
@@ -516,10 +522,11 @@ class _EngineBackend:
                 self.opt.state[self.opt._plist[i][1]].refresh()
         return moved
 
-    def set_steps(self, steps):
+    def set_steps(self, steps, top=None):
         """Set every parameter's update count (a list by parameter index);
-        the engines' own counts become the largest."""
-        top = max(steps) if steps else 0
+        the engines' own counts become `top` (default: the largest)."""
+        if top is None:
+            top = max(steps) if steps else 0
         for _, e, _, _ in self.engines:
             e.set_step(top)
         if self.no_grad == "skip":
@@ -688,8 +695,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
                  delay_update=False, dpu_warmup=0, grad_hooks="step", state_dtype=torch.float32,
                  nthreads=None, numa_node=-1, offload_device="cpu", nvme_path=None,
                  sub_group_size=None, pinned_bytes=None, pin_memory=True,
-                 buffer_count=None, clip_mode="two_pass", no_grad="skip"):
+                 buffer_count=None, clip_mode="two_pass", no_grad="skip", maximize=False,
+                 foreach=None, fused=None, capturable=False, differentiable=False):
+        defaults = dict(defaults, maximize=bool(maximize), foreach=foreach, fused=fused,
+                        capturable=capturable, differentiable=differentiable)
+        self._built = False
         super().__init__(params, defaults)
+        for g in self.param_groups:
+            self._check_group_flags(g)
         if no_grad not in ("skip", "zero"):
             raise ValueError("no_grad must be 'skip' (torch's rule) or 'zero' (DeepSpeed's), not %r"
                              % (no_grad,))
@@ -716,6 +729,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self.scaler = LossScaler(scale=float(loss_scale))
         self.delay_update = bool(delay_update)
         self.dpu_warmup = int(dpu_warmup)
+        self._dpu_warmup_left = self.dpu_warmup
         self.state_dtype = state_dtype
         self.last_grad_norm = None
         self.steps_skipped = 0
@@ -734,6 +748,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
             self.state[p] = _ParamState(self, i)
         self.timings = self._eb.timings
         self.grad_hook_mode = self._install_hooks(grad_hooks)
+        self._built = True
 
     @property
     def _scaler_cfg(self):
@@ -743,6 +758,23 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def _zo_kind_id(self):
         return self._zo_kind
+
+    def _check_group_flags(self, g):
+        """torch.optim's keywords this optimizer does not implement, refused
+        by name (foreach and fused are hints: the engine's step is one fused
+        CPU pass either way; maximize is honoured)."""
+        name = type(self).__name__
+        if g.get("amsgrad"):
+            raise ValueError("%s: amsgrad=True is not offered (the engine keeps exp_avg and "
+                             "exp_avg_sq, not max_exp_avg_sq)" % name)
+        if g.get("capturable"):
+            raise ValueError("%s: capturable=True (a step() CUDA graphs can capture) is not offered: "
+                             "the step runs on the CPU, in the engine" % name)
+        if g.get("differentiable"):
+            raise ValueError("%s: differentiable=True (autograd through step()) is not offered" % name)
+        for k in ("foreach", "fused"):
+            if g.get(k) not in (None, True, False):
+                raise TypeError("%s: %s must be None, True or False, not %r" % (name, k, g.get(k)))
 
     # ------------------------------------------------------------ parameters
     def _check_params(self):
@@ -776,13 +808,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._plist = plist
 
     # ------------------------------------------------------------ gradient intake
-    def _install_hooks(self, mode):
+    def _install_hooks(self, mode, first=0):
         if mode == "step":
             return "step"
         _BACKWARD_HOOKED.add(self)
         _guard_clipping()
         for i, (_, p) in enumerate(self._plist):
-            if not p.requires_grad:
+            if i < first or not p.requires_grad:
                 continue
             if _has_post_accumulate_hook():
                 h = p.register_post_accumulate_grad_hook(self._make_post_hook(i))
@@ -791,7 +823,8 @@ class OffloadOptimizer(torch.optim.Optimizer):
                 # torch < 2.1: hook the parameter's AccumulateGrad node (it runs
                 # after .grad is accumulated); keep the node alive, or autograd
                 # makes a new one without our hook.
-                acc = p.expand_as(p).grad_fn.next_functions[0][0]
+                with torch.enable_grad():
+                    acc = p.expand_as(p).grad_fn.next_functions[0][0]
                 h = acc.register_hook(self._make_node_hook(i))
                 self._hooks.append((acc, h))
         return "post_accumulate_grad_hook" if _has_post_accumulate_hook() else "accumulate_grad_node"
@@ -865,6 +898,57 @@ class OffloadOptimizer(torch.optim.Optimizer):
         eb.close()
         self._eb = _EngineBackend(self, direct=False, **kw)
         self.timings = self._eb.timings
+
+    @torch.no_grad()
+    def add_param_group(self, param_group):
+        """torch's add_param_group (fine-tuning that unfreezes layers as it
+        goes): the new group's parameters get masters and states in the
+        engine, which is made again around them; the other parameters'
+        masters, states and step counts carry over, and a DPU warm-up goes
+        on where it was. Refused after steps with a dynamic loss scale (the
+        engine's scaler state cannot be carried over)."""
+        if not getattr(self, "_built", False):     # torch.optim.Optimizer.__init__
+            return super().add_param_group(param_group)
+        self._fence()
+        self._write_back_live()
+        eb = self._eb
+        info = eb.engines[0][1].info()
+        if self.scaler is not None and self.scaler.dynamic and (info["step"] or self.steps_skipped):
+            raise ValueError("add_param_group after steps with a dynamic loss scale: the engine's scaler "
+                             "state cannot be carried into a new layout; add the group before the "
+                             "first step, or use a static loss_scale")
+        n_old = len(self._plist)
+        snap = [eb.export_param(i) for i in range(n_old)]
+        steps = list(eb.tsteps)
+        gstep = self.param_groups[0].get("step", 0)
+        super().add_param_group(param_group)
+        g = self.param_groups[-1]
+        try:
+            self._check_group_flags(g)
+            self._check_params()
+        except Exception:
+            self.param_groups.pop()
+            self._check_params()
+            raise
+        g["step"] = gstep
+        self._dpu_warmup_left = max(0, self._dpu_warmup_left - info["micro_steps"])
+        skipped = eb.steps_skipped
+        eb.close()
+        self._eb = _EngineBackend(self, direct=None if eb.direct else False, **eb.kw)
+        self._eb.steps_skipped = skipped
+        self.timings = self._eb.timings
+        for i, (_, p) in enumerate(self._plist):
+            self._eb.import_param(i, snap[i] if i < n_old else self._fresh_state(i), p)
+            if i >= n_old:
+                self.state[p] = _ParamState(self, i)
+        self._eb.set_steps(steps + [0] * (len(self._plist) - n_old), top=gstep)
+        for grp in self.param_groups:
+            grp["step"] = gstep
+        self._eb._set_hparams()
+        self._eb.copy_back()
+        self._refresh_live()
+        if self.grad_hook_mode != "step":
+            self._install_hooks("backward", first=n_old)
 
     def step(self, closure=None):
         """One optimizer step (see the module documentation)."""
@@ -949,10 +1033,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._fence()
         groups = state_dict["param_groups"]
         for sg in groups:
-            for flag in ("amsgrad", "maximize"):
-                if sg.get(flag):
-                    raise ValueError("state dict uses %s=True, which %s does not offer"
-                                     % (flag, type(self).__name__))
+            if sg.get("amsgrad"):
+                raise ValueError("state dict uses amsgrad=True, which %s does not offer"
+                                 % type(self).__name__)
         if len(groups) != len(self.param_groups):
             raise ValueError("state dict has %d param groups, optimizer has %d"
                              % (len(groups), len(self.param_groups)))
@@ -987,7 +1070,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                       self._plist[i][1])
         for g, sg in zip(self.param_groups, groups):
             for key, val in sg.items():
-                if key != "params":
+                # torch's implementation hints (a CUDA run's capturable=True) are not this
+                # optimizer's: it keeps its own
+                if key not in ("params", "foreach", "fused", "capturable", "differentiable"):
                     g[key] = val
         self._eb.set_steps(steps)
         for g in self.param_groups:
@@ -1066,10 +1151,22 @@ def _jsonable(x):
     return x
 
 
-def _check_betas(betas, lo_open=True):
-    b1, b2 = betas
-    if not 0.0 <= b1 < 1.0 or not 0.0 <= b2 < 1.0:
-        raise ValueError("betas must be in [0, 1), got %r" % (betas,))
+def _check_hparams(lr, eps=0.0, weight_decay=0.0, betas=None, beta_hi_open=True, **more):
+    """torch.optim's checks, with its messages (NaN fails every one)."""
+    if not 0.0 <= lr:
+        raise ValueError("Invalid learning rate: {}".format(lr))
+    if not 0.0 <= eps:
+        raise ValueError("Invalid epsilon value: {}".format(eps))
+    if not 0.0 <= weight_decay:
+        raise ValueError("Invalid weight_decay value: {}".format(weight_decay))
+    for k, v in more.items():
+        if not 0.0 <= v:
+            raise ValueError("Invalid {} value: {}".format(k, v))
+    if betas is not None:
+        for n, b in enumerate(betas):
+            if not (0.0 <= b < 1.0 if beta_hi_open else 0.0 <= b <= 1.0):
+                raise ValueError("Invalid beta parameter at index {}: {} (betas must be in [0, 1{})"
+                                 .format(n, b, ")" if beta_hi_open else "]"))
 
 
 class OffloadAdamW(OffloadOptimizer):
@@ -1080,12 +1177,10 @@ class OffloadAdamW(OffloadOptimizer):
     _zo_kind = _ca.ADAMW
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 bias_correction=True, **kw):
-        if lr < 0 or eps < 0 or weight_decay < 0:
-            raise ValueError("lr, eps and weight_decay must be >= 0")
-        _check_betas(betas)
+                 amsgrad=False, *, bias_correction=True, **kw):
+        _check_hparams(lr, eps, weight_decay, betas)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
-                                      weight_decay=weight_decay,
+                                      weight_decay=weight_decay, amsgrad=bool(amsgrad),
                                       bias_correction=bool(bias_correction)), **kw)
 
     def _hparams(self, g, step):
@@ -1100,8 +1195,10 @@ class OffloadAdam(OffloadAdamW):
     _kind = "adam"
     _zo_kind = _ca.ADAM
 
-    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, **kw):
-        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, **kw)
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0,
+                 amsgrad=False, **kw):
+        super().__init__(params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                         amsgrad=amsgrad, **kw)
 
 
 class OffloadAdagrad(OffloadOptimizer):
@@ -1114,9 +1211,10 @@ class OffloadAdagrad(OffloadOptimizer):
     _eager_state = True
 
     def __init__(self, params, lr=1e-2, lr_decay=0.0, weight_decay=0.0,
-                 initial_accumulator_value=0.0, eps=1e-10, **kw):
-        if lr < 0 or eps < 0 or weight_decay < 0 or lr_decay < 0:
-            raise ValueError("lr, lr_decay, eps and weight_decay must be >= 0")
+                 initial_accumulator_value=0.0, eps=1e-10, foreach=None, **kw):
+        _check_hparams(lr, eps, weight_decay, lr_decay=lr_decay,
+                       initial_accumulator_value=initial_accumulator_value)
+        kw["foreach"] = foreach
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, weight_decay=weight_decay,
                                       initial_accumulator_value=initial_accumulator_value,
                                       eps=eps), **kw)
@@ -1141,9 +1239,7 @@ class OffloadLion(OffloadOptimizer):
     _state_names = ("exp_avg",)
 
     def __init__(self, params, lr=1e-4, betas=(0.9, 0.99), weight_decay=0.0, **kw):
-        b1, b2 = betas
-        if not (0 <= b1 <= 1 and 0 <= b2 <= 1):
-            raise ValueError("betas must be in [0, 1], got %r" % (betas,))
+        _check_hparams(lr, 0.0, weight_decay, betas, beta_hi_open=False)
         super().__init__(params, dict(lr=lr, betas=tuple(betas), weight_decay=weight_decay), **kw)
 
     def _hparams(self, g, step):

@@ -170,6 +170,67 @@ def test_same_as_no_offload_offload_adamw(tmp_path, home):
     off.restore()
 
 
+class RMSNorm(nn.Module):
+    """As Hugging Face's LlamaRMSNorm: on fp32 input ``x.float()`` is x itself,
+    which the module then reads twice (pow and the product)."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+
+    def forward(self, x):
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return self.weight * h.to(x.dtype)
+
+
+class NormNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(V, D)
+        self.blocks = nn.ModuleList([nn.ModuleDict({"norm": RMSNorm(D), "fc": nn.Linear(D, D)})
+                                     for _ in range(3)])
+        self.head = nn.Linear(D, V)
+
+    def forward(self, ids):
+        x = self.emb(ids)
+        for b in self.blocks:
+            x = x + b["fc"](b["norm"](x))      # x: the residual outside, twice inside the norm
+        return self.head(x).float()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_input_read_twice_inside_a_module(dtype):
+    """The limit of bit-identity (issue 21 item 13, found with HF's Llama):
+    the backward release hook passes a module's inputs through an autograd
+    node, so a module that reads an input twice while the input is also used
+    outside (the residual) gets its two inner gradient contributions summed
+    before the outer one is added, where plain torch adds the three in
+    arrival order: the same gradients up to the rounding of that fp32 sum.
+    The forward is identical. In bf16 the norm's first read is the cast to
+    fp32, one read: bit-identical, as every module that reads each input
+    once (nn.Linear, nn.LayerNorm...)."""
+    torch.manual_seed(0)
+    ref = NormNet().to(dtype)
+    mod = copy.deepcopy(ref)
+    oref = torch.optim.AdamW(ref.parameters(), lr=1e-2)
+    omod = torch.optim.AdamW(mod.parameters(), lr=1e-2)
+    off = offload_parameters(mod, budget=1 << 20, home="host", optimizer=omod, **STORE)
+    gref, gmod = [], []
+    lref = _train(ref, oref, _batches(3), gref)
+    lmod = _train(mod, omod, _batches(3), gmod)
+    assert lmod[0] == lref[0]                   # the forward is the same
+    for n in gref[0]:
+        a, b = gref[0][n].float(), gmod[0][n].float()
+        if dtype == torch.bfloat16:
+            assert torch.equal(a, b), n
+        else:   # a regrouped sum of three fp32 terms: a few ulps of the largest
+            assert (a - b).abs().max() <= 8 * 2 ** -24 * a.abs().max(), n
+    if dtype == torch.bfloat16:
+        assert lmod == lref
+    off.restore()
+
+
 def test_host_home_without_attached_optimizer(tmp_path):
     """A host home's params are their home copies between uses: a plain
     optimizer not attached writes there, and the next forward drops the

@@ -6,6 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/deps.sh
+./scripts/deps-python.sh     # transformers for the HF Trainer test, in .venv-test/
 jobs=$(nproc)
 # Where a CUDA toolkit is installed the build must have the CUDA backend:
 # the GPU check (scripts/gpu-check.sh) builds this code with -Dcuda=enabled

@@ -2,13 +2,18 @@
 # Run the Python binding tests against the library of a build tree.
 #   run.sh <libzoffload.so> <source root> [pytest arguments...]
 # Uses Debian's /usr/bin/python3 (it sees python3-numpy, python3-torch and
-# python3-pytest), not whatever python3 comes first on PATH; ZOFFLOAD_PYTHON
-# overrides it. Exits 77 (skipped) when an interpreter module is missing.
+# python3-pytest), not whatever python3 comes first on PATH, or, when
+# scripts/deps-python.sh has made it, the checkout's .venv-test/ (made from
+# that interpreter with --system-site-packages: Debian's packages plus
+# transformers); ZOFFLOAD_PYTHON overrides both. Exits 77 (skipped) when an
+# interpreter module is missing.
 set -u
 lib=$(realpath "$1") || exit 1
 src=$(realpath "$2") || exit 1
 shift 2
-py=${ZOFFLOAD_PYTHON:-/usr/bin/python3}
+py=/usr/bin/python3
+[ -x "$src/.venv-test/bin/python" ] && py=$src/.venv-test/bin/python
+py=${ZOFFLOAD_PYTHON:-$py}
 if [ ! -x "$py" ]; then
     echo "skip: $py not found (set ZOFFLOAD_PYTHON)"
     exit 77

@@ -1283,7 +1283,8 @@ def from_deepspeed_config(params, config):
                 initial_scale_power=int(fp16.get("initial_scale_power", 16)),
                 window=int(fp16.get("loss_scale_window", 1000)),
                 hysteresis=int(fp16.get("hysteresis", 2)),
-                min_scale=float(fp16.get("min_loss_scale", 1)))
+                min_scale=float(fp16.get("min_loss_scale", 1)),
+                consecutive_hysteresis=bool(fp16.get("consecutive_hysteresis", False)))
     z = config.get("zero_optimization", {})
     off = z.get("offload_optimizer", {})
     dev = off.get("device", "cpu")

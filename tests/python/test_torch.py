@@ -751,7 +751,8 @@ def test_deepspeed_config(tmp_path):
            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3, "betas": [0.8, 0.95],
                                                      "eps": 1e-7, "weight_decay": 0.1}},
            "gradient_clipping": 1.0,
-           "fp16": {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 50},
+           "fp16": {"enabled": True, "initial_scale_power": 8, "loss_scale_window": 50,
+                    "consecutive_hysteresis": True},
            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu",
                                                                    "pin_memory": True}}}
     import json
@@ -763,6 +764,7 @@ def test_deepspeed_config(tmp_path):
     g = o.param_groups[0]
     assert g["lr"] == 3e-3 and g["betas"] == (0.8, 0.95) and g["eps"] == 1e-7
     assert o.max_grad_norm == 1.0 and o.scaler.scale == 256.0 and o.scaler.window == 50
+    assert o.scaler.engine_config()["consecutive_hysteresis"] == 1
     cfg["optimizer"]["type"] = "SGD"
     with pytest.raises(ValueError, match="SGD"):
         from_deepspeed_config(m.parameters(), cfg)

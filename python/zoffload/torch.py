@@ -60,6 +60,7 @@ the new group's state in the engine.
 import json
 import math
 import os
+import warnings
 import weakref
 
 import torch
@@ -1080,6 +1081,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._eb._set_hparams()
         self._eb.copy_back()
         self._refresh_live()
+        z = state_dict.get("zoffload") or {}
+        if self.scaler is not None and self.scaler.dynamic and z.get("loss_scale") not in (None, self.loss_scale):
+            warnings.warn("%s.load_state_dict: the dynamic loss scale restarts at %g (the state dict's run "
+                          "was at %g): the engine's scaler state is not part of a state dict; save() and "
+                          "load() carry it" % (type(self).__name__, self.loss_scale, z["loss_scale"]),
+                          RuntimeWarning, stacklevel=2)
 
     def _fresh_state(self, i):
         """The state of a parameter that was never updated."""

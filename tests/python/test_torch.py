@@ -530,6 +530,23 @@ def test_fp16_dynamic_loss_scale_skips_overflow():
         torch.testing.assert_close(a.float(), b, rtol=2e-3, atol=2e-3)
 
 
+def test_state_dict_says_the_dynamic_scale_restarts():
+    """The engine's dynamic loss scaler state is not in a state dict (save()
+    and load() carry it): loading one from a run at another scale warns."""
+    m = Half(model())
+    o1 = OffloadAdamW(m.parameters(), lr=1e-3, loss_scale=LossScaler(initial_scale_power=4, hysteresis=1))
+    for p in m.parameters():
+        p.grad = torch.zeros_like(p)
+    next(m.parameters()).grad[0, 0] = float("inf")
+    o1.step()
+    assert o1.loss_scale == 8.0
+    sd = o1.state_dict()
+    o1.close()
+    o2 = OffloadAdamW(m.parameters(), lr=1e-3, loss_scale=LossScaler(initial_scale_power=4, hysteresis=1))
+    with pytest.warns(RuntimeWarning, match="restarts at 16"):
+        o2.load_state_dict(sd)
+
+
 def test_loss_scaler_hysteresis_is_the_engines():
     """One loss scaler: the engine's (lib/optim, DeepSpeed's rules). With
     hysteresis 2, the first overflow uses up the hysteresis and each later

@@ -54,7 +54,8 @@ not updated, not decayed, its states and its own step count untouched
 keywords: ``foreach`` and ``fused`` are accepted as the hints they are,
 ``maximize`` is honoured, ``amsgrad``, ``capturable=True`` and
 ``differentiable=True`` are refused by name. ``add_param_group`` builds
-the new group's state in the engine.
+the new group's state in the engine. ``optimizer.state[p]`` has torch's
+keys, fp32 copies of the engine's states kept current (see _ParamState).
 """
 
 import json

@@ -6,12 +6,16 @@
 #   benchmarks/setup_ds_venv.sh [--system-torch] [VENV]
 #
 # VENV defaults to $ZO_DS_VENV, else ~/.cache/zoffload/venv-ds.
-# Environment: DS_VERSION (DeepSpeed version), TORCH_INDEX_URL (the CPU
-# wheel index; default https://download.pytorch.org/whl/cpu), PYTHON (the
-# interpreter the venv is made from; default /usr/bin/python3).
+# Environment: DS_VERSION (DeepSpeed version), TORCH_INDEX_URL (a torch
+# wheel index, e.g. PyTorch's CPU-only one; default: none, torch from PyPI),
+# PYTHON (the interpreter the venv is made from; default /usr/bin/python3).
 #
-# Default: a CPU-only torch from PyTorch's CPU wheel index (so pip does not
-# pull the nvidia-* CUDA wheels, gigabytes this comparison never uses), then
+# Default: torch from PyPI (its CUDA build, used on the CPU only: PyTorch's
+# own CPU wheel index is not reachable from every machine, this project's
+# included; set TORCH_INDEX_URL to use it and skip the nvidia-* wheels). The
+# pinned, verified peer set (torch 2.15 + DeepSpeed 0.19.8) is what
+# ../shared/peers/setup_peer_venv.sh makes; this script's venv works for the
+# same scripts. Then
 # DeepSpeed ($DS_VERSION, default the newest 0.19.x) installed *without
 # build isolation* (its setup.py imports torch, and in an isolated build
 # environment it would fetch a second, CUDA torch just to read its version)
@@ -86,11 +90,16 @@ else
     say "creating $venv"
     "$python" -m venv "$venv"
     "$venv/bin/pip" install -q --upgrade pip setuptools wheel
-    index=${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}
-    say "installing a CPU-only torch from $index"
-    "$venv/bin/pip" install -q --index-url "$index" torch || {
-        say "could not install torch from $index (unreachable? set TORCH_INDEX_URL to a mirror of"
-        say "PyTorch's CPU wheel index, or use --system-torch); removing the half-made $venv"
+    if [ -n "${TORCH_INDEX_URL:-}" ]; then
+        say "installing torch from $TORCH_INDEX_URL"
+        set -- --index-url "$TORCH_INDEX_URL"
+    else
+        say "installing torch from PyPI"
+        set --
+    fi
+    "$venv/bin/pip" install -q "$@" torch || {
+        say "could not install torch (from ${TORCH_INDEX_URL:-PyPI}; or use --system-torch);"
+        say "removing the half-made $venv"
         rm -rf "$venv"
         exit 1
     }

@@ -88,7 +88,9 @@ def _fix_builders():
     import _ds_common as c
     for cls in c.cpu_op_builder_classes():
         c.fix_cxx_std(cls)
-    from deepspeed.ops.op_builder.cpu_adam import CPUAdamBuilder
+    # the package-level name, as DeepSpeedCPUAdam imports it: 0.14 keeps the
+    # class in op_builder/cpu_adam.py, 0.19 in op_builder/cpu/cpu_adam.py
+    from deepspeed.ops.op_builder import CPUAdamBuilder
     c.fix_cxx_std(CPUAdamBuilder)
     # NVMe offload: DeepSpeed's CPU accelerator maps AsyncIOBuilder to a
     # "not implemented on CPU" stub, although its libaio op is host code.

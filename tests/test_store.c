@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "zo_test.h"
+#include "zo_test_dev.h"
 
 #include <zoffload/zoffload.h>
 
@@ -2572,7 +2573,7 @@ int main(int argc, char **argv)
     if (argc > 1 && strcmp(argv[1], "cuda") == 0) {
         char why[256] = "";
         int nd = 0;
-        if (zo_dev_probe(ZO_DEV_CUDA, &nd, why, sizeof(why)) != 0 || nd == 0)
+        if (zo_test_probe_dev(ZO_DEV_CUDA, &nd, why, sizeof(why)) != 0 || nd == 0)
             ZO_TEST_SKIP("no CUDA device: %s", why[0] ? why : "none found");
         Suite *s = suite_create("store-cuda");
         TCase *tc = tcase_create("cuda");

@@ -23,6 +23,7 @@
 #include <pthread.h>
 
 #include "zo_test.h"
+#include "zo_test_dev.h"
 
 #include <zoffload/zoffload.h>
 
@@ -1745,7 +1746,7 @@ int main(int argc, char **argv)
     }
     if (g_kind != ZO_DEV_HOST) {
         char why[256];
-        if (zo_dev_probe(g_kind, NULL, why, sizeof(why)) < 0)
+        if (zo_test_probe_dev(g_kind, NULL, why, sizeof(why)) < 0)
             ZO_TEST_SKIP("%s backend unavailable: %s", zo_dev_kind_name(g_kind), why);
     }
     return zo_test_run(suite());

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "zo_test.h"
+#include "zo_test_dev.h"
 
 #include "core/vec_ref.h"
 
@@ -302,6 +303,67 @@ END_TEST
 
 /* Copies on two streams run at the same time: the interval between each
  * stream's start and end events intersects the other's. */
+/* zo_dev_busy occupies its stream for the time asked and leaves the other
+ * streams free: two busy streams overlap, and a host function on a third
+ * stream runs while they are busy (on CUDA that is what a host function
+ * that slept got wrong: one driver thread runs every stream's host fns). */
+static void set_flag(void *arg)
+{
+    atomic_store((atomic_int *)arg, 1);
+}
+
+START_TEST(test_busy)
+{
+    zo_stream *a, *b, *c;
+    ck_assert_int_eq(zo_stream_create(dev, &a), 0);
+    ck_assert_int_eq(zo_stream_create(dev, &b), 0);
+    ck_assert_int_eq(zo_stream_create(dev, &c), 0);
+    ck_assert_int_eq(zo_dev_busy(a, -1), -EINVAL);
+    ck_assert_int_eq(zo_dev_busy(a, NAN), -EINVAL);
+    ck_assert_int_eq(zo_dev_busy(a, 1e9), -EINVAL);
+    ck_assert_int_eq(zo_dev_busy(NULL, 0.1), -EINVAL);
+    ck_assert_int_eq(zo_dev_busy(a, 0), 0);
+    zo_event *e0, *e1;
+    ck_assert_int_eq(zo_event_create(dev, &e0), 0);
+    ck_assert_int_eq(zo_event_create(dev, &e1), 0);
+    /* a single busy: at least the time asked, measured by the stream's events */
+    ck_assert_int_eq(zo_event_record(e0, a), 0);
+    ck_assert_int_eq(zo_dev_busy(a, 0.05), 0);
+    ck_assert_int_eq(zo_event_record(e1, a), 0);
+    ck_assert_int_eq(zo_stream_sync(a), 0);
+    float ms;
+    ck_assert_int_eq(zo_event_elapsed_ms(e0, e1, &ms), 0);
+    ck_assert_msg(ms >= 49.0f, "busy 50 ms took %.2f ms", ms);
+    /* two streams busy 200 ms each overlap; a host function on a third
+     * stream runs meanwhile (a few tries: a loaded machine may be slow to
+     * start one stream's work) */
+    int ok = 0;
+    for (int attempt = 0; attempt < 3 && !ok; attempt++) {
+        atomic_int flag = 0;
+        double t0 = zo_test_now();
+        ck_assert_int_eq(zo_dev_busy(a, 0.2), 0);
+        ck_assert_int_eq(zo_dev_busy(b, 0.2), 0);
+        ck_assert_int_eq(zo_stream_host_fn(c, set_flag, &flag), 0);
+        ck_assert_int_eq(zo_stream_sync(c), 0);
+        double t_fn = zo_test_now() - t0;
+        ck_assert_int_eq(zo_stream_sync(a), 0);
+        ck_assert_int_eq(zo_stream_sync(b), 0);
+        double t = zo_test_now() - t0;
+        ck_assert_int_eq(atomic_load(&flag), 1);
+        ck_assert_msg(t >= 0.199, "busy 200 ms returned after %.3f s", t);
+        ok = t < 0.35 && t_fn < 0.15;
+        if (!ok)
+            fprintf(stderr, "attempt %d: both streams %.3f s, the other stream's host fn %.3f s\n", attempt, t, t_fn);
+    }
+    ck_assert_msg(ok, "busy streams did not overlap or held back another stream's host function");
+    zo_event_destroy(&e0);
+    zo_event_destroy(&e1);
+    zo_stream_destroy(&a);
+    zo_stream_destroy(&b);
+    zo_stream_destroy(&c);
+}
+END_TEST
+
 START_TEST(test_two_streams_overlap)
 {
     size_t n = 128u << 20;
@@ -622,7 +684,7 @@ int main(int argc, char **argv)
         return 2;
     }
     char why[256];
-    int r = zo_dev_probe(kind, NULL, why, sizeof(why));
+    int r = zo_test_probe_dev(kind, NULL, why, sizeof(why));
     if (r < 0)
         ZO_TEST_SKIP("%s backend unavailable: %s (%s)", name, why, zo_strerror(r));
     Suite *s = suite_create(name);
@@ -637,6 +699,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_event_wait_captures_record);
     tcase_add_test(tc, test_event_timing);
     tcase_add_test(tc, test_two_streams_overlap);
+    tcase_add_test(tc, test_busy);
     tcase_add_test(tc, test_streams_are_concurrent);
     tcase_add_test(tc, test_kernels);
     tcase_add_test(tc, test_relu_mask);

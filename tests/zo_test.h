@@ -17,6 +17,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define ZO_TEST_SKIP_CODE 77
@@ -29,6 +30,14 @@
         if (__builtin_expect(!(cond), 0))  \
             ck_abort_msg(__VA_ARGS__);     \
     } while (0)
+
+/* Monotonic seconds, for tests that check overlap or a duration. */
+static inline double zo_test_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
 
 /* Skip the whole program (meson counts exit 77 as SKIP); say why. */
 #define ZO_TEST_SKIP(...)                                   \

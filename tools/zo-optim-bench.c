@@ -3,9 +3,10 @@
  * synthetic gradients the way a training loop does, and measure it against
  * its bounds in the same run (docs/tools/zo-optim-bench.md).
  *
- * One iteration: the device stream runs --compute-ms of work (a host
- * function that sleeps on the stream: like a GPU kernel it occupies the
- * device stream and no CPU core), and as "backward" produces each tensor's
+ * One iteration: the device stream runs --compute-ms of work
+ * (zo_dev_busy: it occupies the device stream and no CPU core; on CUDA a
+ * kernel, not a host function, which would share the driver's one
+ * host-function thread with the engine's own), and as "backward" produces each tensor's
  * gradient an event is recorded and the gradient handed to the engine;
  * then the step (zo_optim_step, or zo_optim_step_async under --dpu).
  *
@@ -273,14 +274,6 @@ typedef struct bench {
     double slice_s;  /* compute per tensor */
 } bench;
 
-static void sleep_fn(void *arg)
-{
-    double s = *(const double *)arg;
-    struct timespec ts = {(time_t)s, (long)((s - floor(s)) * 1e9)};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
-    }
-}
-
 /* A fixed pseudo-random gradient pattern in [-5e-3, 5e-3) (fp32). */
 static void fill_grad(float *p, uint64_t n, uint64_t seed)
 {
@@ -458,7 +451,7 @@ static int hand_grads(bench *b)
     for (unsigned i = 0; i < b->nt; i++) {
         int rc;
         if (b->slice_s > 0) {
-            if ((rc = zo_stream_host_fn(b->compute, sleep_fn, &b->slice_s)) < 0)
+            if ((rc = zo_dev_busy(b->compute, b->slice_s)) < 0)
                 return rc;
         }
         if ((rc = zo_event_record(b->ev[i], b->compute)) < 0)

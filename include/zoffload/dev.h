@@ -203,6 +203,21 @@ ZO_API int zo_dev_sumsq(zo_stream *s, const void *src, zo_dtype type, size_t n, 
  *  is an int in device memory. */
 ZO_API int zo_dev_nonfinite(zo_stream *s, const void *src, zo_dtype type, size_t n, int *flag);
 /**
+ * Occupy stream s for `seconds` without using a CPU core or the device's
+ * compute units: work queued after it on s waits that long, other streams
+ * run meanwhile. It stands in for a model's compute in benchmarks and
+ * tests (zo-optim-bench --compute-ms). CUDA: a one-thread kernel that
+ * polls the GPU's global timer. Host: the stream's thread sleeps.
+ *
+ * Not zo_stream_host_fn() with a sleep: CUDA runs the host functions of
+ * every stream on one driver thread, so a sleeping host function would
+ * also hold back every other stream's host functions (the library's own
+ * gradient landing among them) and serialise what should overlap.
+ * @return 0 (queued), -EINVAL (NULL stream, a negative, NaN or over an
+ *         hour duration), ZO_ENOTSUP, ZO_ECUDA. Does not block.
+ */
+ZO_API int zo_dev_busy(zo_stream *s, double seconds);
+/**
  * dst[i] = mask[i] > 0 ? src[i] : 0 over n f32 elements: the ReLU (src =
  * mask = dst, in place) and its backward (src the incoming gradient, mask
  * the ReLU's output). A NaN mask gives 0, as a ReLU written `x > 0 ? x : 0`.

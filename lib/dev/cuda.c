@@ -364,6 +364,12 @@ static int cuda_sumsq(zo_stream *s, const void *src, zo_dtype t, size_t n, doubl
     return launched(s, zo__cuda_sumsq(s->impl, src, (int)t, n, acc), "sumsq kernel launch");
 }
 
+static int cuda_busy(zo_stream *s, uint64_t ns)
+{
+    ZO_CHECK(select_dev(s->dev));
+    return launched(s, zo__cuda_busy(s->impl, ns), "busy kernel launch");
+}
+
 static int cuda_relu_mask(zo_stream *s, float *dst, const float *src, const float *mask, size_t n)
 {
     ZO_CHECK(select_dev(s->dev));
@@ -408,6 +414,7 @@ const zo_dev_ops zo__dev_cuda_ops = {
     .cast = cuda_cast,
     .sumsq = cuda_sumsq,
     .relu_mask = cuda_relu_mask,
+    .busy = cuda_busy,
     .nonfinite = cuda_nonfinite,
     .gemm = zo__cuda_gemm,
 };

@@ -145,6 +145,26 @@ __global__ void relu_mask_kernel(float *dst, const float *src, const float *mask
         dst[i] = mask[i] > 0.0f ? src[i] : 0.0f;
 }
 
+/* Stands in for a model's compute (zo_dev_busy): one thread of one block
+ * polls the global timer (ns since an arbitrary origin, the same on every
+ * SM), napping between polls, so the stream is occupied for ns and the SMs
+ * and copy engines stay free for the other streams. */
+__global__ void busy_kernel(unsigned long long ns)
+{
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    } while (t - t0 < ns);
+}
+
+extern "C" int zo__cuda_busy(void *stream, unsigned long long ns)
+{
+    busy_kernel<<<1, 1, 0, (cudaStream_t)stream>>>(ns);
+    return (int)cudaGetLastError();
+}
+
 extern "C" int zo__cuda_cast(void *stream, void *dst, int dst_type, const void *src, int src_type, size_t n)
 {
     cast_kernel<<<grid_for(n), kThreads, 0, (cudaStream_t)stream>>>(dst, dst_type, src, src_type, n);

@@ -16,6 +16,9 @@ int zo__cuda_nonfinite(void *stream, const void *src, int type, size_t n, int *f
 /* dst[i] = mask[i] > 0 ? src[i] : 0, f32 (zo_dev_relu_mask) */
 int zo__cuda_relu_mask(void *stream, float *dst, const float *src, const float *mask, size_t n);
 
+/* one block that waits on the GPU's global timer for ns nanoseconds (zo_dev_busy) */
+int zo__cuda_busy(void *stream, unsigned long long ns);
+
 #ifdef __cplusplus
 }
 #endif

@@ -548,6 +548,19 @@ static int overlaps(const float *dst, const float *p, size_t n)
     return dst != p && dst < p + n && p < dst + n;
 }
 
+ZO_API int zo_dev_busy(zo_stream *s, double seconds)
+{
+    if (!s)
+        return -EINVAL;
+    /* !(x >= 0) also refuses NaN */
+    if (!(seconds >= 0) || seconds > 3600)
+        return ZO_FAIL(&s->dev->err, -EINVAL, "zo_dev_busy: %g s is not a duration in [0, 3600]", seconds);
+    if (!s->dev->ops->busy)
+        return ZO_FAIL(&s->dev->err, ZO_ENOTSUP, "zo_dev_busy: backend %s has no such kernel", s->dev->ops->name);
+    uint64_t ns = (uint64_t)(seconds * 1e9 + 0.5);
+    return ns ? s->dev->ops->busy(s, ns) : 0;
+}
+
 ZO_API int zo_dev_relu_mask(zo_stream *s, float *dst, const float *src, const float *mask, size_t n)
 {
     if (!s)

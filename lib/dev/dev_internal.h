@@ -57,6 +57,9 @@ typedef struct zo_dev_ops {
     int (*nonfinite)(zo_stream *s, const void *src, zo_dtype t, size_t n, int *flag);
     /* optional (NULL: zo_dev_relu_mask returns ZO_ENOTSUP); args checked by dev.c */
     int (*relu_mask)(zo_stream *s, float *dst, const float *src, const float *mask, size_t n);
+    /* optional (NULL: zo_dev_busy returns ZO_ENOTSUP): occupy the stream
+     * for ns nanoseconds without a CPU core */
+    int (*busy)(zo_stream *s, uint64_t ns);
     /* optional (NULL: zo_gemm_async returns ZO_ENOTSUP); args checked by dev.c */
     int (*gemm)(zo_stream *s, const struct zo__gemm_args *g);
 } zo_dev_ops;

@@ -10,8 +10,10 @@
 #include "dev/dev_internal.h"
 #include "core/list.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <zoffload/vec.h>
@@ -32,7 +34,7 @@ typedef struct host_dev {
     atomic_int copy_fault;     /* tests: copies fail with this error */
 } host_dev;
 
-typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_HOSTFN_STATUS, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT, OP_GEMM, OP_RELU_MASK } op_kind;
+typedef enum { OP_COPY, OP_SET, OP_HOSTFN, OP_HOSTFN_STATUS, OP_CAST, OP_SUMSQ, OP_NONFINITE, OP_RECORD, OP_WAIT, OP_GEMM, OP_RELU_MASK, OP_BUSY } op_kind;
 
 typedef struct host_gen {
     uint64_t gen;
@@ -247,6 +249,12 @@ static void run_op(host_stream *hs, host_op *op)
         break;
     }
     case OP_SET: memset(op->dst, op->value, op->n); break;
+    case OP_BUSY: { /* n nanoseconds on this stream's thread, asleep: no CPU */
+        struct timespec ts = {.tv_sec = (time_t)(op->n / 1000000000u), .tv_nsec = (long)(op->n % 1000000000u)};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+        break;
+    }
     case OP_HOSTFN: op->fn(op->arg); break;
     case OP_HOSTFN_STATUS: {
         /* handed over: the error of a copy goes to the function that
@@ -592,6 +600,12 @@ static int host_nonfinite(zo_stream *s, const void *src, zo_dtype t, size_t n, i
     return enqueue(s->impl, &op);
 }
 
+static int host_busy(zo_stream *s, uint64_t ns)
+{
+    host_op op = {.kind = OP_BUSY, .n = (size_t)ns};
+    return enqueue(s->impl, &op);
+}
+
 static int host_relu_mask(zo_stream *s, float *dst, const float *src, const float *mask, size_t n)
 {
     host_op op = {.kind = OP_RELU_MASK, .dst = dst, .src = src, .arg = (void *)mask, .n = n};
@@ -644,5 +658,6 @@ const zo_dev_ops zo__dev_host_ops = {
     .sumsq = host_sumsq,
     .nonfinite = host_nonfinite,
     .relu_mask = host_relu_mask,
+    .busy = host_busy,
     .gemm = host_gemm,
 };

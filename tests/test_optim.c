@@ -333,6 +333,10 @@ static void compare_dev(eng *e, ref *r, const char *when, void *const *dev)
 }
 
 /* One training run: `steps` boundaries of `accum` micro-steps each. */
+/* engine internals (lib/optim/optim_internal.h): use the parameter buffer
+ * and copies on the host backend too, the path a GPU takes */
+extern int zo__optim_force_copy;
+
 static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, double max_norm, int nvme)
 {
     model m;
@@ -424,6 +428,27 @@ static void run_plain(zo_dtype pdt, zo_dtype gdt, unsigned accum, int steps, dou
         ck_assert_uint_eq(inf.nvme_write_bytes_total, (uint64_t)steps * m.total * 12);
     }
     ck_assert(strstr(js, "\"update_ns\":"));
+    {
+        /* with copies (a GPU's path), the first gradient of each tensor in a
+         * pinned window of its dtype is copied straight in: every step's,
+         * once per tensor; later micro-steps' and widened ones go through
+         * staging. Both ways must give the reference's bits (compared above). */
+        zo_optim_info inf = {.struct_size = sizeof(inf)};
+        ck_assert_int_eq(zo_optim_get_info(e.o, &inf), 0);
+        uint64_t direct = inf.grad_direct_bytes_total, want = (uint64_t)steps * m.total * zo_dtype_size(gdt);
+        if (steps >= 2)
+            want -= m.numel[2] * zo_dtype_size(gdt); /* tensor 2 had no gradient in step 2 */
+        if (!zo__optim_force_copy)
+            ck_assert_uint_eq(inf.grad_windows_pinned, 0);
+        if (!inf.grad_windows_pinned || inf.grad_buffer_dtype != gdt)
+            ck_assert_uint_eq(direct, 0);
+        else
+            ck_assert_msg(direct == want, "direct gradient bytes %llu, want %llu", (unsigned long long)direct,
+                          (unsigned long long)want);
+        if (zo__optim_force_copy && getenv("ZO_TEST_VERBOSE"))
+            fprintf(stderr, "copy path: %u windows pinned, dtype %d (gradients %d), %llu bytes direct\n",
+                    inf.grad_windows_pinned, (int)inf.grad_buffer_dtype, (int)gdt, (unsigned long long)direct);
+    }
     eng_free(&e);
     ref_free(&r);
     if (nvme)
@@ -448,9 +473,6 @@ static const struct {
     {ZO_DTYPE_F32, ZO_DTYPE_F32, 2, 2, 1.0, 1},
 };
 
-/* engine internals (lib/optim/optim_internal.h): use the parameter buffer
- * and copies on the host backend too, the path a GPU takes */
-extern int zo__optim_force_copy;
 
 START_TEST(test_optim_plain)
 {

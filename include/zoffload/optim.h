@@ -733,11 +733,17 @@ typedef struct zo_optim_info {
     uint64_t nvme_read_bytes_total;  /**< NVMe bytes the updates read, since create (sum of the timelines') */
     uint64_t nvme_write_bytes_total; /**< NVMe bytes the updates wrote, since create */
     uint64_t grad_buffer_bytes; /**< host memory holding gradients between hand-over and step (part of
-                                     host_bytes): the gradient windows, numel x 2 (bf16/fp16 gradients
+                                     host_bytes, or of pinned_bytes for pinned windows): the gradient windows, numel x 2 (bf16/fp16 gradients
                                      without accumulation: kept in their dtype) or x 4 (fp32), twice
                                      under DPU, plus fp32 spills of tensors handed over twice */
     zo_dtype grad_buffer_dtype; /**< the windows' dtype: ZO_DTYPE_F32, or grad_dtype (bf16/fp16) when
                                      grad_accum_steps is 1 */
+    unsigned grad_windows_pinned; /**< windows in pinned memory (0..2): with a device backend, a
+                                       tensor's first gradient in a window of its own dtype is copied
+                                       by the device straight into it; otherwise it lands in the
+                                       staging buffer and a host thread copies or adds it in */
+    uint64_t grad_direct_bytes_total; /**< gradient bytes copied straight into a pinned window, since
+                                           create */
 } zo_optim_info;
 
 /** The size of the first version of zo_optim_info (through dpu_active): the smallest struct_size accepted. */

@@ -172,21 +172,27 @@ void zo__acc_add(float *dst, const void *src, zo_dtype dt, size_t n, int first)
 
 /* Host memory the engine allocates: pinned (and registered with the device)
  * when asked and within the budget, else ordinary aligned memory. */
+static int pin_try(zo_optim *o, void **out, size_t bytes)
+{
+    if (!o->cfg.pin_memory || (o->cfg.pinned_bytes && o->pinned_bytes + bytes > o->cfg.pinned_bytes))
+        return 0;
+    zo_pin_opts po;
+    zo_pin_opts_default(&po);
+    po.numa_node = o->cfg.numa_node;
+    po.dev = o->dev;
+    po.flags = 0;
+    if (zo_pinned_alloc(out, bytes, &po) < 0)
+        return 0;
+    o->pinned_bytes += bytes;
+    return 1;
+}
+
 static int host_alloc(zo_optim *o, void **out, size_t bytes, int want_pinned, int *pinned)
 {
     *pinned = 0;
-    if (want_pinned && o->cfg.pin_memory &&
-        (!o->cfg.pinned_bytes || o->pinned_bytes + bytes <= o->cfg.pinned_bytes)) {
-        zo_pin_opts po;
-        zo_pin_opts_default(&po);
-        po.numa_node = o->cfg.numa_node;
-        po.dev = o->dev;
-        po.flags = 0;
-        if (zo_pinned_alloc(out, bytes, &po) == 0) {
-            *pinned = 1;
-            o->pinned_bytes += bytes;
-            return 0;
-        }
+    if (want_pinned && pin_try(o, out, bytes)) {
+        *pinned = 1;
+        return 0;
     }
     int r = zo_aligned_alloc(out, ZO_ALIGN_UP(bytes, (size_t)64), 64);
     if (r < 0)
@@ -607,6 +613,25 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     for (unsigned b = 0; b < o->npbuf && need_pbuf; b++)
         if ((r = host_alloc(o, &o->pbuf[b], pb, 1, &o->pbuf_pinned[b])) < 0)
             goto fail;
+    /* Gradient windows in pinned memory where the budget has room after the
+     * store, the staging and the parameter buffers: a tensor's first
+     * gradient in a window of its own dtype is then copied by the device
+     * straight into its place (grad_one), and no host thread copies it out
+     * of staging. On CUDA that copy ran on the driver's one host-function
+     * thread, single-threaded, on the step's critical path (2 GiB of bf16
+     * gradients per step at 1G params, H200 run of 2026-11-27). A window
+     * that does not fit stays pageable and takes the staging path. */
+    size_t wb = (size_t)(o->win_bytes / o->nwin);
+    for (unsigned w = 0; w < o->nwin && !o->host_grads && wb; w++) {
+        void *p;
+        if (!pin_try(o, &p, wb))
+            break;
+        memset(p, 0, wb);
+        zo_aligned_free(o->acc[w]);
+        o->host_bytes -= wb;
+        o->acc[w] = p;
+        o->acc_pinned[w] = 1;
+    }
     if (o->dbl) {
         /* the second device buffer of every tensor with device params */
         for (unsigned i = 0; i < o->nt; i++) {
@@ -653,7 +678,8 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         (r = zo_stream_create(o->dev, &o->h2d)) < 0 || (r = zo_event_create(o->dev, &o->ev_win[0])) < 0 ||
         (r = zo_event_create(o->dev, &o->ev_win[1])) < 0 || (r = zo_event_create(o->dev, &o->ev_copied[0])) < 0 ||
         (r = zo_event_create(o->dev, &o->ev_copied[1])) < 0 || (r = zo_event_create(o->dev, &o->ev_freed[0])) < 0 ||
-        (r = zo_event_create(o->dev, &o->ev_freed[1])) < 0 || (r = zo_event_create(o->dev, &o->ev_tail)) < 0) {
+        (r = zo_event_create(o->dev, &o->ev_freed[1])) < 0 || (r = zo_event_create(o->dev, &o->ev_tail)) < 0 ||
+        (r = zo_event_create(o->dev, &o->ev_direct)) < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_create: device streams: %s", zo_dev_errmsg(o->dev));
         goto fail;
     }
@@ -704,6 +730,7 @@ void zo_optim_destroy(zo_optim **op)
         zo_event_destroy(&o->ev_copied[b]);
         zo_event_destroy(&o->ev_freed[b]);
     }
+    zo_event_destroy(&o->ev_direct);
     zo_event_destroy(&o->ev_tail);
     zo_stream_destroy(&o->h2d);
     zo_event_destroy(&o->ev_win[0]);
@@ -831,6 +858,7 @@ typedef struct d2h_job {
     int track;      /* eager: a piece of the tensor's last micro-step gradient */
     unsigned index; /* tensor */
     uint64_t t0;
+    int direct;     /* copied by the device straight into the window: bookkeeping only */
 } d2h_job;
 
 static void d2h_begin(void *arg)
@@ -841,6 +869,17 @@ static void d2h_begin(void *arg)
 static void d2h_land(void *arg)
 {
     d2h_job *j = arg;
+    if (j->direct) {
+        uint64_t now = zo__now_ns(), from = ZO_MAX(j->t0, j->o->land_end);
+        j->o->land_end = now;
+        atomic_fetch_add(&j->o->d2h_ns[j->win], now - from);
+        atomic_fetch_add(&j->o->d2h_bytes[j->win], (uint64_t)j->n * j->o->ges);
+        atomic_fetch_add(&j->o->d2h_direct_bytes, (uint64_t)j->n * j->o->ges);
+        if (j->track)
+            zo__gst_landed(j->o, j->win, j->index);
+        free(j);
+        return;
+    }
     if (j->widen) {
         zo__win_spill_widen(j->o, j->win, j->index);
         free(j);
@@ -943,6 +982,10 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
     }
     float *spill = o->spill[w][index];
     int first = o->arrivals[w][index]++ == 0;
+    /* the first gradient of a tensor in a pinned window of its dtype: the
+     * device writes it in place (no staging, no host copy); the land stream
+     * still takes each piece in order, after the copy, for the counts */
+    int direct = !o->host_grads && o->acc_pinned[w] && first && !spill && o->wdt == o->gdt;
     for (uint64_t e = 0; e < t->numel; e += chunk) {
         size_t n = (size_t)ZO_MIN((uint64_t)chunk, t->numel - e);
         d2h_job *j = malloc(sizeof(*j));
@@ -955,6 +998,17 @@ static int grad_one(zo_optim *o, unsigned index, const void *dev_grad)
                            .track = track, .index = index};
             if ((r = zo_stream_host_fn(o->land, d2h_begin, j)) < 0 || (r = zo_stream_host_fn(o->land, d2h_land, j)) < 0)
                 return ZO_FAIL(&o->err, r, "zo_optim_grad: tensor '%s': queueing the accumulate: %s", t->name,
+                               zo_dev_errmsg(o->dev));
+            continue;
+        }
+        if (direct) {
+            void *dst = (char *)o->acc[w] + (t->off + e) * o->wes;
+            *j = (d2h_job){.o = o, .n = n, .win = w, .track = track, .index = index, .direct = 1};
+            if ((r = zo_stream_host_fn(o->d2h, d2h_begin, j)) < 0 ||
+                (r = zo_memcpy_async(o->d2h, dst, src, n * o->ges, ZO_COPY_D2H)) < 0 ||
+                (r = zo_event_record(o->ev_direct, o->d2h)) < 0 || (r = zo_stream_wait_event(o->land, o->ev_direct)) < 0 ||
+                (r = zo_stream_host_fn(o->land, d2h_land, j)) < 0)
+                return ZO_FAIL(&o->err, r, "zo_optim_grad: tensor '%s': queueing the copy: %s", t->name,
                                zo_dev_errmsg(o->dev));
             continue;
         }
@@ -1550,6 +1604,8 @@ int zo_optim_get_info(zo_optim *o, zo_optim_info *uinfo)
     info->host_bytes = o->host_bytes + atomic_load(&o->spill_bytes);
     info->grad_buffer_bytes = o->win_bytes + atomic_load(&o->spill_bytes);
     info->grad_buffer_dtype = o->wdt;
+    info->grad_windows_pinned = (unsigned)(o->acc_pinned[0] + o->acc_pinned[1]);
+    info->grad_direct_bytes_total = atomic_load(&o->d2h_direct_bytes);
     info->dpu_active = o->cfg.dpu && o->boundaries > o->cfg.dpu_warmup_steps;
     info->eager_subgroups = o->eager_updates;
     return ZO_STRUCT_OUT(uinfo, info, ZO_OPTIM_INFO_SIZE_V1, &o->err, "zo_optim_get_info");

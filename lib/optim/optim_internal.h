@@ -153,6 +153,7 @@ struct zo_optim {
     zo_dtype wdt;
     size_t wes;
     void *acc[2];
+    int acc_pinned[2]; /* pinned: first gradients are copied into it by the device */
     float **spill[2];
     _Atomic unsigned nspill[2];
     _Atomic uint64_t spill_bytes;
@@ -171,8 +172,10 @@ struct zo_optim {
     uint64_t land_end;   /* when the latest accumulate ended (land stream only) */
     zo_stream *d2h, *land, *h2d;
     zo_event *ev_copied[2], *ev_freed[2], *ev_tail;
+    zo_event *ev_direct; /* a direct piece copied (d2h), for the land stream to wait on */
     zo_event *ev_win[2];  /* recorded on `land` at the step call: every gradient of the window landed */
     _Atomic uint64_t d2h_ns[2], d2h_bytes[2];
+    _Atomic uint64_t d2h_direct_bytes; /* since create: pieces the device copied into a pinned window */
     zo__gst gst[2];
 
     /* parameter buffers (param dtype, flat layout) */

@@ -97,8 +97,12 @@ void zo__win_free(zo_optim *o)
             zo__win_reset(o, w);
         free(o->spill[w]);
         o->spill[w] = NULL;
-        zo_aligned_free(o->acc[w]);
+        if (o->acc_pinned[w])
+            zo_pinned_free(o->acc[w]);
+        else
+            zo_aligned_free(o->acc[w]);
         o->acc[w] = NULL;
+        o->acc_pinned[w] = 0;
         free(o->arrivals[w]);
         o->arrivals[w] = NULL;
     }

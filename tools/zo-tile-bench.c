@@ -421,6 +421,7 @@ typedef struct bench {
     uint64_t slot_size;     /* the store's pool slot (chosen in main) */
     int slot_auto;          /* chosen by --slot-size auto */
     fio_setup fio;          /* fio's job and file (file[0]: none made) */
+    void *hw;               /* pinned copy of W: the host->device bound, when the host home copies */
 } bench;
 
 static const char *fetch_mode(const zo_tile_grid *g)
@@ -462,6 +463,19 @@ static int untiled(bench *bn)
     if (r == 0)
         r = zo_stream_sync(s);
     return r < 0 ? fail("untiled GEMMs", r, zo_dev_errmsg(bn->dev)) : 0;
+}
+
+/* The pinned-host home's bound when its tiles are copied to the device:
+ * W crosses host->device twice a step (forward, backward), so the tiled
+ * run cannot beat two copies of W from pinned memory, one piece each. */
+static int h2d_twice(bench *bn, uint64_t wbytes)
+{
+    int r = zo_memcpy_async(bn->s, bn->w, bn->hw, wbytes, ZO_COPY_H2D);
+    if (r == 0)
+        r = zo_memcpy_async(bn->s, bn->w, bn->hw, wbytes, ZO_COPY_H2D);
+    if (r == 0)
+        r = zo_stream_sync(bn->s);
+    return r < 0 ? fail("host->device copies of W", r, zo_dev_errmsg(bn->dev)) : 0;
 }
 
 /* One training step's use of the layer, as a training loop drives it:
@@ -611,12 +625,14 @@ static void teardown(bench *bn)
     for (size_t i = 0; i < sizeof(ps) / sizeof(ps[0]); i++)
         if (ps[i])
             zo_dev_free(bn->dev, ps[i]);
+    if (bn->hw)
+        zo_pinned_free(bn->hw);
     zo_stream_destroy(&bn->s);
     zo_dev_close(&bn->dev);
 }
 
-enum { R_UNTILED, R_HOST, R_NVME, R_FIO, R_COUNT };
-static const char *run_names[R_COUNT] = {"untiled", "tiled_host", "tiled_nvme", "fio_read"};
+enum { R_UNTILED, R_HOST, R_NVME, R_H2D, R_FIO, R_COUNT };
+static const char *run_names[R_COUNT] = {"untiled", "tiled_host", "tiled_nvme", "h2d_twice", "fio_read"};
 
 int main(int argc, char **argv)
 {
@@ -692,7 +708,26 @@ int main(int argc, char **argv)
             free(cbuf);
         }
     }
-    double *t[R_COUNT], *ratio_host = calloc(o.pairs, 8), *ratio_nvme = calloc(o.pairs, 8);
+    /* the pinned-host home copies its tiles (a GPU; --copy-tiles): its bound
+     * is max(GEMM, two host->device copies of W), measured in each pair
+     * from a pinned copy of W (W's own bytes, so W is unchanged) */
+    int use_h2d = !(bn.grid[0].flags & ZO_TILE_IN_PLACE);
+    if (use_h2d) {
+        zo_pin_opts po;
+        zo_pin_opts_default(&po);
+        po.dev = bn.dev;
+        int pr = zo_pinned_alloc(&bn.hw, (size_t)wbytes, &po);
+        if (pr == 0)
+            pr = zo_memcpy_async(bn.s, bn.hw, bn.w, wbytes, ZO_COPY_D2H);
+        if (pr == 0)
+            pr = zo_stream_sync(bn.s);
+        if (pr < 0) {
+            fprintf(stderr, "zo-tile-bench: no host->device bound: a pinned copy of W: %s\n", zo_strerror(pr));
+            use_h2d = 0;
+        }
+    }
+    double *t[R_COUNT], *ratio_host = calloc(o.pairs, 8), *ratio_nvme = calloc(o.pairs, 8),
+           *ratio_host_b = calloc(o.pairs, 8);
     for (int k = 0; k < R_COUNT; k++)
         t[k] = calloc(o.pairs, sizeof(double));
     /* one warm-up round (first-touch, OpenBLAS thread start, page cache;
@@ -714,7 +749,7 @@ int main(int argc, char **argv)
             use_fio = 0; /* say why below; the rest still runs */
     }
     for (unsigned p = 0; p < o.pairs && !rc; p++) {
-        int order[R_COUNT] = {R_UNTILED, R_HOST, R_NVME, R_FIO};
+        int order[R_COUNT] = {R_UNTILED, R_HOST, R_NVME, R_H2D, R_FIO};
         if (p % 2) /* alternate: reversed every other round */
             for (int a = 0, b = R_COUNT - 1; a < b; a++, b--) {
                 int tmp = order[a];
@@ -723,11 +758,13 @@ int main(int argc, char **argv)
             }
         for (int q = 0; q < R_COUNT && !rc; q++) {
             int k = order[q];
-            if ((k == R_NVME && o.no_nvme) || (k == R_FIO && !use_fio))
+            if ((k == R_NVME && o.no_nvme) || (k == R_FIO && !use_fio) || (k == R_H2D && !use_h2d))
                 continue;
             double t0 = now_s();
             if (k == R_UNTILED)
                 rc = untiled(&bn);
+            else if (k == R_H2D)
+                rc = h2d_twice(&bn, wbytes);
             else if (k == R_HOST || k == R_NVME)
                 rc = tiled(&bn, k == R_NVME);
             else if (fio_read_bw(&bn.fio, &t[R_FIO][p], fio_err, sizeof(fio_err)) < 0)
@@ -736,6 +773,7 @@ int main(int argc, char **argv)
                 t[k][p] = now_s() - t0;
         }
         ratio_host[p] = t[R_HOST][p] / t[R_UNTILED][p];
+        ratio_host_b[p] = t[R_HOST][p] / (use_h2d ? fmax(t[R_UNTILED][p], t[R_H2D][p]) : t[R_UNTILED][p]);
         if (use_fio)
             ratio_nvme[p] = t[R_NVME][p] / fmax(t[R_UNTILED][p], 2.0 * (double)wbytes / t[R_FIO][p]);
     }
@@ -744,6 +782,7 @@ int main(int argc, char **argv)
         for (int k = 0; k < R_COUNT; k++)
             med[k] = zo_median(t[k], o.pairs);
         double rh = zo_median(ratio_host, o.pairs), rn = use_fio ? zo_median(ratio_nvme, o.pairs) : NAN;
+        double rhb = zo_median(ratio_host_b, o.pairs);
         zo_tile_walk_stats ws[2];
         zo_tiled_linear_get_stats(bn.tl[0], &ws[0]);
         zo_tiled_linear_get_stats(bn.tl[1], &ws[1]);
@@ -778,7 +817,7 @@ int main(int argc, char **argv)
             }
             zj_obj_begin(&j, "median_seconds");
             for (int k = 0; k < R_FIO; k++)
-                if (k != R_NVME || !o.no_nvme)
+                if ((k != R_NVME || !o.no_nvme) && (k != R_H2D || use_h2d))
                     zj_num(&j, run_names[k], med[k]);
             zj_obj_end(&j);
             if (use_fio)
@@ -803,12 +842,15 @@ int main(int argc, char **argv)
             zj_bool(&j, "pool_locked", ss.pool_locked);
             zj_obj_end(&j);
             zj_num(&j, "ratio_host_to_untiled", rh);
+            /* max(GEMM, 2 W host->device) where the tiles are copied; untiled where read in place */
+            zj_num(&j, "ratio_host_to_bound", rhb);
+            zj_str(&j, "host_bound", use_h2d ? "max(untiled, h2d_twice)" : "untiled");
             zj_num(&j, "ratio_nvme_to_bound", rn);
             zj_arr_begin(&j, "pairs");
             for (unsigned p = 0; p < o.pairs; p++) {
                 zj_obj_begin(&j, NULL);
                 for (int k = 0; k < R_COUNT; k++)
-                    if ((k != R_NVME || !o.no_nvme) && (k != R_FIO || use_fio))
+                    if ((k != R_NVME || !o.no_nvme) && (k != R_FIO || use_fio) && (k != R_H2D || use_h2d))
                         zj_num(&j, run_names[k], t[k][p]);
                 zj_obj_end(&j);
             }
@@ -876,7 +918,10 @@ int main(int argc, char **argv)
             }
             printf("%u pairs, order alternating\n", o.pairs);
             printf("  untiled GEMMs (W on the device)   %10.3f ms\n", med[R_UNTILED] * 1e3);
-            printf("  tiled, W in pinned host memory    %10.3f ms   ratio to untiled %.3f\n", med[R_HOST] * 1e3, rh);
+            printf("  tiled, W in pinned host memory    %10.3f ms   ratio to untiled %.3f", med[R_HOST] * 1e3, rh);
+            if (use_h2d)
+                printf(", to max(GEMM, 2 x W host->device = %.3f ms) %.3f", med[R_H2D] * 1e3, rhb);
+            printf("\n");
             if (!o.no_nvme) {
                 printf("  tiled, W on NVMe                  %10.3f ms", med[R_NVME] * 1e3);
                 if (use_fio)
@@ -912,6 +957,7 @@ int main(int argc, char **argv)
         free(t[k]);
     free(ratio_host);
     free(ratio_nvme);
+    free(ratio_host_b);
     teardown(&bn);
     return rc;
 }

@@ -337,6 +337,21 @@ ZO_API int zo_store_stream_close(zo_store_stream **stp)
     return err;
 }
 
+/* The read-ahead depth the store's own streams (copies, checkpoints,
+ * restores) use: 2 where the pool has room, 1 in a small pool. A stream
+ * holds depth + 1 slots, one more to write behind, and one slot is kept for
+ * transfers; 0 (ZO_ECONFIG recorded) when not even depth 1 fits. Before,
+ * checkpoint and restore asked for depth 2 whatever the pool, and a restore
+ * in a 4-slot pool failed with -EBUSY (found by the CUDA store test). */
+static int own_depth(zo_store *s, int writing, const char *fn, unsigned *depth)
+{
+    int room = (int)s->nslots - 2 - (writing ? 1 : 0);
+    *depth = room >= 2 ? 2u : room == 1 ? 1u : 0u;
+    if (*depth == 0)
+        return ZO_FAIL(&s->err, ZO_ECONFIG, "%s: the pool has too few slots (%u) to stream", fn, s->nslots);
+    return 0;
+}
+
 /* ---- copies to and from user memory ------------------------------------------------------- */
 static int range_check(zo_store *s, zo_tensor *t, uint64_t off, const void *buf, size_t len, const char *fn)
 {
@@ -360,11 +375,10 @@ static int copy_range(zo_store *s, zo_tensor *t, uint64_t off, void *dst, const 
         int partial = (off % piece) || ((off + len) % piece && off + len != t->bytes);
         mode = ZO_STREAM_WRITE | (partial ? ZO_STREAM_READ : 0);
     }
-    /* slots: one kept for transfers, one held, one writing behind */
-    int room = (int)s->nslots - 2 - (writing ? 1 : 0);
-    unsigned depth = room >= 2 ? 2u : room == 1 ? 1u : 0u;
-    if (depth == 0)
-        return ZO_FAIL(&s->err, ZO_ECONFIG, "store: the pool has too few slots (%u) to stream", s->nslots);
+    unsigned depth;
+    int r = own_depth(s, writing, writing ? "zo_store_write" : "zo_store_read", &depth);
+    if (r < 0)
+        return r;
     /* a write of part of the tensor keeps the rest: the home copy must be
      * current when the stream opens. Flushed first; a writer that slipped
      * in between (an acquire with WRITE, released dirty) makes the open
@@ -372,7 +386,6 @@ static int copy_range(zo_store *s, zo_tensor *t, uint64_t off, void *dst, const 
      * every acquire out. */
     int need_home = writing && (off != 0 || len != t->bytes);
     zo_store_stream *st;
-    int r;
     do {
         if (writing && (r = zo_store_flush(s, t)) < 0)
             return r;
@@ -587,8 +600,11 @@ ZO_API int zo_store_checkpoint(zo_store *s, const char *root, const char *name, 
     }
     for (unsigned i = 0; i < cnt && r == 0; i++) {
         zo_store_stream *st;
+        unsigned depth;
+        if ((r = own_depth(s, 0, "zo_store_checkpoint", &depth)) < 0)
+            break;
         pthread_mutex_lock(&s->lock);
-        r = stream_open_locked(s, list[i], ZO_STREAM_READ, 2, 0, list[i]->bytes, 1, 0, &st);
+        r = stream_open_locked(s, list[i], ZO_STREAM_READ, depth, 0, list[i]->bytes, 1, 0, &st);
         pthread_mutex_unlock(&s->lock);
         if (r < 0)
             break;
@@ -709,11 +725,14 @@ ZO_API int zo_store_restore2(zo_store *s, const char *root, const char *name, co
      * be written home; a piece that fails is never written. */
     for (unsigned i = 0; i < n && r == 0; i++) {
         zo_store_stream *st;
-        pthread_mutex_lock(&s->lock);
-        /* waits for background transfers of it (a write-back, a prefetch)
-         * and for pool slots: they come free by themselves */
-        r = stream_open_locked(s, list[i], ZO_STREAM_WRITE, 2, 0, list[i]->bytes, 1, 0, &st);
-        pthread_mutex_unlock(&s->lock);
+        unsigned depth;
+        if ((r = own_depth(s, 1, "zo_store_restore", &depth)) == 0) {
+            pthread_mutex_lock(&s->lock);
+            /* waits for background transfers of it (a write-back, a prefetch)
+             * and for pool slots: they come free by themselves */
+            r = stream_open_locked(s, list[i], ZO_STREAM_WRITE, depth, 0, list[i]->bytes, 1, 0, &st);
+            pthread_mutex_unlock(&s->lock);
+        }
         if (r < 0) {
             char after[ZO_TENSOR_NAME_MAX + 128];
             snprintf(after, sizeof(after), " (tensor %u of %u, '%s': the ones before it are restored, it and the rest "

@@ -114,9 +114,16 @@ int zo__cuda_gemm(zo_stream *s, const zo__gemm_args *g)
         /* Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T:
          * the same buffers with the operands swapped and m, n swapped. */
         cudaDataType t = data_type(g->ab_type);
+        /* k == 0 reads neither A nor B (zo_gemm_async takes any strides
+         * then), but cuBLAS still checks them against the shapes and
+         * refused 4 x 4 x 0 with lda 0 on the H200: give it strides that
+         * pass; C = beta C as BLAS defines it */
+        int lda = (int)g->lda, ldb = (int)g->ldb;
+        if (g->k == 0)
+            lda = ldb = (int)ZO_MAX(ZO_MAX(g->m, g->n), (size_t)1);
         st = blas.gemm_ex(h, g->op_b == ZO_GEMM_T ? CUBLAS_OP_T : CUBLAS_OP_N,
                           g->op_a == ZO_GEMM_T ? CUBLAS_OP_T : CUBLAS_OP_N, (int)g->n, (int)g->m, (int)g->k,
-                          &g->alpha, g->b, t, (int)g->ldb, g->a, t, (int)g->lda, &g->beta, g->c, CUDA_R_32F,
+                          &g->alpha, g->b, t, ldb, g->a, t, lda, &g->beta, g->c, CUDA_R_32F,
                           (int)g->ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }
     pthread_mutex_unlock(&blas.lock);

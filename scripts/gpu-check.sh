@@ -43,6 +43,7 @@ usage() {
 usage: $self --prepare [--deps DIR]
        $self [--out DIR] [--build-dir DIR] [--deps DIR] [--budget SECONDS] [--jobs N]
                  [--nvme-path DIR] [--system-deps] [--host-rehearsal] [--libcuda PATH]
+                 [--only STEPS]
        $self --check-device [--libcuda PATH]
 
 The GPU run as one prepared command (docs/benchmarks.md, "GPU check").
@@ -66,6 +67,9 @@ The GPU run as one prepared command (docs/benchmarks.md, "GPU check").
   --system-deps     build against the installed packages instead of the bundle
   --host-rehearsal  no GPU needed: the same build, steps and report, on the host
                     backend at small sizes (to test this script)
+  --only STEPS      run only these steps (comma-separated: zo-info, tests, optim-host,
+                    optim-dpu, tile-a, tile-b, train-host, optim-nvme, train-nvme) after
+                    deps, setup and compile: a short rerun of what failed
   --libcuda PATH    driver library the device check loads (default libcuda.so.1;
                     the tests point it at a missing file)
 
@@ -85,7 +89,7 @@ say() { printf 'gpu-check: %s\n' "$*" >&2; }
 
 # ---- arguments ---------------------------------------------------------------------------------
 mode=run out="" build_dir="$root/build-gpu" deps_dir="$root/.gpu-deps" budget=540 jobs="" nvme_path=/var/tmp
-system_deps=0 rehearsal=0 libcuda=libcuda.so.1
+system_deps=0 rehearsal=0 libcuda=libcuda.so.1 only=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --prepare) mode=prepare ;;
@@ -99,6 +103,7 @@ while [ $# -gt 0 ]; do
     --system-deps) system_deps=1 ;;
     --host-rehearsal) rehearsal=1 ;;
     --libcuda) libcuda=${2:?}; shift ;;
+    --only) only=,${2:?},; shift ;;
     -h|--help) usage; exit 0 ;;
     *) say "unknown option '$1' (see --help)"; exit $EXIT_USAGE ;;
     esac
@@ -327,6 +332,13 @@ step() {
     if [ "$1" = --inline ]; then inline=1; shift; fi  # a function of this shell, no timeout
     [ "$1" = -- ] && shift
     local now left cmd
+    case "$name" in
+    deps|setup|compile) ;;  # what every other step needs
+    *) if [ -n "$only" ] && [[ "$only" != *",$name,"* ]]; then
+           printf '%s\tskipped\t\t0\t0\t%s\tnot in --only\n' "$name" "$(printf '%q ' "$@")" >>"$work/steps.tsv"
+           return 1
+       fi ;;
+    esac
     now=$(date +%s)
     left=$((deadline - now - 15))
     cmd=$(printf '%q ' "$@")

@@ -92,7 +92,8 @@ class OptimInfo(ctypes.Structure):
                 ("pinned_bytes", c_u64), ("host_bytes", c_u64), ("dpu_active", c_int),
                 ("eager_subgroups", c_u64), ("updates_done", c_u64), ("nvme_read_bytes_total", c_u64),
                 ("nvme_write_bytes_total", c_u64), ("grad_buffer_bytes", c_u64),
-                ("grad_buffer_dtype", c_int)]
+                ("grad_buffer_dtype", c_int), ("grad_windows_pinned", c_uint),
+                ("grad_direct_bytes_total", c_u64)]
 
 
 class OptimTimeline(ctypes.Structure):

@@ -784,6 +784,15 @@ int main(int argc, char **argv)
             zj_uint(&j, "nvme_write_bytes", wr);
             zj_uint(&j, "pinned_bytes", info.pinned_bytes);
             zj_uint(&j, "host_bytes", info.host_bytes);
+            {
+                /* gradients the device copied straight into a pinned window
+                 * (docs/optim.md), over the whole run: asked for now */
+                zo_optim_info now = {.struct_size = sizeof(now)};
+                if (zo_optim_get_info(b.opt, &now) == 0) {
+                    zj_uint(&j, "grad_windows_pinned", now.grad_windows_pinned);
+                    zj_uint(&j, "grad_direct_bytes_total", now.grad_direct_bytes_total);
+                }
+            }
             zj_uint(&j, "peak_rss_bytes", peak_rss());
             zj_arr_begin(&j, "steps");
             for (unsigned k = 0; k < n; k++) {

@@ -271,8 +271,11 @@ ZO_API int zo_gemm_async(zo_stream *s, zo_gemm_op op_a, zo_gemm_op op_b, size_t 
                          size_t ldc);
 
 /** Name of the GEMM implementation this build's backend `kind` uses:
- *  "openblas", "openblas+sbgemm", "reference" (host), "cublas" (CUDA),
- *  "none" (backend not built). Does not load anything. */
+ *  "openblas", "openblas+sbgemm", "reference" or "reference (OpenBLAS not
+ *  loaded: why)" (host), "cublas" (CUDA), "none" (backend not built). For
+ *  the host backend this opens OpenBLAS, as the first GEMM would (it is
+ *  never opened at load: docs/api.md, "Linking"); for CUDA it loads
+ *  nothing. */
 ZO_API const char *zo_gemm_impl(zo_dev_kind kind);
 /**@}*/
 

@@ -1,6 +1,12 @@
 /* The host backend's GEMM: OpenBLAS where the build has it, a plain C loop
  * otherwise. Runs on the calling thread (the stream's worker).
  *
+ * OpenBLAS is opened with dlopen on the first GEMM (or zo_gemm_impl), not
+ * linked: a pthread OpenBLAS starts ncpu - 1 threads when it is loaded, and
+ * every program linking libzoffload paid for them, even one that only runs
+ * the optimizer (issue 21). Where it cannot be opened the C loop runs and
+ * zo_gemm_impl() says why.
+ *
  * bf16/f16 operands: OpenBLAS's cblas_sbgemm where the library exports it
  * (Debian's 0.3.21 declares it in cblas.h but is built without
  * BUILD_BFLOAT16, so meson checks the symbol, not the header); otherwise
@@ -11,21 +17,75 @@
 #define ZO_MODULE "dev.host"
 #include "dev/dev_internal.h"
 
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <zoffload/vec.h>
 
 #if ZO_HAVE_OPENBLAS
-#include <cblas.h>
+/* cblas.h's values, fixed by the CBLAS standard; OpenBLAS's blasint is int
+ * outside its 64-bit-integer builds (a different soname, libopenblas64) */
+enum { CB_ROW_MAJOR = 101, CB_NO_TRANS = 111, CB_TRANS = 112 };
+typedef void (*sgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const float *a, int lda,
+                         const float *b, int ldb, float beta, float *c, int ldc);
+typedef void (*sbgemm_fn)(int order, int ta, int tb, int m, int n, int k, float alpha, const uint16_t *a, int lda,
+                          const uint16_t *b, int ldb, float beta, float *c, int ldc);
+
+static struct {
+    pthread_once_t once;
+    void *h;
+    sgemm_fn sgemm;
+    sbgemm_fn sbgemm; /* NULL where the library lacks it (Debian's 0.3.21: built without BUILD_BFLOAT16) */
+    char impl[320];
+} blas = {.once = PTHREAD_ONCE_INIT};
+
+static void blas_open(void)
+{
+    /* ZO_OPENBLAS names another copy; then the build's (its pkg-config
+     * libdir), then the loader's search path */
+    const char *names[] = {getenv("ZO_OPENBLAS"), ZO_OPENBLAS_PATH, "libopenblas.so.0", "libopenblas.so"};
+    char why[256] = "";
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]) && !blas.h; i++) {
+        if (!names[i] || !names[i][0])
+            continue;
+        blas.h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!blas.h && !why[0]) {
+            const char *e = dlerror();
+            snprintf(why, sizeof(why), "%s", e ? e : names[i]);
+        }
+    }
+    if (blas.h) {
+        blas.sgemm = (sgemm_fn)(uintptr_t)dlsym(blas.h, "cblas_sgemm");
+        blas.sbgemm = (sbgemm_fn)(uintptr_t)dlsym(blas.h, "cblas_sbgemm");
+        if (!blas.sgemm) {
+            snprintf(why, sizeof(why), "the OpenBLAS opened has no cblas_sgemm");
+            dlclose(blas.h);
+            blas.h = NULL;
+            blas.sbgemm = NULL;
+        }
+    }
+    if (blas.h)
+        snprintf(blas.impl, sizeof(blas.impl), "%s", blas.sbgemm ? "openblas+sbgemm" : "openblas");
+    else
+        snprintf(blas.impl, sizeof(blas.impl), "reference (OpenBLAS not loaded: %s)", why);
+    if (!blas.h)
+        ZO_LOGW("OpenBLAS cannot be opened (%s): host GEMMs run the plain C loop", why);
+}
+
+static void blas_need(void)
+{
+    pthread_once(&blas.once, blas_open);
+}
 #endif
 
 const char *zo__host_gemm_impl(void)
 {
-#if ZO_HAVE_OPENBLAS && ZO_HAVE_CBLAS_SBGEMM
-    return "openblas+sbgemm";
-#elif ZO_HAVE_OPENBLAS
-    return "openblas";
+#if ZO_HAVE_OPENBLAS
+    blas_need();
+    return blas.impl;
 #else
     return "reference";
 #endif
@@ -54,12 +114,15 @@ static void ref_sgemm(const zo__gemm_args *g, const float *a, size_t lda, const 
 static void sgemm(const zo__gemm_args *g, const float *a, size_t lda, const float *b, size_t ldb)
 {
 #if ZO_HAVE_OPENBLAS
-    cblas_sgemm(CblasRowMajor, g->op_a == ZO_GEMM_T ? CblasTrans : CblasNoTrans,
-                g->op_b == ZO_GEMM_T ? CblasTrans : CblasNoTrans, (blasint)g->m, (blasint)g->n, (blasint)g->k,
-                g->alpha, a, (blasint)lda, b, (blasint)ldb, g->beta, g->c, (blasint)g->ldc);
-#else
-    ref_sgemm(g, a, lda, b, ldb);
+    blas_need();
+    if (blas.sgemm) {
+        blas.sgemm(CB_ROW_MAJOR, g->op_a == ZO_GEMM_T ? CB_TRANS : CB_NO_TRANS,
+                   g->op_b == ZO_GEMM_T ? CB_TRANS : CB_NO_TRANS, (int)g->m, (int)g->n, (int)g->k, g->alpha, a,
+                   (int)lda, b, (int)ldb, g->beta, g->c, (int)g->ldc);
+        return;
+    }
 #endif
+    ref_sgemm(g, a, lda, b, ldb);
 }
 
 /* Widen the stored rows x cols block of x (stride ld) into a packed f32
@@ -93,12 +156,15 @@ static int run(const zo__gemm_args *g, int reference)
             sgemm(g, g->a, g->lda, g->b, g->ldb);
         return 0;
     }
-#if ZO_HAVE_OPENBLAS && ZO_HAVE_CBLAS_SBGEMM
+#if ZO_HAVE_OPENBLAS
     if (!reference && g->ab_type == ZO_DTYPE_BF16) {
-        cblas_sbgemm(CblasRowMajor, g->op_a == ZO_GEMM_T ? CblasTrans : CblasNoTrans,
-                     g->op_b == ZO_GEMM_T ? CblasTrans : CblasNoTrans, (blasint)g->m, (blasint)g->n, (blasint)g->k,
-                     g->alpha, g->a, (blasint)g->lda, g->b, (blasint)g->ldb, g->beta, g->c, (blasint)g->ldc);
-        return 0;
+        blas_need();
+        if (blas.sbgemm) {
+            blas.sbgemm(CB_ROW_MAJOR, g->op_a == ZO_GEMM_T ? CB_TRANS : CB_NO_TRANS,
+                        g->op_b == ZO_GEMM_T ? CB_TRANS : CB_NO_TRANS, (int)g->m, (int)g->n, (int)g->k, g->alpha,
+                        g->a, (int)g->lda, g->b, (int)g->ldb, g->beta, g->c, (int)g->ldc);
+            return 0;
+        }
     }
 #endif
     size_t ar = g->op_a == ZO_GEMM_N ? g->m : g->k, ac = g->op_a == ZO_GEMM_N ? g->k : g->m;

@@ -196,17 +196,25 @@ def load_safetensors(path):
         raise WeightsError("%s: header of %d bytes in a file of %d" % (path, n, len(raw)))
     try:
         header = json.loads(raw[8:8 + n])
-    except ValueError as e:
-        raise WeightsError("%s: header is not JSON (%s)" % (path, e)) from e
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
+        raise WeightsError("%s: header is not JSON (%s)" % (path, type(e).__name__)) from e
+    if not isinstance(header, dict):
+        raise WeightsError("%s: header is a JSON %s, not an object of tensors" % (path, type(header).__name__))
     data = memoryview(raw)[8 + n:]
     out = {}
     for name, d in header.items():
         if name == "__metadata__":
             continue
-        try:
-            dt, shape, (b, e) = _ST_DTYPES[d["dtype"]], [int(x) for x in d["shape"]], d["data_offsets"]
-        except (KeyError, TypeError, ValueError) as ex:
-            raise WeightsError("%s: tensor %r: unsupported or malformed entry %r" % (path, name, d)) from ex
+        # every field checked for its type and range before it is used: a
+        # malformed file ends in this message, never in a traceback
+        ok = (isinstance(d, dict) and isinstance(d.get("dtype"), str) and d["dtype"] in _ST_DTYPES
+              and isinstance(d.get("shape"), list)
+              and all(type(x) is int and 0 <= x < 2 ** 48 for x in d["shape"])
+              and isinstance(d.get("data_offsets"), list) and len(d["data_offsets"]) == 2
+              and all(type(x) is int and x >= 0 for x in d["data_offsets"]))
+        if not ok:
+            raise WeightsError("%s: tensor %r: unsupported or malformed entry %.200r" % (path, name, d))
+        dt, shape, (b, e) = _ST_DTYPES[d["dtype"]], d["shape"], d["data_offsets"]
         numel = math.prod(shape)
         esz = torch.tensor([], dtype=dt).element_size()
         if not (0 <= b <= e <= len(data)) or e - b != numel * esz:

@@ -81,6 +81,43 @@ def test_finetune_weights_round_trip(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if ".tmp." in f]
 
 
+def test_finetune_malformed_safetensors_headers(tmp_path):
+    """Each malformed header the issue found (AttributeError, RecursionError,
+    TypeError, OverflowError, RuntimeError on negative dims before) is a
+    WeightsError, which main() turns into exit 2 with the message."""
+    torch_or_skip()
+    sys.path.insert(0, os.path.join(SRC, "examples"))
+    import finetune
+
+    def file_with(header_bytes, data=b"\0" * 16):
+        p = tmp_path / ("h%d.safetensors" % len(os.listdir(tmp_path)))
+        p.write_bytes(len(header_bytes).to_bytes(8, "little") + header_bytes + data)
+        return str(p)
+
+    cases = [
+        b"[1, 2, 3]",                                               # not an object
+        b"[" * 100000 + b"]" * 100000,                              # deeper than the parser's stack
+        b'{"x": 5}',                                                # entry not an object
+        b'{"x": {"dtype": ["F32"], "shape": [1], "data_offsets": [0, 4]}}',   # unhashable dtype
+        b'{"x": {"dtype": "F32", "shape": [-2, -2], "data_offsets": [0, 16]}}',  # negative dims
+        b'{"x": {"dtype": "F32", "shape": [1e300], "data_offsets": [0, 4]}}',  # float dim
+        b'{"x": {"dtype": "F32", "shape": [4], "data_offsets": [0, 1e400]}}',  # inf offset
+        b'{"x": {"dtype": "F32", "shape": [99999999999999999999], "data_offsets": [0, 4]}}',
+        b'{"x": {"dtype": "F32", "shape": [2], "data_offsets": [8]}}',          # one offset
+        b'{"x": {"dtype": "F32", "shape": [2], "data_offsets": [0, 99]}}',      # past the data
+        b'{"x": {"dtype": "I64", "shape": [2], "data_offsets": [0, 16]}}',      # unsupported dtype
+    ]
+    for h in cases:
+        try:
+            finetune.load_safetensors(file_with(h))
+        except finetune.WeightsError:
+            pass
+        else:
+            raise AssertionError("accepted: %r" % h[:80])
+    good = finetune.load_safetensors(file_with(b'{"x": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}}'))
+    assert tuple(good["x"].shape) == (2, 2)
+
+
 def test_finetune_compare_all_warmup():
     """--steps no larger than --warmup times nothing: the comparison says so
     instead of dividing by zero."""

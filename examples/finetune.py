@@ -182,6 +182,11 @@ class WeightsError(Exception):
     """A weights file that cannot be used: said with the file and the tensor."""
 
 
+class MemoryNeedError(Exception):
+    """The run cannot fit in this machine's available memory: said before
+    anything is allocated, with the figures and what would fit."""
+
+
 def load_safetensors(path):
     """{name: tensor} from a .safetensors file (F32, F16, BF16)."""
     try:
@@ -408,6 +413,36 @@ def torch_adamw_need(nparams, dtype):
     return nparams * (2 * es + (12 if es == 2 else 8))
 
 
+def zoffload_need(args, nparams, hidden, dtype, offload_params=None):
+    """Host bytes the zoffload run will hold at its peak, from the sizes alone
+    (decided before anything is allocated: a 3B fp32 model was OOM-killed at
+    24.3 GB before its first step, leaving its swap files behind): the model's
+    parameters (only the device budget under --offload-params nvme), the
+    engine's gradient window (grads kept in their dtype, fp32 for fp32
+    params), fp32 masters and AdamW states in pinned memory under host
+    placement (12 B/param; on NVMe only the engine's pool, under 1 GiB), and
+    the activations. The memory model printed after creation gives the
+    engine's own figures for the same pieces."""
+    es = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}[dtype]
+    params = nparams * es
+    if offload_params == "nvme":
+        params = min(params, parse_size(args.param_budget))
+    window = nparams * es
+    states = nparams * 12 if args.offload == "cpu" else (1 << 30)
+    return params + window + states + activation_estimate(args, hidden)
+
+
+def parse_size(text):
+    """'256MiB', '1.5GiB', '4e9', '1G' -> bytes."""
+    t = str(text).strip()
+    units = [("KiB", 1 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30), ("TiB", 1 << 40),
+             ("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30), ("T", 1 << 40), ("B", 1)]
+    for u, m in units:
+        if t.endswith(u):
+            return int(float(t[:-len(u)]) * m)
+    return int(float(t))
+
+
 def activation_estimate(args, hidden):
     """Rough bytes of activations autograd keeps (per-element sizes of the
     tensors a block saves; with checkpointing one block's input per layer
@@ -438,6 +473,33 @@ def run(args, which, data):
                   "available: it cannot allocate its state; not run (--force-torch tries anyway)"
                   % (nparams / 1e6, need / GiB, args.dtype, avail / GiB))
             return None
+    if which == "zoffload":
+        d, h = args.dim, hidden
+        nparams = 2 * 256 * d + args.layers * (4 * d * d + 3 * d * h + 2 * d) + d
+        base = rss_bytes()
+
+        def need_with(**change):  # the same run with some options changed
+            a = argparse.Namespace(**dict(vars(args), **change))
+            dt = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[a.dtype]
+            return base + zoffload_need(a, nparams, h, dt, a.offload_params)
+
+        need = need_with()
+        avail = _meminfo("MemAvailable")
+        if avail is not None and need > avail and not args.force_memory:
+            alts = []
+            if args.dtype == "fp32":
+                alts.append("--dtype bf16 needs %.1f GiB" % (need_with(dtype="bf16") / GiB))
+            if args.offload_params != "nvme":
+                alts.append("--offload-params nvme needs %.1f GiB" % (need_with(offload_params="nvme") / GiB))
+            if args.offload == "cpu":
+                alts.append("--offload nvme needs %.1f GiB" % (need_with(offload="nvme") / GiB))
+            raise MemoryNeedError(
+                "%.2fM params, %s: the zoffload run needs about %.1f GiB of host memory (params, gradient "
+                "window, %s, activations) and MemAvailable is %.1f GiB; nothing was allocated. %s"
+                "(--force-memory tries anyway)"
+                % (nparams / 1e6, args.dtype, need / GiB,
+                   "masters and states in memory" if args.offload == "cpu" else "the NVMe pool",
+                   avail / GiB, ("Would fit or come closer: " + "; ".join(alts) + ". ") if alts else ""))
     rss0 = rss_bytes()
     model = Decoder(256, args.dim, args.layers, args.heads, args.seq, hidden=hidden,
                     dtype=dtype if dev.type == "cpu" else None,
@@ -701,6 +763,8 @@ def main():
                     help="with --offload nvme: measure the disk with fio on --nvme-path in the same "
                          "run and report the NVMe bound of the optimizer step")
     ap.add_argument("--torch-threads", type=int, default=None, help="torch.set_num_threads")
+    ap.add_argument("--force-memory", action="store_true",
+                    help="run the zoffload side even where the memory check says it cannot fit")
     ap.add_argument("--force-torch", action="store_true",
                     help="--compare torch: run torch AdamW even where its state cannot fit")
     ap.add_argument("--data", nargs="*", default=None,
@@ -771,9 +835,14 @@ def main():
                   % (b["which"], a["tokens_per_s"] / b["tokens_per_s"], b["opt_ms"] / a["opt_ms"]))
 
 
-if __name__ == "__main__":
+def cli():
+    """main() with the errors a user can fix as exit 2 and one line."""
     try:
         main()
-    except WeightsError as e:
+    except (WeightsError, MemoryNeedError) as e:
         print("finetune.py: %s" % e, file=sys.stderr)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    cli()

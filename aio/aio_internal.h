@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * aio internals shared by the engine front (engine.c), the files (file.c)
  * and the two backends (uring.c, threads.c). Not installed. Tests reach the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zo_aio: the backend-independent front of the engine. It validates and
  * queues requests, cuts them into pieces (see aio_internal.h), hands the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zo_file: a file opened for O_DIRECT where the filesystem allows it, with
  * a second, buffered descriptor of the same inode for the parts of a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Thread-pool backend: the same engine over pread/pwrite, for machines where
  * io_uring is unusable (kernel.io_uring_disabled, seccomp, an old kernel) or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * io_uring backend: one ring per I/O thread, created by that thread so the
  * ring can be single-issuer with deferred task running (completions are

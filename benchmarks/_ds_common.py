@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the DeepSpeed comparison scripts share: the virtual environment
 (made by setup_ds_venv.sh) and the fixes that let DeepSpeed's CPU ops
 JIT-build against the torch in it.

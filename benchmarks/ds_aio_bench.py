@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """DeepSpeed's aio handle against zo-aio-bench (and fio) on the same file.
 
 Runs, alternating A B C D A B C D ..., on one preallocated file:

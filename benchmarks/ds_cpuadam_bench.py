@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """zoffload's CPU optimizer against DeepSpeed's DeepSpeedCPUAdam, side by side.
 
 Two comparisons, each on the same n and thread count, alternating

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Every peer comparison in one run, with the versions recorded:
 #
 #   benchmarks/run_peers.sh [--system-torch] [--quick] [--out DIR] [--venv VENV]

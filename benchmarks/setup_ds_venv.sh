@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Make the virtual environment the DeepSpeed comparisons run in
 # (benchmarks/ds_cpuadam_bench.py, benchmarks/ds_aio_bench.py), from PyPI,
 # the way a user would:

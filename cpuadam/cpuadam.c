@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpuadam public API: argument checks, the per-step scalars, threading
  * (OpenMP, one contiguous 64-element-aligned range per thread walked in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpuadam internals: the job a kernel receives, the DSP table (one per
  * variant), and the scalar element formulas every variant follows.

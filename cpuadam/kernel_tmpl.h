@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The optimizer kernels, written once over a small vector layer that each
  * ISA file defines before including this header:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * cpuadam C reference kernels and the run-time dispatch of the DSP table.
  *

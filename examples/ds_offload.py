@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """DeepSpeed ZeRO-Offload as the peer of examples/finetune.py (--compare deepspeed).
 
 DeepSpeed is not a dependency of zoffload: it lives in the virtual

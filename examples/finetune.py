@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Train a small Llama-style decoder with zoffload's OffloadAdamW.
 
 A decoder-only transformer written here (RMSNorm, rotary position

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Crash-safe checkpoints: data + JSON manifest written under a temporary
  * directory, fsynced, renamed into place, then `latest` replaced atomically.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Checksums: CRC32C (C reference; SSE4.2 and VPCLMULQDQ kernels on x86-64,
  * CRC32C instruction and PMULL kernels on aarch64; picked at run time) and
  * XXH3 through libxxhash when the build has it. */

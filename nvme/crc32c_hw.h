@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CRC32C with a CPU's CRC32C instructions, written once for every ISA that
  * has them (SSE4.2's crc32, ARMv8's CRC32C*). The includer, a file built
  * with that ISA's flags, defines

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * nvme internals: the CRC32C kernel table (run-time dispatch), test hooks
  * and small shared helpers. The extent allocator the swap store carves its

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The swap store: arena files in one or more directories, striping, arena
  * space carved by the core's extent allocator, and swap in/out through the
  * aio engine with a checksum per chunk. A chunk's write is queued first and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Cross-build zoffload for aarch64 and run what covers its dispatch under
 # qemu-aarch64 (user-mode emulation), as CI does:
 #   zo-info, the core / cpuadam / optim suites, the CRC and swap tests of

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Install what the aarch64 cross build (cross/aarch64-linux-gnu.ini) and its
 # tests under qemu-aarch64 need, if missing: the cross compiler, qemu-user,
 # and the arm64 -dev packages through Debian multiarch. Idempotent.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The Python packages the tests use beyond Debian's (scripts/deps.sh installs
 # python3-torch, -numpy, -pytest, -venv): Hugging Face transformers and
 # accelerate, for tests/python/test_hf_trainer.py. Debian's pip refuses to

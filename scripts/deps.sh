@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Install the Debian packages zoffload builds and tests with, if missing.
 # The CUDA toolkit is expected in /usr/local/cuda (or $CUDA_PATH); without
 # it the build simply has no CUDA backend. The python3-* packages are for the

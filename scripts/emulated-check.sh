@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs what no developer machine shows: the library on CPUs it is not on.
 # Under qemu-user, on an existing native build (default build/, made by
 # scripts/test.sh), for each x86-64 CPU model:

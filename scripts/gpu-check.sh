@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The GPU check as one prepared command (issue 20).
 #
 # GPU machines are lent to few sessions, for minutes, without a network. So

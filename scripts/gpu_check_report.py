@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes gpu-check.sh's report: report.json (every step's command, exit
 status and time, the key numbers of each tool's JSON) and report.md (rows
 for docs/benchmarks.md). Reads the step records gpu-check.sh left in --work.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Set up and run the main job on its embedded default: zo-train trains an
 # MLP (6 layers of 2048, 25 M parameters) whose fp32 masters and AdamW
 # states do not fit the device budget it sets itself, through the offload

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Set up and run every test, as CI does: a -Werror build, then an
 # address+undefined sanitizer build, each running the whole suite; between
 # them the dispatch checks under emulation: x86-64 CPUs this machine is not

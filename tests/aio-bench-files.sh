@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # usage: aio-bench-files.sh ZO_AIO_BENCH
 # The data files zo-aio-bench makes are as safe as the library's own:
 #  - a symlink planted where the tool puts zo-aio-bench.0.dat (in /var/tmp

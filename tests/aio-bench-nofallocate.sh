@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # usage: aio-bench-nofallocate.sh ZO_AIO_BENCH
 # On a filesystem without fallocate (ext2: no extents) that fills up,
 # zo-aio-bench must say "No space left on device". It said "Operation not

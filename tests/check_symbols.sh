@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Fails if the shared library exports any symbol not starting with "zo_"
 # (internal helpers are "zo__" and must stay hidden too).
 lib="$1"

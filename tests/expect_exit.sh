@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # usage: expect_exit.sh CODE [PATTERN] -- COMMAND [ARGS...]
 # Passes when COMMAND exits with exactly CODE (not a signal, not another
 # code) and, if PATTERN is given, its stderr contains PATTERN.

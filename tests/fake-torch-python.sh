@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Stands in for `python3 -c <torch script> n threads kind` where torch is not
 # installed, speaking the same line protocol as zo-adam-bench's torch child:
 # READY with two modes, one of them "fused", then one time per "step" line.

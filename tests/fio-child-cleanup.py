@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A tool killed while fio runs must not leave fio running, nor its files.
 
 Usage: fio-child-cleanup.py store|aio|tile TOOL

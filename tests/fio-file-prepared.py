@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """zo-store-bench --optim --vs-fio and zo-tile-bench lay fio's file out
 themselves before fio first runs, so that fio never lays it out with
 buffered writes whose write-back would slow the next timed runs.

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # usage: gpu_check_refusal.sh SCRIPT
 # scripts/gpu-check.sh refuses at once where there is no CUDA device: exit 3,
 # a message that says so, a report that says so, and nothing built. The

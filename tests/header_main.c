@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Links the per-header translation units together. */
 #include <zoffload/zoffload.h>
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The store test environment shared by test_store, test_store_group,
  * test_store_ckpt and test_tiling: a temporary directory, a device (the
  * host backend unless asked: "device memory" is host memory capped by

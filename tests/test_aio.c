@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* aio: files and the engine, run against one backend (argv[1]: "uring" or
  * "threads"; the same suite runs on both). Every I/O path is checked for
  * exact bytes, both through the engine and with plain pread on a separate

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* aio under a memlock limit too small to register buffers: meson runs this
  * program under `prlimit --memlock=65536:65536`. Root ignores
  * RLIMIT_MEMLOCK while it holds CAP_IPC_LOCK, so the program drops that

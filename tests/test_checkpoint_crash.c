@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Checkpoints: the format and its validation (manifest, checksums, latest,
  * versions, names), pruning and cleanup, and the crash test: a child
  * process writing checkpoints in a loop is SIGKILLed at a random moment,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Platform core: error codes, logging, dtypes, sizes, CPU features and mask,
  * and the vec kernels, every variant against the C reference (checkasm
  * style). */

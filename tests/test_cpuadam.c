@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cpuadam: every variant against the C reference (checkasm style), the
  * reference against PyTorch (fixed vectors from torch 1.13) and against the
  * formulas in double, rollback, gradient statistics, threading, teams, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The device layer, one suite run against a backend named on the command
  * line ("host" or "cuda"). The host backend is the reference; the cuda run
  * exits 77 (skip) with the reason when no GPU/driver is present. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The core's extent allocator (lib/core/extent.c): random allocations,
  * frees and growth checked against a granule ownership map, the free-list
  * invariants after every step, and the refusals (double free, out of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host memory: aligned allocation, pinned allocation (locking, NUMA
  * binding, huge pages, MADV_DONTFORK, device registration), the budget and
  * the fallback to pageable memory. The memlock-limited variant of this

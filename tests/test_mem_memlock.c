@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Pinned memory when the OS refuses to lock: meson runs this program under
  * `prlimit --memlock=65536:65536`; it also drops CAP_IPC_LOCK (root ignores
  * RLIMIT_MEMLOCK otherwise) and sets the limit itself when run directly.

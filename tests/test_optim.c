@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zo_optim, the offload optimizer engine, on the host device backend (real
  * streams, events and copy threads; real pinned memory; the real store).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The DeepSpeed-style JSON config of zo_optim: DeepSpeed files accepted as
  * they are, every mapped key lands in the right field, typos are errors
  * that name the closest key, "auto" is resolved and reported, bad values

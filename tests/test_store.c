@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tiered store on the host device backend (the reference: "device memory"
  * is host memory capped by host_mem_limit), real pinned memory and a real
  * swap store: exact contents through every tier pair, a tensor larger than

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Checkpoints of the tiered store and the completion calls: a tensor in a
  * running checkpoint or restore cannot be unregistered (it was freed under
  * them), zo_store_test() says "not finished" with ZO_PENDING, never with a

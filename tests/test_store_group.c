@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Group sweeps of the tiered store (zo_store_sweep_*) and the tier sizing
  * query, on the host device backend, real pinned memory and a real swap
  * store: tensors of different element sizes walked in step, exact bytes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* nvme: CRC32C (every variant against a bitwise reference) and the swap
  * store on real files: exact bytes, striping, arena files (mode, removal), directory
  * checks, budgets and fragmentation, corruption detection, thousands of

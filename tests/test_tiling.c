@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tiling: the device GEMM op, the planner, the tiled linear and the
  * vocabulary-tiled cross-entropy, on the host device backend (the
  * reference: "device memory" is host memory capped by host_mem_limit) with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The tools' private run directories (tools/tool_common.c,
  * zo_tool_rundir_*): what a run killed with SIGKILL leaves behind is

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Topology: counts against what the OS says, device-to-node lookups, and
  * thread / OpenMP-team binding checked through the real affinity. meson runs
  * it twice: with hwloc and with ZO_TOPO=sysfs. */

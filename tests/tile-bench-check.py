@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """zo-tile-bench: fio's mode and file, and the automatic pool slot size.
 
 Usage: tile-bench-check.py fio|slot TOOL

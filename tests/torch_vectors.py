@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Generate tests/torch_vectors.h, the fixed PyTorch vectors test_cpuadam.c
 checks the C reference against.
 

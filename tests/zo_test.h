@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Shared helpers for the Check-based test programs: skipping, temporary
  * directories on a real filesystem, a seeded RNG, dropping CAP_IPC_LOCK so

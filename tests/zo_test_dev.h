@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Probing a device backend from a test program without initialising it in
  * the parent process.

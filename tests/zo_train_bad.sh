@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # usage: zo_train_bad.sh ZO_TRAIN CASE [ZO_PLAN]
 # zo-train's refusals and its cleanup: each case checks the exit code, the
 # message, and that nothing is left behind in the NVMe parent directory

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The tiled linear: y = x W^T + b with W a grid of store tiles streamed by
  * the walker. Every product is a zo_gemm_async() on the walker's compute
  * stream; the bias broadcast (y = 1 b^T) and db (dy^T 1) are GEMMs with a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The tile planner and the tile bookkeeping shared by the operators:
  * registering a grid of tiles in the store and moving a whole weight
  * matrix in and out of it.

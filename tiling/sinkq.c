@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The dW sink pipeline shared by the tiled operators (see tiling_internal.h). */
 #define ZO_MODULE "tiling"
 #include "tiling/tiling_internal.h"

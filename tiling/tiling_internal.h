@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Tiling internals shared by the walker, the planner and the operators.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The tile walker: the one mechanism every tiled operator uses. It streams
  * a list of store tensors through two device buffers, so tile k+1 travels
  * (copy stream) while tile k's work runs (compute stream).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A vocabulary-tiled output projection with a streaming softmax
  * cross-entropy, on the same walker as the tiled linear: the proof that the
  * mechanism is not Linear-only.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The optimizer sweep's I/O with liburing alone (raw_sweep.h). One thread,
  * one ring, no store: the loop a careful user would write by hand, so that
  * zo-store-bench can say how far the store is from it on the same disk. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The optimizer sweep's access pattern done with liburing alone, no store:
  * the reference `zo-store-bench --optim --vs-raw` alternates with the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared helpers of the command-line tools (see tool_common.h). */
 #include "tool_common.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Helpers shared by the command-line tools: a small streaming JSON writer
  * and a description of the machine (every benchmark result is reported with

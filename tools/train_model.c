@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zo-train's model: an MLP regressing a random teacher (see train_model.h).
  * The student runs on a zo_dev (GEMMs on its compute stream); the teacher,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The model zo-train trains: a stack of L square linear layers (width W,
  * weights W x W plus a bias) with ReLU between them, regressing the output

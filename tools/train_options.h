@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zo-train's command line, shared with zo-plan (which plans a zo-train
  * command line): the options and their defaults, the embedded default

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* zo-adam-bench: how fast the CPU optimizer step runs, against the
  * machine's in-place streaming bound measured on the same arrays with the
  * same threads in the same run (alternating, median of pairs), and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* zo-aio-bench: the storage benchmark to run before training. It drives the
  * zoffload aio engine the way the NVMe swap store does (block-size chunks,
  * a queue depth per I/O thread, registered pinned buffers, O_DIRECT) and

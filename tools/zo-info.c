@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* zo-info: what this build of zoffload is and what it finds on this machine:
  * version, build features, CPU features and mask, the kernel variant each
  * module picked, topology, pinned-memory limits (with a real test

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zo-optim-bench: drive the offload optimizer engine (zo_optim) with
  * synthetic gradients the way a training loop does, and measure it against

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zo-plan's run probe (zo-plan-probe.h): zo-train's step loop, on a slice
  * of the model, with zo-train's engine configuration.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zo-plan's run probe: a few real training steps on a slice of the planned
  * model, timed part by part the way zo-train times its steps, so that the

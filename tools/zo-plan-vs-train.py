@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """zo-plan's predicted step against zo-train's measured step, in alternating pairs.
 
     tools/zo-plan-vs-train.py [--build build] [--pairs 3] [--skip 2] -- ZO-TRAIN OPTIONS

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zo-plan: where a model's training state goes with the offload optimizer
  * engine (device, pinned host, pageable host, NVMe), how many bytes each

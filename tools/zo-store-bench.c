@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* zo-store-bench: measurements of the tiered store and its checksums.
  *
  *   replay (default)  a training-like access sequence (acquire each tensor

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* zo-tile-bench: the tiled linear against what it cannot beat.
  *
  * One layer y = x W^T, forward + backward (dx, and dW to a sink that takes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zo-train: trains a real model through the offload optimizer engine
  * (zo_optim), and is the worked example of how a C or C++ framework drives

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cpuadam kernels for Advanced SIMD (NEON): the template's vector layer on
  * 4 fp32 lanes. Compiled with the NEON flag set only (the aarch64 base).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cpuadam kernels for AVX2 + FMA + F16C. Compiled with those flags only.
  * Partial vectors go through a small stack buffer (AVX2 has no 16-bit
  * masked loads), so tails get the same vector arithmetic as the body. */

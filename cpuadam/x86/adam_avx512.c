@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cpuadam kernels for AVX-512 F/BW/VL/DQ. Compiled with those flags only.
  * bf16 outputs and states round in integer arithmetic, bit-identical to the
  * C reference conversion. */

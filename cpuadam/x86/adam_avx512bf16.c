@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cpuadam kernels for AVX-512 with AVX512-BF16: bf16 outputs and states
  * are rounded with VCVTNEPS2BF16 (one instruction for 16 lanes). It rounds
  * to nearest even and quiets NaN as the reference does, but flushes fp32

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The AVX-512 (F/BW/VL/DQ) vector layer for kernel_tmpl.h, shared by the
  * avx512 and avx512bf16 variants. The includer defines

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The aio guide's complete example (docs/aio.md): write a buffer to a file
  * and read it back through the engine, with a registered pinned buffer, an
  * unaligned offset and length, all three completion styles, and every

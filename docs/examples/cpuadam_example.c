@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The complete example of docs/cpuadam.md: one mixed-precision AdamW step
  * on a flat slice, the way an offload engine runs it per sub-group:
  *   1. gradient statistics of every slice (global norm, overflow check);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The complete example of docs/optim.md: a framework's training loop driving
  * the offload optimizer engine.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * A complete program using the platform and device layers: pinned host
  * memory registered with a device, asynchronous copies on a stream, a cast

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The tiered store in one program (docs/store.md walks through it):
  * a swap store on NVMe, a device tier (the host backend stands in for a
  * GPU with 64 MiB), a pinned host tier and a slot pool; four "layers" whose

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* An offload optimizer's step with a group sweep (docs/store.md, "Group
  * sweeps"): sub-groups of (fp32 master, bf16 m, bf16 v), three homed on
  * NVMe and one in the pinned host tier, updated in place by one loop, every

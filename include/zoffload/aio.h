@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file aio.h
  * @brief Asynchronous file I/O: files opened for O_DIRECT where possible,

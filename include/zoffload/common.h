@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file common.h
  * @brief Conventions shared by every zoffload module: export macro, error

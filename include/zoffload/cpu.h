@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file cpu.h
  * @brief CPU feature detection and the dispatch mask.

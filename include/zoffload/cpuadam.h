@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file cpuadam.h
  * @brief CPU optimizers (AdamW, Adam, Adagrad, Lion) on host memory, at

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file dev.h
  * @brief Device abstraction: memory, streams, events, copies and the small

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file mem.h
  * @brief Host memory: aligned allocation and pinned (page-locked,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file optim.h
  * @brief The offload optimizer engine (ZeRO-Offload / ZeRO-Infinity step):

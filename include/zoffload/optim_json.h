@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file optim_json.h
  * @brief DeepSpeed-style JSON configuration for the offload optimizer engine.

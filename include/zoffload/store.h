@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file store.h
  * @brief The tiered store: decides where every tensor lives (device, pinned

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file swap.h
  * @brief The NVMe tier: checksums, the swap store (preallocated arena files

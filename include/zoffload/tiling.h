@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file tiling.h
  * @brief Memory-centric tiling of operators too large for device memory:

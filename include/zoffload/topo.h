@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file topo.h
  * @brief Machine topology: cores, NUMA nodes, which node is nearest a GPU or

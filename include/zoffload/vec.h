@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file vec.h
  * @brief Vector primitives on host memory: precision casts, sum of squares,

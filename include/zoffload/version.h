@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * zoffload version. This is the only place the version is written down:
  * meson.build reads these three lines to version the shared library and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /**
  * @file zoffload.h
  * @brief Umbrella header: includes every public zoffload header.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CPU feature detection (CPUID + XGETBV) and the dispatch mask. */
 #define ZO_MODULE "cpu"
 #include "core/internal.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Error codes, per-thread failure detail, element types, version. */
 #define ZO_MODULE "core"
 #include "core/internal.h"

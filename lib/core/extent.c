@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Extent allocator: best fit over a sorted, coalescing free list. Used for
  * the swap arenas (file offsets) and by the tiered store for its pinned host
  * and device arenas (offsets into one big allocation). Small free lists are

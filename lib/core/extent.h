@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The extent allocator: best fit over [0, size) with a sorted, coalescing
  * free list. A platform utility: the swap store carves its arena files with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Internal helpers shared by every module: logging, error detail, checks,
  * time. Not installed. Include after defining ZO_MODULE to a short name.

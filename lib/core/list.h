@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Intrusive lists and queues, the one copy every module uses.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Logging: a process-wide level and sink. The default sink is stderr, one
  * line per message; the level starts at WARN or at $ZO_LOG. */
 #define ZO_MODULE "log"

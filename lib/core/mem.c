@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host memory: aligned allocation, and pinned allocation (mmap, NUMA bind,
  * fault-in, MADV_DONTFORK, mlock, device registration) under a process-wide
  * budget, falling back to pageable memory when locking is refused. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Topology from hwloc or sysfs, device-to-node lookups, thread binding. */
 #define ZO_MODULE "topo"
 #include "core/internal.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Small helpers: sysfs text files, cpulists. */
 #define ZO_MODULE "core"
 #include "core/internal.h"

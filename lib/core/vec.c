@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Vector primitives: C reference kernels, run-time dispatch, public API. */
 #define ZO_MODULE "vec"
 #include "core/internal.h"

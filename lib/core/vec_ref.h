@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Scalar reference conversions and the vec DSP table. Every SIMD variant
  * handles its tail with these, so tails are exact by construction.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA backend: the CUDA runtime (linked statically, so it dlopens the
  * driver on first use and the library loads without one) plus the kernels
  * of cuda_kernels.cu. Every entry point selects the device first because

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* cuBLAS for the CUDA backend's GEMM, loaded with dlopen on the first GEMM.
  *
  * The toolkit ships cuBLAS only as a shared library (no libcublas_static.a),

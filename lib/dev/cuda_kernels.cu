@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // CUDA kernels of the device layer: casts, sum of squares, inf/NaN check.
 // Conversions are done in integer arithmetic so they give exactly the bits
 // of the host reference (lib/core/vec_ref.h): round to nearest even, NaN

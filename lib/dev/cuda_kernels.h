@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Launchers for the CUDA kernels (cuda_kernels.cu), callable from C. Each
  * returns a cudaError_t value (0 = cudaSuccess) from the launch. */
 #ifndef ZO_DEV_CUDA_KERNELS_H

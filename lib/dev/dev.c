@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Device layer front end: argument checks shared by every backend, the
  * registered-range book, then a call through the backend's vtable. */
 #define ZO_MODULE "dev"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Device layer internals: the backend vtable and the handle layouts shared
  * by the wrapper (dev.c) and the backends (host.c, cuda.c).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The host backend: the reference every other backend is tested against.
  * "Device memory" is host memory. Each stream owns a worker thread that runs
  * its queue in order, so asynchronous copies and kernels really are

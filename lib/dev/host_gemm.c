@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The host backend's GEMM: OpenBLAS where the build has it, a plain C loop
  * otherwise. Runs on the calling thread (the stream's worker).
  *

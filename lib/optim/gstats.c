@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Gradient statistics at intake (zo__gst in optim_internal.h): each
  * sub-group's sum of squares and inf/NaN count, computed when the last

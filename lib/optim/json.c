@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * DeepSpeed-style JSON configuration of the offload optimizer engine.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The offload optimizer engine: configuration, sub-group layout, buffers,
  * gradient intake and the step calls of the driving thread. The update

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Internal state of the offload optimizer engine (include/zoffload/optim.h).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The engine's state seen from outside: initialisation of the masters,
  * per-tensor export / import of masters and states, save / load through the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The update, on the engine's worker thread: gradient statistics, overflow
  * policy and loss scaler, the fused cpuadam pass per sub-group (two-pass or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Gradient windows: where the gradients of an accumulation window wait for
  * the step (acc[w], optim_internal.h).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The mover: transfers cut into pieces, moves between endpoints (swap
  * read/write, device copies, host copies), the event queue fed by
  * completion callbacks, the pool slots and the thread that applies events.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The tiered store: tiers and budgets, the pinned pool, the tensor
  * registry, copies and their states, acquire / release / prefetch, eviction
  * and write-back, statistics. Transfers run in mover.c, the trace in

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Tiered store internals. One mutex (zo_store.lock) guards every field
  * below except the event queue; completion callbacks (aio engine threads,

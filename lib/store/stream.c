@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Streams: a tensor walked in slot-sized pieces through reserved pool
  * slots, with read-ahead and write-behind. The store's own copy-in/out
  * (zo_store_read/zo_store_write), checkpoint and restore are built on them.

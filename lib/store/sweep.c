@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Group sweeps: an ordered list of groups (tensors with the same element
  * count) walked in pieces cut in elements, every tensor of a group in step,
  * with read-ahead that runs on across group boundaries inside one fixed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Trace-driven prefetch: the order of acquires in one iteration is
  * recorded; later iterations are followed through it (`pos` is the next
  * entry expected) and the next `lookahead` entries are loaded ahead, within

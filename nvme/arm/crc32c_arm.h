@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The ARMv8 CRC32C instructions for nvme/crc32c_hw.h. For files built with
  * +crc only. */
 #ifndef ZO_NVME_ARM_CRC32C_ARM_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CRC32C with the ARMv8 CRC32C instructions (optional in ARMv8.0,
  * mandatory from ARMv8.1). Compiled with +crc only. The kernel is the
  * three-lane one of nvme/crc32c_hw.h (it says why). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CRC32C by carry-less folding with PMULL (64 x 64-bit polynomial
  * multiply, the AES extension's), the ends with the CRC32C instructions.
  * Compiled with +crc+crypto only; called only when the CPU has both

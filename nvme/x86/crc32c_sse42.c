@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CRC32C with the SSE4.2 crc32 instruction. Compiled with -msse4.2 only.
  * The kernel is the three-lane one of nvme/crc32c_hw.h (it says why). */
 #include "nvme/x86/crc32c_x86.h"

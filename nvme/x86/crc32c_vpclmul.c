@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CRC32C by carry-less folding on 512-bit registers (AVX-512F + VPCLMULQDQ),
  * the ends with the SSE4.2 crc32 instruction. Compiled with those flags
  * only; called only when the CPU has them (ZO__CRC_VPCLMUL512_NEEDS).

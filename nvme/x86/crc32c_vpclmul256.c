@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* CRC32C by carry-less folding on 256-bit registers (AVX2 + VPCLMULQDQ, no
  * AVX-512: Zen 3, Alder Lake and later client cores), the ends with the
  * SSE4.2 crc32 instruction. Compiled with those flags only; called only

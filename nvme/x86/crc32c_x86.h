@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The SSE4.2 crc32 instruction for nvme/crc32c_hw.h. For files built with
  * SSE4.2 or more only. */
 #ifndef ZO_NVME_X86_CRC32C_X86_H

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """zoffload: Python bindings over libzoffload's C ABI (ctypes, no compiled
 extension).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Finding and loading libzoffload, and calling it.
 
 The library is looked up, first match wins, in:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Passing numpy arrays and torch tensors to the library by pointer.
 
 No copy is ever made: :func:`view` checks that an array is of an accepted

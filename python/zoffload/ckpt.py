@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Crash-safe checkpoints of host arrays (swap.h ``zo_ckpt_*``).
 
 :func:`save` writes named arrays as one checkpoint directory under `root`:

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The CPU optimizer kernels (cpuadam.h) on numpy arrays and torch tensors.
 
 Every call works in place on the caller's memory (no copies): ``param`` is

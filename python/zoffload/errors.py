@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Exceptions raised for library errors.
 
 Every failing library call raises a :class:`ZoError` (or a subclass) whose

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pinned host memory as numpy arrays and torch tensors.
 
 :func:`pinned_empty` allocates with ``zo_pinned_alloc`` (page-locked,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The offload optimizer engine (optim.h, ``zo_optim``) from Python.
 
 :class:`Engine` owns a ``zo_optim``: fp32 masters and states in pinned host

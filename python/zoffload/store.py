@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The tiered store (store.h, ``zo_store``) and the swap store it puts its
 NVMe tier on (swap.h, ``zo_swap``), from Python.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Memory-centric tiling (tiling.h) from Python: the planner and the tiled
 linear operator ``zo_tiled_linear`` over a :class:`zoffload.store.Store`.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch integration: optimizers whose fp32 masters and states live off
 the device, in libzoffload's offload optimizer engine (``zo_optim``,
 optim.h; bound in zoffload.optim).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Parameter offload for one device (ZeRO-3 style) through the tiered store.
 
     from zoffload.torch import offload_parameters

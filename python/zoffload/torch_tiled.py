@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``zoffload.torch.TiledLinear``: a drop-in for ``torch.nn.Linear`` whose
 forward and backward run through libzoffload's tiled linear
 (``zo_tiled_linear``): the weight is kept in the tiered store as a grid of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared fixtures of the Python binding tests (run through run.sh)."""
 import os
 import sys

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Run the Python binding tests against the library of a build tree.
 #   run.sh <libzoffload.so> <source root> [pytest arguments...]
 # Uses Debian's /usr/bin/python3 (it sees python3-numpy, python3-torch and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package core: library lookup, ABI layout, errors, array checks, and
 the cpuadam / pinned memory / checkpoint bindings against references."""
 import ctypes

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The complete fine-tuning loop of docs/pytorch.md runs as written (its
 /tmp paths moved into the test's directory)."""
 import os

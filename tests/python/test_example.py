@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """examples/finetune.py runs end to end at a tiny size (so the documented
 example stays true): both optimizers train, and the report is complete."""
 import os

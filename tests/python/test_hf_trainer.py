@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """zoffload.torch under Hugging Face's Trainer (issue 21, item 14): a tiny
 random LlamaForCausalLM built from a config (no download), trained with
 optimizers=(OffloadAdamW(...), scheduler), gradient accumulation,

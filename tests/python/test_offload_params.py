@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """zoffload.torch.offload_parameters: parameters in the tiered store, fetched
 per module within a device budget. Same losses, gradients and parameters as
 the model without offload (host and NVMe homes, torch.optim.AdamW and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The tiered store bindings (zoffload.store): exact bytes through host and
 NVMe homes and the device tier (the host backend), trace-driven prefetch,
 struct layouts, and clear errors for bad arguments."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """zoffload.torch.TiledLinear against torch.nn.Linear: forward and backward
 for odd shapes (1, primes, tiles that do not divide, rows cut, inputs in
 chunks of max_batch), fp32 and bf16, weights homed in pinned host memory

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """zoffload.torch: the offload optimizers against torch.optim and against
 reference schedules (DPU, clipping, loss scaling), state round trips, and
 argument errors. CPU tensors stand in for device memory."""

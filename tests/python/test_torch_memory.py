@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """zoffload.torch: what a big model needs to fit. The
 gradients wait in their own dtype (2 B/param for bf16), each p.grad is freed
 as soon as the engine has it (torch never holds all gradients), the engine

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Advanced SIMD (NEON) conversions between fp32 and the 16-bit types,
  * bit-identical to the scalar reference (core/vec_ref.h). Shared by the
  * files built for NEON: core/arm/vec_neon.c and cpuadam/arm/adam_neon.c.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* vec kernels for Advanced SIMD (NEON). Compiled with the NEON flag set
  * only (the aarch64 base). Conversions are bit-identical to the reference
  * (core/arm/neon_cvt.h says why); tails use the reference.

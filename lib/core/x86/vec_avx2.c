@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* vec kernels for AVX2 + FMA + F16C. Compiled with those flags only. */
 #include <immintrin.h>
 

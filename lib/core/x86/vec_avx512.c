@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* vec kernels for AVX-512 F/BW/VL/DQ. Compiled with those flags only. */
 #include <immintrin.h>
 

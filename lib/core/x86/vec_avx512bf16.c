@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* vec kernels that use AVX512-BF16's VCVTNEPS2BF16. It rounds to nearest
  * even and quiets NaN exactly as the reference does, but treats fp32
  * subnormal inputs as zero (documented in vec.h; the test allows exactly

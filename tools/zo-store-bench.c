@@ -737,23 +737,6 @@ static inline void upd(float *p, float *m, float *v)
     *p += 1e-3f * *m;
 }
 
-/* bf16 <-> f32 inline (the update must not hide the I/O): round to
- * nearest even, as zo_f32_to_bf16() does for finite values (all of these) */
-static inline float bf16_f32(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1)) >> 16);
-}
-
 /* Vectorised (gcc: O3 for this function only; clang vectorises at -O2):
  * a scalar loop of 4-5 ns per element kept pace with the disk on a 2-core
  * machine and made the sweep CPU-bound, measuring the loop, not the I/O. */
@@ -768,12 +751,20 @@ static void optim_update(const opts *o, void *const *ptr, uint64_t n)
         for (uint64_t i = 0; i < n; i++)
             upd(&p[i], &m[i], &v[i]);
     } else {
-        uint16_t *restrict m = ptr[1], *restrict v = ptr[2];
-        for (uint64_t i = 0; i < n; i++) {
-            float mf = bf16_f32(m[i]), vf = bf16_f32(v[i]);
-            upd(&p[i], &mf, &vf);
-            m[i] = f32_bf16(mf);
-            v[i] = f32_bf16(vf);
+        /* the states widened and narrowed a piece at a time by the
+         * library's own conversions (SIMD, the one rounding: zo_vec_cast),
+         * the update vectorised between them */
+        uint16_t *m = ptr[1], *v = ptr[2];
+        enum { PIECE = 2048 };
+        float mf[PIECE], vf[PIECE];
+        for (uint64_t i = 0; i < n; i += PIECE) {
+            size_t k = (size_t)(n - i < PIECE ? n - i : PIECE);
+            zo_vec_cast(mf, ZO_DTYPE_F32, m + i, ZO_DTYPE_BF16, k);
+            zo_vec_cast(vf, ZO_DTYPE_F32, v + i, ZO_DTYPE_BF16, k);
+            for (size_t j = 0; j < k; j++)
+                upd(&p[i + j], &mf[j], &vf[j]);
+            zo_vec_cast(m + i, ZO_DTYPE_BF16, mf, ZO_DTYPE_F32, k);
+            zo_vec_cast(v + i, ZO_DTYPE_BF16, vf, ZO_DTYPE_F32, k);
         }
     }
 }

@@ -1,67 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 // CUDA kernels of the device layer: casts, sum of squares, inf/NaN check.
-// Conversions are done in integer arithmetic so they give exactly the bits
-// of the host reference (lib/core/vec_ref.h): round to nearest even, NaN
-// quieted with its payload kept (the CUDA intrinsics return one canonical
-// NaN instead).
+// Conversions are the host's own (lib/core/fp_convert.h, integer
+// arithmetic), so they give exactly the host reference's bits: round to
+// nearest even, NaN quieted with its payload kept (the CUDA intrinsics
+// return one canonical NaN instead).
 #include <cuda_runtime.h>
 #include <stdint.h>
 
 #include "cuda_kernels.h"
+#include "core/fp_convert.h"
 
 namespace {
 
-__device__ __forceinline__ uint16_t f32_to_bf16(float f)
-{
-    uint32_t u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-__device__ __forceinline__ float bf16_to_f32(uint16_t h)
-{
-    return __uint_as_float((uint32_t)h << 16);
-}
-
-__device__ __forceinline__ uint16_t f32_to_f16(float f)
-{
-    uint32_t x = __float_as_uint(f);
-    uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
-    x &= 0x7fffffffu;
-    if (x > 0x7f800000u)
-        return (uint16_t)(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
-    if (x >= 0x477ff000u)
-        return (uint16_t)(sign | 0x7c00u);
-    if (x >= 0x38800000u) {
-        uint32_t r = x - 0x38000000u;
-        r += 0xfffu + ((r >> 13) & 1u);
-        return (uint16_t)(sign | (r >> 13));
-    }
-    uint32_t e = x >> 23;
-    if (e < 102)
-        return sign;
-    uint32_t m = (x & 0x7fffffu) | 0x800000u;
-    uint32_t shift = 126 - e;
-    uint32_t q = m >> shift, rem = m & ((1u << shift) - 1), half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (q & 1u)))
-        q++;
-    return (uint16_t)(sign | q);
-}
-
-__device__ __forceinline__ float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
-    if (e == 0) {
-        float v = (float)m * 5.9604644775390625e-8f; // 2^-24
-        return sign ? -v : v;
-    }
-    if (e == 31)
-        return __uint_as_float(sign | 0x7f800000u | (m << 13));
-    return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
-}
+/* the host's conversions, compiled for the device too (core/fp_convert.h) */
+__device__ __forceinline__ uint16_t f32_to_bf16(float f) { return zo__ref_f32_to_bf16(f); }
+__device__ __forceinline__ float bf16_to_f32(uint16_t h) { return zo__ref_bf16_to_f32(h); }
+__device__ __forceinline__ uint16_t f32_to_f16(float f) { return zo__ref_f32_to_f16(f); }
+__device__ __forceinline__ float f16_to_f32(uint16_t h) { return zo__ref_f16_to_f32(h); }
 
 __device__ __forceinline__ float load_as_f32(const void *src, int type, size_t i)
 {

@@ -119,17 +119,8 @@ static void usage(FILE *f)
             "Units: GB = 10^9 bytes, GiB = 2^30 bytes; latency is per request, submission to completion.\n");
 }
 
-static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int bad(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "zo-aio-bench: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    return EXIT_USAGE;
-}
+/* usage errors: "zo-aio-bench: message" on stderr, exit status 2 (tool_common.c) */
+#define bad(...) zo_tool_bad("zo-aio-bench", __VA_ARGS__)
 
 static int parse_uint(const char *s, unsigned long long max, unsigned long long *out)
 {

@@ -58,17 +58,8 @@ static double now_s(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-__attribute__((format(printf, 1, 2))) static int bad(const char *fmt, ...);
-static int bad(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "zo-optim-bench: ");
-    vfprintf(stderr, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, " (see --help)\n");
-    return EXIT_USAGE;
-}
+/* usage errors: "zo-optim-bench: message" on stderr, exit status 2 (tool_common.c) */
+#define bad(...) zo_tool_bad("zo-optim-bench", __VA_ARGS__)
 
 static void usage(void)
 {

@@ -66,17 +66,8 @@ typedef struct opts {
     const char *fio, *fio_iomem;
 } opts;
 
-static int bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int bad(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fprintf(stderr, "zo-store-bench: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
-    va_end(ap);
-    return EXIT_USAGE;
-}
+/* usage errors: "zo-store-bench: message" on stderr, exit status 2 (tool_common.c) */
+#define bad(...) zo_tool_bad("zo-store-bench", __VA_ARGS__)
 
 static void usage(FILE *f)
 {

@@ -164,6 +164,22 @@ START_TEST(test_pinned_numa_node0)
     if (have_mbind()) {
         ck_assert_msg(info.flags & ZO_PIN_NUMA_BOUND, "binding to node 0 should work on any Linux");
         ck_assert_int_eq(info.numa_node, 0);
+        /* and the kernel agrees: the range's policy is MPOL_BIND to node 0,
+         * and its first, middle and last pages (faulted in by the
+         * allocation) are on node 0 */
+        int mode = -1;
+        unsigned long mask[16] = {0};
+        ck_assert_int_eq(syscall(SYS_get_mempolicy, &mode, mask, sizeof(mask) * 8, p, 2 /* MPOL_F_ADDR */), 0);
+        ck_assert_msg(mode == 2 /* MPOL_BIND */, "policy %d, not MPOL_BIND", mode);
+        ck_assert_msg(mask[0] == 1ul, "node mask %#lx, not node 0 alone", mask[0]);
+        size_t offs[3] = {0, (1u << 19), (1u << 20) - 1};
+        for (int i = 0; i < 3; i++) {
+            int node = -1;
+            ck_assert_int_eq(syscall(SYS_get_mempolicy, &node, NULL, 0, (char *)p + offs[i],
+                                     3 /* MPOL_F_NODE | MPOL_F_ADDR */),
+                             0);
+            ck_assert_msg(node == 0, "byte %zu is on node %d", offs[i], node);
+        }
     } else { /* the memory is still usable, unbound, and the reason kept */
         ck_assert(!(info.flags & ZO_PIN_NUMA_BOUND));
         zo_pinned_stats st;

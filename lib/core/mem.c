@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #if ZO_HAVE_NUMA
-#include <numa.h>
+#include <numaif.h>
 #endif
 
 #include <zoffload/dev.h>
@@ -144,19 +144,21 @@ static int node_exists(int node)
 
 static int bind_node(void *p, size_t len, int node)
 {
-#if ZO_HAVE_NUMA
-    if (numa_available() >= 0) {
-        numa_tonode_memory(p, len, node);
-        return 0;
-    }
-#endif
-    /* MPOL_BIND through the system call, so binding works without libnuma. */
+    /* MPOL_BIND with its result checked: libnuma's mbind() where the build
+     * has it, the system call otherwise. (numa_tonode_memory(), used
+     * before, returns nothing: a failed bind was reported as
+     * ZO_PIN_NUMA_BOUND. test_pinned_numa_node0 now asks the kernel.) */
     unsigned long mask[16] = {0};
     if (node < 0 || node >= (int)(sizeof(mask) * 8))
         return -EINVAL;
     mask[node / (8 * sizeof(long))] = 1ul << (node % (8 * sizeof(long)));
+#if ZO_HAVE_NUMA
+    if (mbind(p, len, MPOL_BIND, mask, sizeof(mask) * 8, 0) != 0)
+        return -errno;
+#else
     if (syscall(SYS_mbind, p, len, 2 /* MPOL_BIND */, mask, sizeof(mask) * 8, 0) != 0)
         return -errno;
+#endif
     return 0;
 }
 

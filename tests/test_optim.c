@@ -526,6 +526,72 @@ START_TEST(test_optim_fp16_scaler)
     ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
     ck_assert_int_eq(info.skipped_steps, 2);
     ck_assert_int_eq(info.step, 2);
+
+    /* the scaler's state goes into a second engine (a state dict's way) and
+     * both go on the same: scale, hysteresis, and when the scale grows */
+    /* one more overflow first: hysteresis takes it (2 -> 1), so the next
+     * one halves the scale, which a fresh scaler would not do */
+    for (int i = 0; i < NT; i++) {
+        fill_grad(&e, i, 9, zo_optim_loss_scale(e.o));
+        if (i == 1)
+            put(e.dgrad[i], m.gdt, 3, INFINITY);
+        ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+    }
+    ck_assert_int_eq(zo_optim_step(e.o, NULL, NULL), 0);
+    zo_optim_scaler_state st = {.struct_size = sizeof(st)};
+    ck_assert_int_eq(zo_optim_get_scaler(e.o, &st), 0);
+    ck_assert_int_eq(st.dynamic, 1);
+    ck_assert_msg(st.scale == 1024 && st.cur_iter == 5 && st.last_overflow_iter == 4 && st.cur_hysteresis == 1,
+                  "scale %g iter %lld last overflow %lld hysteresis %u", st.scale, (long long)st.cur_iter,
+                  (long long)st.last_overflow_iter, st.cur_hysteresis);
+    zo_optim *o2 = NULL;
+    ck_assert_int_eq(zo_optim_create(&o2, &e.cfg), 0);
+    ck_assert_int_eq(zo_optim_init_from_device(o2), 0); /* the same device params: only the scale is compared */
+    ck_assert(zo_optim_loss_scale(o2) == 1024); /* the initial scale: equal by chance, the rest is not */
+    zo_optim_scaler_state bad = st;
+    bad.cur_hysteresis = 3; /* above the configured 2 */
+    ck_assert_int_eq(zo_optim_set_scaler(o2, &bad), ZO_ECONFIG);
+    bad = st;
+    bad.scale = NAN;
+    ck_assert_int_eq(zo_optim_set_scaler(o2, &bad), ZO_ECONFIG);
+    bad = st;
+    bad.last_overflow_iter = 9;
+    ck_assert_int_eq(zo_optim_set_scaler(o2, &bad), ZO_ECONFIG);
+    bad = st;
+    bad.dynamic = 0;
+    ck_assert_int_eq(zo_optim_set_scaler(o2, &bad), ZO_ECONFIG);
+    bad.struct_size = 4;
+    ck_assert_int_eq(zo_optim_set_scaler(o2, &bad), -EINVAL);
+    ck_assert_int_eq(zo_optim_set_scaler(NULL, &st), -EINVAL);
+    ck_assert_int_eq(zo_optim_set_scaler(o2, &st), 0);
+    zo_optim_scaler_state st2 = {.struct_size = sizeof(st2)};
+    ck_assert_int_eq(zo_optim_get_scaler(o2, &st2), 0);
+    ck_assert(st2.scale == st.scale && st2.cur_iter == st.cur_iter &&
+              st2.last_overflow_iter == st.last_overflow_iter && st2.cur_hysteresis == st.cur_hysteresis);
+    /* an overflow in both: with the restored hysteresis (1 left) both
+     * halve (a fresh scaler would count down and keep 1024), then the
+     * good boundaries double alike */
+    zo_optim *both[2] = {e.o, o2};
+    for (int s = 0; s < 3; s++) {
+        double sc[2];
+        for (int k = 0; k < 2; k++) {
+            sc[k] = zo_optim_loss_scale(both[k]);
+            for (int i = 0; i < NT; i++) {
+                fill_grad(&e, i, 10 + s, sc[k]);
+                if (s == 0 && i == 2)
+                    put(e.dgrad[i], m.gdt, 1, INFINITY);
+                ck_assert_int_eq(zo_optim_grad(both[k], (unsigned)i, e.dgrad[i], NULL), 0);
+            }
+            if (s == 0 && k == 1) /* mid-window: refused, the gradients carry the old scale */
+                ck_assert_int_eq(zo_optim_set_scaler(o2, &st), ZO_ESTATE);
+            ck_assert_int_eq(zo_optim_step(both[k], NULL, NULL), 0);
+        }
+        ck_assert_msg(sc[0] == sc[1], "boundary %d: scales %g and %g", s, sc[0], sc[1]);
+        if (s == 1)
+            ck_assert_msg(sc[1] == 512, "after the overflow: %g (a fresh scaler keeps 1024)", sc[1]);
+    }
+    ck_assert(zo_optim_loss_scale(e.o) == zo_optim_loss_scale(o2));
+    zo_optim_destroy(&o2);
     eng_free(&e);
     ref_free(&r);
 }

@@ -585,6 +585,33 @@ ZO_API int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res);
  */
 ZO_API double zo_optim_loss_scale(const zo_optim *o);
 
+/** The loss scaler's state: DeepSpeed's DynamicLossScaler fields, what a
+ *  framework's state dict carries so a restored run goes on with the same
+ *  scale (zo_optim_save/load carry it in the checkpoint themselves). */
+typedef struct zo_optim_scaler_state {
+    size_t struct_size;         /**< set by the caller: sizeof(zo_optim_scaler_state) */
+    int dynamic;                /**< 1: fp16 dynamic scaling; 0: a static scale or none (1.0) */
+    double scale;               /**< the current scale */
+    int64_t cur_iter;           /**< boundaries the scaler has seen */
+    int64_t last_overflow_iter; /**< the boundary of the latest overflow, -1 for none */
+    unsigned cur_hysteresis;    /**< overflows left before the scale is halved, 1..hysteresis */
+} zo_optim_scaler_state;
+
+/** @return 0; -EINVAL (NULL, struct_size too small). Any thread (a snapshot). */
+ZO_API int zo_optim_get_scaler(zo_optim *o, zo_optim_scaler_state *st);
+/**
+ * Restore the scaler's state (a framework's load_state_dict). Only between
+ * boundaries with nothing handed over in the current window: the gradients
+ * already there were scaled by the old scale.
+ * @return 0; -EINVAL (NULL, struct_size); ZO_ECONFIG (dynamic differs from
+ *         the engine's, a static scale other than the engine's, scale not
+ *         finite or below min_loss_scale, cur_hysteresis outside
+ *         [1, hysteresis], last_overflow_iter outside [-1, cur_iter]);
+ *         ZO_ESTATE (an update is queued or running: zo_optim_wait() first;
+ *         gradients were handed over in this window).
+ */
+ZO_API int zo_optim_set_scaler(zo_optim *o, const zo_optim_scaler_state *st);
+
 /** ZO_PENDING while a step is in flight, else 0 (or the finished step's error, kept for
  *  zo_optim_wait()). Never blocks; any thread. -EINVAL (NULL). */
 ZO_API int zo_optim_poll(zo_optim *o);

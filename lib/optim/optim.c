@@ -1453,6 +1453,72 @@ double zo_optim_loss_scale(const zo_optim *o)
     return o ? o->win_scale[o->win] : 0.0;
 }
 
+int zo_optim_get_scaler(zo_optim *o, zo_optim_scaler_state *ust)
+{
+    if (!o || !ust)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_get_scaler: NULL argument");
+    int r = ZO_STRUCT_OUT(ust, (const zo_optim_scaler_state *)NULL, sizeof(zo_optim_scaler_state), &o->err,
+                          "zo_optim_get_scaler");
+    if (r < 0)
+        return r;
+    zo_optim_scaler_state st = {.struct_size = sizeof(st)};
+    pthread_mutex_lock(&o->lock); /* the worker updates it at each boundary */
+    st.dynamic = o->scaler.dynamic;
+    st.scale = o->scaler.scale;
+    st.cur_iter = o->scaler.cur_iter;
+    st.last_overflow_iter = o->scaler.last_overflow_iter;
+    st.cur_hysteresis = o->scaler.cur_hysteresis;
+    pthread_mutex_unlock(&o->lock);
+    return ZO_STRUCT_OUT(ust, &st, sizeof(zo_optim_scaler_state), &o->err, "zo_optim_get_scaler");
+}
+
+int zo_optim_set_scaler(zo_optim *o, const zo_optim_scaler_state *ust)
+{
+    zo__enter(o);
+    if (!o || !ust)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_scaler: NULL argument");
+    zo_optim_scaler_state st = {.struct_size = sizeof(st)};
+    int r = ZO_STRUCT_IN(&st, ust, sizeof(zo_optim_scaler_state), &o->err, "zo_optim_set_scaler");
+    if (r < 0)
+        return r;
+    if (st.dynamic != o->scaler.dynamic)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_set_scaler: the state is of a %s scaler, the engine's is %s",
+                       st.dynamic ? "dynamic" : "static", o->scaler.dynamic ? "dynamic" : "static");
+    if (!st.dynamic) {
+        if (st.scale != o->scaler.scale)
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_set_scaler: static scale %g, the engine's is %g",
+                           st.scale, o->scaler.scale);
+        return 0;
+    }
+    if (!isfinite(st.scale) || !(st.scale >= o->cfg.min_loss_scale) || st.cur_hysteresis < 1 ||
+        st.cur_hysteresis > o->cfg.hysteresis || st.cur_iter < 0 || st.last_overflow_iter < -1 ||
+        st.last_overflow_iter > st.cur_iter)
+        return ZO_FAIL(&o->err, ZO_ECONFIG,
+                       "zo_optim_set_scaler: scale %g (finite, >= min_loss_scale %g), cur_hysteresis %u (1..%u), "
+                       "cur_iter %lld (>= 0), last_overflow_iter %lld (-1..cur_iter)",
+                       st.scale, o->cfg.min_loss_scale, st.cur_hysteresis, o->cfg.hysteresis,
+                       (long long)st.cur_iter, (long long)st.last_overflow_iter);
+    pthread_mutex_lock(&o->lock);
+    int busy = o->ws == ZO__W_QUEUED || o->ws == ZO__W_RUNNING;
+    pthread_mutex_unlock(&o->lock);
+    if (busy || o->eager_open)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_set_scaler: an update is queued or running: zo_optim_wait() "
+                       "first");
+    for (unsigned i = 0; i < o->nt; i++)
+        if (o->arrivals[o->win][i])
+            return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_set_scaler: gradients were handed over in this window "
+                           "(scaled by the old scale): set it between a boundary and the next gradient");
+    pthread_mutex_lock(&o->lock);
+    o->scaler.scale = st.scale;
+    o->scaler.cur_iter = st.cur_iter;
+    o->scaler.last_overflow_iter = st.last_overflow_iter;
+    o->scaler.cur_hysteresis = st.cur_hysteresis;
+    for (unsigned w = 0; w < 2; w++)
+        o->win_scale[w] = st.scale;
+    pthread_mutex_unlock(&o->lock);
+    return 0;
+}
+
 int zo_optim_set_lr(zo_optim *o, unsigned group, double lr)
 {
     zo__enter(o);

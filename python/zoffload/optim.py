@@ -105,6 +105,11 @@ class OptimTimeline(ctypes.Structure):
                 ("stall_ns", c_u64), ("update_ns", c_u64)]
 
 
+class OptimScalerState(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("dynamic", c_int), ("scale", c_double), ("cur_iter", c_i64),
+                ("last_overflow_iter", c_i64), ("cur_hysteresis", c_uint)]
+
+
 _SIZED = {
     "zo_optim_group": (OptimGroup, "zo_optim_group_default", ()),
     "zo_optim_config": (OptimConfig, "zo_optim_config_default", ()),
@@ -113,7 +118,7 @@ _SIZED = {
 
 _lib.C_STRUCTS.update({k: v[0] for k, v in _SIZED.items()})
 _lib.C_STRUCTS.update({"zo_optim_step_result": OptimStepResult, "zo_optim_info": OptimInfo,
-                       "zo_optim_timeline": OptimTimeline})
+                       "zo_optim_timeline": OptimTimeline, "zo_optim_scaler_state": OptimScalerState})
 
 _declared = False
 
@@ -181,6 +186,8 @@ def _declare():
         d("zo_optim_set_tensor_step", c_int, [c_void_p, c_uint, c_i64])
     if lib.has("zo_optim_config_from_json"):
         d("zo_optim_config_from_json", c_int, [P(OptimConfig), c_char_p])
+    d("zo_optim_get_scaler", c_int, [c_void_p, P(OptimScalerState)])
+    d("zo_optim_set_scaler", c_int, [c_void_p, P(OptimScalerState)])
     _lib.SIZED_STRUCTS.update(_SIZED)
     _declared = True
 
@@ -477,6 +484,22 @@ class Engine(_lib.Handle):
                 "this libzoffload has no zo_optim_set_step: a state dict's step count cannot be "
                 "given to the engine (zo_optim_load restores it from an engine checkpoint)")
         self._c(lib.zo_optim_set_step(self._live(), int(step)), "zo_optim_set_step")
+
+    def scaler_state(self):
+        """The loss scaler's state (dict: dynamic, scale, cur_iter,
+        last_overflow_iter, cur_hysteresis), what a state dict carries."""
+        st = _out(OptimScalerState)
+        self._c(lib.zo_optim_get_scaler(self._live(), ctypes.byref(st)), "zo_optim_get_scaler")
+        return _fields(st)
+
+    def set_scaler_state(self, state):
+        """Restore scaler_state()'s dict: between boundaries, with nothing
+        handed over in the current window."""
+        st = OptimScalerState(struct_size=ctypes.sizeof(OptimScalerState), dynamic=int(state["dynamic"]),
+                              scale=float(state["scale"]), cur_iter=int(state["cur_iter"]),
+                              last_overflow_iter=int(state["last_overflow_iter"]),
+                              cur_hysteresis=int(state["cur_hysteresis"]))
+        self._c(lib.zo_optim_set_scaler(self._live(), ctypes.byref(st)), "zo_optim_set_scaler")
 
     def tensor_step(self, i):
         """Updates applied to tensor i (its own count with no_grad="skip")."""

@@ -551,6 +551,14 @@ class _EngineBackend:
     def loss_scale(self):
         return self.engines[0][1].info()["loss_scale"]
 
+    def scaler_states(self):
+        """Each engine's loss-scaler state (zo_optim_get_scaler), in engine order."""
+        return [e.scaler_state() for _, e, _, _ in self.engines]
+
+    def set_scaler_states(self, states):
+        for (_, e, _, _), st in zip(self.engines, states):
+            e.set_scaler_state(st)
+
     def memory(self):
         out = {"grad_buffer_bytes": 0, "pinned_bytes": 0, "host_bytes": 0, "numel": 0,
                "state_bytes": 0, "nvme_read_bytes_total": 0, "nvme_write_bytes_total": 0}
@@ -908,18 +916,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
         goes): the new group's parameters get masters and states in the
         engine, which is made again around them; the other parameters'
         masters, states and step counts carry over, and a DPU warm-up goes
-        on where it was. Refused after steps with a dynamic loss scale (the
-        engine's scaler state cannot be carried over)."""
+        on where it was, and so does a dynamic loss scaler (its state is
+        carried into the new engines)."""
         if not getattr(self, "_built", False):     # torch.optim.Optimizer.__init__
             return super().add_param_group(param_group)
         self._fence()
         self._write_back_live()
         eb = self._eb
         info = eb.engines[0][1].info()
-        if self.scaler is not None and self.scaler.dynamic and (info["step"] or self.steps_skipped):
-            raise ValueError("add_param_group after steps with a dynamic loss scale: the engine's scaler "
-                             "state cannot be carried into a new layout; add the group before the "
-                             "first step, or use a static loss_scale")
+        # each engine's scaler, by its dtype: a new dtype's engine takes the first one's
+        scalers = {dt: e.scaler_state() for dt, e, _, _ in eb.engines}
         n_old = len(self._plist)
         snap = [eb.export_param(i) for i in range(n_old)]
         steps = list(eb.tsteps)
@@ -945,6 +951,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if i >= n_old:
                 self.state[p] = _ParamState(self, i)
         self._eb.set_steps(steps + [0] * (len(self._plist) - n_old), top=gstep)
+        if self.scaler is not None and self.scaler.dynamic:
+            first = next(iter(scalers.values()))
+            self._eb.set_scaler_states([scalers.get(dt, first) for dt, _, _, _ in self._eb.engines])
         for grp in self.param_groups:
             grp["step"] = gstep
         self._eb._set_hparams()
@@ -1024,7 +1033,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         sd["state"] = state
         sd["zoffload"] = {"format": _FORMAT, "kind": self._kind,
                           "scaler": self.scaler.state_dict() if self.scaler else None,
-                          "loss_scale": self.loss_scale}
+                          "loss_scale": self.loss_scale,
+                          # the dynamic scaler goes on where it was after a load
+                          "scaler_states": self._eb.scaler_states()}
         return sd
 
     def load_state_dict(self, state_dict):
@@ -1084,10 +1095,16 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._eb.copy_back()
         self._refresh_live()
         z = state_dict.get("zoffload") or {}
-        if self.scaler is not None and self.scaler.dynamic and z.get("loss_scale") not in (None, self.loss_scale):
+        states = z.get("scaler_states")
+        dynamic = self.scaler is not None and self.scaler.dynamic
+        if dynamic and states and len(states) == len(self._eb.engines) and all(s.get("dynamic") for s in states):
+            self._eb.set_scaler_states(states)
+        elif dynamic and z.get("loss_scale") not in (None, self.loss_scale):
+            # a state dict without the scaler's state (an older one, or one
+            # made without dynamic scaling)
             warnings.warn("%s.load_state_dict: the dynamic loss scale restarts at %g (the state dict's run "
-                          "was at %g): the engine's scaler state is not part of a state dict; save() and "
-                          "load() carry it" % (type(self).__name__, self.loss_scale, z["loss_scale"]),
+                          "was at %g, and it holds no scaler state)" % (type(self).__name__, self.loss_scale,
+                                                                        z["loss_scale"]),
                           RuntimeWarning, stacklevel=2)
 
     def _fresh_state(self, i):

@@ -525,21 +525,45 @@ def test_fp16_dynamic_loss_scale_skips_overflow():
         torch.testing.assert_close(a.float(), b, rtol=2e-3, atol=2e-3)
 
 
-def test_state_dict_says_the_dynamic_scale_restarts():
-    """The engine's dynamic loss scaler state is not in a state dict (save()
-    and load() carry it): loading one from a run at another scale warns."""
+def test_state_dict_carries_the_dynamic_scale():
+    """A state dict carries the engine's dynamic loss scaler (scale,
+    hysteresis left, iteration counts): a second optimizer loaded from it
+    goes on at the same scale and halves on the same overflow (a fresh
+    scaler with hysteresis 2 would keep its scale). Before, the scale
+    restarted with a warning. add_param_group carries it too."""
     m = Half(model())
-    o1 = OffloadAdamW(m.parameters(), lr=1e-3, loss_scale=LossScaler(initial_scale_power=4, hysteresis=1))
-    for p in m.parameters():
-        p.grad = torch.zeros_like(p)
-    next(m.parameters()).grad[0, 0] = float("inf")
-    o1.step()
-    assert o1.loss_scale == 8.0
+
+    def overflow(o):
+        o.zero_grad()
+        for p in m.parameters():
+            p.grad = torch.zeros_like(p)
+        next(m.parameters()).grad[0, 0] = float("inf")
+        o.step()
+
+    mk = lambda: OffloadAdamW(m.parameters(), lr=1e-3,
+                              loss_scale=LossScaler(initial_scale_power=4, window=1000, hysteresis=2))
+    o1 = mk()
+    overflow(o1)      # hysteresis takes it: 16, one left
+    overflow(o1)      # halves: 8, hysteresis back to... 1 left still (not consecutive)
+    scale1 = o1.loss_scale
     sd = o1.state_dict()
+    assert sd["zoffload"]["scaler_states"][0]["scale"] == scale1
     o1.close()
-    o2 = OffloadAdamW(m.parameters(), lr=1e-3, loss_scale=LossScaler(initial_scale_power=4, hysteresis=1))
-    with pytest.warns(RuntimeWarning, match="restarts at 16"):
+    o2 = mk()
+    assert o2.loss_scale == 16.0
+    import warnings as _w
+    with _w.catch_warnings():
+        _w.simplefilter("error")
         o2.load_state_dict(sd)
+    assert o2.loss_scale == scale1
+    overflow(o2)
+    assert o2.loss_scale == scale1 / 2      # a fresh scaler (hysteresis 2 left) would keep 16
+    # add_param_group keeps the scaler where it was
+    s_before = o2.loss_scale
+    o2.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))]})
+    assert o2.loss_scale == s_before
+    overflow(o2)
+    assert o2.loss_scale == s_before / 2
 
 
 def test_loss_scaler_hysteresis_is_the_engines():

@@ -21,7 +21,6 @@
 
 #include <zoffload/vec.h>
 
-#include "dev/dev_internal.h"
 
 struct zo_tiled_linear {
     zo_store *store;
@@ -370,7 +369,7 @@ static float *tile_to_host(const zo_tile_grad *g, int *err, int *owned)
 {
     *owned = 0;
     *err = 0;
-    if (zo_dev_get_kind(g->stream->dev) == ZO_DEV_HOST)
+    if (zo_dev_get_kind(zo_stream_device(g->stream)) == ZO_DEV_HOST)
         return (float *)g->dw;
     *owned = 1;
     size_t n = (size_t)g->rows * g->cols;

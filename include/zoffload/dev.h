@@ -110,6 +110,9 @@ typedef struct zo_dev_info {
 
 ZO_API int zo_dev_get_info(zo_dev *d, zo_dev_info *info);
 ZO_API zo_dev_kind zo_dev_get_kind(const zo_dev *d);
+/** The device a stream belongs to (NULL for NULL): how code handed only a
+ *  stream (a tile callback, a sink) asks about its device. */
+ZO_API zo_dev *zo_stream_device(const zo_stream *s);
 /** The device's last error detail ("" if none).
  *  Thread-safe: the handle's threads may be recording a failure at the same
  *  time; the result is a copy of one whole message, in a thread-local buffer

@@ -5,6 +5,7 @@
 #define ZO_MODULE "mem"
 #include "core/internal.h"
 #include "core/list.h"
+#include "core/pin_hooks.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -20,8 +21,35 @@
 #include <numaif.h>
 #endif
 
-#include <zoffload/dev.h>
 #include <zoffload/mem.h>
+
+/* the dev module's registration functions (core/pin_hooks.h); a device
+ * handle in zo_pin_opts means one was opened, so they are set by then */
+static _Atomic(const zo__pin_hooks *) pin_hooks;
+
+void zo__pin_hooks_set(const zo__pin_hooks *h)
+{
+    atomic_store(&pin_hooks, h);
+}
+
+static int dev_register(struct zo_dev *d, void *p, size_t n)
+{
+    const zo__pin_hooks *h = atomic_load(&pin_hooks);
+    return h ? h->host_register(d, p, n) : -EINVAL;
+}
+
+static void dev_unregister(struct zo_dev *d, void *p)
+{
+    const zo__pin_hooks *h = atomic_load(&pin_hooks);
+    if (h)
+        h->host_unregister(d, p);
+}
+
+static const char *dev_errmsg(const struct zo_dev *d)
+{
+    const zo__pin_hooks *h = atomic_load(&pin_hooks);
+    return h ? h->errmsg(d) : "no device module";
+}
 
 #define HUGE_2M (2u << 20)
 
@@ -52,7 +80,7 @@ typedef struct pin_rec {
     size_t size, mapped;
     int node;
     unsigned flags;
-    zo_dev *dev;
+    struct zo_dev *dev;
     zo_list link; /* on pin_list */
 } pin_rec;
 
@@ -296,7 +324,7 @@ ZO_API int zo_pinned_alloc(void **out, size_t size, const zo_pin_opts *opts)
         fault_in(p, len, (got & ZO_PIN_HUGE) ? HUGE_2M : page);
 
     if (o.dev) {
-        int r = zo_dev_host_register(o.dev, p, len);
+        int r = dev_register(o.dev, p, len);
         if (r == 0) {
             got |= ZO_PIN_DEV_REGISTERED;
         } else if (o.flags & ZO_PIN_REQUIRE) {
@@ -308,7 +336,7 @@ ZO_API int zo_pinned_alloc(void **out, size_t size, const zo_pin_opts *opts)
             }
             munmap(p, len);
             return ZO_FAIL(NULL, r, "zo_pinned_alloc: device registration of %zu bytes failed: %s", len,
-                           zo_dev_errmsg(o.dev));
+                           dev_errmsg(o.dev));
         } else {
             note_fallback(WARN_DEV, "device registration of %zu bytes failed (%s)", len, zo_strerror(r));
         }
@@ -317,7 +345,7 @@ ZO_API int zo_pinned_alloc(void **out, size_t size, const zo_pin_opts *opts)
     pin_rec *rec = calloc(1, sizeof(*rec));
     if (!rec) {
         if (got & ZO_PIN_DEV_REGISTERED)
-            zo_dev_host_unregister(o.dev, p);
+            dev_unregister(o.dev, p);
         if (got & ZO_PIN_LOCKED) {
             munlock(p, len);
             pthread_mutex_lock(&pin_lock);
@@ -378,7 +406,7 @@ ZO_API void zo_pinned_free(void *p)
         return;
     }
     if (rec->dev)
-        zo_dev_host_unregister(rec->dev, p);
+        dev_unregister(rec->dev, p);
     /* munmap unlocks too; no munlock call needed. */
     munmap(p, rec->mapped);
     free(rec);

@@ -3,6 +3,7 @@
  * registered-range book, then a call through the backend's vtable. */
 #define ZO_MODULE "dev"
 #include "dev/dev_internal.h"
+#include "core/pin_hooks.h"
 
 #include <limits.h>
 #include <stdlib.h>
@@ -77,8 +78,17 @@ ZO_API void zo_dev_config_default(zo_dev_config *cfg)
     cfg->kind = ZO_DEV_HOST;
 }
 
+/* what zo_pinned_alloc (lib/core) calls to register pinned memory with a
+ * device: handed to core rather than called by it (core/pin_hooks.h) */
+static const zo__pin_hooks pin_hooks = {
+    .host_register = zo_dev_host_register,
+    .host_unregister = zo_dev_host_unregister,
+    .errmsg = zo_dev_errmsg,
+};
+
 ZO_API int zo_dev_open(zo_dev **out, const zo_dev_config *cfg)
 {
+    zo__pin_hooks_set(&pin_hooks); /* before any device exists to be named in zo_pin_opts */
     if (!out)
         return ZO_FAIL(NULL, -EINVAL, "zo_dev_open: out is NULL");
     *out = NULL;
@@ -149,6 +159,11 @@ ZO_API int zo_dev_get_info(zo_dev *d, zo_dev_info *info)
     info->ordinal = d->ordinal;
     info->numa_node = -1;
     return d->ops->info(d, info);
+}
+
+ZO_API zo_dev *zo_stream_device(const zo_stream *s)
+{
+    return s ? s->dev : NULL;
 }
 
 ZO_API zo_dev_kind zo_dev_get_kind(const zo_dev *d)

@@ -24,7 +24,7 @@
 #include "core/internal.h"
 #include "core/extent.h"
 #include "core/list.h"
-#include "dev/dev_internal.h"
+#include "dev/fence.h"
 
 #include <zoffload/dev.h>
 #include <zoffload/store.h>

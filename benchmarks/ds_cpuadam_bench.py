@@ -94,7 +94,7 @@ ZO_DTYPE_F32, ZO_DTYPE_F16, ZO_DTYPE_BF16 = 0, 1, 2
 ZO_OPTIM_ADAMW = 0
 
 
-class Hparams(ctypes.Structure):  # mirrors zo_optim_hparams (include/zoffload/cpuadam.h)
+class Hparams(ctypes.Structure):  # mirrors zo_cpuadam_hparams (include/zoffload/cpuadam.h)
     _fields_ = [("struct_size", ctypes.c_size_t), ("kind", ctypes.c_int), ("lr", ctypes.c_double),
                 ("beta1", ctypes.c_double), ("beta2", ctypes.c_double), ("eps", ctypes.c_double),
                 ("weight_decay", ctypes.c_double), ("bias_correction", ctypes.c_int), ("step", ctypes.c_int64),
@@ -112,7 +112,7 @@ class Zo:
     def __init__(self, path):
         self.lib = ctypes.CDLL(path)
         L = self.lib
-        L.zo_optim_hparams_default.argtypes = [ctypes.POINTER(Hparams), ctypes.c_int]
+        L.zo_cpuadam_hparams_default.argtypes = [ctypes.POINTER(Hparams), ctypes.c_int]
         L.zo_cpuadam_tensors_default.argtypes = [ctypes.POINTER(Tensors)]
         L.zo_cpuadam_step.argtypes = [ctypes.POINTER(Hparams), ctypes.POINTER(Tensors), ctypes.c_int]
         L.zo_cpuadam_stream_bound.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_float, ctypes.c_size_t, ctypes.c_int]
@@ -120,10 +120,10 @@ class Zo:
         L.zo_strerror.restype = ctypes.c_char_p
         L.zo_last_error_detail.restype = ctypes.c_char_p
         h, t = Hparams(), Tensors()
-        self.check(L.zo_optim_hparams_default(ctypes.byref(h), ZO_OPTIM_ADAMW))
+        self.check(L.zo_cpuadam_hparams_default(ctypes.byref(h), ZO_OPTIM_ADAMW))
         self.check(L.zo_cpuadam_tensors_default(ctypes.byref(t)))
         if h.struct_size != ctypes.sizeof(Hparams) or t.struct_size != ctypes.sizeof(Tensors):
-            raise SystemExit("ctypes mirrors of zo_optim_hparams/zo_cpuadam_tensors do not match the library")
+            raise SystemExit("ctypes mirrors of zo_cpuadam_hparams/zo_cpuadam_tensors do not match the library")
 
     def check(self, rc):
         if rc != 0:
@@ -132,7 +132,7 @@ class Zo:
 
     def hparams(self, lr, betas, eps, wd):
         h = Hparams()
-        self.check(self.lib.zo_optim_hparams_default(ctypes.byref(h), ZO_OPTIM_ADAMW))
+        self.check(self.lib.zo_cpuadam_hparams_default(ctypes.byref(h), ZO_OPTIM_ADAMW))
         h.lr, h.beta1, h.beta2, h.eps, h.weight_decay = lr, betas[0], betas[1], eps, wd
         return h
 

@@ -39,10 +39,10 @@
 #define NT_MIN_OUT_BYTES (2u << 20)
 
 /* ---- hyperparameters and tensors --------------------------------------- */
-ZO_API int zo_optim_hparams_default(zo_optim_hparams *hp, zo_optim_kind kind)
+ZO_API int zo_cpuadam_hparams_default(zo_cpuadam_hparams *hp, zo_optim_kind kind)
 {
     if (!hp || (unsigned)kind >= ZO_OPTIM_KIND_COUNT)
-        return ZO_FAIL(NULL, -EINVAL, "zo_optim_hparams_default: %s",
+        return ZO_FAIL(NULL, -EINVAL, "zo_cpuadam_hparams_default: %s",
                        hp ? "unknown optimizer kind" : "hp is NULL");
     memset(hp, 0, sizeof(*hp));
     hp->struct_size = sizeof(*hp);
@@ -93,8 +93,8 @@ static const char *kind_name(int k)
 
 /* Copy a caller's hparams (which may be an older, shorter struct) over
  * the defaults. */
-static int read_hparams(zo_errbuf *eb, const char *fn, const zo_optim_hparams *in,
-                        zo_optim_hparams *hp)
+static int read_hparams(zo_errbuf *eb, const char *fn, const zo_cpuadam_hparams *in,
+                        zo_cpuadam_hparams *hp)
 {
     if (!in)
         return ZO_FAIL(eb, -EINVAL, "%s: hparams is NULL", fn);
@@ -102,16 +102,16 @@ static int read_hparams(zo_errbuf *eb, const char *fn, const zo_optim_hparams *i
      * depend on the kind, which only the caller's struct names: a first
      * pass checks the size and reads the kind, a second lays the caller's
      * bytes over that kind's defaults. */
-    const size_t min = offsetof(zo_optim_hparams, grad_scale);
-    zo_optim_hparams_default(hp, ZO_OPTIM_ADAMW);
+    const size_t min = offsetof(zo_cpuadam_hparams, grad_scale);
+    zo_cpuadam_hparams_default(hp, ZO_OPTIM_ADAMW);
     ZO_CHECK(ZO_STRUCT_IN(hp, in, min, eb, fn));
     if ((unsigned)hp->kind >= ZO_OPTIM_KIND_COUNT)
         return ZO_FAIL(eb, ZO_ECONFIG, "%s: unknown optimizer kind %d", fn, (int)hp->kind);
-    zo_optim_hparams_default(hp, hp->kind);
+    zo_cpuadam_hparams_default(hp, hp->kind);
     return ZO_STRUCT_IN(hp, in, min, eb, fn);
 }
 
-static int check_hparams(zo_errbuf *eb, const char *fn, const zo_optim_hparams *hp)
+static int check_hparams(zo_errbuf *eb, const char *fn, const zo_cpuadam_hparams *hp)
 {
     const char *k = kind_name(hp->kind);
     int adam = hp->kind == ZO_OPTIM_ADAMW || hp->kind == ZO_OPTIM_ADAM;
@@ -187,10 +187,10 @@ static int check_align(zo_errbuf *eb, const char *fn, const char *name, const vo
     return 0;
 }
 
-static int build_job(zo_errbuf *eb, const char *fn, zo__optim_job *job, const zo_optim_hparams *hp_in,
+static int build_job(zo_errbuf *eb, const char *fn, zo__optim_job *job, const zo_cpuadam_hparams *hp_in,
                      const zo_cpuadam_tensors *t, int rollback)
 {
-    zo_optim_hparams hp;
+    zo_cpuadam_hparams hp;
     ZO_CHECK(read_hparams(eb, fn, hp_in, &hp));
     ZO_CHECK(check_hparams(eb, fn, &hp));
     if (!t)
@@ -304,7 +304,7 @@ static int build_job(zo_errbuf *eb, const char *fn, zo__optim_job *job, const zo
     return 0;
 }
 
-int zo__cpuadam_make_job(zo__optim_job *job, const struct zo_optim_hparams *hp,
+int zo__cpuadam_make_job(zo__optim_job *job, const struct zo_cpuadam_hparams *hp,
                          const struct zo_cpuadam_tensors *t, int for_rollback)
 {
     return build_job(NULL, "cpuadam", job, hp, t, for_rollback);
@@ -396,7 +396,7 @@ static int run_parallel(const op *o, size_t n, int nthreads)
     return 1;
 }
 
-static int exec_step(zo_errbuf *eb, const exec *x, const zo_optim_hparams *hp,
+static int exec_step(zo_errbuf *eb, const exec *x, const zo_cpuadam_hparams *hp,
                      const zo_cpuadam_tensors *t, int rollback)
 {
     const char *fn = rollback ? "zo_cpuadam_rollback" : "zo_cpuadam_step";
@@ -478,14 +478,14 @@ static int plain_exec(zo_errbuf *eb, const char *fn, int nthreads, exec *x)
     return 0;
 }
 
-ZO_API int zo_cpuadam_step(const zo_optim_hparams *hp, const zo_cpuadam_tensors *t, int nthreads)
+ZO_API int zo_cpuadam_step(const zo_cpuadam_hparams *hp, const zo_cpuadam_tensors *t, int nthreads)
 {
     exec x;
     ZO_CHECK(plain_exec(NULL, "zo_cpuadam_step", nthreads, &x));
     return exec_step(NULL, &x, hp, t, 0);
 }
 
-ZO_API int zo_cpuadam_rollback(const zo_optim_hparams *hp, const zo_cpuadam_tensors *t, int nthreads)
+ZO_API int zo_cpuadam_rollback(const zo_cpuadam_hparams *hp, const zo_cpuadam_tensors *t, int nthreads)
 {
     exec x;
     ZO_CHECK(plain_exec(NULL, "zo_cpuadam_rollback", nthreads, &x));
@@ -661,7 +661,7 @@ static int team_exec(zo_cpuadam_team *tm, const char *fn, exec *x)
     return 0;
 }
 
-ZO_API int zo_cpuadam_team_step(zo_cpuadam_team *team, const zo_optim_hparams *hp,
+ZO_API int zo_cpuadam_team_step(zo_cpuadam_team *team, const zo_cpuadam_hparams *hp,
                                 const zo_cpuadam_tensors *t)
 {
     exec x;
@@ -669,7 +669,7 @@ ZO_API int zo_cpuadam_team_step(zo_cpuadam_team *team, const zo_optim_hparams *h
     return exec_step(&team->eb, &x, hp, t, 0);
 }
 
-ZO_API int zo_cpuadam_team_rollback(zo_cpuadam_team *team, const zo_optim_hparams *hp,
+ZO_API int zo_cpuadam_team_rollback(zo_cpuadam_team *team, const zo_cpuadam_hparams *hp,
                                     const zo_cpuadam_tensors *t)
 {
     exec x;

@@ -83,9 +83,9 @@ const char *zo__cpuadam_variant_at(unsigned i, unsigned *need);
 /* Build a job from validated public arguments (cpuadam.c). Exposed for
  * the tests, which drive the DSP tables directly. Returns 0 or a negative
  * code with the detail recorded. */
-struct zo_optim_hparams;
+struct zo_cpuadam_hparams;
 struct zo_cpuadam_tensors;
-int zo__cpuadam_make_job(zo__optim_job *job, const struct zo_optim_hparams *hp,
+int zo__cpuadam_make_job(zo__optim_job *job, const struct zo_cpuadam_hparams *hp,
                          const struct zo_cpuadam_tensors *t, int for_rollback);
 
 #endif /* ZO_CPUADAM_INTERNAL_H */

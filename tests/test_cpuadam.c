@@ -159,9 +159,9 @@ static size_t tsz(int t)
     return t == ZO__T_F32 ? 4 : 2;
 }
 
-static void random_hparams(zo_test_rng *r, zo_optim_hparams *hp, int kind)
+static void random_hparams(zo_test_rng *r, zo_cpuadam_hparams *hp, int kind)
 {
-    zo_optim_hparams_default(hp, (zo_optim_kind)kind);
+    zo_cpuadam_hparams_default(hp, (zo_optim_kind)kind);
     hp->lr = ldexp(0.5 + zo_test_uniform(r), -(int)(zo_test_next(r) % 12) - 1);
     hp->weight_decay = (zo_test_next(r) % 3) ? zo_test_uniform(r) * 0.2 : 0.0;
     hp->eps = ldexp(1.0, -(int)(zo_test_next(r) % 30) - 5);
@@ -247,7 +247,7 @@ static void slice_tensors(slice *s, int k, zo_cpuadam_tensors *t)
     }
 }
 
-static void make_job(slice *s, int k, const zo_optim_hparams *hp, zo__optim_job *job, int rollback)
+static void make_job(slice *s, int k, const zo_cpuadam_hparams *hp, zo__optim_job *job, int rollback)
 {
     zo_cpuadam_tensors t;
     slice_tensors(s, k, &t);
@@ -331,7 +331,7 @@ static void check_case(size_t v, size_t n, size_t off, int kind, int gdt, int sd
     slice s;
     slice_init(&s, n, off, kind, gdt, sdt, odt);
     slice_fill(&s, r, special);
-    zo_optim_hparams hp;
+    zo_cpuadam_hparams hp;
     random_hparams(r, &hp, kind);
     zo__optim_job jr, jv;
     make_job(&s, 1, &hp, &jr, 0);
@@ -404,7 +404,7 @@ START_TEST(test_variants_planted_specials)
                 ((float *)SM(&s, 0))[i] = ((float *)SM(&s, 1))[i] = ((float *)SM(&s, 2))[i] = 0;
                 ((float *)SV(&s, 0))[i] = ((float *)SV(&s, 1))[i] = ((float *)SV(&s, 2))[i] = 0;
             }
-            zo_optim_hparams hp;
+            zo_cpuadam_hparams hp;
             random_hparams(&r, &hp, kind);
             zo__optim_job jr, jv;
             make_job(&s, 1, &hp, &jr, 0);
@@ -456,8 +456,8 @@ static void torch_run(int kind, double lr, double b1, double b2, double eps, dou
         float prev[8];
         memcpy(prev, p, sizeof(p));
         memcpy(g, gs[s], sizeof(g));
-        zo_optim_hparams hp;
-        zo_optim_hparams_default(&hp, (zo_optim_kind)kind);
+        zo_cpuadam_hparams hp;
+        zo_cpuadam_hparams_default(&hp, (zo_optim_kind)kind);
         hp.lr = lr, hp.beta1 = b1, hp.beta2 = b2, hp.eps = eps, hp.weight_decay = wd, hp.step = s + 1;
         zo_cpuadam_tensors t;
         zo_cpuadam_tensors_default(&t);
@@ -512,7 +512,7 @@ START_TEST(test_reference_matches_formula_in_double)
     static float p[N], g[N], m[N], v[N];
     for (int kind = 0; kind < 4; kind++) {
         for (int rep = 0; rep < 4; rep++) {
-            zo_optim_hparams hp;
+            zo_cpuadam_hparams hp;
             random_hparams(&r, &hp, kind);
             float p0[N], m0[N], v0[N];
             for (int i = 0; i < N; i++) {
@@ -593,7 +593,7 @@ START_TEST(test_rollback_restores_state)
                 slice s;
                 slice_init(&s, n, 1 + (size_t)gdt, kind, gdt, ZO__T_F32, gdt == 2 ? ZO__T_BF16 : -1);
                 slice_fill(&s, &r, 0);
-                zo_optim_hparams hp;
+                zo_cpuadam_hparams hp;
                 random_hparams(&r, &hp, kind);
                 if (gdt == 1)
                     hp.beta1 = 0; /* the m of before is irrelevant: comes back 0 */
@@ -663,7 +663,7 @@ START_TEST(test_rollback_matches_reference)
                 ((float *)SG(&s))[i] = 0.0f;
                 ((float *)SV(&s, 1))[i] = ((float *)SV(&s, 2))[i] = -0.0f;
             }
-            zo_optim_hparams hp;
+            zo_cpuadam_hparams hp;
             random_hparams(&r, &hp, kind);
             zo__optim_job jr, jv;
             make_job(&s, 1, &hp, &jr, 1);
@@ -750,8 +750,8 @@ END_TEST
 START_TEST(test_lion_nonfinite_gradient)
 {
     enum { N = 67 };
-    zo_optim_hparams hp;
-    zo_optim_hparams_default(&hp, ZO_OPTIM_LION);
+    zo_cpuadam_hparams hp;
+    zo_cpuadam_hparams_default(&hp, ZO_OPTIM_LION);
     hp.lr = 0.25; /* exact in fp32: 1 -/+ lr is exact */
     hp.weight_decay = 0;
     for (size_t v = 0; v < NVARIANTS; v++) {
@@ -878,8 +878,8 @@ static int big_equal(const big *a, const big *b)
 START_TEST(test_threads_and_tiles_bit_identical)
 {
     size_t n = 300007;
-    zo_optim_hparams hp;
-    zo_optim_hparams_default(&hp, ZO_OPTIM_ADAMW);
+    zo_cpuadam_hparams hp;
+    zo_cpuadam_hparams_default(&hp, ZO_OPTIM_ADAMW);
     hp.step = 7;
     big want;
     big_init(&want, n, 42);
@@ -924,8 +924,8 @@ START_TEST(test_team_variants_match_dsp)
 {
     static const char *names[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
     size_t n = 100003;
-    zo_optim_hparams hp;
-    zo_optim_hparams_default(&hp, ZO_OPTIM_ADAM);
+    zo_cpuadam_hparams hp;
+    zo_cpuadam_hparams_default(&hp, ZO_OPTIM_ADAM);
     hp.weight_decay = 0.01f;
     for (size_t k = 0; k < ZO_ARRAY_LEN(names); k++) {
         int avail = zo_cpuadam_variant_available(names[k]);
@@ -984,8 +984,8 @@ START_TEST(test_team_pinned)
     if (rc == ZO_ENOTSUP)
         return; /* built without OpenMP: said in the detail */
     ck_assert_int_eq(rc, 0);
-    zo_optim_hparams hp;
-    zo_optim_hparams_default(&hp, ZO_OPTIM_ADAMW);
+    zo_cpuadam_hparams hp;
+    zo_cpuadam_hparams_default(&hp, ZO_OPTIM_ADAMW);
     big want, got;
     big_init(&want, n, 3);
     big_init(&got, n, 3);
@@ -1013,28 +1013,28 @@ END_TEST
 /* ---- hyperparameters ------------------------------------------------------------ */
 START_TEST(test_hparams_defaults_and_old_struct)
 {
-    zo_optim_hparams hp;
-    ck_assert_int_eq(zo_optim_hparams_default(&hp, ZO_OPTIM_ADAMW), 0);
+    zo_cpuadam_hparams hp;
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&hp, ZO_OPTIM_ADAMW), 0);
     ck_assert_uint_eq(hp.struct_size, sizeof(hp));
     ck_assert(hp.lr == 1e-3 && hp.beta1 == 0.9 && hp.beta2 == 0.999 && hp.eps == 1e-8 && hp.weight_decay == 1e-2);
     ck_assert(hp.step == 1 && hp.bias_correction == 1 && hp.grad_scale == 1.0 && hp.clip_coef == 1.0);
-    ck_assert_int_eq(zo_optim_hparams_default(&hp, ZO_OPTIM_LION), 0);
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&hp, ZO_OPTIM_LION), 0);
     ck_assert(hp.lr == 1e-4 && hp.beta2 == 0.99 && hp.weight_decay == 0);
-    ck_assert_int_eq(zo_optim_hparams_default(&hp, ZO_OPTIM_KIND_COUNT), -EINVAL);
-    ck_assert_int_eq(zo_optim_hparams_default(NULL, ZO_OPTIM_ADAM), -EINVAL);
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&hp, ZO_OPTIM_KIND_COUNT), -EINVAL);
+    ck_assert_int_eq(zo_cpuadam_hparams_default(NULL, ZO_OPTIM_ADAM), -EINVAL);
     /* a caller built before grad_scale/clip_coef existed gets 1 for both */
     size_t n = 1000;
     big a, b;
     big_init(&a, n, 5);
     big_init(&b, n, 5);
     zo_cpuadam_tensors t;
-    zo_optim_hparams_default(&hp, ZO_OPTIM_ADAMW);
+    zo_cpuadam_hparams_default(&hp, ZO_OPTIM_ADAMW);
     big_tensors(&a, &t);
     ck_assert_int_eq(zo_cpuadam_step(&hp, &t, 1), 0);
-    zo_optim_hparams old;
+    zo_cpuadam_hparams old;
     memset(&old, 0x7f, sizeof(old)); /* garbage past the old size */
-    memcpy(&old, &hp, offsetof(zo_optim_hparams, grad_scale));
-    old.struct_size = offsetof(zo_optim_hparams, grad_scale);
+    memcpy(&old, &hp, offsetof(zo_cpuadam_hparams, grad_scale));
+    old.struct_size = offsetof(zo_cpuadam_hparams, grad_scale);
     big_tensors(&b, &t);
     ck_assert_int_eq(zo_cpuadam_step(&old, &t, 1), 0);
     ck_assert(big_equal(&a, &b));
@@ -1067,8 +1067,8 @@ START_TEST(test_bad_input)
     size_t n = 64;
     float p[64] = {0}, g[64] = {0}, m[64] = {0}, v[64] = {0};
     uint16_t o[64];
-    zo_optim_hparams hp;
-    zo_optim_hparams_default(&hp, ZO_OPTIM_ADAMW);
+    zo_cpuadam_hparams hp;
+    zo_cpuadam_hparams_default(&hp, ZO_OPTIM_ADAMW);
     zo_cpuadam_tensors t, t0;
     zo_cpuadam_tensors_default(&t0);
     t0.n = n, t0.param = p, t0.grad = g, t0.exp_avg = m, t0.exp_avg_sq = v;
@@ -1090,12 +1090,12 @@ START_TEST(test_bad_input)
     t = t0, t.exp_avg_sq = NULL;
     EXPECT_FAIL(zo_cpuadam_step(&hp, &t, 1), -EINVAL, "exp_avg_sq is NULL");
     /* the state an optimizer does not use may be NULL */
-    zo_optim_hparams ha;
-    zo_optim_hparams_default(&ha, ZO_OPTIM_ADAGRAD);
+    zo_cpuadam_hparams ha;
+    zo_cpuadam_hparams_default(&ha, ZO_OPTIM_ADAGRAD);
     t = t0, t.exp_avg = NULL;
     ck_assert_int_eq(zo_cpuadam_step(&ha, &t, 1), 0);
-    zo_optim_hparams hl;
-    zo_optim_hparams_default(&hl, ZO_OPTIM_LION);
+    zo_cpuadam_hparams hl;
+    zo_cpuadam_hparams_default(&hl, ZO_OPTIM_LION);
     t = t0, t.exp_avg_sq = NULL;
     ck_assert_int_eq(zo_cpuadam_step(&hl, &t, 1), 0);
     /* overlaps */
@@ -1128,7 +1128,7 @@ START_TEST(test_bad_input)
     t = t0, t.struct_size = 8;
     EXPECT_FAIL(zo_cpuadam_step(&hp, &t, 1), -EINVAL, "struct_size");
     /* hyperparameters */
-    zo_optim_hparams h;
+    zo_cpuadam_hparams h;
 #define BAD_HP(field, val, word)                                        \
     do {                                                                \
         h = hp;                                                         \
@@ -1251,8 +1251,8 @@ START_TEST(test_mask_bounds_dispatch)
         ck_assert_str_ne(v, "avx512bf16");
     /* and the auto path agrees with the pinned table of that variant */
     size_t n = 5003;
-    zo_optim_hparams hp;
-    zo_optim_hparams_default(&hp, ZO_OPTIM_ADAMW);
+    zo_cpuadam_hparams hp;
+    zo_cpuadam_hparams_default(&hp, ZO_OPTIM_ADAMW);
     big a, b;
     big_init(&a, n, 9);
     big_init(&b, n, 9);

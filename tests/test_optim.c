@@ -44,7 +44,7 @@ typedef struct model {
     zo_dtype pdt, gdt;
     uint64_t numel[NT], off[NT], total;
     uint64_t goff[2], gnumel[2];
-    zo_optim_hparams hp[2];
+    zo_cpuadam_hparams hp[2];
 } model;
 
 static void model_init(model *m, zo_dtype pdt, zo_dtype gdt)
@@ -63,9 +63,9 @@ static void model_init(model *m, zo_dtype pdt, zo_dtype gdt)
     m->total = off;
     m->goff[1] = m->gnumel[0];
     m->gnumel[1] = off - m->gnumel[0];
-    ck_assert_int_eq(zo_optim_hparams_default(&m->hp[0], ZO_OPTIM_ADAMW), 0);
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&m->hp[0], ZO_OPTIM_ADAMW), 0);
     m->hp[0].lr = 1e-2;
-    ck_assert_int_eq(zo_optim_hparams_default(&m->hp[1], ZO_OPTIM_ADAM), 0);
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&m->hp[1], ZO_OPTIM_ADAM), 0);
     m->hp[1].lr = 5e-3;
     m->hp[1].weight_decay = 1e-2;
 }
@@ -159,7 +159,7 @@ static void ref_grad(ref *r, int i, const void *g)
 }
 
 /* The kernel over the reference's elements [o, o + n) with gradients g */
-static void ref_kernel(ref *r, const zo_optim_hparams *hp, uint64_t o, uint64_t n, const void *g, zo_dtype gdt)
+static void ref_kernel(ref *r, const zo_cpuadam_hparams *hp, uint64_t o, uint64_t n, const void *g, zo_dtype gdt)
 {
     model *m = r->m;
     zo_cpuadam_tensors t;
@@ -208,7 +208,7 @@ static int ref_step(ref *r, double scale, double max_norm, double *norm_out)
     }
     r->step++;
     for (int g = 0; g < 2; g++) {
-        zo_optim_hparams hp = m->hp[g];
+        zo_cpuadam_hparams hp = m->hp[g];
         hp.step = r->step;
         hp.grad_scale = 1.0 / scale;
         hp.clip_coef = coef;
@@ -1024,7 +1024,7 @@ static void skip_steps(eng *e, ref *r, int64_t *ts, int from, int to)
             ts[i]++;
             if (!r)
                 continue;
-            zo_optim_hparams hp = m->hp[i < NT0 ? 0 : 1];
+            zo_cpuadam_hparams hp = m->hp[i < NT0 ? 0 : 1];
             hp.step = ts[i];
             ref_kernel(r, &hp, m->off[i], m->numel[i], e->dgrad[i], m->gdt);
         }
@@ -1497,7 +1497,7 @@ START_TEST(test_optim_errors)
     g[0].names = dup;
     ck_assert_int_eq(zo_optim_create(&o, &c), -EEXIST);
     /* hyperparameters out of range */
-    zo_optim_hparams hp = m.hp[0];
+    zo_cpuadam_hparams hp = m.hp[0];
     hp.beta1 = 1.5;
     g[0] = e.grp[0];
     g[0].hparams = &hp;
@@ -1517,7 +1517,7 @@ START_TEST(test_optim_errors)
         ck_assert_ptr_null(o);
     }
     /* speculative with Lion */
-    zo_optim_hparams_default(&hp, ZO_OPTIM_LION);
+    zo_cpuadam_hparams_default(&hp, ZO_OPTIM_LION);
     c.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
     ck_assert_int_eq(zo_optim_create(&o, &c), ZO_ECONFIG);
     /* an impossible pinned budget */
@@ -1552,10 +1552,10 @@ START_TEST(test_optim_errors)
     ck_assert_int_eq(zo_optim_set_lr(e.o, 2, 1e-3), -EINVAL);
     ck_assert_int_eq(zo_optim_set_lr(e.o, 0, -1.0), ZO_ECONFIG);
     ck_assert_int_eq(zo_optim_set_lr(e.o, 0, 2e-3), 0);
-    zo_optim_hparams lion;
-    zo_optim_hparams_default(&lion, ZO_OPTIM_LION);
+    zo_cpuadam_hparams lion;
+    zo_cpuadam_hparams_default(&lion, ZO_OPTIM_LION);
     ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &lion), ZO_ECONFIG);
-    zo_optim_hparams h2 = m.hp[0];
+    zo_cpuadam_hparams h2 = m.hp[0];
     h2.clip_coef = 0.5;
     ck_assert_int_eq(zo_optim_set_hparams(e.o, 0, &h2), ZO_ECONFIG);
     ck_assert(strstr(zo_optim_errmsg(e.o), "clip_coef 0.5"));

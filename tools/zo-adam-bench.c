@@ -486,8 +486,8 @@ int main(int argc, char **argv)
         arrays_free(&a);
         return 1;
     }
-    zo_optim_hparams hp;
-    zo_optim_hparams_default(&hp, (zo_optim_kind)kind);
+    zo_cpuadam_hparams hp;
+    zo_cpuadam_hparams_default(&hp, (zo_optim_kind)kind);
     zo_cpuadam_tensors t;
     tensors_for(&t, &a, n, (zo_dtype)gt, ot, (zo_dtype)st);
     double bpp = step_bytes(kind, (zo_dtype)gt, ot, (zo_dtype)st);

@@ -380,7 +380,7 @@ static int setup(bench *b, const opts *o)
     b->cfg.dev = b->dev;
     b->cfg.param_dtype = o->grad;
     b->cfg.grad_dtype = o->grad;
-    zo_optim_hparams_default(&b->cfg.hparams, o->kind);
+    zo_cpuadam_hparams_default(&b->cfg.hparams, o->kind);
     b->cfg.placement = o->placement;
     if (o->sub_group)
         b->cfg.sub_group_size = o->sub_group;
@@ -563,7 +563,7 @@ static void kernel_ref_free(kernel_ref *k)
 
 static int kernel_ref_step(kernel_ref *k, const bench *b, int64_t step, double *secs)
 {
-    zo_optim_hparams hp = b->cfg.hparams;
+    zo_cpuadam_hparams hp = b->cfg.hparams;
     hp.step = step;
     zo_cpuadam_tensors t;
     zo_cpuadam_tensors_default(&t);

@@ -183,7 +183,7 @@ int plan_probe_run(const plan_probe_in *in, plan_probe_out *out)
     /* the engine: zo-train's configuration (its defaults, the --config
      * file, the flags), the placement in a private directory */
     what = "the engine";
-    zo_optim_hparams hp_w, hp_b;
+    zo_cpuadam_hparams hp_w, hp_b;
     zo_optim_config cfg;
     zo_optim_config_default(&cfg);
     cfg.dev = p.dev;

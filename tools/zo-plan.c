@@ -158,8 +158,8 @@ static double probe_adam(int nthreads)
             g[i] = 0.001f * (float)(i % 89) - 0.04f;
             m[i] = v[i] = 0;
         }
-        zo_optim_hparams hp;
-        zo_optim_hparams_default(&hp, ZO_OPTIM_ADAMW);
+        zo_cpuadam_hparams hp;
+        zo_cpuadam_hparams_default(&hp, ZO_OPTIM_ADAMW);
         zo_cpuadam_tensors t;
         zo_cpuadam_tensors_default(&t);
         t.n = n;

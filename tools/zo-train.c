@@ -294,7 +294,7 @@ typedef struct reference {
     void *out, *prev_out;  /* params after the latest update, and after the one before */
     void *grad;            /* gradients in gdt (the reference's "device" grads) */
     int *first;            /* [ntensors] 1 until the window's first gradient */
-    zo_optim_hparams hp[2];
+    zo_cpuadam_hparams hp[2];
     uint64_t sub_group;
     int64_t step;
     uint64_t boundaries;
@@ -496,7 +496,7 @@ static int reference_step(reference *r, double scale, double max_norm, unsigned 
         r->step++;
         memcpy(r->prev_out, r->out, pb);
         for (int g = 0; g < 2; g++) {
-            zo_optim_hparams hp = r->hp[g];
+            zo_cpuadam_hparams hp = r->hp[g];
             hp.step = r->step;
             hp.grad_scale = 1.0 / scale;
             hp.clip_coef = coef;
@@ -830,8 +830,8 @@ int main(int argc, char **argv)
     }
 
     /* ---- the engine configuration: defaults, then the JSON file, then the flags ---- */
-    zo_optim_hparams hp_w, hp_b;
-    zo_optim_hparams_default(&hp_w, ZO_OPTIM_ADAMW);
+    zo_cpuadam_hparams hp_w, hp_b;
+    zo_cpuadam_hparams_default(&hp_w, ZO_OPTIM_ADAMW);
     zo_optim_config cfg;
     zo_optim_config_default(&cfg);
     cfg.dev = dev;

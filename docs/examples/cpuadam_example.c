@@ -57,8 +57,8 @@ int main(void)
     double clip = norm > max_norm ? max_norm / norm : 1.0;
 
     /* 3: the fused step */
-    zo_optim_hparams hp;
-    zo_optim_hparams_default(&hp, ZO_OPTIM_ADAMW); /* lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 1e-2 */
+    zo_cpuadam_hparams hp;
+    zo_cpuadam_hparams_default(&hp, ZO_OPTIM_ADAMW); /* lr 1e-3, betas (0.9, 0.999), eps 1e-8, wd 1e-2 */
     hp.step = 1;
     hp.grad_scale = 1.0 / loss_scale;
     hp.clip_coef = clip;

@@ -128,8 +128,8 @@ int main(int argc, char **argv)
     const uint64_t wn[1] = {OUT * IN}, bn[1] = {OUT};
     const char *wname[1] = {"linear.weight"}, *bname[1] = {"linear.bias"};
     void *wdev[1] = {f.w}, *bdev[1] = {f.b};
-    zo_optim_hparams nodecay;
-    CHECK(zo_optim_hparams_default(&nodecay, ZO_OPTIM_ADAMW));
+    zo_cpuadam_hparams nodecay;
+    CHECK(zo_cpuadam_hparams_default(&nodecay, ZO_OPTIM_ADAMW));
     nodecay.lr = 3e-2;
     nodecay.weight_decay = 0;
     zo_optim_group groups[2];

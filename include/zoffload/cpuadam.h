@@ -14,7 +14,7 @@
  * same pass. A ZeRO-Offload step calls them once per sub-group slice.
  *
  * No hidden state: hyperparameters and the step number travel with every
- * call in a ::zo_optim_hparams, the tensors in a ::zo_cpuadam_tensors. Any
+ * call in a ::zo_cpuadam_hparams, the tensors in a ::zo_cpuadam_tensors. Any
  * number of independent optimizers can share the library; every function is
  * thread-safe and may run concurrently on disjoint tensors.
  *
@@ -87,7 +87,7 @@ typedef enum zo_optim_kind {
 #define ZO_CPUADAM_ULP_BOUND 0
 
 /**
- * Hyperparameters of one step. Fill with zo_optim_hparams_default(), then
+ * Hyperparameters of one step. Fill with zo_cpuadam_hparams_default(), then
  * change what you need; pass it on every call (the library keeps nothing).
  *
  * Per element, with g = grad * grad_scale * clip_coef (one fp32 multiplier)
@@ -106,8 +106,8 @@ typedef enum zo_optim_kind {
  * ...) are computed in double and rounded to fp32 once, as torch does.
  * (With fp32 betas, 1 - 0.999f would differ from torch's 0.001 by 1.3e-5.)
  */
-typedef struct zo_optim_hparams {
-    size_t struct_size;     /**< sizeof(zo_optim_hparams), set by the default function */
+typedef struct zo_cpuadam_hparams {
+    size_t struct_size;     /**< sizeof(zo_cpuadam_hparams), set by the default function */
     zo_optim_kind kind;     /**< which optimizer */
     double lr;              /**< learning rate, finite, >= 0 */
     double beta1;           /**< Adam/AdamW: first-moment decay in [0, 1); Lion: interpolation in [0, 1] */
@@ -118,7 +118,7 @@ typedef struct zo_optim_hparams {
     int64_t step;           /**< 1-based number of this update; >= 1 */
     double grad_scale;      /**< gradient pre-scale, typically 1 / loss_scale; finite, > 0 */
     double clip_coef;       /**< gradient clip coefficient, min(1, max_norm / norm); finite, > 0 */
-} zo_optim_hparams;
+} zo_cpuadam_hparams;
 
 /**
  * Fill `hp` with the defaults of `kind` (the torch / DeepSpeed defaults):
@@ -129,7 +129,7 @@ typedef struct zo_optim_hparams {
  * and bias_correction 1, step 1, grad_scale 1, clip_coef 1.
  * @return 0, or -EINVAL (hp NULL, unknown kind).
  */
-ZO_API int zo_optim_hparams_default(zo_optim_hparams *hp, zo_optim_kind kind);
+ZO_API int zo_cpuadam_hparams_default(zo_cpuadam_hparams *hp, zo_optim_kind kind);
 
 /**
  * The tensors of one slice. Fill with zo_cpuadam_tensors_default(), then
@@ -170,7 +170,7 @@ typedef struct zo_grad_stats {
  * One optimizer step on one slice, with `nthreads` OpenMP threads and the
  * variant zo_cpu_flags() selects.
  *
- * @param hp        hyperparameters and step number (see ::zo_optim_hparams)
+ * @param hp        hyperparameters and step number (see ::zo_cpuadam_hparams)
  * @param t         the slice (see ::zo_cpuadam_tensors)
  * @param nthreads  threads to use, >= 1 (fewer are used for small slices)
  * @return 0; -EINVAL (NULL hp/t/param/grad/needed state, n = 0 or
@@ -180,7 +180,7 @@ typedef struct zo_grad_stats {
  *         ZO_ENOTSUP (unsupported dtype combination).
  * Thread-safe; blocks until the slice is done.
  */
-ZO_API int zo_cpuadam_step(const zo_optim_hparams *hp, const zo_cpuadam_tensors *t, int nthreads);
+ZO_API int zo_cpuadam_step(const zo_cpuadam_hparams *hp, const zo_cpuadam_tensors *t, int nthreads);
 
 /**
  * Undo one Adam or AdamW step: given the parameters and states after step
@@ -204,7 +204,7 @@ ZO_API int zo_cpuadam_step(const zo_optim_hparams *hp, const zo_cpuadam_tensors 
  *         states) and ZO_ECONFIG (AdamW with lr*wd >= 1: the decay lost
  *         the parameters).
  */
-ZO_API int zo_cpuadam_rollback(const zo_optim_hparams *hp, const zo_cpuadam_tensors *t, int nthreads);
+ZO_API int zo_cpuadam_rollback(const zo_cpuadam_hparams *hp, const zo_cpuadam_tensors *t, int nthreads);
 
 /**
  * Sum of squares and inf/NaN count of a gradient slice in one
@@ -301,10 +301,10 @@ ZO_API void zo_cpuadam_team_destroy(zo_cpuadam_team **team);
  * for a team created with pin, the error of zo_topo_bind_omp() when the
  * calling thread's OpenMP team cannot be pinned. */
 /** zo_cpuadam_step() with the team's threads, pinning and variant. */
-ZO_API int zo_cpuadam_team_step(zo_cpuadam_team *team, const zo_optim_hparams *hp,
+ZO_API int zo_cpuadam_team_step(zo_cpuadam_team *team, const zo_cpuadam_hparams *hp,
                                 const zo_cpuadam_tensors *t);
 /** zo_cpuadam_rollback() with the team's threads, pinning and variant. */
-ZO_API int zo_cpuadam_team_rollback(zo_cpuadam_team *team, const zo_optim_hparams *hp,
+ZO_API int zo_cpuadam_team_rollback(zo_cpuadam_team *team, const zo_cpuadam_hparams *hp,
                                     const zo_cpuadam_tensors *t);
 /** zo_cpuadam_grad_stats() with the team's threads, pinning and variant. */
 ZO_API int zo_cpuadam_team_grad_stats(zo_cpuadam_team *team, const void *grad, zo_dtype type,

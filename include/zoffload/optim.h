@@ -222,8 +222,8 @@ typedef struct zo_optim_group {
                                       touches device params; the framework copies from
                                       zo_optim_param_buffer() itself. Not owned: valid, at the same
                                       address, until zo_optim_destroy() */
-    const zo_optim_hparams *hparams; /**< NULL: the config's `hparams`. step, grad_scale and clip_coef are
-                                          the engine's: leave them at zo_optim_hparams_default()'s 1
+    const zo_cpuadam_hparams *hparams; /**< NULL: the config's `hparams`. step, grad_scale and clip_coef are
+                                          the engine's: leave them at zo_cpuadam_hparams_default()'s 1
                                           (anything else is ZO_ECONFIG) */
     zo_optim_placement placement; /**< default ZO_OPTIM_PLACE_DEFAULT (the config's) */
     uint64_t sub_group_size;     /**< elements per sub-group; 0 (default): the config's */
@@ -251,7 +251,7 @@ typedef struct zo_optim_config {
     zo_dtype grad_dtype;         /**< device gradients: ZO_DTYPE_COUNT (default) means param_dtype */
     const zo_optim_group *groups; /**< [ngroups] parameter groups (read during create) */
     unsigned ngroups;            /**< >= 1 */
-    zo_optim_hparams hparams;    /**< default hyperparameters of the groups (optimizer.type, optimizer.params:
+    zo_cpuadam_hparams hparams;    /**< default hyperparameters of the groups (optimizer.type, optimizer.params:
                                       lr, betas, eps, weight_decay, bias_correction; "Adam" with
                                       adam_w_mode true is ZO_OPTIM_ADAMW); default: AdamW defaults.
                                       step, grad_scale, clip_coef: the engine's, leave them at 1 */
@@ -636,9 +636,9 @@ ZO_API int zo_optim_params_current(zo_optim *o);
  */
 ZO_API int zo_optim_set_lr(zo_optim *o, unsigned group, double lr);
 /** Replace a group's hyperparameters (kind must stay). step, grad_scale and clip_coef are the engine's
- *  and must stay at zo_optim_hparams_default()'s 1 (zo_optim_set_step() sets the update count).
+ *  and must stay at zo_cpuadam_hparams_default()'s 1 (zo_optim_set_step() sets the update count).
  *  @return 0; -EINVAL; ZO_ECONFIG (out of range, kind changed, step/grad_scale/clip_coef set). */
-ZO_API int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *hp);
+ZO_API int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_cpuadam_hparams *hp);
 
 /**
  * Set the number of updates applied so far (the next update is step + 1:

@@ -683,7 +683,7 @@ ZO_API int zo_optim_json_apply(zo_optim_json *j, zo_optim_config *cfg, zo_optim_
         else if (strcasecmp(t, "Lion") == 0)
             kind = ZO_OPTIM_LION;
         if (kind != c.hparams.kind)
-            zo_optim_hparams_default(&c.hparams, kind);
+            zo_cpuadam_hparams_default(&c.hparams, kind);
     }
     if (v[V_ADAMW_MODE].set && !v[V_OPT_TYPE].set && c.hparams.kind <= ZO_OPTIM_ADAM)
         c.hparams.kind = v[V_ADAMW_MODE].b ? ZO_OPTIM_ADAMW : ZO_OPTIM_ADAM;

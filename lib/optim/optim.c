@@ -40,7 +40,7 @@ void zo_optim_config_default(zo_optim_config *cfg)
      * buffers with rc 0 everywhere; create asks for it instead */
     cfg->param_dtype = ZO_DTYPE_COUNT;
     cfg->grad_dtype = ZO_DTYPE_COUNT;
-    zo_optim_hparams_default(&cfg->hparams, ZO_OPTIM_ADAMW);
+    zo_cpuadam_hparams_default(&cfg->hparams, ZO_OPTIM_ADAMW);
     cfg->placement = ZO_OPTIM_PLACE_HOST;
     cfg->pin_memory = 1;
     cfg->buffer_count = 4;
@@ -106,21 +106,21 @@ static void states_used(zo_optim_kind k, int used[ZO_OPTIM_STATE_COUNT])
 
 /* step, grad_scale and clip_coef belong to the engine (its update count,
  * loss scale and clip coefficient): a group that sets them would have them
- * silently replaced, so anything but zo_optim_hparams_default()'s 1 is
+ * silently replaced, so anything but zo_cpuadam_hparams_default()'s 1 is
  * refused. */
-static int check_engine_fields(zo_optim *o, const zo_optim_hparams *hp, unsigned g, const char *fn)
+static int check_engine_fields(zo_optim *o, const zo_cpuadam_hparams *hp, unsigned g, const char *fn)
 {
     if (hp->step == 1 && hp->grad_scale == 1.0 && hp->clip_coef == 1.0)
         return 0;
     return ZO_FAIL(&o->err, ZO_ECONFIG,
                    "%s: group %u hparams set step %lld, grad_scale %g, clip_coef %g: the engine sets these itself "
                    "(its update count: zo_optim_set_step(); the loss scale; max_grad_norm clipping): leave them at "
-                   "zo_optim_hparams_default()'s 1",
+                   "zo_cpuadam_hparams_default()'s 1",
                    fn, g, (long long)hp->step, hp->grad_scale, hp->clip_coef);
 }
 
 /* Validate hyperparameters by the kernel's own rules: one step on one element. */
-static int check_hparams(zo_optim *o, const zo_optim_hparams *hp, unsigned g, zo_dtype sdt)
+static int check_hparams(zo_optim *o, const zo_cpuadam_hparams *hp, unsigned g, zo_dtype sdt)
 {
     float p = 0.f, gr = 0.f, m = 0.f, v = 0.f;
     uint16_t m16 = 0, v16 = 0;
@@ -273,9 +273,9 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
         if (og->sdt != ZO_DTYPE_F32 && og->sdt != ZO_DTYPE_BF16)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_dtype %s (f32 or bf16)", g,
                            zo_dtype_name(og->sdt));
-        if (og->hp.struct_size != sizeof(zo_optim_hparams) || og->hp.kind < 0 || og->hp.kind >= ZO_OPTIM_KIND_COUNT)
+        if (og->hp.struct_size != sizeof(zo_cpuadam_hparams) || og->hp.kind < 0 || og->hp.kind >= ZO_OPTIM_KIND_COUNT)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u hparams not filled by "
-                           "zo_optim_hparams_default()", g);
+                           "zo_cpuadam_hparams_default()", g);
         int r = check_engine_fields(o, &og->hp, g, "zo_optim_create");
         if (r < 0)
             return r;
@@ -1524,21 +1524,21 @@ int zo_optim_set_lr(zo_optim *o, unsigned group, double lr)
     zo__enter(o);
     if (!o || group >= o->ngroups)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_lr: %s", o ? "group out of range" : "NULL engine");
-    zo_optim_hparams hp = o->groups[group].hp;
+    zo_cpuadam_hparams hp = o->groups[group].hp;
     hp.lr = lr;
     return zo_optim_set_hparams(o, group, &hp);
 }
 
-int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_optim_hparams *uhp)
+int zo_optim_set_hparams(zo_optim *o, unsigned group, const zo_cpuadam_hparams *uhp)
 {
     zo__enter(o);
     if (!o || group >= o->ngroups || !uhp)
         return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_hparams: %s",
                        !o || !uhp ? "NULL argument" : "group out of range");
     zo__og *og = &o->groups[group];
-    if (uhp->struct_size != sizeof(zo_optim_hparams) || uhp->kind != og->hp.kind)
+    if (uhp->struct_size != sizeof(zo_cpuadam_hparams) || uhp->kind != og->hp.kind)
         return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_set_hparams: struct_size or optimizer kind differs");
-    zo_optim_hparams hp = *uhp;
+    zo_cpuadam_hparams hp = *uhp;
     int r = check_engine_fields(o, &hp, group, "zo_optim_set_hparams");
     if (r < 0 || (r = check_hparams(o, &hp, group, og->sdt)) < 0)
         return r;

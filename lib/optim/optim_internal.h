@@ -49,8 +49,8 @@ typedef struct zo__sg {
 } zo__sg;
 
 typedef struct zo__og {
-    zo_optim_hparams hp;      /* what the update in flight uses (the worker's) */
-    zo_optim_hparams hp_next; /* set between steps; becomes hp when the next update starts */
+    zo_cpuadam_hparams hp;      /* what the update in flight uses (the worker's) */
+    zo_cpuadam_hparams hp_next; /* set between steps; becomes hp when the next update starts */
     zo_optim_placement place;
     uint64_t sgsize;
     zo_dtype sdt;

@@ -274,7 +274,7 @@ int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep
                                   i + 1 == o->nt ? "]," : "");
     n += (size_t)snprintf(js + n, cap - n, "\"groups\":[");
     for (unsigned g = 0; g < o->ngroups; g++) {
-        const zo_optim_hparams *hp = &o->groups[g].hp_next;
+        const zo_cpuadam_hparams *hp = &o->groups[g].hp_next;
         n += (size_t)snprintf(js + n, cap - n, "%s\"%a,%a,%a,%a,%a,%d\"", g ? "," : "", hp->lr, hp->beta1,
                               hp->beta2, hp->eps, hp->weight_decay, hp->bias_correction);
     }
@@ -296,7 +296,7 @@ static const char *field(const char *js, const char *end, const char *key)
 }
 
 static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *step, uint64_t c[4],
-                        zo_optim_hparams *hps)
+                        zo_cpuadam_hparams *hps)
 {
     const char *rec = strstr(js, "{\"zo_optim\":{");
     const char *end = rec ? strstr(rec, "]},\"user\":") : NULL;
@@ -433,7 +433,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
         return ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_last_error_detail());
     char *nm = strdup(zo_ckpt_name(rd));
     char *js = strdup(zo_ckpt_user_json(rd) ? zo_ckpt_user_json(rd) : "");
-    zo_optim_hparams *hps = calloc(o->ngroups, sizeof(*hps));
+    zo_cpuadam_hparams *hps = calloc(o->ngroups, sizeof(*hps));
     int64_t *ts = calloc(o->nt, sizeof(*ts));
     float *tmp = NULL;
     zo__scaler sc;

@@ -185,7 +185,7 @@ static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_ST
                        const void *g, zo_dtype gdt, void *out, double scale, double coef, int rollback, int64_t step)
 {
     const zo__og *og = &o->groups[sg->group];
-    zo_optim_hparams hp = og->hp;
+    zo_cpuadam_hparams hp = og->hp;
     hp.step = step + 1;
     hp.grad_scale = 1.0 / scale;
     hp.clip_coef = coef;

@@ -266,7 +266,7 @@ class PinnedStats(ctypes.Structure):
                 ("last_fallback", ctypes.c_char * 160)]
 
 
-class OptimHparams(ctypes.Structure):
+class CpuadamHparams(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("kind", c_int), ("lr", c_double),
                 ("beta1", c_double), ("beta2", c_double), ("eps", c_double),
                 ("weight_decay", c_double), ("bias_correction", c_int), ("step", c_i64),
@@ -312,7 +312,7 @@ class CkptOptions(ctypes.Structure):
 #: that carries struct_size; used by new_struct() and the ABI test.
 SIZED_STRUCTS = {
     "zo_pin_opts": (PinOpts, "zo_pin_opts_default", ()),
-    "zo_optim_hparams": (OptimHparams, "zo_optim_hparams_default", (0,)),
+    "zo_cpuadam_hparams": (CpuadamHparams, "zo_cpuadam_hparams_default", (0,)),
     "zo_cpuadam_tensors": (CpuadamTensors, "zo_cpuadam_tensors_default", ()),
     "zo_cpuadam_team_config": (CpuadamTeamConfig, "zo_cpuadam_team_config_default", ()),
     "zo_dev_config": (DevConfig, "zo_dev_config_default", ()),
@@ -433,18 +433,18 @@ def _declare(dll):
     _fn(d, "zo_pinned_set_budget", c_size_t, [c_size_t])
     _fn(d, "zo_page_size", c_size_t, [])
     # cpuadam.h
-    _fn(d, "zo_optim_hparams_default", c_int, [c_void_p, c_int])
+    _fn(d, "zo_cpuadam_hparams_default", c_int, [c_void_p, c_int])
     _fn(d, "zo_cpuadam_tensors_default", c_int, [c_void_p])
-    _fn(d, "zo_cpuadam_step", c_int, [P(OptimHparams), P(CpuadamTensors), c_int])
-    _fn(d, "zo_cpuadam_rollback", c_int, [P(OptimHparams), P(CpuadamTensors), c_int])
+    _fn(d, "zo_cpuadam_step", c_int, [P(CpuadamHparams), P(CpuadamTensors), c_int])
+    _fn(d, "zo_cpuadam_rollback", c_int, [P(CpuadamHparams), P(CpuadamTensors), c_int])
     _fn(d, "zo_cpuadam_grad_stats", c_int, [c_void_p, c_int, c_size_t, c_int, P(GradStats)])
     _fn(d, "zo_cpuadam_variant", c_char_p, [])
     _fn(d, "zo_cpuadam_variant_available", c_int, [c_char_p])
     _fn(d, "zo_cpuadam_team_config_default", c_int, [c_void_p])
     _fn(d, "zo_cpuadam_team_create", c_int, [P(c_void_p), P(CpuadamTeamConfig)])
     _fn(d, "zo_cpuadam_team_destroy", None, [P(c_void_p)])
-    _fn(d, "zo_cpuadam_team_step", c_int, [c_void_p, P(OptimHparams), P(CpuadamTensors)])
-    _fn(d, "zo_cpuadam_team_rollback", c_int, [c_void_p, P(OptimHparams), P(CpuadamTensors)])
+    _fn(d, "zo_cpuadam_team_step", c_int, [c_void_p, P(CpuadamHparams), P(CpuadamTensors)])
+    _fn(d, "zo_cpuadam_team_rollback", c_int, [c_void_p, P(CpuadamHparams), P(CpuadamTensors)])
     _fn(d, "zo_cpuadam_team_grad_stats", c_int, [c_void_p, c_void_p, c_int, c_size_t, P(GradStats)])
     _fn(d, "zo_cpuadam_team_variant", c_char_p, [c_void_p])
     _fn(d, "zo_cpuadam_team_threads", c_int, [c_void_p])

@@ -39,10 +39,10 @@ def kind_of(kind):
 
 
 def hparams(kind="adamw", **kw):
-    """A ``zo_optim_hparams`` with the defaults of `kind`, then `kw`
+    """A ``zo_cpuadam_hparams`` with the defaults of `kind`, then `kw`
     (lr, beta1, beta2, betas=(b1, b2), eps, weight_decay, bias_correction,
     step, grad_scale, clip_coef)."""
-    hp = _lib.new_struct("zo_optim_hparams", kind_of(kind))
+    hp = _lib.new_struct("zo_cpuadam_hparams", kind_of(kind))
     if "betas" in kw:
         b = kw.pop("betas")
         kw["beta1"], kw["beta2"] = float(b[0]), float(b[1])

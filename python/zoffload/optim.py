@@ -52,14 +52,14 @@ def _dtype(x):
 class OptimGroup(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("ntensors", c_uint), ("numel", P(c_u64)),
                 ("names", P(c_char_p)), ("dev_params", P(c_void_p)),
-                ("hparams", P(_lib.OptimHparams)), ("placement", c_int),
+                ("hparams", P(_lib.CpuadamHparams)), ("placement", c_int),
                 ("sub_group_size", c_u64), ("state_dtype", c_int)]
 
 
 class OptimConfig(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t),
                 ("dev", c_void_p), ("param_dtype", c_int), ("grad_dtype", c_int),
-                ("groups", P(OptimGroup)), ("ngroups", c_uint), ("hparams", _lib.OptimHparams),
+                ("groups", P(OptimGroup)), ("ngroups", c_uint), ("hparams", _lib.CpuadamHparams),
                 ("placement", c_int), ("nvme_path", c_char_p), ("pin_memory", c_int),
                 ("buffer_count", c_uint), ("sub_group_size", c_u64), ("pinned_bytes", c_u64),
                 ("grad_staging_bytes", c_size_t),
@@ -170,7 +170,7 @@ def _declare():
     d("zo_optim_poll", c_int, [c_void_p])
     d("zo_optim_params_current", c_int, [c_void_p])
     d("zo_optim_set_lr", c_int, [c_void_p, c_uint, c_double])
-    d("zo_optim_set_hparams", c_int, [c_void_p, c_uint, P(_lib.OptimHparams)])
+    d("zo_optim_set_hparams", c_int, [c_void_p, c_uint, P(_lib.CpuadamHparams)])
     d("zo_optim_param_buffer", c_int, [c_void_p, c_uint, P(c_void_p)])
     d("zo_optim_save", c_int, [c_void_p, c_char_p, c_char_p, c_uint, c_char_p])
     d("zo_optim_load", c_int, [c_void_p, c_char_p, c_char_p, ctypes.c_char_p, c_size_t])
@@ -465,7 +465,7 @@ class Engine(_lib.Handle):
         self._c(lib.zo_optim_set_lr(self._live(), int(group), float(lr)), "zo_optim_set_lr")
 
     def set_hparams(self, group, hp=None, kind=None, **kw):
-        """Replace group's hyperparameters: an OptimHparams (from
+        """Replace group's hyperparameters: an CpuadamHparams (from
         zoffload.cpuadam.hparams()) or keywords as hparams() takes."""
         h = hp if hp is not None else _ca.hparams(self._kind if kind is None else kind, **kw)
         self._c(lib.zo_optim_set_hparams(self._live(), int(group), ctypes.byref(h)),

@@ -65,8 +65,8 @@ int main(int argc, char **argv)
         p[i] = 1.0f;
         g[i] = (float)(i % 7) - 3.0f;
     }
-    zo_optim_hparams hp;
-    CHECK(zo_optim_hparams_default(&hp, ZO_OPTIM_ADAMW) == 0, "hparams");
+    zo_cpuadam_hparams hp;
+    CHECK(zo_cpuadam_hparams_default(&hp, ZO_OPTIM_ADAMW) == 0, "hparams");
     hp.step = 1;
     zo_cpuadam_tensors t;
     zo_cpuadam_tensors_default(&t);

@@ -187,6 +187,9 @@ static int check_align(zo_errbuf *eb, const char *fn, const char *name, const vo
     return 0;
 }
 
+static int job_scalars(zo_errbuf *eb, const char *fn, zo__optim_job *job, const zo_cpuadam_hparams *hp,
+                       int rollback);
+
 static int build_job(zo_errbuf *eb, const char *fn, zo__optim_job *job, const zo_cpuadam_hparams *hp_in,
                      const zo_cpuadam_tensors *t, int rollback)
 {
@@ -257,6 +260,15 @@ static int build_job(zo_errbuf *eb, const char *fn, zo__optim_job *job, const zo
     job->m = need_m ? t->exp_avg : NULL;
     job->v = need_v ? t->exp_avg_sq : NULL;
     job->out = t->param_out;
+    return job_scalars(eb, fn, job, &hp, rollback);
+}
+
+/* The per-step scalars of job (kind already set) from validated hparams. */
+static int job_scalars(zo_errbuf *eb, const char *fn, zo__optim_job *job, const zo_cpuadam_hparams *hpp,
+                       int rollback)
+{
+    const zo_cpuadam_hparams hp = *hpp;
+    int kind = hp.kind;
     double lr = hp.lr, wd = hp.weight_decay, b1 = hp.beta1, b2 = hp.beta2, step = (double)hp.step;
     job->gscale = (float)(hp.grad_scale * hp.clip_coef);
     job->b1 = (float)b1;
@@ -327,16 +339,18 @@ static int threads_for(size_t n, int nthreads)
     return useful < (size_t)nthreads ? (int)useful : nthreads;
 }
 
-/* Start of thread t's range among k: 64-element aligned, ends at n. */
-static size_t split_at(size_t n, int k, int t)
+/* Start of thread t's range among k: `align` aligned (a power of two),
+ * ends at n. */
+static size_t split_at(size_t n, int k, int t, size_t align)
 {
     if (t >= k)
         return n;
     size_t b = (size_t)((unsigned __int128)n * (unsigned)t / (unsigned)k);
-    return b & ~(size_t)(SPLIT_ALIGN - 1);
+    return b & ~(align - 1);
 }
 
-typedef enum { OP_STEP, OP_ROLLBACK, OP_STATS, OP_BOUND } op_kind;
+/* OP_QSTEP's ranges count blocks, so each block is one thread's whole */
+typedef enum { OP_STEP, OP_ROLLBACK, OP_STATS, OP_BOUND, OP_QSTEP } op_kind;
 
 typedef struct stats_slot {
     double sumsq;
@@ -349,6 +363,7 @@ typedef struct op {
     const zo_cpuadam_dsp *dsp;
     size_t tile;
     const zo__optim_job *job;
+    const zo__qjob *qjob;
     /* stats */
     const void *g;
     int gdt;
@@ -365,6 +380,10 @@ static void run_range(const op *o, size_t b, size_t e, int tid)
         o->dsp->grad_stats(o->g, o->gdt, b, e, &o->slots[tid].sumsq, &o->slots[tid].nonfinite);
         return;
     }
+    if (o->kind == OP_QSTEP) { /* [b, e) are blocks; each is its own tile */
+        zo__cpuadam_qstep_blocks(o->dsp, o->qjob, b, e);
+        return;
+    }
     for (size_t i = b; i < e; i += o->tile) {
         size_t te = e - i > o->tile ? i + o->tile : e;
         switch (o->kind) {
@@ -375,10 +394,12 @@ static void run_range(const op *o, size_t b, size_t e, int tid)
     }
 }
 
-/* Run o over [0, n) with up to nthreads threads; returns the team size. */
-static int run_parallel(const op *o, size_t n, int nthreads)
+/* Run o over [0, n) with up to nthreads threads; returns the team size.
+ * Quantized steps split their blocks (n counts blocks, elems elements). */
+static int run_parallel_units(const op *o, size_t n, size_t elems, int nthreads)
 {
-    int nth = threads_for(n, nthreads);
+    int nth = threads_for(elems, nthreads);
+    size_t align = o->kind == OP_QSTEP ? 1 : SPLIT_ALIGN;
 #if ZO_HAVE_OPENMP
     if (nth > 1) {
         int used = 1;
@@ -387,13 +408,18 @@ static int run_parallel(const op *o, size_t n, int nthreads)
             int k = omp_get_num_threads(), t = omp_get_thread_num();
             if (t == 0)
                 used = k;
-            run_range(o, split_at(n, k, t), split_at(n, k, t + 1), t);
+            run_range(o, split_at(n, k, t, align), split_at(n, k, t + 1, align), t);
         }
         return used;
     }
 #endif
     run_range(o, 0, n, 0);
     return 1;
+}
+
+static int run_parallel(const op *o, size_t n, int nthreads)
+{
+    return run_parallel_units(o, n, n, nthreads);
 }
 
 static int exec_step(zo_errbuf *eb, const exec *x, const zo_cpuadam_hparams *hp,
@@ -467,6 +493,200 @@ static int exec_bound(zo_errbuf *eb, const exec *x, float *a, float *b, float *c
     return 0;
 }
 
+/* ---- quantized states --------------------------------------------------- */
+ZO_API int zo_cpuadam_qtensors_default(zo_cpuadam_qtensors *t)
+{
+    if (!t)
+        return ZO_FAIL(NULL, -EINVAL, "zo_cpuadam_qtensors_default: t is NULL");
+    memset(t, 0, sizeof(*t));
+    t->struct_size = sizeof(*t);
+    t->grad_dtype = ZO_DTYPE_F32;
+    t->bits = 8;
+    t->map_m = ZO_QMAP_DYNAMIC_SIGNED;
+    t->map_v = ZO_QMAP_DYNAMIC_UNSIGNED;
+    t->out_dtype = ZO_DTYPE_BF16;
+    return 0;
+}
+
+/* bits, block (0 -> default for bits) and map checked; *blk gets the block. */
+static int check_qlayout(zo_errbuf *eb, const char *fn, int bits, size_t block, size_t *blk)
+{
+    if (bits != 8 && bits != 4)
+        return ZO_FAIL(eb, -EINVAL, "%s: bits %d must be 8 or 4", fn, bits);
+    if (block == 0)
+        block = bits == 8 ? 256 : 128;
+    /* multiples of 64: thread ranges of whole blocks stay cache-line aligned */
+    if (block % 64 || block > ZO_QBLOCK_MAX)
+        return ZO_FAIL(eb, -EINVAL, "%s: block %zu must be a multiple of 64 in [64, %d]", fn, block,
+                       ZO_QBLOCK_MAX);
+    *blk = block;
+    return 0;
+}
+
+static const zo__qmap_tab *qmap_for(zo_errbuf *eb, const char *fn, const char *what, zo_qmap map, int bits,
+                                    int need_unsigned, int *err)
+{
+    const zo__qmap_tab *t = zo__qmap_get((int)map, bits);
+    *err = 0;
+    if (!t) {
+        *err = (unsigned)map >= ZO_QMAP_COUNT
+                   ? ZO_FAIL(eb, -EINVAL, "%s: %s %d is not a zo_qmap", fn, what, (int)map)
+                   : ZO_FAIL(eb, ZO_EINTERNAL, "%s: building the %d-bit code maps failed", fn, bits);
+        return NULL;
+    }
+    if (need_unsigned && (map == ZO_QMAP_DYNAMIC_SIGNED || map == ZO_QMAP_LINEAR_SIGNED)) {
+        *err = ZO_FAIL(eb, -EINVAL, "%s: %s must be an unsigned map (v is never negative)", fn, what);
+        return NULL;
+    }
+    return t;
+}
+
+static int build_qjob(zo_errbuf *eb, const char *fn, zo__qjob *q, const zo_cpuadam_hparams *hp_in,
+                      const zo_cpuadam_qtensors *t_in)
+{
+    zo_cpuadam_hparams hp;
+    ZO_CHECK(read_hparams(eb, fn, hp_in, &hp));
+    ZO_CHECK(check_hparams(eb, fn, &hp));
+    if (!t_in)
+        return ZO_FAIL(eb, -EINVAL, "%s: tensors is NULL", fn);
+    zo_cpuadam_qtensors tv;
+    zo_cpuadam_qtensors_default(&tv);
+    ZO_CHECK(ZO_STRUCT_IN(&tv, t_in, sizeof(tv), eb, fn));
+    const zo_cpuadam_qtensors *t = &tv;
+    size_t n = t->n, block = 0;
+    if (n == 0)
+        return ZO_FAIL(eb, -EINVAL, "%s: n = 0 (an empty slice is a caller bug)", fn);
+    if (n > SIZE_MAX / 8)
+        return ZO_FAIL(eb, -EINVAL, "%s: n = %zu too large", fn, n);
+    int kind = hp.kind;
+    if (kind == ZO_OPTIM_ADAGRAD)
+        return ZO_FAIL(eb, ZO_ENOTSUP, "%s: quantized states exist for adam, adamw and lion, not adagrad", fn);
+    ZO_CHECK(check_qlayout(eb, fn, t->bits, t->block, &block));
+    int gdt = dtype_code(t->grad_dtype), odt = t->param_out ? dtype_code(t->out_dtype) : ZO__T_F32;
+    if (gdt < 0)
+        return ZO_FAIL(eb, ZO_ENOTSUP, "%s: grad dtype %s not supported (f32, f16, bf16)", fn,
+                       zo_dtype_name(t->grad_dtype));
+    if (odt < 0)
+        return ZO_FAIL(eb, ZO_ENOTSUP, "%s: out dtype %s not supported (bf16, f16, f32)", fn,
+                       zo_dtype_name(t->out_dtype));
+    int err = 0, need_v = kind != ZO_OPTIM_LION;
+    const zo__qmap_tab *mm = qmap_for(eb, fn, "map_m", t->map_m, t->bits, 0, &err);
+    if (!mm)
+        return err;
+    const zo__qmap_tab *vm = NULL;
+    if (need_v && !(vm = qmap_for(eb, fn, "map_v", t->map_v, t->bits, 1, &err)))
+        return err;
+    size_t nb = (n - 1) / block + 1, cbytes = t->bits == 8 ? n : (n + 1) / 2;
+    size_t gsz = zo_dtype_size(t->grad_dtype), osz = zo_dtype_size(t->param_out ? t->out_dtype : ZO_DTYPE_F32);
+    span s[7];
+    int ns = 0;
+    s[ns++] = (span){"param", t->param, n * 4};
+    s[ns++] = (span){"grad", t->grad, n * gsz};
+    s[ns++] = (span){"m_codes", t->m_codes, cbytes};
+    s[ns++] = (span){"m_absmax", t->m_absmax, nb * 4};
+    if (need_v) {
+        s[ns++] = (span){"v_codes", t->v_codes, cbytes};
+        s[ns++] = (span){"v_absmax", t->v_absmax, nb * 4};
+    }
+    if (t->param_out)
+        s[ns++] = (span){"param_out", t->param_out, n * osz};
+    ZO_CHECK(check_buffers(eb, fn, s, ns));
+    ZO_CHECK(check_align(eb, fn, "param", t->param, 4));
+    ZO_CHECK(check_align(eb, fn, "grad", t->grad, gsz));
+    ZO_CHECK(check_align(eb, fn, "m_absmax", t->m_absmax, 4));
+    if (need_v)
+        ZO_CHECK(check_align(eb, fn, "v_absmax", t->v_absmax, 4));
+    if (t->param_out)
+        ZO_CHECK(check_align(eb, fn, "param_out", t->param_out, osz));
+
+    memset(q, 0, sizeof(*q));
+    zo__optim_job *job = &q->job;
+    job->kind = kind;
+    job->gdt = gdt;
+    job->sdt = ZO__T_F32; /* the kernels see fp32 moments in block buffers */
+    job->odt = odt;
+    job->p = t->param;
+    job->g = t->grad;
+    job->out = t->param_out;
+    q->n = n;
+    q->block = block;
+    q->bits = t->bits;
+    q->mc = t->m_codes;
+    q->ms = t->m_absmax;
+    q->mmap = mm;
+    if (need_v) {
+        q->vc = t->v_codes;
+        q->vs = t->v_absmax;
+        q->vmap = vm;
+    }
+    return job_scalars(eb, fn, job, &hp, 0);
+}
+
+static int exec_qstep(zo_errbuf *eb, const exec *x, const zo_cpuadam_hparams *hp, const zo_cpuadam_qtensors *t)
+{
+    zo__qjob q;
+    ZO_CHECK(build_qjob(eb, "zo_cpuadam_qstep", &q, hp, t));
+    if (q.job.out && x->nt != ZO_CPUADAM_NT_OFF)
+        q.job.nt_out = x->nt == ZO_CPUADAM_NT_ON || t->n * zo_dtype_size(t->out_dtype) >= NT_MIN_OUT_BYTES;
+    op o = {.kind = OP_QSTEP, .dsp = x->dsp, .qjob = &q};
+    run_parallel_units(&o, (q.n - 1) / q.block + 1, q.n, x->nthreads);
+    return 0;
+}
+
+/* zo_cpuadam_quantize/dequantize: one loop over the blocks with the C
+ * reference block kernels (x and codes are the fp32 and code sides). */
+static int qconvert(const char *fn, int to_codes, float *x, size_t n, zo_qmap map, int bits, size_t block,
+                    uint8_t *codes, float *absmax)
+{
+    int err = 0;
+    if (!x || !codes || !absmax || n == 0)
+        return ZO_FAIL(NULL, -EINVAL, "%s: %s", fn, n ? "NULL buffer" : "n = 0");
+    if (block == 0)
+        return ZO_FAIL(NULL, -EINVAL, "%s: block 0 (pass the block size the states use)", fn);
+    ZO_CHECK(check_qlayout(NULL, fn, bits, block, &block));
+    const zo__qmap_tab *t = qmap_for(NULL, fn, "map", map, bits, 0, &err);
+    if (!t)
+        return err;
+    for (size_t i0 = 0; i0 < n; i0 += block) {
+        size_t len = n - i0 < block ? n - i0 : block;
+        uint8_t *c = codes + (bits == 8 ? i0 : i0 / 2);
+        if (to_codes)
+            zo__q_quant_ref(x + i0, len, t, bits, c, &absmax[i0 / block]);
+        else
+            zo__q_dequant_ref(c, bits, t, absmax[i0 / block], x + i0, len);
+    }
+    return 0;
+}
+
+ZO_API int zo_cpuadam_quantize(const float *x, size_t n, zo_qmap map, int bits, size_t block,
+                               uint8_t *codes, float *absmax)
+{
+    /* x is only read on this side */
+    return qconvert("zo_cpuadam_quantize", 1, (float *)(uintptr_t)x, n, map, bits, block, codes, absmax);
+}
+
+ZO_API int zo_cpuadam_dequantize(const uint8_t *codes, const float *absmax, size_t n, zo_qmap map,
+                                 int bits, size_t block, float *x)
+{
+    /* codes and absmax are only read on this side */
+    return qconvert("zo_cpuadam_dequantize", 0, x, n, map, bits, block, (uint8_t *)(uintptr_t)codes,
+                    (float *)(uintptr_t)absmax);
+}
+
+ZO_API int zo_cpuadam_qmap_values(zo_qmap map, int bits, float *values)
+{
+    int err = 0;
+    if (bits != 8 && bits != 4)
+        return ZO_FAIL(NULL, -EINVAL, "zo_cpuadam_qmap_values: bits %d must be 8 or 4", bits);
+    const zo__qmap_tab *t = qmap_for(NULL, "zo_cpuadam_qmap_values", "map", map, bits, 0, &err);
+    if (!t)
+        return err;
+    int count = 1 << bits;
+    if (values)
+        memcpy(values, t->value, (size_t)count * sizeof(float));
+    return count;
+}
+
 static int plain_exec(zo_errbuf *eb, const char *fn, int nthreads, exec *x)
 {
     if (nthreads < 1 || nthreads > MAX_THREADS)
@@ -506,6 +726,13 @@ ZO_API int zo_cpuadam_stream_bound(float *a, float *b, float *c, const float *d,
     exec x;
     ZO_CHECK(plain_exec(NULL, "zo_cpuadam_stream_bound", nthreads, &x));
     return exec_bound(NULL, &x, a, b, c, d, alpha, n);
+}
+
+ZO_API int zo_cpuadam_qstep(const zo_cpuadam_hparams *hp, const zo_cpuadam_qtensors *t, int nthreads)
+{
+    exec x;
+    ZO_CHECK(plain_exec(NULL, "zo_cpuadam_qstep", nthreads, &x));
+    return exec_qstep(NULL, &x, hp, t);
 }
 
 ZO_API const char *zo_cpuadam_variant(void)
@@ -675,6 +902,14 @@ ZO_API int zo_cpuadam_team_rollback(zo_cpuadam_team *team, const zo_cpuadam_hpar
     exec x;
     ZO_CHECK(team_exec(team, "zo_cpuadam_team_rollback", &x));
     return exec_step(&team->eb, &x, hp, t, 1);
+}
+
+ZO_API int zo_cpuadam_team_qstep(zo_cpuadam_team *team, const zo_cpuadam_hparams *hp,
+                                 const zo_cpuadam_qtensors *t)
+{
+    exec x;
+    ZO_CHECK(team_exec(team, "zo_cpuadam_team_qstep", &x));
+    return exec_qstep(&team->eb, &x, hp, t);
 }
 
 ZO_API int zo_cpuadam_team_grad_stats(zo_cpuadam_team *team, const void *grad, zo_dtype type,

@@ -42,6 +42,59 @@ typedef struct zo__optim_job {
     float inv_sqrt_bc2; /* 1/sqrt(1-b2^t), 1 without bias correction */
 } zo__optim_job;
 
+/*
+ * A code map prepared for the kernels (cpuadam/qstate_ref.c builds them
+ * once). code(x) = #{k : x > mid[k]} is found without a search: the fp32
+ * bits of x, sign and exponent and the top `mbits` mantissa bits, pick a
+ * bucket of |x| in [2^-24, 2) (smaller magnitudes clamp to the first
+ * bucket); the builder checks that no bucket holds more than one
+ * midpoint, so code(x) = base + (x > mid[base]) with base = bucket[key]
+ * (mid[ncodes-1] and above are +inf). Every variant computes exactly this.
+ */
+#define ZO__QBLOCK_MAX 4096 /* ZO_QBLOCK_MAX of the public header */
+#define ZO__QB_EXPS 25 /* exponents 2^-24 .. 2^0 */
+#define ZO__QB_EBIAS (127 - 24)
+#define ZO__QB_MAXM 8 /* most mantissa bits a bucket key may use */
+typedef struct zo__qmap_tab {
+    int bits;          /* 8 or 4 */
+    int ncodes;        /* codes the quantizer produces */
+    unsigned shift;    /* 23 - mbits: |x| bits >> shift = exponent:mantissa key */
+    int32_t kbias;     /* ZO__QB_EBIAS << mbits */
+    int32_t nmag;      /* ZO__QB_EXPS << mbits buckets per sign */
+    _Alignas(64) float value[256]; /* code -> value; unused codes read as the largest */
+    _Alignas(64) float mid[256];   /* mid[k] = fp32((value[k] + value[k+1]) / 2); +inf from ncodes-1 on */
+    /* [sign][magnitude bucket] -> base code; 4 bytes of padding so a 32-bit
+     * gather of the last entry stays inside */
+    _Alignas(64) uint8_t bucket[2 * (ZO__QB_EXPS << ZO__QB_MAXM) + 4];
+} zo__qmap_tab;
+
+/* The prepared map (zo_qmap value, 8 or 4 bits), or NULL. */
+const zo__qmap_tab *zo__qmap_get(int map, int bits);
+
+/* The code of x (already divided by its block's absmax): the definition
+ * every variant follows. */
+static inline unsigned zo__qcode(const zo__qmap_tab *t, float x)
+{
+    uint32_t b;
+    __builtin_memcpy(&b, &x, 4);
+    int32_t k = (int32_t)((b & 0x7fffffffu) >> t->shift) - t->kbias;
+    k = k < 0 ? 0 : k >= t->nmag ? t->nmag - 1 : k;
+    k += (int32_t)(b >> 31) * t->nmag;
+    unsigned base = t->bucket[k];
+    return base + (x > t->mid[base]);
+}
+
+/* A step on quantized moments: the fp32 job's scalars and streams, and per
+ * moment its codes, scales and map. */
+typedef struct zo__qjob {
+    zo__optim_job job; /* m, v, sdt unused */
+    size_t n, block;
+    int bits;
+    uint8_t *mc, *vc;
+    float *ms, *vs;
+    const zo__qmap_tab *mmap, *vmap;
+} zo__qjob;
+
 /* The DSP table. Every kernel handles any range (no alignment or length
  * requirements beyond natural element alignment). */
 typedef struct zo_cpuadam_dsp {
@@ -56,7 +109,69 @@ typedef struct zo_cpuadam_dsp {
     /* a,b,c[i] += alpha*d[i] over [begin, end). */
     void (*stream_bound)(float *a, float *b, float *c, const float *d, float alpha, size_t begin,
                          size_t end);
+    /* Block kernels of the quantized step (one block of len <= ZO_QBLOCK_MAX
+     * elements; codes point at the block's first byte):
+     * x[i] = map->value[code i] * absmax; */
+    void (*qdequant)(const uint8_t *codes, int bits, const zo__qmap_tab *map, float absmax, float *x,
+                     size_t len);
+    /* *absmax = max |x[i]| and codes of x[i] / *absmax (the rules of
+     * zo_cpuadam_qstep(): non-finite -> NaN scale, zero -> 0, codes of 0). */
+    void (*qquant)(const float *x, size_t len, const zo__qmap_tab *map, int bits, uint8_t *codes,
+                   float *absmax);
 } zo_cpuadam_dsp;
+
+/* The C reference block kernels (cpuadam/qstate_ref.c). */
+void zo__q_dequant_ref(const uint8_t *codes, int bits, const zo__qmap_tab *map, float absmax, float *x,
+                       size_t len);
+void zo__q_quant_ref(const float *x, size_t len, const zo__qmap_tab *map, int bits, uint8_t *codes,
+                     float *absmax);
+
+/* The quantized step over blocks [bbegin, bend) with table d's kernels
+ * (baseline code: it only calls through the table). */
+void zo__cpuadam_qstep_blocks(const zo_cpuadam_dsp *d, const zo__qjob *q, size_t bbegin, size_t bend);
+
+/* Shared pieces of the block quantizer, used by every variant's qquant:
+ * the block's scale from the largest |x| bits (NaN for inf/NaN, 0 for
+ * zeros): returns 1 when codes must be computed, 0 when every code is the
+ * map's zero code (then *zero_code gets it). */
+static inline int zo__qscale(const zo__qmap_tab *t, uint32_t amax_bits, float *absmax, unsigned *zero_code)
+{
+    if (amax_bits != 0 && amax_bits < 0x7f800000u) {
+        __builtin_memcpy(absmax, &amax_bits, 4);
+        return 1;
+    }
+    uint32_t nan = 0x7fc00000u;
+    if (amax_bits)
+        __builtin_memcpy(absmax, &nan, 4);
+    else
+        *absmax = 0.0f;
+    *zero_code = zo__qcode(t, 0.0f);
+    return 0;
+}
+
+/* Store per-element codes c[0..len) in the layout of `bits`. */
+static inline void zo__qpack(const uint8_t *c, size_t len, int bits, uint8_t *codes)
+{
+    if (bits == 8) {
+        __builtin_memcpy(codes, c, len);
+        return;
+    }
+    size_t i = 0;
+    for (; i + 1 < len; i += 2)
+        codes[i / 2] = (uint8_t)(c[i] | c[i + 1] << 4);
+    if (i < len)
+        codes[i / 2] = c[i];
+}
+
+/* Per-element codes of a block (8 bits: the codes themselves). */
+static inline const uint8_t *zo__qunpack(const uint8_t *codes, size_t len, int bits, uint8_t *buf)
+{
+    if (bits == 8)
+        return codes;
+    for (size_t i = 0; i < len; i++)
+        buf[i] = (codes[i / 2] >> (4 * (i & 1))) & 15;
+    return buf;
+}
 
 /* Each ISA file gives one constant table of its kernels' addresses and no
  * code that runs before the CPU check (the dispatch rule, lib/core/vec_ref.h

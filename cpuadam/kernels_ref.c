@@ -153,6 +153,8 @@ static const zo_cpuadam_dsp c_table = {
     .rollback = c_rollback,
     .grad_stats = c_grad_stats,
     .stream_bound = c_stream_bound,
+    .qdequant = zo__q_dequant_ref,
+    .qquant = zo__q_quant_ref,
 };
 
 /* The variants from slowest to fastest, each needing what its predecessors
@@ -192,6 +194,10 @@ static void tables_init(void)
             d->grad_stats = o->grad_stats;
         if (o->stream_bound)
             d->stream_bound = o->stream_bound;
+        if (o->qdequant)
+            d->qdequant = o->qdequant;
+        if (o->qquant)
+            d->qquant = o->qquant;
     }
 }
 

@@ -254,6 +254,131 @@ ZO_API int zo_cpuadam_variant_available(const char *name);
 ZO_API const char *zo_cpuadam_variant_at(unsigned i, unsigned *needs);
 
 /* ------------------------------------------------------------------------ */
+/** @name Low-bit optimizer states (q8, q4): block-wise quantized moments */
+/**@{*/
+
+/**
+ * A code map: the sorted fp32 values a 4- or 8-bit code stands for, scaled
+ * by its block's absmax (Dettmers et al., "8-bit Optimizers via Block-wise
+ * Quantization"). The first moment m needs a signed map, the second moment
+ * v (never negative) an unsigned one.
+ *
+ *  - DYNAMIC: bitsandbytes' create_dynamic_map() (max_exponent_bits 7 for
+ *    8 bits; 3 for 4 bits, as torchao's 4-bit optimizers): a decimal
+ *    exponent and a linear fraction, so small values keep relative
+ *    precision. Signed: 127 negative values, 0, 127 positive values and
+ *    1.0 (8 bits); 7, 0, 7 and 1.0 (4 bits). Unsigned: 0, 254 (14) positive
+ *    values and 1.0.
+ *  - LINEAR: evenly spaced. Signed: (k - 127) / 127 for k = 0..254 (code
+ *    255 is not produced and reads as 1.0); 4 bits: (k - 7) / 7, k = 0..14.
+ *    Unsigned: k / 255 (k / 15).
+ *
+ * The tables are computed in double and rounded once to fp32
+ * (docs/cpuadam.md, "Low-bit states", gives the formulas; the Python test
+ * rebuilds them independently).
+ */
+typedef enum zo_qmap {
+    ZO_QMAP_DYNAMIC_SIGNED = 0,   /**< default for m */
+    ZO_QMAP_DYNAMIC_UNSIGNED = 1, /**< default for v */
+    ZO_QMAP_LINEAR_SIGNED = 2,
+    ZO_QMAP_LINEAR_UNSIGNED = 3,
+    ZO_QMAP_COUNT
+} zo_qmap;
+
+/** Largest block size (elements per absmax scale) the kernels accept. */
+#define ZO_QBLOCK_MAX 4096
+
+/**
+ * The tensors of one slice with quantized moments. Fill with
+ * zo_cpuadam_qtensors_default(), then set pointers and n.
+ *
+ * Layout of one moment of n elements with block size B:
+ *  - codes: 8 bits: n bytes, code i in byte i; 4 bits: (n + 1) / 2 bytes,
+ *    code i in the low nibble of byte i / 2 when i is even, the high nibble
+ *    when odd (an odd n leaves the last high nibble 0);
+ *  - absmax: ceil(n / B) floats, block b covering elements [b*B, b*B + B):
+ *    value i = map[code i] * absmax[i / B].
+ *
+ * Fresh moments: every code 0 and every absmax 0 (any code times 0 reads
+ * 0), or zo_cpuadam_quantize() of zeros.
+ */
+typedef struct zo_cpuadam_qtensors {
+    size_t struct_size;     /**< sizeof(zo_cpuadam_qtensors) */
+    size_t n;               /**< elements, >= 1 */
+    float *param;           /**< fp32 master parameters, updated in place */
+    const void *grad;       /**< gradients: ZO_DTYPE_F32, F16 or BF16 */
+    zo_dtype grad_dtype;    /**< default ZO_DTYPE_F32 */
+    int bits;               /**< 8 (default) or 4 */
+    size_t block;           /**< elements per scale: a multiple of 64 in [64, ZO_QBLOCK_MAX]; 0 (default): 256 for 8 bits, 128 for 4 */
+    zo_qmap map_m;          /**< m's map, signed (default ZO_QMAP_DYNAMIC_SIGNED) */
+    zo_qmap map_v;          /**< v's map, unsigned (default ZO_QMAP_DYNAMIC_UNSIGNED) */
+    uint8_t *m_codes;       /**< m codes (Adam, AdamW, Lion) */
+    float *m_absmax;        /**< m scales */
+    uint8_t *v_codes;       /**< v codes (Adam, AdamW; unused by Lion) */
+    float *v_absmax;        /**< v scales */
+    void *param_out;        /**< NULL, or receives the updated parameters as out_dtype */
+    zo_dtype out_dtype;     /**< ZO_DTYPE_BF16 (default), F16 or F32 */
+} zo_cpuadam_qtensors;
+
+/**
+ * Fill `t`: NULL pointers, n = 0, fp32 gradients, 8 bits, block 0 (the
+ * default), dynamic maps, bf16 out type.
+ * @return 0, or -EINVAL (t NULL).
+ */
+ZO_API int zo_cpuadam_qtensors_default(zo_cpuadam_qtensors *t);
+
+/**
+ * One Adam, AdamW or Lion step on a slice with quantized moments, in one
+ * pass: per block, dequantize m (and v), apply exactly the fp32 kernel's
+ * update (same unscale, clip, bias correction, fused out copy), then take
+ * the new block absmax and requantize. Each block is done whole by one
+ * thread, so results are the same bits for every thread count and every
+ * variant.
+ *
+ * Quantizing x in a block with absmax s: code = the number of the map's
+ * fp32 midpoints mid_k = fp32((map[k] + map[k+1]) / 2) with x / s > mid_k
+ * (nearest code; a value exactly on a midpoint takes the lower code).
+ * A block whose new moment holds inf or NaN gets absmax NaN and the codes
+ * of 0: every element of it then reads as NaN (skip steps on overflow with
+ * zo_cpuadam_grad_stats()); an all-zero block gets absmax 0.
+ *
+ * @return 0; -EINVAL (NULL hp/t/param/grad/needed codes or scales, n = 0
+ *         or > SIZE_MAX / 8, bits not 8 or 4, a bad block size, nthreads
+ *         < 1 or > 1024, struct_size unknown, misaligned or overlapping
+ *         buffers, a signed map for v or an unknown map);
+ *         ZO_ECONFIG (a hyperparameter out of range); ZO_ENOTSUP (Adagrad,
+ *         grad or out type).
+ * Thread-safe on disjoint tensors; blocks until the slice is done.
+ */
+ZO_API int zo_cpuadam_qstep(const zo_cpuadam_hparams *hp, const zo_cpuadam_qtensors *t, int nthreads);
+
+/**
+ * Quantize n fp32 values block-wise (the step's own rule): `codes` gets
+ * the layout of ::zo_cpuadam_qtensors, `absmax` ceil(n / block) scales.
+ * For tests, fresh states and checkpoint conversion. Single-threaded,
+ * scalar (the same bits as every step variant).
+ * @return 0, -EINVAL (NULL, n = 0, bits not 8 or 4, block not a multiple
+ *         of 64 in [64, ZO_QBLOCK_MAX], unknown map).
+ */
+ZO_API int zo_cpuadam_quantize(const float *x, size_t n, zo_qmap map, int bits, size_t block,
+                               uint8_t *codes, float *absmax);
+
+/**
+ * The inverse map: x[i] = map[code i] * absmax[i / block].
+ * @return as zo_cpuadam_quantize().
+ */
+ZO_API int zo_cpuadam_dequantize(const uint8_t *codes, const float *absmax, size_t n, zo_qmap map,
+                                 int bits, size_t block, float *x);
+
+/**
+ * The code map's table: `values` (may be NULL) gets 256 (8 bits) or 16
+ * (4 bits) floats, sorted (entries no code produces read as the largest).
+ * @return the number of entries, or -EINVAL (unknown map, bits not 8 or 4).
+ */
+ZO_API int zo_cpuadam_qmap_values(zo_qmap map, int bits, float *values);
+/**@}*/
+
+/* ------------------------------------------------------------------------ */
 /** @name Teams: a thread count, CPU pinning and a variant kept in a handle */
 /**@{*/
 
@@ -313,6 +438,9 @@ ZO_API int zo_cpuadam_team_grad_stats(zo_cpuadam_team *team, const void *grad, z
 ZO_API int zo_cpuadam_team_stream_bound(zo_cpuadam_team *team, float *a, float *b, float *c,
                                         const float *d, float alpha, size_t n);
 
+/** zo_cpuadam_qstep() with the team's threads, pinning and variant. */
+ZO_API int zo_cpuadam_team_qstep(zo_cpuadam_team *team, const zo_cpuadam_hparams *hp,
+                                 const zo_cpuadam_qtensors *t);
 /** The variant the team's calls use now (its pinned one, or the current auto choice). */
 ZO_API const char *zo_cpuadam_team_variant(const zo_cpuadam_team *team);
 /** The team's thread count; -EINVAL (NULL). */

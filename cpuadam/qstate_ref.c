@@ -1,0 +1,235 @@
+/*
+ * Low-bit optimizer states: the code maps, the C reference block kernels
+ * (dequantize, quantize) and the quantized step's driver.
+ *
+ * The maps are computed in double and rounded once to fp32, so the tables
+ * are the same on every machine and compiler (the file is built with
+ * -ffp-contract=off like the other reference code); tests/python rebuilds
+ * them with Python floats and compares bit for bit. The driver is baseline
+ * code that only calls through a DSP table the dispatch already vetted: per
+ * block it dequantizes m and v into fp32 buffers on the stack, runs the
+ * variant's own fp32 step kernel on them (so the update is bit-identical to
+ * the fp32 path's), and requantizes.
+ */
+#define ZO_MODULE "cpuadam"
+#include "core/internal.h"
+#include "core/vec_ref.h"
+#include "cpuadam/cpuadam_internal.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <zoffload/cpuadam.h>
+
+_Static_assert(ZO__QBLOCK_MAX == ZO_QBLOCK_MAX, "internal and public block limits differ");
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* bitsandbytes' create_dynamic_map(signed, max_exponent_bits, total_bits)
+ * without its zero padding to 256 entries: for exponent i, the midpoints
+ * of linspace(0.1, 1, k) scaled by 10^(i - meb + 1), plus 0 and 1. The
+ * linspace is numpy's formula (start + k * step, the last point exactly
+ * the end), in double. Returns the entry count (2^total_bits). */
+static int dynamic_map(int sign, int meb, int total_bits, float *out)
+{
+    /* decimal powers as literals: correctly rounded, unlike some pow()s */
+    static const double p10[] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1e0};
+    int nsb = total_bits - 1, n = 0;
+    for (int i = 0; i < meb; i++) {
+        int items = sign ? (1 << (i + nsb - meb)) + 1 : (1 << (i + nsb - meb + 1)) + 1;
+        double step = (1.0 - 0.1) / (double)(items - 1), scale = p10[6 - (meb - 1) + i];
+        for (int k = 0; k + 1 < items; k++) {
+            double b0 = 0.1 + (double)k * step;
+            double b1 = k + 2 == items ? 1.0 : 0.1 + (double)(k + 1) * step;
+            double mean = (b0 + b1) / 2.0;
+            out[n++] = (float)(scale * mean);
+            if (sign)
+                out[n++] = (float)(-scale * mean);
+        }
+    }
+    out[n++] = 0.0f;
+    out[n++] = 1.0f;
+    qsort(out, (size_t)n, sizeof(float), cmp_f);
+    return n;
+}
+
+/* Evenly spaced: signed (k - h) / h for k = 0..2h (an exact 0 and +-1),
+ * unsigned k / (2^bits - 1). */
+static int linear_map(int sign, int bits, float *out)
+{
+    int top = (1 << bits) - 1;
+    if (sign) {
+        int h = top / 2;
+        for (int k = 0; k <= 2 * h; k++)
+            out[k] = (float)((double)(k - h) / (double)h);
+        return 2 * h + 1;
+    }
+    for (int k = 0; k <= top; k++)
+        out[k] = (float)((double)k / (double)top);
+    return top + 1;
+}
+
+static float f_of_bits(uint32_t b)
+{
+    float f;
+    memcpy(&f, &b, 4);
+    return f;
+}
+
+/* The straightforward definition the bucket lookup must reproduce. */
+static unsigned count_below(const zo__qmap_tab *t, float x)
+{
+    unsigned c = 0;
+    for (int k = 0; k + 1 < t->ncodes; k++)
+        c += x > t->mid[k];
+    return c;
+}
+
+/* Bucket tables with `mbits` mantissa bits per key; 0 if some bucket
+ * would hold two midpoints. */
+static int build_buckets(zo__qmap_tab *t, int mbits)
+{
+    t->shift = 23u - (unsigned)mbits;
+    t->kbias = ZO__QB_EBIAS << mbits;
+    t->nmag = ZO__QB_EXPS << mbits;
+    int nm = t->ncodes - 1; /* midpoints */
+    for (int32_t j = 0; j < t->nmag; j++) {
+        float lo = j ? f_of_bits((uint32_t)(j + t->kbias) << t->shift) : 0.0f;
+        float hi = j + 1 < t->nmag ? f_of_bits((uint32_t)(j + 1 + t->kbias) << t->shift) : 2.0f;
+        int below = 0, in = 0, nbelow = 0, nin = 0;
+        for (int k = 0; k < nm; k++) {
+            float m = t->mid[k];
+            below += m < lo;
+            in += m >= lo && m < hi;
+            nbelow += m <= -hi;
+            nin += m > -hi && m <= -lo;
+        }
+        if (in > 1 || nin > 1)
+            return 0;
+        t->bucket[j] = (uint8_t)below;
+        t->bucket[t->nmag + j] = (uint8_t)nbelow;
+    }
+    return 1;
+}
+
+static int build_map(zo__qmap_tab *t, int map, int bits)
+{
+    memset(t, 0, sizeof(*t));
+    t->bits = bits;
+    int sign = map == ZO_QMAP_DYNAMIC_SIGNED || map == ZO_QMAP_LINEAR_SIGNED;
+    if (map == ZO_QMAP_DYNAMIC_SIGNED || map == ZO_QMAP_DYNAMIC_UNSIGNED)
+        t->ncodes = dynamic_map(sign, bits == 8 ? 7 : 3, bits, t->value);
+    else
+        t->ncodes = linear_map(sign, bits, t->value);
+    for (int k = t->ncodes; k < 256; k++)
+        t->value[k] = t->value[t->ncodes - 1];
+    for (int k = 0; k < 256; k++) {
+        if (k + 1 < t->ncodes) {
+            if (!(t->value[k] < t->value[k + 1]))
+                return -1; /* the table must be strictly increasing */
+            t->mid[k] = (float)(((double)t->value[k] + (double)t->value[k + 1]) * 0.5);
+        } else {
+            t->mid[k] = INFINITY;
+        }
+    }
+    int mbits = 1;
+    while (mbits <= ZO__QB_MAXM && !build_buckets(t, mbits))
+        mbits++;
+    if (mbits > ZO__QB_MAXM)
+        return -1;
+    /* check the lookup against the definition at every midpoint, its
+     * neighbours and every value, both signs */
+    for (int k = 0; k < 256; k++) {
+        float pts[5] = {t->mid[k], nextafterf(t->mid[k], -INFINITY), nextafterf(t->mid[k], INFINITY),
+                        t->value[k], -t->value[k]};
+        for (int q = 0; q < 5; q++)
+            if (isfinite(pts[q]) && zo__qcode(t, pts[q]) != count_below(t, pts[q]))
+                return -1;
+    }
+    return 0;
+}
+
+static zo__qmap_tab maps[ZO_QMAP_COUNT][2];
+static int maps_ok;
+static pthread_once_t maps_once = PTHREAD_ONCE_INIT;
+
+static void maps_init(void)
+{
+    int ok = 1;
+    for (int m = 0; m < ZO_QMAP_COUNT; m++)
+        for (int b = 0; b < 2; b++)
+            ok &= build_map(&maps[m][b], m, b ? 4 : 8) == 0;
+    maps_ok = ok;
+}
+
+const zo__qmap_tab *zo__qmap_get(int map, int bits)
+{
+    if ((unsigned)map >= ZO_QMAP_COUNT || (bits != 8 && bits != 4))
+        return NULL;
+    pthread_once(&maps_once, maps_init);
+    return maps_ok ? &maps[map][bits == 4] : NULL;
+}
+
+/* ---- the C reference block kernels ------------------------------------------ */
+void zo__q_dequant_ref(const uint8_t *codes, int bits, const zo__qmap_tab *t, float absmax, float *x,
+                       size_t len)
+{
+    uint8_t buf[ZO__QBLOCK_MAX];
+    const uint8_t *c = zo__qunpack(codes, len, bits, buf);
+    for (size_t i = 0; i < len; i++)
+        x[i] = t->value[c[i]] * absmax;
+}
+
+void zo__q_quant_ref(const float *x, size_t len, const zo__qmap_tab *t, int bits, uint8_t *codes,
+                     float *absmax)
+{
+    uint32_t amax = 0; /* the largest |x| bits: NaN > inf > every finite value */
+    for (size_t i = 0; i < len; i++) {
+        uint32_t a = zo__f32_bits(x[i]) & 0x7fffffffu;
+        amax = a > amax ? a : amax;
+    }
+    uint8_t c[ZO__QBLOCK_MAX];
+    unsigned z = 0;
+    if (zo__qscale(t, amax, absmax, &z)) {
+        float s = *absmax;
+        for (size_t i = 0; i < len; i++)
+            c[i] = (uint8_t)zo__qcode(t, x[i] / s);
+    } else {
+        memset(c, (int)z, len);
+    }
+    zo__qpack(c, len, bits, codes);
+}
+
+/* ---- the driver ------------------------------------------------------------------ */
+void zo__cpuadam_qstep_blocks(const zo_cpuadam_dsp *d, const zo__qjob *q, size_t bbegin, size_t bend)
+{
+    _Alignas(64) float mb[ZO__QBLOCK_MAX], vb[ZO__QBLOCK_MAX];
+    const zo__optim_job *j = &q->job;
+    size_t gsz = j->gdt == ZO__T_F32 ? 4 : 2, osz = j->odt == ZO__T_F32 ? 4 : 2;
+    zo__optim_job s = *j;
+    s.sdt = ZO__T_F32;
+    s.m = q->mc ? mb : NULL;
+    s.v = q->vc ? vb : NULL;
+    for (size_t b = bbegin; b < bend; b++) {
+        size_t i0 = b * q->block, len = q->n - i0 < q->block ? q->n - i0 : q->block;
+        size_t coff = q->bits == 8 ? i0 : i0 / 2; /* blocks are even: whole bytes */
+        s.p = j->p + i0;
+        s.g = (const char *)j->g + i0 * gsz;
+        s.out = j->out ? (char *)j->out + i0 * osz : NULL;
+        if (q->mc)
+            d->qdequant(q->mc + coff, q->bits, q->mmap, q->ms[b], mb, len);
+        if (q->vc)
+            d->qdequant(q->vc + coff, q->bits, q->vmap, q->vs[b], vb, len);
+        d->step(&s, 0, len);
+        if (q->mc)
+            d->qquant(mb, len, q->mmap, q->bits, q->mc + coff, &q->ms[b]);
+        if (q->vc)
+            d->qquant(vb, len, q->vmap, q->bits, q->vc + coff, &q->vs[b]);
+    }
+}

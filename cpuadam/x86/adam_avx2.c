@@ -145,6 +145,79 @@ LAI double sd_sum4(SD a0, SD a1, SD a2, SD a3)
 #define KT_PART_BY_BUFFER
 #include "cpuadam/kernel_tmpl.h"
 
+/* ---- quantized states: block dequantize / quantize -------------------------
+ * The same operations as zo__q_dequant_ref / zo__q_quant_ref: one multiply
+ * per element out, one division and the bucket lookup of zo__qcode() in.
+ * Lookups are gathers (the bucket table is bytes: a 32-bit gather reads
+ * the byte and the three after it, masked off; the table has 4 bytes of
+ * padding). Tails of fewer than 8 elements run the scalar definition. */
+static void q_dequant(const uint8_t *codes, int bits, const zo__qmap_tab *t, float absmax, float *x,
+                      size_t len)
+{
+    uint8_t buf[ZO__QBLOCK_MAX];
+    const uint8_t *c = zo__qunpack(codes, len, bits, buf);
+    const VF s = _mm256_set1_ps(absmax);
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) {
+        __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i)));
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_i32gather_ps(t->value, k, 4), s));
+    }
+    for (; i < len; i++)
+        x[i] = t->value[c[i]] * absmax;
+}
+
+LAI __m256i q_codes8(const zo__qmap_tab *t, VF x)
+{
+    __m256i b = _mm256_castps_si256(x);
+    __m256i k = _mm256_sub_epi32(_mm256_srl_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
+                                                  _mm_cvtsi32_si128((int)t->shift)),
+                                 _mm256_set1_epi32(t->kbias));
+    k = _mm256_min_epi32(_mm256_max_epi32(k, _mm256_setzero_si256()), _mm256_set1_epi32(t->nmag - 1));
+    k = _mm256_add_epi32(k, _mm256_and_si256(_mm256_srai_epi32(b, 31), _mm256_set1_epi32(t->nmag)));
+    __m256i base = _mm256_and_si256(_mm256_i32gather_epi32((const int *)t->bucket, k, 1), _mm256_set1_epi32(0xff));
+    VF mid = _mm256_i32gather_ps(t->mid, base, 4);
+    /* the compare gives -1 where x > mid: subtracting adds 1 */
+    return _mm256_sub_epi32(base, _mm256_castps_si256(_mm256_cmp_ps(x, mid, _CMP_GT_OQ)));
+}
+
+static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits, uint8_t *codes, float *absmax)
+{
+    __m256i am = _mm256_setzero_si256();
+    size_t i = 0;
+    for (; i + 8 <= len; i += 8) /* unsigned max of |x| bits: NaN > inf > finite */
+        am = _mm256_max_epu32(am, _mm256_and_si256(_mm256_loadu_si256((const __m256i *)(x + i)),
+                                                   _mm256_set1_epi32(0x7fffffff)));
+    _Alignas(32) uint32_t l[8];
+    _mm256_store_si256((__m256i *)l, am);
+    uint32_t amax = 0;
+    for (int k = 0; k < 8; k++)
+        amax = l[k] > amax ? l[k] : amax;
+    for (; i < len; i++) {
+        uint32_t a = zo__f32_bits(x[i]) & 0x7fffffffu;
+        amax = a > amax ? a : amax;
+    }
+    _Alignas(32) uint8_t c[ZO__QBLOCK_MAX];
+    uint8_t *dst = bits == 8 ? codes : c; /* 8 bits: codes go straight out */
+    unsigned z = 0;
+    if (!zo__qscale(t, amax, absmax, &z)) {
+        memset(dst, (int)z, len);
+    } else {
+        const VF s = _mm256_set1_ps(*absmax);
+        const __m256i pick = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
+        for (i = 0; i + 8 <= len; i += 8) {
+            __m256i q = q_codes8(t, _mm256_div_ps(_mm256_loadu_ps(x + i), s));
+            /* 8 x 32-bit codes (< 256) -> 8 bytes */
+            q = _mm256_packus_epi16(_mm256_packus_epi32(q, q), _mm256_setzero_si256());
+            q = _mm256_permutevar8x32_epi32(q, pick);
+            _mm_storel_epi64((__m128i *)(dst + i), _mm256_castsi256_si128(q));
+        }
+        for (; i < len; i++)
+            dst[i] = (uint8_t)zo__qcode(t, x[i] / *absmax);
+    }
+    if (bits != 8)
+        zo__qpack(c, len, bits, codes);
+}
+
 /* Data only: generic code (kernels_ref.c) picks it after checking the CPU. */
 const zo_cpuadam_dsp zo__cpuadam_avx2 = {
     .name = "avx2",
@@ -152,4 +225,6 @@ const zo_cpuadam_dsp zo__cpuadam_avx2 = {
     .rollback = kt_rollback,
     .grad_stats = kt_grad_stats,
     .stream_bound = kt_stream_bound,
+    .qdequant = q_dequant,
+    .qquant = q_quant,
 };

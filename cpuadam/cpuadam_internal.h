@@ -149,6 +149,32 @@ static inline int zo__qscale(const zo__qmap_tab *t, uint32_t amax_bits, float *a
     return 0;
 }
 
+/* The scalar pieces every variant's block kernels end with (their tails):
+ * the largest |x| bits over x[i..len) (NaN > inf > every finite value),
+ * the codes of x[i..len) / s, and map values times s. */
+static inline uint32_t zo__qamax(const float *x, size_t i, size_t len, uint32_t amax)
+{
+    for (; i < len; i++) {
+        uint32_t a;
+        __builtin_memcpy(&a, &x[i], 4);
+        a &= 0x7fffffffu;
+        amax = a > amax ? a : amax;
+    }
+    return amax;
+}
+
+static inline void zo__qcodes(const zo__qmap_tab *t, const float *x, size_t i, size_t len, float s, uint8_t *c)
+{
+    for (; i < len; i++)
+        c[i] = (uint8_t)zo__qcode(t, x[i] / s);
+}
+
+static inline void zo__qvalues(const zo__qmap_tab *t, const uint8_t *c, size_t i, size_t len, float s, float *x)
+{
+    for (; i < len; i++)
+        x[i] = t->value[c[i]] * s;
+}
+
 /* Store per-element codes c[0..len) in the layout of `bits`. */
 static inline void zo__qpack(const uint8_t *c, size_t len, int bits, uint8_t *codes)
 {

@@ -182,24 +182,16 @@ void zo__q_dequant_ref(const uint8_t *codes, int bits, const zo__qmap_tab *t, fl
 {
     uint8_t buf[ZO__QBLOCK_MAX];
     const uint8_t *c = zo__qunpack(codes, len, bits, buf);
-    for (size_t i = 0; i < len; i++)
-        x[i] = t->value[c[i]] * absmax;
+    zo__qvalues(t, c, 0, len, absmax, x);
 }
 
 void zo__q_quant_ref(const float *x, size_t len, const zo__qmap_tab *t, int bits, uint8_t *codes,
                      float *absmax)
 {
-    uint32_t amax = 0; /* the largest |x| bits: NaN > inf > every finite value */
-    for (size_t i = 0; i < len; i++) {
-        uint32_t a = zo__f32_bits(x[i]) & 0x7fffffffu;
-        amax = a > amax ? a : amax;
-    }
     uint8_t c[ZO__QBLOCK_MAX];
     unsigned z = 0;
-    if (zo__qscale(t, amax, absmax, &z)) {
-        float s = *absmax;
-        for (size_t i = 0; i < len; i++)
-            c[i] = (uint8_t)zo__qcode(t, x[i] / s);
+    if (zo__qscale(t, zo__qamax(x, 0, len, 0), absmax, &z)) {
+        zo__qcodes(t, x, 0, len, *absmax, c);
     } else {
         memset(c, (int)z, len);
     }

@@ -162,8 +162,7 @@ static void q_dequant(const uint8_t *codes, int bits, const zo__qmap_tab *t, flo
         __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i)));
         _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_i32gather_ps(t->value, k, 4), s));
     }
-    for (; i < len; i++)
-        x[i] = t->value[c[i]] * absmax;
+    zo__qvalues(t, c, i, len, absmax, x);
 }
 
 LAI __m256i q_codes8(const zo__qmap_tab *t, VF x)
@@ -192,10 +191,7 @@ static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits,
     uint32_t amax = 0;
     for (int k = 0; k < 8; k++)
         amax = l[k] > amax ? l[k] : amax;
-    for (; i < len; i++) {
-        uint32_t a = zo__f32_bits(x[i]) & 0x7fffffffu;
-        amax = a > amax ? a : amax;
-    }
+    amax = zo__qamax(x, i, len, amax);
     _Alignas(32) uint8_t c[ZO__QBLOCK_MAX];
     uint8_t *dst = bits == 8 ? codes : c; /* 8 bits: codes go straight out */
     unsigned z = 0;
@@ -211,8 +207,7 @@ static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits,
             q = _mm256_permutevar8x32_epi32(q, pick);
             _mm_storel_epi64((__m128i *)(dst + i), _mm256_castsi256_si128(q));
         }
-        for (; i < len; i++)
-            dst[i] = (uint8_t)zo__qcode(t, x[i] / *absmax);
+        zo__qcodes(t, x, i, len, *absmax, dst);
     }
     if (bits != 8)
         zo__qpack(c, len, bits, codes);

@@ -27,7 +27,9 @@ static void usage(FILE *f)
             "  --optimizer K      adamw (default), adam, adagrad, lion\n"
             "  --grad T           gradient type: fp32 (default), fp16, bf16\n"
             "  --out T            updated-parameter copy: none (default), bf16, fp16, fp32\n"
-            "  --state T          optimizer state type: fp32 (default), bf16\n"
+            "  --state T          optimizer state type: fp32 (default), bf16, q8, q4 (block-wise\n"
+            "                     quantized moments, dynamic maps; Adam/AdamW/Lion)\n"
+            "  --block B          elements per scale of q8/q4 states (default 256 / 128)\n"
             "  --threads T        threads (default: CPUs available)\n"
             "  --variant V        auto (default), scalar, avx2, avx512, avx512bf16 (x86-64), neon (aarch64)\n"
             "  --pairs P          timed (bound, step) pairs, median reported (default 7, >= 1)\n"
@@ -134,6 +136,8 @@ typedef struct {
     size_t n;
     float *p, *g32, *m32, *v32; /* the bound kernel's four fp32 arrays (p, g32, and fp32 states) */
     void *g16, *m16, *v16, *out;
+    uint8_t *mq, *vq; /* quantized moments (--state q8/q4) and their scales */
+    float *ms, *vs;
 } arrays;
 
 static void *xalloc(size_t bytes)
@@ -160,7 +164,7 @@ static float rng_uniform(uint64_t *s) /* [-1, 1) */
     return (float)((double)(rng_next(s) >> 40) * 0x1p-23 - 1.0);
 }
 
-static int arrays_init(arrays *a, size_t n, zo_dtype gt, int ot, zo_dtype st)
+static int arrays_init(arrays *a, size_t n, zo_dtype gt, int ot, zo_dtype st, int qbits, size_t block)
 {
     memset(a, 0, sizeof(*a));
     a->n = n;
@@ -173,6 +177,16 @@ static int arrays_init(arrays *a, size_t n, zo_dtype gt, int ot, zo_dtype st)
         return -1;
     if (ot >= 0 && !(a->out = xalloc(n * zo_dtype_size((zo_dtype)ot))))
         return -1;
+    size_t cbytes = qbits == 8 ? n : (n + 1) / 2, nb = (n - 1) / (block ? block : 1) + 1;
+    if (qbits && (!(a->mq = xalloc(cbytes)) || !(a->vq = xalloc(cbytes)) || !(a->ms = xalloc(nb * 4)) ||
+                  !(a->vs = xalloc(nb * 4))))
+        return -1;
+    if (qbits) { /* fresh moments: every code 0, every scale 0 */
+        memset(a->mq, 0, cbytes);
+        memset(a->vq, 0, cbytes);
+        memset(a->ms, 0, nb * 4);
+        memset(a->vs, 0, nb * 4);
+    }
     uint64_t s = 0x9e3779b97f4a7c15ull;
     for (size_t i = 0; i < n; i++) {
         a->p[i] = rng_uniform(&s);
@@ -201,6 +215,30 @@ static void arrays_free(arrays *a)
     zo_aligned_free(a->m16);
     zo_aligned_free(a->v16);
     zo_aligned_free(a->out);
+    zo_aligned_free(a->mq);
+    zo_aligned_free(a->vq);
+    zo_aligned_free(a->ms);
+    zo_aligned_free(a->vs);
+}
+
+static void qtensors_for(zo_cpuadam_qtensors *t, const arrays *a, size_t n, zo_dtype gt, int ot, int qbits,
+                         size_t block)
+{
+    zo_cpuadam_qtensors_default(t);
+    t->n = n;
+    t->param = a->p;
+    t->grad = gt == ZO_DTYPE_F32 ? (const void *)a->g32 : a->g16;
+    t->grad_dtype = gt;
+    t->bits = qbits;
+    t->block = block;
+    t->m_codes = a->mq;
+    t->m_absmax = a->ms;
+    t->v_codes = a->vq;
+    t->v_absmax = a->vs;
+    if (ot >= 0) {
+        t->param_out = a->out;
+        t->out_dtype = (zo_dtype)ot;
+    }
 }
 
 static void tensors_for(zo_cpuadam_tensors *t, const arrays *a, size_t n, zo_dtype gt, int ot, zo_dtype st)
@@ -219,10 +257,11 @@ static void tensors_for(zo_cpuadam_tensors *t, const arrays *a, size_t n, zo_dty
     }
 }
 
-/* Bytes one step moves per parameter. */
-static double step_bytes(int kind, zo_dtype gt, int ot, zo_dtype st)
+/* Bytes one step moves per parameter; quantized states move their codes
+ * (1 or 1/2 byte) and one fp32 scale per block, each read and written. */
+static double step_bytes(int kind, zo_dtype gt, int ot, zo_dtype st, int qbits, size_t block)
 {
-    double s = (double)zo_dtype_size(st);
+    double s = qbits ? qbits / 8.0 + 4.0 / (double)block : (double)zo_dtype_size(st);
     int nstates = (kind == ZO_OPTIM_ADAMW || kind == ZO_OPTIM_ADAM) ? 2 : 1;
     return 8.0 + (double)zo_dtype_size(gt) + 2.0 * s * nstates + (ot >= 0 ? (double)zo_dtype_size((zo_dtype)ot) : 0.0);
 }
@@ -378,7 +417,8 @@ int main(int argc, char **argv)
 {
     size_t n = 100000000, tile = 0;
     int kind = ZO_OPTIM_ADAMW, gt = ZO_DTYPE_F32, ot = -1, st = ZO_DTYPE_F32, nt = ZO_CPUADAM_NT_AUTO;
-    int threads = 0, pairs = 7, pin = 0, json = 0, verbose = 0, vs_torch = 0, small = 0;
+    int threads = 0, pairs = 7, pin = 0, json = 0, verbose = 0, vs_torch = 0, small = 0, qbits = 0;
+    size_t block = 0;
     const char *variant = "auto";
     const char *python = getenv("ZO_PYTHON");
     signal(SIGPIPE, SIG_IGN); /* a torch child that died is reported, not fatal */
@@ -394,7 +434,7 @@ int main(int argc, char **argv)
         {"vs-torch", no_argument, 0, 'T'},       {"python", required_argument, 0, 'y'},
         {"small", no_argument, 0, 'S'},          {"json", no_argument, 0, 'j'},
         {"verbose", no_argument, 0, 'v'},        {"help", no_argument, 0, 'h'},
-        {"tile", required_argument, 0, 'L'},
+        {"tile", required_argument, 0, 'L'},     {"block", required_argument, 0, 'B'},
         {0, 0, 0, 0},
     };
     int c;
@@ -405,7 +445,11 @@ int main(int argc, char **argv)
         case 'o': bad = lookup(kinds, optarg, &kind); break;
         case 'g': bad = lookup(gtypes, optarg, &gt); break;
         case 'O': bad = lookup(otypes, optarg, &ot); break;
-        case 's': bad = lookup(stypes, optarg, &st); break;
+        case 's':
+            qbits = !strcmp(optarg, "q8") ? 8 : !strcmp(optarg, "q4") ? 4 : 0;
+            bad = qbits ? 0 : lookup(stypes, optarg, &st);
+            break;
+        case 'B': bad = parse_count(optarg, &block); break;
         case 't': bad = parse_int(optarg, 1, 1024, &threads); break;
         case 'V': variant = optarg; break;
         case 'p': bad = parse_int(optarg, 1, MAX_PAIRS, &pairs); break;
@@ -439,6 +483,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "zo-adam-bench: unknown --variant '%s' (auto, scalar, avx2, avx512, avx512bf16, neon)\n", variant);
         return 2;
     }
+    if (qbits && (small || vs_torch || kind == ZO_OPTIM_ADAGRAD)) {
+        fprintf(stderr, "zo-adam-bench: --state q%d is for adam, adamw and lion, without --small and --vs-torch\n",
+                qbits);
+        return 2;
+    }
+    if (qbits && !block)
+        block = qbits == 8 ? 256 : 128;
     if (small && n < 100000) {
         fprintf(stderr, "zo-adam-bench: --small needs --n >= 100000 (it times slices of the arrays)\n");
         return 2;
@@ -482,7 +533,7 @@ int main(int argc, char **argv)
     zo_machine mach;
     zo_machine_get(&mach);
     arrays a;
-    if (arrays_init(&a, n, (zo_dtype)gt, ot, (zo_dtype)st) < 0) {
+    if (arrays_init(&a, n, (zo_dtype)gt, ot, (zo_dtype)st, qbits, block) < 0) {
         arrays_free(&a);
         return 1;
     }
@@ -490,14 +541,19 @@ int main(int argc, char **argv)
     zo_cpuadam_hparams_default(&hp, (zo_optim_kind)kind);
     zo_cpuadam_tensors t;
     tensors_for(&t, &a, n, (zo_dtype)gt, ot, (zo_dtype)st);
-    double bpp = step_bytes(kind, (zo_dtype)gt, ot, (zo_dtype)st);
+    zo_cpuadam_qtensors qt;
+    qtensors_for(&qt, &a, n, (zo_dtype)gt, ot, qbits, block);
+    double bpp = step_bytes(kind, (zo_dtype)gt, ot, (zo_dtype)st, qbits, block);
+    char sname[16];
+    snprintf(sname, sizeof(sname), "q%d", qbits);
+    const char *state_name = qbits ? sname : zo_dtype_name((zo_dtype)st);
 
     /* warm up: page faults, OpenMP team start, pinning */
     int64_t step = 1;
     rc = zo_cpuadam_team_stream_bound(bteam, a.p, a.m32, a.v32, a.g32, 0.0f, n);
     hp.step = step++;
     if (rc == 0)
-        rc = zo_cpuadam_team_step(team, &hp, &t);
+        rc = qbits ? zo_cpuadam_team_qstep(team, &hp, &qt) : zo_cpuadam_team_step(team, &hp, &t);
     if (rc < 0) {
         fprintf(stderr, "zo-adam-bench: %s: %s\n", zo_strerror(rc), zo_last_error_detail());
         return 1;
@@ -510,7 +566,10 @@ int main(int argc, char **argv)
         zo_cpuadam_team_stream_bound(bteam, a.p, a.m32, a.v32, a.g32, 0.0f, n);
         double t1 = now_s();
         hp.step = step++;
-        zo_cpuadam_team_step(team, &hp, &t);
+        if (qbits)
+            zo_cpuadam_team_qstep(team, &hp, &qt);
+        else
+            zo_cpuadam_team_step(team, &hp, &t);
         double t2 = now_s();
         tb[k] = t1 - t0;
         ts[k] = t2 - t1;
@@ -582,7 +641,9 @@ int main(int argc, char **argv)
         zo_machine_json(&mach, &j, "machine");
         zj_str(&j, "optimizer", kind_str(kind));
         zj_str(&j, "grad", zo_dtype_name((zo_dtype)gt));
-        zj_str(&j, "state", zo_dtype_name((zo_dtype)st));
+        zj_str(&j, "state", state_name);
+        if (qbits)
+            zj_uint(&j, "block", block);
         zj_str(&j, "out", ot >= 0 ? zo_dtype_name((zo_dtype)ot) : "none");
         zj_str(&j, "variant", vname);
         zj_str(&j, "nt", nt == ZO_CPUADAM_NT_AUTO ? "auto" : nt == ZO_CPUADAM_NT_ON ? "on" : "off");
@@ -639,7 +700,7 @@ int main(int argc, char **argv)
     } else {
         zo_machine_print(&mach, stdout);
         printf("%s, grad %s, states %s, out %s, n %zu, %d threads%s, variant %s, %d pairs\n", kind_str(kind),
-               zo_dtype_name((zo_dtype)gt), zo_dtype_name((zo_dtype)st), ot >= 0 ? zo_dtype_name((zo_dtype)ot) : "none",
+               zo_dtype_name((zo_dtype)gt), state_name, ot >= 0 ? zo_dtype_name((zo_dtype)ot) : "none",
                n, threads, pin ? " (pinned)" : "", vname, pairs);
         printf("step:  %9.3f ms  %8.3f Gparams/s  %7.2f GB/s (%.0f B/param)\n", sec * 1e3, (double)n / sec * 1e-9,
                bpp * (double)n / sec * 1e-9, bpp);

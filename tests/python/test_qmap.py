@@ -1,0 +1,135 @@
+"""The quantized-state code maps and quantizer (zo_cpuadam_quantize /
+dequantize / qmap_values) against an independent numpy reference, bit for
+bit: the tables are rebuilt here from their definition (bitsandbytes'
+create_dynamic_map without its zero padding, and the linear maps, in
+double, rounded once to fp32), and blocks are quantized by counting the
+fp32 midpoints below x / absmax (np.searchsorted), not by the library's
+bucket lookup. Loads the library directly with ctypes."""
+import ctypes
+import os
+
+import numpy as np
+import pytest
+
+DYN_S, DYN_U, LIN_S, LIN_U = range(4)
+P10 = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1e0]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    path = os.environ.get("ZOFFLOAD_LIB")
+    if not path:
+        pytest.skip("ZOFFLOAD_LIB is not set (run through tests/python/run.sh)")
+    L = ctypes.CDLL(path)
+    f32p = np.ctypeslib.ndpointer(np.float32, flags="C_CONTIGUOUS")
+    u8p = np.ctypeslib.ndpointer(np.uint8, flags="C_CONTIGUOUS")
+    L.zo_cpuadam_quantize.argtypes = [f32p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_size_t, u8p, f32p]
+    L.zo_cpuadam_dequantize.argtypes = [u8p, f32p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_size_t, f32p]
+    L.zo_cpuadam_qmap_values.argtypes = [ctypes.c_int, ctypes.c_int, f32p]
+    return L
+
+
+def dynamic_map(signed, bits):
+    meb = 7 if bits == 8 else 3  # max_exponent_bits: bitsandbytes' 8-bit default, torchao's 4-bit one
+    nsb = bits - 1
+    data = []
+    for i in range(meb):
+        items = 2 ** (i + nsb - meb) + 1 if signed else 2 ** (i + nsb - meb + 1) + 1
+        step = (1.0 - 0.1) / (items - 1)  # numpy's linspace: start + k * step, the end exact
+        scale = P10[6 - (meb - 1) + i]
+        for k in range(items - 1):
+            b0 = 0.1 + k * step
+            b1 = 1.0 if k + 2 == items else 0.1 + (k + 1) * step
+            mean = (b0 + b1) / 2.0
+            data.append(scale * mean)
+            if signed:
+                data.append(-scale * mean)
+    data += [0.0, 1.0]
+    assert len(data) == 2 ** bits
+    return np.sort(np.array(data, dtype=np.float64).astype(np.float32))
+
+
+def linear_map(signed, bits):
+    top = 2 ** bits - 1
+    if signed:
+        h = top // 2
+        return np.array([(k - h) / h for k in range(2 * h + 1)], dtype=np.float64).astype(np.float32)
+    return np.array([k / top for k in range(top + 1)], dtype=np.float64).astype(np.float32)
+
+
+def ref_map(m, bits):
+    return dynamic_map(m == DYN_S, bits) if m in (DYN_S, DYN_U) else linear_map(m == LIN_S, bits)
+
+
+def ref_quantize(x, m, bits, block):
+    v = ref_map(m, bits)
+    mids = ((v[:-1].astype(np.float64) + v[1:].astype(np.float64)) * 0.5).astype(np.float32)
+    zero = np.searchsorted(mids, np.float32(0), side="left")
+    n = x.size
+    codes = np.empty(n, dtype=np.uint8)
+    scales = []
+    for i0 in range(0, n, block):
+        xb = x[i0:i0 + block]
+        a = np.abs(xb)
+        if not np.all(np.isfinite(xb)):
+            scales.append(np.float32(np.nan))
+            codes[i0:i0 + block] = zero
+        elif a.max() == 0:
+            scales.append(np.float32(0))
+            codes[i0:i0 + block] = zero
+        else:
+            s = a.max()
+            scales.append(s)
+            # number of midpoints strictly below x / s: the nearest code, ties down
+            codes[i0:i0 + block] = np.searchsorted(mids, (xb / s).astype(np.float32), side="left")
+    return codes, np.array(scales, dtype=np.float32), v
+
+
+def pack(codes, bits):
+    if bits == 8:
+        return codes
+    c = codes if codes.size % 2 == 0 else np.append(codes, np.uint8(0))
+    return (c[0::2] | (c[1::2] << 4)).astype(np.uint8)
+
+
+def sample(rng, n, nonneg):
+    x = (10.0 ** rng.uniform(-9, 1, n)).astype(np.float32)
+    if not nonneg:
+        x *= rng.choice(np.array([-1, 1], dtype=np.float32), n)
+    return x
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("m", [DYN_S, DYN_U, LIN_S, LIN_U])
+def test_tables(lib, m, bits):
+    got = np.zeros(2 ** bits, dtype=np.float32)
+    assert lib.zo_cpuadam_qmap_values(m, bits, got) == 2 ** bits
+    want = ref_map(m, bits)
+    # entries past the codes in use (signed linear: one) read as the largest
+    want = np.concatenate([want, np.full(2 ** bits - want.size, want[-1], dtype=np.float32)])
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("m", [DYN_S, DYN_U, LIN_S, LIN_U])
+@pytest.mark.parametrize("n,block", [(1, 64), (255, 64), (1000, 256), (4097, 128), (20001, 2048)])
+def test_quantize_dequantize(lib, m, bits, n, block):
+    rng = np.random.default_rng(n * 31 + m * 7 + bits)
+    x = sample(rng, n, m in (DYN_U, LIN_U))
+    if n > 3 * block:  # an all-zero block and a block with a NaN and an inf
+        x[:block] = 0
+        x[block + 5] = np.nan
+        x[block + 9] = np.inf
+    nb = (n - 1) // block + 1
+    codes = np.zeros(n if bits == 8 else (n + 1) // 2, dtype=np.uint8)
+    scales = np.zeros(nb, dtype=np.float32)
+    assert lib.zo_cpuadam_quantize(x, n, m, bits, block, codes, scales) == 0
+    wc, ws, v = ref_quantize(x, m, bits, block)
+    assert np.array_equal(scales.view(np.uint32), ws.view(np.uint32))
+    assert np.array_equal(codes, pack(wc, bits))
+    y = np.zeros(n, dtype=np.float32)
+    assert lib.zo_cpuadam_dequantize(codes, scales, n, m, bits, block, y) == 0
+    wy = v[wc] * np.repeat(ws, block)[:n]
+    assert np.array_equal(np.isnan(y), np.isnan(wy))
+    ok = ~np.isnan(wy)
+    assert np.array_equal(y[ok].view(np.uint32), wy[ok].view(np.uint32))

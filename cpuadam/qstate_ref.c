@@ -91,6 +91,21 @@ static unsigned count_below(const zo__qmap_tab *t, float x)
     return c;
 }
 
+/* Midpoints below x (strictly, or also equal to it): binary search over
+ * the sorted midpoints, so building a map's buckets stays cheap. */
+static int mids_below(const zo__qmap_tab *t, float x, int or_equal)
+{
+    int lo = 0, hi = t->ncodes - 1;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (t->mid[mid] < x || (or_equal && t->mid[mid] == x))
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /* Bucket tables with `mbits` mantissa bits per key; 0 if some bucket
  * would hold two midpoints. */
 static int build_buckets(zo__qmap_tab *t, int mbits)
@@ -98,18 +113,13 @@ static int build_buckets(zo__qmap_tab *t, int mbits)
     t->shift = 23u - (unsigned)mbits;
     t->kbias = ZO__QB_EBIAS << mbits;
     t->nmag = ZO__QB_EXPS << mbits;
-    int nm = t->ncodes - 1; /* midpoints */
     for (int32_t j = 0; j < t->nmag; j++) {
         float lo = j ? f_of_bits((uint32_t)(j + t->kbias) << t->shift) : 0.0f;
         float hi = j + 1 < t->nmag ? f_of_bits((uint32_t)(j + 1 + t->kbias) << t->shift) : 2.0f;
-        int below = 0, in = 0, nbelow = 0, nin = 0;
-        for (int k = 0; k < nm; k++) {
-            float m = t->mid[k];
-            below += m < lo;
-            in += m >= lo && m < hi;
-            nbelow += m <= -hi;
-            nin += m > -hi && m <= -lo;
-        }
+        /* x in [lo, hi): midpoints below lo always count, one in [lo, hi) may */
+        int below = mids_below(t, lo, 0), in = mids_below(t, hi, 0) - below;
+        /* x in (-hi, -lo]: those <= -hi always count, one in (-hi, -lo] may */
+        int nbelow = mids_below(t, -hi, 1), nin = mids_below(t, -lo, 1) - nbelow;
         if (in > 1 || nin > 1)
             return 0;
         t->bucket[j] = (uint8_t)below;

@@ -98,7 +98,7 @@ START_TEST(test_maps)
                               (double)pts[q]);
             }
             zo_test_rng r = {zo_test_seed() + (uint64_t)(m * 16 + bits)};
-            for (int i = 0; i < 200000; i++) {
+            for (int i = 0; i < 20000; i++) {
                 float x = i & 1 ? rnd_range(&r, -1.0f, 1.0f) : rnd_wide(&r, 0) / 10.0f;
                 ZO_EXPECT(zo__qcode(t, x) == plain_code(&p, x), "map %d bits %d x %a", m, bits, (double)x);
             }

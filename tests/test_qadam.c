@@ -539,6 +539,10 @@ static Suite *suite(void)
     tc = tcase_create("variants");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_variants_bit_identical);
+    suite_add_tcase(s, tc);
+    /* large slices: split so an emulated run can take the variants alone */
+    tc = tcase_create("api");
+    tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_threads_bit_identical);
     tcase_add_test(tc, test_matches_fp32_step);
     tcase_add_test(tc, test_bad_input);

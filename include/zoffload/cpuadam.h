@@ -347,7 +347,8 @@ ZO_API int zo_cpuadam_qtensors_default(zo_cpuadam_qtensors *t);
  *         < 1 or > 1024, struct_size unknown, misaligned or overlapping
  *         buffers, a signed map for v or an unknown map);
  *         ZO_ECONFIG (a hyperparameter out of range); ZO_ENOTSUP (Adagrad,
- *         grad or out type).
+ *         grad or out type); ZO_EINTERNAL (the code maps failed their
+ *         self-check when first built: a bug).
  * Thread-safe on disjoint tensors; blocks until the slice is done.
  */
 ZO_API int zo_cpuadam_qstep(const zo_cpuadam_hparams *hp, const zo_cpuadam_qtensors *t, int nthreads);

@@ -95,6 +95,74 @@ LAI double sd_sum4(SD a0, SD a1, SD a2, SD a3)
 #define KT_PART_BY_BUFFER
 #include "cpuadam/kernel_tmpl.h"
 
+/* ---- quantized states: block dequantize / quantize -------------------------
+ * The same operations as zo__q_dequant_ref / zo__q_quant_ref: one multiply
+ * per element out; one division and zo__qcode()'s bucket lookup in. NEON
+ * has no gather, so the two table reads per lane are lane loads; the
+ * division, key arithmetic and compare are vector. Tails of fewer than 4
+ * elements run the scalar definition. */
+LAI VF q_lookup4(const float *tab, uint32x4_t k)
+{
+    VF v = vdupq_n_f32(tab[vgetq_lane_u32(k, 0)]);
+    v = vsetq_lane_f32(tab[vgetq_lane_u32(k, 1)], v, 1);
+    v = vsetq_lane_f32(tab[vgetq_lane_u32(k, 2)], v, 2);
+    return vsetq_lane_f32(tab[vgetq_lane_u32(k, 3)], v, 3);
+}
+
+static void q_dequant(const uint8_t *codes, int bits, const zo__qmap_tab *t, float absmax, float *x,
+                      size_t len)
+{
+    uint8_t buf[ZO__QBLOCK_MAX];
+    const uint8_t *c = zo__qunpack(codes, len, bits, buf);
+    const VF s = vdupq_n_f32(absmax);
+    size_t i = 0;
+    for (; i + 4 <= len; i += 4) {
+        uint32x4_t k = {c[i], c[i + 1], c[i + 2], c[i + 3]};
+        vst1q_f32(x + i, vmulq_f32(q_lookup4(t->value, k), s));
+    }
+    zo__qvalues(t, c, i, len, absmax, x);
+}
+
+static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits, uint8_t *codes, float *absmax)
+{
+    uint32x4_t am = vdupq_n_u32(0);
+    const uint32x4_t abs = vdupq_n_u32(0x7fffffffu);
+    size_t i = 0;
+    for (; i + 4 <= len; i += 4) /* unsigned max of |x| bits: NaN > inf > finite */
+        am = vmaxq_u32(am, vandq_u32(vld1q_u32((const uint32_t *)(x + i)), abs));
+    uint32_t amax = vmaxvq_u32(am);
+    amax = zo__qamax(x, i, len, amax);
+    uint8_t c[ZO__QBLOCK_MAX];
+    uint8_t *dst = bits == 8 ? codes : c; /* 8 bits: codes go straight out */
+    unsigned z = 0;
+    if (!zo__qscale(t, amax, absmax, &z)) {
+        memset(dst, (int)z, len);
+    } else {
+        const VF s = vdupq_n_f32(*absmax);
+        const int32x4_t sh = vdupq_n_s32(-(int32_t)t->shift), kb = vdupq_n_s32(t->kbias),
+                        top = vdupq_n_s32(t->nmag - 1), nm = vdupq_n_s32(t->nmag);
+        for (i = 0; i + 4 <= len; i += 4) {
+            VF v = vdivq_f32(vld1q_f32(x + i), s);
+            uint32x4_t b = vreinterpretq_u32_f32(v);
+            int32x4_t k = vsubq_s32(vreinterpretq_s32_u32(vshlq_u32(vandq_u32(b, abs), sh)), kb);
+            k = vminq_s32(vmaxq_s32(k, vdupq_n_s32(0)), top);
+            k = vaddq_s32(k, vandq_s32(vshrq_n_s32(vreinterpretq_s32_u32(b), 31), nm));
+            uint32x4_t kk = vreinterpretq_u32_s32(k);
+            uint32x4_t base = {t->bucket[vgetq_lane_u32(kk, 0)], t->bucket[vgetq_lane_u32(kk, 1)],
+                               t->bucket[vgetq_lane_u32(kk, 2)], t->bucket[vgetq_lane_u32(kk, 3)]};
+            /* the compare gives all ones where x > mid: subtracting adds 1 */
+            uint32x4_t q = vsubq_u32(base, vcgtq_f32(v, q_lookup4(t->mid, base)));
+            uint16x4_t h = vmovn_u32(q);
+            uint8x8_t bq = vmovn_u16(vcombine_u16(h, h));
+            uint32_t w = vget_lane_u32(vreinterpret_u32_u8(bq), 0);
+            memcpy(dst + i, &w, 4); /* codes need no alignment */
+        }
+        zo__qcodes(t, x, i, len, *absmax, dst);
+    }
+    if (bits != 8)
+        zo__qpack(c, len, bits, codes);
+}
+
 /* Data only: generic code (kernels_ref.c) picks it after checking the CPU. */
 const zo_cpuadam_dsp zo__cpuadam_neon = {
     .name = "neon",
@@ -102,4 +170,6 @@ const zo_cpuadam_dsp zo__cpuadam_neon = {
     .rollback = kt_rollback,
     .grad_stats = kt_grad_stats,
     .stream_bound = kt_stream_bound,
+    .qdequant = q_dequant,
+    .qquant = q_quant,
 };

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Low-bit optimizer states: the code maps, the C reference block kernels
  * (dequantize, quantize) and the quantized step's driver.

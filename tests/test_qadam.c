@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Quantized optimizer states (q8, q4): the code maps and the quantizer
  * against a plain reference written here, the quantized step of every
  * variant against the C reference bit for bit (odd lengths, partial last

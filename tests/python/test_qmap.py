@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The quantized-state code maps and quantizer (zo_cpuadam_quantize /
 dequantize / qmap_values) against an independent numpy reference, bit for
 bit: the tables are rebuilt here from their definition (bitsandbytes'

@@ -18,7 +18,7 @@ DeepSpeed does per step:
 * its CPU ops are JIT-built with the C++ standard fix of
   benchmarks/_ds_common.py (DeepSpeed's sources need C++17; torch 1.13's
   cpp_extension passes c++14), and for NVMe its swappers get the libaio
-  async_io builder (the CPU accelerator maps async_io to a stub that
+  async_io builder (the CPU accelerator maps async_io to a builder that
   refuses to load, although the op is host code);
 * the process group is gloo with one rank (DeepSpeed's CPU accelerator
   would ask for oneCCL, which is not packaged);
@@ -94,7 +94,8 @@ def _fix_builders():
     from deepspeed.ops.op_builder import CPUAdamBuilder
     c.fix_cxx_std(CPUAdamBuilder)
     # NVMe offload: DeepSpeed's CPU accelerator maps AsyncIOBuilder to a
-    # "not implemented on CPU" stub, although its libaio op is host code.
+    # builder that only says "not implemented on CPU", although its libaio
+    # op is host code.
     # Hand its swappers the libaio builder (with the same C++ fix).
     aio_cls = type(c.aio_builder())
     for mod in ("partitioned_optimizer_swapper", "pipelined_optimizer_swapper",

@@ -2192,6 +2192,146 @@ START_TEST(test_optim_grad_window_size)
 }
 END_TEST
 
+/* zo_optim_estimate() says what create allocates: every figure that
+ * zo_optim_get_info() reports after create, for host and NVMe placement,
+ * DPU (double-buffered or not), accumulation, bf16 states, the device
+ * backends' copy paths (the force_copy hook: staging, pinned windows), a
+ * pinned budget that leaves the parameter buffers pageable, pin_memory 0,
+ * and one group without device params; and it refuses what create refuses,
+ * with the same code. */
+START_TEST(test_optim_estimate)
+{
+    static const struct {
+        int nvme, dpu, dbl, copy, pin, nodev;
+        unsigned accum;
+        zo_dtype gdt, sdt;
+        uint64_t budget; /* added to pinned_min_bytes (0: no budget) */
+    } c[] = {
+        {0, 0, 0, 0, 1, 0, 1, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0},
+        {0, 1, 0, 0, 1, 0, 1, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0},
+        {0, 1, 1, 0, 1, 0, 1, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0},
+        {0, 0, 0, 1, 1, 0, 4, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0},
+        {0, 1, 0, 1, 1, 0, 1, ZO_DTYPE_F32, ZO_DTYPE_F32, 0},
+        /* 205151 params: 410302-byte param buffers and windows */
+        {0, 1, 0, 1, 1, 0, 1, ZO_DTYPE_BF16, ZO_DTYPE_F32, 500000},  /* one param buffer pinned, no window */
+        {0, 1, 0, 1, 1, 0, 1, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1331000}, /* both buffers and one window pinned */
+        {0, 0, 0, 1, 0, 0, 1, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0},
+        {0, 0, 0, 0, 1, 1, 1, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0},
+        {1, 0, 0, 0, 1, 0, 1, ZO_DTYPE_BF16, ZO_DTYPE_F32, 0},
+        {1, 1, 0, 1, 1, 0, 2, ZO_DTYPE_BF16, ZO_DTYPE_BF16, 0},
+        {1, 0, 0, 1, 1, 0, 1, ZO_DTYPE_BF16, ZO_DTYPE_F32, 1 << 20},
+    };
+    for (size_t k = 0; k < sizeof(c) / sizeof(c[0]); k++) {
+        model m;
+        eng e;
+        model_init(&m, ZO_DTYPE_BF16, c[k].gdt);
+        eng_config(&e, &m);
+        char dir[256] = "";
+        if (c[k].nvme) {
+            zo_test_mkdtemp(dir, sizeof(dir));
+            e.cfg.placement = ZO_OPTIM_PLACE_NVME;
+            e.cfg.nvme_path = dir;
+        }
+        e.cfg.dpu = c[k].dpu;
+        e.cfg.dpu_double_buffer = c[k].dbl;
+        e.cfg.grad_accum_steps = c[k].accum;
+        e.cfg.pin_memory = c[k].pin;
+        e.grp[0].state_dtype = e.grp[1].state_dtype = c[k].sdt;
+        if (c[k].nodev)
+            e.grp[1].dev_params = NULL;
+        zo__optim_force_copy = c[k].copy;
+        zo_optim_footprint f = {.struct_size = sizeof(f)};
+        int r = zo_optim_estimate(&e.cfg, -1, &f);
+        ck_assert_msg(r == 0, "case %zu: estimate: %s (%s)", k, zo_strerror(r), zo_last_error_detail());
+        if (c[k].budget) {
+            e.cfg.pinned_bytes = f.pinned_min_bytes + c[k].budget;
+            ck_assert_int_eq(zo_optim_estimate(&e.cfg, -1, &f), 0);
+        }
+        r = zo_optim_create(&e.o, &e.cfg);
+        ck_assert_msg(r == 0, "case %zu: create: %s (%s)", k, zo_strerror(r), zo_last_error_detail());
+        zo_optim_info info = {.struct_size = sizeof(info)};
+        ck_assert_int_eq(zo_optim_get_info(e.o, &info), 0);
+        ck_assert_msg(f.pinned_bytes == info.pinned_bytes && f.host_bytes == info.host_bytes,
+                      "case %zu: estimate pinned %llu host %llu, create pinned %llu host %llu", k,
+                      (unsigned long long)f.pinned_bytes, (unsigned long long)f.host_bytes,
+                      (unsigned long long)info.pinned_bytes, (unsigned long long)info.host_bytes);
+        ck_assert_uint_eq(f.grad_window_bytes, info.grad_buffer_bytes);
+        ck_assert_int_eq(f.grad_window_dtype, info.grad_buffer_dtype);
+        ck_assert_uint_eq(f.nsubgroups, info.nsubgroups);
+        ck_assert_uint_eq(f.numel, m.total);
+        ck_assert_uint_eq(m.total, 205151);
+        if (c[k].budget == 500000)
+            ck_assert_uint_eq(info.pinned_bytes, f.pinned_min_bytes + 410302);
+        if (c[k].budget == 1331000)
+            ck_assert_uint_eq(info.grad_windows_pinned, 1);
+        ck_assert_uint_eq(f.staging_bytes, c[k].copy ? e.cfg.grad_staging_bytes : 0);
+        ck_assert_uint_eq(f.device_bytes, c[k].dbl ? m.total * 2 : 0);
+        /* the states: 3 arrays per sub-group, fp32 master + m/v of the state dtype */
+        uint64_t want_states = 0;
+        for (int g = 0; g < 2; g++)
+            for (uint64_t off = 0; off < m.gnumel[g]; off += SGSIZE) {
+                uint64_t n = ZO_MIN((uint64_t)SGSIZE, m.gnumel[g] - off);
+                uint64_t a = c[k].nvme ? 1 << 20 : 4096;
+                want_states += ZO_ALIGN_UP(n * 4, a) + 2 * ZO_ALIGN_UP(n * zo_dtype_size(c[k].sdt), a);
+            }
+        ck_assert_uint_eq(c[k].nvme ? f.nvme_state_bytes : f.host_state_bytes, want_states);
+        ck_assert_uint_eq(c[k].nvme ? f.host_state_bytes : f.nvme_state_bytes, 0);
+        if (c[k].budget) {
+            /* a budget one byte short of the least is refused by both */
+            eng_free(&e);
+            eng_config(&e, &m);
+            e.cfg.dpu = c[k].dpu;
+            e.cfg.grad_accum_steps = c[k].accum;
+            if (c[k].nvme) {
+                e.cfg.placement = ZO_OPTIM_PLACE_NVME;
+                e.cfg.nvme_path = dir;
+            }
+            e.grp[0].state_dtype = e.grp[1].state_dtype = c[k].sdt;
+            e.cfg.pinned_bytes = f.pinned_min_bytes - (c[k].nvme ? f.pool_slots * f.pool_slot_bytes : 1);
+            ck_assert_int_eq(zo_optim_estimate(&e.cfg, -1, &f), ZO_EBUDGET);
+            ck_assert_int_eq(zo_optim_create(&e.o, &e.cfg), ZO_EBUDGET);
+        }
+        zo__optim_force_copy = 0;
+        eng_free(&e);
+        if (dir[0])
+            zo_test_rmtree(dir);
+    }
+    /* what create refuses, estimate refuses with the same code */
+    model m;
+    eng e;
+    model_init(&m, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    eng_config(&e, &m);
+    zo_optim_footprint f = {.struct_size = sizeof(f)};
+    e.cfg.param_dtype = ZO_DTYPE_COUNT;
+    ck_assert_int_eq(zo_optim_estimate(&e.cfg, -1, &f), ZO_ECONFIG);
+    e.cfg.param_dtype = ZO_DTYPE_BF16;
+    e.cfg.buffer_count = 2;
+    ck_assert_int_eq(zo_optim_estimate(&e.cfg, -1, &f), ZO_ECONFIG);
+    e.cfg.buffer_count = 4;
+    e.names[3] = e.names[0];
+    ck_assert_int_eq(zo_optim_estimate(&e.cfg, -1, &f), -EEXIST);
+    e.names[3] = tnames[3];
+    e.grp[1].sub_group_size = 8;
+    ck_assert_int_eq(zo_optim_estimate(&e.cfg, -1, &f), ZO_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "sub_group_size"));
+    e.grp[1].sub_group_size = 0;
+    /* no device: the kind argument decides; a device backend stages */
+    e.cfg.dev = NULL;
+    ck_assert_int_eq(zo_optim_estimate(&e.cfg, 7, &f), -EINVAL);
+    ck_assert_int_eq(zo_optim_estimate(&e.cfg, ZO_DEV_CUDA, &f), 0);
+    ck_assert_uint_eq(f.staging_bytes, e.cfg.grad_staging_bytes);
+    ck_assert_uint_eq(f.param_buffer_bytes, m.total * 2);
+    ck_assert_int_eq(zo_optim_estimate(&e.cfg, ZO_DEV_HOST, &f), 0);
+    ck_assert_uint_eq(f.staging_bytes, 0);
+    ck_assert_uint_eq(f.param_buffer_bytes, 0);
+    f.struct_size = 8;
+    ck_assert_int_eq(zo_optim_estimate(&e.cfg, ZO_DEV_HOST, &f), -EINVAL);
+    ck_assert_int_eq(zo_optim_estimate(NULL, ZO_DEV_HOST, &f), -EINVAL);
+    e.cfg.dev = e.dev;
+    eng_free(&e);
+}
+END_TEST
+
 /* accumulate an fp32 host gradient into the reference */
 static void ref_grad_f32(ref *r, int i, const float *g)
 {
@@ -2415,6 +2555,7 @@ int main(void)
     tcase_add_test(tc, test_optim_destroy_async);
     tcase_add_test(tc, test_optim_nvme_diskfull);
     tcase_add_test(tc, test_optim_grad_window_size);
+    tcase_add_test(tc, test_optim_estimate);
     tcase_add_loop_test(tc, test_optim_grad_window_spill, 0, 4);
     tcase_add_test(tc, test_optim_eager_learned_order);
     tcase_add_test(tc, test_optim_nvme_full_disk_reserved);

@@ -347,6 +347,62 @@ ZO_API void zo_optim_config_default(zo_optim_config *cfg);
 ZO_API int zo_optim_create(zo_optim **out, const zo_optim_config *cfg);
 
 /**
+ * What zo_optim_create() would allocate for a configuration, without
+ * allocating it: the planner's and a framework's question "does this fit"
+ * answered by the code that makes the allocations (zo-plan and the Python
+ * package ask this; they keep no arithmetic of their own).
+ *
+ * The figures are those zo_optim_get_info() reports right after a create
+ * with the same configuration (pinned_bytes, host_bytes, grad_buffer_bytes,
+ * nsubgroups), assuming every pinned allocation the budget allows also
+ * succeeds (a memlock limit can make some pageable instead: the total is
+ * the same). Not counted: window spills (gradients of a second arrival
+ * under accumulation, made at run time), the host parameter buffers that
+ * direct mode makes on first zo_optim_param_host(), swap file metadata,
+ * thread stacks. Sizes of a cuda device are those of any device backend.
+ */
+typedef struct zo_optim_footprint {
+    size_t struct_size;          /**< set by the caller: sizeof(zo_optim_footprint) */
+    uint64_t numel;              /**< elements of all tensors */
+    unsigned nsubgroups;         /**< sub-groups (zo_optim_info.nsubgroups) */
+    unsigned pool_slots;         /**< the store's slot pool (pinned): 8 for host placement, 3 x buffer_count + 2
+                                      with NVMe placement */
+    uint64_t pool_slot_bytes;    /**< each slot: 1 MiB host; NVMe 4 MiB, shrunk to fit pinned_bytes down to the
+                                      swap chunk (x2 with bf16 states) */
+    uint64_t host_state_bytes;   /**< masters and states of host-placed groups (pinned), each sub-group's
+                                      array rounded up to 4 KiB */
+    uint64_t nvme_state_bytes;   /**< masters and states of NVMe-placed groups, each array rounded up to 1 MiB:
+                                      the swap space they take */
+    uint64_t staging_bytes;      /**< pinned gradient staging: grad_staging_bytes, 0 on the host backend
+                                      (gradients are read in place) */
+    uint64_t param_buffer_bytes; /**< host copies of the params made at create (numel x param size, x2 with
+                                      dpu); 0 where the engine writes device params in place */
+    uint64_t grad_window_bytes;  /**< gradient windows (numel x window dtype, x2 with dpu) */
+    zo_dtype grad_window_dtype;  /**< the windows' dtype: the grad dtype (bf16/f16, no accumulation) or f32 */
+    uint64_t pinned_min_bytes;   /**< the least pinned_bytes create accepts: host states + pool + staging */
+    uint64_t pinned_bytes;       /**< pinned memory after create (zo_optim_info.pinned_bytes): the above plus
+                                      the parameter buffers and windows that fit pinned_bytes */
+    uint64_t host_bytes;         /**< other host memory after create (zo_optim_info.host_bytes) */
+    uint64_t device_bytes;       /**< device memory the engine allocates: the second param buffers of
+                                      dpu_double_buffer */
+} zo_optim_footprint;
+
+/**
+ * Fill *out with what zo_optim_create(cfg) would allocate (see
+ * zo_optim_footprint). cfg is checked as create checks it, except that
+ * cfg->dev may be NULL: `kind` then says which backend to plan for
+ * (ZO_DEV_HOST or ZO_DEV_CUDA); with a device, its kind is used and `kind`
+ * is ignored. With NVMe placement the swap chunk is 1 MiB (the one create
+ * makes) or the external cfg->swap's.
+ * @return 0; -EINVAL (NULL, struct_size smaller than the struct); ZO_ECONFIG
+ *         or -EINVAL (what create refuses, same message via
+ *         zo_last_error_detail()); ZO_EBUDGET (pinned_bytes below
+ *         pinned_min_bytes: *out is filled all the same). Allocates only
+ *         small temporaries; any thread.
+ */
+ZO_API int zo_optim_estimate(const zo_optim_config *cfg, int kind, zo_optim_footprint *out);
+
+/**
  * Stop the engine: waits for a step in flight (its result is kept in the
  * store but nothing more is copied to the device), then frees everything.
  * Safe during an async step. NULL (or *o NULL) ok; clears *o.

@@ -228,7 +228,10 @@ int zo__pbuf_need(zo_optim *o, unsigned b)
 
 /* ---- layout --------------------------------------------------------------------- */
 
-static int layout(zo_optim *o, const zo_optim_config *cfg)
+/* The groups, tensors and sub-groups of cfg, checked. with_sgs 0 (an
+ * estimate) leaves the per-sub-group arrays out: a plan for 10^14
+ * parameters has millions of sub-groups and needs only their sizes. */
+static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
 {
     unsigned nt = 0;
     for (unsigned g = 0; g < cfg->ngroups; g++) {
@@ -337,12 +340,14 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
     }
     o->numel = off;
     o->fingerprint = fp;
+    o->nsg = nsg;
+    if (!with_sgs)
+        return 0;
     o->sgs = calloc(nsg, sizeof(*o->sgs));
     o->master_set = calloc(nt, sizeof(*o->master_set));
     if (!o->sgs || !o->master_set)
         return -ENOMEM;
     o->masters_unset = nt;
-    o->nsg = nsg;
     for (unsigned g = 0; g < o->ngroups; g++) {
         zo__og *og = &o->groups[g];
         for (unsigned k = 0; k < og->nsg; k++) {
@@ -355,37 +360,137 @@ static int layout(zo_optim *o, const zo_optim_config *cfg)
     return 0;
 }
 
-static uint64_t state_bytes(const zo_optim *o, const zo__sg *sg, int k)
+/* The backend's modes, from the device kind alone (create and estimate):
+ * direct, the engine writes device params in place (host backend, no DPU
+ * or double-buffered); host_grads, gradients are read in place (host
+ * backend, no staging). The test hook zo__optim_force_copy makes the host
+ * backend take a device backend's copy paths. */
+static void backend_modes(zo_optim *o, int kind)
 {
-    return sg->n * (k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(o->groups[sg->group].sdt));
+    const zo_optim_config *cfg = &o->cfg;
+    o->nwin = cfg->dpu ? 2 : 1;
+    o->npbuf = cfg->dpu ? 2 : 1;
+    /* double-buffered device params: the update writes the buffer the
+     * device does not read, so on the host backend the kernel writes it
+     * itself as it does without DPU */
+    o->dbl = cfg->dpu_double_buffer;
+    o->direct = kind == ZO_DEV_HOST && (!cfg->dpu || o->dbl) && !zo__optim_force_copy;
+    o->host_grads = kind == ZO_DEV_HOST && !zo__optim_force_copy;
+}
+
+/* What create allocates, from the layout, the configuration, the backend's
+ * modes and the swap chunk (NVMe placement): the one place these sizes are
+ * derived. make_store() builds the store from it; zo_optim_estimate()
+ * reports it, with the pinning that create does next (staging, parameter
+ * buffers, then windows, each pinned while the budget has room) played
+ * through in the same order. f->struct_size is left alone. */
+static void footprint(const zo_optim *o, size_t chunk, zo_optim_footprint *f)
+{
+    const zo_optim_config *cfg = &o->cfg;
+    uint64_t host_tier = 0, nvme_bytes = 0;
+    int mixed_width = 0;
+    /* per group: its full sub-groups and the remainder, as layout() cuts
+     * them (no walk over the sub-groups, which an estimate does not make) */
+    for (unsigned g = 0; g < o->ngroups; g++) {
+        const zo__og *og = &o->groups[g];
+        uint64_t nfull = og->numel / og->sgsize, rest = og->numel % og->sgsize;
+        int nvme = og->place == ZO_OPTIM_PLACE_NVME;
+        uint64_t align = nvme ? (uint64_t)1 << 20 : 4096;
+        uint64_t bytes = 0;
+        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++) {
+            if (!og->used[k])
+                continue;
+            size_t es = k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(og->sdt);
+            bytes += nfull * ZO_ALIGN_UP(og->sgsize * es, align) + (rest ? ZO_ALIGN_UP(rest * es, align) : 0);
+        }
+        if (nvme) {
+            nvme_bytes += bytes;
+            mixed_width |= og->sdt != ZO_DTYPE_F32;
+        } else {
+            host_tier += bytes;
+        }
+    }
+    int nvme = nvme_bytes != 0;
+    uint64_t staging = o->host_grads ? 0 : cfg->grad_staging_bytes;
+    /* a sweep holds buffer_count pieces of (master, m, v), one slot each;
+     * two more slots serve reads, writes and checkpoints beside it */
+    unsigned slots = nvme ? 3 * cfg->buffer_count + 2 : 8;
+    size_t slot = nvme ? (size_t)4 << 20 : (size_t)1 << 20;
+    size_t min_slot = nvme ? chunk * (mixed_width ? 2 : 1) : (size_t)1 << 20;
+    if (nvme) {
+        slot = ZO_MAX(ZO_ALIGN_UP(slot, chunk), min_slot);
+        if (cfg->pinned_bytes && cfg->pinned_bytes > host_tier + staging) {
+            uint64_t room = (cfg->pinned_bytes - host_tier - staging) / slots;
+            if (room < slot)
+                slot = (size_t)(room / chunk * chunk);
+        }
+        if (slot < min_slot)
+            slot = min_slot; /* the budget check reports it */
+    }
+    f->numel = o->numel;
+    f->nsubgroups = o->nsg;
+    f->pool_slots = slots;
+    f->pool_slot_bytes = slot;
+    f->host_state_bytes = host_tier;
+    f->nvme_state_bytes = nvme_bytes;
+    f->staging_bytes = staging;
+    f->pinned_min_bytes = host_tier + (uint64_t)slots * slot + staging;
+    /* direct mode needs the parameter buffer only for tensors without
+     * device params; otherwise it is made when first asked for */
+    int need_pbuf = !o->direct;
+    for (unsigned g = 0; g < o->ngroups; g++)
+        need_pbuf |= !o->groups[g].has_dev;
+    uint64_t pb = o->numel * o->pes;
+    f->param_buffer_bytes = need_pbuf ? pb * o->npbuf : 0;
+    f->grad_window_dtype = zo__win_dtype(cfg, o->gdt);
+    uint64_t wb = o->numel * zo_dtype_size(f->grad_window_dtype);
+    f->grad_window_bytes = wb * o->nwin;
+    f->device_bytes = 0;
+    if (o->dbl)
+        for (unsigned i = 0; i < o->nt; i++)
+            f->device_bytes += o->tensors[i].dev ? o->tensors[i].numel * o->pes : 0;
+    /* create's pinning, in its order (pin_try) */
+    uint64_t pinned = host_tier + (uint64_t)slots * slot, host = f->grad_window_bytes;
+#define ZO__PIN_FITS(b) (cfg->pin_memory && (!cfg->pinned_bytes || pinned + (b) <= cfg->pinned_bytes))
+    if (staging) {
+        if (ZO__PIN_FITS(staging))
+            pinned += staging;
+        else
+            host += staging;
+    }
+    for (unsigned b = 0; b < o->npbuf && need_pbuf; b++) {
+        if (ZO__PIN_FITS(pb))
+            pinned += pb;
+        else
+            host += pb;
+    }
+    for (unsigned w = 0; w < o->nwin && !o->host_grads && wb; w++) {
+        if (!ZO__PIN_FITS(wb))
+            break;
+        pinned += wb;
+        host -= wb;
+    }
+#undef ZO__PIN_FITS
+    f->pinned_bytes = pinned;
+    f->host_bytes = host;
 }
 
 /* Store, swap and the sub-groups' store tensors. Pinned memory: the host
  * tier (host placement) plus the slot pool plus the gradient staging must
  * fit pinned_bytes; with NVMe placement the pool's slot size shrinks to fit,
- * down to the least a sweep can work with. */
+ * down to the least a sweep can work with (footprint()). */
 static int make_store(zo_optim *o)
 {
-    uint64_t host_tier = 0, nvme_bytes = 0;
-    int nvme = 0, mixed_width = 0;
-    for (unsigned i = 0; i < o->nsg; i++) {
-        zo__sg *sg = &o->sgs[i];
-        zo__og *og = &o->groups[sg->group];
-        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++) {
-            if (!og->used[k])
-                continue;
-            if (og->place == ZO_OPTIM_PLACE_NVME) {
-                nvme = 1;
-                nvme_bytes += ZO_ALIGN_UP(state_bytes(o, sg, k), (uint64_t)1 << 20);
-                mixed_width |= og->sdt != ZO_DTYPE_F32;
-            } else {
-                host_tier += ZO_ALIGN_UP(state_bytes(o, sg, k), (uint64_t)4096);
-            }
-        }
-    }
+    uint64_t nvme_bytes = 0;
+    for (unsigned g = 0; g < o->ngroups; g++)
+        if (o->groups[g].place == ZO_OPTIM_PLACE_NVME)
+            nvme_bytes = 1;
     int r;
     size_t chunk = 0;
-    if (nvme) {
+    if (nvme_bytes) {
+        zo_optim_footprint f0;
+        footprint(o, (size_t)1 << 20, &f0);
+        nvme_bytes = f0.nvme_state_bytes;
         if (o->cfg.swap) {
             o->swap = o->cfg.swap;
         } else {
@@ -413,28 +518,17 @@ static int make_store(zo_optim *o)
         zo_swap_get_info(o->swap, &si);
         chunk = si.chunk_size;
     }
-    /* a sweep holds buffer_count pieces of (master, m, v), one slot each;
-     * two more slots serve reads, writes and checkpoints beside it */
-    unsigned slots = nvme ? 3 * o->cfg.buffer_count + 2 : 8;
-    size_t slot = nvme ? (size_t)4 << 20 : (size_t)1 << 20;
-    size_t min_slot = nvme ? chunk * (mixed_width ? 2 : 1) : (size_t)1 << 20;
-    if (nvme) {
-        slot = ZO_MAX(ZO_ALIGN_UP(slot, chunk), min_slot);
-        if (o->cfg.pinned_bytes && o->cfg.pinned_bytes > host_tier + o->cfg.grad_staging_bytes) {
-            uint64_t room = (o->cfg.pinned_bytes - host_tier - o->cfg.grad_staging_bytes) / slots;
-            if (room < slot)
-                slot = (size_t)(room / chunk * chunk);
-        }
-        if (slot < min_slot)
-            slot = min_slot; /* the budget check below reports it */
-    }
-    uint64_t need = host_tier + (uint64_t)slots * slot + o->cfg.grad_staging_bytes;
-    if (o->cfg.pinned_bytes && need > o->cfg.pinned_bytes)
+    zo_optim_footprint f;
+    footprint(o, chunk, &f);
+    uint64_t host_tier = f.host_state_bytes;
+    unsigned slots = f.pool_slots;
+    size_t slot = (size_t)f.pool_slot_bytes;
+    if (o->cfg.pinned_bytes && f.pinned_min_bytes > o->cfg.pinned_bytes)
         return ZO_FAIL(&o->err, ZO_EBUDGET,
                        "zo_optim_create: pinned_bytes %llu cannot hold what the placement needs: %llu (host-placed "
-                       "masters and states %llu, pool %u x %zu, gradient staging %zu)",
-                       (unsigned long long)o->cfg.pinned_bytes, (unsigned long long)need,
-                       (unsigned long long)host_tier, slots, slot, o->cfg.grad_staging_bytes);
+                       "masters and states %llu, pool %u x %zu, gradient staging %llu)",
+                       (unsigned long long)o->cfg.pinned_bytes, (unsigned long long)f.pinned_min_bytes,
+                       (unsigned long long)host_tier, slots, slot, (unsigned long long)f.staging_bytes);
     zo_store_config sc;
     zo_store_config_default(&sc);
     sc.dev = NULL; /* the engine moves device data itself */
@@ -471,6 +565,52 @@ static int make_store(zo_optim *o)
     return 0;
 }
 
+/* The checks of the configuration that need no device and no layout:
+ * create's and zo_optim_estimate()'s, so that an estimate refuses what
+ * create would. Sets the dtypes. */
+static int check_config(zo_optim *o, const zo_optim_config *cfg)
+{
+    if (cfg->param_dtype == ZO_DTYPE_COUNT)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: param_dtype is not set: give the dtype of the device "
+                       "params the engine writes (ZO_DTYPE_F32 for an fp32 or CPU trainer, ZO_DTYPE_BF16, "
+                       "ZO_DTYPE_F16); there is no default");
+    o->pdt = cfg->param_dtype;
+    o->gdt = cfg->grad_dtype == ZO_DTYPE_COUNT ? cfg->param_dtype : cfg->grad_dtype;
+    if (o->pdt != ZO_DTYPE_F32 && o->pdt != ZO_DTYPE_BF16 && o->pdt != ZO_DTYPE_F16)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: param_dtype %s (bf16, f16 or f32)", zo_dtype_name(o->pdt));
+    if (o->gdt != ZO_DTYPE_F32 && o->gdt != ZO_DTYPE_BF16 && o->gdt != ZO_DTYPE_F16)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: grad_dtype %s (bf16, f16 or f32)", zo_dtype_name(o->gdt));
+    o->pes = zo_dtype_size(o->pdt);
+    o->ges = zo_dtype_size(o->gdt);
+    if (cfg->buffer_count < 4 || cfg->buffer_count > 1024)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: buffer_count %u out of [4, 1024]", cfg->buffer_count);
+    if (cfg->grad_staging_bytes < (64u << 10) || cfg->grad_staging_bytes > ((size_t)1 << 32))
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: grad_staging_bytes %zu out of [64 KiB, 4 GiB]",
+                       cfg->grad_staging_bytes);
+    if (cfg->grad_accum_steps < 1)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: grad_accum_steps must be >= 1");
+    if (!(cfg->max_grad_norm >= 0) || !isfinite(cfg->max_grad_norm))
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: max_grad_norm %g (finite, >= 0)", cfg->max_grad_norm);
+    if (!(cfg->loss_scale >= 0) || !isfinite(cfg->loss_scale) || cfg->initial_scale_power < 0 ||
+        cfg->initial_scale_power > 64 || cfg->loss_scale_window < 1 || cfg->hysteresis < 1 ||
+        !(cfg->min_loss_scale > 0) || !isfinite(cfg->min_loss_scale))
+        return ZO_FAIL(&o->err, ZO_ECONFIG,
+                       "zo_optim_create: loss scaling out of range (loss_scale %g >= 0, initial_scale_power %d in "
+                       "[0, 64], loss_scale_window %u >= 1, hysteresis %u >= 1, min_loss_scale %g > 0)",
+                       cfg->loss_scale, cfg->initial_scale_power, cfg->loss_scale_window, cfg->hysteresis,
+                       cfg->min_loss_scale);
+    if ((unsigned)cfg->clip_mode > ZO_OPTIM_CLIP_SPECULATIVE || (unsigned)cfg->nonfinite > ZO_OPTIM_NONFINITE_SKIP ||
+        (cfg->dpu != 0 && cfg->dpu != 1) || cfg->nthreads < 0 || cfg->nthreads > 1024)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: clip_mode, nonfinite, dpu or nthreads out of range");
+    if ((unsigned)cfg->no_grad > ZO_OPTIM_NO_GRAD_SKIP)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: no_grad %d (ZO_OPTIM_NO_GRAD_ZERO or _SKIP)",
+                       (int)cfg->no_grad);
+    if ((cfg->dpu_double_buffer != 0 && cfg->dpu_double_buffer != 1) || (cfg->dpu_double_buffer && !cfg->dpu))
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: dpu_double_buffer %d (0, or 1 with dpu 1)",
+                       cfg->dpu_double_buffer);
+    return 0;
+}
+
 int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
 {
     if (out)
@@ -500,68 +640,10 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
         goto fail;
     }
     o->dev = cfg->dev;
-    if (cfg->param_dtype == ZO_DTYPE_COUNT) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: param_dtype is not set: give the dtype of the device "
-                    "params the engine writes (ZO_DTYPE_F32 for an fp32 or CPU trainer, ZO_DTYPE_BF16, "
-                    "ZO_DTYPE_F16); there is no default");
+    if ((r = check_config(o, cfg)) < 0)
         goto fail;
-    }
-    o->pdt = cfg->param_dtype;
-    o->gdt = cfg->grad_dtype == ZO_DTYPE_COUNT ? cfg->param_dtype : cfg->grad_dtype;
-    if (o->pdt != ZO_DTYPE_F32 && o->pdt != ZO_DTYPE_BF16 && o->pdt != ZO_DTYPE_F16) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: param_dtype %s (bf16, f16 or f32)", zo_dtype_name(o->pdt));
-        goto fail;
-    }
-    if (o->gdt != ZO_DTYPE_F32 && o->gdt != ZO_DTYPE_BF16 && o->gdt != ZO_DTYPE_F16) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: grad_dtype %s (bf16, f16 or f32)", zo_dtype_name(o->gdt));
-        goto fail;
-    }
-    o->pes = zo_dtype_size(o->pdt);
-    o->ges = zo_dtype_size(o->gdt);
-    if (cfg->buffer_count < 4 || cfg->buffer_count > 1024) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: buffer_count %u out of [4, 1024]", cfg->buffer_count);
-        goto fail;
-    }
-    if (cfg->grad_staging_bytes < (64u << 10) || cfg->grad_staging_bytes > ((size_t)1 << 32)) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: grad_staging_bytes %zu out of [64 KiB, 4 GiB]",
-                    cfg->grad_staging_bytes);
-        goto fail;
-    }
-    if (cfg->grad_accum_steps < 1) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: grad_accum_steps must be >= 1");
-        goto fail;
-    }
-    if (!(cfg->max_grad_norm >= 0) || !isfinite(cfg->max_grad_norm)) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: max_grad_norm %g (finite, >= 0)", cfg->max_grad_norm);
-        goto fail;
-    }
-    if (!(cfg->loss_scale >= 0) || !isfinite(cfg->loss_scale) || cfg->initial_scale_power < 0 ||
-        cfg->initial_scale_power > 64 || cfg->loss_scale_window < 1 || cfg->hysteresis < 1 ||
-        !(cfg->min_loss_scale > 0) || !isfinite(cfg->min_loss_scale)) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG,
-                    "zo_optim_create: loss scaling out of range (loss_scale %g >= 0, initial_scale_power %d in "
-                    "[0, 64], loss_scale_window %u >= 1, hysteresis %u >= 1, min_loss_scale %g > 0)",
-                    cfg->loss_scale, cfg->initial_scale_power, cfg->loss_scale_window, cfg->hysteresis,
-                    cfg->min_loss_scale);
-        goto fail;
-    }
-    if ((unsigned)cfg->clip_mode > ZO_OPTIM_CLIP_SPECULATIVE || (unsigned)cfg->nonfinite > ZO_OPTIM_NONFINITE_SKIP ||
-        (cfg->dpu != 0 && cfg->dpu != 1) || cfg->nthreads < 0 || cfg->nthreads > 1024) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: clip_mode, nonfinite, dpu or nthreads out of range");
-        goto fail;
-    }
-    if ((unsigned)cfg->no_grad > ZO_OPTIM_NO_GRAD_SKIP) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: no_grad %d (ZO_OPTIM_NO_GRAD_ZERO or _SKIP)",
-                    (int)cfg->no_grad);
-        goto fail;
-    }
-    if ((cfg->dpu_double_buffer != 0 && cfg->dpu_double_buffer != 1) || (cfg->dpu_double_buffer && !cfg->dpu)) {
-        r = ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: dpu_double_buffer %d (0, or 1 with dpu 1)",
-                    cfg->dpu_double_buffer);
-        goto fail;
-    }
     /* read the caller's values from our copy (never past its struct_size) */
-    if ((r = layout(o, &o->cfg)) < 0)
+    if ((r = layout(o, &o->cfg, 1)) < 0)
         goto fail;
     if (o->cfg.nvme_path && !(o->nvme_path = strdup(o->cfg.nvme_path))) {
         r = -ENOMEM;
@@ -571,6 +653,7 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     o->cfg.nvme_path = NULL;
     zo__scaler_init(&o->scaler, cfg, o->pdt);
     o->win_scale[0] = o->win_scale[1] = o->scaler.scale;
+    backend_modes(o, zo_dev_get_kind(o->dev));
     if ((r = make_store(o)) < 0)
         goto fail;
 
@@ -586,14 +669,6 @@ int zo_optim_create(zo_optim **out, const zo_optim_config *ucfg)
     /* buffers: gradient windows (window.c), staging (pinned: the DMA
      * target), parameter buffers (pinned while the budget allows: the H2D
      * source) */
-    o->nwin = cfg->dpu ? 2 : 1;
-    o->npbuf = cfg->dpu ? 2 : 1;
-    /* double-buffered device params: the update writes the buffer the
-     * device does not read, so on the host backend the kernel writes it
-     * itself as it does without DPU */
-    o->dbl = cfg->dpu_double_buffer;
-    o->direct = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && (!cfg->dpu || o->dbl) && !zo__optim_force_copy;
-    o->host_grads = zo_dev_get_kind(o->dev) == ZO_DEV_HOST && !zo__optim_force_copy;
     size_t pb;
     if (zo__mul_size((size_t)o->numel, o->pes, &pb) < 0) {
         r = ZO_FAIL(&o->err, -ENOMEM, "zo_optim_create: model too large");
@@ -776,6 +851,65 @@ void zo_optim_destroy(zo_optim **op)
     pthread_mutex_destroy(&o->lock);
     pthread_cond_destroy(&o->cond);
     free(o);
+}
+
+int zo_optim_estimate(const zo_optim_config *ucfg, int kind, zo_optim_footprint *out)
+{
+    if (!ucfg || !out)
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_estimate: NULL %s", ucfg ? "out" : "cfg");
+    if (out->struct_size < sizeof(*out))
+        return ZO_FAIL(NULL, -EINVAL, "zo_optim_estimate: out->struct_size %zu, not sizeof(zo_optim_footprint) %zu",
+                       out->struct_size, sizeof(*out));
+    /* the engine that create would build, up to its layout: the same
+     * checks, the same sub-group cut, then footprint() */
+    zo_optim *o = calloc(1, sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    o->efd = -1;
+    pthread_mutex_init(&o->lock, NULL);
+    pthread_cond_init(&o->cond, NULL);
+    zo_optim_config_default(&o->cfg);
+    int r = ZO_STRUCT_IN(&o->cfg, ucfg, offsetof(zo_optim_config, no_grad), &o->err, "zo_optim_estimate");
+    const zo_optim_config *cfg = &o->cfg;
+    if (r < 0)
+        goto done;
+    if (cfg->dev)
+        kind = zo_dev_get_kind(cfg->dev);
+    if (kind != ZO_DEV_HOST && kind != ZO_DEV_CUDA) {
+        r = ZO_FAIL(&o->err, -EINVAL, "zo_optim_estimate: no device and kind %d (ZO_DEV_HOST or ZO_DEV_CUDA)", kind);
+        goto done;
+    }
+    if (!cfg->groups || cfg->ngroups == 0) {
+        r = ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: no parameter groups");
+        goto done;
+    }
+    if ((r = check_config(o, cfg)) < 0 || (r = layout(o, cfg, 0)) < 0)
+        goto done;
+    o->cfg.groups = NULL;
+    o->cfg.nvme_path = NULL;
+    backend_modes(o, kind);
+    size_t chunk = (size_t)1 << 20; /* zo_swap_config_default()'s, which create's own swap keeps */
+    if (cfg->swap) {
+        zo_swap_info si;
+        if ((r = zo_swap_get_info(cfg->swap, &si)) < 0)
+            goto done;
+        chunk = si.chunk_size;
+    }
+    zo_optim_footprint f;
+    memset(&f, 0, sizeof(f));
+    footprint(o, chunk, &f);
+    f.struct_size = out->struct_size;
+    *out = f;
+    if (cfg->pinned_bytes && f.pinned_min_bytes > cfg->pinned_bytes)
+        r = ZO_FAIL(&o->err, ZO_EBUDGET,
+                    "zo_optim_estimate: pinned_bytes %llu cannot hold what the placement needs: %llu (host-placed "
+                    "masters and states %llu, pool %u x %llu, gradient staging %llu)",
+                    (unsigned long long)cfg->pinned_bytes, (unsigned long long)f.pinned_min_bytes,
+                    (unsigned long long)f.host_state_bytes, f.pool_slots, (unsigned long long)f.pool_slot_bytes,
+                    (unsigned long long)f.staging_bytes);
+done:
+    zo_optim_destroy(&o);
+    return r;
 }
 
 /* ---- tensors ------------------------------------------------------------------- */

@@ -8,15 +8,13 @@
  * probe of this machine or the JSON of zo-aio-bench / zo-adam-bench.
  * --config writes the engine configuration (JSON for zo_optim_json_load()).
  *
- * The byte counts follow the engine's allocations (lib/optim/optim.c):
- *   device        params (param dtype) + grads (grad dtype) [+ zo-train's activations]
- *   pinned        host placement: masters + states (each sub-group's three
- *                 arrays rounded up to 4 KiB) and the store's 8 x 1 MiB slots;
- *                 NVMe placement: 3 x buffer_count + 2 slots of 4 MiB (the
- *                 sweep's pieces of master, m and v in flight);
- *                 both: gradient staging, the parameter buffers (x2 with DPU)
- *   pageable      fp32 gradient accumulators (x2 with DPU)
- *   NVMe          masters + states
+ * The engine's byte counts are the library's: zo_optim_estimate() with the
+ * configuration zo-train builds (or one group of --params elements), which
+ * says what zo_optim_create() allocates: pinned masters and states of host
+ * placement, the store's slot pool, gradient staging and parameter buffers
+ * (device backends), the gradient windows (pinned on a GPU, pageable on the
+ * host backend), NVMe bytes of the swap. zo-plan adds what is not the
+ * engine's: device params, grads and activations, zo-train's tiles.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -375,7 +373,11 @@ typedef struct plan_out {
     uint64_t dev_params, dev_grads, dev_act, dev_tiles, dev_total;
     uint64_t tile_home;                   /* tiled weights in their home (fp32): pinned host or NVMe */
     uint64_t pin_tile_pool;               /* the tile store's slot pool */
-    uint64_t pin_states, pin_pool, pin_staging, pin_pbuf, pin_total;
+    uint64_t pin_states, pin_pool, pin_staging, pin_pbuf, pin_win, pin_total;
+    unsigned pool_slots;
+    uint64_t pool_slot;
+    zo_dtype win_dtype;                   /* the gradient windows' */
+    int est_rc;                           /* zo_optim_estimate()'s */
     uint64_t host_acc, host_total;
     uint64_t nvme_bytes;
     uint64_t nvme_free[MAX_NVME];
@@ -399,13 +401,55 @@ __attribute__((format(printf, 2, 3))) static void say(plan_out *p, const char *f
     }
 }
 
+/* What the engine allocates for this plan, asked of the library with the
+ * configuration zo-train builds (tools/zo-train.c: two groups, weights then
+ * biases; tiled weights have no device params). The device addresses are
+ * not read by an estimate, only whether a group has them. */
+static int engine_footprint(const plan_in *in, zo_optim_footprint *f)
+{
+    static char dummy;
+    void *devp[1] = {&dummy};
+    uint64_t numel[2];
+    unsigned ngroups;
+    if (in->from_train) {
+        numel[0] = (uint64_t)in->shape.layers * in->shape.width * in->shape.width;
+        numel[1] = (uint64_t)in->shape.layers * in->shape.width;
+        ngroups = 2;
+    } else {
+        numel[0] = in->params;
+        ngroups = 1;
+    }
+    zo_optim_group grp[2];
+    for (unsigned g = 0; g < ngroups; g++) {
+        zo_optim_group_default(&grp[g]);
+        grp[g].ntensors = 1;
+        grp[g].numel = &numel[g];
+        grp[g].dev_params = g == 0 && in->tiled > 0 ? NULL : devp;
+        grp[g].state_dtype = in->sdt;
+    }
+    zo_optim_config cfg;
+    zo_optim_config_default(&cfg);
+    cfg.param_dtype = in->pdt;
+    cfg.grad_dtype = in->gdt;
+    cfg.groups = grp;
+    cfg.ngroups = ngroups;
+    cfg.placement = in->nvme ? ZO_OPTIM_PLACE_NVME : ZO_OPTIM_PLACE_HOST;
+    cfg.buffer_count = in->buffer_count;
+    cfg.sub_group_size = in->sub_group;
+    cfg.grad_staging_bytes = (size_t)in->staging;
+    cfg.grad_accum_steps = in->accum ? in->accum : 1;
+    cfg.dpu = in->dpu;
+    /* zo-train's backend is its --backend (host by default, whatever GPU
+     * this machine has); a plan of figures is for a GPU where one is named */
+    int cuda = in->from_train ? !strcmp(in->topt.backend, "cuda") : in->gpu;
+    return zo_optim_estimate(&cfg, cuda ? ZO_DEV_CUDA : ZO_DEV_HOST, f);
+}
+
 static void make_plan(const plan_in *in, plan_out *p)
 {
     memset(p, 0, sizeof(*p));
-    size_t pes = zo_dtype_size(in->pdt), ges = zo_dtype_size(in->gdt), ses = zo_dtype_size(in->sdt);
-    uint64_t P = in->params, sg = in->sub_group;
-    p->nsub = (P + sg - 1) / sg; /* approximate: the engine cuts per group */
-    uint64_t per_elem = 4 + 2 * ses; /* master + m + v */
+    size_t pes = zo_dtype_size(in->pdt), ges = zo_dtype_size(in->gdt);
+    uint64_t P = in->params;
     p->dev_params = P * pes;
     p->dev_grads = P * ges;
     p->dev_act = in->activation_bytes;
@@ -423,30 +467,35 @@ static void make_plan(const plan_in *in, plan_out *p)
         p->pin_tile_pool = in->nvme ? 16ull * (4ull << 20) : 4ull << 20;
     }
     p->dev_total = p->dev_params + p->dev_grads + p->dev_act + p->dev_tiles;
-    uint64_t states = 0;
-    for (uint64_t i = 0; i < p->nsub; i++) {
-        uint64_t n = i + 1 < p->nsub ? sg : P - sg * (p->nsub - 1);
-        states += ((n * 4 + 4095) / 4096 + 2 * ((n * ses + 4095) / 4096)) * 4096;
-    }
-    unsigned nwin = in->dpu ? 2 : 1;
-    if (in->nvme) {
-        p->nvme_bytes = P * per_elem;
-        /* the sweep streams buffer_count pieces of (master, m, v) through
-         * 4 MiB slots, plus two slots for reads, writes and checkpoints */
-        p->pin_pool = (3ull * in->buffer_count + 2) * (4ull << 20);
-    } else {
-        p->pin_states = states;
-        p->pin_pool = 8ull << 20; /* 8 slots of 1 MiB for reads, writes and checkpoints */
-    }
-    p->pin_staging = in->staging;
-    p->pin_pbuf = P * pes * nwin;
-    p->pin_total = p->pin_states + p->pin_pool + p->pin_staging + p->pin_pbuf + p->pin_tile_pool +
-                   (in->nvme ? 0 : p->tile_home);
-    p->host_acc = P * 4 * nwin;
+    /* The engine's own allocations, from the library (zo_optim_estimate):
+     * zo-train's two groups (weights, biases) or one group of the model's
+     * elements, on the backend zo-train would use here (a GPU's copy paths
+     * where there is one or --gpu-mem names one, the host backend's direct
+     * mode otherwise). */
+    zo_optim_footprint fp = {.struct_size = sizeof(fp)};
+    p->est_rc = engine_footprint(in, &fp);
+    p->nsub = fp.nsubgroups;
+    p->nvme_bytes = fp.nvme_state_bytes;
+    p->pin_states = fp.host_state_bytes;
+    p->pool_slots = fp.pool_slots;
+    p->pool_slot = fp.pool_slot_bytes;
+    p->pin_pool = (uint64_t)fp.pool_slots * fp.pool_slot_bytes;
+    p->pin_staging = fp.staging_bytes;
+    p->pin_pbuf = fp.param_buffer_bytes;
+    p->win_dtype = fp.grad_window_dtype;
+    /* no pinned budget is given, so everything the engine pins is pinned:
+     * what stays pageable is the windows on the host backend */
+    p->host_acc = fp.host_bytes;
+    p->pin_win = fp.grad_window_bytes - fp.host_bytes;
+    p->pin_total = fp.pinned_bytes + p->pin_tile_pool + (in->nvme ? 0 : p->tile_home);
     p->host_total = p->pin_total + p->host_acc;
 
     /* ---- where it fits ---- */
     p->fits = 1;
+    if (p->est_rc < 0) {
+        p->fits = 0;
+        say(p, "engine: %s", zo_last_error_detail());
+    }
     if (in->tiled < 0) {
         p->fits = 0;
         say(p, "device: the activations and biases alone need %.0f MiB of the %.0f MiB budget: not even tiled "
@@ -529,8 +578,9 @@ static void make_plan(const plan_in *in, plan_out *p)
      * in place (the engine's direct mode): no copy */
     p->h2d = in->copy_bw > 0 && (in->gpu || in->dpu) ? (double)(P * pes) / in->copy_bw : 0;
     if (in->nvme) {
-        p->nvme_r = in->nvme_read > 0 ? (double)(P * per_elem) / in->nvme_read : 0;
-        p->nvme_w = in->nvme_write > 0 ? (double)(P * per_elem) / in->nvme_write : 0;
+        /* the sweep reads and writes every NVMe-placed array whole */
+        p->nvme_r = in->nvme_read > 0 ? (double)p->nvme_bytes / in->nvme_read : 0;
+        p->nvme_w = in->nvme_write > 0 ? (double)p->nvme_bytes / in->nvme_write : 0;
     }
     /* The update streams sub-groups: reads ahead, the optimizer and the
      * write-backs overlap; one disk carries the reads and the writes, so
@@ -592,26 +642,30 @@ static void print_plan(const plan_in *in, const plan_out *p)
     row("", buf, p->dev_total);
     if (p->pin_states)
         row("pinned host", "fp32 masters + optimizer states", p->pin_states);
-    if (in->nvme) {
-        snprintf(buf, sizeof(buf), "store slots, %u x 4 MiB (the NVMe sweep)", 3 * in->buffer_count + 2);
-        row("pinned host", buf, p->pin_pool);
-    } else {
-        row("", "store slots, 8 x 1 MiB", p->pin_pool);
-    }
-    row("", "gradient staging (device -> host)", p->pin_staging);
+    snprintf(buf, sizeof(buf), "store slots, %u x %.0f MiB%s", p->pool_slots, mib(p->pool_slot),
+             in->nvme ? " (the NVMe sweep)" : "");
+    row(p->pin_states ? "" : "pinned host", buf, p->pin_pool);
+    if (p->pin_staging)
+        row("", "gradient staging (device -> host)", p->pin_staging);
     if (in->tiled > 0) {
         if (!in->nvme)
             row("", "tiled weights, fp32 (their home)", p->tile_home);
         row("", in->nvme ? "tile store slots, 16 x 4 MiB" : "tile store slots, 4 x 1 MiB", p->pin_tile_pool);
     }
-    row("", in->dpu ? "parameter buffers x2 (DPU)" : "parameter buffers", p->pin_pbuf);
+    if (p->pin_pbuf)
+        row("", in->dpu ? "parameter buffers x2 (DPU)" : "parameter buffers", p->pin_pbuf);
+    if (p->pin_win) {
+        snprintf(buf, sizeof(buf), "gradient windows, %s%s", zo_dtype_name(p->win_dtype), in->dpu ? " x2 (DPU)" : "");
+        row("", buf, p->pin_win);
+    }
     if (in->memlock)
         snprintf(buf, sizeof(buf), "total, memlock limit %.0f MiB: %s", mib(in->memlock),
                  p->pin_total <= in->memlock ? "fits" : "partly pageable");
     else
         snprintf(buf, sizeof(buf), "total (memlock unlimited)");
     row("", buf, p->pin_total);
-    row("pageable host", in->dpu ? "fp32 gradient accumulators x2 (DPU)" : "fp32 gradient accumulators", p->host_acc);
+    snprintf(buf, sizeof(buf), "gradient windows, %s%s", zo_dtype_name(p->win_dtype), in->dpu ? " x2 (DPU)" : "");
+    row("pageable host", p->host_acc ? buf : "nothing", p->host_acc);
     snprintf(buf, sizeof(buf), "host total, of %.0f MiB RAM: %s", mib(in->ram), p->host_total <= in->ram ? "fits" : "DOES NOT FIT");
     row("", buf, p->host_total);
     for (unsigned i = 0; i < in->nnvme; i++) {
@@ -701,6 +755,7 @@ static void json_plan(const plan_in *in, const plan_out *p)
     zj_uint(&j, "pinned_pool", p->pin_pool);
     zj_uint(&j, "pinned_staging", p->pin_staging);
     zj_uint(&j, "pinned_param_buffers", p->pin_pbuf);
+    zj_uint(&j, "pinned_grad_windows", p->pin_win);
     zj_uint(&j, "pinned_total", p->pin_total);
     zj_uint(&j, "pageable_accumulators", p->host_acc);
     zj_uint(&j, "host_total", p->host_total);

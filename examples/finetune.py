@@ -418,19 +418,29 @@ def zoffload_need(args, nparams, hidden, dtype, offload_params=None):
     """Host bytes the zoffload run will hold at its peak, from the sizes alone
     (decided before anything is allocated: a 3B fp32 model was OOM-killed at
     24.3 GB before its first step, leaving its swap files behind): the model's
-    parameters (only the device budget under --offload-params nvme), the
-    engine's gradient window (grads kept in their dtype, fp32 for fp32
-    params), fp32 masters and AdamW states in pinned memory under host
-    placement (12 B/param; on NVMe only the engine's pool, under 1 GiB), and
-    the activations. The memory model printed after creation gives the
-    engine's own figures for the same pieces."""
+    parameters (only the device budget under --offload-params nvme), what the
+    engine allocates for this configuration (asked of the library,
+    zoffload.optim.estimate: masters and states under host placement, the
+    store's pool, the gradient windows, parameter buffers with DPU), and the
+    activations. The memory model printed after creation gives the engine's
+    own figures for the same pieces."""
+    from zoffload import optim as zoptim
     es = {torch.bfloat16: 2, torch.float16: 2, torch.float32: 4}[dtype]
     params = nparams * es
     if offload_params == "nvme":
         params = min(params, parse_size(args.param_budget))
-    window = nparams * es
-    states = nparams * 12 if args.offload == "cpu" else (1 << 30)
-    return params + window + states + activation_estimate(args, hidden)
+    # OffloadAdamW on CPU tensors: one group, the host backend, the engine
+    # writing the params in place (dev_params: only whether they are given)
+    kw = dict(param_dtype={torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[dtype],
+              placement="nvme" if args.offload == "nvme" else "cpu", dpu=int(bool(args.delay_update)))
+    if args.sub_group_size:
+        kw["sub_group_size"] = int(args.sub_group_size)
+    if args.buffer_count:
+        kw["buffer_count"] = int(args.buffer_count)
+    if args.offload == "nvme":
+        kw["nvme_path"] = args.nvme_path or "/tmp"
+    fp = zoptim.estimate([{"numel": [int(nparams)], "dev_params": [1]}], backend="host", **kw)
+    return params + fp["pinned_bytes"] + fp["host_bytes"] + activation_estimate(args, hidden)
 
 
 def parse_size(text):

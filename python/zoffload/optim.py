@@ -105,6 +105,14 @@ class OptimTimeline(ctypes.Structure):
                 ("stall_ns", c_u64), ("update_ns", c_u64)]
 
 
+class OptimFootprint(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("numel", c_u64), ("nsubgroups", c_uint), ("pool_slots", c_uint),
+                ("pool_slot_bytes", c_u64), ("host_state_bytes", c_u64), ("nvme_state_bytes", c_u64),
+                ("staging_bytes", c_u64), ("param_buffer_bytes", c_u64), ("grad_window_bytes", c_u64),
+                ("grad_window_dtype", c_int), ("pinned_min_bytes", c_u64), ("pinned_bytes", c_u64),
+                ("host_bytes", c_u64), ("device_bytes", c_u64)]
+
+
 class OptimScalerState(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("dynamic", c_int), ("scale", c_double), ("cur_iter", c_i64),
                 ("last_overflow_iter", c_i64), ("cur_hysteresis", c_uint)]
@@ -118,7 +126,8 @@ _SIZED = {
 
 _lib.C_STRUCTS.update({k: v[0] for k, v in _SIZED.items()})
 _lib.C_STRUCTS.update({"zo_optim_step_result": OptimStepResult, "zo_optim_info": OptimInfo,
-                       "zo_optim_timeline": OptimTimeline, "zo_optim_scaler_state": OptimScalerState})
+                       "zo_optim_timeline": OptimTimeline, "zo_optim_scaler_state": OptimScalerState,
+                       "zo_optim_footprint": OptimFootprint})
 
 _declared = False
 
@@ -187,6 +196,8 @@ def _declare():
     if lib.has("zo_optim_config_from_json"):
         d("zo_optim_config_from_json", c_int, [P(OptimConfig), c_char_p])
     d("zo_optim_get_scaler", c_int, [c_void_p, P(OptimScalerState)])
+    if lib.has("zo_optim_estimate"):
+        d("zo_optim_estimate", c_int, [P(OptimConfig), c_int, P(OptimFootprint)])
     d("zo_optim_set_scaler", c_int, [c_void_p, P(OptimScalerState)])
     _lib.SIZED_STRUCTS.update(_SIZED)
     _declared = True
@@ -219,6 +230,126 @@ def _result(r):
     return _fields(r)
 
 
+def _config(groups, dev_handle, kind, kw, who):
+    """The zo_optim_config of Engine's arguments (see Engine), with the
+    arrays it points at (keep them alive until the C call has read them),
+    the tensors' element counts and the optimizer kind."""
+    kw = dict(kw)
+    cfg = _lib.new_struct("zo_optim_config")
+    hp_keys = ("lr", "betas", "beta1", "beta2", "eps", "weight_decay", "bias_correction")
+    hp_kw = {k: kw.pop(k) for k in list(kw) if k in hp_keys}
+    kind_c = _ca.kind_of(kind)
+    cfg.hparams = _ca.hparams(kind_c, **hp_kw)
+    cfg.dev = dev_handle
+    keep = []
+    if kw.get("param_dtype") is None:
+        # the engine writes params of this dtype: no default, a wrong
+        # guess (bf16 into fp32 tensors) would go unnoticed
+        raise TypeError(who + ": param_dtype is required (\"f32\", \"bf16\" or \"f16\": the dtype of the "
+                        "parameters the engine writes)")
+    for k, v in kw.items():
+        if k in ("param_dtype", "grad_dtype"):
+            v = ZO_DTYPE_COUNT if v is None else _dtype(v)
+        elif k == "placement":
+            v = PLACEMENTS[v] if isinstance(v, str) else int(v)
+        elif k == "nvme_path":
+            v = None if v is None else str(v).encode()
+            keep.append(v)
+        elif k == "clip_mode" and isinstance(v, str):
+            v = {"two_pass": CLIP_TWO_PASS, "speculative": CLIP_SPECULATIVE}[v]
+        elif k == "nonfinite" and isinstance(v, str):
+            v = {"error": NONFINITE_ERROR, "skip": NONFINITE_SKIP}[v]
+        elif k == "no_grad" and isinstance(v, str):
+            v = {"zero": NO_GRAD_ZERO, "skip": NO_GRAD_SKIP}[v]
+        elif k in ("dev", "groups", "ngroups", "hparams", "struct_size", "swap"):
+            raise TypeError(who + ": %r is set by the bindings" % k)
+        if not hasattr(cfg, k) or k.startswith("_"):
+            raise TypeError(who + ": unknown config field %r" % k)
+        if isinstance(v, bool):
+            v = int(v)
+        setattr(cfg, k, v)
+    garr = (OptimGroup * len(groups))()
+    all_numel = []
+    for gi, g in enumerate(groups):
+        g = dict(g)
+        grp = _lib.new_struct("zo_optim_group")
+        numel = [int(n) for n in g.pop("numel")]
+        all_numel.extend(numel)
+        arr = (c_u64 * len(numel))(*numel)
+        grp.ntensors = len(numel)
+        grp.numel = arr
+        keep.append(arr)
+        names = g.pop("names", None)
+        if names is not None:
+            enc = [str(n).encode() for n in names]
+            narr = (c_char_p * len(enc))(*enc)
+            grp.names = narr
+            keep.extend([enc, narr])
+        ghp = {k: g.pop(k) for k in list(g) if k in hp_keys}
+        gkind = g.pop("kind", None)
+        if ghp or gkind is not None:
+            base = {"lr": cfg.hparams.lr, "beta1": cfg.hparams.beta1,
+                    "beta2": cfg.hparams.beta2, "eps": cfg.hparams.eps,
+                    "weight_decay": cfg.hparams.weight_decay,
+                    "bias_correction": cfg.hparams.bias_correction}
+            if gkind is not None and _ca.kind_of(gkind) != kind_c:
+                base = {}
+            base.update(ghp)
+            h = _ca.hparams(gkind if gkind is not None else kind_c, **base)
+            grp.hparams = ctypes.pointer(h)
+            keep.append(h)
+        if "placement" in g:
+            p = g.pop("placement")
+            grp.placement = PLACEMENTS[p] if isinstance(p, str) else int(p)
+        if "sub_group_size" in g:
+            grp.sub_group_size = int(g.pop("sub_group_size"))
+        if "state_dtype" in g:
+            grp.state_dtype = _dtype(g.pop("state_dtype"))
+        dp = g.pop("dev_params", None)
+        if dp is not None:
+            # device (host backend: host) addresses of the tensors' params;
+            # the engine writes the new params there itself
+            if len(dp) != len(numel) or not all(dp):
+                raise ValueError(who + ": group %d dev_params needs one non-NULL address per tensor" % gi)
+            darr = (c_void_p * len(dp))(*[int(a) for a in dp])
+            grp.dev_params = darr
+            keep.append(darr)
+        if g:
+            raise TypeError(who + ": unknown group keys %s" % sorted(g))
+        garr[gi] = grp
+    cfg.groups = garr
+    cfg.ngroups = len(groups)
+    keep.append(garr)
+    return cfg, keep, all_numel, kind_c
+
+
+def estimate(groups, device=None, kind="adamw", backend=None, **kw):
+    """What ``Engine(groups, device, kind, **kw)`` would allocate, without
+    allocating it (``zo_optim_estimate``; the library's own sizes, the same
+    checks as the engine's create). Returns a dict of zo_optim_footprint's
+    fields: numel, nsubgroups, pool_slots, pool_slot_bytes,
+    host_state_bytes, nvme_state_bytes, staging_bytes, param_buffer_bytes,
+    grad_window_bytes, grad_window_dtype (a name), pinned_min_bytes,
+    pinned_bytes, host_bytes (pinned and pageable memory right after
+    create), device_bytes. `backend` ("host" or "cuda") plans for a backend
+    without a device; otherwise `device`'s (default: the host backend).
+    A group's dev_params are not read, only whether it has them."""
+    _declare()
+    if not lib.has("zo_optim_estimate"):
+        raise _lib._errors.LibraryNotFound("%s has no zo_optim_estimate (built before it)" % lib.path)
+    if backend is not None and backend not in ("host", "cuda"):
+        raise ValueError("estimate: backend %r (\"host\" or \"cuda\")" % (backend,))
+    kind_arg = {"host": 0, "cuda": 1}.get(backend, 0)
+    cfg, keep, _, _ = _config(groups, device.handle if device is not None and backend is None else None, kind,
+                              kw, "estimate")
+    out = _out(OptimFootprint)
+    check(lib.zo_optim_estimate(ctypes.byref(cfg), kind_arg, ctypes.byref(out)), "zo_optim_estimate")
+    del keep
+    d = _fields(out)
+    d["grad_window_dtype"] = arrays.DTYPE_NAMES.get(d["grad_window_dtype"], d["grad_window_dtype"])
+    return d
+
+
 class Engine(_lib.Handle):
     """A ``zo_optim`` engine.
 
@@ -247,91 +378,7 @@ class Engine(_lib.Handle):
     def __init__(self, groups, device=None, kind="adamw", **kw):
         _declare()
         self._dev = device if device is not None else Device("host")
-        cfg = _lib.new_struct("zo_optim_config")
-        hp_keys = ("lr", "betas", "beta1", "beta2", "eps", "weight_decay", "bias_correction")
-        hp_kw = {k: kw.pop(k) for k in list(kw) if k in hp_keys}
-        self._kind = _ca.kind_of(kind)
-        cfg.hparams = _ca.hparams(self._kind, **hp_kw)
-        cfg.dev = self._dev.handle
-        self._keep = []
-        if kw.get("param_dtype") is None:
-            # the engine writes params of this dtype: no default, a wrong
-            # guess (bf16 into fp32 tensors) would go unnoticed
-            raise TypeError("Engine: param_dtype is required (\"f32\", \"bf16\" or \"f16\": the dtype of the "
-                            "parameters the engine writes)")
-        for k, v in kw.items():
-            if k in ("param_dtype", "grad_dtype"):
-                v = ZO_DTYPE_COUNT if v is None else _dtype(v)
-            elif k == "placement":
-                v = PLACEMENTS[v] if isinstance(v, str) else int(v)
-            elif k == "nvme_path":
-                v = None if v is None else str(v).encode()
-                self._keep.append(v)
-            elif k == "clip_mode" and isinstance(v, str):
-                v = {"two_pass": CLIP_TWO_PASS, "speculative": CLIP_SPECULATIVE}[v]
-            elif k == "nonfinite" and isinstance(v, str):
-                v = {"error": NONFINITE_ERROR, "skip": NONFINITE_SKIP}[v]
-            elif k == "no_grad" and isinstance(v, str):
-                v = {"zero": NO_GRAD_ZERO, "skip": NO_GRAD_SKIP}[v]
-            elif k in ("dev", "groups", "ngroups", "hparams", "struct_size", "swap"):
-                raise TypeError("Engine: %r is set by the bindings" % k)
-            if not hasattr(cfg, k) or k.startswith("_"):
-                raise TypeError("Engine: unknown config field %r" % k)
-            if isinstance(v, bool):
-                v = int(v)
-            setattr(cfg, k, v)
-        garr = (OptimGroup * len(groups))()
-        self.numel = []
-        for gi, g in enumerate(groups):
-            g = dict(g)
-            grp = _lib.new_struct("zo_optim_group")
-            numel = [int(n) for n in g.pop("numel")]
-            self.numel.extend(numel)
-            arr = (c_u64 * len(numel))(*numel)
-            grp.ntensors = len(numel)
-            grp.numel = arr
-            self._keep.append(arr)
-            names = g.pop("names", None)
-            if names is not None:
-                enc = [str(n).encode() for n in names]
-                narr = (c_char_p * len(enc))(*enc)
-                grp.names = narr
-                self._keep.extend([enc, narr])
-            ghp = {k: g.pop(k) for k in list(g) if k in hp_keys}
-            gkind = g.pop("kind", None)
-            if ghp or gkind is not None:
-                base = {"lr": cfg.hparams.lr, "beta1": cfg.hparams.beta1,
-                        "beta2": cfg.hparams.beta2, "eps": cfg.hparams.eps,
-                        "weight_decay": cfg.hparams.weight_decay,
-                        "bias_correction": cfg.hparams.bias_correction}
-                if gkind is not None and _ca.kind_of(gkind) != self._kind:
-                    base = {}
-                base.update(ghp)
-                h = _ca.hparams(gkind if gkind is not None else self._kind, **base)
-                grp.hparams = ctypes.pointer(h)
-                self._keep.append(h)
-            if "placement" in g:
-                p = g.pop("placement")
-                grp.placement = PLACEMENTS[p] if isinstance(p, str) else int(p)
-            if "sub_group_size" in g:
-                grp.sub_group_size = int(g.pop("sub_group_size"))
-            if "state_dtype" in g:
-                grp.state_dtype = _dtype(g.pop("state_dtype"))
-            dp = g.pop("dev_params", None)
-            if dp is not None:
-                # device (host backend: host) addresses of the tensors' params;
-                # the engine writes the new params there itself
-                if len(dp) != len(numel) or not all(dp):
-                    raise ValueError("Engine: group %d dev_params needs one non-NULL address per tensor" % gi)
-                darr = (c_void_p * len(dp))(*[int(a) for a in dp])
-                grp.dev_params = darr
-                self._keep.append(darr)
-            if g:
-                raise TypeError("Engine: unknown group keys %s" % sorted(g))
-            garr[gi] = grp
-        cfg.groups = garr
-        cfg.ngroups = len(groups)
-        self._keep.append(garr)
+        cfg, self._keep, self.numel, self._kind = _config(groups, self._dev.handle, kind, kw, "Engine")
         self.param_dtype = cfg.param_dtype
         self._h = c_void_p()
         check(lib.zo_optim_create(ctypes.byref(self._h), ctypes.byref(cfg)), "zo_optim_create")

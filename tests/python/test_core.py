@@ -251,3 +251,37 @@ def test_checkpoint_roundtrip_and_corruption(tmp_path):
     assert ei.value.name == "ZO_ECORRUPT" and ei.value.detail
     with pytest.raises(zoffload.LibraryOSError):
         ckpt.load(tmp_path, "nonexistent")
+
+
+def test_optim_estimate_is_what_the_engine_allocates(tmp_path):
+    """zoffload.optim.estimate() (zo_optim_estimate) gives the pinned and
+    pageable bytes that the engine then reports, refuses what create
+    refuses, and plans for a GPU without one."""
+    from zoffload import optim as zoptim
+    from zoffload.errors import InvalidArgument, BudgetError
+    groups = [{"numel": [1000, 70000, 3]}, {"numel": [130001], "state_dtype": "bf16"}]
+    cases = [dict(param_dtype="bf16"), dict(param_dtype="f32", dpu=1),
+             dict(param_dtype="bf16", grad_accum_steps=4, sub_group_size=4096),
+             dict(param_dtype="bf16", placement="nvme", nvme_path=str(tmp_path))]
+    for kw in cases:
+        est = zoptim.estimate(groups, **kw)
+        e = zoptim.Engine(groups, **kw)
+        try:
+            info = e.info()
+        finally:
+            e.close()
+        assert (est["pinned_bytes"], est["host_bytes"]) == (info["pinned_bytes"], info["host_bytes"]), (kw, est, info)
+        assert est["nsubgroups"] == info["nsubgroups"] and est["numel"] == 201004, (est, info)
+        assert est["grad_window_bytes"] == info["grad_buffer_bytes"], (est, info)
+    # a GPU's copy paths, planned here: staging, a parameter buffer, windows pinned
+    g = zoptim.estimate(groups, backend="cuda", param_dtype="bf16")
+    assert g["staging_bytes"] == 32 << 20 and g["param_buffer_bytes"] == 2 * 201004, g
+    assert g["host_bytes"] == 0 and g["grad_window_dtype"] == "bf16", g
+    with pytest.raises(InvalidArgument, match="buffer_count"):
+        zoptim.estimate(groups, param_dtype="bf16", buffer_count=2)
+    with pytest.raises(TypeError, match="param_dtype is required"):
+        zoptim.estimate(groups)
+    with pytest.raises(BudgetError):
+        zoptim.estimate(groups, param_dtype="bf16", pinned_bytes=1 << 20)
+    with pytest.raises(ValueError):
+        zoptim.estimate(groups, backend="tpu", param_dtype="bf16")

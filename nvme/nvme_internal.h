@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include <zoffload/swap.h>
 
@@ -122,7 +123,7 @@ typedef int (*zo__swap_grow_hook_fn)(void *user, const char *path);
 void zo__swap_set_grow_hook(struct zo_swap *s, zo__swap_grow_hook_fn fn, void *user);
 
 /* Checkpoint commit: called before each step of zo_ckpt_commit() (see the
- * order at the top of checkpoint.c); a negative return fails that step with
+ * order at the top of ckpt_write.c); a negative return fails that step with
  * that error, the step not done. Process-wide; fn NULL removes it. */
 enum {
     ZO__CKPT_F_DATA_SYNC = 0, /* 1. fdatasync of tensors.bin */
@@ -142,6 +143,85 @@ void zo__ckpt_set_fault(zo__ckpt_fault_fn fn, void *user);
 /* This host's tag in checkpoint leftovers' names (.tmp-<name>.<host>.<pid>). */
 #define ZO__CKPT_HOST_MAX 64
 const char *zo__ckpt_host(void);
+
+/* ---- checkpoints (ckpt_*.c) ------------------------------------------------------- */
+/* What the checkpoint files share: ckpt_common.c (file helpers),
+ * ckpt_root.c (leftovers, latest), ckpt_manifest.c, ckpt_write.c and
+ * ckpt_read.c. Defined only where libcjson is (ZO_HAVE_CJSON). */
+#define ZO__CKPT_DATA "tensors.bin"
+#define ZO__CKPT_MANIFEST "manifest.json"
+#define ZO__CKPT_LOCK ".lock"
+#define ZO__CKPT_ALIGN 4096u
+#define ZO__CKPT_JSON_INT_MAX (1ull << 53) /* integers a JSON double holds exactly */
+
+typedef struct zo__ckpt_tensor {
+    zo_ckpt_entry e;
+    char *name;
+    uint64_t offset, nchunks;
+    uint32_t *crc;
+    uint8_t *have; /* writer: chunk written */
+} zo__ckpt_tensor;
+
+/* cJSON's, zo_aio's and zo_file's types by their struct tags: this header
+ * stays free of <cjson/cJSON.h> and <zoffload/aio.h>. */
+struct cJSON;
+struct zo_file;
+
+struct zo_ckpt_writer {
+    char *root, *name, *tmpdir, *final;
+    zo_ckpt_options opts;
+    struct cJSON *user;
+    struct zo_aio *aio, *own_aio;
+    struct zo_file *data;
+    zo__ckpt_tensor *t;
+    unsigned n, cap;
+    uint64_t data_end;
+    uint64_t sequence;
+    int put_started;
+    int failed;
+    int registered;      /* in the active-writer list (see writer_claim()) */
+    int lock_fd;         /* holds the flock on <tmpdir>/.lock (-1: none: the filesystem refused flock) */
+    int tmpdir_published; /* a failed commit could not take it back: never remove it */
+    dev_t root_dev;
+    ino_t root_ino;
+    struct zo_ckpt_writer *next_active;
+};
+
+struct zo_ckpt_reader {
+    char *dir, *name, *libver, *user;
+    struct zo_aio *aio;
+    struct zo_file *data;
+    zo__ckpt_tensor *t;
+    unsigned n;
+    size_t chunk_size;
+    uint64_t sequence;
+};
+
+void zo__ckpt_tensors_free(zo__ckpt_tensor *t, unsigned n);
+
+/* ckpt_common.c. Paths are malloc'd ("a/b"); errors are -errno. */
+char *zo__ckpt_path_join(const char *a, const char *b);
+/* A regular file of at most `max` bytes, NUL-terminated, into *out (freed
+ * by the caller); a link, FIFO or larger file is an error. */
+int zo__ckpt_read_file(const char *path, char **out, size_t *len, size_t max);
+/* Remove a directory of plain files; never follows the name. */
+int zo__ckpt_remove_flat_dir(const char *path);
+/* 1 if `name` may name a checkpoint. */
+int zo__ckpt_name_ok(const char *name);
+
+/* ckpt_root.c */
+enum { ZO__CKPT_TMP_LIVE = 0, ZO__CKPT_TMP_ABANDONED = 1, ZO__CKPT_TMP_NOLOCK = 2 };
+/* Is the writer of temporary directory `path` alive (ZO__CKPT_TMP_*)? */
+int zo__ckpt_tmp_state(const char *path, int *lock_fd);
+/* Remove leftovers of this host's dead writers from `root`. */
+void zo__ckpt_clean_stale(const char *root);
+/* Read <root>/latest: the name, and the crc32c of its manifest (may be NULL). */
+int zo__ckpt_read_latest(const char *root, char *name, size_t len, uint32_t *mcrc);
+
+/* ckpt_manifest.c */
+struct cJSON *zo__ckpt_manifest_build(zo_ckpt_writer *w);
+/* Parse and validate a manifest into r (r->data open: its size is checked). */
+int zo__ckpt_manifest_parse(zo_ckpt_reader *r, const char *text, const char *where);
 
 /* ---- helpers ------------------------------------------------------------------- */
 /* fsync a directory by path. 0 or -errno. */

@@ -277,7 +277,7 @@ struct zo_store {
 
     /* tensors */
     zo_tensor *tensors;
-    zo_tensor **htab;     /* names claimed, registered or being registered (store.c) */
+    zo_tensor **htab;     /* names claimed, registered or being registered (registry.c) */
     size_t hcap, hcount;
     size_t ntensors;
     uint64_t tick;
@@ -339,19 +339,23 @@ static inline int zo__copy_current_or_loading(const zo_tensor *t, zo_tier x)
     const zo__copy *c = &t->c[x];
     return (zo__copy_has_data(c) || c->state == ZO__CS_LOADING) && c->ver == t->cur_ver;
 }
-/* Referenced, streamed, or a transfer of it in flight. */
-int zo__tensor_busy(const zo_tensor *t);
 void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x);
 int zo__store_current(const zo_tensor *t, zo_tier x);
 int zo__store_freshest(const zo_tensor *t, zo_tier *out);
+void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x);
+int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
+int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop);
+zo__ep zo__store_ep(zo_store *s, zo_tensor *t, zo_tier x);
+int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
 void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x);
 void zo__store_retry_parked(zo_store *s);
 void zo__store_job_done(zo_store *s, zo__job *j);
-int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
-int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
-void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x);
-int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop);
-zo__ep zo__store_ep(zo_store *s, zo_tensor *t, zo_tier x);
+
+/* registry.c: the tensor registry */
+/* Referenced, streamed, or a transfer of it in flight. */
+int zo__tensor_busy(const zo_tensor *t);
+/* Frees what zo_store_register allocated for t (NULL: nothing). */
+void zo__tensor_free(zo_tensor *t);
 
 /* mover.c */
 int zo__mover_start(zo_store *s);

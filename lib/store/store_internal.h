@@ -341,12 +341,16 @@ static inline int zo__copy_current_or_loading(const zo_tensor *t, zo_tier x)
 }
 void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x);
 int zo__store_current(const zo_tensor *t, zo_tier x);
+/* The only current copy: freeing it would lose the data. */
+int zo__store_sole_current(const zo_tensor *t, zo_tier x);
 int zo__store_freshest(const zo_tensor *t, zo_tier *out);
 void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x);
 int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
 int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop);
 zo__ep zo__store_ep(zo_store *s, zo_tensor *t, zo_tier x);
 int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
+
+/* acquire.c: requests and what completes them; acquire / release / prefetch */
 void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x);
 void zo__store_retry_parked(zo_store *s);
 void zo__store_job_done(zo_store *s, zo__job *j);

@@ -117,7 +117,7 @@ struct zo_tensor {
     int wb_err;          /* first write-back error since the last flush */
     char wb_detail[ZO_ERRMSG_LEN];
     char wb_fail_detail[ZO_ERRMSG_LEN]; /* why the last write-back failed (copy's wb_fail) */
-    uint64_t plan_mark;  /* placement planning: counted once (store.c, coheld_need) */
+    uint64_t plan_mark;  /* placement planning: counted once (space.c, coheld_need) */
     uint32_t *tpos;      /* positions in the trace, ascending */
     size_t ntpos, captpos;
     struct zo_tensor *prev, *next; /* all tensors */
@@ -344,10 +344,16 @@ int zo__store_current(const zo_tensor *t, zo_tier x);
 /* The only current copy: freeing it would lose the data. */
 int zo__store_sole_current(const zo_tensor *t, zo_tier x);
 int zo__store_freshest(const zo_tensor *t, zo_tier *out);
+/* t's copy in tier x goes to the tail (most recent) of the tier's LRU list. */
+void zo__store_lru_append(zo__tier *tr, zo_tensor *t, zo_tier x);
+/* Evict v's copy in tier x to make room (counted; a wasted prefetch too). */
+void zo__store_evict(zo_store *s, zo_tensor *v, zo_tier x);
 void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x);
 int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
 int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop);
 zo__ep zo__store_ep(zo_store *s, zo_tensor *t, zo_tier x);
+
+/* space.c: room for a copy in a tier (eviction windows, placement plans) */
 int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
 
 /* acquire.c: requests and what completes them; acquire / release / prefetch */

@@ -315,7 +315,7 @@ struct zo_store {
     zo_store_stats st;
 };
 
-/* store.c */
+/* copy.c: copy states, current copies, LRU lists, loads and write-backs */
 /* The one place a copy changes state (table above). */
 void zo__copy_to(zo_store *s, zo_tensor *t, zo_tier x, zo__copy_state to);
 /* A transfer fills, reads or writes it (LOADING, WRITEBACK, RECEIVING). */

@@ -117,7 +117,7 @@ struct zo_tensor {
     int wb_err;          /* first write-back error since the last flush */
     char wb_detail[ZO_ERRMSG_LEN];
     char wb_fail_detail[ZO_ERRMSG_LEN]; /* why the last write-back failed (copy's wb_fail) */
-    uint64_t plan_mark;  /* placement planning: counted once (store.c, coheld_need) */
+    uint64_t plan_mark;  /* placement planning: counted once (space.c, coheld_need) */
     uint32_t *tpos;      /* positions in the trace, ascending */
     size_t ntpos, captpos;
     struct zo_tensor *prev, *next; /* all tensors */
@@ -277,7 +277,7 @@ struct zo_store {
 
     /* tensors */
     zo_tensor *tensors;
-    zo_tensor **htab;     /* names claimed, registered or being registered (store.c) */
+    zo_tensor **htab;     /* names claimed, registered or being registered (registry.c) */
     size_t hcap, hcount;
     size_t ntensors;
     uint64_t tick;
@@ -315,7 +315,7 @@ struct zo_store {
     zo_store_stats st;
 };
 
-/* store.c */
+/* copy.c: copy states, current copies, LRU lists, loads and write-backs */
 /* The one place a copy changes state (table above). */
 void zo__copy_to(zo_store *s, zo_tensor *t, zo_tier x, zo__copy_state to);
 /* A transfer fills, reads or writes it (LOADING, WRITEBACK, RECEIVING). */
@@ -339,19 +339,33 @@ static inline int zo__copy_current_or_loading(const zo_tensor *t, zo_tier x)
     const zo__copy *c = &t->c[x];
     return (zo__copy_has_data(c) || c->state == ZO__CS_LOADING) && c->ver == t->cur_ver;
 }
-/* Referenced, streamed, or a transfer of it in flight. */
-int zo__tensor_busy(const zo_tensor *t);
 void zo__store_copy_free(zo_store *s, zo_tensor *t, zo_tier x);
 int zo__store_current(const zo_tensor *t, zo_tier x);
+/* The only current copy: freeing it would lose the data. */
+int zo__store_sole_current(const zo_tensor *t, zo_tier x);
 int zo__store_freshest(const zo_tensor *t, zo_tier *out);
+/* t's copy in tier x goes to the tail (most recent) of the tier's LRU list. */
+void zo__store_lru_append(zo__tier *tr, zo_tensor *t, zo_tier x);
+/* Evict v's copy in tier x to make room (counted; a wasted prefetch too). */
+void zo__store_evict(zo_store *s, zo_tensor *v, zo_tier x);
+void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x);
+int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
+int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop);
+zo__ep zo__store_ep(zo_store *s, zo_tensor *t, zo_tier x);
+
+/* space.c: room for a copy in a tier (eviction windows, placement plans) */
+int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
+
+/* acquire.c: requests and what completes them; acquire / release / prefetch */
 void zo__store_settle(zo_store *s, zo_tensor *t, zo_tier x);
 void zo__store_retry_parked(zo_store *s);
 void zo__store_job_done(zo_store *s, zo__job *j);
-int zo__store_space(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
-int zo__store_start_load(zo_store *s, zo_tensor *t, zo_tier x, int prefetch, uint64_t dist);
-void zo__store_maybe_free(zo_store *s, zo_tensor *t, zo_tier x);
-int zo__store_start_writeback(zo_store *s, zo_tensor *t, zo_tier x, int drop);
-zo__ep zo__store_ep(zo_store *s, zo_tensor *t, zo_tier x);
+
+/* registry.c: the tensor registry */
+/* Referenced, streamed, or a transfer of it in flight. */
+int zo__tensor_busy(const zo_tensor *t);
+/* Frees what zo_store_register allocated for t (NULL: nothing). */
+void zo__tensor_free(zo_tensor *t);
 
 /* mover.c */
 int zo__mover_start(zo_store *s);

@@ -6,7 +6,7 @@
  * differed from the trace replaces it at zo_store_step(). The distance to a
  * tensor's next use in the trace drives eviction (Belady's rule). Each
  * entry also records how long its tensor stayed referenced (releases), so
- * placement knows which tensors are held together (store.c, plan_space). */
+ * placement knows which tensors are held together (space.c, plan_space). */
 #include "store/store_internal.h"
 
 #include <stdlib.h>

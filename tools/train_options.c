@@ -8,6 +8,7 @@
 #include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,58 +58,156 @@ void train_usage(FILE *f)
             "  --help\n");
 }
 
-static int parse_u64(const char *name, const char *s, uint64_t min, uint64_t max, uint64_t *out)
+/* How an option's value is read, and where it goes. */
+typedef enum train_opt_kind {
+    OPT_U64,     /* a size (zo_parse_size: 4K, 1e6) in [min, max], into a uint64_t */
+    OPT_UINT,    /* the same, into an unsigned */
+    OPT_INT,     /* the same, into an int */
+    OPT_DOUBLE,  /* a finite number in [dmin, dmax], into a double */
+    OPT_ONOFF,   /* on / off (1 / 0, true / false), into an int */
+    OPT_DTYPE,   /* bf16, fp16 or fp32, into a zo_dtype */
+    OPT_OFFLOAD, /* host (or cpu) / nvme, into an int (a zo_optim_placement) */
+    OPT_STR,     /* the argument itself, into a const char * */
+    OPT_FLAG,    /* no value: 1 into an int */
+    OPT_HELP,    /* no value: the usage on stdout */
+} train_opt_kind;
+
+/* One option: the table below is the whole command line but for --help's
+ * text (train_usage()) and the checks across options (options_finish()). */
+typedef struct train_opt {
+    const char *name;     /* the long name, without "--" */
+    train_opt_kind kind;
+    size_t field;         /* offsetof the field in options */
+    uint64_t min, max;    /* OPT_U64, OPT_UINT, OPT_INT */
+    double dmin, dmax;    /* OPT_DOUBLE */
+    size_t given;         /* offsetof an int set to 1 when the option is given; 0: none (params is at 0) */
+    int model;            /* a model option: its presence means not the embedded default */
+} train_opt;
+
+#define F(f) offsetof(options, f)
+static const train_opt train_opts[] = {
+    {"params", OPT_U64, F(params), .min = 2, .max = 1ull << 40, .model = 1},
+    {"layers", OPT_UINT, F(layers), .min = 1, .max = TRAIN_MAX_LAYERS, .model = 1},
+    {"width", OPT_U64, F(width), .min = 1, .max = 1 << 20, .model = 1},
+    {"batch", OPT_U64, F(batch), .min = 1, .max = 1 << 20},
+    {"steps", OPT_UINT, F(steps), .min = 1, .max = 100000000},
+    {"offload", OPT_OFFLOAD, F(offload)},
+    {"nvme-path", OPT_STR, F(nvme_path)},
+    {"dpu", OPT_ONOFF, F(dpu)},
+    {"dpu-warmup", OPT_INT, F(dpu_warmup), .min = 0, .max = 1000000},
+    {"param-dtype", OPT_DTYPE, F(param_dtype)},
+    {"grad", OPT_DTYPE, F(grad_dtype)},
+    {"accum", OPT_INT, F(accum), .min = 1, .max = 65536},
+    {"clip", OPT_DOUBLE, F(clip), .dmin = 0, .dmax = 1e30},
+    {"lr", OPT_DOUBLE, F(lr), .dmin = 0, .dmax = 1e3, .given = F(lr_given)},
+    {"sub-group", OPT_U64, F(sub_group), .min = 64, .max = 1ull << 40},
+    {"device-budget", OPT_U64, F(dev_budget), .min = 1, .max = UINT64_MAX},
+    {"threads", OPT_INT, F(nthreads), .min = 1, .max = 1024},
+    {"backend", OPT_STR, F(backend)},
+    {"config", OPT_STR, F(config)},
+    {"save", OPT_STR, F(save)},
+    {"resume", OPT_STR, F(resume)},
+    {"verify", OPT_FLAG, F(verify)},
+    {"json", OPT_STR, F(json)},
+    {"quiet", OPT_FLAG, F(quiet)},
+    {"seed", OPT_U64, F(seed), .min = 0, .max = UINT64_MAX / 4, .given = F(seed_given)},
+    {"help", OPT_HELP, 0},
+};
+#undef F
+#define NOPTS (sizeof(train_opts) / sizeof(train_opts[0]))
+/* getopt_long's value for train_opts[i]: clear of the characters it returns itself */
+#define OPT_VAL0 256
+
+static int parse_size_in(const train_opt *d, const char *s, uint64_t *out)
 {
     uint64_t v;
-    if (zo_parse_size(s, &v) < 0 || v < min || v > max) {
-        fprintf(stderr, "zo-train: %s: bad value '%s' (expected %" PRIu64 "..%" PRIu64 ")\n", name, s, min, max);
+    if (zo_parse_size(s, &v) < 0 || v < d->min || v > d->max) {
+        fprintf(stderr, "zo-train: --%s: bad value '%s' (expected %" PRIu64 "..%" PRIu64 ")\n", d->name, s, d->min,
+                d->max);
         return -1;
     }
     *out = v;
     return 0;
 }
 
-static int parse_double(const char *name, const char *s, double min, double max, double *out)
+static int parse_double(const train_opt *d, const char *s, double *out)
 {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
-    if (errno || end == s || *end || !isfinite(v) || v < min || v > max) {
-        fprintf(stderr, "zo-train: %s: bad value '%s' (expected a number in %g..%g)\n", name, s, min, max);
+    if (errno || end == s || *end || !isfinite(v) || v < d->dmin || v > d->dmax) {
+        fprintf(stderr, "zo-train: --%s: bad value '%s' (expected a number in %g..%g)\n", d->name, s, d->dmin,
+                d->dmax);
         return -1;
     }
     *out = v;
     return 0;
 }
 
-static int parse_onoff(const char *name, const char *s, int *out)
+static int parse_onoff(const train_opt *d, const char *s, int *out)
 {
     if (!strcmp(s, "on") || !strcmp(s, "1") || !strcmp(s, "true"))
         *out = 1;
     else if (!strcmp(s, "off") || !strcmp(s, "0") || !strcmp(s, "false"))
         *out = 0;
     else {
-        fprintf(stderr, "zo-train: %s: expected on or off, not '%s'\n", name, s);
+        fprintf(stderr, "zo-train: --%s: expected on or off, not '%s'\n", d->name, s);
         return -1;
     }
     return 0;
 }
 
-static int parse_dtype(const char *name, const char *s, zo_dtype *out)
+static int parse_dtype(const train_opt *d, const char *s, zo_dtype *out)
 {
     zo_dtype t;
     if (zo_dtype_parse(s, &t) < 0 || (t != ZO_DTYPE_BF16 && t != ZO_DTYPE_F16 && t != ZO_DTYPE_F32)) {
-        fprintf(stderr, "zo-train: %s: expected bf16, fp16 or fp32, not '%s'\n", name, s);
+        fprintf(stderr, "zo-train: --%s: expected bf16, fp16 or fp32, not '%s'\n", d->name, s);
         return -1;
     }
     *out = t;
     return 0;
 }
 
-int train_options_parse(int argc, char **argv, options *o)
+static int parse_offload(const train_opt *d, const char *s, int *out)
+{
+    if (!strcmp(s, "host") || !strcmp(s, "cpu"))
+        *out = ZO_OPTIM_PLACE_HOST;
+    else if (!strcmp(s, "nvme"))
+        *out = ZO_OPTIM_PLACE_NVME;
+    else {
+        fprintf(stderr, "zo-train: --%s: expected host or nvme, not '%s'\n", d->name, s);
+        return -1;
+    }
+    return 0;
+}
+
+/* Store one option's value s (NULL for one without) into o. 0, or -1 with
+ * the reason on stderr. */
+static int option_set(const train_opt *d, const char *s, options *o)
+{
+    char *field = (char *)o + d->field;
+    uint64_t v;
+    int r = 0;
+    switch (d->kind) {
+    case OPT_U64: r = parse_size_in(d, s, (uint64_t *)(void *)field); break;
+    case OPT_UINT: if ((r = parse_size_in(d, s, &v)) == 0) *(unsigned *)(void *)field = (unsigned)v; break;
+    case OPT_INT: if ((r = parse_size_in(d, s, &v)) == 0) *(int *)(void *)field = (int)v; break;
+    case OPT_DOUBLE: r = parse_double(d, s, (double *)(void *)field); break;
+    case OPT_ONOFF: r = parse_onoff(d, s, (int *)(void *)field); break;
+    case OPT_DTYPE: r = parse_dtype(d, s, (zo_dtype *)(void *)field); break;
+    case OPT_OFFLOAD: r = parse_offload(d, s, (int *)(void *)field); break;
+    case OPT_STR: *(const char **)(void *)field = s; break;
+    case OPT_FLAG: *(int *)(void *)field = 1; break;
+    case OPT_HELP: break;
+    }
+    if (r == 0 && d->given)
+        *(int *)(void *)((char *)o + d->given) = 1;
+    return r;
+}
+
+static void options_defaults(options *o)
 {
     memset(o, 0, sizeof(*o));
-    optind = 1;
     o->offload = -1;
     o->dpu = -1;
     o->dpu_warmup = -1;
@@ -119,77 +218,52 @@ int train_options_parse(int argc, char **argv, options *o)
     o->lr = -1;
     o->backend = "host";
     o->seed = 1;
-    enum { O_PARAMS = 256, O_LAYERS, O_WIDTH, O_BATCH, O_STEPS, O_OFFLOAD, O_NVME, O_DPU, O_DPUW, O_PDT, O_GRAD,
-           O_ACCUM, O_CLIP, O_LR, O_SG, O_BUDGET, O_THREADS, O_BACKEND, O_CONFIG, O_SAVE, O_RESUME, O_VERIFY,
-           O_JSON, O_QUIET, O_SEED, O_HELP };
-    static const struct option opts[] = {
-        {"params", required_argument, 0, O_PARAMS},   {"layers", required_argument, 0, O_LAYERS},
-        {"width", required_argument, 0, O_WIDTH},     {"batch", required_argument, 0, O_BATCH},
-        {"steps", required_argument, 0, O_STEPS},     {"offload", required_argument, 0, O_OFFLOAD},
-        {"nvme-path", required_argument, 0, O_NVME},  {"dpu", required_argument, 0, O_DPU},
-        {"dpu-warmup", required_argument, 0, O_DPUW}, {"param-dtype", required_argument, 0, O_PDT},
-        {"grad", required_argument, 0, O_GRAD},       {"accum", required_argument, 0, O_ACCUM},
-        {"clip", required_argument, 0, O_CLIP},       {"lr", required_argument, 0, O_LR},
-        {"sub-group", required_argument, 0, O_SG},    {"device-budget", required_argument, 0, O_BUDGET},
-        {"threads", required_argument, 0, O_THREADS}, {"backend", required_argument, 0, O_BACKEND},
-        {"config", required_argument, 0, O_CONFIG},   {"save", required_argument, 0, O_SAVE},
-        {"resume", required_argument, 0, O_RESUME},   {"verify", no_argument, 0, O_VERIFY},
-        {"json", required_argument, 0, O_JSON},       {"quiet", no_argument, 0, O_QUIET},
-        {"seed", required_argument, 0, O_SEED},       {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0}};
-    int c, model_flags = 0;
-    uint64_t v;
+}
+
+/* The options as they stand on the command line, one by one (getopt_long
+ * over train_opts). 0; 2 on bad usage; -1 after --help. */
+static int options_read(int argc, char **argv, options *o, int *model_flags)
+{
+    static struct option longopts[NOPTS + 1]; /* the last stays zero */
+    for (size_t i = 0; i < NOPTS; i++) {
+        int novalue = train_opts[i].kind == OPT_FLAG || train_opts[i].kind == OPT_HELP;
+        longopts[i] = (struct option){train_opts[i].name, novalue ? no_argument : required_argument, 0,
+                                      OPT_VAL0 + (int)i};
+    }
+    optind = 1;
     opterr = 0;
+    int c;
     /* ":": a missing value is ':', not '?' (which reads as an unknown option) */
-    while ((c = getopt_long(argc, argv, ":", opts, NULL)) != -1) {
-        switch (c) {
-        case O_PARAMS: if (parse_u64("--params", optarg, 2, 1ull << 40, &o->params)) return 2; model_flags = 1; break;
-        case O_LAYERS: if (parse_u64("--layers", optarg, 1, TRAIN_MAX_LAYERS, &v)) return 2; o->layers = (unsigned)v; model_flags = 1; break;
-        case O_WIDTH: if (parse_u64("--width", optarg, 1, 1 << 20, &o->width)) return 2; model_flags = 1; break;
-        case O_BATCH: if (parse_u64("--batch", optarg, 1, 1 << 20, &o->batch)) return 2; break;
-        case O_STEPS: if (parse_u64("--steps", optarg, 1, 100000000, &v)) return 2; o->steps = (unsigned)v; break;
-        case O_OFFLOAD:
-            if (!strcmp(optarg, "host") || !strcmp(optarg, "cpu"))
-                o->offload = ZO_OPTIM_PLACE_HOST;
-            else if (!strcmp(optarg, "nvme"))
-                o->offload = ZO_OPTIM_PLACE_NVME;
-            else {
-                fprintf(stderr, "zo-train: --offload: expected host or nvme, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case O_NVME: o->nvme_path = optarg; break;
-        case O_DPU: if (parse_onoff("--dpu", optarg, &o->dpu)) return 2; break;
-        case O_DPUW: if (parse_u64("--dpu-warmup", optarg, 0, 1000000, &v)) return 2; o->dpu_warmup = (int)v; break;
-        case O_PDT: if (parse_dtype("--param-dtype", optarg, &o->param_dtype)) return 2; break;
-        case O_GRAD: if (parse_dtype("--grad", optarg, &o->grad_dtype)) return 2; break;
-        case O_ACCUM: if (parse_u64("--accum", optarg, 1, 65536, &v)) return 2; o->accum = (int)v; break;
-        case O_CLIP: if (parse_double("--clip", optarg, 0, 1e30, &o->clip)) return 2; break;
-        case O_LR: if (parse_double("--lr", optarg, 0, 1e3, &o->lr)) return 2; o->lr_given = 1; break;
-        case O_SG: if (parse_u64("--sub-group", optarg, 64, 1ull << 40, &o->sub_group)) return 2; break;
-        case O_BUDGET: if (parse_u64("--device-budget", optarg, 1, UINT64_MAX, &o->dev_budget)) return 2; break;
-        case O_THREADS: if (parse_u64("--threads", optarg, 1, 1024, &v)) return 2; o->nthreads = (int)v; break;
-        case O_BACKEND: o->backend = optarg; break;
-        case O_CONFIG: o->config = optarg; break;
-        case O_SAVE: o->save = optarg; break;
-        case O_RESUME: o->resume = optarg; break;
-        case O_VERIFY: o->verify = 1; break;
-        case O_JSON: o->json = optarg; break;
-        case O_QUIET: o->quiet = 1; break;
-        case O_SEED: if (parse_u64("--seed", optarg, 0, UINT64_MAX / 4, &o->seed)) return 2; o->seed_given = 1; break;
-        case O_HELP: train_usage(stdout); return -1;
-        case ':':
+    while ((c = getopt_long(argc, argv, ":", longopts, NULL)) != -1) {
+        if (c == ':') {
             fprintf(stderr, "zo-train: %s needs a value (--help lists the options)\n", argv[optind - 1]);
             return 2;
-        default:
+        }
+        if (c < OPT_VAL0 || c >= OPT_VAL0 + (int)NOPTS) {
             fprintf(stderr, "zo-train: unknown option '%s' (--help lists them)\n", argv[optind - 1]);
             return 2;
         }
+        const train_opt *d = &train_opts[c - OPT_VAL0];
+        if (d->kind == OPT_HELP) {
+            train_usage(stdout);
+            return -1;
+        }
+        if (option_set(d, optarg, o) < 0)
+            return 2;
+        *model_flags |= d->model;
     }
     if (optind < argc) {
         fprintf(stderr, "zo-train: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
+    return 0;
+}
+
+/* The checks across options, and the defaults that follow from the others
+ * (the model's shape, the learning rate for its width, the embedded
+ * default). 0, or 2 on bad usage. */
+static int options_finish(options *o, int argc, int model_flags)
+{
     if (strcmp(o->backend, "host") && strcmp(o->backend, "cuda")) {
         fprintf(stderr, "zo-train: --backend: expected host or cuda, not '%s'\n", o->backend);
         return 2;
@@ -248,3 +322,10 @@ int train_options_parse(int argc, char **argv, options *o)
     return 0;
 }
 
+int train_options_parse(int argc, char **argv, options *o)
+{
+    int model_flags = 0;
+    options_defaults(o);
+    int r = options_read(argc, argv, o, &model_flags);
+    return r ? r : options_finish(o, argc, model_flags);
+}

@@ -735,658 +735,835 @@ static void step_json(FILE *f, int64_t step, double loss, double step_s, double 
     zj_end(j);
 }
 
-int main(int argc, char **argv)
-{
+/* ---- main: the run, phase by phase ------------------------------------------------------------ */
+
+/* One run: what main()'s phases set up and hand on to the next, all of it
+ * released by run_cleanup(). The engine keeps pointers into it (cfg.groups
+ * -> grp -> hp_w, hp_b), so it stays where it is for the whole run. */
+typedef struct train_run {
     options opt;
-    int pr = train_options_parse(argc, argv, &opt);
-    if (pr)
-        return pr < 0 ? 0 : pr;
+    train_shape shape;
+    uint64_t nparams;
+    size_t pes, ges;          /* bytes per device parameter and gradient element */
+    uint64_t dev_need;        /* device bytes of the untiled model: params, grads, activations */
+    uint64_t budget;          /* the device budget: --device-budget, or the default for dev_need */
+    zo_dev *dev;
+    int tiled;                /* the model does not fit --device-budget whole: tiled layers */
+    uint64_t layer_budget;    /* tiled: a layer's share of the budget (train_plan_tiles) */
+    train_tiling tiling;
+    zo_swap *tile_swap;       /* tiles on NVMe: their swap files */
+    zo_store *tile_store;     /* tiles: their home */
+    zo_optim_json *cj;        /* --config, until the engine is created */
+    zo_optim_config cfg;
+    zo_optim_group grp[2];    /* weights, biases */
+    zo_optim_group jgroup;    /* the config file's group settings (state dtype) */
+    zo_cpuadam_hparams hp_w, hp_b;
+    device_model dm;
+    zo_optim *o;
+    uint64_t micro;           /* global micro-step index: picks the data */
+    reference ref;            /* --verify */
+    train_teacher teacher;
+    float *x, *y;             /* one micro-step's batch */
+    FILE *jf;                 /* --json */
+    int64_t step0;            /* updates before this run (a resumed checkpoint's) */
+    double t_start;
+    uint64_t dev_peak;
+    int verify_failed;
+    totals tot;
+} train_run;
 
-    int rc = 1, r;
-    zo_dev *dev = NULL;
-    zo_optim *o = NULL;
-    zo_optim_json *cj = NULL;
-    device_model dm = {0};
-    reference ref = {0};
-    train_teacher teacher = {0};
-    float *x = NULL, *y = NULL;
-    FILE *jf = NULL;
-    totals tot = {0};
-    zo_swap *tile_swap = NULL;
-    zo_store *tile_store = NULL;
-    uint64_t dev_peak = 0;
+/* Each phase below returns 0 to go on, or the exit status: 1 the run
+ * failed, 2 the request cannot be run (bad usage: zo_tool_bad()); the
+ * reason is on stderr by then. */
 
-    if (opt.verify && strcmp(opt.backend, "host")) {
+/* What can be refused before anything is allocated. */
+static int check_request(train_run *t)
+{
+    const options *opt = &t->opt;
+    if (opt->verify && strcmp(opt->backend, "host"))
         /* the in-memory reference runs the model on the host backend's GEMM
          * (OpenBLAS); cuBLAS sums in another order, so no bit-for-bit match */
-        fprintf(stderr, "zo-train: --verify compares bit for bit with an in-memory run on the host backend's GEMM: "
-                        "use it with --backend host\n");
-        return 2;
-    }
+        return zo_tool_bad("zo-train", "--verify compares bit for bit with an in-memory run on the host backend's "
+                                       "GEMM: use it with --backend host");
+    t->shape = (train_shape){.layers = opt->layers,
+                             .width = (size_t)opt->width,
+                             .batch = (size_t)opt->batch,
+                             .param_dtype = opt->param_dtype,
+                             .grad_dtype = opt->grad_dtype == ZO_DTYPE_COUNT ? opt->param_dtype : opt->grad_dtype,
+                             .seed = opt->seed};
+    t->nparams = train_shape_params(&t->shape);
+    t->pes = zo_dtype_size(t->shape.param_dtype);
+    t->ges = zo_dtype_size(t->shape.grad_dtype);
+    t->dev_need = train_shape_device_bytes(&t->shape);
+    if ((double)opt->width * opt->width > (double)INT32_MAX || (double)opt->batch * opt->width > (double)INT32_MAX)
+        return zo_tool_bad("zo-train", "a %" PRIu64 " x %" PRIu64 " layer at batch %" PRIu64
+                                       " is beyond the GEMM's 32-bit sizes", opt->width, opt->width, opt->batch);
+    /* refuse what cannot fit in this machine's memory before allocating it */
+    zo_machine mach;
+    zo_machine_get(&mach);
+    uint64_t host_need = t->dev_need + t->nparams * (12 + 4 + (uint64_t)t->pes) * (opt->verify ? 2 : 1);
+    if (mach.mem_bytes && host_need > mach.mem_bytes)
+        return zo_tool_bad("zo-train", "%" PRIu64 " parameters need about %.0f MiB of memory (device model, "
+                                       "masters, states, accumulators%s), more than this machine's %.0f MiB",
+                           t->nparams, mib(host_need), opt->verify ? ", twice for --verify" : "",
+                           mib(mach.mem_bytes));
+    return 0;
+}
 
-    train_shape shape = {.layers = opt.layers,
-                         .width = (size_t)opt.width,
-                         .batch = (size_t)opt.batch,
-                         .param_dtype = opt.param_dtype,
-                         .grad_dtype = opt.grad_dtype == ZO_DTYPE_COUNT ? opt.param_dtype : opt.grad_dtype,
-                         .seed = opt.seed};
-    uint64_t nparams = train_shape_params(&shape);
-    size_t pes = zo_dtype_size(shape.param_dtype), ges = zo_dtype_size(shape.grad_dtype);
-    uint64_t dev_need = train_shape_device_bytes(&shape);
-    if ((double)opt.width * opt.width > (double)INT32_MAX || (double)opt.batch * opt.width > (double)INT32_MAX) {
-        fprintf(stderr, "zo-train: a %" PRIu64 " x %" PRIu64 " layer at batch %" PRIu64
-                        " is beyond the GEMM's 32-bit sizes\n", opt.width, opt.width, opt.batch);
-        return 2;
-    }
-    {
-        /* refuse what cannot fit in this machine's memory before allocating it */
-        zo_machine mach;
-        zo_machine_get(&mach);
-        uint64_t host_need = dev_need + nparams * (12 + 4 + (uint64_t)pes) * (opt.verify ? 2 : 1);
-        if (mach.mem_bytes && host_need > mach.mem_bytes) {
-            fprintf(stderr, "zo-train: %" PRIu64 " parameters need about %.0f MiB of memory (device model, "
-                            "masters, states, accumulators%s), more than this machine's %.0f MiB\n",
-                    nparams, mib(host_need), opt.verify ? ", twice for --verify" : "", mib(mach.mem_bytes));
-            return 2;
-        }
-    }
-
+static int install_signals(train_run *t)
+{
+    (void)t;
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    return 0;
+}
 
-    /* ---- the device: --backend (host: capped at the device budget) ---- */
+/* The device: --backend (host: capped at the device budget), and whether
+ * the model's layers must be tiled to fit that budget. */
+static int open_device(train_run *t)
+{
+    const options *opt = &t->opt;
     zo_dev_config dc;
     zo_dev_config_default(&dc);
-    if ((r = zo_dev_kind_parse(opt.backend, &dc.kind)) < 0) {
-        fprintf(stderr, "zo-train: --backend %s: host or cuda\n", opt.backend);
-        return 2;
-    }
+    if (zo_dev_kind_parse(opt->backend, &dc.kind) < 0)
+        return zo_tool_bad("zo-train", "--backend %s: host or cuda", opt->backend);
     /* By default the budget holds the device model (params, grads,
      * activations) and a little slack, never the fp32 masters and states. */
-    uint64_t budget = opt.dev_budget ? opt.dev_budget : train_default_device_budget(dev_need);
+    t->budget = opt->dev_budget ? opt->dev_budget : train_default_device_budget(t->dev_need);
     if (dc.kind == ZO_DEV_HOST)
-        dc.host_mem_limit = (size_t)budget;
-    if ((r = zo_dev_open(&dev, &dc)) < 0) {
-        fprintf(stderr, "zo-train: --backend %s: the device does not open: %s (%s)%s\n", opt.backend, zo_strerror(r),
+        dc.host_mem_limit = (size_t)t->budget;
+    int r = zo_dev_open(&t->dev, &dc);
+    if (r < 0) {
+        fprintf(stderr, "zo-train: --backend %s: the device does not open: %s (%s)%s\n", opt->backend, zo_strerror(r),
                 zo_last_error_detail(), dc.kind == ZO_DEV_HOST ? "" : "; --backend host runs everywhere");
-        rc = dc.kind == ZO_DEV_HOST ? 1 : 2;
-        goto out;
+        return dc.kind == ZO_DEV_HOST ? 1 : 2;
     }
     /* A model that does not fit a given budget whole gets tiled layers
      * (every layer is W x W: all or none are tiled), planned as zo-plan
      * predicts (train_plan_tiles()). */
     zo_tile_grid plan_grid;
-    uint64_t layer_budget = 0;
-    int tiled = opt.dev_budget ? train_plan_tiles(&shape, budget, &layer_budget, &plan_grid) : 0;
-    if (tiled < 0) {
-        fprintf(stderr, "zo-train: --device-budget %.1f MiB: the activations and biases need %.1f MiB, so not even a "
-                        "tiled layer fits (%s%s%s)\n", mib(budget), mib(train_shape_tiled_rest_bytes(&shape)),
-                zo_strerror(tiled), layer_budget ? ": " : "", layer_budget ? zo_last_error_detail() : "");
-        rc = 2;
-        goto out;
-    }
+    t->tiled = opt->dev_budget ? train_plan_tiles(&t->shape, t->budget, &t->layer_budget, &plan_grid) : 0;
+    if (t->tiled < 0)
+        return zo_tool_bad("zo-train", "--device-budget %.1f MiB: the activations and biases need %.1f MiB, so not "
+                                       "even a tiled layer fits (%s%s%s)", mib(t->budget),
+                           mib(train_shape_tiled_rest_bytes(&t->shape)), zo_strerror(t->tiled),
+                           t->layer_budget ? ": " : "", t->layer_budget ? zo_last_error_detail() : "");
+    return 0;
+}
 
-    /* ---- the engine configuration: defaults, then the JSON file, then the flags ---- */
-    zo_cpuadam_hparams hp_w, hp_b;
-    zo_cpuadam_hparams_default(&hp_w, ZO_OPTIM_ADAMW);
-    zo_optim_config cfg;
-    zo_optim_config_default(&cfg);
-    cfg.dev = dev;
-    cfg.param_dtype = shape.param_dtype;
-    cfg.grad_dtype = shape.grad_dtype;
-    cfg.max_grad_norm = 1.0;
+/* The engine configuration, first step: the defaults, then the JSON file
+ * (--config), whose dtypes must be the model's. */
+static int load_config(train_run *t)
+{
+    const options *opt = &t->opt;
+    zo_optim_config *cfg = &t->cfg;
+    zo_optim_config_default(cfg);
+    cfg->dev = t->dev;
+    cfg->param_dtype = t->shape.param_dtype;
+    cfg->grad_dtype = t->shape.grad_dtype;
+    cfg->max_grad_norm = 1.0;
     /* NVMe placement from the config file alone still gets a parent directory */
-    cfg.nvme_path = opt.nvme_path ? opt.nvme_path : "/var/tmp";
-    zo_optim_group grp[2], jgroup;
-    zo_optim_group_default(&jgroup);
-    if (opt.config) {
-        if ((r = zo_optim_json_load(opt.config, &cj)) < 0) {
-            fprintf(stderr, "zo-train: --config %s: %s: %s\n", opt.config, zo_strerror(r), zo_last_error_detail());
-            rc = 2;
-            goto out;
-        }
+    cfg->nvme_path = opt->nvme_path ? opt->nvme_path : "/var/tmp";
+    zo_optim_group_default(&t->jgroup);
+    if (!opt->config)
+        return 0;
+    int r;
+    if ((r = zo_optim_json_load(opt->config, &t->cj)) < 0 ||
         /* the file decides dtypes too (bf16.enabled / fp16.enabled): keep the model's in step */
-        if ((r = zo_optim_json_apply(cj, &cfg, &jgroup)) < 0) {
-            fprintf(stderr, "zo-train: --config %s: %s: %s\n", opt.config, zo_strerror(r), zo_last_error_detail());
-            rc = 2;
-            goto out;
-        }
-        if (cfg.param_dtype != shape.param_dtype) {
-            fprintf(stderr, "zo-train: --config %s sets device params %s, the model has %s: give --param-dtype %s "
-                            "to match\n", opt.config, zo_dtype_name(cfg.param_dtype),
-                    zo_dtype_name(shape.param_dtype), zo_dtype_name(cfg.param_dtype));
-            rc = 2;
-            goto out;
-        }
-        if (cfg.grad_dtype != ZO_DTYPE_COUNT && cfg.grad_dtype != shape.grad_dtype) {
-            fprintf(stderr, "zo-train: --config %s sets device gradients (zoffload.grad_dtype) %s, the model's are %s: "
-                            "give --grad %s to match\n", opt.config, zo_dtype_name(cfg.grad_dtype),
-                    zo_dtype_name(shape.grad_dtype), zo_dtype_name(cfg.grad_dtype));
-            rc = 2;
-            goto out;
-        }
-        const char *rep = zo_optim_json_report(cj);
-        if (rep && *rep && !opt.quiet)
-            printf("config %s:\n%s", opt.config, rep);
-    }
-    hp_w = cfg.hparams;
+        (r = zo_optim_json_apply(t->cj, cfg, &t->jgroup)) < 0)
+        return zo_tool_bad("zo-train", "--config %s: %s: %s", opt->config, zo_strerror(r), zo_last_error_detail());
+    if (cfg->param_dtype != t->shape.param_dtype)
+        return zo_tool_bad("zo-train", "--config %s sets device params %s, the model has %s: give --param-dtype %s "
+                                       "to match", opt->config, zo_dtype_name(cfg->param_dtype),
+                           zo_dtype_name(t->shape.param_dtype), zo_dtype_name(cfg->param_dtype));
+    if (cfg->grad_dtype != ZO_DTYPE_COUNT && cfg->grad_dtype != t->shape.grad_dtype)
+        return zo_tool_bad("zo-train", "--config %s sets device gradients (zoffload.grad_dtype) %s, the model's are "
+                                       "%s: give --grad %s to match", opt->config, zo_dtype_name(cfg->grad_dtype),
+                           zo_dtype_name(t->shape.grad_dtype), zo_dtype_name(cfg->grad_dtype));
+    const char *rep = zo_optim_json_report(t->cj);
+    if (rep && *rep && !opt->quiet)
+        printf("config %s:\n%s", opt->config, rep);
+    return 0;
+}
+
+/* The engine configuration, second step: the flags override the file. */
+static int apply_flags(train_run *t)
+{
+    const options *opt = &t->opt;
+    zo_optim_config *cfg = &t->cfg;
+    t->hp_w = cfg->hparams;
     /* the learning rate: --lr, else the config file's, else the width-scaled default */
     double cfg_lr;
-    if (opt.lr_given || !cj || zo_optim_json_number(cj, "optimizer.params.lr", &cfg_lr) < 0)
-        hp_w.lr = opt.lr;
+    if (opt->lr_given || !t->cj || zo_optim_json_number(t->cj, "optimizer.params.lr", &cfg_lr) < 0)
+        t->hp_w.lr = opt->lr;
     /* biases: no weight decay (the usual second parameter group) */
-    hp_b = hp_w;
-    hp_b.weight_decay = 0;
-    if (opt.offload >= 0)
-        cfg.placement = (zo_optim_placement)opt.offload;
-    if (opt.dpu >= 0)
-        cfg.dpu = opt.dpu;
-    if (opt.dpu_warmup >= 0)
-        cfg.dpu_warmup_steps = (unsigned)opt.dpu_warmup;
-    if (opt.accum > 0)
-        cfg.grad_accum_steps = (unsigned)opt.accum;
-    if (opt.clip >= 0)
-        cfg.max_grad_norm = opt.clip;
-    if (opt.sub_group)
-        cfg.sub_group_size = opt.sub_group;
-    if (opt.nthreads)
-        cfg.nthreads = opt.nthreads;
-    if (!cfg.nthreads)
-        cfg.nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN); /* explicit, so --verify's team matches */
-    if (opt.verify && cfg.clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && cfg.max_grad_norm > 0) {
+    t->hp_b = t->hp_w;
+    t->hp_b.weight_decay = 0;
+    if (opt->offload >= 0)
+        cfg->placement = (zo_optim_placement)opt->offload;
+    if (opt->dpu >= 0)
+        cfg->dpu = opt->dpu;
+    if (opt->dpu_warmup >= 0)
+        cfg->dpu_warmup_steps = (unsigned)opt->dpu_warmup;
+    if (opt->accum > 0)
+        cfg->grad_accum_steps = (unsigned)opt->accum;
+    if (opt->clip >= 0)
+        cfg->max_grad_norm = opt->clip;
+    if (opt->sub_group)
+        cfg->sub_group_size = opt->sub_group;
+    if (opt->nthreads)
+        cfg->nthreads = opt->nthreads;
+    if (!cfg->nthreads)
+        cfg->nthreads = (int)sysconf(_SC_NPROCESSORS_ONLN); /* explicit, so --verify's team matches */
+    if (opt->verify && cfg->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE && cfg->max_grad_norm > 0)
         /* a clipped speculative step is rolled back, which is exact only
          * within the rollback's rounding bounds (optim.h) */
-        fprintf(stderr, "zo-train: --verify compares bit for bit, and speculative clipping rolls clipped steps "
-                        "back within rounding bounds: use clip_mode two_pass, or --clip 0\n");
-        rc = 2;
-        goto out;
-    }
-    if (cfg.placement == ZO_OPTIM_PLACE_NVME) {
-        /* the parent: --nvme-path, else the config's nvme_path, else /var/tmp */
-        const char *parent = opt.nvme_path ? opt.nvme_path : cfg.nvme_path;
-        if (make_tmpdir(parent) < 0) {
-            rc = 2;
-            goto out;
-        }
-        cfg.nvme_path = g_run.path;
-    } else if (opt.nvme_path) {
-        fprintf(stderr, "zo-train: --nvme-path needs --offload nvme\n");
-        rc = 2;
-        goto out;
-    } else {
-        cfg.nvme_path = NULL;
-    }
+        return zo_tool_bad("zo-train", "--verify compares bit for bit, and speculative clipping rolls clipped "
+                                       "steps back within rounding bounds: use clip_mode two_pass, or --clip 0");
+    return 0;
+}
 
-    /* ---- the device model; tiled layers homed in a store ---- */
-    train_tiling tiling = {0};
-    if (tiled) {
-        if (cfg.dpu) {
-            /* the tiles are rewritten from the engine's parameter buffer after
-             * each zo_optim_wait(); under DPU the update in flight flips that
-             * buffer while the next forward runs */
-            fprintf(stderr, "zo-train: tiled layers (the model does not fit --device-budget) need --dpu off\n");
-            rc = 2;
-            goto out;
-        }
-        tiling.home = cfg.placement == ZO_OPTIM_PLACE_NVME ? ZO_TIER_NVME : ZO_TIER_HOST;
-        tiling.layer_budget = layer_budget; /* zo_tiled_linear_create() plans plan_grid from it again */
-        tiling.prefix = "layer";
-        uint64_t wbytes = (uint64_t)shape.layers * shape.width * shape.width * 4;
-        if (tiling.home == ZO_TIER_NVME) {
-            char dir[PATH_MAX + 8];
-            snprintf(dir, sizeof(dir), "%s/tiles", g_run.path);
-            zo_swap_config sc;
-            zo_swap_config_default(&sc);
-            const char *dirs[1] = {dir};
-            sc.dirs = dirs;
-            sc.ndirs = 1;
-            sc.arena_size = wbytes;
-            if (mkdir(dir, 0700) < 0 || (r = zo_swap_create(&tile_swap, &sc)) < 0) {
-                fprintf(stderr, "zo-train: the tiles' NVMe home %s: %s\n", dir,
-                        errno && !tile_swap ? strerror(errno) : zo_last_error_detail());
-                goto out;
-            }
-        }
-        if ((r = open_tile_store(dev, wbytes, tile_swap, &tile_store)) < 0)
-            goto out;
-        tiling.store = tile_store;
+/* NVMe placement: the private run directory (a killed run's is reclaimed
+ * here), under --nvme-path, else the config's nvme_path, else /var/tmp. */
+static int place_state(train_run *t)
+{
+    zo_optim_config *cfg = &t->cfg;
+    if (cfg->placement == ZO_OPTIM_PLACE_NVME) {
+        if (make_tmpdir(t->opt.nvme_path ? t->opt.nvme_path : cfg->nvme_path) < 0)
+            return 2;
+        cfg->nvme_path = g_run.path;
+    } else if (t->opt.nvme_path) {
+        return zo_tool_bad("zo-train", "--nvme-path needs --offload nvme");
+    } else {
+        cfg->nvme_path = NULL;
     }
-    if ((r = device_model_init(&dm, dev, &shape, tiled ? &tiling : NULL)) < 0) {
-        if (tiled)
-            fprintf(stderr, "zo-train: tiled layers within the device budget of %.1f MiB: %s\n", mib(budget),
+    return 0;
+}
+
+/* Tiled layers: the home of the weight tiles, a store in pinned host
+ * memory or (NVMe placement) on swap files in the run directory. */
+static int open_tile_home(train_run *t)
+{
+    if (t->cfg.dpu)
+        /* the tiles are rewritten from the engine's parameter buffer after
+         * each zo_optim_wait(); under DPU the update in flight flips that
+         * buffer while the next forward runs */
+        return zo_tool_bad("zo-train", "tiled layers (the model does not fit --device-budget) need --dpu off");
+    train_tiling *tiling = &t->tiling;
+    tiling->home = t->cfg.placement == ZO_OPTIM_PLACE_NVME ? ZO_TIER_NVME : ZO_TIER_HOST;
+    tiling->layer_budget = t->layer_budget; /* zo_tiled_linear_create() plans the grid from it again */
+    tiling->prefix = "layer";
+    uint64_t wbytes = (uint64_t)t->shape.layers * t->shape.width * t->shape.width * 4;
+    if (tiling->home == ZO_TIER_NVME) {
+        char dir[PATH_MAX + 8];
+        snprintf(dir, sizeof(dir), "%s/tiles", g_run.path);
+        zo_swap_config sc;
+        zo_swap_config_default(&sc);
+        const char *dirs[1] = {dir};
+        sc.dirs = dirs;
+        sc.ndirs = 1;
+        sc.arena_size = wbytes;
+        if (mkdir(dir, 0700) < 0 || zo_swap_create(&t->tile_swap, &sc) < 0) {
+            fprintf(stderr, "zo-train: the tiles' NVMe home %s: %s\n", dir,
+                    errno && !t->tile_swap ? strerror(errno) : zo_last_error_detail());
+            return 1;
+        }
+    }
+    if (open_tile_store(t->dev, wbytes, t->tile_swap, &t->tile_store) < 0)
+        return 1;
+    tiling->store = t->tile_store;
+    return 0;
+}
+
+/* The device model (params, grads, activations); tiled layers homed in a store. */
+static int build_model(train_run *t)
+{
+    int rc = t->tiled ? open_tile_home(t) : 0;
+    if (rc)
+        return rc;
+    int r = device_model_init(&t->dm, t->dev, &t->shape, t->tiled ? &t->tiling : NULL);
+    if (r < 0) {
+        if (t->tiled)
+            fprintf(stderr, "zo-train: tiled layers within the device budget of %.1f MiB: %s\n", mib(t->budget),
                     zo_strerror(r));
         else
             fprintf(stderr, "zo-train: the model (%.1f MiB of params, grads and activations) does not fit the device "
-                            "budget of %.1f MiB: %s\n", mib(dev_need), mib(budget), zo_strerror(r));
-        rc = r == ZO_EBUDGET ? 2 : 1;
-        goto out;
+                            "budget of %.1f MiB: %s\n", mib(t->dev_need), mib(t->budget), zo_strerror(r));
+        return r == ZO_EBUDGET ? 2 : 1;
     }
+    return 0;
+}
 
-    /* Two parameter groups: the weights (weight decay) and the biases (none). */
-    const char **names = calloc(dm.ntensors, sizeof(char *));
-    char (*namebuf)[32] = calloc(dm.ntensors, 32);
+/* The engine: two parameter groups, the weights (weight decay) and the
+ * biases (none), over the device model's tensors; the initial parameters
+ * are written to the device first. */
+static int create_engine(train_run *t)
+{
+    device_model *dm = &t->dm;
+    int rc = 1, r;
+    const char **names = calloc(dm->ntensors, sizeof(char *));
+    char (*namebuf)[32] = calloc(dm->ntensors, 32);
     if (!names || !namebuf) {
         fprintf(stderr, "zo-train: out of memory\n");
-        free(names);
-        free(namebuf);
         goto out;
     }
-    for (unsigned i = 0; i < dm.ntensors; i++) {
-        if (i >= dm.nweights)
-            snprintf(namebuf[i], 32, "layer%u.bias", i - dm.nweights);
-        else if (tiled)
-            snprintf(namebuf[i], 32, "layer%u.weight.%u", i / dm.model.tiles, i % dm.model.tiles);
+    for (unsigned i = 0; i < dm->ntensors; i++) {
+        if (i >= dm->nweights)
+            snprintf(namebuf[i], 32, "layer%u.bias", i - dm->nweights);
+        else if (t->tiled)
+            snprintf(namebuf[i], 32, "layer%u.weight.%u", i / dm->model.tiles, i % dm->model.tiles);
         else
             snprintf(namebuf[i], 32, "layer%u.weight", i);
         names[i] = namebuf[i];
     }
     for (int g = 0; g < 2; g++) {
-        zo_optim_group_default(&grp[g]);
-        grp[g].ntensors = g ? shape.layers : dm.nweights;
-        grp[g].numel = dm.numel + (g ? dm.nweights : 0);
-        grp[g].names = names + (g ? dm.nweights : 0);
+        zo_optim_group *grp = &t->grp[g];
+        zo_optim_group_default(grp);
+        grp->ntensors = g ? t->shape.layers : dm->nweights;
+        grp->numel = dm->numel + (g ? dm->nweights : 0);
+        grp->names = names + (g ? dm->nweights : 0);
         /* tiles: the engine never touches them; zo-train writes them from
          * the parameter buffers after each update (refresh_tiles()) */
-        grp[g].dev_params = g == 0 && tiled ? NULL : dm.param + (g ? dm.nweights : 0);
-        grp[g].hparams = g ? &hp_b : &hp_w;
-        grp[g].state_dtype = jgroup.state_dtype;
+        grp->dev_params = g == 0 && t->tiled ? NULL : dm->param + (g ? dm->nweights : 0);
+        grp->hparams = g ? &t->hp_b : &t->hp_w;
+        grp->state_dtype = t->jgroup.state_dtype;
     }
-    cfg.groups = grp;
-    cfg.ngroups = 2;
-
-    /* ---- create the engine and give it the initial parameters ---- */
-    if ((r = train_model_init_params(&dm.model)) < 0) {
-        fprintf(stderr, "zo-train: initial parameters: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(dev));
-        free(names);
-        free(namebuf);
+    t->cfg.groups = t->grp;
+    t->cfg.ngroups = 2;
+    if ((r = train_model_init_params(&dm->model)) < 0) {
+        fprintf(stderr, "zo-train: initial parameters: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(t->dev));
         goto out;
     }
-    r = zo_optim_create(&o, &cfg);
-    free(names);
-    free(namebuf);
-    if (r < 0) {
+    if ((r = zo_optim_create(&t->o, &t->cfg)) < 0) {
         fprintf(stderr, "zo-train: zo_optim_create: %s: %s\n", zo_strerror(r), zo_last_error_detail());
         rc = r == ZO_ECONFIG || r == ZO_EBUDGET || r == -EINVAL ? 2 : 1;
         goto out;
     }
-    zo_optim_json_free(&cj); /* cfg pointed into it until create */
-    uint64_t micro = 0; /* global micro-step index: picks the data */
-    if (opt.resume) {
-        char user[256] = "";
-        if ((r = zo_optim_load(o, opt.resume, NULL, user, sizeof(user))) < 0) {
-            fprintf(stderr, "zo-train: --resume %s: %s: %s\n", opt.resume, zo_strerror(r), zo_optim_errmsg(o));
-            goto out;
-        }
-        const char *p = strstr(user, "\"micro\":");
-        unsigned long long um = 0;
-        if (!p || sscanf(p, "\"micro\":%llu", &um) != 1) {
-            fprintf(stderr, "zo-train: --resume %s: not a zo-train checkpoint\n", opt.resume);
-            goto out;
-        }
-        micro = um;
-        /* The seed makes the teacher and the data: the run goes on with the
-         * checkpoint's, and another one would be another task. */
-        unsigned long long useed;
-        if ((p = strstr(user, "\"seed\":")) && sscanf(p, "\"seed\":%llu", &useed) == 1) {
-            if (opt.seed_given && opt.seed != useed) {
-                fprintf(stderr, "zo-train: --resume %s: --seed %" PRIu64 ", but the checkpoint was trained with seed "
-                                "%llu (the teacher and the data follow the seed): give --seed %llu or leave it out\n",
-                        opt.resume, opt.seed, useed, useed);
-                rc = 2;
-                goto out;
-            }
-            shape.seed = useed;
-        }
-        /* The learning rate: --lr replaces the checkpoint's; without it the
-         * checkpoint's goes on (zo_optim_load restored it), and the
-         * reference of --verify takes it too. */
-        double ulr;
-        const char *lr_from = "--lr";
-        if (opt.lr_given) {
-            if ((r = zo_optim_set_lr(o, 0, opt.lr)) < 0 || (r = zo_optim_set_lr(o, 1, opt.lr)) < 0) {
-                fprintf(stderr, "zo-train: --lr %g: %s (%s)\n", opt.lr, zo_strerror(r), zo_optim_errmsg(o));
-                rc = 2;
-                goto out;
-            }
-        } else if ((p = strstr(user, "\"lr\":")) && sscanf(p, "\"lr\":%lf", &ulr) == 1) {
-            hp_w.lr = hp_b.lr = ulr;
-            lr_from = "the checkpoint's";
-        } else {
-            lr_from = NULL; /* an older checkpoint: the engine has it, we do not know it */
-        }
-        printf("resumed from %s: seed %" PRIu64 "%s, ", opt.resume, shape.seed, opt.seed_given ? "" : " (the checkpoint's)");
-        if (lr_from)
-            printf("lr %g (%s)\n", hp_w.lr, lr_from);
-        else
-            printf("lr: the checkpoint's (not recorded in it)\n");
-        if (tiled && (r = refresh_tiles(o, &dm)) < 0)
-            goto out;
-    } else if (tiled) {
+    zo_optim_json_free(&t->cj); /* cfg pointed into it until create */
+    rc = 0;
+out:
+    free(names); /* the engine keeps its own copies */
+    free(namebuf);
+    return rc;
+}
+
+/* --resume: the engine's masters and states from the checkpoint, and what
+ * zo-train keeps in its user data: the data position (micro), the seed (the
+ * teacher and the data follow it: another one is refused) and the learning
+ * rate (--lr replaces it). */
+static int resume_checkpoint(train_run *t)
+{
+    const options *opt = &t->opt;
+    char user[256] = "";
+    int r;
+    if ((r = zo_optim_load(t->o, opt->resume, NULL, user, sizeof(user))) < 0) {
+        fprintf(stderr, "zo-train: --resume %s: %s: %s\n", opt->resume, zo_strerror(r), zo_optim_errmsg(t->o));
+        return 1;
+    }
+    const char *p = strstr(user, "\"micro\":");
+    unsigned long long um = 0;
+    if (!p || sscanf(p, "\"micro\":%llu", &um) != 1) {
+        fprintf(stderr, "zo-train: --resume %s: not a zo-train checkpoint\n", opt->resume);
+        return 1;
+    }
+    t->micro = um;
+    /* The seed makes the teacher and the data: the run goes on with the
+     * checkpoint's, and another one would be another task. */
+    unsigned long long useed;
+    if ((p = strstr(user, "\"seed\":")) && sscanf(p, "\"seed\":%llu", &useed) == 1) {
+        if (opt->seed_given && opt->seed != useed)
+            return zo_tool_bad("zo-train", "--resume %s: --seed %" PRIu64 ", but the checkpoint was trained with "
+                                           "seed %llu (the teacher and the data follow the seed): give --seed %llu "
+                                           "or leave it out", opt->resume, opt->seed, useed, useed);
+        t->shape.seed = useed;
+    }
+    /* The learning rate: --lr replaces the checkpoint's; without it the
+     * checkpoint's goes on (zo_optim_load restored it), and the
+     * reference of --verify takes it too. */
+    double ulr;
+    const char *lr_from = "--lr";
+    if (opt->lr_given) {
+        if ((r = zo_optim_set_lr(t->o, 0, opt->lr)) < 0 || (r = zo_optim_set_lr(t->o, 1, opt->lr)) < 0)
+            return zo_tool_bad("zo-train", "--lr %g: %s (%s)", opt->lr, zo_strerror(r), zo_optim_errmsg(t->o));
+    } else if ((p = strstr(user, "\"lr\":")) && sscanf(p, "\"lr\":%lf", &ulr) == 1) {
+        t->hp_w.lr = t->hp_b.lr = ulr;
+        lr_from = "the checkpoint's";
+    } else {
+        lr_from = NULL; /* an older checkpoint: the engine has it, we do not know it */
+    }
+    printf("resumed from %s: seed %" PRIu64 "%s, ", opt->resume, t->shape.seed,
+           opt->seed_given ? "" : " (the checkpoint's)");
+    if (lr_from)
+        printf("lr %g (%s)\n", t->hp_w.lr, lr_from);
+    else
+        printf("lr: the checkpoint's (not recorded in it)\n");
+    return t->tiled && refresh_tiles(t->o, &t->dm) < 0 ? 1 : 0;
+}
+
+/* The engine's starting state: a checkpoint (--resume), else the initial
+ * parameters as masters and zero optimizer states. */
+static int start_state(train_run *t)
+{
+    if (t->opt.resume)
+        return resume_checkpoint(t);
+    if (t->tiled)
         /* the tiles have no device params to read: the initial values go in as masters */
-        if ((r = init_masters(o, &dm)) < 0)
-            goto out;
-    } else if ((r = zo_optim_init_from_device(o)) < 0) {
-        fprintf(stderr, "zo-train: zo_optim_init_from_device: %s: %s\n", zo_strerror(r), zo_optim_errmsg(o));
-        goto out;
+        return init_masters(t->o, &t->dm) < 0 ? 1 : 0;
+    int r = zo_optim_init_from_device(t->o);
+    if (r < 0) {
+        fprintf(stderr, "zo-train: zo_optim_init_from_device: %s: %s\n", zo_strerror(r), zo_optim_errmsg(t->o));
+        return 1;
     }
-    if (opt.save) {
+    return 0;
+}
+
+/* Before the first step: the --save directory can take this run's
+ * checkpoints (found now, not after the whole run), the reference of
+ * --verify starts where the engine does, the teacher and the batch
+ * buffers exist, and the --json file is new. */
+static int prepare_run(train_run *t)
+{
+    const options *opt = &t->opt;
+    int r;
+    if (opt->save) {
         zo_optim_info si = {.struct_size = sizeof(si)};
-        if ((r = zo_optim_get_info(o, &si)) < 0 || check_save_dir(opt.save, si.step, si.step + opt.steps) < 0) {
-            rc = 2;
-            goto out;
-        }
+        if (zo_optim_get_info(t->o, &si) < 0 || check_save_dir(opt->save, si.step, si.step + opt->steps) < 0)
+            return 2;
     }
-
-    if (opt.verify) {
-        if ((r = reference_init(&ref, &shape, &cfg, &dm, tiled ? &tiling : NULL)) < 0 ||
-            (r = reference_start(&ref, o)) < 0) {
-            fprintf(stderr, "zo-train: verify: %s\n", zo_strerror(r));
-            goto out;
-        }
+    if (opt->verify && ((r = reference_init(&t->ref, &t->shape, &t->cfg, &t->dm, t->tiled ? &t->tiling : NULL)) < 0 ||
+                        (r = reference_start(&t->ref, t->o)) < 0)) {
+        fprintf(stderr, "zo-train: verify: %s\n", zo_strerror(r));
+        return 1;
     }
-    if (train_teacher_init(&teacher, &shape) < 0 || !(x = malloc(shape.batch * shape.width * 4)) ||
-        !(y = malloc(shape.batch * shape.width * 4))) {
+    size_t batch_bytes = t->shape.batch * t->shape.width * 4;
+    if (train_teacher_init(&t->teacher, &t->shape) < 0 || !(t->x = malloc(batch_bytes)) ||
+        !(t->y = malloc(batch_bytes))) {
         fprintf(stderr, "zo-train: out of memory for the teacher and the data\n");
-        goto out;
+        return 1;
     }
-    if (opt.json) {
-        if (!(jf = create_file(opt.json))) {
-            rc = 2;
-            goto out;
-        }
-    }
+    if (opt->json && !(t->jf = create_file(opt->json)))
+        return 2;
+    return 0;
+}
 
+/* What is about to run: the model, the device, the tiles, the engine. */
+static int print_setup(train_run *t)
+{
+    const train_shape *s = &t->shape;
+    const zo_optim_config *cfg = &t->cfg;
+    const char *backend = t->opt.backend;
     zo_optim_info info = {.struct_size = sizeof(info)};
-    zo_optim_get_info(o, &info);
+    zo_optim_get_info(t->o, &info);
     printf("model: %u layers of %zu x %zu + bias, %" PRIu64 " parameters (%.1f M), batch %zu x %u micro-steps\n",
-           shape.layers, shape.width, shape.width, nparams, nparams / 1e6, shape.batch, cfg.grad_accum_steps);
-    if (tiled)
+           s->layers, s->width, s->width, t->nparams, t->nparams / 1e6, s->batch, cfg->grad_accum_steps);
+    if (t->tiled)
         printf("device (%s): budget %.1f MiB, held %.1f MiB: params %s and grads %s of the biases, activations; "
-               "the weights in tiles\n", opt.backend, mib(budget), mib(dm.bytes), zo_dtype_name(shape.param_dtype),
-               zo_dtype_name(shape.grad_dtype));
+               "the weights in tiles\n", backend, mib(t->budget), mib(t->dm.bytes), zo_dtype_name(s->param_dtype),
+               zo_dtype_name(s->grad_dtype));
     else
         printf("device (%s): budget %.1f MiB; params %s %.1f MiB, grads %s %.1f MiB, activations %.1f MiB\n",
-               opt.backend, mib(budget), zo_dtype_name(shape.param_dtype), mib(nparams * pes),
-               zo_dtype_name(shape.grad_dtype), mib(nparams * ges), mib(train_shape_activation_bytes(&shape)));
-    if (tiled) {
-        const zo_tile_grid *g = &dm.model.grid;
+               backend, mib(t->budget), zo_dtype_name(s->param_dtype), mib(t->nparams * t->pes),
+               zo_dtype_name(s->grad_dtype), mib(t->nparams * t->ges), mib(train_shape_activation_bytes(s)));
+    if (t->tiled) {
+        const zo_tile_grid *g = &t->dm.model.grid;
         printf("tiles: a %zu x %zu weight (%.1f MiB as fp32 tiles) does not fit the device budget -> per layer %u x %u "
                "tiles of %u x %u (%.1f KiB) homed in %s, %.1f MiB device working memory (zo_tile_plan of %.1f MiB)\n",
-               shape.width, shape.width, mib((uint64_t)shape.width * shape.width * 4), g->tiles_out, g->tiles_in,
+               s->width, s->width, mib((uint64_t)s->width * s->width * 4), g->tiles_out, g->tiles_in,
                g->tile_out, g->tile_in, g->tile_bytes / 1024.0,
-               tiling.home == ZO_TIER_NVME ? "NVMe" : "pinned host memory", mib(g->work_bytes),
-               mib(tiling.layer_budget));
+               t->tiling.home == ZO_TIER_NVME ? "NVMe" : "pinned host memory", mib(g->work_bytes),
+               mib(t->tiling.layer_budget));
     }
-    uint64_t state_bytes = nparams * (4 + 2 * zo_dtype_size(jgroup.state_dtype)); /* master, m, v */
+    uint64_t state_bytes = t->nparams * (4 + 2 * zo_dtype_size(t->jgroup.state_dtype)); /* master, m, v */
     printf("engine: fp32 masters + optimizer states %.1f MiB %s the device budget -> %s%s; DPU %s (warm-up %u), "
            "clip %g, %d threads, %u sub-groups\n",
-           mib(state_bytes), state_bytes > budget ? "do not fit" : "would fit",
-           cfg.placement == ZO_OPTIM_PLACE_NVME ? "NVMe in " : "pinned host memory",
-           cfg.placement == ZO_OPTIM_PLACE_NVME ? g_run.path : "", cfg.dpu ? "on" : "off", cfg.dpu_warmup_steps,
-           cfg.max_grad_norm, cfg.nthreads, info.nsubgroups);
+           mib(state_bytes), state_bytes > t->budget ? "do not fit" : "would fit",
+           cfg->placement == ZO_OPTIM_PLACE_NVME ? "NVMe in " : "pinned host memory",
+           cfg->placement == ZO_OPTIM_PLACE_NVME ? g_run.path : "", cfg->dpu ? "on" : "off", cfg->dpu_warmup_steps,
+           cfg->max_grad_norm, cfg->nthreads, info.nsubgroups);
     fflush(stdout);
+    return 0;
+}
 
-    /* ---- training ---- */
-    dev_peak = device_in_use(dev, dev_peak);
-    double t_start = now_s();
-    int verify_failed = 0;
-    zo_optim_get_info(o, &info);
-    int64_t step0 = info.step; /* updates before this run (a resumed checkpoint's) */
-    for (unsigned s = 0; s < opt.steps && !g_stop; s++) {
-        double t0 = now_s(), compute = 0, data = 0, loss = 0, ref_loss = 0;
-        double scale = zo_optim_loss_scale(o); /* fp16: the dynamic loss scale of this window */
-        unsigned k;
-        for (k = 0; k < cfg.grad_accum_steps; k++, micro++) {
-            if (g_stop)
-                break; /* inside the window: checked at every micro-step, not only at the boundary */
-            test_micro_delay();
-            double td = now_s();
-            train_teacher_batch(&teacher, micro, x, y);
-            double tc = now_s();
-            data += tc - td;
-            double l;
-            if ((r = train_forward(&dm.model, x, y, &l)) < 0) {
-                fprintf(stderr, "zo-train: forward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(dev));
-                goto out;
-            }
-            /* the previous step's gradient copies must be done before
-             * backward rewrites the gradient buffers */
-            if ((r = zo_optim_grads_done(o)) < 0) {
-                fprintf(stderr, "zo-train: zo_optim_grads_done: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
-                goto out;
-            }
-            engine_intake ei = {.o = o, .grad_dtype = shape.grad_dtype};
-            if ((r = train_backward(&dm.model, y, scale, engine_grad, &ei)) < 0) {
-                fprintf(stderr, "zo-train: backward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(dev));
-                goto out;
-            }
-            compute += now_s() - tc;
-            loss += l / cfg.grad_accum_steps;
-            /* every micro-step ends with a step call; only the boundary updates */
-            if ((r = zo_optim_step_async(o, NULL)) < 0) {
-                fprintf(stderr, "zo-train: zo_optim_step_async: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
-                goto out;
-            }
-            if (opt.verify) {
-                double rl = 0;
-                if ((r = train_forward(&ref.model, x, y, &rl)) < 0 ||
-                    (r = train_backward(&ref.model, y, scale, reference_grad, &ref)) < 0) {
-                    fprintf(stderr, "zo-train: verify: reference model: %s\n", zo_strerror(r));
-                    goto out;
-                }
-                ref_loss += rl / cfg.grad_accum_steps;
-            }
-        }
-        if (k < cfg.grad_accum_steps) {
-            /* Stopped inside the window: a step on part of it would not be
-             * this run's step, and a save is refused mid-window; drop it, so
-             * the run ends (and saves) at the last boundary and a resumed run
-             * starts this window again from its first micro-step. */
-            if ((r = zo_optim_discard_grads(o)) < 0) {
-                fprintf(stderr, "zo-train: dropping the interrupted window: %s (%s)\n", zo_strerror(r),
-                        zo_optim_errmsg(o));
-                goto out;
-            }
-            micro -= k;
-            if (opt.verify)
-                for (unsigned i = 0; i < ref.ntensors; i++)
-                    ref.first[i] = 1;
-            printf("interrupted inside an accumulation window: its %u of %u micro-steps are dropped\n", k,
-                   cfg.grad_accum_steps);
+/* One optimizer step's window, as it went. */
+typedef struct window {
+    double scale;             /* fp16: the dynamic loss scale of this window */
+    double compute, data;     /* seconds: forward and backward; the teacher's batches */
+    double loss, ref_loss;    /* mean over the micro-steps; the reference's (--verify) */
+    unsigned done;            /* micro-steps run: grad_accum_steps, or fewer when a signal stopped it */
+} window;
+
+/* The micro-steps of one accumulation window: forward, backward handing
+ * each gradient to the engine, and a step call each; with --verify the
+ * reference does the same on the same batch. A signal is checked at every
+ * micro-step, not only at the boundary. */
+static int run_window(train_run *t, window *w)
+{
+    unsigned accum = t->cfg.grad_accum_steps;
+    int r;
+    for (w->done = 0; w->done < accum; w->done++, t->micro++) {
+        if (g_stop)
             break;
+        test_micro_delay();
+        double td = now_s();
+        train_teacher_batch(&t->teacher, t->micro, t->x, t->y);
+        double tc = now_s();
+        w->data += tc - td;
+        double l;
+        if ((r = train_forward(&t->dm.model, t->x, t->y, &l)) < 0) {
+            fprintf(stderr, "zo-train: forward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(t->dev));
+            return 1;
         }
-        /* Without DPU (or in its warm-up) the update finishes now; with it,
-         * the next step call finishes it while this step's forward runs. */
-        if ((r = zo_optim_get_info(o, &info)) < 0) {
-            fprintf(stderr, "zo-train: zo_optim_get_info: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
-            goto out;
+        /* the previous step's gradient copies must be done before
+         * backward rewrites the gradient buffers */
+        if ((r = zo_optim_grads_done(t->o)) < 0) {
+            fprintf(stderr, "zo-train: zo_optim_grads_done: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(t->o));
+            return 1;
         }
-        zo_optim_step_result res = {.struct_size = sizeof(res)};
-        if (!cfg.dpu || !info.dpu_active) {
-            if ((r = zo_optim_wait(o, &res)) < 0) {
-                fprintf(stderr, "zo-train: step %u: %s (%s)\n", s + 1, zo_strerror(r), zo_optim_errmsg(o));
-                goto out;
+        engine_intake ei = {.o = t->o, .grad_dtype = t->shape.grad_dtype};
+        if ((r = train_backward(&t->dm.model, t->y, w->scale, engine_grad, &ei)) < 0) {
+            fprintf(stderr, "zo-train: backward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(t->dev));
+            return 1;
+        }
+        w->compute += now_s() - tc;
+        w->loss += l / accum;
+        /* every micro-step ends with a step call; only the boundary updates */
+        if ((r = zo_optim_step_async(t->o, NULL)) < 0) {
+            fprintf(stderr, "zo-train: zo_optim_step_async: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(t->o));
+            return 1;
+        }
+        if (t->opt.verify) {
+            double rl = 0;
+            if ((r = train_forward(&t->ref.model, t->x, t->y, &rl)) < 0 ||
+                (r = train_backward(&t->ref.model, t->y, w->scale, reference_grad, &t->ref)) < 0) {
+                fprintf(stderr, "zo-train: verify: reference model: %s\n", zo_strerror(r));
+                return 1;
             }
+            w->ref_loss += rl / accum;
         }
-        if (tiled && (r = refresh_tiles(o, &dm)) < 0)
-            goto out;
-        dev_peak = device_in_use(dev, dev_peak);
-        double dt = now_s() - t0;
-        if (opt.verify) {
-            if ((r = reference_step(&ref, scale, cfg.max_grad_norm, cfg.dpu_warmup_steps, cfg.dpu)) < 0) {
-                fprintf(stderr, "zo-train: verify: reference step: %s\n", zo_strerror(r));
-                goto out;
-            }
-            if (memcmp(&loss, &ref_loss, sizeof(double)) && !verify_failed) {
-                fprintf(stderr, "zo-train: verify: step %u: loss %.9g, reference %.9g\n", s + 1, loss, ref_loss);
-                verify_failed = 1;
-            }
+    }
+    return 0;
+}
+
+/* Stopped inside the window: a step on part of it would not be this run's
+ * step, and a save is refused mid-window; drop it, so the run ends (and
+ * saves) at the last boundary and a resumed run starts this window again
+ * from its first micro-step. */
+static int drop_window(train_run *t, const window *w)
+{
+    int r = zo_optim_discard_grads(t->o);
+    if (r < 0) {
+        fprintf(stderr, "zo-train: dropping the interrupted window: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(t->o));
+        return 1;
+    }
+    t->micro -= w->done;
+    if (t->opt.verify)
+        for (unsigned i = 0; i < t->ref.ntensors; i++)
+            t->ref.first[i] = 1;
+    printf("interrupted inside an accumulation window: its %u of %u micro-steps are dropped\n", w->done,
+           t->cfg.grad_accum_steps);
+    return 0;
+}
+
+/* A step's line: loss, time, and the latest finished update's timeline. */
+static void print_step(int64_t step, const window *w, double dt, const zo_optim_timeline *tl, int have_tl,
+                       const zo_optim_step_result *res)
+{
+    printf("step %4" PRId64 " loss %.6f  %7.1f ms: compute %.1f", step, w->loss, dt * 1e3, w->compute * 1e3);
+    if (have_tl)
+        printf(" | update %" PRId64 ": d2h %.1f optim %.1f nvme-r %.1f nvme-w %.1f h2d %.1f stall %.1f", tl->step,
+               tl->d2h_ns * 1e-6, (tl->compute_ns + tl->norm_ns) * 1e-6, tl->nvme_read_ns * 1e-6,
+               tl->nvme_write_ns * 1e-6, tl->h2d_ns * 1e-6, tl->stall_ns * 1e-6);
+    if (res->boundary && res->clipped)
+        printf(" clip %.3f", res->clip_coef);
+    if (res->skipped)
+        printf(" (skipped: overflow)");
+    printf("\n");
+    fflush(stdout);
+}
+
+/* The end of step s (0-based, of this run) after its window: the update
+ * finished (or left in flight under DPU), the tiles rewritten, the
+ * reference stepped, the totals, the step's line and JSON. */
+static int finish_step(train_run *t, unsigned s, double t0, const window *w)
+{
+    const zo_optim_config *cfg = &t->cfg;
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    int r;
+    /* Without DPU (or in its warm-up) the update finishes now; with it,
+     * the next step call finishes it while this step's forward runs. */
+    if ((r = zo_optim_get_info(t->o, &info)) < 0) {
+        fprintf(stderr, "zo-train: zo_optim_get_info: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(t->o));
+        return 1;
+    }
+    zo_optim_step_result res = {.struct_size = sizeof(res)};
+    if ((!cfg->dpu || !info.dpu_active) && (r = zo_optim_wait(t->o, &res)) < 0) {
+        fprintf(stderr, "zo-train: step %u: %s (%s)\n", s + 1, zo_strerror(r), zo_optim_errmsg(t->o));
+        return 1;
+    }
+    if (t->tiled && refresh_tiles(t->o, &t->dm) < 0)
+        return 1;
+    t->dev_peak = device_in_use(t->dev, t->dev_peak);
+    double dt = now_s() - t0;
+    if (t->opt.verify) {
+        if ((r = reference_step(&t->ref, w->scale, cfg->max_grad_norm, cfg->dpu_warmup_steps, cfg->dpu)) < 0) {
+            fprintf(stderr, "zo-train: verify: reference step: %s\n", zo_strerror(r));
+            return 1;
         }
-        zo_optim_timeline tl = {.struct_size = sizeof(tl)};
-        int have_tl = zo_optim_get_timeline(o, &tl) == 0;
-        if (tot.steps == 0)
-            tot.first_loss = loss;
-        tot.last_loss = loss;
-        tot.steps++;
-        tot.compute_s += compute;
-        tot.data_s += data;
-        if (have_tl)
-            totals_add_timeline(&tot, &tl);
-        zo_optim_get_info(o, &info);
-        if (!opt.quiet) {
-            printf("step %4" PRId64 " loss %.6f  %7.1f ms: compute %.1f", step0 + s + 1, loss, dt * 1e3, compute * 1e3);
-            if (have_tl)
-                printf(" | update %" PRId64 ": d2h %.1f optim %.1f nvme-r %.1f nvme-w %.1f h2d %.1f stall %.1f",
-                       tl.step, tl.d2h_ns * 1e-6, (tl.compute_ns + tl.norm_ns) * 1e-6, tl.nvme_read_ns * 1e-6,
-                       tl.nvme_write_ns * 1e-6, tl.h2d_ns * 1e-6, tl.stall_ns * 1e-6);
-            if (res.boundary && res.clipped)
-                printf(" clip %.3f", res.clip_coef);
-            if (res.skipped)
-                printf(" (skipped: overflow)");
-            printf("\n");
-            fflush(stdout);
+        if (memcmp(&w->loss, &w->ref_loss, sizeof(double)) && !t->verify_failed) {
+            fprintf(stderr, "zo-train: verify: step %u: loss %.9g, reference %.9g\n", s + 1, w->loss, w->ref_loss);
+            t->verify_failed = 1;
         }
-        if (jf)
-            step_json(jf, step0 + s + 1, loss, dt, compute, data, &tl, have_tl);
     }
-    /* finish the update in flight (DPU): the device params are current after this */
-    if ((r = zo_optim_wait(o, NULL)) < 0) {
-        fprintf(stderr, "zo-train: final step: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(o));
-        goto out;
+    zo_optim_timeline tl = {.struct_size = sizeof(tl)};
+    int have_tl = zo_optim_get_timeline(t->o, &tl) == 0;
+    totals *tot = &t->tot;
+    if (tot->steps == 0)
+        tot->first_loss = w->loss;
+    tot->last_loss = w->loss;
+    tot->steps++;
+    tot->compute_s += w->compute;
+    tot->data_s += w->data;
+    if (have_tl)
+        totals_add_timeline(tot, &tl);
+    if (!t->opt.quiet)
+        print_step(t->step0 + s + 1, w, dt, &tl, have_tl, &res);
+    if (t->jf)
+        step_json(t->jf, t->step0 + s + 1, w->loss, dt, w->compute, w->data, &tl, have_tl);
+    return 0;
+}
+
+/* The training loop: --steps optimizer steps, or fewer after a signal. */
+static int train_loop(train_run *t)
+{
+    t->dev_peak = device_in_use(t->dev, t->dev_peak);
+    t->t_start = now_s();
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    zo_optim_get_info(t->o, &info);
+    t->step0 = info.step;
+    for (unsigned s = 0; s < t->opt.steps && !g_stop; s++) {
+        double t0 = now_s();
+        window w = {.scale = zo_optim_loss_scale(t->o)};
+        int rc = run_window(t, &w);
+        if (rc)
+            return rc;
+        if (w.done < t->cfg.grad_accum_steps)
+            return drop_window(t, &w);
+        if ((rc = finish_step(t, s, t0, &w)))
+            return rc;
     }
-    if (tiled && (r = refresh_tiles(o, &dm)) < 0)
-        goto out;
-    tot.wall_s = now_s() - t_start;
-    {
-        zo_optim_timeline tl = {.struct_size = sizeof(tl)};
-        if (zo_optim_get_timeline(o, &tl) == 0)
-            totals_add_timeline(&tot, &tl); /* the last update, finished by the wait */
+    return 0;
+}
+
+/* After the loop: the update in flight (DPU) finished, so the device
+ * params are current, and its timeline counted. */
+static int finish_training(train_run *t)
+{
+    int r = zo_optim_wait(t->o, NULL);
+    if (r < 0) {
+        fprintf(stderr, "zo-train: final step: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(t->o));
+        return 1;
     }
+    if (t->tiled && refresh_tiles(t->o, &t->dm) < 0)
+        return 1;
+    t->tot.wall_s = now_s() - t->t_start;
+    zo_optim_timeline tl = {.struct_size = sizeof(tl)};
+    if (zo_optim_get_timeline(t->o, &tl) == 0)
+        totals_add_timeline(&t->tot, &tl); /* the last update, finished by the wait */
     if (g_stop)
         printf("interrupted (%s): stopped at a step boundary\n", g_stop == SIGTERM ? "SIGTERM" : "SIGINT");
+    return 0;
+}
 
-    if (opt.save) {
-        char name[64], user[192];
-        zo_optim_get_info(o, &info);
-        snprintf(name, sizeof(name), "step-%" PRId64, info.step);
-        snprintf(user, sizeof(user),
-                 "{\"micro\":%" PRIu64 ",\"layers\":%u,\"width\":%zu,\"seed\":%" PRIu64 ",\"lr\":%.17g}", micro,
-                 shape.layers, shape.width, shape.seed, hp_w.lr);
-        if ((r = zo_optim_save(o, opt.save, name, 2, user)) < 0) {
-            fprintf(stderr, "zo-train: --save %s: %s (%s)\n", opt.save, zo_strerror(r), zo_optim_errmsg(o));
-            goto out;
-        }
-        printf("saved %s/%s\n", opt.save, name);
+/* --save: the checkpoint step-K (K the engine's step), with what a resumed
+ * run needs in its user data (resume_checkpoint()). */
+static int save_checkpoint(train_run *t)
+{
+    if (!t->opt.save)
+        return 0;
+    char name[64], user[192];
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    zo_optim_get_info(t->o, &info);
+    snprintf(name, sizeof(name), "step-%" PRId64, info.step);
+    snprintf(user, sizeof(user),
+             "{\"micro\":%" PRIu64 ",\"layers\":%u,\"width\":%zu,\"seed\":%" PRIu64 ",\"lr\":%.17g}", t->micro,
+             t->shape.layers, t->shape.width, t->shape.seed, t->hp_w.lr);
+    int r = zo_optim_save(t->o, t->opt.save, name, 2, user);
+    if (r < 0) {
+        fprintf(stderr, "zo-train: --save %s: %s (%s)\n", t->opt.save, zo_strerror(r), zo_optim_errmsg(t->o));
+        return 1;
     }
+    printf("saved %s/%s\n", t->opt.save, name);
+    return 0;
+}
 
-    /* ---- summary ---- */
-    zo_optim_get_info(o, &info);
+/* The summary's figures, for its lines and its JSON. */
+typedef struct summary {
+    zo_optim_info info;
+    struct rusage ru;
+    double samples, ms;       /* samples trained; wall ms per step */
+    int64_t applied;          /* updates this run applied */
+    uint64_t moved[4];        /* bytes: d2h, h2d, NVMe read, NVMe write */
+} summary;
+
+static void summary_json(train_run *t, const summary *sm)
+{
+    const totals *tot = &t->tot;
+    zo_json jw;
+    zj_init(&jw, t->jf, 0);
+    zj_obj_begin(&jw, NULL);
+    zj_str(&jw, "type", "summary");
+    zj_uint(&jw, "params", t->nparams);
+    zj_uint(&jw, "layers", t->shape.layers);
+    zj_uint(&jw, "width", t->shape.width);
+    zj_uint(&jw, "batch", t->shape.batch);
+    zj_uint(&jw, "accum", t->cfg.grad_accum_steps);
+    zj_str(&jw, "offload", t->cfg.placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host");
+    zj_bool(&jw, "dpu", t->cfg.dpu);
+    zj_uint(&jw, "steps", tot->steps);
+    zj_num(&jw, "step_ms", sm->ms);
+    zj_num(&jw, "compute_ms", tot->steps ? tot->compute_s * 1e3 / tot->steps : 0);
+    zj_num(&jw, "data_ms", tot->steps ? tot->data_s * 1e3 / tot->steps : 0);
+    zj_num(&jw, "samples_per_s", tot->wall_s > 0 ? sm->samples / tot->wall_s : 0);
+    zj_num(&jw, "first_loss", tot->first_loss);
+    zj_num(&jw, "last_loss", tot->last_loss);
+    zj_uint(&jw, "device_bytes", t->dm.bytes);
+    zj_uint(&jw, "device_peak_bytes", t->dev_peak);
+    zj_uint(&jw, "device_budget_bytes", t->budget);
+    zj_uint(&jw, "tiles_per_layer", t->tiled ? t->dm.model.tiles : 0);
+    zj_uint(&jw, "pinned_bytes", sm->info.pinned_bytes);
+    zj_uint(&jw, "host_bytes", sm->info.host_bytes);
+    zj_uint(&jw, "peak_rss_bytes", (uint64_t)sm->ru.ru_maxrss * 1024);
+    zj_int(&jw, "updates_applied", sm->applied);
+    zj_uint(&jw, "d2h_bytes", sm->moved[0]);
+    zj_uint(&jw, "h2d_bytes", sm->moved[1]);
+    zj_uint(&jw, "nvme_read_bytes", sm->moved[2]);
+    zj_uint(&jw, "nvme_write_bytes", sm->moved[3]);
+    /* means over the updates, named as zo-plan's "predicted" */
+    double k = tot->updates ? 1e-6 / tot->updates : 0;
+    zj_uint(&jw, "updates_seen", tot->updates);
+    zj_num(&jw, "update_ms", tot->sum.total_ns * k);
+    zj_num(&jw, "d2h_ms", tot->sum.d2h_ns * k);
+    zj_num(&jw, "optim_ms", (tot->sum.compute_ns + tot->sum.norm_ns) * k);
+    zj_num(&jw, "nvme_read_ms", tot->sum.nvme_read_ns * k);
+    zj_num(&jw, "nvme_write_ms", tot->sum.nvme_write_ns * k);
+    zj_num(&jw, "h2d_ms", tot->sum.h2d_ns * k);
+    zj_num(&jw, "stall_ms", tot->sum.stall_ns * k);
+    zj_obj_end(&jw);
+    zj_end(&jw);
+}
+
+/* The summary: speed, loss, memory, bytes moved, the mean update; and its
+ * JSON line (--json). */
+static int report(train_run *t)
+{
+    const totals *tot = &t->tot;
+    unsigned accum = t->cfg.grad_accum_steps;
+    summary sm = {.info = {.struct_size = sizeof(sm.info)}};
+    zo_optim_get_info(t->o, &sm.info);
     zo_pinned_stats ps;
     zo_pinned_stats_get(&ps);
-    struct rusage ru;
-    getrusage(RUSAGE_SELF, &ru);
-    double samples = (double)tot.steps * cfg.grad_accum_steps * shape.batch;
-    double ms = tot.steps ? tot.wall_s * 1e3 / tot.steps : 0;
+    getrusage(RUSAGE_SELF, &sm.ru);
+    sm.samples = (double)tot->steps * accum * t->shape.batch;
+    sm.ms = tot->steps ? tot->wall_s * 1e3 / tot->steps : 0;
     printf("summary: %u steps in %.1f s (%.1f ms/step, compute %.1f ms/step), %.0f samples/s, %.1f GFLOP/s\n",
-           tot.steps, tot.wall_s, ms, tot.steps ? tot.compute_s * 1e3 / tot.steps : 0,
-           tot.wall_s > 0 ? samples / tot.wall_s : 0,
-           tot.wall_s > 0 ? train_shape_flops(&shape) * tot.steps * cfg.grad_accum_steps / tot.wall_s / 1e9 : 0);
-    printf("loss: %.6f -> %.6f (%.1f%% of the start; floor 0)\n", tot.first_loss, tot.last_loss,
-           tot.first_loss > 0 ? 100.0 * tot.last_loss / tot.first_loss : 0);
-    dev_peak = device_in_use(dev, dev_peak);
-    printf("memory: device %.1f MiB, peak in use %.1f MiB (budget %.1f), engine pinned %.1f MiB (process peak locked %.1f), engine "
-           "pageable %.1f MiB, process peak RSS %.1f MiB\n",
-           mib(dm.bytes), mib(dev_peak), mib(budget), mib(info.pinned_bytes), mib(ps.locked_peak), mib(info.host_bytes),
-           ru.ru_maxrss / 1024.0);
+           tot->steps, tot->wall_s, sm.ms, tot->steps ? tot->compute_s * 1e3 / tot->steps : 0,
+           tot->wall_s > 0 ? sm.samples / tot->wall_s : 0,
+           tot->wall_s > 0 ? train_shape_flops(&t->shape) * tot->steps * accum / tot->wall_s / 1e9 : 0);
+    printf("loss: %.6f -> %.6f (%.1f%% of the start; floor 0)\n", tot->first_loss, tot->last_loss,
+           tot->first_loss > 0 ? 100.0 * tot->last_loss / tot->first_loss : 0);
+    t->dev_peak = device_in_use(t->dev, t->dev_peak);
+    printf("memory: device %.1f MiB, peak in use %.1f MiB (budget %.1f), engine pinned %.1f MiB (process peak locked "
+           "%.1f), engine pageable %.1f MiB, process peak RSS %.1f MiB\n",
+           mib(t->dm.bytes), mib(t->dev_peak), mib(t->budget), mib(sm.info.pinned_bytes), mib(ps.locked_peak),
+           mib(sm.info.host_bytes), sm.ru.ru_maxrss / 1024.0);
     /* Bytes moved: every update of one run moves the same bytes (the same
      * tensors, the same states), so the run's total is the mean per update
      * seen times the updates applied. */
-    int64_t applied = info.step - step0;
-    double per = tot.updates ? (double)applied / tot.updates : 0;
-    uint64_t moved[4] = {(uint64_t)(tot.sum.d2h_bytes * per), (uint64_t)(tot.sum.h2d_bytes * per),
-                         (uint64_t)(tot.sum.nvme_read_bytes * per), (uint64_t)(tot.sum.nvme_write_bytes * per)};
+    sm.applied = sm.info.step - t->step0;
+    double per = tot->updates ? (double)sm.applied / tot->updates : 0;
+    sm.moved[0] = (uint64_t)(tot->sum.d2h_bytes * per);
+    sm.moved[1] = (uint64_t)(tot->sum.h2d_bytes * per);
+    sm.moved[2] = (uint64_t)(tot->sum.nvme_read_bytes * per);
+    sm.moved[3] = (uint64_t)(tot->sum.nvme_write_bytes * per);
     printf("moved in %" PRId64 " updates: d2h %.1f MiB, h2d %.1f MiB, NVMe read %.1f MiB, NVMe write %.1f MiB\n",
-           applied, mib(moved[0]), mib(moved[1]), mib(moved[2]), mib(moved[3]));
-    if (tot.updates) {
-        double k = 1e-6 / tot.updates;
+           sm.applied, mib(sm.moved[0]), mib(sm.moved[1]), mib(sm.moved[2]), mib(sm.moved[3]));
+    if (tot->updates) {
+        double k = 1e-6 / tot->updates;
         printf("update (mean of the %u seen): %.1f ms: d2h %.1f optim %.1f nvme-r %.1f nvme-w %.1f h2d %.1f stall %.1f\n",
-               tot.updates, tot.sum.total_ns * k, tot.sum.d2h_ns * k, (tot.sum.compute_ns + tot.sum.norm_ns) * k,
-               tot.sum.nvme_read_ns * k, tot.sum.nvme_write_ns * k, tot.sum.h2d_ns * k, tot.sum.stall_ns * k);
+               tot->updates, tot->sum.total_ns * k, tot->sum.d2h_ns * k, (tot->sum.compute_ns + tot->sum.norm_ns) * k,
+               tot->sum.nvme_read_ns * k, tot->sum.nvme_write_ns * k, tot->sum.h2d_ns * k, tot->sum.stall_ns * k);
     }
-    if (jf) {
-        zo_json jw;
-        zj_init(&jw, jf, 0);
-        zj_obj_begin(&jw, NULL);
-        zj_str(&jw, "type", "summary");
-        zj_uint(&jw, "params", nparams);
-        zj_uint(&jw, "layers", shape.layers);
-        zj_uint(&jw, "width", shape.width);
-        zj_uint(&jw, "batch", shape.batch);
-        zj_uint(&jw, "accum", cfg.grad_accum_steps);
-        zj_str(&jw, "offload", cfg.placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host");
-        zj_bool(&jw, "dpu", cfg.dpu);
-        zj_uint(&jw, "steps", tot.steps);
-        zj_num(&jw, "step_ms", ms);
-        zj_num(&jw, "compute_ms", tot.steps ? tot.compute_s * 1e3 / tot.steps : 0);
-        zj_num(&jw, "data_ms", tot.steps ? tot.data_s * 1e3 / tot.steps : 0);
-        zj_num(&jw, "samples_per_s", tot.wall_s > 0 ? samples / tot.wall_s : 0);
-        zj_num(&jw, "first_loss", tot.first_loss);
-        zj_num(&jw, "last_loss", tot.last_loss);
-        zj_uint(&jw, "device_bytes", dm.bytes);
-        zj_uint(&jw, "device_peak_bytes", dev_peak);
-        zj_uint(&jw, "device_budget_bytes", budget);
-        zj_uint(&jw, "tiles_per_layer", tiled ? dm.model.tiles : 0);
-        zj_uint(&jw, "pinned_bytes", info.pinned_bytes);
-        zj_uint(&jw, "host_bytes", info.host_bytes);
-        zj_uint(&jw, "peak_rss_bytes", (uint64_t)ru.ru_maxrss * 1024);
-        zj_int(&jw, "updates_applied", applied);
-        zj_uint(&jw, "d2h_bytes", moved[0]);
-        zj_uint(&jw, "h2d_bytes", moved[1]);
-        zj_uint(&jw, "nvme_read_bytes", moved[2]);
-        zj_uint(&jw, "nvme_write_bytes", moved[3]);
-        /* means over the updates, named as zo-plan's "predicted" */
-        double k = tot.updates ? 1e-6 / tot.updates : 0;
-        zj_uint(&jw, "updates_seen", tot.updates);
-        zj_num(&jw, "update_ms", tot.sum.total_ns * k);
-        zj_num(&jw, "d2h_ms", tot.sum.d2h_ns * k);
-        zj_num(&jw, "optim_ms", (tot.sum.compute_ns + tot.sum.norm_ns) * k);
-        zj_num(&jw, "nvme_read_ms", tot.sum.nvme_read_ns * k);
-        zj_num(&jw, "nvme_write_ms", tot.sum.nvme_write_ns * k);
-        zj_num(&jw, "h2d_ms", tot.sum.h2d_ns * k);
-        zj_num(&jw, "stall_ms", tot.sum.stall_ns * k);
-        zj_obj_end(&jw);
-        zj_end(&jw);
-    }
+    if (t->jf)
+        summary_json(t, &sm);
+    return 0;
+}
 
-    rc = 0;
-    if (opt.verify) {
-        if ((r = reference_finish(&ref)) < 0 || (r = reference_compare(&ref, o, &dm)) < 0 || verify_failed) {
-            fprintf(stderr, "zo-train: verify: FAILED\n");
-            rc = 1;
-        } else {
-            printf("verify: masters, states and device params equal the in-memory run bit for bit (%u steps)\n",
-                   tot.steps);
-        }
+/* --verify: the masters, states and device params against the reference's
+ * (and the losses, compared step by step in finish_step()). */
+static int verify_result(train_run *t)
+{
+    if (!t->opt.verify)
+        return 0;
+    if (reference_finish(&t->ref) < 0 || reference_compare(&t->ref, t->o, &t->dm) < 0 || t->verify_failed) {
+        fprintf(stderr, "zo-train: verify: FAILED\n");
+        return 1;
     }
+    printf("verify: masters, states and device params equal the in-memory run bit for bit (%u steps)\n",
+           t->tot.steps);
+    return 0;
+}
 
-out:
-    if (jf && fclose(jf) != 0) {
-        fprintf(stderr, "zo-train: %s: %s\n", opt.json, strerror(errno));
+/* Release everything, on every path; the exit status rc, or 1 when the
+ * --json file does not close cleanly (its last lines may be lost). */
+static int run_cleanup(train_run *t, int rc)
+{
+    if (t->jf && fclose(t->jf) != 0) {
+        fprintf(stderr, "zo-train: %s: %s\n", t->opt.json, strerror(errno));
         rc = 1;
     }
-    free(x);
-    free(y);
-    train_teacher_free(&teacher);
-    reference_free(&ref);
-    zo_optim_destroy(&o);
-    zo_optim_json_free(&cj);
-    device_model_free(&dm);
-    zo_store_destroy(&tile_store); /* after the model: its tiled layers unregister their tiles */
-    zo_swap_destroy(&tile_swap);
-    zo_dev_close(&dev);
+    reference_free(&t->ref);
+    train_teacher_free(&t->teacher);
+    free(t->x);
+    free(t->y);
+    zo_optim_destroy(&t->o);
+    zo_optim_json_free(&t->cj);
+    device_model_free(&t->dm);
+    zo_store_destroy(&t->tile_store); /* after the model: its tiled layers unregister their tiles */
+    zo_swap_destroy(&t->tile_swap);
+    zo_dev_close(&t->dev);
     zo_tool_rundir_remove(&g_run);
     return rc;
+}
+
+int main(int argc, char **argv)
+{
+    /* In order; the first that does not return 0 ends the run with its exit status. */
+    static int (*const phases[])(train_run *) = {
+        check_request,   /* refusals before anything is allocated */
+        install_signals, /* from here on a signal stops the run at a step boundary */
+        open_device,
+        load_config,     /* the engine config: defaults and --config... */
+        apply_flags,     /* ...then the flags */
+        place_state,     /* NVMe placement: the private run directory */
+        build_model,
+        create_engine,
+        start_state,     /* --resume, or the initial masters */
+        prepare_run,     /* --save and --json checked before the first step; --verify's reference */
+        print_setup,
+        train_loop,
+        finish_training, /* the update in flight (DPU) */
+        save_checkpoint,
+        report,
+        verify_result,
+    };
+    static train_run run; /* static: zeroed, and large */
+    int rc = train_options_parse(argc, argv, &run.opt);
+    if (rc)
+        return rc < 0 ? 0 : rc; /* -1: --help */
+    for (size_t i = 0; i < sizeof(phases) / sizeof(phases[0]) && rc == 0; i++)
+        rc = phases[i](&run);
+    return run_cleanup(&run, rc);
 }

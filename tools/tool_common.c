@@ -5,6 +5,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
 #include <math.h>
 #include <pthread.h>
 #include <signal.h>
@@ -330,6 +331,97 @@ int zo_tool_bad(const char *prog, const char *fmt, ...)
     fprintf(stderr, "\n");
     va_end(ap);
     return 2;
+}
+
+/* ---- option tables ---------------------------------------------------------------------------- */
+/* An entry's getopt_long value: its short form, else 256 + its index (above any character) */
+static int opt_val(const zo_tool_opt *t, size_t i)
+{
+    return t[i].short_name ? t[i].short_name : 256 + (int)i;
+}
+
+int zo_tool_opts_parse(const zo_tool_cli *cli, int argc, char **argv)
+{
+    const zo_tool_opt *t = cli->opt;
+    size_t n = cli->nopt, ns = 0;
+    struct option lo[ZO_TOOL_OPTS_MAX + 1];
+    char shorts[2 * ZO_TOOL_OPTS_MAX + 1];
+    if (n > ZO_TOOL_OPTS_MAX)
+        abort();
+    for (size_t i = 0; i < n; i++) {
+        lo[i] = (struct option){t[i].name, t[i].has_arg ? required_argument : no_argument, NULL, opt_val(t, i)};
+        if (t[i].short_name) {
+            shorts[ns++] = (char)t[i].short_name;
+            if (t[i].has_arg)
+                shorts[ns++] = ':';
+        }
+    }
+    lo[n] = (struct option){0, 0, 0, 0};
+    shorts[ns] = '\0';
+    int c;
+    while ((c = getopt_long(argc, argv, shorts, lo, NULL)) != -1) {
+        size_t i = 0;
+        while (i < n && opt_val(t, i) != c)
+            i++;
+        if (i == n)
+            return -1;
+        int rc = t[i].set(cli, &t[i], t[i].has_arg ? optarg : NULL);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+int zo_tool_opts_parse_strict(const zo_tool_cli *cli, int argc, char **argv)
+{
+    opterr = 0;
+    int rc = zo_tool_opts_parse(cli, argc, argv);
+    if (rc < 0)
+        return zo_tool_bad(cli->prog, "unknown option or missing value: %s (--help lists them)", argv[optind - 1]);
+    if (rc)
+        return rc;
+    if (optind < argc)
+        return zo_tool_bad(cli->prog, "unexpected argument '%s'", argv[optind]);
+    return 0;
+}
+
+int zo_tool_opt_on(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    *(int *)d->dst = 1;
+    return 0;
+}
+
+int zo_tool_opt_off(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    *(int *)d->dst = 0;
+    return 0;
+}
+
+int zo_tool_opt_str(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    *(const char **)d->dst = arg;
+    return 0;
+}
+
+int zo_tool_opt_help(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    cli->usage(stdout);
+    exit(0);
+}
+
+int zo_tool_opt_dev_kind(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    if (zo_dev_kind_parse(arg, d->dst))
+        return zo_tool_bad(cli->prog, "--%s %s: expected host or cuda", d->name, arg);
+    return 0;
+}
+
+int zo_tool_opt_f32_bf16(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    zo_dtype *t = d->dst;
+    if (zo_dtype_parse(arg, t) || (*t != ZO_DTYPE_F32 && *t != ZO_DTYPE_BF16))
+        return zo_tool_bad(cli->prog, "--%s %s: expected f32 or bf16", d->name, arg);
+    return 0;
 }
 
 /* ---- private run directories ------------------------------------------------------------------ */

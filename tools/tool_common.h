@@ -100,6 +100,66 @@ int zo_tool_parse_u(const char *s, unsigned long long lo, unsigned long long hi,
 /* "prog: <message>" on stderr; returns 2, the tools' exit status for bad usage. */
 int zo_tool_bad(const char *prog, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* ---- option tables ------------------------------------------------------------ */
+/* A tool's options as one table: each entry names its option and the
+ * function that takes its value, where a tool otherwise keeps an enum, a
+ * struct option array and a switch that must agree with each other. The
+ * messages stay the tool's own: set says what is wrong (the formats must be
+ * literals for -Wformat=2, so they live in the set functions, not in the
+ * table). */
+typedef struct zo_tool_opt zo_tool_opt;
+typedef struct zo_tool_cli zo_tool_cli;
+
+struct zo_tool_opt {
+    const char *name; /* the long option, without "--" */
+    int has_arg;      /* 1: takes a value (required), 0: none */
+    int short_name;   /* its one-letter form (-x), or 0 */
+    /* Takes the option's value (NULL without one): 0, or the exit status
+     * the tool ends with (a usage error: 2) */
+    int (*set)(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg);
+    void *dst;                 /* where set stores the value */
+    unsigned long long lo, hi; /* bounds, for set */
+    const char *what;          /* words for set's messages (a range, a list), or NULL */
+};
+
+/* The tool and its table */
+struct zo_tool_cli {
+    const char *prog;       /* "prog: " starts the messages of the sets below */
+    void (*usage)(FILE *f); /* the usage text, for zo_tool_opt_help */
+    const zo_tool_opt *opt;
+    size_t nopt;            /* at most ZO_TOOL_OPTS_MAX */
+};
+
+/* getopt_long's struct option array is built on the stack, so a table has a bound */
+#define ZO_TOOL_OPTS_MAX 64
+
+/* Parse argv's options by cli's table (getopt_long, the short forms from
+ * the entries' short_name; opterr as the caller set it), calling each
+ * option's set in argv's order; optind is left at the first operand.
+ * Returns 0 when every option was taken; the first non-zero status a set
+ * returned; or -1 at an option no entry takes (unknown, or its value
+ * missing: argv[optind - 1]), for the tool to say. A table of more than
+ * ZO_TOOL_OPTS_MAX entries is a bug in the tool: abort(). */
+int zo_tool_opts_parse(const zo_tool_cli *cli, int argc, char **argv);
+/* The same with getopt_long quiet (opterr 0), no operands, and the benches'
+ * usual words for what is wrong: "prog: unknown option or missing value: X
+ * (--help lists them)", "prog: unexpected argument 'X'". 0, or the exit
+ * status (2: bad usage). */
+int zo_tool_opts_parse_strict(const zo_tool_cli *cli, int argc, char **argv);
+
+/* Sets any tool may use. on, off: *(int *)dst = 1, 0; str: *(const char **)dst = arg. */
+int zo_tool_opt_on(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg);
+int zo_tool_opt_off(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg);
+int zo_tool_opt_str(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg);
+/* --help: cli->usage on stdout, then exit(0). */
+int zo_tool_opt_help(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg);
+/* A device backend (zo_dev_kind_parse) into *(zo_dev_kind *)dst;
+ * else "prog: --NAME ARG: expected host or cuda", 2. */
+int zo_tool_opt_dev_kind(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg);
+/* f32 or bf16 (zo_dtype_parse) into *(zo_dtype *)dst; else
+ * "prog: --NAME ARG: expected f32 or bf16", 2. */
+int zo_tool_opt_f32_bf16(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg);
+
 /* ---- cleanup when the tool is interrupted ------------------------------------ */
 /* Install handlers for SIGINT, SIGTERM and SIGHUP that kill the running fio
  * child's process group (zo_fio_run), remove the registered paths, and then

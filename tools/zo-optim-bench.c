@@ -61,33 +61,33 @@ static double now_s(void)
 /* usage errors: "zo-optim-bench: message" on stderr, exit status 2 (tool_common.c) */
 #define bad(...) zo_tool_bad("zo-optim-bench", __VA_ARGS__)
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    printf("usage: zo-optim-bench [options]\n"
-           "Drive the offload optimizer engine with synthetic gradients; measure step time and its split.\n\n"
-           "  --params N            parameters (default 64M; suffixes K M G, or 1e9)\n"
-           "  --tensor-elems N      largest tensor the model is cut into (default 32M elements)\n"
-           "  --placement host|nvme where masters and states live (default host)\n"
-           "  --nvme-path DIR       directory for NVMe placement (default /var/tmp); a private\n"
-           "                        directory is made inside and removed at exit\n"
-           "  --grad bf16|fp16|fp32 device param and gradient dtype (default bf16)\n"
-           "  --state fp32|bf16     m and v dtype (default fp32)\n"
-           "  --optimizer NAME      adamw (default), adam, adagrad, lion\n"
-           "  --sub-group N         elements per sub-group (default: the engine's)\n"
-           "  --pinned BYTES        pinned budget (default: the engine's)\n"
-           "  --threads N           optimizer threads (default: all)\n"
-           "  --clip X              global-norm clipping at X (default off)\n"
-           "  --dpu                 delayed parameter update (--dpu-warmup K, default 1)\n"
-           "  --dpu-params double|single  under --dpu: double-buffered device params, switched at the\n"
-           "                        step call (default), or one buffer copied to at the step call\n"
-           "  --compute-ms X        device-stream work per iteration (default 0)\n"
-           "  --steps N             timed steps without --vs-bound (default 5)\n"
-           "  --vs-bound            alternate with the bound (kernel, fio, or max(compute, step)); --pairs N\n"
-           "  --fio PATH, --fio-iomem MODE   fio binary and its --iomem (shmhuge: huge pages)\n"
-           "  --config FILE         engine JSON config (DeepSpeed keys accepted), applied after the flags\n"
-           "  --backend host|cuda   device backend (default host)\n"
-           "  --json                one JSON object on stdout\n"
-           "  --no-progress         no per-step line\n");
+    fprintf(f, "usage: zo-optim-bench [options]\n"
+               "Drive the offload optimizer engine with synthetic gradients; measure step time and its split.\n\n"
+               "  --params N            parameters (default 64M; suffixes K M G, or 1e9)\n"
+               "  --tensor-elems N      largest tensor the model is cut into (default 32M elements)\n"
+               "  --placement host|nvme where masters and states live (default host)\n"
+               "  --nvme-path DIR       directory for NVMe placement (default /var/tmp); a private\n"
+               "                        directory is made inside and removed at exit\n"
+               "  --grad bf16|fp16|fp32 device param and gradient dtype (default bf16)\n"
+               "  --state fp32|bf16     m and v dtype (default fp32)\n"
+               "  --optimizer NAME      adamw (default), adam, adagrad, lion\n"
+               "  --sub-group N         elements per sub-group (default: the engine's)\n"
+               "  --pinned BYTES        pinned budget (default: the engine's)\n"
+               "  --threads N           optimizer threads (default: all)\n"
+               "  --clip X              global-norm clipping at X (default off)\n"
+               "  --dpu                 delayed parameter update (--dpu-warmup K, default 1)\n"
+               "  --dpu-params double|single  under --dpu: double-buffered device params, switched at the\n"
+               "                        step call (default), or one buffer copied to at the step call\n"
+               "  --compute-ms X        device-stream work per iteration (default 0)\n"
+               "  --steps N             timed steps without --vs-bound (default 5)\n"
+               "  --vs-bound            alternate with the bound (kernel, fio, or max(compute, step)); --pairs N\n"
+               "  --fio PATH, --fio-iomem MODE   fio binary and its --iomem (shmhuge: huge pages)\n"
+               "  --config FILE         engine JSON config (DeepSpeed keys accepted), applied after the flags\n"
+               "  --backend host|cuda   device backend (default host)\n"
+               "  --json                one JSON object on stdout\n"
+               "  --no-progress         no per-step line\n");
 }
 
 static int parse_u64(const char *s, uint64_t *out)
@@ -102,6 +102,133 @@ static int parse_u64(const char *s, uint64_t *out)
     return zo_parse_size(s, out) == 0 && *out > 0 ? 0 : -1;
 }
 
+/* ---- the options' sets (zo_tool_opt: tool_common.h) ---------------------------- */
+/* a positive count (1e9 and K M G suffixes accepted) into a uint64_t */
+static int set_count(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    if (parse_u64(arg, d->dst))
+        return bad("--%s: \"%s\" is not a positive count", d->name, arg);
+    return 0;
+}
+
+/* a count in 1..hi into an unsigned */
+static int set_count_to(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    uint64_t u;
+    if (parse_u64(arg, &u) || u > d->hi)
+        return bad("--%s: \"%s\" is not in 1..%llu", d->name, arg, d->hi);
+    *(unsigned *)d->dst = (unsigned)u;
+    return 0;
+}
+
+static int set_placement(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    zo_optim_placement *p = d->dst;
+    if (strcmp(arg, "host") == 0)
+        *p = ZO_OPTIM_PLACE_HOST;
+    else if (strcmp(arg, "nvme") == 0)
+        *p = ZO_OPTIM_PLACE_NVME;
+    else
+        return bad("--placement: \"%s\" is not host or nvme", arg);
+    return 0;
+}
+
+static int set_grad(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    zo_dtype *t = d->dst;
+    if (zo_dtype_parse(arg, t) < 0 || (*t != ZO_DTYPE_BF16 && *t != ZO_DTYPE_F16 && *t != ZO_DTYPE_F32))
+        return bad("--grad: \"%s\" is not bf16, fp16 or fp32", arg);
+    return 0;
+}
+
+static int set_state(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    zo_dtype *t = d->dst;
+    if (zo_dtype_parse(arg, t) < 0 || (*t != ZO_DTYPE_F32 && *t != ZO_DTYPE_BF16))
+        return bad("--state: \"%s\" is not fp32 or bf16", arg);
+    return 0;
+}
+
+static int set_optimizer(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    static const struct {
+        const char *name;
+        zo_optim_kind kind;
+    } kinds[] = {{"adamw", ZO_OPTIM_ADAMW}, {"adam", ZO_OPTIM_ADAM}, {"adagrad", ZO_OPTIM_ADAGRAD},
+                 {"lion", ZO_OPTIM_LION}};
+    for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+        if (strcasecmp(arg, kinds[i].name) == 0) {
+            *(zo_optim_kind *)d->dst = kinds[i].kind;
+            return 0;
+        }
+    return bad("--optimizer: \"%s\" is not adamw, adam, adagrad or lion", arg);
+}
+
+static int set_pinned(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    if (zo_parse_size(arg, d->dst) < 0)
+        return bad("--pinned: \"%s\" is not a byte count", arg);
+    return 0;
+}
+
+static int set_threads(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    int *t = d->dst;
+    char *end;
+    *t = (int)strtol(arg, &end, 10);
+    if (*end || *t < 1 || *t > 1024)
+        return bad("--threads: \"%s\" is not in 1..1024", arg);
+    return 0;
+}
+
+static int set_clip(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    double *c = d->dst;
+    char *end;
+    *c = strtod(arg, &end);
+    if (*end || !(*c > 0) || !isfinite(*c))
+        return bad("--clip: \"%s\" is not a positive number", arg);
+    return 0;
+}
+
+static int set_dpu_warmup(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    uint64_t u;
+    if (parse_u64(arg, &u) && strcmp(arg, "0") != 0)
+        return bad("--dpu-warmup: \"%s\" is not a count", arg);
+    *(unsigned *)d->dst = strcmp(arg, "0") == 0 ? 0 : (unsigned)u;
+    return 0;
+}
+
+static int set_dpu_params(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    if (strcmp(arg, "double") == 0)
+        *(int *)d->dst = 1;
+    else if (strcmp(arg, "single") == 0)
+        *(int *)d->dst = 0;
+    else
+        return bad("--dpu-params: \"%s\" is not double or single", arg);
+    return 0;
+}
+
+static int set_compute_ms(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    double *ms = d->dst;
+    char *end;
+    *ms = strtod(arg, &end);
+    if (*end || *ms < 0 || *ms > 3.6e6)
+        return bad("--compute-ms: \"%s\" is not a duration in ms", arg);
+    return 0;
+}
+
+static int set_backend(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    if (zo_dev_kind_parse(arg, d->dst) < 0)
+        return bad("--backend: \"%s\" is not host or cuda", arg);
+    return 0;
+}
+
+/* -1: parsed, go on; else the exit status (2: bad usage) */
 static int parse_opts(int argc, char **argv, opts *o)
 {
     memset(o, 0, sizeof(*o));
@@ -118,127 +245,38 @@ static int parse_opts(int argc, char **argv, opts *o)
     o->dpu_double = 1;
     o->progress = 1;
     o->backend = ZO_DEV_HOST;
-    enum { O_PARAMS = 256, O_TELEMS, O_PLACE, O_NVME, O_GRAD, O_STATE, O_OPT, O_SGS, O_PIN, O_THREADS, O_CLIP,
-           O_DPU, O_DPUW, O_DPUP, O_COMPUTE, O_STEPS, O_VS, O_PAIRS, O_FIO, O_FIOMEM, O_CONFIG, O_BACKEND, O_JSON,
-           O_NOPROG,
-           O_HELP };
-    static const struct option lo[] = {
-        {"params", 1, 0, O_PARAMS},   {"tensor-elems", 1, 0, O_TELEMS}, {"placement", 1, 0, O_PLACE},
-        {"nvme-path", 1, 0, O_NVME},  {"grad", 1, 0, O_GRAD},           {"state", 1, 0, O_STATE},
-        {"optimizer", 1, 0, O_OPT},   {"sub-group", 1, 0, O_SGS},       {"pinned", 1, 0, O_PIN},
-        {"threads", 1, 0, O_THREADS}, {"clip", 1, 0, O_CLIP},           {"dpu", 0, 0, O_DPU},
-        {"dpu-warmup", 1, 0, O_DPUW}, {"dpu-params", 1, 0, O_DPUP}, {"compute-ms", 1, 0, O_COMPUTE},
-        {"steps", 1, 0, O_STEPS},
-        {"vs-bound", 0, 0, O_VS},     {"pairs", 1, 0, O_PAIRS},         {"fio", 1, 0, O_FIO},
-        {"fio-iomem", 1, 0, O_FIOMEM}, {"config", 1, 0, O_CONFIG},      {"backend", 1, 0, O_BACKEND},
-        {"json", 0, 0, O_JSON},       {"no-progress", 0, 0, O_NOPROG},  {"help", 0, 0, O_HELP},
-        {0, 0, 0, 0},
+    const zo_tool_opt table[] = {
+        {"params", 1, 0, set_count, &o->params, 0, 0, NULL},
+        {"tensor-elems", 1, 0, set_count, &o->tensor_elems, 0, 0, NULL},
+        {"placement", 1, 0, set_placement, &o->placement, 0, 0, NULL},
+        {"nvme-path", 1, 0, zo_tool_opt_str, &o->nvme_path, 0, 0, NULL},
+        {"grad", 1, 0, set_grad, &o->grad, 0, 0, NULL},
+        {"state", 1, 0, set_state, &o->state, 0, 0, NULL},
+        {"optimizer", 1, 0, set_optimizer, &o->kind, 0, 0, NULL},
+        {"sub-group", 1, 0, set_count, &o->sub_group, 0, 0, NULL},
+        {"pinned", 1, 0, set_pinned, &o->pinned, 0, 0, NULL},
+        {"threads", 1, 0, set_threads, &o->threads, 0, 0, NULL},
+        {"clip", 1, 0, set_clip, &o->clip, 0, 0, NULL},
+        {"dpu", 0, 0, zo_tool_opt_on, &o->dpu, 0, 0, NULL},
+        {"dpu-warmup", 1, 0, set_dpu_warmup, &o->dpu_warmup, 0, 0, NULL},
+        {"dpu-params", 1, 0, set_dpu_params, &o->dpu_double, 0, 0, NULL},
+        {"compute-ms", 1, 0, set_compute_ms, &o->compute_ms, 0, 0, NULL},
+        {"steps", 1, 0, set_count_to, &o->steps, 1, 100000, NULL},
+        {"vs-bound", 0, 0, zo_tool_opt_on, &o->vs_bound, 0, 0, NULL},
+        {"pairs", 1, 0, set_count_to, &o->pairs, 1, 1000, NULL},
+        {"fio", 1, 0, zo_tool_opt_str, &o->fio, 0, 0, NULL},
+        {"fio-iomem", 1, 0, zo_tool_opt_str, &o->fio_iomem, 0, 0, NULL},
+        {"config", 1, 0, zo_tool_opt_str, &o->config, 0, 0, NULL},
+        {"backend", 1, 0, set_backend, &o->backend, 0, 0, NULL},
+        {"json", 0, 0, zo_tool_opt_on, &o->json, 0, 0, NULL},
+        {"no-progress", 0, 0, zo_tool_opt_off, &o->progress, 0, 0, NULL},
+        {"help", 0, 0, zo_tool_opt_help, NULL, 0, 0, NULL},
     };
-    int c;
-    uint64_t u;
-    char *end;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
-        switch (c) {
-        case O_PARAMS:
-            if (parse_u64(optarg, &o->params))
-                return bad("--params: \"%s\" is not a positive count", optarg);
-            break;
-        case O_TELEMS:
-            if (parse_u64(optarg, &o->tensor_elems))
-                return bad("--tensor-elems: \"%s\" is not a positive count", optarg);
-            break;
-        case O_PLACE:
-            if (strcmp(optarg, "host") == 0)
-                o->placement = ZO_OPTIM_PLACE_HOST;
-            else if (strcmp(optarg, "nvme") == 0)
-                o->placement = ZO_OPTIM_PLACE_NVME;
-            else
-                return bad("--placement: \"%s\" is not host or nvme", optarg);
-            break;
-        case O_NVME: o->nvme_path = optarg; break;
-        case O_GRAD:
-            if (zo_dtype_parse(optarg, &o->grad) < 0 ||
-                (o->grad != ZO_DTYPE_BF16 && o->grad != ZO_DTYPE_F16 && o->grad != ZO_DTYPE_F32))
-                return bad("--grad: \"%s\" is not bf16, fp16 or fp32", optarg);
-            break;
-        case O_STATE:
-            if (zo_dtype_parse(optarg, &o->state) < 0 || (o->state != ZO_DTYPE_F32 && o->state != ZO_DTYPE_BF16))
-                return bad("--state: \"%s\" is not fp32 or bf16", optarg);
-            break;
-        case O_OPT:
-            if (strcasecmp(optarg, "adamw") == 0)
-                o->kind = ZO_OPTIM_ADAMW;
-            else if (strcasecmp(optarg, "adam") == 0)
-                o->kind = ZO_OPTIM_ADAM;
-            else if (strcasecmp(optarg, "adagrad") == 0)
-                o->kind = ZO_OPTIM_ADAGRAD;
-            else if (strcasecmp(optarg, "lion") == 0)
-                o->kind = ZO_OPTIM_LION;
-            else
-                return bad("--optimizer: \"%s\" is not adamw, adam, adagrad or lion", optarg);
-            break;
-        case O_SGS:
-            if (parse_u64(optarg, &o->sub_group))
-                return bad("--sub-group: \"%s\" is not a positive count", optarg);
-            break;
-        case O_PIN:
-            if (zo_parse_size(optarg, &o->pinned) < 0)
-                return bad("--pinned: \"%s\" is not a byte count", optarg);
-            break;
-        case O_THREADS:
-            o->threads = (int)strtol(optarg, &end, 10);
-            if (*end || o->threads < 1 || o->threads > 1024)
-                return bad("--threads: \"%s\" is not in 1..1024", optarg);
-            break;
-        case O_CLIP:
-            o->clip = strtod(optarg, &end);
-            if (*end || !(o->clip > 0) || !isfinite(o->clip))
-                return bad("--clip: \"%s\" is not a positive number", optarg);
-            break;
-        case O_DPU: o->dpu = 1; break;
-        case O_DPUW:
-            if (parse_u64(optarg, &u) && strcmp(optarg, "0") != 0)
-                return bad("--dpu-warmup: \"%s\" is not a count", optarg);
-            o->dpu_warmup = strcmp(optarg, "0") == 0 ? 0 : (unsigned)u;
-            break;
-        case O_DPUP:
-            if (strcmp(optarg, "double") == 0)
-                o->dpu_double = 1;
-            else if (strcmp(optarg, "single") == 0)
-                o->dpu_double = 0;
-            else
-                return bad("--dpu-params: \"%s\" is not double or single", optarg);
-            break;
-        case O_COMPUTE:
-            o->compute_ms = strtod(optarg, &end);
-            if (*end || o->compute_ms < 0 || o->compute_ms > 3.6e6)
-                return bad("--compute-ms: \"%s\" is not a duration in ms", optarg);
-            break;
-        case O_STEPS:
-            if (parse_u64(optarg, &u) || u > 100000)
-                return bad("--steps: \"%s\" is not in 1..100000", optarg);
-            o->steps = (unsigned)u;
-            break;
-        case O_VS: o->vs_bound = 1; break;
-        case O_PAIRS:
-            if (parse_u64(optarg, &u) || u > 1000)
-                return bad("--pairs: \"%s\" is not in 1..1000", optarg);
-            o->pairs = (unsigned)u;
-            break;
-        case O_FIO: o->fio = optarg; break;
-        case O_FIOMEM: o->fio_iomem = optarg; break;
-        case O_CONFIG: o->config = optarg; break;
-        case O_BACKEND:
-            if (zo_dev_kind_parse(optarg, &o->backend) < 0)
-                return bad("--backend: \"%s\" is not host or cuda", optarg);
-            break;
-        case O_JSON: o->json = 1; break;
-        case O_NOPROG: o->progress = 0; break;
-        case O_HELP: usage(); exit(EXIT_OK);
-        default: return bad("unknown or incomplete option %s", argv[optind - 1]);
-        }
-    }
+    const zo_tool_cli cli = {"zo-optim-bench", usage, table, sizeof(table) / sizeof(table[0])};
+    int rc = zo_tool_opts_parse(&cli, argc, argv);
+    if (rc)
+        return rc > 0 ? rc : bad("unknown or incomplete option %s", argv[optind - 1]);
     if (optind < argc)
         return bad("unexpected argument \"%s\"", argv[optind]);
     if (o->json)
@@ -308,6 +346,42 @@ static void on_signal(int sig)
     interrupted = 1;
 }
 
+/* Tensor i's device params and gradient, and its "gradient produced" event */
+static int tensor_make(bench *b, unsigned i, size_t esz)
+{
+    const opts *o = b->o;
+    int rc;
+    b->numel[i] = i + 1 < b->nt ? o->tensor_elems : o->params - (uint64_t)i * o->tensor_elems;
+    if ((rc = zo_dev_malloc(b->dev, &b->dparam[i], b->numel[i] * esz)) < 0 ||
+        (rc = zo_dev_malloc(b->dev, &b->dgrad[i], b->numel[i] * esz)) < 0 ||
+        (rc = zo_event_create(b->dev, &b->ev[i])) < 0)
+        return rc;
+    /* params: small values; grads: a fixed pseudo-random pattern per tensor,
+     * written through a host buffer and copied (the cuda backend's memory
+     * is not host-addressable) */
+    void *h = malloc(b->numel[i] * 4);
+    if (!h)
+        return -ENOMEM;
+    fill_grad(h, b->numel[i], i + 1);
+    if (o->grad != ZO_DTYPE_F32) {
+        void *h2 = malloc(b->numel[i] * esz);
+        if (!h2) {
+            free(h);
+            return -ENOMEM;
+        }
+        zo_vec_cast(h2, o->grad, h, ZO_DTYPE_F32, b->numel[i]);
+        free(h);
+        h = h2;
+    }
+    rc = zo_memcpy_async(b->compute, b->dgrad[i], h, b->numel[i] * esz, ZO_COPY_H2D);
+    if (rc == 0)
+        rc = zo_memcpy_async(b->compute, b->dparam[i], h, b->numel[i] * esz, ZO_COPY_H2D);
+    if (rc == 0)
+        rc = zo_stream_sync(b->compute);
+    free(h);
+    return rc < 0 ? rc : 0;
+}
+
 static int setup(bench *b, const opts *o)
 {
     memset(b, 0, sizeof(*b));
@@ -334,41 +408,9 @@ static int setup(bench *b, const opts *o)
         goto fail;
     }
     size_t esz = zo_dtype_size(o->grad);
-    for (unsigned i = 0; i < b->nt; i++) {
-        b->numel[i] = i + 1 < b->nt ? o->tensor_elems : o->params - (uint64_t)i * o->tensor_elems;
-        if ((rc = zo_dev_malloc(b->dev, &b->dparam[i], b->numel[i] * esz)) < 0 ||
-            (rc = zo_dev_malloc(b->dev, &b->dgrad[i], b->numel[i] * esz)) < 0 ||
-            (rc = zo_event_create(b->dev, &b->ev[i])) < 0)
+    for (unsigned i = 0; i < b->nt; i++)
+        if ((rc = tensor_make(b, i, esz)) < 0)
             goto fail;
-        /* params: small values; grads: a fixed pseudo-random pattern per tensor,
-         * written through a host buffer and copied (the cuda backend's memory
-         * is not host-addressable) */
-        void *h = malloc(b->numel[i] * 4);
-        if (!h) {
-            rc = -ENOMEM;
-            goto fail;
-        }
-        fill_grad(h, b->numel[i], i + 1);
-        if (o->grad != ZO_DTYPE_F32) {
-            void *h2 = malloc(b->numel[i] * esz);
-            if (!h2) {
-                free(h);
-                rc = -ENOMEM;
-                goto fail;
-            }
-            zo_vec_cast(h2, o->grad, h, ZO_DTYPE_F32, b->numel[i]);
-            free(h);
-            h = h2;
-        }
-        rc = zo_memcpy_async(b->compute, b->dgrad[i], h, b->numel[i] * esz, ZO_COPY_H2D);
-        if (rc == 0)
-            rc = zo_memcpy_async(b->compute, b->dparam[i], h, b->numel[i] * esz, ZO_COPY_H2D);
-        if (rc == 0)
-            rc = zo_stream_sync(b->compute);
-        free(h);
-        if (rc < 0)
-            goto fail;
-    }
     b->slice_s = o->compute_ms * 1e-3 / b->nt;
 
     zo_optim_group_default(&b->grp);
@@ -593,6 +635,313 @@ static uint64_t peak_rss(void)
     return getrusage(RUSAGE_SELF, &ru) == 0 ? (uint64_t)ru.ru_maxrss * 1024 : 0;
 }
 
+/* ---- main's phases --------------------------------------------------------------- */
+/* What the timed runs record, one entry a run, and the bound's means */
+typedef struct runs {
+    unsigned n, done; /* asked for; done (interrupted: fewer) */
+    double *zo_t, *ref_t, *ratio, *fio_r, *fio_w, *iter_t;
+    zo_optim_timeline *tls;
+    kernel_ref kr; /* --vs-bound, host: the bare kernel's arrays */
+    zo_fio_job fj; /* --vs-bound, NVMe: fio's job */
+} runs;
+
+static int runs_alloc(runs *rs, unsigned n)
+{
+    memset(rs, 0, sizeof(*rs));
+    rs->n = n;
+    double **series[] = {&rs->zo_t, &rs->ref_t, &rs->ratio, &rs->fio_r, &rs->fio_w, &rs->iter_t};
+    int ok = 1;
+    for (size_t i = 0; i < sizeof(series) / sizeof(series[0]); i++)
+        ok &= (*series[i] = calloc(n, sizeof(double))) != NULL;
+    rs->tls = calloc(n, sizeof(*rs->tls));
+    return ok && rs->tls ? 0 : -ENOMEM;
+}
+
+static void runs_free(runs *rs)
+{
+    kernel_ref_free(&rs->kr);
+    free(rs->zo_t), free(rs->ref_t), free(rs->ratio), free(rs->fio_r), free(rs->fio_w), free(rs->iter_t), free(rs->tls);
+}
+
+/* A failure with an error code: said with the library's detail, EXIT_RUN */
+static int run_failed(int rc)
+{
+    fprintf(stderr, "zo-optim-bench: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+    return EXIT_RUN;
+}
+
+static void print_head(const bench *b, const zo_optim_info *info, const zo_machine *mach)
+{
+    const opts *o = b->o;
+    printf("zo-optim-bench %s: %s placement, %.3g params in %u tensors (%u sub-groups), grads/params %s, states %s, "
+           "%s%s\n",
+           zo_version_string(), o->placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host", (double)o->params, b->nt,
+           info->nsubgroups, zo_dtype_name(o->grad), zo_dtype_name(o->state), zo_cpuadam_variant(),
+           o->dpu ? (o->dpu_double ? ", DPU (double-buffered params)" : ", DPU (single param buffer)") : "");
+    zo_machine_print(mach, stdout);
+    if (o->placement == ZO_OPTIM_PLACE_NVME) {
+        char where[256];
+        zo_path_storage(b->dir, where, sizeof(where));
+        printf("path:    %s (%s)\n", b->dir, where);
+    }
+    printf("engine:  pinned %.1f MiB, other host %.1f MiB (gradient window %.1f MiB of it, %s)\n",
+           info->pinned_bytes / 1048576.0, info->host_bytes / 1048576.0, info->grad_buffer_bytes / 1048576.0,
+           zo_dtype_name(info->grad_buffer_dtype));
+    if (o->compute_ms > 0)
+        printf("compute: %.1f ms per iteration on the device stream\n", o->compute_ms);
+}
+
+/* The bound's means: the bare kernel's arrays (host), or fio's job on the
+ * same directory (NVMe); nothing under --dpu or without --vs-bound */
+static int bound_prepare(bench *b, runs *rs, const zo_optim_info *info)
+{
+    const opts *o = b->o;
+    int rc;
+    if (o->vs_bound && !o->dpu && o->placement == ZO_OPTIM_PLACE_HOST &&
+        (rc = kernel_ref_alloc(&rs->kr, o, info->grad_buffer_dtype)) < 0)
+        return rc;
+    if (o->vs_bound && !o->dpu && o->placement == ZO_OPTIM_PLACE_NVME) {
+        /* fio on the same directory, the engine's block size and queue depth,
+         * a file as large as the state (at most 4 GiB: enough to leave any
+         * cache behind with O_DIRECT) */
+        uint64_t bytes = o->params * (4 + 2 * zo_dtype_size(o->state));
+        uint64_t fsz = bytes < (4ull << 30) ? bytes : (4ull << 30);
+        fsz = (fsz + b->cfg.aio_block_size - 1) / b->cfg.aio_block_size * b->cfg.aio_block_size;
+        snprintf(b->fio_file, sizeof(b->fio_file), "%s/fio.dat", b->dir);
+        rs->fj = (zo_fio_job){.fio = o->fio, .filename = b->fio_file, .size = fsz, .bs = b->cfg.aio_block_size,
+                              .iodepth = b->cfg.aio_queue_depth, .numjobs = 1, .direct = 1, .fixedbufs = 1,
+                              .iomem = o->fio_iomem};
+        if (!o->json)
+            printf("fio:     --size=%llu --bs=%zu --iodepth=%u --direct=1 --ioengine=io_uring --fixedbufs "
+                   "--registerfiles%s%s, read then write\n",
+                   (unsigned long long)fsz, b->cfg.aio_block_size, b->cfg.aio_queue_depth,
+                   o->fio_iomem ? " --iomem=" : "", o->fio_iomem ? o->fio_iomem : "");
+    }
+    return 0;
+}
+
+/* One fio run of fj as rw: 0, or EXIT_RUN (said) */
+static int fio_once(zo_fio_job *fj, const char *rw, zo_fio_result *fr)
+{
+    fj->rw = rw;
+    if (zo_fio_run(fj, fr) != 0) {
+        fprintf(stderr, "zo-optim-bench: fio failed: %s\n", fr->err);
+        return EXIT_RUN;
+    }
+    return 0;
+}
+
+/* Run k's bound: the bare kernel, or fio's read and write (the file laid
+ * out first: fio reads need it). 0; < 0 an error code; EXIT_RUN (said). */
+static int bound_run(bench *b, runs *rs, unsigned k)
+{
+    const opts *o = b->o;
+    if (o->vs_bound && !o->dpu && o->placement == ZO_OPTIM_PLACE_HOST)
+        return kernel_ref_step(&rs->kr, b, (int64_t)k + 1, &rs->ref_t[k]);
+    if (!o->vs_bound || o->dpu)
+        return 0;
+    zo_fio_result fr;
+    if (k == 0 && fio_once(&rs->fj, "write", &fr))
+        return EXIT_RUN;
+    if (fio_once(&rs->fj, "read", &fr))
+        return EXIT_RUN;
+    rs->fio_r[k] = fr.bw[0];
+    if (fio_once(&rs->fj, "write", &fr))
+        return EXIT_RUN;
+    rs->fio_w[k] = fr.bw[1];
+    return 0;
+}
+
+/* Run k's times, its ratio to the bound, and its progress line */
+static void record_run(const bench *b, runs *rs, unsigned k, const iter_res *r)
+{
+    const opts *o = b->o;
+    if (o->dpu) /* the update's own time (its timeline's update_ns: total_ns would count the wait for this
+                  step call too) */
+        rs->zo_t[k] = r->have_tl ? r->tl.update_ns * 1e-9 : r->step_s;
+    else
+        rs->zo_t[k] = r->step_s;
+    rs->iter_t[k] = r->iter_s;
+    rs->tls[k] = r->tl;
+    if (o->vs_bound && o->dpu) {
+        double ideal = fmax(o->compute_ms * 1e-3, rs->zo_t[k]);
+        rs->ref_t[k] = ideal;
+        rs->ratio[k] = rs->iter_t[k] / ideal;
+    } else if (o->vs_bound && o->placement == ZO_OPTIM_PLACE_HOST) {
+        rs->ratio[k] = rs->zo_t[k] / rs->ref_t[k];
+    } else if (o->vs_bound) {
+        rs->ref_t[k] = (rs->fio_r[k] > 0 ? r->tl.nvme_read_bytes / rs->fio_r[k] : 0) +
+                       (rs->fio_w[k] > 0 ? r->tl.nvme_write_bytes / rs->fio_w[k] : 0);
+        rs->ratio[k] = rs->ref_t[k] > 0 ? rs->zo_t[k] / rs->ref_t[k] : 0;
+    }
+    if (o->progress) {
+        print_progress(k + 1, rs->n, r);
+        if (o->vs_bound)
+            printf("          bound %8.1f ms%s  ratio %.3f\n", rs->ref_t[k] * 1e3,
+                   o->dpu ? " (max(compute, step))" : o->placement == ZO_OPTIM_PLACE_NVME ? " (disk)" : " (kernel)",
+                   rs->ratio[k]);
+    }
+}
+
+/* The medians over the runs done */
+typedef struct summary {
+    unsigned n;
+    double med_step, med_iter, med_ref, med_ratio;
+    uint64_t rd, wr; /* the last step's NVMe bytes */
+} summary;
+
+static void summarize(const opts *o, const runs *rs, summary *sm)
+{
+    unsigned n = rs->done;
+    sm->n = n;
+    sm->med_step = zo_median(rs->zo_t, n), sm->med_iter = zo_median(rs->iter_t, n);
+    sm->med_ref = o->vs_bound ? zo_median(rs->ref_t, n) : 0, sm->med_ratio = o->vs_bound ? zo_median(rs->ratio, n) : 0;
+    sm->rd = rs->tls[n - 1].nvme_read_bytes, sm->wr = rs->tls[n - 1].nvme_write_bytes;
+}
+
+static void json_steps(zo_json *j, const opts *o, const runs *rs, unsigned n)
+{
+    zj_arr_begin(j, "steps");
+    for (unsigned k = 0; k < n; k++) {
+        const zo_optim_timeline *t = &rs->tls[k];
+        zj_obj_begin(j, NULL);
+        zj_num(j, "iter_s", rs->iter_t[k]);
+        zj_num(j, "step_s", rs->zo_t[k]);
+        if (o->vs_bound) {
+            zj_num(j, "bound_s", rs->ref_t[k]);
+            zj_num(j, "ratio", rs->ratio[k]);
+        }
+        zj_uint(j, "d2h_ns", t->d2h_ns);
+        zj_uint(j, "norm_ns", t->norm_ns);
+        zj_uint(j, "compute_ns", t->compute_ns);
+        zj_uint(j, "nvme_read_ns", t->nvme_read_ns);
+        zj_uint(j, "nvme_write_ns", t->nvme_write_ns);
+        zj_uint(j, "h2d_ns", t->h2d_ns);
+        zj_uint(j, "stall_ns", t->stall_ns);
+        zj_uint(j, "update_ns", t->update_ns);
+        zj_uint(j, "total_ns", t->total_ns);
+        zj_obj_end(j);
+    }
+    zj_arr_end(j);
+}
+
+static void report_json(const bench *b, const runs *rs, const summary *sm, const zo_optim_info *info,
+                        const zo_machine *mach)
+{
+    const opts *o = b->o;
+    unsigned n = sm->n;
+    const char *mode =
+        o->vs_bound ? (o->dpu ? "dpu" : o->placement == ZO_OPTIM_PLACE_NVME ? "disk" : "kernel") : "steps";
+    zo_json j;
+    zj_init(&j, stdout, 0);
+    zj_obj_begin(&j, NULL);
+    zj_str(&j, "tool", "zo-optim-bench");
+    zj_str(&j, "version", zo_version_string());
+    zo_machine_json(mach, &j, "machine");
+    zj_str(&j, "placement", o->placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host");
+    zj_uint(&j, "params", o->params);
+    zj_uint(&j, "tensors", b->nt);
+    zj_uint(&j, "sub_groups", info->nsubgroups);
+    zj_str(&j, "grad_dtype", zo_dtype_name(o->grad));
+    zj_str(&j, "state_dtype", zo_dtype_name(o->state));
+    zj_str(&j, "kernel", zo_cpuadam_variant());
+    zj_bool(&j, "dpu", o->dpu);
+    if (o->dpu)
+        zj_str(&j, "dpu_params", o->dpu_double ? "double" : "single");
+    zj_num(&j, "compute_ms", o->compute_ms);
+    zj_str(&j, "mode", mode);
+    zj_uint(&j, "runs", n);
+    zj_num(&j, "step_s", sm->med_step);
+    zj_num(&j, "iter_s", sm->med_iter);
+    if (o->vs_bound) {
+        zj_num(&j, "bound_s", sm->med_ref);
+        zj_num(&j, "ratio", sm->med_ratio);
+        if (o->placement == ZO_OPTIM_PLACE_NVME && !o->dpu) {
+            zj_num(&j, "fio_read_bytes_per_s", zo_median(rs->fio_r, n));
+            zj_num(&j, "fio_write_bytes_per_s", zo_median(rs->fio_w, n));
+        }
+    }
+    zj_uint(&j, "nvme_read_bytes", sm->rd);
+    zj_uint(&j, "nvme_write_bytes", sm->wr);
+    zj_uint(&j, "pinned_bytes", info->pinned_bytes);
+    zj_uint(&j, "host_bytes", info->host_bytes);
+    /* gradients the device copied straight into a pinned window
+     * (docs/optim.md), over the whole run: asked for now */
+    zo_optim_info now = {.struct_size = sizeof(now)};
+    if (zo_optim_get_info(b->opt, &now) == 0) {
+        zj_uint(&j, "grad_windows_pinned", now.grad_windows_pinned);
+        zj_uint(&j, "grad_direct_bytes_total", now.grad_direct_bytes_total);
+    }
+    zj_uint(&j, "peak_rss_bytes", peak_rss());
+    json_steps(&j, o, rs, n);
+    zj_obj_end(&j);
+    zj_end(&j);
+}
+
+static void report_text(const opts *o, const runs *rs, const summary *sm, const zo_optim_info *info)
+{
+    unsigned n = sm->n;
+    printf("\nmedian of %u: step %.1f ms, iteration %.1f ms", n, sm->med_step * 1e3, sm->med_iter * 1e3);
+    if (o->placement == ZO_OPTIM_PLACE_NVME)
+        printf(", NVMe %.2f GB read + %.2f GB written per step", sm->rd * 1e-9, sm->wr * 1e-9);
+    printf("\n");
+    if (o->vs_bound && o->dpu)
+        printf("DPU: iteration %.1f ms vs ideal max(compute %.1f, step %.1f) = %.1f ms: ratio %.3f (serial "
+               "would be %.1f ms)\n",
+               sm->med_iter * 1e3, o->compute_ms, sm->med_step * 1e3, sm->med_ref * 1e3, sm->med_ratio,
+               (o->compute_ms * 1e-3 + sm->med_step) * 1e3);
+    else if (o->vs_bound && o->placement == ZO_OPTIM_PLACE_NVME)
+        printf("disk bound %.1f ms (fio read %.2f GB/s, write %.2f GB/s): step / bound = %.3f\n", sm->med_ref * 1e3,
+               zo_median(rs->fio_r, n) * 1e-9, zo_median(rs->fio_w, n) * 1e-9, sm->med_ratio);
+    else if (o->vs_bound)
+        printf("bare fused kernel %.1f ms on the same n: step / kernel = %.3f\n", sm->med_ref * 1e3, sm->med_ratio);
+    printf("memory: engine pinned %.1f MiB + other host %.1f MiB (of it the gradient window %.1f MiB, %s); "
+           "peak RSS %.1f MiB\n",
+           info->pinned_bytes / 1048576.0, info->host_bytes / 1048576.0, info->grad_buffer_bytes / 1048576.0,
+           zo_dtype_name(info->grad_buffer_dtype), peak_rss() / 1048576.0);
+    if (interrupted)
+        printf("interrupted: %u of %u runs done\n", rs->done, o->vs_bound ? o->pairs : o->steps);
+}
+
+/* The timed runs after the warm-up, and the report: the exit status */
+static int run_and_report(bench *b, runs *rs, zo_optim_info *info, const zo_machine *mach)
+{
+    const opts *o = b->o;
+    unsigned n = o->vs_bound ? o->pairs : o->steps;
+    int rc = runs_alloc(rs, n);
+    if (rc == 0)
+        rc = bound_prepare(b, rs, info);
+    if (rc < 0)
+        return run_failed(rc);
+    if (!o->json && o->vs_bound)
+        printf("runs:    %u pairs, alternating bound and engine, after one warm-up step\n\n", n);
+    else if (!o->json)
+        printf("\n");
+    for (unsigned k = 0; k < n && !interrupted; k++, rs->done = k) {
+        iter_res r;
+        if ((rc = bound_run(b, rs, k)) != 0)
+            return rc < 0 ? run_failed(rc) : rc;
+        if ((rc = iterate(b, &r, !o->dpu)) < 0)
+            return run_failed(rc);
+        record_run(b, rs, k, &r);
+    }
+    if (rs->done == 0)
+        return EXIT_OK; /* interrupted before the first run: nothing to report */
+    if (o->dpu) { /* collect the last delayed update */
+        zo_optim_step_result sr = {.struct_size = sizeof(sr)};
+        if ((rc = zo_optim_wait(b->opt, &sr)) < 0)
+            return run_failed(rc);
+    }
+    zo_optim_get_info(b->opt, info);
+    summary sm; /* medians over the runs done (interrupted: fewer than asked) */
+    summarize(o, rs, &sm);
+    if (o->json)
+        report_json(b, rs, &sm, info, mach);
+    else
+        report_text(o, rs, &sm, info);
+    return EXIT_OK;
+}
+
 int main(int argc, char **argv)
 {
     opts o;
@@ -611,240 +960,18 @@ int main(int argc, char **argv)
         return rc;
     zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(b.opt, &info);
-    const char *mode = o.vs_bound ? (o.dpu ? "dpu" : o.placement == ZO_OPTIM_PLACE_NVME ? "disk" : "kernel") : "steps";
-    if (!o.json) {
-        printf("zo-optim-bench %s: %s placement, %.3g params in %u tensors (%u sub-groups), grads/params %s, states %s, "
-               "%s%s\n",
-               zo_version_string(), o.placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host", (double)o.params, b.nt,
-               info.nsubgroups, zo_dtype_name(o.grad), zo_dtype_name(o.state), zo_cpuadam_variant(),
-               o.dpu ? (o.dpu_double ? ", DPU (double-buffered params)" : ", DPU (single param buffer)") : "");
-        zo_machine_print(&mach, stdout);
-        if (o.placement == ZO_OPTIM_PLACE_NVME) {
-            char where[256];
-            zo_path_storage(b.dir, where, sizeof(where));
-            printf("path:    %s (%s)\n", b.dir, where);
-        }
-        printf("engine:  pinned %.1f MiB, other host %.1f MiB (gradient window %.1f MiB of it, %s)\n",
-               info.pinned_bytes / 1048576.0, info.host_bytes / 1048576.0, info.grad_buffer_bytes / 1048576.0,
-               zo_dtype_name(info.grad_buffer_dtype));
-        if (o.compute_ms > 0)
-            printf("compute: %.1f ms per iteration on the device stream\n", o.compute_ms);
-    }
+    if (!o.json)
+        print_head(&b, &info, &mach);
     /* one warm-up iteration, untimed */
     iter_res r;
-    if ((rc = iterate(&b, &r, !o.dpu)) < 0)
-        goto run_fail;
-    unsigned n = o.vs_bound ? o.pairs : o.steps;
-    double *zo_t = calloc(n, sizeof(double)), *ref_t = calloc(n, sizeof(double)), *ratio = calloc(n, sizeof(double));
-    double *fio_r = calloc(n, sizeof(double)), *fio_w = calloc(n, sizeof(double)), *iter_t = calloc(n, sizeof(double));
-    zo_optim_timeline *tls = calloc(n, sizeof(*tls));
-    kernel_ref kr;
-    memset(&kr, 0, sizeof(kr));
-    if (!zo_t || !ref_t || !ratio || !fio_r || !fio_w || !iter_t || !tls) {
-        rc = -ENOMEM;
-        goto run_fail2;
+    if ((rc = iterate(&b, &r, !o.dpu)) < 0) {
+        rc = run_failed(rc);
+        bench_free(&b);
+        return rc;
     }
-    zo_fio_job fj;
-    memset(&fj, 0, sizeof(fj));
-    if (o.vs_bound && !o.dpu && o.placement == ZO_OPTIM_PLACE_HOST &&
-        (rc = kernel_ref_alloc(&kr, &o, info.grad_buffer_dtype)) < 0)
-        goto run_fail2;
-    if (o.vs_bound && !o.dpu && o.placement == ZO_OPTIM_PLACE_NVME) {
-        /* fio on the same directory, the engine's block size and queue depth,
-         * a file as large as the state (at most 4 GiB: enough to leave any
-         * cache behind with O_DIRECT) */
-        uint64_t bytes = o.params * (4 + 2 * zo_dtype_size(o.state));
-        uint64_t fsz = bytes < (4ull << 30) ? bytes : (4ull << 30);
-        fsz = (fsz + b.cfg.aio_block_size - 1) / b.cfg.aio_block_size * b.cfg.aio_block_size;
-        snprintf(b.fio_file, sizeof(b.fio_file), "%s/fio.dat", b.dir);
-        fj = (zo_fio_job){.fio = o.fio, .filename = b.fio_file, .size = fsz, .bs = b.cfg.aio_block_size,
-                          .iodepth = b.cfg.aio_queue_depth, .numjobs = 1, .direct = 1, .fixedbufs = 1,
-                          .iomem = o.fio_iomem};
-        if (!o.json)
-            printf("fio:     --size=%llu --bs=%zu --iodepth=%u --direct=1 --ioengine=io_uring --fixedbufs "
-                   "--registerfiles%s%s, read then write\n",
-                   (unsigned long long)fsz, b.cfg.aio_block_size, b.cfg.aio_queue_depth,
-                   o.fio_iomem ? " --iomem=" : "", o.fio_iomem ? o.fio_iomem : "");
-    }
-    if (!o.json && o.vs_bound)
-        printf("runs:    %u pairs, alternating bound and engine, after one warm-up step\n\n", n);
-    else if (!o.json)
-        printf("\n");
-    unsigned done = 0;
-    for (unsigned k = 0; k < n && !interrupted; k++, done = k) {
-        if (o.vs_bound && !o.dpu && o.placement == ZO_OPTIM_PLACE_HOST) {
-            if ((rc = kernel_ref_step(&kr, &b, (int64_t)k + 1, &ref_t[k])) < 0)
-                goto run_fail2;
-        } else if (o.vs_bound && !o.dpu) {
-            zo_fio_result fr;
-            fj.rw = "read";
-            if (k == 0) { /* lay the file out first: fio reads need it */
-                fj.rw = "write";
-                if (zo_fio_run(&fj, &fr) != 0) {
-                    fprintf(stderr, "zo-optim-bench: fio failed: %s\n", fr.err);
-                    rc = EXIT_RUN;
-                    goto run_done;
-                }
-                fj.rw = "read";
-            }
-            if (zo_fio_run(&fj, &fr) != 0) {
-                fprintf(stderr, "zo-optim-bench: fio failed: %s\n", fr.err);
-                rc = EXIT_RUN;
-                goto run_done;
-            }
-            fio_r[k] = fr.bw[0];
-            fj.rw = "write";
-            if (zo_fio_run(&fj, &fr) != 0) {
-                fprintf(stderr, "zo-optim-bench: fio failed: %s\n", fr.err);
-                rc = EXIT_RUN;
-                goto run_done;
-            }
-            fio_w[k] = fr.bw[1];
-        }
-        if ((rc = iterate(&b, &r, !o.dpu)) < 0)
-            goto run_fail2;
-        if (o.dpu) /* the update's own time (its timeline's update_ns: total_ns would count the wait for this
-                      step call too) */
-            zo_t[k] = r.have_tl ? r.tl.update_ns * 1e-9 : r.step_s;
-        else
-            zo_t[k] = r.step_s;
-        iter_t[k] = r.iter_s;
-        tls[k] = r.tl;
-        if (o.vs_bound && o.dpu) {
-            double ideal = fmax(o.compute_ms * 1e-3, zo_t[k]);
-            ref_t[k] = ideal;
-            ratio[k] = iter_t[k] / ideal;
-        } else if (o.vs_bound && o.placement == ZO_OPTIM_PLACE_HOST) {
-            ratio[k] = zo_t[k] / ref_t[k];
-        } else if (o.vs_bound) {
-            ref_t[k] = (fio_r[k] > 0 ? r.tl.nvme_read_bytes / fio_r[k] : 0) +
-                       (fio_w[k] > 0 ? r.tl.nvme_write_bytes / fio_w[k] : 0);
-            ratio[k] = ref_t[k] > 0 ? zo_t[k] / ref_t[k] : 0;
-        }
-        if (o.progress) {
-            print_progress(k + 1, n, &r);
-            if (o.vs_bound)
-                printf("          bound %8.1f ms%s  ratio %.3f\n", ref_t[k] * 1e3,
-                       o.dpu ? " (max(compute, step))" : o.placement == ZO_OPTIM_PLACE_NVME ? " (disk)" : " (kernel)",
-                       ratio[k]);
-        }
-    }
-    if (done == 0)
-        goto run_done; /* interrupted before the first run: nothing to report */
-    n = done; /* medians over the runs done (interrupted: fewer than asked) */
-    if (o.dpu) { /* collect the last delayed update */
-        zo_optim_step_result sr = {.struct_size = sizeof(sr)};
-        if ((rc = zo_optim_wait(b.opt, &sr)) < 0)
-            goto run_fail2;
-    }
-    zo_optim_get_info(b.opt, &info);
-    {
-        double med_step = zo_median(zo_t, n), med_iter = zo_median(iter_t, n);
-        double med_ref = o.vs_bound ? zo_median(ref_t, n) : 0, med_ratio = o.vs_bound ? zo_median(ratio, n) : 0;
-        uint64_t rd = tls[n - 1].nvme_read_bytes, wr = tls[n - 1].nvme_write_bytes;
-        if (o.json) {
-            zo_json j;
-            zj_init(&j, stdout, 0);
-            zj_obj_begin(&j, NULL);
-            zj_str(&j, "tool", "zo-optim-bench");
-            zj_str(&j, "version", zo_version_string());
-            zo_machine_json(&mach, &j, "machine");
-            zj_str(&j, "placement", o.placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host");
-            zj_uint(&j, "params", o.params);
-            zj_uint(&j, "tensors", b.nt);
-            zj_uint(&j, "sub_groups", info.nsubgroups);
-            zj_str(&j, "grad_dtype", zo_dtype_name(o.grad));
-            zj_str(&j, "state_dtype", zo_dtype_name(o.state));
-            zj_str(&j, "kernel", zo_cpuadam_variant());
-            zj_bool(&j, "dpu", o.dpu);
-            if (o.dpu)
-                zj_str(&j, "dpu_params", o.dpu_double ? "double" : "single");
-            zj_num(&j, "compute_ms", o.compute_ms);
-            zj_str(&j, "mode", mode);
-            zj_uint(&j, "runs", n);
-            zj_num(&j, "step_s", med_step);
-            zj_num(&j, "iter_s", med_iter);
-            if (o.vs_bound) {
-                zj_num(&j, "bound_s", med_ref);
-                zj_num(&j, "ratio", med_ratio);
-                if (o.placement == ZO_OPTIM_PLACE_NVME && !o.dpu) {
-                    zj_num(&j, "fio_read_bytes_per_s", zo_median(fio_r, n));
-                    zj_num(&j, "fio_write_bytes_per_s", zo_median(fio_w, n));
-                }
-            }
-            zj_uint(&j, "nvme_read_bytes", rd);
-            zj_uint(&j, "nvme_write_bytes", wr);
-            zj_uint(&j, "pinned_bytes", info.pinned_bytes);
-            zj_uint(&j, "host_bytes", info.host_bytes);
-            {
-                /* gradients the device copied straight into a pinned window
-                 * (docs/optim.md), over the whole run: asked for now */
-                zo_optim_info now = {.struct_size = sizeof(now)};
-                if (zo_optim_get_info(b.opt, &now) == 0) {
-                    zj_uint(&j, "grad_windows_pinned", now.grad_windows_pinned);
-                    zj_uint(&j, "grad_direct_bytes_total", now.grad_direct_bytes_total);
-                }
-            }
-            zj_uint(&j, "peak_rss_bytes", peak_rss());
-            zj_arr_begin(&j, "steps");
-            for (unsigned k = 0; k < n; k++) {
-                const zo_optim_timeline *t = &tls[k];
-                zj_obj_begin(&j, NULL);
-                zj_num(&j, "iter_s", iter_t[k]);
-                zj_num(&j, "step_s", zo_t[k]);
-                if (o.vs_bound) {
-                    zj_num(&j, "bound_s", ref_t[k]);
-                    zj_num(&j, "ratio", ratio[k]);
-                }
-                zj_uint(&j, "d2h_ns", t->d2h_ns);
-                zj_uint(&j, "norm_ns", t->norm_ns);
-                zj_uint(&j, "compute_ns", t->compute_ns);
-                zj_uint(&j, "nvme_read_ns", t->nvme_read_ns);
-                zj_uint(&j, "nvme_write_ns", t->nvme_write_ns);
-                zj_uint(&j, "h2d_ns", t->h2d_ns);
-                zj_uint(&j, "stall_ns", t->stall_ns);
-                zj_uint(&j, "update_ns", t->update_ns);
-                zj_uint(&j, "total_ns", t->total_ns);
-                zj_obj_end(&j);
-            }
-            zj_arr_end(&j);
-            zj_obj_end(&j);
-            zj_end(&j);
-        } else {
-            printf("\nmedian of %u: step %.1f ms, iteration %.1f ms", n, med_step * 1e3, med_iter * 1e3);
-            if (o.placement == ZO_OPTIM_PLACE_NVME)
-                printf(", NVMe %.2f GB read + %.2f GB written per step", rd * 1e-9, wr * 1e-9);
-            printf("\n");
-            if (o.vs_bound && o.dpu)
-                printf("DPU: iteration %.1f ms vs ideal max(compute %.1f, step %.1f) = %.1f ms: ratio %.3f (serial "
-                       "would be %.1f ms)\n",
-                       med_iter * 1e3, o.compute_ms, med_step * 1e3, med_ref * 1e3, med_ratio,
-                       (o.compute_ms * 1e-3 + med_step) * 1e3);
-            else if (o.vs_bound && o.placement == ZO_OPTIM_PLACE_NVME)
-                printf("disk bound %.1f ms (fio read %.2f GB/s, write %.2f GB/s): step / bound = %.3f\n",
-                       med_ref * 1e3, zo_median(fio_r, n) * 1e-9, zo_median(fio_w, n) * 1e-9, med_ratio);
-            else if (o.vs_bound)
-                printf("bare fused kernel %.1f ms on the same n: step / kernel = %.3f\n", med_ref * 1e3, med_ratio);
-            printf("memory: engine pinned %.1f MiB + other host %.1f MiB (of it the gradient window %.1f MiB, %s); "
-                   "peak RSS %.1f MiB\n",
-                   info.pinned_bytes / 1048576.0, info.host_bytes / 1048576.0, info.grad_buffer_bytes / 1048576.0,
-                   zo_dtype_name(info.grad_buffer_dtype), peak_rss() / 1048576.0);
-            if (interrupted)
-                printf("interrupted: %u of %u runs done\n", done, o.vs_bound ? o.pairs : o.steps);
-        }
-    }
-    rc = EXIT_OK;
-    goto run_done;
-run_fail2:
-    fprintf(stderr, "zo-optim-bench: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
-    rc = EXIT_RUN;
-run_done:
-    kernel_ref_free(&kr);
-    free(zo_t), free(ref_t), free(ratio), free(fio_r), free(fio_w), free(iter_t), free(tls);
+    runs rs;
+    rc = run_and_report(&b, &rs, &info, &mach);
+    runs_free(&rs);
     bench_free(&b);
     return rc;
-run_fail:
-    fprintf(stderr, "zo-optim-bench: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
-    bench_free(&b);
-    return EXIT_RUN;
 }

@@ -23,9 +23,7 @@
  *                     makes.
  *
  * Exit status: 0 success; 1 a run failed; 2 bad usage or input. */
-#include <ctype.h>
 #include <errno.h>
-#include <getopt.h>
 #include <limits.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -119,72 +117,87 @@ static void usage(FILE *f)
                "  --json                one JSON object on stdout\n");
 }
 
-static int parse_u(const char *s, unsigned long long lo, unsigned long long hi, unsigned long long *v)
+/* ---- the options' sets (zo_tool_opt: tool_common.h) ---------------------------- */
+/* an integer in [lo, hi] into an unsigned */
+static int set_u(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
 {
-    if (!s || !isdigit((unsigned char)*s))
-        return -1;
-    char *end;
-    errno = 0;
-    *v = strtoull(s, &end, 10);
-    return errno || *end || *v < lo || *v > hi ? -1 : 0;
+    unsigned long long v;
+    if (zo_tool_parse_u(arg, d->lo, d->hi, &v))
+        return bad("--%s %s: must be %llu..%llu", d->name, arg, d->lo, d->hi);
+    *(unsigned *)d->dst = (unsigned)v;
+    return 0;
 }
 
-/* A numeric option: an integer in [lo, hi], or with `range` a size (said in
- * words in the message). Exactly one of u, u64 is set. */
-typedef struct num_opt {
-    int id;
-    const char *name;
-    unsigned long long lo, hi;
-    unsigned *u;
-    uint64_t *u64;
-    const char *range;
-} num_opt;
-
-/* 1: c is one of nums (parsed into its field, or *rc the usage exit); 0: not */
-static int num_opt_parse(const num_opt *nums, size_t n, int c, const char *arg, int *rc)
+/* the same into a uint64_t */
+static int set_u64(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
 {
-    for (size_t i = 0; i < n; i++) {
-        const num_opt *d = &nums[i];
-        if (d->id != c)
-            continue;
-        unsigned long long v = 0;
-        *rc = 0;
-        if (d->range) {
-            uint64_t sz;
-            if (zo_parse_size(arg, &sz) || sz < d->lo || sz > d->hi)
-                *rc = bad("%s %s: not a size from %s", d->name, arg, d->range);
-            v = sz;
-        } else if (parse_u(arg, d->lo, d->hi, &v)) {
-            *rc = bad("%s %s: must be %llu..%llu", d->name, arg, d->lo, d->hi);
-        }
-        if (*rc == 0 && d->u)
-            *d->u = (unsigned)v;
-        else if (*rc == 0)
-            *d->u64 = v;
-        return 1;
+    unsigned long long v;
+    if (zo_tool_parse_u(arg, d->lo, d->hi, &v))
+        return bad("--%s %s: must be %llu..%llu", d->name, arg, d->lo, d->hi);
+    *(uint64_t *)d->dst = v;
+    return 0;
+}
+
+/* a size in [lo, hi] (d->what: the range in words) */
+static int set_size(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    uint64_t sz;
+    if (zo_parse_size(arg, &sz) || sz < d->lo || sz > d->hi)
+        return bad("--%s %s: not a size from %s", d->name, arg, d->what);
+    *(uint64_t *)d->dst = sz;
+    return 0;
+}
+
+static int set_compute_ms(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    double *ms = d->dst;
+    if (!strcmp(arg, "auto")) {
+        *ms = -1;
+    } else {
+        char *end;
+        *ms = strtod(arg, &end);
+        if (*end || !(*ms >= 0 && *ms <= 60000))
+            return bad("--compute-ms %s: a number of milliseconds 0..60000, or auto", arg);
     }
+    return 0;
+}
+
+static int set_order(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    if (strcmp(arg, "ab") && strcmp(arg, "abba"))
+        return bad("--order %s: expected ab or abba", arg);
+    *(int *)d->dst = !strcmp(arg, "abba");
+    return 0;
+}
+
+static int set_checksum(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    if (zo_csum_parse(arg, d->dst) != 0)
+        return bad("--checksum %s: expected crc32c, xxh3 or none", arg);
+    return 0;
+}
+
+/* The combinations that make no sense, and --path */
+static int check_opts(const opts *o)
+{
+    if (o->vs_fio && !o->optim)
+        return bad("--vs-fio compares the --optim sweep with fio: add --optim");
+    if ((o->disk_stats || o->max_slots || o->queue_depth || o->io_only || o->vs_raw || o->order_abba) && !o->optim)
+        return bad("--disk-stats, --max-slots, --queue-depth, --io-only, --vs-raw and --order are --optim options: add "
+                   "--optim");
+    if (o->optim && o->checksums)
+        return bad("--optim and --checksums: run them separately");
+    if (o->device_tensors >= o->tensors)
+        return bad("--device-tensors %u must be below --tensors %u (else nothing is ever evicted)",
+                   o->device_tensors, o->tensors);
+    struct stat st;
+    if (!o->checksums && (stat(o->path, &st) != 0 || !S_ISDIR(st.st_mode)))
+        return bad("--path %s: not an existing directory", o->path);
     return 0;
 }
 
 static int parse_opts(int argc, char **argv, opts *o)
 {
-    enum { O_PATH = 256, O_T, O_TS, O_DT, O_DEV, O_CMS, O_LA, O_IT, O_PR, O_CS, O_CSS, O_JSON, O_HELP,
-           O_OPTIM, O_STATE, O_SDT, O_GE, O_DEPTH, O_SLS, O_SLOTS, O_VSFIO, O_FIO, O_FIOMEM,
-           O_MAXSL, O_DSTAT, O_CSUM, O_CSTH, O_QD, O_IOONLY, O_VSRAW, O_ORDER };
-    static const struct option lo[] = {
-        {"path", 1, 0, O_PATH},       {"tensors", 1, 0, O_T},     {"tensor-size", 1, 0, O_TS},
-        {"device-tensors", 1, 0, O_DT}, {"device", 1, 0, O_DEV},  {"compute-ms", 1, 0, O_CMS},
-        {"lookahead", 1, 0, O_LA},    {"iters", 1, 0, O_IT},      {"pairs", 1, 0, O_PR},
-        {"checksums", 0, 0, O_CS},    {"checksum-size", 1, 0, O_CSS}, {"json", 0, 0, O_JSON},
-        {"help", 0, 0, O_HELP},       {"optim", 0, 0, O_OPTIM},   {"state", 1, 0, O_STATE},
-        {"state-dtype", 1, 0, O_SDT}, {"group-elems", 1, 0, O_GE}, {"depth", 1, 0, O_DEPTH},
-        {"slot-size", 1, 0, O_SLS},   {"slots", 1, 0, O_SLOTS},   {"vs-fio", 0, 0, O_VSFIO},
-        {"fio", 1, 0, O_FIO},         {"fio-iomem", 1, 0, O_FIOMEM}, {"max-slots", 1, 0, O_MAXSL},
-        {"disk-stats", 0, 0, O_DSTAT},  {"checksum", 1, 0, O_CSUM}, {"csum-threads", 1, 0, O_CSTH},
-        {"queue-depth", 1, 0, O_QD},  {"io-only", 0, 0, O_IOONLY}, {"vs-raw", 0, 0, O_VSRAW},
-        {"order", 1, 0, O_ORDER},
-        {0, 0, 0, 0},
-    };
     memset(o, 0, sizeof(*o));
     o->path = "/var/tmp";
     o->tensors = 16;
@@ -202,91 +215,42 @@ static int parse_opts(int argc, char **argv, opts *o)
     o->depth = 2;
     o->csum = ZO_CSUM_CRC32C;
     o->csum_threads = UINT_MAX;
-    int c, rc;
-    opterr = 0;
-    const num_opt nums[] = {
-        {O_T, "--tensors", 2, 100000, &o->tensors, NULL, NULL},
-        {O_DT, "--device-tensors", 1, 100000, &o->device_tensors, NULL, NULL},
-        {O_TS, "--tensor-size", 1, 1ull << 36, NULL, &o->tensor_size, "1 byte to 64G"},
-        {O_LA, "--lookahead", 1, 4096, &o->lookahead, NULL, NULL},
-        {O_IT, "--iters", 1, 10000, &o->iters, NULL, NULL},
-        {O_PR, "--pairs", 1, 1000, &o->pairs, NULL, NULL},
-        {O_CSS, "--checksum-size", 1, 16ull << 30, NULL, &o->csum_size, "1 byte to 16G"},
-        {O_STATE, "--state", 12, 1ull << 42, NULL, &o->state_bytes, "12 bytes to 4T"},
-        {O_GE, "--group-elems", 1, 1ull << 34, NULL, &o->group_elems, NULL},
-        {O_DEPTH, "--depth", 1, 64, &o->depth, NULL, NULL},
-        {O_SLS, "--slot-size", 1, 1u << 30, NULL, &o->slot_size, "1 byte to 1G"},
-        {O_SLOTS, "--slots", 2, 65536, &o->slots, NULL, NULL},
-        {O_MAXSL, "--max-slots", 1, 65536, &o->max_slots, NULL, NULL},
-        {O_CSTH, "--csum-threads", 0, 64, &o->csum_threads, NULL, NULL},
-        {O_QD, "--queue-depth", 1, 4096, &o->queue_depth, NULL, NULL},
+    const zo_tool_opt table[] = {
+        {"path", 1, 0, zo_tool_opt_str, &o->path, 0, 0, NULL},
+        {"tensors", 1, 0, set_u, &o->tensors, 2, 100000, NULL},
+        {"tensor-size", 1, 0, set_size, &o->tensor_size, 1, 1ull << 36, "1 byte to 64G"},
+        {"device-tensors", 1, 0, set_u, &o->device_tensors, 1, 100000, NULL},
+        {"device", 1, 0, zo_tool_opt_dev_kind, &o->dev, 0, 0, NULL},
+        {"compute-ms", 1, 0, set_compute_ms, &o->compute_ms, 0, 0, NULL},
+        {"lookahead", 1, 0, set_u, &o->lookahead, 1, 4096, NULL},
+        {"iters", 1, 0, set_u, &o->iters, 1, 10000, NULL},
+        {"pairs", 1, 0, set_u, &o->pairs, 1, 1000, NULL},
+        {"checksums", 0, 0, zo_tool_opt_on, &o->checksums, 0, 0, NULL},
+        {"checksum-size", 1, 0, set_size, &o->csum_size, 1, 16ull << 30, "1 byte to 16G"},
+        {"json", 0, 0, zo_tool_opt_on, &o->json, 0, 0, NULL},
+        {"help", 0, 'h', zo_tool_opt_help, NULL, 0, 0, NULL},
+        {"optim", 0, 0, zo_tool_opt_on, &o->optim, 0, 0, NULL},
+        {"state", 1, 0, set_size, &o->state_bytes, 12, 1ull << 42, "12 bytes to 4T"},
+        {"state-dtype", 1, 0, zo_tool_opt_f32_bf16, &o->state_dtype, 0, 0, NULL},
+        {"group-elems", 1, 0, set_u64, &o->group_elems, 1, 1ull << 34, NULL},
+        {"depth", 1, 0, set_u, &o->depth, 1, 64, NULL},
+        {"slot-size", 1, 0, set_size, &o->slot_size, 1, 1u << 30, "1 byte to 1G"},
+        {"slots", 1, 0, set_u, &o->slots, 2, 65536, NULL},
+        {"vs-fio", 0, 0, zo_tool_opt_on, &o->vs_fio, 0, 0, NULL},
+        {"fio", 1, 0, zo_tool_opt_str, &o->fio, 0, 0, NULL},
+        {"fio-iomem", 1, 0, zo_tool_opt_str, &o->fio_iomem, 0, 0, NULL},
+        {"max-slots", 1, 0, set_u, &o->max_slots, 1, 65536, NULL},
+        {"disk-stats", 0, 0, zo_tool_opt_on, &o->disk_stats, 0, 0, NULL},
+        {"checksum", 1, 0, set_checksum, &o->csum, 0, 0, NULL},
+        {"csum-threads", 1, 0, set_u, &o->csum_threads, 0, 64, NULL},
+        {"queue-depth", 1, 0, set_u, &o->queue_depth, 1, 4096, NULL},
+        {"io-only", 0, 0, zo_tool_opt_on, &o->io_only, 0, 0, NULL},
+        {"vs-raw", 0, 0, zo_tool_opt_on, &o->vs_raw, 0, 0, NULL},
+        {"order", 1, 0, set_order, &o->order_abba, 0, 0, NULL},
     };
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        if (num_opt_parse(nums, sizeof(nums) / sizeof(nums[0]), c, optarg, &rc)) {
-            if (rc)
-                return rc;
-            continue;
-        }
-        switch (c) {
-        case O_PATH: o->path = optarg; break;
-        case O_DEV:
-            if (zo_dev_kind_parse(optarg, &o->dev))
-                return bad("--device %s: expected host or cuda", optarg);
-            break;
-        case O_CMS:
-            if (!strcmp(optarg, "auto")) {
-                o->compute_ms = -1;
-            } else {
-                char *end;
-                o->compute_ms = strtod(optarg, &end);
-                if (*end || !(o->compute_ms >= 0 && o->compute_ms <= 60000))
-                    return bad("--compute-ms %s: a number of milliseconds 0..60000, or auto", optarg);
-            }
-            break;
-        case O_CS: o->checksums = 1; break;
-        case O_JSON: o->json = 1; break;
-        case O_OPTIM: o->optim = 1; break;
-        case O_SDT:
-            if (zo_dtype_parse(optarg, &o->state_dtype) ||
-                (o->state_dtype != ZO_DTYPE_F32 && o->state_dtype != ZO_DTYPE_BF16))
-                return bad("--state-dtype %s: expected f32 or bf16", optarg);
-            break;
-        case O_VSFIO: o->vs_fio = 1; break;
-        case O_VSRAW: o->vs_raw = 1; break;
-        case O_ORDER:
-            if (strcmp(optarg, "ab") && strcmp(optarg, "abba"))
-                return bad("--order %s: expected ab or abba", optarg);
-            o->order_abba = !strcmp(optarg, "abba");
-            break;
-        case O_DSTAT: o->disk_stats = 1; break;
-        case O_IOONLY: o->io_only = 1; break;
-        case O_CSUM:
-            if (zo_csum_parse(optarg, &o->csum) != 0)
-                return bad("--checksum %s: expected crc32c, xxh3 or none", optarg);
-            break;
-        case O_FIO: o->fio = optarg; break;
-        case O_FIOMEM: o->fio_iomem = optarg; break;
-        case 'h':
-        case O_HELP: usage(stdout); exit(0);
-        default: return bad("unknown option or missing value: %s (--help lists them)", argv[optind - 1]);
-        }
-    }
-    if (optind < argc)
-        return bad("unexpected argument '%s'", argv[optind]);
-    if (o->vs_fio && !o->optim)
-        return bad("--vs-fio compares the --optim sweep with fio: add --optim");
-    if ((o->disk_stats || o->max_slots || o->queue_depth || o->io_only || o->vs_raw || o->order_abba) && !o->optim)
-        return bad("--disk-stats, --max-slots, --queue-depth, --io-only, --vs-raw and --order are --optim options: add "
-                   "--optim");
-    if (o->optim && o->checksums)
-        return bad("--optim and --checksums: run them separately");
-    if (o->device_tensors >= o->tensors)
-        return bad("--device-tensors %u must be below --tensors %u (else nothing is ever evicted)",
-                   o->device_tensors, o->tensors);
-    struct stat st;
-    if (!o->checksums && (stat(o->path, &st) != 0 || !S_ISDIR(st.st_mode)))
-        return bad("--path %s: not an existing directory", o->path);
-    return 0;
+    const zo_tool_cli cli = {"zo-store-bench", usage, table, sizeof(table) / sizeof(table[0])};
+    int rc = zo_tool_opts_parse_strict(&cli, argc, argv);
+    return rc ? rc : check_opts(o);
 }
 
 static double now_s(void)
@@ -982,64 +946,71 @@ static void disk_print(const char *who, const disk_snap *a, const disk_snap *b)
            el > 0 ? (double)d[9] / 10.0 / el : 0.0);
 }
 
-static int cmd_optim(const opts *o, const zo_machine *m)
-{
+/* ---- --optim: the phases of cmd_optim ------------------------------------------------ */
+/* Per run: zoffload, fio read, fio write, raw, ratios to fio and to raw, stall. A sweep reads
+ * and writes every byte once in the same time, so zoffload's and raw's one rate is both. */
+enum { SER_ZO, SER_FR, SER_FW, SER_RAW, SER_RATIO, SER_RRATIO, SER_STALL, NSER };
+
+typedef struct optim_run {
+    const opts *o;
     optim_env e;
-    if (optim_open(o, &e))
-        return EXIT_RUN;
-    uint64_t nelem = e.nelem;
-    size_t esz = zo_dtype_size(o->state_dtype);
-    uint64_t bytes = nelem * (4 + 2 * esz); /* read once and written once per sweep */
-    unsigned P = o->pairs;
-    /* per run: zoffload, fio read, fio write, raw, ratios to fio and to raw, stall. A sweep reads
-     * and writes every byte once in the same time, so zoffload's and raw's one rate is both. */
-    enum { ZO, FR, FW, RAW, RATIO, RRATIO, STALL, NSER };
-    double *ser[NSER] = {0};
-    int rc = 0;
-    for (int i = 0; i < NSER; i++)
-        if (!(ser[i] = calloc(P, sizeof(double))))
-            rc = EXIT_RUN;
-    if (rc)
-        goto out;
-    double *zo = ser[ZO], *fr = ser[FR], *fw = ser[FW], *raw = ser[RAW], *ratio = ser[RATIO], *rratio = ser[RRATIO],
-           *stall = ser[STALL];
-    /* one warm-up step, untimed: it also gives the layout the sweeps pick */
-    zo_store_sweep_info info;
+    zo_store_sweep_info info; /* the layout the sweeps pick */
+    zo_fio_job fj;
+    double *ser[NSER];
+    uint64_t bytes;           /* read once and written once per sweep */
+    size_t esz;               /* a state element's size */
+    unsigned steps, raw_steps; /* updates the store's state and the raw loop's file have had */
+    char why[512];
+    char dstat[128];          /* --disk-stats: the block device's sysfs stat file ("": none) */
+} optim_run;
+
+/* One warm-up step, untimed: it also gives the layout the sweeps pick */
+static int optim_warm_up(optim_run *r)
+{
     double s0;
-    if ((rc = optim_sweep(o, &e, ZO_STREAM_READ | ZO_STREAM_WRITE, 0, &s0, &info)) != 0) {
+    int rc = optim_sweep(r->o, &r->e, ZO_STREAM_READ | ZO_STREAM_WRITE, 0, &s0, &r->info);
+    if (rc != 0) {
         fprintf(stderr, "zo-store-bench: sweep failed: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
-        rc = EXIT_RUN;
-        goto out;
+        return EXIT_RUN;
     }
-    unsigned steps = o->io_only ? 0 : 1, raw_steps = 0;
-    char why[512] = "";
-    if (o->vs_raw) {
-        /* the same pieces, as many frames as the sweep has slots for, the same update */
-        zo_raw_sweep_desc rd = {
-            .file = e.raw_file,
-            .nelem = nelem,
-            .group_elems = o->group_elems,
-            .piece_elems = info.piece_elems,
-            .state_esz = esz,
-            .request = e.chunk,
-            .frames = info.frames ? info.frames : 1,
-            .update = o->io_only ? NULL : raw_update,
-            .ctx = (void *)o,
-        };
-        if ((rc = zo_raw_sweep_open(&e.raw, &rd, why, sizeof(why))) != 0) {
-            fprintf(stderr, "zo-store-bench: --vs-raw: %s\n", why);
-            rc = EXIT_RUN;
-            goto out;
-        }
+    r->steps = r->o->io_only ? 0 : 1;
+    return 0;
+}
+
+/* --vs-raw: the same pieces, as many frames as the sweep has slots for, the same update */
+static int optim_raw_open(optim_run *r)
+{
+    const opts *o = r->o;
+    zo_raw_sweep_desc rd = {
+        .file = r->e.raw_file,
+        .nelem = r->e.nelem,
+        .group_elems = o->group_elems,
+        .piece_elems = r->info.piece_elems,
+        .state_esz = r->esz,
+        .request = r->e.chunk,
+        .frames = r->info.frames ? r->info.frames : 1,
+        .update = o->io_only ? NULL : raw_update,
+        .ctx = (void *)o,
+    };
+    if (zo_raw_sweep_open(&r->e.raw, &rd, r->why, sizeof(r->why)) != 0) {
+        fprintf(stderr, "zo-store-bench: --vs-raw: %s\n", r->why);
+        return EXIT_RUN;
     }
-    /* fio's requests as the sweep's: chunk-sized, as many in flight as its
-     * frames ahead and the one writing hold chunks */
-    uint64_t qd = (info.depth + 1) * info.piece_elems * (4 + 2 * esz) / e.chunk;
-    zo_fio_job fj = {
+    return 0;
+}
+
+/* fio's requests as the sweep's: chunk-sized, as many in flight as its
+ * frames ahead and the one writing hold chunks; with --vs-fio its file laid out */
+static int optim_fio_setup(optim_run *r)
+{
+    const opts *o = r->o;
+    const optim_env *e = &r->e;
+    uint64_t qd = (r->info.depth + 1) * r->info.piece_elems * (4 + 2 * r->esz) / e->chunk;
+    r->fj = (zo_fio_job){
         .fio = o->fio,
-        .filename = e.fio_file,
-        .size = (2 * bytes + e.chunk - 1) / e.chunk * e.chunk,
-        .bs = e.chunk,
+        .filename = e->fio_file,
+        .size = (2 * r->bytes + e->chunk - 1) / e->chunk * e->chunk,
+        .bs = e->chunk,
         .iodepth = (unsigned)(qd < 1 ? 1 : qd > 256 ? 256 : qd),
         .numjobs = 1,
         .rw = "rw",
@@ -1052,226 +1023,301 @@ static int cmd_optim(const opts *o, const zo_machine *m)
      * raw loop's buffers) drew from first: say so before fio fails with
      * its own "no huge pages available" */
     if (o->vs_fio && o->fio_iomem && (!strncmp(o->fio_iomem, "shmhuge", 7) || !strncmp(o->fio_iomem, "mmaphuge", 8)) &&
-        !zo_fio_hugepages_fit(fj.bs, fj.iodepth, 1, why, sizeof(why))) {
+        !zo_fio_hugepages_fit(r->fj.bs, r->fj.iodepth, 1, r->why, sizeof(r->why))) {
         fprintf(stderr, "zo-store-bench: --fio-iomem %s: %s, after the store's slots%s took theirs; raise "
                         "/proc/sys/vm/nr_hugepages or leave out --fio-iomem\n",
-                o->fio_iomem, why, o->vs_raw ? " and the raw loop's buffers" : "");
-        rc = EXIT_RUN;
-        goto out;
+                o->fio_iomem, r->why, o->vs_raw ? " and the raw loop's buffers" : "");
+        return EXIT_RUN;
     }
-    if (o->vs_fio && zo_fio_file_prepare(e.fio_file, fj.size, why, sizeof(why)) != 0) {
-        fprintf(stderr, "zo-store-bench: fio's file: %s\n", why);
-        rc = EXIT_RUN;
-        goto out;
+    if (o->vs_fio && zo_fio_file_prepare(e->fio_file, r->fj.size, r->why, sizeof(r->why)) != 0) {
+        fprintf(stderr, "zo-store-bench: fio's file: %s\n", r->why);
+        return EXIT_RUN;
     }
+    return 0;
+}
+
+/* The text output's head: what runs, and the table's column titles */
+static void optim_print_head(const optim_run *r, const zo_machine *m)
+{
+    const opts *o = r->o;
+    const zo_store_sweep_info *info = &r->info;
+    printf("zo-store-bench %s: optimizer sweep%s%s\n", zo_version_string(), o->vs_fio ? " vs fio" : "",
+           o->vs_raw ? " vs raw io_uring" : "");
+    print_where(m, "path:   ", o->path);
+    printf("state:   %.1f MiB: %zu groups of up to %llu elements, master f32, m and v %s; depth %u, pieces of "
+           "%llu elements, %u slots reserved\n",
+           (double)r->bytes / (1 << 20), r->e.ngroups, (unsigned long long)o->group_elems,
+           zo_dtype_name(o->state_dtype), info->depth, (unsigned long long)info->piece_elems, info->slots);
+    zo_swap_info si;
+    zo_swap_get_info(r->e.swap, &si);
+    printf("swap:    chunks of %zu bytes, checksum %s%s, engine queue depth %u%s\n", si.chunk_size,
+           zo_csum_name(o->csum), o->csum_threads == 0 ? " (inline)" : "", optim_queue_depth(o),
+           o->io_only ? "; --io-only: no update" : "");
+    char cmd[20000]; /* the line zo_fio_run runs, from the same builder */
+    if (o->vs_fio && zo_fio_cmdline(&r->fj, cmd, sizeof(cmd)) == 0)
+        printf("fio:     %s\n", cmd);
+    if (o->vs_raw)
+        printf("raw:     one thread, one ring, no store, requests of %zu bytes, %s\n", si.chunk_size,
+               zo_raw_sweep_describe(r->e.raw));
+    printf("runs:    %u%s, after one warm-up step (GB/s, GB = 10^9 bytes; each step reads and writes every byte of "
+           "the state once)\n\n",
+           o->pairs,
+           !o->vs_fio && !o->vs_raw ? ""
+           : o->order_abba          ? " rounds, alternating the references then zoffload, and zoffload then the references"
+                                    : " rounds, alternating the references, then zoffload");
+    printf("%5s", o->vs_fio || o->vs_raw ? "round" : "run");
+    if (o->vs_fio)
+        printf(" %10s %10s", "fio rd", "fio wr");
+    if (o->vs_raw)
+        printf(" %10s %10s", "raw rd", "raw wr");
+    printf(" %10s %10s", "zo rd", "zo wr");
+    if (o->vs_fio)
+        printf(" %8s", "ratio");
+    if (o->vs_raw)
+        printf(" %8s", "zo/raw");
+    if (!o->vs_fio && !o->vs_raw)
+        printf(" %10s", "stall s");
+    printf("\n");
+}
+
+/* What the disk saw around each side of a round: before and after fio, raw, zoffload */
+typedef struct round_snaps {
+    disk_snap f0, f1, r0, r1, z0, z1;
+} round_snaps;
+
+/* zoffload's side of a round: one timed sweep */
+static int optim_round_zo(optim_run *r, round_snaps *ds, double *zsecs)
+{
+    zo_store_reset_stats(r->e.st);
+    disk_snap_take(r->dstat, &ds->z0);
+    int rc = optim_sweep(r->o, &r->e, ZO_STREAM_READ | ZO_STREAM_WRITE, 0, zsecs, &r->info);
+    disk_snap_take(r->dstat, &ds->z1);
+    if (rc) {
+        fprintf(stderr, "zo-store-bench: sweep failed: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+        return EXIT_RUN;
+    }
+    if (!r->o->io_only)
+        r->steps++;
+    return 0;
+}
+
+/* The references' side of round p: fio, then the raw loop, each if asked */
+static int optim_round_refs(optim_run *r, unsigned p, round_snaps *ds)
+{
+    const opts *o = r->o;
+    if (o->vs_fio) {
+        zo_fio_result res;
+        disk_snap_take(r->dstat, &ds->f0);
+        int fr_rc = zo_fio_run(&r->fj, &res);
+        disk_snap_take(r->dstat, &ds->f1);
+        if (fr_rc != 0) {
+            fprintf(stderr, "zo-store-bench: fio failed: %s\n", res.err);
+            return EXIT_RUN;
+        }
+        r->ser[SER_FR][p] = res.bw[0];
+        r->ser[SER_FW][p] = res.bw[1];
+    }
+    if (o->vs_raw) {
+        double secs;
+        disk_snap_take(r->dstat, &ds->r0);
+        int rr_rc = zo_raw_sweep_run(r->e.raw, &secs, r->why, sizeof(r->why));
+        disk_snap_take(r->dstat, &ds->r1);
+        if (rr_rc != 0) {
+            fprintf(stderr, "zo-store-bench: --vs-raw: %s\n", r->why);
+            return EXIT_RUN;
+        }
+        if (!o->io_only)
+            r->raw_steps++;
+        r->ser[SER_RAW][p] = (double)r->bytes / secs;
+    }
+    return 0;
+}
+
+/* Round p's line of the table, and what the disk saw */
+static void optim_round_print(const optim_run *r, unsigned p, const round_snaps *ds)
+{
+    const opts *o = r->o;
+    double *const *ser = r->ser;
     if (!o->json) {
-        printf("zo-store-bench %s: optimizer sweep%s%s\n", zo_version_string(), o->vs_fio ? " vs fio" : "",
-               o->vs_raw ? " vs raw io_uring" : "");
-        print_where(m, "path:   ", o->path);
-        printf("state:   %.1f MiB: %zu groups of up to %llu elements, master f32, m and v %s; depth %u, pieces of "
-               "%llu elements, %u slots reserved\n",
-               (double)bytes / (1 << 20), e.ngroups, (unsigned long long)o->group_elems, zo_dtype_name(o->state_dtype),
-               info.depth, (unsigned long long)info.piece_elems, info.slots);
-        zo_swap_info si;
-        zo_swap_get_info(e.swap, &si);
-        printf("swap:    chunks of %zu bytes, checksum %s%s, engine queue depth %u%s\n", si.chunk_size,
-               zo_csum_name(o->csum), o->csum_threads == 0 ? " (inline)" : "", optim_queue_depth(o),
-               o->io_only ? "; --io-only: no update" : "");
-        char cmd[20000]; /* the line zo_fio_run runs, from the same builder */
-        if (o->vs_fio && zo_fio_cmdline(&fj, cmd, sizeof(cmd)) == 0)
-            printf("fio:     %s\n", cmd);
-        if (o->vs_raw)
-            printf("raw:     one thread, one ring, no store, requests of %zu bytes, %s\n", si.chunk_size,
-                   zo_raw_sweep_describe(e.raw));
-        printf("runs:    %u%s, after one warm-up step (GB/s, GB = 10^9 bytes; each step reads and writes every byte of "
-               "the state once)\n\n",
-               P,
-               !o->vs_fio && !o->vs_raw ? ""
-               : o->order_abba          ? " rounds, alternating the references then zoffload, and zoffload then the references"
-                                        : " rounds, alternating the references, then zoffload");
-        printf("%5s", o->vs_fio || o->vs_raw ? "round" : "run");
+        printf("%5u", p + 1);
         if (o->vs_fio)
-            printf(" %10s %10s", "fio rd", "fio wr");
+            printf(" %10.3f %10.3f", ser[SER_FR][p] * 1e-9, ser[SER_FW][p] * 1e-9);
         if (o->vs_raw)
-            printf(" %10s %10s", "raw rd", "raw wr");
-        printf(" %10s %10s", "zo rd", "zo wr");
+            printf(" %10.3f %10.3f", ser[SER_RAW][p] * 1e-9, ser[SER_RAW][p] * 1e-9);
+        printf(" %10.3f %10.3f", ser[SER_ZO][p] * 1e-9, ser[SER_ZO][p] * 1e-9);
         if (o->vs_fio)
-            printf(" %8s", "ratio");
+            printf(" %8.3f", ser[SER_RATIO][p]);
         if (o->vs_raw)
-            printf(" %8s", "zo/raw");
+            printf(" %8.3f", ser[SER_RRATIO][p]);
         if (!o->vs_fio && !o->vs_raw)
-            printf(" %10s", "stall s");
+            printf(" %10.3f", ser[SER_STALL][p]);
         printf("\n");
     }
-    char dstat[128] = "";
-    if (o->disk_stats && !o->json && (rc = disk_stat_path(o->path, dstat, sizeof(dstat))) != 0) {
+    if (r->dstat[0]) {
+        if (o->vs_fio)
+            disk_print("fio", &ds->f0, &ds->f1);
+        if (o->vs_raw)
+            disk_print("raw", &ds->r0, &ds->r1);
+        disk_print("zo", &ds->z0, &ds->z1);
+    }
+}
+
+/* Round p: the references and one zoffload sweep, in the round's order */
+static int optim_round(optim_run *r, unsigned p)
+{
+    const opts *o = r->o;
+    double *const *ser = r->ser;
+    round_snaps ds;
+    /* --order abba: every other round runs zoffload first, so that each
+     * side follows the other as often as itself (a run that leaves the
+     * disk slower for the next one then weighs on both) */
+    int zo_first = o->order_abba && (p & 1);
+    double zsecs = 0;
+    int rc = 0;
+    for (int ph = 0; ph < 2 && rc == 0; ph++)
+        rc = (ph == 0) == zo_first ? optim_round_zo(r, &ds, &zsecs) : optim_round_refs(r, p, &ds);
+    if (rc)
+        return rc;
+    zo_store_stats st;
+    zo_store_get_stats(r->e.st, &st);
+    ser[SER_STALL][p] = (double)st.stall_ns * 1e-9;
+    ser[SER_ZO][p] = (double)r->bytes / zsecs;
+    double fr = ser[SER_FR][p], fw = ser[SER_FW][p], raw = ser[SER_RAW][p], zo = ser[SER_ZO][p];
+    ser[SER_RATIO][p] = o->vs_fio && fr + fw > 0 ? 2 * zo / (fr + fw) : 0;
+    ser[SER_RRATIO][p] = o->vs_raw && raw > 0 ? zo / raw : 0;
+    optim_round_print(r, p, &ds);
+    return 0;
+}
+
+static void optim_report_json(const optim_run *r, const zo_machine *m)
+{
+    const opts *o = r->o;
+    unsigned P = o->pairs;
+    double *const *ser = r->ser;
+    zo_json j;
+    zj_init(&j, stdout, 1);
+    zj_obj_begin(&j, NULL);
+    zj_str(&j, "tool", "zo-store-bench");
+    zj_str(&j, "mode", o->vs_fio ? "optim-vs-fio" : "optim");
+    zj_str(&j, "version", zo_version_string());
+    zo_machine_json(m, &j, "machine");
+    zj_obj_begin(&j, "config");
+    zj_str(&j, "path", o->path);
+    zj_uint(&j, "state_bytes", r->bytes);
+    zj_str(&j, "state_dtype", zo_dtype_name(o->state_dtype));
+    zj_uint(&j, "group_elems", o->group_elems);
+    zj_uint(&j, "groups", r->e.ngroups);
+    zj_uint(&j, "depth", r->info.depth);
+    zj_uint(&j, "piece_elems", r->info.piece_elems);
+    zj_uint(&j, "slots_reserved", r->info.slots);
+    zj_str(&j, "checksum", zo_csum_name(o->csum));
+    zj_uint(&j, "queue_depth", optim_queue_depth(o));
+    zj_bool(&j, "io_only", o->io_only);
+    zj_str(&j, "order", o->order_abba ? "abba" : "ab");
+    if (o->vs_fio) {
+        zj_uint(&j, "fio_size", r->fj.size);
+        zj_uint(&j, "fio_bs", r->fj.bs);
+        zj_uint(&j, "fio_iodepth", r->fj.iodepth);
+        zj_str(&j, "fio_iomem", o->fio_iomem ? o->fio_iomem : "malloc (fio's default)");
+    }
+    if (o->vs_raw)
+        zj_str(&j, "raw", zo_raw_sweep_describe(r->e.raw));
+    zj_obj_end(&j);
+    zj_uint(&j, "pairs", P);
+    const struct {
+        const char *k;
+        int s;
+        int want; /* 0 always, 1 with --vs-fio, 2 with --vs-raw */
+    } arr[] = {{"read_bytes_per_s", SER_ZO, 0},      {"write_bytes_per_s", SER_ZO, 0},
+               {"stall_s", SER_STALL, 0},            {"fio_read_bytes_per_s", SER_FR, 1},
+               {"fio_write_bytes_per_s", SER_FW, 1}, {"ratios", SER_RATIO, 1},
+               {"raw_read_bytes_per_s", SER_RAW, 2}, {"raw_write_bytes_per_s", SER_RAW, 2},
+               {"raw_ratios", SER_RRATIO, 2}};
+    for (size_t a = 0; a < sizeof(arr) / sizeof(arr[0]); a++) {
+        if ((arr[a].want == 1 && !o->vs_fio) || (arr[a].want == 2 && !o->vs_raw))
+            continue;
+        zj_arr_begin(&j, arr[a].k);
+        for (unsigned p = 0; p < P; p++)
+            zj_num(&j, NULL, ser[arr[a].s][p]);
+        zj_arr_end(&j);
+        char key[64];
+        snprintf(key, sizeof(key), "%s_median", arr[a].k);
+        zj_num(&j, key, median(ser[arr[a].s], P));
+    }
+    zj_arr_begin(&j, "zo_first"); /* per round: zoffload ran before the references */
+    for (unsigned p = 0; p < P; p++)
+        zj_bool(&j, NULL, (o->vs_fio || o->vs_raw) && o->order_abba && (p & 1));
+    zj_arr_end(&j);
+    zj_bool(&j, "verified", 1);
+    zj_obj_end(&j);
+    zj_end(&j);
+}
+
+static void optim_report_text(const optim_run *r)
+{
+    const opts *o = r->o;
+    unsigned P = o->pairs;
+    const double *zo = r->ser[SER_ZO];
+    printf("\nmedians: zoffload read %.3f GB/s, write %.3f GB/s", median(zo, P) * 1e-9, median(zo, P) * 1e-9);
+    if (o->vs_fio)
+        printf("; fio read %.3f GB/s, write %.3f GB/s; ratio (read + write) %.3f", median(r->ser[SER_FR], P) * 1e-9,
+               median(r->ser[SER_FW], P) * 1e-9, median(r->ser[SER_RATIO], P));
+    if (o->vs_raw)
+        printf("; raw io_uring read = write %.3f GB/s; zoffload / raw %.3f", median(r->ser[SER_RAW], P) * 1e-9,
+               median(r->ser[SER_RRATIO], P));
+    printf("\nchecked: every group's first, middle and last elements hold %u updates", r->steps);
+    if (o->vs_raw)
+        printf(" (raw io_uring's file: %u)", r->raw_steps);
+    printf("\n");
+}
+
+/* Everything up to the rounds: series, warm-up, the references, the head */
+static int optim_prepare(optim_run *r, const zo_machine *m)
+{
+    const opts *o = r->o;
+    for (int i = 0; i < NSER; i++)
+        if (!(r->ser[i] = calloc(o->pairs, sizeof(double))))
+            return EXIT_RUN;
+    int rc = optim_warm_up(r);
+    if (rc == 0 && o->vs_raw)
+        rc = optim_raw_open(r);
+    if (rc == 0)
+        rc = optim_fio_setup(r);
+    if (rc)
+        return rc;
+    if (!o->json)
+        optim_print_head(r, m);
+    if (o->disk_stats && !o->json && (rc = disk_stat_path(o->path, r->dstat, sizeof(r->dstat))) != 0) {
         fprintf(stderr, "zo-store-bench: --disk-stats: no block device statistics for %s (%s)\n", o->path,
                 strerror(-rc));
-        rc = EXIT_RUN;
-        goto out;
+        return EXIT_RUN;
     }
-    for (unsigned p = 0; p < P && rc == 0; p++) {
-        disk_snap f0, f1, r0, r1, z0, z1;
-        /* --order abba: every other round runs zoffload first, so that each
-         * side follows the other as often as itself (a run that leaves the
-         * disk slower for the next one then weighs on both) */
-        int zo_first = o->order_abba && (p & 1);
-        double zsecs = 0;
-        for (int ph = 0; ph < 2 && rc == 0; ph++) {
-            if ((ph == 0) == zo_first) {
-                zo_store_reset_stats(e.st);
-                disk_snap_take(dstat, &z0);
-                rc = optim_sweep(o, &e, ZO_STREAM_READ | ZO_STREAM_WRITE, 0, &zsecs, &info);
-                disk_snap_take(dstat, &z1);
-                if (rc) {
-                    fprintf(stderr, "zo-store-bench: sweep failed: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
-                    rc = EXIT_RUN;
-                    break;
-                }
-                if (!o->io_only)
-                    steps++;
-                continue;
-            }
-            if (o->vs_fio) {
-                zo_fio_result res;
-                disk_snap_take(dstat, &f0);
-                int fr_rc = zo_fio_run(&fj, &res);
-                disk_snap_take(dstat, &f1);
-                if (fr_rc != 0) {
-                    fprintf(stderr, "zo-store-bench: fio failed: %s\n", res.err);
-                    rc = EXIT_RUN;
-                    break;
-                }
-                fr[p] = res.bw[0];
-                fw[p] = res.bw[1];
-            }
-            if (o->vs_raw) {
-                double secs;
-                disk_snap_take(dstat, &r0);
-                int rr_rc = zo_raw_sweep_run(e.raw, &secs, why, sizeof(why));
-                disk_snap_take(dstat, &r1);
-                if (rr_rc != 0) {
-                    fprintf(stderr, "zo-store-bench: --vs-raw: %s\n", why);
-                    rc = EXIT_RUN;
-                    break;
-                }
-                if (!o->io_only)
-                    raw_steps++;
-                raw[p] = (double)bytes / secs;
-            }
-        }
-        if (rc)
-            break;
-        zo_store_stats st;
-        zo_store_get_stats(e.st, &st);
-        stall[p] = (double)st.stall_ns * 1e-9;
-        zo[p] = (double)bytes / zsecs;
-        ratio[p] = o->vs_fio && fr[p] + fw[p] > 0 ? 2 * zo[p] / (fr[p] + fw[p]) : 0;
-        rratio[p] = o->vs_raw && raw[p] > 0 ? zo[p] / raw[p] : 0;
-        if (!o->json) {
-            printf("%5u", p + 1);
-            if (o->vs_fio)
-                printf(" %10.3f %10.3f", fr[p] * 1e-9, fw[p] * 1e-9);
-            if (o->vs_raw)
-                printf(" %10.3f %10.3f", raw[p] * 1e-9, raw[p] * 1e-9);
-            printf(" %10.3f %10.3f", zo[p] * 1e-9, zo[p] * 1e-9);
-            if (o->vs_fio)
-                printf(" %8.3f", ratio[p]);
-            if (o->vs_raw)
-                printf(" %8.3f", rratio[p]);
-            if (!o->vs_fio && !o->vs_raw)
-                printf(" %10.3f", stall[p]);
-            printf("\n");
-        }
-        if (dstat[0]) {
-            if (o->vs_fio)
-                disk_print("fio", &f0, &f1);
-            if (o->vs_raw)
-                disk_print("raw", &r0, &r1);
-            disk_print("zo", &z0, &z1);
-        }
-    }
+    return 0;
+}
+
+static int cmd_optim(const opts *o, const zo_machine *m)
+{
+    optim_run r;
+    memset(&r, 0, sizeof(r));
+    r.o = o;
+    if (optim_open(o, &r.e))
+        return EXIT_RUN;
+    r.esz = zo_dtype_size(o->state_dtype);
+    r.bytes = r.e.nelem * (4 + 2 * r.esz);
+    int rc = optim_prepare(&r, m);
+    for (unsigned p = 0; p < o->pairs && rc == 0; p++)
+        rc = optim_round(&r, p);
     if (rc == 0)
-        rc = optim_check(o, &e, steps, read_store, "zoffload");
+        rc = optim_check(o, &r.e, r.steps, read_store, "zoffload");
     if (rc == 0 && o->vs_raw)
-        rc = optim_check(o, &e, raw_steps, read_raw, "raw io_uring");
-    if (rc == 0) {
-        if (o->json) {
-            zo_json j;
-            zj_init(&j, stdout, 1);
-            zj_obj_begin(&j, NULL);
-            zj_str(&j, "tool", "zo-store-bench");
-            zj_str(&j, "mode", o->vs_fio ? "optim-vs-fio" : "optim");
-            zj_str(&j, "version", zo_version_string());
-            zo_machine_json(m, &j, "machine");
-            zj_obj_begin(&j, "config");
-            zj_str(&j, "path", o->path);
-            zj_uint(&j, "state_bytes", bytes);
-            zj_str(&j, "state_dtype", zo_dtype_name(o->state_dtype));
-            zj_uint(&j, "group_elems", o->group_elems);
-            zj_uint(&j, "groups", e.ngroups);
-            zj_uint(&j, "depth", info.depth);
-            zj_uint(&j, "piece_elems", info.piece_elems);
-            zj_uint(&j, "slots_reserved", info.slots);
-            zj_str(&j, "checksum", zo_csum_name(o->csum));
-            zj_uint(&j, "queue_depth", optim_queue_depth(o));
-            zj_bool(&j, "io_only", o->io_only);
-            zj_str(&j, "order", o->order_abba ? "abba" : "ab");
-            if (o->vs_fio) {
-                zj_uint(&j, "fio_size", fj.size);
-                zj_uint(&j, "fio_bs", fj.bs);
-                zj_uint(&j, "fio_iodepth", fj.iodepth);
-                zj_str(&j, "fio_iomem", o->fio_iomem ? o->fio_iomem : "malloc (fio's default)");
-            }
-            if (o->vs_raw)
-                zj_str(&j, "raw", zo_raw_sweep_describe(e.raw));
-            zj_obj_end(&j);
-            zj_uint(&j, "pairs", P);
-            const struct {
-                const char *k;
-                double *v;
-                int want; /* 0 always, 1 with --vs-fio, 2 with --vs-raw */
-            } arr[] = {{"read_bytes_per_s", zo, 0},      {"write_bytes_per_s", zo, 0},
-                       {"stall_s", stall, 0},            {"fio_read_bytes_per_s", fr, 1},
-                       {"fio_write_bytes_per_s", fw, 1}, {"ratios", ratio, 1},
-                       {"raw_read_bytes_per_s", raw, 2}, {"raw_write_bytes_per_s", raw, 2},
-                       {"raw_ratios", rratio, 2}};
-            for (size_t a = 0; a < sizeof(arr) / sizeof(arr[0]); a++) {
-                if ((arr[a].want == 1 && !o->vs_fio) || (arr[a].want == 2 && !o->vs_raw))
-                    continue;
-                zj_arr_begin(&j, arr[a].k);
-                for (unsigned p = 0; p < P; p++)
-                    zj_num(&j, NULL, arr[a].v[p]);
-                zj_arr_end(&j);
-                char key[64];
-                snprintf(key, sizeof(key), "%s_median", arr[a].k);
-                zj_num(&j, key, median(arr[a].v, P));
-            }
-            zj_arr_begin(&j, "zo_first"); /* per round: zoffload ran before the references */
-            for (unsigned p = 0; p < P; p++)
-                zj_bool(&j, NULL, (o->vs_fio || o->vs_raw) && o->order_abba && (p & 1));
-            zj_arr_end(&j);
-            zj_bool(&j, "verified", 1);
-            zj_obj_end(&j);
-            zj_end(&j);
-        } else {
-            printf("\nmedians: zoffload read %.3f GB/s, write %.3f GB/s", median(zo, P) * 1e-9, median(zo, P) * 1e-9);
-            if (o->vs_fio)
-                printf("; fio read %.3f GB/s, write %.3f GB/s; ratio (read + write) %.3f", median(fr, P) * 1e-9,
-                       median(fw, P) * 1e-9, median(ratio, P));
-            if (o->vs_raw)
-                printf("; raw io_uring read = write %.3f GB/s; zoffload / raw %.3f", median(raw, P) * 1e-9,
-                       median(rratio, P));
-            printf("\nchecked: every group's first, middle and last elements hold %u updates", steps);
-            if (o->vs_raw)
-                printf(" (raw io_uring's file: %u)", raw_steps);
-            printf("\n");
-        }
-    }
-out:
+        rc = optim_check(o, &r.e, r.raw_steps, read_raw, "raw io_uring");
+    if (rc == 0 && o->json)
+        optim_report_json(&r, m);
+    else if (rc == 0)
+        optim_report_text(&r);
     for (int i = 0; i < NSER; i++)
-        free(ser[i]);
-    optim_close(&e);
+        free(r.ser[i]);
+    optim_close(&r.e);
     return rc;
 }
 

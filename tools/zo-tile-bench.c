@@ -47,7 +47,6 @@
  * Exit status: 0 success; 1 a run failed; 2 bad usage or input. */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,21 +129,84 @@ static int parse_budgets(const char *s, opts *o)
     return 0;
 }
 
+/* ---- the options' sets (zo_tool_opt: tool_common.h); d->what: the range in words ---- */
+static int set_count64(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    unsigned long long v;
+    if (zo_tool_parse_u(arg, d->lo, d->hi, &v))
+        return bad("--%s %s: bad value (%s)", d->name, arg, d->what);
+    *(uint64_t *)d->dst = v;
+    return 0;
+}
+
+static int set_count(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    unsigned long long v;
+    if (zo_tool_parse_u(arg, d->lo, d->hi, &v))
+        return bad("--%s %s: bad value (%s)", d->name, arg, d->what);
+    *(unsigned *)d->dst = (unsigned)v;
+    return 0;
+}
+
+static int set_budget(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    uint64_t *b = d->dst;
+    if (zo_parse_size(arg, b) || *b == 0)
+        return bad("--budget %s: not a size above 0", arg);
+    return 0;
+}
+
+static int set_slot_size(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    uint64_t *s = d->dst;
+    /* the store checks the rest (a multiple of the swap chunk size) */
+    if (!strcmp(arg, "auto"))
+        *s = 0;
+    else if (zo_parse_size(arg, s) || *s == 0 || *s > ((uint64_t)1 << 30))
+        return bad("--slot-size %s: not a size in (0, 1G] or auto", arg);
+    return 0;
+}
+
+static int set_fio_iomem(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    /* fio checks the mode itself (its list depends on its build) */
+    if (!*arg || strchr(arg, ' '))
+        return bad("--fio-iomem '%s': expected a fio --iomem mode, e.g. shmhuge or malloc", arg);
+    *(const char **)d->dst = arg;
+    return 0;
+}
+
+static int set_fio_size(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    uint64_t *s = d->dst;
+    /* at most 1P: it is rounded up to fio's block size (a value near
+     * 2^64 would wrap to a 0-byte file) */
+    if (zo_parse_size(arg, s) || *s < (1u << 20) || *s > (1ull << 50))
+        return bad("--fio-size %s: not a size of at least 1M and at most 1P", arg);
+    return 0;
+}
+
+static int set_tile(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    opts *o = d->dst;
+    unsigned a, b;
+    char tail;
+    if (sscanf(arg, "%ux%u%c", &a, &b, &tail) != 2 || !a || !b)
+        return bad("--tile %s: expected RxC, e.g. 512x4096", arg);
+    o->tile_out = a;
+    o->tile_in = b;
+    return 0;
+}
+
+static int set_budgets(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    if (parse_budgets(arg, d->dst))
+        return bad("--budgets %s: a comma list of up to %d sizes above 0", arg, MAX_BUDGETS);
+    return 0;
+}
+
 static int parse_opts(int argc, char **argv, opts *o)
 {
-    enum { OPT_B = 256, OPT_OUT, OPT_IN, OPT_DT, OPT_BUD, OPT_TILE, OPT_DEV, OPT_PR, OPT_PATH, OPT_NONVME, OPT_FIO, OPT_NOFIO, OPT_PLAN,
-           OPT_BUDS, OPT_JSON, OPT_COPY, OPT_SLOT, OPT_NOKEEP, OPT_NOPRE, OPT_INORDER, OPT_AHEAD, OPT_FIOMEM,
-           OPT_FIOSIZE, OPT_HELP };
-    static const struct option lo[] = {
-        {"batch", 1, 0, OPT_B},     {"out", 1, 0, OPT_OUT},        {"in", 1, 0, OPT_IN},       {"dtype", 1, 0, OPT_DT},
-        {"budget", 1, 0, OPT_BUD},  {"tile", 1, 0, OPT_TILE},      {"device", 1, 0, OPT_DEV},  {"pairs", 1, 0, OPT_PR},
-        {"path", 1, 0, OPT_PATH},   {"no-nvme", 0, 0, OPT_NONVME}, {"fio", 1, 0, OPT_FIO},     {"no-fio", 0, 0, OPT_NOFIO},
-        {"plan", 0, 0, OPT_PLAN},   {"budgets", 1, 0, OPT_BUDS},   {"json", 0, 0, OPT_JSON},   {"help", 0, 0, OPT_HELP},
-        {"copy-tiles", 0, 0, OPT_COPY}, {"slot-size", 1, 0, OPT_SLOT}, {"no-keep", 0, 0, OPT_NOKEEP},
-        {"no-prefetch", 0, 0, OPT_NOPRE}, {"in-order", 0, 0, OPT_INORDER}, {"read-ahead", 1, 0, OPT_AHEAD},
-        {"fio-iomem", 1, 0, OPT_FIOMEM}, {"fio-size", 1, 0, OPT_FIOSIZE},
-        {0, 0, 0, 0},
-    };
     memset(o, 0, sizeof(*o));
     o->batch = 16;
     o->out = o->in = 4096;
@@ -153,89 +215,36 @@ static int parse_opts(int argc, char **argv, opts *o)
     o->pairs = 5;
     o->path = "/var/tmp";
     parse_budgets("8M,64M,512M", o);
-    unsigned long long v;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-        switch (c) {
-        case OPT_B:
-        case OPT_OUT:
-        case OPT_IN:
-            if (zo_tool_parse_u(optarg, 1, 1u << 30, &v))
-                return bad("%s %s: bad value (1..2^30)", argv[optind - 2], optarg);
-            *(c == OPT_B ? &o->batch : c == OPT_OUT ? &o->out : &o->in) = v;
-            break;
-        case OPT_DT:
-            if (zo_dtype_parse(optarg, &o->dtype) || (o->dtype != ZO_DTYPE_F32 && o->dtype != ZO_DTYPE_BF16))
-                return bad("--dtype %s: expected f32 or bf16", optarg);
-            break;
-        case OPT_BUD:
-            if (zo_parse_size(optarg, &o->budget) || o->budget == 0)
-                return bad("--budget %s: not a size above 0", optarg);
-            break;
-        case OPT_SLOT:
-            /* the store checks the rest (a multiple of the swap chunk size) */
-            if (!strcmp(optarg, "auto"))
-                o->slot_size = 0;
-            else if (zo_parse_size(optarg, &o->slot_size) || o->slot_size == 0 || o->slot_size > ((uint64_t)1 << 30))
-                return bad("--slot-size %s: not a size in (0, 1G] or auto", optarg);
-            break;
-        case OPT_FIOMEM:
-            /* fio checks the mode itself (its list depends on its build) */
-            if (!*optarg || strchr(optarg, ' '))
-                return bad("--fio-iomem '%s': expected a fio --iomem mode, e.g. shmhuge or malloc", optarg);
-            o->fio_iomem = optarg;
-            break;
-        case OPT_FIOSIZE:
-            /* at most 1P: it is rounded up to fio's block size (a value near
-             * 2^64 would wrap to a 0-byte file) */
-            if (zo_parse_size(optarg, &o->fio_size) || o->fio_size < (1u << 20) || o->fio_size > (1ull << 50))
-                return bad("--fio-size %s: not a size of at least 1M and at most 1P", optarg);
-            break;
-        case OPT_TILE: {
-            unsigned a, b;
-            char tail;
-            if (sscanf(optarg, "%ux%u%c", &a, &b, &tail) != 2 || !a || !b)
-                return bad("--tile %s: expected RxC, e.g. 512x4096", optarg);
-            o->tile_out = a;
-            o->tile_in = b;
-            break;
-        }
-        case OPT_DEV:
-            if (zo_dev_kind_parse(optarg, &o->dev))
-                return bad("--device %s: expected host or cuda", optarg);
-            break;
-        case OPT_PR:
-            if (zo_tool_parse_u(optarg, 1, 1000, &v))
-                return bad("--pairs %s: bad value (1..1000)", optarg);
-            o->pairs = (unsigned)v;
-            break;
-        case OPT_PATH: o->path = optarg; break;
-        case OPT_NONVME: o->no_nvme = 1; break;
-        case OPT_FIO: o->fio = optarg; break;
-        case OPT_NOFIO: o->no_fio = 1; break;
-        case OPT_PLAN: o->plan = 1; break;
-        case OPT_BUDS:
-            if (parse_budgets(optarg, o))
-                return bad("--budgets %s: a comma list of up to %d sizes above 0", optarg, MAX_BUDGETS);
-            break;
-        case OPT_JSON: o->json = 1; break;
-        case OPT_COPY: o->copy_tiles = 1; break;
-        case OPT_NOKEEP: o->no_keep = 1; break;
-        case OPT_NOPRE: o->no_prefetch = 1; break;
-        case OPT_INORDER: o->in_order = 1; break;
-        case OPT_AHEAD:
-            if (zo_tool_parse_u(optarg, 0, 64, &v))
-                return bad("--read-ahead %s: bad value (0..64)", optarg);
-            o->read_ahead = (unsigned)v;
-            break;
-        case 'h':
-        case OPT_HELP: usage(stdout); exit(0);
-        default: return bad("unknown option or missing value: %s (--help lists them)", argv[optind - 1]);
-        }
-    }
-    if (optind < argc)
-        return bad("unexpected argument '%s'", argv[optind]);
+    const zo_tool_opt table[] = {
+        {"batch", 1, 0, set_count64, &o->batch, 1, 1u << 30, "1..2^30"},
+        {"out", 1, 0, set_count64, &o->out, 1, 1u << 30, "1..2^30"},
+        {"in", 1, 0, set_count64, &o->in, 1, 1u << 30, "1..2^30"},
+        {"dtype", 1, 0, zo_tool_opt_f32_bf16, &o->dtype, 0, 0, NULL},
+        {"budget", 1, 0, set_budget, &o->budget, 0, 0, NULL},
+        {"tile", 1, 0, set_tile, o, 0, 0, NULL},
+        {"device", 1, 0, zo_tool_opt_dev_kind, &o->dev, 0, 0, NULL},
+        {"pairs", 1, 0, set_count, &o->pairs, 1, 1000, "1..1000"},
+        {"path", 1, 0, zo_tool_opt_str, &o->path, 0, 0, NULL},
+        {"no-nvme", 0, 0, zo_tool_opt_on, &o->no_nvme, 0, 0, NULL},
+        {"fio", 1, 0, zo_tool_opt_str, &o->fio, 0, 0, NULL},
+        {"no-fio", 0, 0, zo_tool_opt_on, &o->no_fio, 0, 0, NULL},
+        {"plan", 0, 0, zo_tool_opt_on, &o->plan, 0, 0, NULL},
+        {"budgets", 1, 0, set_budgets, o, 0, 0, NULL},
+        {"json", 0, 0, zo_tool_opt_on, &o->json, 0, 0, NULL},
+        {"help", 0, 'h', zo_tool_opt_help, NULL, 0, 0, NULL},
+        {"copy-tiles", 0, 0, zo_tool_opt_on, &o->copy_tiles, 0, 0, NULL},
+        {"slot-size", 1, 0, set_slot_size, &o->slot_size, 0, 0, NULL},
+        {"no-keep", 0, 0, zo_tool_opt_on, &o->no_keep, 0, 0, NULL},
+        {"no-prefetch", 0, 0, zo_tool_opt_on, &o->no_prefetch, 0, 0, NULL},
+        {"in-order", 0, 0, zo_tool_opt_on, &o->in_order, 0, 0, NULL},
+        {"read-ahead", 1, 0, set_count, &o->read_ahead, 0, 64, "0..64"},
+        {"fio-iomem", 1, 0, set_fio_iomem, &o->fio_iomem, 0, 0, NULL},
+        {"fio-size", 1, 0, set_fio_size, &o->fio_size, 0, 0, NULL},
+    };
+    const zo_tool_cli cli = {"zo-tile-bench", usage, table, sizeof(table) / sizeof(table[0])};
+    int rc = zo_tool_opts_parse_strict(&cli, argc, argv);
+    if (rc)
+        return rc;
     if (o->budget && o->tile_out)
         return bad("--budget and --tile: give one");
     struct stat st;
@@ -635,6 +644,405 @@ static void teardown(bench *bn)
 enum { R_UNTILED, R_HOST, R_NVME, R_H2D, R_FIO, R_COUNT };
 static const char *run_names[R_COUNT] = {"untiled", "tiled_host", "tiled_nvme", "h2d_twice", "fio_read"};
 
+/* ---- main's phases ---------------------------------------------------------------------------- */
+/* The grid for o's budget (or --tile) with the planner's flags: both the
+ * check before any device is touched and --slot-size auto plan this way */
+static int plan_grid(const opts *o, uint64_t wbytes, unsigned flags, zo_tile_grid *g)
+{
+    return o->tile_out ? zo_tile_grid_make(o->batch, o->out, o->in, o->dtype, o->tile_out, o->tile_in, flags, g)
+                       : zo_tile_plan(o->batch, o->out, o->in, o->dtype, o->budget ? o->budget : MAXU(wbytes / 4, 1),
+                                      flags, g);
+}
+
+/* The store's pool slot: --slot-size, or auto (auto_slot) */
+static void choose_slot(bench *bn, const zo_tile_grid *pg, uint64_t wbytes)
+{
+    const opts *o = bn->o;
+    zo_store_config scd;
+    zo_store_config_default(&scd);
+    bn->slot_size = o->slot_size;
+    if (!bn->slot_size && o->no_nvme) {
+        bn->slot_size = scd.slot_size; /* no NVMe tile to size the slot for */
+        bn->slot_auto = 1;
+    } else if (!bn->slot_size) {
+        /* the tile the pinned-host home plans (in place on the host
+         * backend unless --copy-tiles: as zo_tiled_linear_create plans) */
+        zo_tile_grid hg = *pg;
+        unsigned hf = ZO_TILE_TRAIN | (o->dev == ZO_DEV_HOST && !o->copy_tiles ? ZO_TILE_IN_PLACE : 0);
+        if (plan_grid(o, wbytes, hf, &hg))
+            hg = *pg;
+        bn->slot_size = auto_slot(hg.tile_bytes, scd.slot_size);
+        bn->slot_auto = 1;
+    }
+}
+
+/* The CPU an NVMe run spends verifying what it reads: CRC32C's rate on
+ * one core here (best of 3 over up to 64 MiB); 0 without NVMe */
+static double crc32c_rate(const opts *o, uint64_t wbytes)
+{
+    double crc_bw = 0;
+    if (o->no_nvme)
+        return 0;
+    size_t cb = (size_t)(wbytes < (64u << 20) ? wbytes : (64u << 20));
+    uint8_t *cbuf = malloc(cb);
+    if (!cbuf)
+        return 0;
+    memset(cbuf, 0x5a, cb);
+    volatile uint32_t sink = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double c0 = now_s();
+        sink ^= zo_crc32c(0, cbuf, cb);
+        double dt = now_s() - c0;
+        if (dt > 0 && (double)cb / dt > crc_bw)
+            crc_bw = (double)cb / dt;
+    }
+    (void)sink;
+    free(cbuf);
+    return crc_bw;
+}
+
+/* The pinned-host home copies its tiles (a GPU; --copy-tiles): its bound
+ * is max(GEMM, two host->device copies of W), measured in each pair from a
+ * pinned copy of W (W's own bytes, so W is unchanged). 1: that bound is
+ * measured; 0: the tiles are read in place, or the copy could not be made. */
+static int h2d_prepare(bench *bn, uint64_t wbytes)
+{
+    if (bn->grid[0].flags & ZO_TILE_IN_PLACE)
+        return 0;
+    zo_pin_opts po;
+    zo_pin_opts_default(&po);
+    po.dev = bn->dev;
+    int pr = zo_pinned_alloc(&bn->hw, (size_t)wbytes, &po);
+    if (pr == 0)
+        pr = zo_memcpy_async(bn->s, bn->hw, bn->w, wbytes, ZO_COPY_D2H);
+    if (pr == 0)
+        pr = zo_stream_sync(bn->s);
+    if (pr < 0) {
+        fprintf(stderr, "zo-tile-bench: no host->device bound: a pinned copy of W: %s\n", zo_strerror(pr));
+        return 0;
+    }
+    return 1;
+}
+
+/* What the rounds measure, and what the report says besides */
+typedef struct results {
+    uint64_t wbytes, pool_bytes;
+    zo_store_stats ss;
+    int use_fio, use_h2d;
+    char fio_err[256];
+    double crc_bw;
+    double *t[R_COUNT];                          /* per pair: seconds; R_FIO: fio's bytes/s */
+    double *ratio_host, *ratio_nvme, *ratio_host_b; /* per pair */
+} results;
+
+static void results_alloc(results *rs, unsigned pairs)
+{
+    rs->ratio_host = calloc(pairs, 8);
+    rs->ratio_nvme = calloc(pairs, 8);
+    rs->ratio_host_b = calloc(pairs, 8);
+    for (int k = 0; k < R_COUNT; k++)
+        rs->t[k] = calloc(pairs, sizeof(double));
+}
+
+static void results_free(results *rs)
+{
+    for (int k = 0; k < R_COUNT; k++)
+        free(rs->t[k]);
+    free(rs->ratio_host);
+    free(rs->ratio_nvme);
+    free(rs->ratio_host_b);
+}
+
+/* One warm-up round (first-touch, OpenBLAS thread start, page cache; fio
+ * lays its file out, once for the run) */
+static int warm_up(bench *bn, results *rs)
+{
+    const opts *o = bn->o;
+    int rc = untiled(bn) || tiled(bn, 0) || (!o->no_nvme && tiled(bn, 1)) ? EXIT_RUN : 0;
+    if (rc || !rs->use_fio)
+        return rc;
+    double bw0;
+    fio_setup *fs = &bn->fio;
+    int r0 = fio_read_bw(fs, &bw0, rs->fio_err, sizeof(rs->fio_err));
+    if (r0 < 0 && !o->fio_iomem && fs->iomem) {
+        /* the huge pages free a moment ago were taken meanwhile (they
+         * are shared with every process): fio's default buffers, said */
+        snprintf(fs->iomem_note, sizeof(fs->iomem_note), "fio with --iomem=shmhuge failed: %s", rs->fio_err);
+        fs->iomem = fs->job.iomem = NULL;
+        if (zo_fio_cmdline(&fs->job, fs->cmdline, sizeof(fs->cmdline)) < 0)
+            snprintf(fs->cmdline, sizeof(fs->cmdline), "(too long to print)");
+        r0 = fio_read_bw(fs, &bw0, rs->fio_err, sizeof(rs->fio_err));
+    }
+    if (r0 < 0)
+        rs->use_fio = 0; /* say why below; the rest still runs */
+    return 0;
+}
+
+/* Pair p: every run once, in order, or reversed every other pair */
+static int run_pair(bench *bn, results *rs, unsigned p)
+{
+    const opts *o = bn->o;
+    double **t = rs->t;
+    int rc = 0;
+    int order[R_COUNT] = {R_UNTILED, R_HOST, R_NVME, R_H2D, R_FIO};
+    if (p % 2) /* alternate: reversed every other round */
+        for (int a = 0, b = R_COUNT - 1; a < b; a++, b--) {
+            int tmp = order[a];
+            order[a] = order[b];
+            order[b] = tmp;
+        }
+    for (int q = 0; q < R_COUNT && !rc; q++) {
+        int k = order[q];
+        if ((k == R_NVME && o->no_nvme) || (k == R_FIO && !rs->use_fio) || (k == R_H2D && !rs->use_h2d))
+            continue;
+        double t0 = now_s();
+        if (k == R_UNTILED)
+            rc = untiled(bn);
+        else if (k == R_H2D)
+            rc = h2d_twice(bn, rs->wbytes);
+        else if (k == R_HOST || k == R_NVME)
+            rc = tiled(bn, k == R_NVME);
+        else if (fio_read_bw(&bn->fio, &t[R_FIO][p], rs->fio_err, sizeof(rs->fio_err)) < 0)
+            rs->use_fio = 0; /* say why below; the rest still runs */
+        if (k != R_FIO)
+            t[k][p] = now_s() - t0;
+    }
+    rs->ratio_host[p] = t[R_HOST][p] / t[R_UNTILED][p];
+    rs->ratio_host_b[p] =
+        t[R_HOST][p] / (rs->use_h2d ? fmax(t[R_UNTILED][p], t[R_H2D][p]) : t[R_UNTILED][p]);
+    if (rs->use_fio)
+        rs->ratio_nvme[p] = t[R_NVME][p] / fmax(t[R_UNTILED][p], 2.0 * (double)rs->wbytes / t[R_FIO][p]);
+    return rc;
+}
+
+/* ---- the report ------------------------------------------------------------------------------ */
+typedef struct summary {
+    double med[R_COUNT];
+    double rh, rn, rhb; /* medians of the per-pair ratios: host/untiled, nvme/bound, host/bound */
+    zo_tile_walk_stats ws[2];
+    zo_machine m;
+} summary;
+
+static void summarize(const bench *bn, const results *rs, summary *sm)
+{
+    unsigned pairs = bn->o->pairs;
+    for (int k = 0; k < R_COUNT; k++)
+        sm->med[k] = zo_median(rs->t[k], pairs);
+    sm->rh = zo_median(rs->ratio_host, pairs);
+    sm->rn = rs->use_fio ? zo_median(rs->ratio_nvme, pairs) : NAN;
+    sm->rhb = zo_median(rs->ratio_host_b, pairs);
+    zo_tiled_linear_get_stats(bn->tl[0], &sm->ws[0]);
+    zo_tiled_linear_get_stats(bn->tl[1], &sm->ws[1]);
+    zo_machine_get(&sm->m);
+}
+
+static void json_config(zo_json *j, const bench *bn, const results *rs)
+{
+    const opts *o = bn->o;
+    zj_obj_begin(j, "config");
+    zj_uint(j, "batch", o->batch);
+    zj_uint(j, "out", o->out);
+    zj_uint(j, "in", o->in);
+    zj_str(j, "dtype", zo_dtype_name(o->dtype));
+    zj_str(j, "device", zo_dev_kind_name(o->dev));
+    zj_str(j, "gemm", zo_gemm_impl(o->dev));
+    zj_uint(j, "weight_bytes", rs->wbytes);
+    zj_uint(j, "pairs", o->pairs);
+    if (!o->no_nvme) {
+        char stor[256];
+        zo_path_storage(o->path, stor, sizeof(stor));
+        zj_str(j, "nvme_path", o->path);
+        zj_str(j, "nvme_storage", stor);
+    }
+    zj_obj_end(j);
+    grid_json(j, "grid", &bn->grid[0]);
+    zj_str(j, "fetch_host", fetch_mode(&bn->grid[0]));
+    if (!o->no_nvme) {
+        grid_json(j, "grid_nvme", &bn->grid[1]);
+        zj_str(j, "fetch_nvme", fetch_mode(&bn->grid[1]));
+    }
+}
+
+/* fio's mode and the store's pool */
+static void json_fio_pool(zo_json *j, const bench *bn, const results *rs, const summary *sm)
+{
+    const opts *o = bn->o;
+    const fio_setup *fs = &bn->fio;
+    if (rs->use_fio)
+        zj_num(j, "fio_read_bytes_per_s", sm->med[R_FIO]);
+    else
+        zj_str(j, "fio_skipped", o->no_nvme || o->no_fio ? "not asked" : rs->fio_err);
+    if (fs->cmdline[0]) {
+        zj_str(j, "fio_cmdline", fs->cmdline);
+        zj_str(j, "fio_iomem", fs->iomem ? fs->iomem : "malloc (fio's default)");
+        if (fs->iomem_note[0])
+            zj_str(j, "fio_iomem_note", fs->iomem_note);
+        zj_uint(j, "fio_file_bytes", fs->job.size);
+        zj_uint(j, "fio_bs", fs->job.bs);
+        zj_uint(j, "fio_iodepth", fs->job.iodepth);
+    }
+    zj_obj_begin(j, "store_pool");
+    zj_uint(j, "slot_size", rs->ss.pool_slot_size);
+    zj_bool(j, "slot_size_auto", bn->slot_auto);
+    zj_uint(j, "slots", rs->ss.pool_slots);
+    zj_uint(j, "pool_bytes", rs->pool_bytes);
+    zj_uint(j, "pinned_bytes", rs->ss.pinned_bytes);
+    zj_bool(j, "pool_locked", rs->ss.pool_locked);
+    zj_obj_end(j);
+}
+
+/* the walkers' own timers over every run (warm-up included): where a
+ * tiled run's time goes besides the GEMMs */
+static void json_walks(zo_json *j, const opts *o, const summary *sm)
+{
+    for (int i = 0; i < (o->no_nvme ? 1 : 2); i++) {
+        const zo_tile_walk_stats *w = &sm->ws[i];
+        zj_obj_begin(j, i ? "walk_nvme" : "walk_host");
+        zj_uint(j, "tiles", w->tiles);
+        zj_uint(j, "in_place_tiles", w->in_place_tiles);
+        zj_uint(j, "fetch_bytes", w->fetch_bytes);
+        zj_num(j, "fetch_seconds", (double)w->fetch_ns * 1e-9);
+        zj_num(j, "wait_seconds", (double)w->wait_ns * 1e-9);
+        zj_uint(j, "runs", w->runs);
+        zj_uint(j, "reads", w->reads);
+        zj_uint(j, "reused", w->reused);
+        zj_uint(j, "prefetched", w->prefetched);
+        zj_uint(j, "prefetch_skipped", w->prefetch_skipped);
+        zj_num(j, "first_tile_seconds", (double)w->first_ns * 1e-9);
+        zj_uint(j, "read_ahead_peak", w->ahead_peak);
+        zj_obj_end(j);
+    }
+}
+
+static void report_json(const bench *bn, const results *rs, const summary *sm)
+{
+    const opts *o = bn->o;
+    zo_json j;
+    zj_init(&j, stdout, 1);
+    zj_obj_begin(&j, NULL);
+    zo_machine_json(&sm->m, &j, "machine");
+    json_config(&j, bn, rs);
+    zj_obj_begin(&j, "median_seconds");
+    for (int k = 0; k < R_FIO; k++)
+        if ((k != R_NVME || !o->no_nvme) && (k != R_H2D || rs->use_h2d))
+            zj_num(&j, run_names[k], sm->med[k]);
+    zj_obj_end(&j);
+    json_fio_pool(&j, bn, rs, sm);
+    zj_num(&j, "ratio_host_to_untiled", sm->rh);
+    /* max(GEMM, 2 W host->device) where the tiles are copied; untiled where read in place */
+    zj_num(&j, "ratio_host_to_bound", sm->rhb);
+    zj_str(&j, "host_bound", rs->use_h2d ? "max(untiled, h2d_twice)" : "untiled");
+    zj_num(&j, "ratio_nvme_to_bound", sm->rn);
+    zj_arr_begin(&j, "pairs");
+    for (unsigned p = 0; p < o->pairs; p++) {
+        zj_obj_begin(&j, NULL);
+        for (int k = 0; k < R_COUNT; k++)
+            if ((k != R_NVME || !o->no_nvme) && (k != R_FIO || rs->use_fio) && (k != R_H2D || rs->use_h2d))
+                zj_num(&j, run_names[k], rs->t[k][p]);
+        zj_obj_end(&j);
+    }
+    zj_arr_end(&j);
+    zj_uint(&j, "fetch_bytes_host", sm->ws[0].fetch_bytes);
+    zj_uint(&j, "fetch_bytes_nvme", sm->ws[1].fetch_bytes);
+    json_walks(&j, o, sm);
+    zj_str(&j, "backward_order", o->in_order ? "in_order" : "reverse");
+    zj_bool(&j, "keep_last", !o->no_keep && !o->in_order);
+    zj_bool(&j, "prefetch", !o->no_prefetch);
+    zj_uint(&j, "read_ahead", o->read_ahead);
+    if (!o->no_nvme) {
+        zj_num(&j, "crc32c_bytes_per_s", rs->crc_bw);
+        zj_str(&j, "crc32c_variant", zo_crc32c_variant());
+    }
+    zj_obj_end(&j);
+    zj_end(&j);
+}
+
+/* The text report's head: the machine, the layer, its tiles, the store's pool and fio's command */
+static void text_setup(const bench *bn, const results *rs, const summary *sm)
+{
+    const opts *o = bn->o;
+    char wb[32];
+    fmt_bytes(wb, sizeof(wb), rs->wbytes);
+    zo_machine_print(&sm->m, stdout);
+    printf("layer: x [%llu x %llu], W [%llu x %llu] %s (%s), forward + backward; device %s, GEMM %s\n",
+           (unsigned long long)o->batch, (unsigned long long)o->in, (unsigned long long)o->out,
+           (unsigned long long)o->in, zo_dtype_name(o->dtype), wb, zo_dev_kind_name(o->dev), zo_gemm_impl(o->dev));
+    for (int i = 0; i < (o->no_nvme ? 1 : 2); i++) {
+        const zo_tile_grid *g = &bn->grid[i];
+        char work[32];
+        fmt_bytes(work, sizeof(work), g->work_bytes);
+        printf("tiles (%s home): %u x %u (grid %u x %u), device working memory %s, fetch %s\n",
+               i ? "NVMe" : "pinned host", g->tile_out, g->tile_in, g->tiles_out, g->tiles_in, work,
+               (g->flags & ZO_TILE_IN_PLACE) ? "in place (no copy)" : "copied into two device buffers");
+    }
+    const zo_store_stats *ss = &rs->ss;
+    char sb[32], pb[32], tb[32];
+    fmt_bytes(sb, sizeof(sb), ss->pool_slot_size);
+    fmt_bytes(pb, sizeof(pb), rs->pool_bytes);
+    fmt_bytes(tb, sizeof(tb), ss->pinned_bytes);
+    int capped =
+        !o->no_nvme && (bn->grid[1].flags & ZO_TILE_IN_PLACE) && bn->grid[1].tile_bytes < bn->grid[0].tile_bytes;
+    printf("store pool: %zu slots of %s (%s%s), %s pinned%s; the store pins %s in all\n", ss->pool_slots, sb,
+           bn->slot_auto ? "auto: the pinned-host home's tile, rounded up" : "--slot-size",
+           capped ? "; NVMe tiles cut to one slot" : "", pb,
+           ss->pool_locked ? "" : " (not page-locked: the OS refused)", tb);
+    if (bn->fio.cmdline[0]) {
+        printf("fio: %s\n", bn->fio.cmdline);
+        if (bn->fio.iomem_note[0])
+            printf("fio: without --iomem=shmhuge (fio's default buffers, slower): %s\n", bn->fio.iomem_note);
+    }
+}
+
+/* The walkers' counts, and what checking an NVMe step's reads costs the CPU */
+static void text_walks(const bench *bn, const results *rs, const summary *sm)
+{
+    const opts *o = bn->o;
+    for (int i = 0; i < (o->no_nvme ? 1 : 2); i++) {
+        const zo_tile_walk_stats *w = &sm->ws[i];
+        printf("walk (%s, all runs): %llu runs, %llu tiles, %llu read, %llu reused, %llu prefetched "
+               "(%llu skipped), up to %llu read ahead; first tile %.3f ms per run, fetching %.3f ms per run\n",
+               i ? "NVMe" : "pinned host", (unsigned long long)w->runs, (unsigned long long)w->tiles,
+               (unsigned long long)w->reads, (unsigned long long)w->reused, (unsigned long long)w->prefetched,
+               (unsigned long long)w->prefetch_skipped, (unsigned long long)(w->ahead_peak ? w->ahead_peak : 1),
+               w->runs ? (double)w->first_ns * 1e-6 / w->runs : 0.0,
+               w->runs ? (double)w->fetch_ns * 1e-6 / w->runs : 0.0);
+    }
+    if (!o->no_nvme && rs->crc_bw > 0) {
+        const zo_tile_walk_stats *w = &sm->ws[1];
+        double per_step = (double)w->reads / (double)(w->runs ? w->runs : 1) * 2.0 * (double)bn->grid[1].tile_bytes;
+        printf("CRC32C (%s): %.2f GB/s on one core here: checking the ~%.1f MiB an NVMe step reads takes "
+               "~%.2f ms of CPU\n",
+               zo_crc32c_variant(), rs->crc_bw * 1e-9, per_step / 1048576.0, per_step / rs->crc_bw * 1e3);
+    }
+}
+
+static void report_text(const bench *bn, const results *rs, const summary *sm)
+{
+    const opts *o = bn->o;
+    const double *med = sm->med;
+    text_setup(bn, rs, sm);
+    printf("%u pairs, order alternating\n", o->pairs);
+    printf("  untiled GEMMs (W on the device)   %10.3f ms\n", med[R_UNTILED] * 1e3);
+    printf("  tiled, W in pinned host memory    %10.3f ms   ratio to untiled %.3f", med[R_HOST] * 1e3, sm->rh);
+    if (rs->use_h2d)
+        printf(", to max(GEMM, 2 x W host->device = %.3f ms) %.3f", med[R_H2D] * 1e3, sm->rhb);
+    printf("\n");
+    if (!o->no_nvme) {
+        printf("  tiled, W on NVMe                  %10.3f ms", med[R_NVME] * 1e3);
+        if (rs->use_fio)
+            printf("   ratio to max(GEMM, 2 x W / fio %.2f GB/s = %.3f ms) %.3f\n", med[R_FIO] * 1e-9,
+                   2.0 * (double)rs->wbytes / med[R_FIO] * 1e3, sm->rn);
+        else
+            printf("   (no NVMe bound: %s)\n", o->no_fio ? "--no-fio" : rs->fio_err);
+    }
+    printf("(medians of %u pairs; ratios are medians of per-pair ratios)\n", o->pairs);
+    printf("passes: backward %s, forward's last tile %s, next forward's first tile %s\n",
+           o->in_order ? "first tile to last" : "last tile to first",
+           !o->no_keep && !o->in_order ? "kept for backward" : "released",
+           o->no_prefetch ? "not prefetched" : "prefetched at the end of the step (its read untimed)");
+    text_walks(bn, rs, sm);
+}
+
 int main(int argc, char **argv)
 {
     opts o;
@@ -648,317 +1056,43 @@ int main(int argc, char **argv)
         fprintf(stderr, "zo-tile-bench: cannot install the interrupt handlers: %s\n", strerror(errno));
     /* refuse a plan that cannot work before touching any device */
     zo_tile_grid pg;
-    size_t esz = zo_dtype_size(o.dtype);
-    uint64_t wbytes = o.out * o.in * esz;
-    int r = o.tile_out ? zo_tile_grid_make(o.batch, o.out, o.in, o.dtype, o.tile_out, o.tile_in, ZO_TILE_TRAIN, &pg)
-                       : zo_tile_plan(o.batch, o.out, o.in, o.dtype, o.budget ? o.budget : MAXU(wbytes / 4, 1),
-                                      ZO_TILE_TRAIN, &pg);
-    if (r < 0)
+    uint64_t wbytes = o.out * o.in * zo_dtype_size(o.dtype);
+    if (plan_grid(&o, wbytes, ZO_TILE_TRAIN, &pg) < 0)
         return bad("%s", zo_last_error_detail());
     bench bn;
     memset(&bn, 0, sizeof(bn));
     bn.o = &o;
-    zo_store_config scd;
-    zo_store_config_default(&scd);
-    bn.slot_size = o.slot_size;
-    if (!bn.slot_size && o.no_nvme) {
-        bn.slot_size = scd.slot_size; /* no NVMe tile to size the slot for */
-        bn.slot_auto = 1;
-    } else if (!bn.slot_size) {
-        /* the tile the pinned-host home plans (in place on the host
-         * backend unless --copy-tiles: as zo_tiled_linear_create plans) */
-        zo_tile_grid hg = pg;
-        unsigned hf = ZO_TILE_TRAIN | (o.dev == ZO_DEV_HOST && !o.copy_tiles ? ZO_TILE_IN_PLACE : 0);
-        if (o.tile_out ? zo_tile_grid_make(o.batch, o.out, o.in, o.dtype, o.tile_out, o.tile_in, hf, &hg)
-                       : zo_tile_plan(o.batch, o.out, o.in, o.dtype, o.budget ? o.budget : MAXU(wbytes / 4, 1), hf, &hg))
-            hg = pg;
-        bn.slot_size = auto_slot(hg.tile_bytes, scd.slot_size);
-        bn.slot_auto = 1;
-    }
+    choose_slot(&bn, &pg, wbytes);
     rc = setup(&bn);
     if (rc) {
         teardown(&bn);
         return rc;
     }
-    zo_store_stats ss;
-    zo_store_get_stats(bn.store, &ss);
-    uint64_t pool_bytes = (uint64_t)ss.pool_slots * ss.pool_slot_size;
-    int use_fio = !o.no_nvme && !o.no_fio;
-    char fio_err[256] = "";
-    if (use_fio && fio_prepare(&o, bn.dir, wbytes, &bn.fio) < 0) {
+    results rs;
+    memset(&rs, 0, sizeof(rs));
+    rs.wbytes = wbytes;
+    zo_store_get_stats(bn.store, &rs.ss);
+    rs.pool_bytes = (uint64_t)rs.ss.pool_slots * rs.ss.pool_slot_size;
+    rs.use_fio = !o.no_nvme && !o.no_fio;
+    if (rs.use_fio && fio_prepare(&o, bn.dir, wbytes, &bn.fio) < 0) {
         teardown(&bn);
         return EXIT_RUN;
     }
-    /* the CPU an NVMe run spends verifying what it reads: CRC32C's rate on
-     * one core here (best of 3 over up to 64 MiB) */
-    double crc_bw = 0;
-    if (!o.no_nvme) {
-        size_t cb = (size_t)(wbytes < (64u << 20) ? wbytes : (64u << 20));
-        uint8_t *cbuf = malloc(cb);
-        if (cbuf) {
-            memset(cbuf, 0x5a, cb);
-            volatile uint32_t sink = 0;
-            for (int rep = 0; rep < 3; rep++) {
-                double c0 = now_s();
-                sink ^= zo_crc32c(0, cbuf, cb);
-                double dt = now_s() - c0;
-                if (dt > 0 && (double)cb / dt > crc_bw)
-                    crc_bw = (double)cb / dt;
-            }
-            (void)sink;
-            free(cbuf);
-        }
-    }
-    /* the pinned-host home copies its tiles (a GPU; --copy-tiles): its bound
-     * is max(GEMM, two host->device copies of W), measured in each pair
-     * from a pinned copy of W (W's own bytes, so W is unchanged) */
-    int use_h2d = !(bn.grid[0].flags & ZO_TILE_IN_PLACE);
-    if (use_h2d) {
-        zo_pin_opts po;
-        zo_pin_opts_default(&po);
-        po.dev = bn.dev;
-        int pr = zo_pinned_alloc(&bn.hw, (size_t)wbytes, &po);
-        if (pr == 0)
-            pr = zo_memcpy_async(bn.s, bn.hw, bn.w, wbytes, ZO_COPY_D2H);
-        if (pr == 0)
-            pr = zo_stream_sync(bn.s);
-        if (pr < 0) {
-            fprintf(stderr, "zo-tile-bench: no host->device bound: a pinned copy of W: %s\n", zo_strerror(pr));
-            use_h2d = 0;
-        }
-    }
-    double *t[R_COUNT], *ratio_host = calloc(o.pairs, 8), *ratio_nvme = calloc(o.pairs, 8),
-           *ratio_host_b = calloc(o.pairs, 8);
-    for (int k = 0; k < R_COUNT; k++)
-        t[k] = calloc(o.pairs, sizeof(double));
-    /* one warm-up round (first-touch, OpenBLAS thread start, page cache;
-     * fio lays its file out, once for the run) */
-    rc = untiled(&bn) || tiled(&bn, 0) || (!o.no_nvme && tiled(&bn, 1)) ? EXIT_RUN : 0;
-    if (!rc && use_fio) {
-        double bw0;
-        int r0 = fio_read_bw(&bn.fio, &bw0, fio_err, sizeof(fio_err));
-        if (r0 < 0 && !o.fio_iomem && bn.fio.iomem) {
-            /* the huge pages free a moment ago were taken meanwhile (they
-             * are shared with every process): fio's default buffers, said */
-            snprintf(bn.fio.iomem_note, sizeof(bn.fio.iomem_note), "fio with --iomem=shmhuge failed: %s", fio_err);
-            bn.fio.iomem = bn.fio.job.iomem = NULL;
-            if (zo_fio_cmdline(&bn.fio.job, bn.fio.cmdline, sizeof(bn.fio.cmdline)) < 0)
-                snprintf(bn.fio.cmdline, sizeof(bn.fio.cmdline), "(too long to print)");
-            r0 = fio_read_bw(&bn.fio, &bw0, fio_err, sizeof(fio_err));
-        }
-        if (r0 < 0)
-            use_fio = 0; /* say why below; the rest still runs */
-    }
-    for (unsigned p = 0; p < o.pairs && !rc; p++) {
-        int order[R_COUNT] = {R_UNTILED, R_HOST, R_NVME, R_H2D, R_FIO};
-        if (p % 2) /* alternate: reversed every other round */
-            for (int a = 0, b = R_COUNT - 1; a < b; a++, b--) {
-                int tmp = order[a];
-                order[a] = order[b];
-                order[b] = tmp;
-            }
-        for (int q = 0; q < R_COUNT && !rc; q++) {
-            int k = order[q];
-            if ((k == R_NVME && o.no_nvme) || (k == R_FIO && !use_fio) || (k == R_H2D && !use_h2d))
-                continue;
-            double t0 = now_s();
-            if (k == R_UNTILED)
-                rc = untiled(&bn);
-            else if (k == R_H2D)
-                rc = h2d_twice(&bn, wbytes);
-            else if (k == R_HOST || k == R_NVME)
-                rc = tiled(&bn, k == R_NVME);
-            else if (fio_read_bw(&bn.fio, &t[R_FIO][p], fio_err, sizeof(fio_err)) < 0)
-                use_fio = 0; /* say why below; the rest still runs */
-            if (k != R_FIO)
-                t[k][p] = now_s() - t0;
-        }
-        ratio_host[p] = t[R_HOST][p] / t[R_UNTILED][p];
-        ratio_host_b[p] = t[R_HOST][p] / (use_h2d ? fmax(t[R_UNTILED][p], t[R_H2D][p]) : t[R_UNTILED][p]);
-        if (use_fio)
-            ratio_nvme[p] = t[R_NVME][p] / fmax(t[R_UNTILED][p], 2.0 * (double)wbytes / t[R_FIO][p]);
-    }
+    rs.crc_bw = crc32c_rate(&o, wbytes);
+    rs.use_h2d = h2d_prepare(&bn, wbytes);
+    results_alloc(&rs, o.pairs);
+    rc = warm_up(&bn, &rs);
+    for (unsigned p = 0; p < o.pairs && !rc; p++)
+        rc = run_pair(&bn, &rs, p);
     if (!rc) {
-        double med[R_COUNT];
-        for (int k = 0; k < R_COUNT; k++)
-            med[k] = zo_median(t[k], o.pairs);
-        double rh = zo_median(ratio_host, o.pairs), rn = use_fio ? zo_median(ratio_nvme, o.pairs) : NAN;
-        double rhb = zo_median(ratio_host_b, o.pairs);
-        zo_tile_walk_stats ws[2];
-        zo_tiled_linear_get_stats(bn.tl[0], &ws[0]);
-        zo_tiled_linear_get_stats(bn.tl[1], &ws[1]);
-        zo_machine m;
-        zo_machine_get(&m);
-        if (o.json) {
-            zo_json j;
-            zj_init(&j, stdout, 1);
-            zj_obj_begin(&j, NULL);
-            zo_machine_json(&m, &j, "machine");
-            zj_obj_begin(&j, "config");
-            zj_uint(&j, "batch", o.batch);
-            zj_uint(&j, "out", o.out);
-            zj_uint(&j, "in", o.in);
-            zj_str(&j, "dtype", zo_dtype_name(o.dtype));
-            zj_str(&j, "device", zo_dev_kind_name(o.dev));
-            zj_str(&j, "gemm", zo_gemm_impl(o.dev));
-            zj_uint(&j, "weight_bytes", wbytes);
-            zj_uint(&j, "pairs", o.pairs);
-            if (!o.no_nvme) {
-                char stor[256];
-                zo_path_storage(o.path, stor, sizeof(stor));
-                zj_str(&j, "nvme_path", o.path);
-                zj_str(&j, "nvme_storage", stor);
-            }
-            zj_obj_end(&j);
-            grid_json(&j, "grid", &bn.grid[0]);
-            zj_str(&j, "fetch_host", fetch_mode(&bn.grid[0]));
-            if (!o.no_nvme) {
-                grid_json(&j, "grid_nvme", &bn.grid[1]);
-                zj_str(&j, "fetch_nvme", fetch_mode(&bn.grid[1]));
-            }
-            zj_obj_begin(&j, "median_seconds");
-            for (int k = 0; k < R_FIO; k++)
-                if ((k != R_NVME || !o.no_nvme) && (k != R_H2D || use_h2d))
-                    zj_num(&j, run_names[k], med[k]);
-            zj_obj_end(&j);
-            if (use_fio)
-                zj_num(&j, "fio_read_bytes_per_s", med[R_FIO]);
-            else
-                zj_str(&j, "fio_skipped", o.no_nvme || o.no_fio ? "not asked" : fio_err);
-            if (bn.fio.cmdline[0]) {
-                zj_str(&j, "fio_cmdline", bn.fio.cmdline);
-                zj_str(&j, "fio_iomem", bn.fio.iomem ? bn.fio.iomem : "malloc (fio's default)");
-                if (bn.fio.iomem_note[0])
-                    zj_str(&j, "fio_iomem_note", bn.fio.iomem_note);
-                zj_uint(&j, "fio_file_bytes", bn.fio.job.size);
-                zj_uint(&j, "fio_bs", bn.fio.job.bs);
-                zj_uint(&j, "fio_iodepth", bn.fio.job.iodepth);
-            }
-            zj_obj_begin(&j, "store_pool");
-            zj_uint(&j, "slot_size", ss.pool_slot_size);
-            zj_bool(&j, "slot_size_auto", bn.slot_auto);
-            zj_uint(&j, "slots", ss.pool_slots);
-            zj_uint(&j, "pool_bytes", pool_bytes);
-            zj_uint(&j, "pinned_bytes", ss.pinned_bytes);
-            zj_bool(&j, "pool_locked", ss.pool_locked);
-            zj_obj_end(&j);
-            zj_num(&j, "ratio_host_to_untiled", rh);
-            /* max(GEMM, 2 W host->device) where the tiles are copied; untiled where read in place */
-            zj_num(&j, "ratio_host_to_bound", rhb);
-            zj_str(&j, "host_bound", use_h2d ? "max(untiled, h2d_twice)" : "untiled");
-            zj_num(&j, "ratio_nvme_to_bound", rn);
-            zj_arr_begin(&j, "pairs");
-            for (unsigned p = 0; p < o.pairs; p++) {
-                zj_obj_begin(&j, NULL);
-                for (int k = 0; k < R_COUNT; k++)
-                    if ((k != R_NVME || !o.no_nvme) && (k != R_FIO || use_fio) && (k != R_H2D || use_h2d))
-                        zj_num(&j, run_names[k], t[k][p]);
-                zj_obj_end(&j);
-            }
-            zj_arr_end(&j);
-            zj_uint(&j, "fetch_bytes_host", ws[0].fetch_bytes);
-            zj_uint(&j, "fetch_bytes_nvme", ws[1].fetch_bytes);
-            /* the walkers' own timers over every run (warm-up included):
-             * where a tiled run's time goes besides the GEMMs */
-            for (int i = 0; i < (o.no_nvme ? 1 : 2); i++) {
-                zj_obj_begin(&j, i ? "walk_nvme" : "walk_host");
-                zj_uint(&j, "tiles", ws[i].tiles);
-                zj_uint(&j, "in_place_tiles", ws[i].in_place_tiles);
-                zj_uint(&j, "fetch_bytes", ws[i].fetch_bytes);
-                zj_num(&j, "fetch_seconds", (double)ws[i].fetch_ns * 1e-9);
-                zj_num(&j, "wait_seconds", (double)ws[i].wait_ns * 1e-9);
-                zj_uint(&j, "runs", ws[i].runs);
-                zj_uint(&j, "reads", ws[i].reads);
-                zj_uint(&j, "reused", ws[i].reused);
-                zj_uint(&j, "prefetched", ws[i].prefetched);
-                zj_uint(&j, "prefetch_skipped", ws[i].prefetch_skipped);
-                zj_num(&j, "first_tile_seconds", (double)ws[i].first_ns * 1e-9);
-                zj_uint(&j, "read_ahead_peak", ws[i].ahead_peak);
-                zj_obj_end(&j);
-            }
-            zj_str(&j, "backward_order", o.in_order ? "in_order" : "reverse");
-            zj_bool(&j, "keep_last", !o.no_keep && !o.in_order);
-            zj_bool(&j, "prefetch", !o.no_prefetch);
-            zj_uint(&j, "read_ahead", o.read_ahead);
-            if (!o.no_nvme) {
-                zj_num(&j, "crc32c_bytes_per_s", crc_bw);
-                zj_str(&j, "crc32c_variant", zo_crc32c_variant());
-            }
-            zj_obj_end(&j);
-            zj_end(&j);
-        } else {
-            char wb[32];
-            fmt_bytes(wb, sizeof(wb), wbytes);
-            zo_machine_print(&m, stdout);
-            printf("layer: x [%llu x %llu], W [%llu x %llu] %s (%s), forward + backward; device %s, GEMM %s\n",
-                   (unsigned long long)o.batch, (unsigned long long)o.in, (unsigned long long)o.out,
-                   (unsigned long long)o.in, zo_dtype_name(o.dtype), wb, zo_dev_kind_name(o.dev),
-                   zo_gemm_impl(o.dev));
-            for (int i = 0; i < (o.no_nvme ? 1 : 2); i++) {
-                const zo_tile_grid *g = &bn.grid[i];
-                char work[32];
-                fmt_bytes(work, sizeof(work), g->work_bytes);
-                printf("tiles (%s home): %u x %u (grid %u x %u), device working memory %s, fetch %s\n",
-                       i ? "NVMe" : "pinned host", g->tile_out, g->tile_in, g->tiles_out, g->tiles_in, work,
-                       (g->flags & ZO_TILE_IN_PLACE) ? "in place (no copy)" : "copied into two device buffers");
-            }
-            char sb[32], pb[32], tb[32];
-            fmt_bytes(sb, sizeof(sb), ss.pool_slot_size);
-            fmt_bytes(pb, sizeof(pb), pool_bytes);
-            fmt_bytes(tb, sizeof(tb), ss.pinned_bytes);
-            int capped = !o.no_nvme && (bn.grid[1].flags & ZO_TILE_IN_PLACE) &&
-                         bn.grid[1].tile_bytes < bn.grid[0].tile_bytes;
-            printf("store pool: %zu slots of %s (%s%s), %s pinned%s; the store pins %s in all\n", ss.pool_slots, sb,
-                   bn.slot_auto ? "auto: the pinned-host home's tile, rounded up" : "--slot-size",
-                   capped ? "; NVMe tiles cut to one slot" : "", pb,
-                   ss.pool_locked ? "" : " (not page-locked: the OS refused)", tb);
-            if (bn.fio.cmdline[0]) {
-                printf("fio: %s\n", bn.fio.cmdline);
-                if (bn.fio.iomem_note[0])
-                    printf("fio: without --iomem=shmhuge (fio's default buffers, slower): %s\n", bn.fio.iomem_note);
-            }
-            printf("%u pairs, order alternating\n", o.pairs);
-            printf("  untiled GEMMs (W on the device)   %10.3f ms\n", med[R_UNTILED] * 1e3);
-            printf("  tiled, W in pinned host memory    %10.3f ms   ratio to untiled %.3f", med[R_HOST] * 1e3, rh);
-            if (use_h2d)
-                printf(", to max(GEMM, 2 x W host->device = %.3f ms) %.3f", med[R_H2D] * 1e3, rhb);
-            printf("\n");
-            if (!o.no_nvme) {
-                printf("  tiled, W on NVMe                  %10.3f ms", med[R_NVME] * 1e3);
-                if (use_fio)
-                    printf("   ratio to max(GEMM, 2 x W / fio %.2f GB/s = %.3f ms) %.3f\n", med[R_FIO] * 1e-9,
-                           2.0 * (double)wbytes / med[R_FIO] * 1e3, rn);
-                else
-                    printf("   (no NVMe bound: %s)\n", o.no_fio ? "--no-fio" : fio_err);
-            }
-            printf("(medians of %u pairs; ratios are medians of per-pair ratios)\n", o.pairs);
-            printf("passes: backward %s, forward's last tile %s, next forward's first tile %s\n",
-                   o.in_order ? "first tile to last" : "last tile to first",
-                   !o.no_keep && !o.in_order ? "kept for backward" : "released",
-                   o.no_prefetch ? "not prefetched" : "prefetched at the end of the step (its read untimed)");
-            for (int i = 0; i < (o.no_nvme ? 1 : 2); i++) {
-                const zo_tile_walk_stats *w = &ws[i];
-                printf("walk (%s, all runs): %llu runs, %llu tiles, %llu read, %llu reused, %llu prefetched "
-                       "(%llu skipped), up to %llu read ahead; first tile %.3f ms per run, fetching %.3f ms per run\n",
-                       i ? "NVMe" : "pinned host", (unsigned long long)w->runs, (unsigned long long)w->tiles,
-                       (unsigned long long)w->reads, (unsigned long long)w->reused, (unsigned long long)w->prefetched,
-                       (unsigned long long)w->prefetch_skipped, (unsigned long long)(w->ahead_peak ? w->ahead_peak : 1), w->runs ? (double)w->first_ns * 1e-6 / w->runs : 0.0,
-                       w->runs ? (double)w->fetch_ns * 1e-6 / w->runs : 0.0);
-            }
-            if (!o.no_nvme && crc_bw > 0) {
-                double per_step = (double)ws[1].reads / (double)(ws[1].runs ? ws[1].runs : 1) * 2.0 *
-                                  (double)bn.grid[1].tile_bytes;
-                printf("CRC32C (%s): %.2f GB/s on one core here: checking the ~%.1f MiB an NVMe step reads takes "
-                       "~%.2f ms of CPU\n",
-                       zo_crc32c_variant(), crc_bw * 1e-9, per_step / 1048576.0, per_step / crc_bw * 1e3);
-            }
-        }
+        summary sm;
+        summarize(&bn, &rs, &sm);
+        if (o.json)
+            report_json(&bn, &rs, &sm);
+        else
+            report_text(&bn, &rs, &sm);
     }
-    for (int k = 0; k < R_COUNT; k++)
-        free(t[k]);
-    free(ratio_host);
-    free(ratio_nvme);
-    free(ratio_host_b);
+    results_free(&rs);
     teardown(&bn);
     return rc;
 }

@@ -43,6 +43,7 @@
 #include "train_model.h"
 #include "train_options.h"
 #include "zo-plan-probe.h"
+#include "plan_cluster.h"
 
 #define MAX_NVME 8
 
@@ -1028,6 +1029,8 @@ static int size_arg(const char *name, const char *s, uint64_t *out)
 
 int main(int argc, char **argv)
 {
+    if (plan_cluster_wanted(argc, argv))
+        return plan_cluster_main(argc, argv); /* many ranks: plan_cluster.c */
     plan_in in;
     memset(&in, 0, sizeof(in));
     in.pdt = ZO_DTYPE_BF16;

@@ -444,9 +444,10 @@ static int engine_footprint(const plan_in *in, zo_optim_footprint *f)
     return zo_optim_estimate(&cfg, cuda ? ZO_DEV_CUDA : ZO_DEV_HOST, f);
 }
 
-static void make_plan(const plan_in *in, plan_out *p)
+/* The bytes: the device's (params, grads, activations, zo-train's tiles) and
+ * the engine's, asked of the library */
+static void plan_bytes(const plan_in *in, plan_out *p)
 {
-    memset(p, 0, sizeof(*p));
     size_t pes = zo_dtype_size(in->pdt), ges = zo_dtype_size(in->gdt);
     uint64_t P = in->params;
     p->dev_params = P * pes;
@@ -488,8 +489,11 @@ static void make_plan(const plan_in *in, plan_out *p)
     p->pin_win = fp.grad_window_bytes - fp.host_bytes;
     p->pin_total = fp.pinned_bytes + p->pin_tile_pool + (in->nvme ? 0 : p->tile_home);
     p->host_total = p->pin_total + p->host_acc;
+}
 
-    /* ---- where it fits ---- */
+/* Whether it fits, and the advice where it does not */
+static void plan_fit(const plan_in *in, plan_out *p)
+{
     p->fits = 1;
     if (p->est_rc < 0) {
         p->fits = 0;
@@ -538,35 +542,43 @@ static void make_plan(const plan_in *in, plan_out *p)
         say(p, "NVMe: needs %.0f MiB, the largest path has %.0f MiB free: another path (--nvme)", mib(p->nvme_bytes),
             in->nnvme ? mib(p->nvme_free[0]) : 0);
     }
+}
 
-    /* ---- predicted step ---- */
-    if (in->ran) {
-        /* The run probe trained a slice of the model (zo-train lines: k of
-         * the L layers, every part of a step proportional to the layers;
-         * otherwise P' of the P elements): each part it measured, scaled. */
-        double f = p->scale = in->pr.params ? (double)P / (double)in->pr.params : 1;
-        p->data = in->pr.data * f;
-        p->compute = in->pr.compute * f;
-        p->d2h = in->pr.d2h * f;
-        p->optim = in->pr.optim * f;
-        p->nvme_r = in->pr.nvme_read * f;
-        /* nvme-w is the wait for the last write-backs of each sweep (one
-         * per engine group, as many in the slice as in the model): a tail
-         * that does not grow with the model */
-        p->nvme_w = in->pr.nvme_write;
-        p->h2d = in->pr.h2d * f;
-        p->stall = in->pr.stall * f;
-        p->update = (in->pr.update - in->pr.nvme_write) * f + in->pr.nvme_write;
-        /* without DPU: data + compute + the step call + the wait for the
-         * update; with DPU the step call waits for the previous update
-         * where it outlasted data + compute, and copies its params */
-        if (in->dpu)
-            p->step = (in->pr.data + in->pr.compute + in->pr.call + in->pr.wait) * f;
-        else
-            p->step = (in->pr.data + in->pr.compute + in->pr.call + in->pr.wait - in->pr.nvme_write) * f +
-                      in->pr.nvme_write;
-        return;
-    }
+/* The predicted step from the run probe */
+static void plan_step_probed(const plan_in *in, plan_out *p)
+{
+    uint64_t P = in->params;
+    /* The run probe trained a slice of the model (zo-train lines: k of
+     * the L layers, every part of a step proportional to the layers;
+     * otherwise P' of the P elements): each part it measured, scaled. */
+    double f = p->scale = in->pr.params ? (double)P / (double)in->pr.params : 1;
+    p->data = in->pr.data * f;
+    p->compute = in->pr.compute * f;
+    p->d2h = in->pr.d2h * f;
+    p->optim = in->pr.optim * f;
+    p->nvme_r = in->pr.nvme_read * f;
+    /* nvme-w is the wait for the last write-backs of each sweep (one
+     * per engine group, as many in the slice as in the model): a tail
+     * that does not grow with the model */
+    p->nvme_w = in->pr.nvme_write;
+    p->h2d = in->pr.h2d * f;
+    p->stall = in->pr.stall * f;
+    p->update = (in->pr.update - in->pr.nvme_write) * f + in->pr.nvme_write;
+    /* without DPU: data + compute + the step call + the wait for the
+     * update; with DPU the step call waits for the previous update
+     * where it outlasted data + compute, and copies its params */
+    if (in->dpu)
+        p->step = (in->pr.data + in->pr.compute + in->pr.call + in->pr.wait) * f;
+    else
+        p->step = (in->pr.data + in->pr.compute + in->pr.call + in->pr.wait - in->pr.nvme_write) * f +
+                  in->pr.nvme_write;
+}
+
+/* The predicted step from figures (bandwidths, rates) */
+static void plan_step_figures(const plan_in *in, plan_out *p)
+{
+    size_t pes = zo_dtype_size(in->pdt), ges = zo_dtype_size(in->gdt);
+    uint64_t P = in->params;
     /* From figures: the teacher's GEMMs (2BP of the 8BP) are zo-train's data */
     double flops = in->flops * in->accum;
     p->data = in->gemm_flops > 0 ? flops / 4 / in->gemm_flops : 0;
@@ -599,6 +611,17 @@ static void make_plan(const plan_in *in, plan_out *p)
         p->step = fmax(p->data + p->compute + p->optim, p->nvme_r + p->nvme_w) + d2h_tail + p->h2d;
     else
         p->step = p->data + p->compute + d2h_tail + p->update; /* without DPU the update follows backward */
+}
+
+static void make_plan(const plan_in *in, plan_out *p)
+{
+    memset(p, 0, sizeof(*p));
+    plan_bytes(in, p);
+    plan_fit(in, p);
+    if (in->ran)
+        plan_step_probed(in, p);
+    else
+        plan_step_figures(in, p);
 }
 
 /* ---- output --------------------------------------------------------------------------------- */

@@ -631,9 +631,9 @@ static void row(const char *where, const char *what, uint64_t bytes)
     printf("  %-26s %-48s %10.1f MiB\n", where, what, mib(bytes));
 }
 
-static void print_plan(const plan_in *in, const plan_out *p)
+/* The model, zo-train's line and its tiles */
+static void print_model(const plan_in *in, const plan_out *p)
 {
-    char buf[128];
     printf("model: %" PRIu64 " parameters (%.1f M) in %u tensors; params %s, grads %s, states %s; %s placement, "
            "DPU %s, sub-group %" PRIu64 " (%" PRIu64 " sub-groups)\n",
            in->params, in->params / 1e6, in->ntensors, zo_dtype_name(in->pdt), zo_dtype_name(in->gdt),
@@ -647,6 +647,12 @@ static void print_plan(const plan_in *in, const plan_out *p)
                in->grid.tiles_out, in->grid.tiles_in, in->grid.tile_out, in->grid.tile_in,
                in->grid.tile_bytes / 1024.0, mib(in->grid.work_bytes), mib(in->layer_budget),
                in->nvme ? "NVMe" : "pinned host memory");
+}
+
+/* The table's head and the device's rows */
+static void print_device(const plan_in *in, const plan_out *p)
+{
+    char buf[128];
     printf("\n  %-26s %-48s %14s\n", "where", "what", "bytes");
     snprintf(buf, sizeof(buf), "device (%s)", in->gpu_what);
     row(buf, "parameters", p->dev_params);
@@ -662,6 +668,12 @@ static void print_plan(const plan_in *in, const plan_out *p)
     else
         snprintf(buf, sizeof(buf), "total");
     row("", buf, p->dev_total);
+}
+
+/* Pinned and pageable host memory */
+static void print_host(const plan_in *in, const plan_out *p)
+{
+    char buf[128];
     if (p->pin_states)
         row("pinned host", "fp32 masters + optimizer states", p->pin_states);
     snprintf(buf, sizeof(buf), "store slots, %u x %.0f MiB%s", p->pool_slots, mib(p->pool_slot),
@@ -690,6 +702,12 @@ static void print_plan(const plan_in *in, const plan_out *p)
     row("pageable host", p->host_acc ? buf : "nothing", p->host_acc);
     snprintf(buf, sizeof(buf), "host total, of %.0f MiB RAM: %s", mib(in->ram), p->host_total <= in->ram ? "fits" : "DOES NOT FIT");
     row("", buf, p->host_total);
+}
+
+/* Each NVMe path: what it holds, what it has free */
+static void print_nvme(const plan_in *in, const plan_out *p)
+{
+    char buf[128];
     for (unsigned i = 0; i < in->nnvme; i++) {
         char what[128];
         snprintf(buf, sizeof(buf), "NVMe %s", in->paths[i]);
@@ -700,6 +718,11 @@ static void print_plan(const plan_in *in, const plan_out *p)
             snprintf(what, sizeof(what), "nothing (%.0f MiB free)", mib(p->nvme_free[i]));
         row(buf, what, (int)i == p->nvme_at ? p->nvme_bytes + (in->nvme ? p->tile_home : 0) : 0);
     }
+}
+
+/* The predicted step: from the run probe or from figures */
+static void print_step(const plan_in *in, const plan_out *p)
+{
     if (in->ran) {
         if (in->from_train)
             printf("\nrun probe: %u of the %u layers (%.1f M params) trained %u steps as zo-train does, %.1f s; "
@@ -728,6 +751,11 @@ static void print_plan(const plan_in *in, const plan_out *p)
                                              : "DPU on the host backend: model and optimizer share the CPUs, NVMe "
                                                "overlaps");
     }
+}
+
+/* Whether it fits, and why not */
+static void print_fit(const plan_in *in, const plan_out *p)
+{
     if (!in->from_train)
         printf("  (compute is the framework's: give a zo-train command line after -- to include it)\n");
     if (p->fits && !p->nwhy)
@@ -737,6 +765,16 @@ static void print_plan(const plan_in *in, const plan_out *p)
         for (int i = 0; i < p->nwhy; i++)
             printf("  - %s\n", p->why[i]);
     }
+}
+
+static void print_plan(const plan_in *in, const plan_out *p)
+{
+    print_model(in, p);
+    print_device(in, p);
+    print_host(in, p);
+    print_nvme(in, p);
+    print_step(in, p);
+    print_fit(in, p);
 }
 
 static void json_plan(const plan_in *in, const plan_out *p)

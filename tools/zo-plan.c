@@ -777,126 +777,150 @@ static void print_plan(const plan_in *in, const plan_out *p)
     print_fit(in, p);
 }
 
+/* "model" and "engine" */
+static void json_model(zo_json *j, const plan_in *in, const plan_out *p)
+{
+    zj_obj_begin(j, "model");
+    zj_uint(j, "params", in->params);
+    zj_uint(j, "tensors", in->ntensors);
+    zj_str(j, "param_dtype", zo_dtype_name(in->pdt));
+    zj_str(j, "grad_dtype", zo_dtype_name(in->gdt));
+    zj_str(j, "state_dtype", zo_dtype_name(in->sdt));
+    if (in->from_train) {
+        zj_uint(j, "layers", in->shape.layers);
+        zj_uint(j, "width", in->shape.width);
+        zj_uint(j, "batch", in->shape.batch);
+    }
+    zj_obj_end(j);
+    zj_obj_begin(j, "engine");
+    zj_str(j, "offload", in->nvme ? "nvme" : "host");
+    zj_bool(j, "dpu", in->dpu);
+    zj_uint(j, "accum", in->accum);
+    zj_uint(j, "sub_group_size", in->sub_group);
+    zj_uint(j, "sub_groups", p->nsub);
+    zj_uint(j, "buffer_count", in->buffer_count);
+    zj_obj_end(j);
+}
+
+/* "bytes": the device's, the host's, each NVMe path's */
+static void json_bytes(zo_json *j, const plan_in *in, const plan_out *p)
+{
+    zj_obj_begin(j, "bytes");
+    zj_uint(j, "device_params", p->dev_params);
+    zj_uint(j, "device_grads", p->dev_grads);
+    zj_uint(j, "device_activations", p->dev_act);
+    zj_uint(j, "device_tiles", p->dev_tiles);
+    zj_uint(j, "tiled_weights_home", p->tile_home);
+    zj_uint(j, "pinned_tile_pool", p->pin_tile_pool);
+    zj_uint(j, "device_total", p->dev_total);
+    zj_uint(j, "pinned_states", p->pin_states);
+    zj_uint(j, "pinned_pool", p->pin_pool);
+    zj_uint(j, "pinned_staging", p->pin_staging);
+    zj_uint(j, "pinned_param_buffers", p->pin_pbuf);
+    zj_uint(j, "pinned_grad_windows", p->pin_win);
+    zj_uint(j, "pinned_total", p->pin_total);
+    zj_uint(j, "pageable_accumulators", p->host_acc);
+    zj_uint(j, "host_total", p->host_total);
+    zj_arr_begin(j, "nvme");
+    for (unsigned i = 0; i < in->nnvme; i++) {
+        zj_obj_begin(j, NULL);
+        zj_str(j, "path", in->paths[i]);
+        zj_uint(j, "bytes", (int)i == p->nvme_at ? p->nvme_bytes : 0);
+        zj_uint(j, "free", p->nvme_free[i]);
+        zj_obj_end(j);
+    }
+    zj_arr_end(j);
+    zj_obj_end(j);
+}
+
+/* "tiles", "machine" and "bandwidth" */
+static void json_machine(zo_json *j, const plan_in *in)
+{
+    /* zo-train's tiled layers (null when the model is not tiled) */
+    if (in->tiled > 0) {
+        zj_obj_begin(j, "tiles");
+        zj_uint(j, "layer_budget", in->layer_budget);
+        zj_uint(j, "tile_out", in->grid.tile_out);
+        zj_uint(j, "tile_in", in->grid.tile_in);
+        zj_uint(j, "tiles_out", in->grid.tiles_out);
+        zj_uint(j, "tiles_in", in->grid.tiles_in);
+        zj_uint(j, "tile_bytes", in->grid.tile_bytes);
+        zj_uint(j, "work_bytes", in->grid.work_bytes);
+        zj_str(j, "home", in->nvme ? "nvme" : "host");
+        zj_obj_end(j);
+    } else {
+        zj_num(j, "tiles", NAN); /* null */
+    }
+    zj_obj_begin(j, "machine");
+    zj_str(j, "device", in->gpu_what);
+    zj_uint(j, "device_mem", in->gpu_mem);
+    zj_uint(j, "ram", in->ram);
+    zj_uint(j, "memlock", in->memlock);
+    zj_obj_end(j);
+    zj_obj_begin(j, "bandwidth");
+    zj_num(j, "nvme_read_bytes_per_s", in->nvme_read);
+    zj_num(j, "nvme_write_bytes_per_s", in->nvme_write);
+    zj_num(j, "optimizer_params_per_s", in->adam_rate);
+    zj_num(j, "copy_bytes_per_s", in->copy_bw);
+    zj_num(j, "gemm_flop_per_s", in->gemm_flops);
+    zj_obj_end(j);
+}
+
+/* "probe", "predicted", "fits" and "advice" */
+static void json_predicted(zo_json *j, const plan_in *in, const plan_out *p)
+{
+    /* the run probe (null when the figures predicted) */
+    if (in->ran) {
+        zj_obj_begin(j, "probe");
+        zj_uint(j, "layers", in->probe_layers);
+        zj_uint(j, "params", in->pr.params);
+        zj_uint(j, "steps", in->pr.steps);
+        zj_num(j, "seconds", in->pr.setup);
+        zj_num(j, "scale", p->scale);
+        /* what the slice measured (medians per step), before scaling */
+        zj_num(j, "step_ms", in->pr.step * 1e3);
+        zj_num(j, "data_ms", in->pr.data * 1e3);
+        zj_num(j, "compute_ms", in->pr.compute * 1e3);
+        zj_num(j, "call_ms", in->pr.call * 1e3);
+        zj_num(j, "wait_ms", in->pr.wait * 1e3);
+        zj_num(j, "update_ms", in->pr.update * 1e3);
+        zj_num(j, "nvme_read_ms", in->pr.nvme_read * 1e3);
+        zj_num(j, "nvme_write_ms", in->pr.nvme_write * 1e3);
+        zj_obj_end(j);
+    } else {
+        zj_num(j, "probe", NAN);
+    }
+    /* the same names as zo-train --json's step lines */
+    zj_obj_begin(j, "predicted");
+    zj_str(j, "from", in->ran ? "run probe" : "figures");
+    zj_num(j, "step_ms", p->step * 1e3);
+    zj_num(j, "data_ms", p->data * 1e3);
+    zj_num(j, "compute_ms", p->compute * 1e3);
+    zj_num(j, "d2h_ms", p->d2h * 1e3);
+    zj_num(j, "optim_ms", p->optim * 1e3);
+    zj_num(j, "nvme_read_ms", p->nvme_r * 1e3);
+    zj_num(j, "nvme_write_ms", p->nvme_w * 1e3);
+    zj_num(j, "h2d_ms", p->h2d * 1e3);
+    zj_num(j, "stall_ms", p->stall * 1e3);
+    zj_num(j, "update_ms", p->update * 1e3);
+    zj_obj_end(j);
+    zj_bool(j, "fits", p->fits);
+    zj_arr_begin(j, "advice");
+    for (int i = 0; i < p->nwhy; i++)
+        zj_str(j, NULL, p->why[i]);
+    zj_arr_end(j);
+}
+
 static void json_plan(const plan_in *in, const plan_out *p)
 {
     zo_json j;
     zj_init(&j, stdout, 1);
     zj_obj_begin(&j, NULL);
     zj_str(&j, "tool", "zo-plan");
-    zj_obj_begin(&j, "model");
-    zj_uint(&j, "params", in->params);
-    zj_uint(&j, "tensors", in->ntensors);
-    zj_str(&j, "param_dtype", zo_dtype_name(in->pdt));
-    zj_str(&j, "grad_dtype", zo_dtype_name(in->gdt));
-    zj_str(&j, "state_dtype", zo_dtype_name(in->sdt));
-    if (in->from_train) {
-        zj_uint(&j, "layers", in->shape.layers);
-        zj_uint(&j, "width", in->shape.width);
-        zj_uint(&j, "batch", in->shape.batch);
-    }
-    zj_obj_end(&j);
-    zj_obj_begin(&j, "engine");
-    zj_str(&j, "offload", in->nvme ? "nvme" : "host");
-    zj_bool(&j, "dpu", in->dpu);
-    zj_uint(&j, "accum", in->accum);
-    zj_uint(&j, "sub_group_size", in->sub_group);
-    zj_uint(&j, "sub_groups", p->nsub);
-    zj_uint(&j, "buffer_count", in->buffer_count);
-    zj_obj_end(&j);
-    zj_obj_begin(&j, "bytes");
-    zj_uint(&j, "device_params", p->dev_params);
-    zj_uint(&j, "device_grads", p->dev_grads);
-    zj_uint(&j, "device_activations", p->dev_act);
-    zj_uint(&j, "device_tiles", p->dev_tiles);
-    zj_uint(&j, "tiled_weights_home", p->tile_home);
-    zj_uint(&j, "pinned_tile_pool", p->pin_tile_pool);
-    zj_uint(&j, "device_total", p->dev_total);
-    zj_uint(&j, "pinned_states", p->pin_states);
-    zj_uint(&j, "pinned_pool", p->pin_pool);
-    zj_uint(&j, "pinned_staging", p->pin_staging);
-    zj_uint(&j, "pinned_param_buffers", p->pin_pbuf);
-    zj_uint(&j, "pinned_grad_windows", p->pin_win);
-    zj_uint(&j, "pinned_total", p->pin_total);
-    zj_uint(&j, "pageable_accumulators", p->host_acc);
-    zj_uint(&j, "host_total", p->host_total);
-    zj_arr_begin(&j, "nvme");
-    for (unsigned i = 0; i < in->nnvme; i++) {
-        zj_obj_begin(&j, NULL);
-        zj_str(&j, "path", in->paths[i]);
-        zj_uint(&j, "bytes", (int)i == p->nvme_at ? p->nvme_bytes : 0);
-        zj_uint(&j, "free", p->nvme_free[i]);
-        zj_obj_end(&j);
-    }
-    zj_arr_end(&j);
-    zj_obj_end(&j);
-    /* zo-train's tiled layers (null when the model is not tiled) */
-    if (in->tiled > 0) {
-        zj_obj_begin(&j, "tiles");
-        zj_uint(&j, "layer_budget", in->layer_budget);
-        zj_uint(&j, "tile_out", in->grid.tile_out);
-        zj_uint(&j, "tile_in", in->grid.tile_in);
-        zj_uint(&j, "tiles_out", in->grid.tiles_out);
-        zj_uint(&j, "tiles_in", in->grid.tiles_in);
-        zj_uint(&j, "tile_bytes", in->grid.tile_bytes);
-        zj_uint(&j, "work_bytes", in->grid.work_bytes);
-        zj_str(&j, "home", in->nvme ? "nvme" : "host");
-        zj_obj_end(&j);
-    } else {
-        zj_num(&j, "tiles", NAN); /* null */
-    }
-    zj_obj_begin(&j, "machine");
-    zj_str(&j, "device", in->gpu_what);
-    zj_uint(&j, "device_mem", in->gpu_mem);
-    zj_uint(&j, "ram", in->ram);
-    zj_uint(&j, "memlock", in->memlock);
-    zj_obj_end(&j);
-    zj_obj_begin(&j, "bandwidth");
-    zj_num(&j, "nvme_read_bytes_per_s", in->nvme_read);
-    zj_num(&j, "nvme_write_bytes_per_s", in->nvme_write);
-    zj_num(&j, "optimizer_params_per_s", in->adam_rate);
-    zj_num(&j, "copy_bytes_per_s", in->copy_bw);
-    zj_num(&j, "gemm_flop_per_s", in->gemm_flops);
-    zj_obj_end(&j);
-    /* the run probe (null when the figures predicted) */
-    if (in->ran) {
-        zj_obj_begin(&j, "probe");
-        zj_uint(&j, "layers", in->probe_layers);
-        zj_uint(&j, "params", in->pr.params);
-        zj_uint(&j, "steps", in->pr.steps);
-        zj_num(&j, "seconds", in->pr.setup);
-        zj_num(&j, "scale", p->scale);
-        /* what the slice measured (medians per step), before scaling */
-        zj_num(&j, "step_ms", in->pr.step * 1e3);
-        zj_num(&j, "data_ms", in->pr.data * 1e3);
-        zj_num(&j, "compute_ms", in->pr.compute * 1e3);
-        zj_num(&j, "call_ms", in->pr.call * 1e3);
-        zj_num(&j, "wait_ms", in->pr.wait * 1e3);
-        zj_num(&j, "update_ms", in->pr.update * 1e3);
-        zj_num(&j, "nvme_read_ms", in->pr.nvme_read * 1e3);
-        zj_num(&j, "nvme_write_ms", in->pr.nvme_write * 1e3);
-        zj_obj_end(&j);
-    } else {
-        zj_num(&j, "probe", NAN);
-    }
-    /* the same names as zo-train --json's step lines */
-    zj_obj_begin(&j, "predicted");
-    zj_str(&j, "from", in->ran ? "run probe" : "figures");
-    zj_num(&j, "step_ms", p->step * 1e3);
-    zj_num(&j, "data_ms", p->data * 1e3);
-    zj_num(&j, "compute_ms", p->compute * 1e3);
-    zj_num(&j, "d2h_ms", p->d2h * 1e3);
-    zj_num(&j, "optim_ms", p->optim * 1e3);
-    zj_num(&j, "nvme_read_ms", p->nvme_r * 1e3);
-    zj_num(&j, "nvme_write_ms", p->nvme_w * 1e3);
-    zj_num(&j, "h2d_ms", p->h2d * 1e3);
-    zj_num(&j, "stall_ms", p->stall * 1e3);
-    zj_num(&j, "update_ms", p->update * 1e3);
-    zj_obj_end(&j);
-    zj_bool(&j, "fits", p->fits);
-    zj_arr_begin(&j, "advice");
-    for (int i = 0; i < p->nwhy; i++)
-        zj_str(&j, NULL, p->why[i]);
-    zj_arr_end(&j);
+    json_model(&j, in, p);
+    json_bytes(&j, in, p);
+    json_machine(&j, in);
+    json_predicted(&j, in, p);
     zj_obj_end(&j);
     zj_end(&j);
 }

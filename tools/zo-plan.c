@@ -18,7 +18,6 @@
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdarg.h>
@@ -446,9 +445,10 @@ static int engine_footprint(const plan_in *in, zo_optim_footprint *f)
     return zo_optim_estimate(&cfg, cuda ? ZO_DEV_CUDA : ZO_DEV_HOST, f);
 }
 
-static void make_plan(const plan_in *in, plan_out *p)
+/* The bytes: the device's (params, grads, activations, zo-train's tiles) and
+ * the engine's, asked of the library */
+static void plan_bytes(const plan_in *in, plan_out *p)
 {
-    memset(p, 0, sizeof(*p));
     size_t pes = zo_dtype_size(in->pdt), ges = zo_dtype_size(in->gdt);
     uint64_t P = in->params;
     p->dev_params = P * pes;
@@ -490,8 +490,11 @@ static void make_plan(const plan_in *in, plan_out *p)
     p->pin_win = fp.grad_window_bytes - fp.host_bytes;
     p->pin_total = fp.pinned_bytes + p->pin_tile_pool + (in->nvme ? 0 : p->tile_home);
     p->host_total = p->pin_total + p->host_acc;
+}
 
-    /* ---- where it fits ---- */
+/* Whether it fits, and the advice where it does not */
+static void plan_fit(const plan_in *in, plan_out *p)
+{
     p->fits = 1;
     if (p->est_rc < 0) {
         p->fits = 0;
@@ -540,35 +543,43 @@ static void make_plan(const plan_in *in, plan_out *p)
         say(p, "NVMe: needs %.0f MiB, the largest path has %.0f MiB free: another path (--nvme)", mib(p->nvme_bytes),
             in->nnvme ? mib(p->nvme_free[0]) : 0);
     }
+}
 
-    /* ---- predicted step ---- */
-    if (in->ran) {
-        /* The run probe trained a slice of the model (zo-train lines: k of
-         * the L layers, every part of a step proportional to the layers;
-         * otherwise P' of the P elements): each part it measured, scaled. */
-        double f = p->scale = in->pr.params ? (double)P / (double)in->pr.params : 1;
-        p->data = in->pr.data * f;
-        p->compute = in->pr.compute * f;
-        p->d2h = in->pr.d2h * f;
-        p->optim = in->pr.optim * f;
-        p->nvme_r = in->pr.nvme_read * f;
-        /* nvme-w is the wait for the last write-backs of each sweep (one
-         * per engine group, as many in the slice as in the model): a tail
-         * that does not grow with the model */
-        p->nvme_w = in->pr.nvme_write;
-        p->h2d = in->pr.h2d * f;
-        p->stall = in->pr.stall * f;
-        p->update = (in->pr.update - in->pr.nvme_write) * f + in->pr.nvme_write;
-        /* without DPU: data + compute + the step call + the wait for the
-         * update; with DPU the step call waits for the previous update
-         * where it outlasted data + compute, and copies its params */
-        if (in->dpu)
-            p->step = (in->pr.data + in->pr.compute + in->pr.call + in->pr.wait) * f;
-        else
-            p->step = (in->pr.data + in->pr.compute + in->pr.call + in->pr.wait - in->pr.nvme_write) * f +
-                      in->pr.nvme_write;
-        return;
-    }
+/* The predicted step from the run probe */
+static void plan_step_probed(const plan_in *in, plan_out *p)
+{
+    uint64_t P = in->params;
+    /* The run probe trained a slice of the model (zo-train lines: k of
+     * the L layers, every part of a step proportional to the layers;
+     * otherwise P' of the P elements): each part it measured, scaled. */
+    double f = p->scale = in->pr.params ? (double)P / (double)in->pr.params : 1;
+    p->data = in->pr.data * f;
+    p->compute = in->pr.compute * f;
+    p->d2h = in->pr.d2h * f;
+    p->optim = in->pr.optim * f;
+    p->nvme_r = in->pr.nvme_read * f;
+    /* nvme-w is the wait for the last write-backs of each sweep (one
+     * per engine group, as many in the slice as in the model): a tail
+     * that does not grow with the model */
+    p->nvme_w = in->pr.nvme_write;
+    p->h2d = in->pr.h2d * f;
+    p->stall = in->pr.stall * f;
+    p->update = (in->pr.update - in->pr.nvme_write) * f + in->pr.nvme_write;
+    /* without DPU: data + compute + the step call + the wait for the
+     * update; with DPU the step call waits for the previous update
+     * where it outlasted data + compute, and copies its params */
+    if (in->dpu)
+        p->step = (in->pr.data + in->pr.compute + in->pr.call + in->pr.wait) * f;
+    else
+        p->step = (in->pr.data + in->pr.compute + in->pr.call + in->pr.wait - in->pr.nvme_write) * f +
+                  in->pr.nvme_write;
+}
+
+/* The predicted step from figures (bandwidths, rates) */
+static void plan_step_figures(const plan_in *in, plan_out *p)
+{
+    size_t pes = zo_dtype_size(in->pdt), ges = zo_dtype_size(in->gdt);
+    uint64_t P = in->params;
     /* From figures: the teacher's GEMMs (2BP of the 8BP) are zo-train's data */
     double flops = in->flops * in->accum;
     p->data = in->gemm_flops > 0 ? flops / 4 / in->gemm_flops : 0;
@@ -603,6 +614,17 @@ static void make_plan(const plan_in *in, plan_out *p)
         p->step = p->data + p->compute + d2h_tail + p->update; /* without DPU the update follows backward */
 }
 
+static void make_plan(const plan_in *in, plan_out *p)
+{
+    memset(p, 0, sizeof(*p));
+    plan_bytes(in, p);
+    plan_fit(in, p);
+    if (in->ran)
+        plan_step_probed(in, p);
+    else
+        plan_step_figures(in, p);
+}
+
 /* ---- output --------------------------------------------------------------------------------- */
 
 static void row(const char *where, const char *what, uint64_t bytes)
@@ -610,9 +632,9 @@ static void row(const char *where, const char *what, uint64_t bytes)
     printf("  %-26s %-48s %10.1f MiB\n", where, what, mib(bytes));
 }
 
-static void print_plan(const plan_in *in, const plan_out *p)
+/* The model, zo-train's line and its tiles */
+static void print_model(const plan_in *in, const plan_out *p)
 {
-    char buf[128];
     printf("model: %" PRIu64 " parameters (%.1f M) in %u tensors; params %s, grads %s, states %s; %s placement, "
            "DPU %s, sub-group %" PRIu64 " (%" PRIu64 " sub-groups)\n",
            in->params, in->params / 1e6, in->ntensors, zo_dtype_name(in->pdt), zo_dtype_name(in->gdt),
@@ -626,6 +648,12 @@ static void print_plan(const plan_in *in, const plan_out *p)
                in->grid.tiles_out, in->grid.tiles_in, in->grid.tile_out, in->grid.tile_in,
                in->grid.tile_bytes / 1024.0, mib(in->grid.work_bytes), mib(in->layer_budget),
                in->nvme ? "NVMe" : "pinned host memory");
+}
+
+/* The table's head and the device's rows */
+static void print_device(const plan_in *in, const plan_out *p)
+{
+    char buf[128];
     printf("\n  %-26s %-48s %14s\n", "where", "what", "bytes");
     snprintf(buf, sizeof(buf), "device (%s)", in->gpu_what);
     row(buf, "parameters", p->dev_params);
@@ -641,6 +669,12 @@ static void print_plan(const plan_in *in, const plan_out *p)
     else
         snprintf(buf, sizeof(buf), "total");
     row("", buf, p->dev_total);
+}
+
+/* Pinned and pageable host memory */
+static void print_host(const plan_in *in, const plan_out *p)
+{
+    char buf[128];
     if (p->pin_states)
         row("pinned host", "fp32 masters + optimizer states", p->pin_states);
     snprintf(buf, sizeof(buf), "store slots, %u x %.0f MiB%s", p->pool_slots, mib(p->pool_slot),
@@ -669,6 +703,12 @@ static void print_plan(const plan_in *in, const plan_out *p)
     row("pageable host", p->host_acc ? buf : "nothing", p->host_acc);
     snprintf(buf, sizeof(buf), "host total, of %.0f MiB RAM: %s", mib(in->ram), p->host_total <= in->ram ? "fits" : "DOES NOT FIT");
     row("", buf, p->host_total);
+}
+
+/* Each NVMe path: what it holds, what it has free */
+static void print_nvme(const plan_in *in, const plan_out *p)
+{
+    char buf[128];
     for (unsigned i = 0; i < in->nnvme; i++) {
         char what[128];
         snprintf(buf, sizeof(buf), "NVMe %s", in->paths[i]);
@@ -679,6 +719,11 @@ static void print_plan(const plan_in *in, const plan_out *p)
             snprintf(what, sizeof(what), "nothing (%.0f MiB free)", mib(p->nvme_free[i]));
         row(buf, what, (int)i == p->nvme_at ? p->nvme_bytes + (in->nvme ? p->tile_home : 0) : 0);
     }
+}
+
+/* The predicted step: from the run probe or from figures */
+static void print_step(const plan_in *in, const plan_out *p)
+{
     if (in->ran) {
         if (in->from_train)
             printf("\nrun probe: %u of the %u layers (%.1f M params) trained %u steps as zo-train does, %.1f s; "
@@ -707,6 +752,11 @@ static void print_plan(const plan_in *in, const plan_out *p)
                                              : "DPU on the host backend: model and optimizer share the CPUs, NVMe "
                                                "overlaps");
     }
+}
+
+/* Whether it fits, and why not */
+static void print_fit(const plan_in *in, const plan_out *p)
+{
     if (!in->from_train)
         printf("  (compute is the framework's: give a zo-train command line after -- to include it)\n");
     if (p->fits && !p->nwhy)
@@ -718,126 +768,160 @@ static void print_plan(const plan_in *in, const plan_out *p)
     }
 }
 
+static void print_plan(const plan_in *in, const plan_out *p)
+{
+    print_model(in, p);
+    print_device(in, p);
+    print_host(in, p);
+    print_nvme(in, p);
+    print_step(in, p);
+    print_fit(in, p);
+}
+
+/* "model" and "engine" */
+static void json_model(zo_json *j, const plan_in *in, const plan_out *p)
+{
+    zj_obj_begin(j, "model");
+    zj_uint(j, "params", in->params);
+    zj_uint(j, "tensors", in->ntensors);
+    zj_str(j, "param_dtype", zo_dtype_name(in->pdt));
+    zj_str(j, "grad_dtype", zo_dtype_name(in->gdt));
+    zj_str(j, "state_dtype", zo_dtype_name(in->sdt));
+    if (in->from_train) {
+        zj_uint(j, "layers", in->shape.layers);
+        zj_uint(j, "width", in->shape.width);
+        zj_uint(j, "batch", in->shape.batch);
+    }
+    zj_obj_end(j);
+    zj_obj_begin(j, "engine");
+    zj_str(j, "offload", in->nvme ? "nvme" : "host");
+    zj_bool(j, "dpu", in->dpu);
+    zj_uint(j, "accum", in->accum);
+    zj_uint(j, "sub_group_size", in->sub_group);
+    zj_uint(j, "sub_groups", p->nsub);
+    zj_uint(j, "buffer_count", in->buffer_count);
+    zj_obj_end(j);
+}
+
+/* "bytes": the device's, the host's, each NVMe path's */
+static void json_bytes(zo_json *j, const plan_in *in, const plan_out *p)
+{
+    zj_obj_begin(j, "bytes");
+    zj_uint(j, "device_params", p->dev_params);
+    zj_uint(j, "device_grads", p->dev_grads);
+    zj_uint(j, "device_activations", p->dev_act);
+    zj_uint(j, "device_tiles", p->dev_tiles);
+    zj_uint(j, "tiled_weights_home", p->tile_home);
+    zj_uint(j, "pinned_tile_pool", p->pin_tile_pool);
+    zj_uint(j, "device_total", p->dev_total);
+    zj_uint(j, "pinned_states", p->pin_states);
+    zj_uint(j, "pinned_pool", p->pin_pool);
+    zj_uint(j, "pinned_staging", p->pin_staging);
+    zj_uint(j, "pinned_param_buffers", p->pin_pbuf);
+    zj_uint(j, "pinned_grad_windows", p->pin_win);
+    zj_uint(j, "pinned_total", p->pin_total);
+    zj_uint(j, "pageable_accumulators", p->host_acc);
+    zj_uint(j, "host_total", p->host_total);
+    zj_arr_begin(j, "nvme");
+    for (unsigned i = 0; i < in->nnvme; i++) {
+        zj_obj_begin(j, NULL);
+        zj_str(j, "path", in->paths[i]);
+        zj_uint(j, "bytes", (int)i == p->nvme_at ? p->nvme_bytes : 0);
+        zj_uint(j, "free", p->nvme_free[i]);
+        zj_obj_end(j);
+    }
+    zj_arr_end(j);
+    zj_obj_end(j);
+}
+
+/* "tiles", "machine" and "bandwidth" */
+static void json_machine(zo_json *j, const plan_in *in)
+{
+    /* zo-train's tiled layers (null when the model is not tiled) */
+    if (in->tiled > 0) {
+        zj_obj_begin(j, "tiles");
+        zj_uint(j, "layer_budget", in->layer_budget);
+        zj_uint(j, "tile_out", in->grid.tile_out);
+        zj_uint(j, "tile_in", in->grid.tile_in);
+        zj_uint(j, "tiles_out", in->grid.tiles_out);
+        zj_uint(j, "tiles_in", in->grid.tiles_in);
+        zj_uint(j, "tile_bytes", in->grid.tile_bytes);
+        zj_uint(j, "work_bytes", in->grid.work_bytes);
+        zj_str(j, "home", in->nvme ? "nvme" : "host");
+        zj_obj_end(j);
+    } else {
+        zj_num(j, "tiles", NAN); /* null */
+    }
+    zj_obj_begin(j, "machine");
+    zj_str(j, "device", in->gpu_what);
+    zj_uint(j, "device_mem", in->gpu_mem);
+    zj_uint(j, "ram", in->ram);
+    zj_uint(j, "memlock", in->memlock);
+    zj_obj_end(j);
+    zj_obj_begin(j, "bandwidth");
+    zj_num(j, "nvme_read_bytes_per_s", in->nvme_read);
+    zj_num(j, "nvme_write_bytes_per_s", in->nvme_write);
+    zj_num(j, "optimizer_params_per_s", in->adam_rate);
+    zj_num(j, "copy_bytes_per_s", in->copy_bw);
+    zj_num(j, "gemm_flop_per_s", in->gemm_flops);
+    zj_obj_end(j);
+}
+
+/* "probe", "predicted", "fits" and "advice" */
+static void json_predicted(zo_json *j, const plan_in *in, const plan_out *p)
+{
+    /* the run probe (null when the figures predicted) */
+    if (in->ran) {
+        zj_obj_begin(j, "probe");
+        zj_uint(j, "layers", in->probe_layers);
+        zj_uint(j, "params", in->pr.params);
+        zj_uint(j, "steps", in->pr.steps);
+        zj_num(j, "seconds", in->pr.setup);
+        zj_num(j, "scale", p->scale);
+        /* what the slice measured (medians per step), before scaling */
+        zj_num(j, "step_ms", in->pr.step * 1e3);
+        zj_num(j, "data_ms", in->pr.data * 1e3);
+        zj_num(j, "compute_ms", in->pr.compute * 1e3);
+        zj_num(j, "call_ms", in->pr.call * 1e3);
+        zj_num(j, "wait_ms", in->pr.wait * 1e3);
+        zj_num(j, "update_ms", in->pr.update * 1e3);
+        zj_num(j, "nvme_read_ms", in->pr.nvme_read * 1e3);
+        zj_num(j, "nvme_write_ms", in->pr.nvme_write * 1e3);
+        zj_obj_end(j);
+    } else {
+        zj_num(j, "probe", NAN);
+    }
+    /* the same names as zo-train --json's step lines */
+    zj_obj_begin(j, "predicted");
+    zj_str(j, "from", in->ran ? "run probe" : "figures");
+    zj_num(j, "step_ms", p->step * 1e3);
+    zj_num(j, "data_ms", p->data * 1e3);
+    zj_num(j, "compute_ms", p->compute * 1e3);
+    zj_num(j, "d2h_ms", p->d2h * 1e3);
+    zj_num(j, "optim_ms", p->optim * 1e3);
+    zj_num(j, "nvme_read_ms", p->nvme_r * 1e3);
+    zj_num(j, "nvme_write_ms", p->nvme_w * 1e3);
+    zj_num(j, "h2d_ms", p->h2d * 1e3);
+    zj_num(j, "stall_ms", p->stall * 1e3);
+    zj_num(j, "update_ms", p->update * 1e3);
+    zj_obj_end(j);
+    zj_bool(j, "fits", p->fits);
+    zj_arr_begin(j, "advice");
+    for (int i = 0; i < p->nwhy; i++)
+        zj_str(j, NULL, p->why[i]);
+    zj_arr_end(j);
+}
+
 static void json_plan(const plan_in *in, const plan_out *p)
 {
     zo_json j;
     zj_init(&j, stdout, 1);
     zj_obj_begin(&j, NULL);
     zj_str(&j, "tool", "zo-plan");
-    zj_obj_begin(&j, "model");
-    zj_uint(&j, "params", in->params);
-    zj_uint(&j, "tensors", in->ntensors);
-    zj_str(&j, "param_dtype", zo_dtype_name(in->pdt));
-    zj_str(&j, "grad_dtype", zo_dtype_name(in->gdt));
-    zj_str(&j, "state_dtype", zo_dtype_name(in->sdt));
-    if (in->from_train) {
-        zj_uint(&j, "layers", in->shape.layers);
-        zj_uint(&j, "width", in->shape.width);
-        zj_uint(&j, "batch", in->shape.batch);
-    }
-    zj_obj_end(&j);
-    zj_obj_begin(&j, "engine");
-    zj_str(&j, "offload", in->nvme ? "nvme" : "host");
-    zj_bool(&j, "dpu", in->dpu);
-    zj_uint(&j, "accum", in->accum);
-    zj_uint(&j, "sub_group_size", in->sub_group);
-    zj_uint(&j, "sub_groups", p->nsub);
-    zj_uint(&j, "buffer_count", in->buffer_count);
-    zj_obj_end(&j);
-    zj_obj_begin(&j, "bytes");
-    zj_uint(&j, "device_params", p->dev_params);
-    zj_uint(&j, "device_grads", p->dev_grads);
-    zj_uint(&j, "device_activations", p->dev_act);
-    zj_uint(&j, "device_tiles", p->dev_tiles);
-    zj_uint(&j, "tiled_weights_home", p->tile_home);
-    zj_uint(&j, "pinned_tile_pool", p->pin_tile_pool);
-    zj_uint(&j, "device_total", p->dev_total);
-    zj_uint(&j, "pinned_states", p->pin_states);
-    zj_uint(&j, "pinned_pool", p->pin_pool);
-    zj_uint(&j, "pinned_staging", p->pin_staging);
-    zj_uint(&j, "pinned_param_buffers", p->pin_pbuf);
-    zj_uint(&j, "pinned_grad_windows", p->pin_win);
-    zj_uint(&j, "pinned_total", p->pin_total);
-    zj_uint(&j, "pageable_accumulators", p->host_acc);
-    zj_uint(&j, "host_total", p->host_total);
-    zj_arr_begin(&j, "nvme");
-    for (unsigned i = 0; i < in->nnvme; i++) {
-        zj_obj_begin(&j, NULL);
-        zj_str(&j, "path", in->paths[i]);
-        zj_uint(&j, "bytes", (int)i == p->nvme_at ? p->nvme_bytes : 0);
-        zj_uint(&j, "free", p->nvme_free[i]);
-        zj_obj_end(&j);
-    }
-    zj_arr_end(&j);
-    zj_obj_end(&j);
-    /* zo-train's tiled layers (null when the model is not tiled) */
-    if (in->tiled > 0) {
-        zj_obj_begin(&j, "tiles");
-        zj_uint(&j, "layer_budget", in->layer_budget);
-        zj_uint(&j, "tile_out", in->grid.tile_out);
-        zj_uint(&j, "tile_in", in->grid.tile_in);
-        zj_uint(&j, "tiles_out", in->grid.tiles_out);
-        zj_uint(&j, "tiles_in", in->grid.tiles_in);
-        zj_uint(&j, "tile_bytes", in->grid.tile_bytes);
-        zj_uint(&j, "work_bytes", in->grid.work_bytes);
-        zj_str(&j, "home", in->nvme ? "nvme" : "host");
-        zj_obj_end(&j);
-    } else {
-        zj_num(&j, "tiles", NAN); /* null */
-    }
-    zj_obj_begin(&j, "machine");
-    zj_str(&j, "device", in->gpu_what);
-    zj_uint(&j, "device_mem", in->gpu_mem);
-    zj_uint(&j, "ram", in->ram);
-    zj_uint(&j, "memlock", in->memlock);
-    zj_obj_end(&j);
-    zj_obj_begin(&j, "bandwidth");
-    zj_num(&j, "nvme_read_bytes_per_s", in->nvme_read);
-    zj_num(&j, "nvme_write_bytes_per_s", in->nvme_write);
-    zj_num(&j, "optimizer_params_per_s", in->adam_rate);
-    zj_num(&j, "copy_bytes_per_s", in->copy_bw);
-    zj_num(&j, "gemm_flop_per_s", in->gemm_flops);
-    zj_obj_end(&j);
-    /* the run probe (null when the figures predicted) */
-    if (in->ran) {
-        zj_obj_begin(&j, "probe");
-        zj_uint(&j, "layers", in->probe_layers);
-        zj_uint(&j, "params", in->pr.params);
-        zj_uint(&j, "steps", in->pr.steps);
-        zj_num(&j, "seconds", in->pr.setup);
-        zj_num(&j, "scale", p->scale);
-        /* what the slice measured (medians per step), before scaling */
-        zj_num(&j, "step_ms", in->pr.step * 1e3);
-        zj_num(&j, "data_ms", in->pr.data * 1e3);
-        zj_num(&j, "compute_ms", in->pr.compute * 1e3);
-        zj_num(&j, "call_ms", in->pr.call * 1e3);
-        zj_num(&j, "wait_ms", in->pr.wait * 1e3);
-        zj_num(&j, "update_ms", in->pr.update * 1e3);
-        zj_num(&j, "nvme_read_ms", in->pr.nvme_read * 1e3);
-        zj_num(&j, "nvme_write_ms", in->pr.nvme_write * 1e3);
-        zj_obj_end(&j);
-    } else {
-        zj_num(&j, "probe", NAN);
-    }
-    /* the same names as zo-train --json's step lines */
-    zj_obj_begin(&j, "predicted");
-    zj_str(&j, "from", in->ran ? "run probe" : "figures");
-    zj_num(&j, "step_ms", p->step * 1e3);
-    zj_num(&j, "data_ms", p->data * 1e3);
-    zj_num(&j, "compute_ms", p->compute * 1e3);
-    zj_num(&j, "d2h_ms", p->d2h * 1e3);
-    zj_num(&j, "optim_ms", p->optim * 1e3);
-    zj_num(&j, "nvme_read_ms", p->nvme_r * 1e3);
-    zj_num(&j, "nvme_write_ms", p->nvme_w * 1e3);
-    zj_num(&j, "h2d_ms", p->h2d * 1e3);
-    zj_num(&j, "stall_ms", p->stall * 1e3);
-    zj_num(&j, "update_ms", p->update * 1e3);
-    zj_obj_end(&j);
-    zj_bool(&j, "fits", p->fits);
-    zj_arr_begin(&j, "advice");
-    for (int i = 0; i < p->nwhy; i++)
-        zj_str(&j, NULL, p->why[i]);
-    zj_arr_end(&j);
+    json_model(&j, in, p);
+    json_bytes(&j, in, p);
+    json_machine(&j, in);
+    json_predicted(&j, in, p);
     zj_obj_end(&j);
     zj_end(&j);
 }
@@ -1006,24 +1090,435 @@ static void usage(FILE *f)
             "  --config FILE         also write the engine configuration (a new file) for zo_optim_json_load\n");
 }
 
-static int num_arg(const char *name, const char *s, double *out)
+/* ---- the command line ------------------------------------------------------------------------- */
+
+/* A phase's result when the run goes on (else the exit status) */
+enum { GO_ON = -1 };
+
+/* --bench files in their order (past 8 they are not read) */
+typedef struct plan_bench_files {
+    const char *file[8];
+    unsigned n;
+} plan_bench_files;
+
+/* The command line: the plan's inputs and what else it asks for */
+typedef struct plan_args {
+    plan_in in;
+    const char *config_out, *tensors;
+    plan_bench_files bench;
+    int json;
+    int probe;            /* PROBE_* */
+    int dpu;              /* --dpu: 1 on, 0 off, -1 not given */
+    int figures;          /* a bandwidth given, or --bench: predict from figures */
+    int train_argc;       /* the zo-train command line after "--" (train_argv NULL: none), */
+    char **train_argv;    /* whose "--" stands in for the program name */
+} plan_args;
+
+static void plan_args_default(plan_args *a)
 {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !isfinite(v) || v <= 0) {
-        fprintf(stderr, "zo-plan: %s: bad value '%s' (a positive number)\n", name, s);
-        return -1;
-    }
-    *out = v;
+    memset(a, 0, sizeof(*a));
+    a->in.pdt = ZO_DTYPE_BF16;
+    a->in.gdt = ZO_DTYPE_COUNT;
+    a->in.sdt = ZO_DTYPE_F32;
+    a->in.accum = 1;
+    a->in.buffer_count = 4;
+    a->in.staging = 32ull << 20;
+    a->in.clip = 1.0;
+    a->in.sub_group = 1ull << 24;
+    a->probe = PROBE_RUN;
+    a->dpu = -1;
+}
+
+/* The option table's cli and the command line: a dtype's message names
+ * argv[optind - 1], the word getopt_long took last */
+typedef struct plan_cli {
+    zo_tool_cli cli; /* first: the sets get &cli */
+    char **argv;
+} plan_cli;
+
+/* ---- the options' sets (zo_tool_opt: tool_common.h) ---- */
+
+/* A size (zo_parse_size, not 0) in d->lo..d->hi. Not a size: says so; out
+ * of the range (or not a size): d->what says the range, where there is one
+ * (--accum has none: exit 2 without a word). 0 or 2. */
+static int size_in(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg, uint64_t *v)
+{
+    int bad = zo_parse_size(arg, v) < 0 || *v == 0;
+    if (bad)
+        zo_tool_bad(cli->prog, "--%s: not a size: '%s'", d->name, arg);
+    if (bad || *v < d->lo || *v > d->hi)
+        return d->what ? zo_tool_bad(cli->prog, "--%s: %s", d->name, d->what) : 2;
     return 0;
 }
 
-static int size_arg(const char *name, const char *s, uint64_t *out)
+/* a size into *(uint64_t *)dst */
+static int set_size(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
 {
-    if (zo_parse_size(s, out) < 0 || *out == 0) {
-        fprintf(stderr, "zo-plan: %s: not a size: '%s'\n", name, s);
-        return -1;
+    uint64_t v;
+    int rc = size_in(cli, d, arg, &v);
+    if (!rc)
+        *(uint64_t *)d->dst = v;
+    return rc;
+}
+
+/* a size into *(unsigned *)dst (d->hi fits an unsigned) */
+static int set_count(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    uint64_t v;
+    int rc = size_in(cli, d, arg, &v);
+    if (!rc)
+        *(unsigned *)d->dst = (unsigned)v;
+    return rc;
+}
+
+/* a positive number (bytes/s, params/s, flop/s) into *(double *)dst */
+static int set_rate(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    char *end;
+    double v = strtod(arg, &end);
+    if (end == arg || *end || !isfinite(v) || v <= 0)
+        return zo_tool_bad(cli->prog, "--%s: bad value '%s' (a positive number)", d->name, arg);
+    *(double *)d->dst = v;
+    return 0;
+}
+
+/* a dtype into *(zo_dtype *)dst: those with their bit (1 << dtype) in
+ * d->hi, named in d->what */
+static int set_dtype(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    zo_dtype t;
+    if (zo_dtype_parse(arg, &t) < 0 || !(d->hi >> t & 1))
+        return zo_tool_bad(cli->prog, "%s: '%s' is not one of %s", ((const plan_cli *)cli)->argv[optind - 1], arg,
+                           d->what);
+    *(zo_dtype *)d->dst = t;
+    return 0;
+}
+
+/* --offload host|cpu|nvme into *(int *)dst: 1 for nvme */
+static int set_offload(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    if (strcmp(arg, "host") && strcmp(arg, "cpu") && strcmp(arg, "nvme"))
+        return zo_tool_bad(cli->prog, "--%s: expected host or nvme, not '%s'", d->name, arg);
+    *(int *)d->dst = !strcmp(arg, "nvme");
+    return 0;
+}
+
+/* on|off into *(int *)dst */
+static int set_on_off(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    if (strcmp(arg, "on") && strcmp(arg, "off"))
+        return zo_tool_bad(cli->prog, "--%s: expected on or off", d->name);
+    *(int *)d->dst = !strcmp(arg, "on");
+    return 0;
+}
+
+/* --probe run|quick|none into *(int *)dst (PROBE_*); --no-probe, which takes no value: none */
+static int set_probe(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    static const char *const names[] = {[PROBE_NONE] = "none", [PROBE_QUICK] = "quick", [PROBE_RUN] = "run"};
+    if (!arg) {
+        *(int *)d->dst = PROBE_NONE;
+        return 0;
     }
+    for (int i = 0; i < (int)(sizeof(names) / sizeof(names[0])); i++)
+        if (!strcmp(arg, names[i])) {
+            *(int *)d->dst = i;
+            return 0;
+        }
+    return zo_tool_bad(cli->prog, "--%s: expected run, quick or none, not '%s'", d->name, arg);
+}
+
+/* one more NVMe directory into the plan_in at dst */
+static int set_nvme_path(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    plan_in *in = d->dst;
+    if (in->nnvme == MAX_NVME)
+        return zo_tool_bad(cli->prog, "at most %d --nvme paths", MAX_NVME);
+    in->paths[in->nnvme++] = arg;
+    return 0;
+}
+
+/* one more --bench file into the plan_bench_files at dst */
+static int set_bench(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    plan_bench_files *b = d->dst;
+    if (b->n < sizeof(b->file) / sizeof(b->file[0]))
+        b->file[b->n++] = arg;
+    return 0;
+}
+
+/* ---- the phases of a run: each returns GO_ON, or the exit status ---- */
+
+/* Split off a zo-train command line after "--": argc then counts zo-plan's own options */
+static void split_train_line(int *argc, char **argv, plan_args *a)
+{
+    for (int i = 1; i < *argc; i++)
+        if (!strcmp(argv[i], "--")) {
+            a->train_argc = *argc - i; /* argv[i] stands in for the program name */
+            a->train_argv = argv + i;
+            *argc = i;
+            return;
+        }
+}
+
+/* What the sets stored says what was given: they store nothing but
+ * positive sizes and figures, so a value not 0 was on the command line */
+static void note_given(plan_args *a)
+{
+    plan_in *in = &a->in;
+    if (in->gpu_mem) {
+        in->gpu_what = "given";
+        in->gpu = 1;
+    }
+    if (in->nvme_read || in->nvme_write)
+        strcpy(in->src_nvme, "given");
+    if (in->copy_bw)
+        strcpy(in->src_copy, "given");
+    if (in->adam_rate)
+        strcpy(in->src_adam, "given");
+    if (in->gemm_flops)
+        strcpy(in->src_gemm, "given");
+    a->figures = a->bench.n || in->src_nvme[0] || in->src_copy[0] || in->src_adam[0] || in->src_gemm[0];
+}
+
+/* zo-plan's own options, by the table */
+static int parse_options(int argc, char **argv, plan_args *a)
+{
+    plan_in *in = &a->in;
+    const unsigned long long st = 1ull << ZO_DTYPE_F32 | 1ull << ZO_DTYPE_BF16, pg = st | 1ull << ZO_DTYPE_F16;
+    const zo_tool_opt table[] = {
+        {"params", 1, 0, set_size, &in->params, 1, UINT64_MAX, NULL},
+        {"tensors", 1, 0, zo_tool_opt_str, &a->tensors, 0, 0, NULL},
+        {"param-dtype", 1, 0, set_dtype, &in->pdt, 0, pg, "bf16, fp16, fp32"},
+        {"grad", 1, 0, set_dtype, &in->gdt, 0, pg, "bf16, fp16, fp32"},
+        {"state", 1, 0, set_dtype, &in->sdt, 0, st, "fp32, bf16"},
+        {"offload", 1, 0, set_offload, &in->nvme, 0, 0, NULL},
+        {"dpu", 1, 0, set_on_off, &a->dpu, 0, 0, NULL},
+        {"accum", 1, 0, set_count, &in->accum, 1, 65536, NULL},
+        {"sub-group", 1, 0, set_size, &in->sub_group, 64, UINT64_MAX, "at least 64 elements"},
+        {"buffer-count", 1, 0, set_count, &in->buffer_count, 4, 1024, "4..1024"},
+        {"gpu-mem", 1, 0, set_size, &in->gpu_mem, 1, UINT64_MAX, NULL},
+        {"ram", 1, 0, set_size, &in->ram, 1, UINT64_MAX, NULL},
+        {"memlock", 1, 0, set_size, &in->memlock, 1, UINT64_MAX, NULL},
+        {"nvme", 1, 0, set_nvme_path, in, 0, 0, NULL},
+        {"bench", 1, 0, set_bench, &a->bench, 0, 0, NULL},
+        {"no-probe", 0, 0, set_probe, &a->probe, 0, 0, NULL},
+        {"probe", 1, 0, set_probe, &a->probe, 0, 0, NULL},
+        {"probe-size", 1, 0, set_size, &in->probe_size, 1, UINT64_MAX, NULL},
+        {"nvme-read", 1, 0, set_rate, &in->nvme_read, 0, 0, NULL},
+        {"nvme-write", 1, 0, set_rate, &in->nvme_write, 0, 0, NULL},
+        {"copy", 1, 0, set_rate, &in->copy_bw, 0, 0, NULL},
+        {"adam-rate", 1, 0, set_rate, &in->adam_rate, 0, 0, NULL},
+        {"gemm-flops", 1, 0, set_rate, &in->gemm_flops, 0, 0, NULL},
+        {"json", 0, 0, zo_tool_opt_on, &a->json, 0, 0, NULL},
+        {"config", 1, 0, zo_tool_opt_str, &a->config_out, 0, 0, NULL},
+        {"help", 0, 0, zo_tool_opt_help, NULL, 0, 0, NULL},
+    };
+    const plan_cli pc = {{"zo-plan", usage, table, sizeof(table) / sizeof(table[0])}, argv};
+    opterr = 0;
+    int rc = zo_tool_opts_parse(&pc.cli, argc, argv);
+    if (rc < 0)
+        return zo_tool_bad(pc.cli.prog, "unknown option '%s' (--help lists them)", argv[optind - 1]);
+    if (rc)
+        return rc;
+    if (optind < argc)
+        return zo_tool_bad(pc.cli.prog, "unexpected argument '%s'", argv[optind]);
+    note_given(a);
+    return GO_ON;
+}
+
+/* The zo-train command line decides model, precisions and engine */
+static int read_train_line(int argc, char **argv, plan_in *in)
+{
+    options to;
+    int r = train_options_parse(argc, argv, &to);
+    if (r)
+        return r < 0 ? 0 : r; /* < 0: its --help was asked for, and printed */
+    in->from_train = 1;
+    in->topt = to;
+    in->shape = (train_shape){.layers = to.layers, .width = (size_t)to.width, .batch = (size_t)to.batch,
+                              .param_dtype = to.param_dtype,
+                              .grad_dtype = to.grad_dtype == ZO_DTYPE_COUNT ? to.param_dtype : to.grad_dtype,
+                              .seed = to.seed};
+    in->params = train_shape_params(&in->shape);
+    in->ntensors = 2 * to.layers;
+    in->activation_bytes = train_shape_activation_bytes(&in->shape);
+    in->flops = train_shape_flops(&in->shape);
+    in->pdt = in->shape.param_dtype;
+    in->gdt = in->shape.grad_dtype;
+    in->nvme = to.offload == ZO_OPTIM_PLACE_NVME;
+    in->dpu = to.dpu > 0;
+    in->accum = to.accum > 0 ? (unsigned)to.accum : 1;
+    if (to.clip >= 0)
+        in->clip = to.clip;
+    if (to.sub_group)
+        in->sub_group = to.sub_group;
+    if (to.nvme_path && in->nnvme < MAX_NVME)
+        in->paths[in->nnvme++] = to.nvme_path;
+    if (!in->gpu_mem) {
+        /* zo-train's host backend: the budget it sets itself */
+        in->gpu_mem = to.dev_budget ? to.dev_budget
+                                    : train_default_device_budget(in->params * (zo_dtype_size(in->pdt) +
+                                                                                zo_dtype_size(in->gdt)) +
+                                                                  in->activation_bytes);
+        in->gpu_what = "zo-train budget";
+    }
+    return GO_ON;
+}
+
+/* The model: one of --params, --tensors or a zo-train line, and the defaults that follow */
+static int read_model(plan_args *a)
+{
+    plan_in *in = &a->in;
+    int have_params = in->params != 0; /* only --params sets it so far */
+    if (have_params + (a->tensors != NULL) + (a->train_argv != NULL) != 1)
+        return zo_tool_bad("zo-plan", "give the model as one of --params, --tensors or -- ZO-TRAIN OPTIONS");
+    if (have_params)
+        in->ntensors = 1;
+    if (a->tensors && parse_tensors(a->tensors, in) < 0)
+        return zo_tool_bad("zo-plan", "--tensors: '%s' is not a comma list of N, RxC or either *COUNT", a->tensors);
+    if (a->train_argv) {
+        int r = read_train_line(a->train_argc, a->train_argv, in);
+        if (r != GO_ON)
+            return r;
+    }
+    if (in->gdt == ZO_DTYPE_COUNT)
+        in->gdt = in->pdt;
+    if (a->dpu >= 0)
+        in->dpu = a->dpu;
+    if (!in->nnvme)
+        in->paths[in->nnvme++] = "/var/tmp";
+    return GO_ON;
+}
+
+/* CUDA device 0's memory, where there is one */
+static void detect_gpu(plan_in *in)
+{
+    int ndev = 0;
+    zo_dev *d = NULL;
+    zo_dev_config dc;
+    zo_dev_config_default(&dc);
+    dc.kind = ZO_DEV_CUDA;
+    zo_dev_info di;
+    if (zo_dev_probe(ZO_DEV_CUDA, &ndev, NULL, 0) == 0 && ndev > 0 && zo_dev_open(&d, &dc) == 0 &&
+        zo_dev_get_info(d, &di) == 0) {
+        in->gpu_mem = di.total_mem;
+        in->gpu_what = "CUDA device 0";
+        in->gpu = 1;
+    } else {
+        in->gpu_what = "no GPU: not checked";
+    }
+    zo_dev_close(&d);
+}
+
+/* The machine, where the command line did not describe it; zo-train's tiles */
+static int detect_machine(plan_in *in)
+{
+    zo_machine mach;
+    zo_machine_get(&mach);
+    if (!in->ram)
+        in->ram = mach.mem_bytes;
+    if (!in->memlock) {
+        /* RLIMIT_MEMLOCK, unless the process may lock without limit (CAP_IPC_LOCK) */
+        zo_pinned_stats ps;
+        zo_pinned_stats_get(&ps);
+        if (!ps.can_lock_unlimited && ps.memlock_limit != UINT64_MAX)
+            in->memlock = ps.memlock_limit;
+    }
+    if (!in->gpu_mem)
+        detect_gpu(in);
+    if (in->from_train && in->gpu_mem) {
+        /* zo-train's rule: over the device budget, every layer tiled */
+        in->tiled = train_plan_tiles(&in->shape, in->gpu_mem, &in->layer_budget, &in->grid);
+        if (in->tiled > 0)
+            in->ntensors = in->shape.layers * in->grid.tiles_out * in->grid.tiles_in + in->shape.layers;
+    }
+    for (unsigned i = 0; i < in->nnvme; i++) {
+        struct statvfs sv;
+        if (statvfs(in->paths[i], &sv) < 0)
+            return zo_tool_bad("zo-plan", "--nvme %s: %s", in->paths[i], strerror(errno));
+    }
+    return GO_ON;
+}
+
+/* The quick probes, for the figures not given: 0, or -1 (message printed) */
+static int quick_probes(plan_in *in)
+{
+    if (!in->adam_rate) {
+        in->adam_rate = probe_adam((int)sysconf(_SC_NPROCESSORS_ONLN));
+        strcpy(in->src_adam, "probe: AdamW 4M fp32");
+    }
+    if (!in->copy_bw) {
+        in->copy_bw = in->gpu ? 20e9 : probe_copy();
+        strcpy(in->src_copy, in->gpu ? "assumed PCIe 20 GB/s" : "probe: memcpy 64 MiB");
+    }
+    if (!in->gemm_flops && in->from_train) {
+        in->gemm_flops = probe_gemm();
+        strcpy(in->src_gemm, "probe: sgemm 1024^3");
+    }
+    if (in->nvme && (!in->nvme_read || !in->nvme_write)) {
+        double rd = 0, wr = 0;
+        if (probe_nvme(in->paths[0], &rd, &wr) < 0)
+            return -1;
+        if (!in->nvme_read)
+            in->nvme_read = rd;
+        if (!in->nvme_write)
+            in->nvme_write = wr;
+        snprintf(in->src_nvme, sizeof(in->src_nvme), "probe: 256 MiB overwritten, then read, through zo_aio, 1 MiB x 32 in flight");
+    }
+    return 0;
+}
+
+/* Bandwidths: given, from bench files, or probed; then where each came from */
+static int get_figures(plan_args *a)
+{
+    plan_in *in = &a->in;
+    int probe = a->probe;
+    for (unsigned i = 0; i < a->bench.n; i++)
+        if (load_bench(a->bench.file[i], in) < 0)
+            return 2;
+    /* given figures (or --bench) predict from figures; the quick probes fill the missing ones */
+    if (probe == PROBE_RUN && a->figures)
+        probe = PROBE_QUICK;
+    if (probe == PROBE_RUN && in->tiled > 0)
+        probe = PROBE_QUICK; /* the run probe trains untiled layers only */
+    if (probe == PROBE_RUN) {
+        int r = run_probe(in);
+        if (r < 0)
+            return 2;
+        if (r > 0)
+            probe = PROBE_QUICK; /* too large to probe here */
+    }
+    if (probe == PROBE_QUICK && quick_probes(in) < 0)
+        return 2;
+    const char *none = "not measured";
+    if (!in->src_nvme[0])
+        strcpy(in->src_nvme, in->nvme ? none : "unused");
+    if (!in->src_adam[0])
+        strcpy(in->src_adam, none);
+    if (!in->src_copy[0])
+        strcpy(in->src_copy, none);
+    if (!in->src_gemm[0])
+        strcpy(in->src_gemm, in->from_train ? none : "unused");
+    return GO_ON;
+}
+
+/* --config: write the engine configuration, and load it back as the engine will: 0, or 1 */
+static int config_phase(const char *path, const plan_in *in, const plan_out *p, int json)
+{
+    if (write_config(path, in, p) < 0)
+        return 1;
+    /* the file must be one the engine takes: load it back */
+    zo_optim_json *cj = NULL;
+    int r = zo_optim_json_load(path, &cj);
+    zo_optim_json_free(&cj);
+    if (r < 0) {
+        fprintf(stderr, "zo-plan: the written config %s is refused by zo_optim_json_load: %s (%s)\n", path,
+                zo_strerror(r), zo_last_error_detail());
+        return 1;
+    }
+    if (!json)
+        printf("engine config written to %s\n", path);
     return 0;
 }
 
@@ -1031,297 +1526,26 @@ int main(int argc, char **argv)
 {
     if (plan_cluster_wanted(argc, argv))
         return plan_cluster_main(argc, argv); /* many ranks: plan_cluster.c */
-    plan_in in;
-    memset(&in, 0, sizeof(in));
-    in.pdt = ZO_DTYPE_BF16;
-    in.gdt = ZO_DTYPE_COUNT;
-    in.sdt = ZO_DTYPE_F32;
-    in.accum = 1;
-    in.buffer_count = 4;
-    in.staging = 32ull << 20;
-    in.clip = 1.0;
-    in.sub_group = 1ull << 24;
-    const char *config_out = NULL, *tensors = NULL;
-    const char *benches[8];
-    unsigned nbench = 0;
-    int json = 0, probe = PROBE_RUN, have_params = 0, figures = 0;
-    double dpu_arg = -1;
-
-    /* split off a zo-train command line after "--" */
-    int train_argc = 0;
-    char **train_argv = NULL;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--")) {
-            train_argc = argc - i; /* argv[i] stands in for the program name */
-            train_argv = argv + i;
-            argc = i;
-            break;
-        }
-
-    enum { O_PARAMS = 256, O_TENSORS, O_PDT, O_GRAD, O_STATE, O_OFFLOAD, O_DPU, O_ACCUM, O_SG, O_BUFCNT, O_GPU,
-           O_RAM, O_MEMLOCK, O_NVME, O_BENCH, O_NOPROBE, O_PROBE, O_NR, O_NW, O_COPY, O_ADAM, O_GEMM, O_JSON,
-           O_CONFIG, O_PROBE_SIZE, O_HELP };
-    static const struct option opts[] = {
-        {"params", required_argument, 0, O_PARAMS},     {"tensors", required_argument, 0, O_TENSORS},
-        {"param-dtype", required_argument, 0, O_PDT},   {"grad", required_argument, 0, O_GRAD},
-        {"state", required_argument, 0, O_STATE},       {"offload", required_argument, 0, O_OFFLOAD},
-        {"dpu", required_argument, 0, O_DPU},           {"accum", required_argument, 0, O_ACCUM},
-        {"sub-group", required_argument, 0, O_SG},      {"buffer-count", required_argument, 0, O_BUFCNT},
-        {"gpu-mem", required_argument, 0, O_GPU},       {"ram", required_argument, 0, O_RAM},
-        {"memlock", required_argument, 0, O_MEMLOCK},   {"nvme", required_argument, 0, O_NVME},
-        {"bench", required_argument, 0, O_BENCH},       {"no-probe", no_argument, 0, O_NOPROBE},
-        {"probe", required_argument, 0, O_PROBE},      {"probe-size", required_argument, 0, O_PROBE_SIZE},
-        {"nvme-read", required_argument, 0, O_NR},      {"nvme-write", required_argument, 0, O_NW},
-        {"copy", required_argument, 0, O_COPY},         {"adam-rate", required_argument, 0, O_ADAM},
-        {"gemm-flops", required_argument, 0, O_GEMM},   {"json", no_argument, 0, O_JSON},
-        {"config", required_argument, 0, O_CONFIG},     {"help", no_argument, 0, O_HELP},
-        {0, 0, 0, 0}};
-    int c;
-    uint64_t v;
-    zo_dtype t;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (c) {
-        case O_PARAMS: if (size_arg("--params", optarg, &in.params)) return 2; in.ntensors = 1; have_params = 1; break;
-        case O_TENSORS: tensors = optarg; break;
-        case O_PDT:
-        case O_GRAD:
-        case O_STATE:
-            if (zo_dtype_parse(optarg, &t) < 0 || (t != ZO_DTYPE_BF16 && t != ZO_DTYPE_F32 && (c == O_STATE || t != ZO_DTYPE_F16))) {
-                fprintf(stderr, "zo-plan: %s: '%s' is not one of %s\n", argv[optind - 1], optarg,
-                        c == O_STATE ? "fp32, bf16" : "bf16, fp16, fp32");
-                return 2;
-            }
-            *(c == O_PDT ? &in.pdt : c == O_GRAD ? &in.gdt : &in.sdt) = t;
-            break;
-        case O_OFFLOAD:
-            if (strcmp(optarg, "host") && strcmp(optarg, "cpu") && strcmp(optarg, "nvme")) {
-                fprintf(stderr, "zo-plan: --offload: expected host or nvme, not '%s'\n", optarg);
-                return 2;
-            }
-            in.nvme = !strcmp(optarg, "nvme");
-            break;
-        case O_DPU:
-            if (strcmp(optarg, "on") && strcmp(optarg, "off")) {
-                fprintf(stderr, "zo-plan: --dpu: expected on or off\n");
-                return 2;
-            }
-            dpu_arg = !strcmp(optarg, "on");
-            break;
-        case O_ACCUM: if (size_arg("--accum", optarg, &v) || v > 65536) return 2; in.accum = (unsigned)v; break;
-        case O_SG:
-            if (size_arg("--sub-group", optarg, &in.sub_group) || in.sub_group < 64) {
-                fprintf(stderr, "zo-plan: --sub-group: at least 64 elements\n");
-                return 2;
-            }
-            break;
-        case O_BUFCNT: if (size_arg("--buffer-count", optarg, &v) || v < 4 || v > 1024) { fprintf(stderr, "zo-plan: --buffer-count: 4..1024\n"); return 2; } in.buffer_count = (unsigned)v; break;
-        case O_GPU: if (size_arg("--gpu-mem", optarg, &in.gpu_mem)) return 2; in.gpu_what = "given"; in.gpu = 1; break;
-        case O_RAM: if (size_arg("--ram", optarg, &in.ram)) return 2; break;
-        case O_MEMLOCK: if (size_arg("--memlock", optarg, &in.memlock)) return 2; break;
-        case O_NVME:
-            if (in.nnvme == MAX_NVME) {
-                fprintf(stderr, "zo-plan: at most %d --nvme paths\n", MAX_NVME);
-                return 2;
-            }
-            in.paths[in.nnvme++] = optarg;
-            break;
-        case O_BENCH: if (nbench < 8) benches[nbench++] = optarg; figures = 1; break;
-        case O_NOPROBE: probe = PROBE_NONE; break;
-        case O_PROBE_SIZE: if (size_arg("--probe-size", optarg, &in.probe_size)) return 2; break;
-        case O_PROBE:
-            if (!strcmp(optarg, "run"))
-                probe = PROBE_RUN;
-            else if (!strcmp(optarg, "quick"))
-                probe = PROBE_QUICK;
-            else if (!strcmp(optarg, "none"))
-                probe = PROBE_NONE;
-            else {
-                fprintf(stderr, "zo-plan: --probe: expected run, quick or none, not '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case O_NR: if (num_arg("--nvme-read", optarg, &in.nvme_read)) return 2; strcpy(in.src_nvme, "given"); figures = 1; break;
-        case O_NW: if (num_arg("--nvme-write", optarg, &in.nvme_write)) return 2; strcpy(in.src_nvme, "given"); figures = 1; break;
-        case O_COPY: if (num_arg("--copy", optarg, &in.copy_bw)) return 2; strcpy(in.src_copy, "given"); figures = 1; break;
-        case O_ADAM: if (num_arg("--adam-rate", optarg, &in.adam_rate)) return 2; strcpy(in.src_adam, "given"); figures = 1; break;
-        case O_GEMM: if (num_arg("--gemm-flops", optarg, &in.gemm_flops)) return 2; strcpy(in.src_gemm, "given"); figures = 1; break;
-        case O_JSON: json = 1; break;
-        case O_CONFIG: config_out = optarg; break;
-        case O_HELP: usage(stdout); return 0;
-        default:
-            fprintf(stderr, "zo-plan: unknown option '%s' (--help lists them)\n", argv[optind - 1]);
-            return 2;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "zo-plan: unexpected argument '%s'\n", argv[optind]);
-        return 2;
-    }
-    if (have_params + (tensors != NULL) + (train_argv != NULL) != 1) {
-        fprintf(stderr, "zo-plan: give the model as one of --params, --tensors or -- ZO-TRAIN OPTIONS\n");
-        return 2;
-    }
-    if (tensors && parse_tensors(tensors, &in) < 0) {
-        fprintf(stderr, "zo-plan: --tensors: '%s' is not a comma list of N, RxC or either *COUNT\n", tensors);
-        return 2;
-    }
-    if (train_argv) {
-        /* the zo-train command line decides model, precisions and engine */
-        options to;
-        int r = train_options_parse(train_argc, train_argv, &to);
-        if (r)
-            return r < 0 ? 0 : r;
-        in.from_train = 1;
-        in.topt = to;
-        in.shape = (train_shape){.layers = to.layers, .width = (size_t)to.width, .batch = (size_t)to.batch,
-                                 .param_dtype = to.param_dtype,
-                                 .grad_dtype = to.grad_dtype == ZO_DTYPE_COUNT ? to.param_dtype : to.grad_dtype,
-                                 .seed = to.seed};
-        in.params = train_shape_params(&in.shape);
-        in.ntensors = 2 * to.layers;
-        in.activation_bytes = train_shape_activation_bytes(&in.shape);
-        in.flops = train_shape_flops(&in.shape);
-        in.pdt = in.shape.param_dtype;
-        in.gdt = in.shape.grad_dtype;
-        in.nvme = to.offload == ZO_OPTIM_PLACE_NVME;
-        in.dpu = to.dpu > 0;
-        in.accum = to.accum > 0 ? (unsigned)to.accum : 1;
-        if (to.clip >= 0)
-            in.clip = to.clip;
-        if (to.sub_group)
-            in.sub_group = to.sub_group;
-        if (to.nvme_path && in.nnvme < MAX_NVME)
-            in.paths[in.nnvme++] = to.nvme_path;
-        if (!in.gpu_mem) {
-            /* zo-train's host backend: the budget it sets itself */
-            in.gpu_mem = to.dev_budget ? to.dev_budget
-                                       : train_default_device_budget(in.params * (zo_dtype_size(in.pdt) +
-                                                                                  zo_dtype_size(in.gdt)) +
-                                                                     in.activation_bytes);
-            in.gpu_what = "zo-train budget";
-        }
-    }
-    if (in.gdt == ZO_DTYPE_COUNT)
-        in.gdt = in.pdt;
-    if (dpu_arg >= 0)
-        in.dpu = (int)dpu_arg;
-    if (!in.nnvme)
-        in.paths[in.nnvme++] = "/var/tmp";
-
-    /* ---- the machine ---- */
-    zo_machine mach;
-    zo_machine_get(&mach);
-    if (!in.ram)
-        in.ram = mach.mem_bytes;
-    if (!in.memlock) {
-        /* RLIMIT_MEMLOCK, unless the process may lock without limit (CAP_IPC_LOCK) */
-        zo_pinned_stats ps;
-        zo_pinned_stats_get(&ps);
-        if (!ps.can_lock_unlimited && ps.memlock_limit != UINT64_MAX)
-            in.memlock = ps.memlock_limit;
-    }
-    if (!in.gpu_mem) {
-        int ndev = 0;
-        zo_dev *d = NULL;
-        zo_dev_config dc;
-        zo_dev_config_default(&dc);
-        dc.kind = ZO_DEV_CUDA;
-        zo_dev_info di;
-        if (zo_dev_probe(ZO_DEV_CUDA, &ndev, NULL, 0) == 0 && ndev > 0 && zo_dev_open(&d, &dc) == 0 &&
-            zo_dev_get_info(d, &di) == 0) {
-            in.gpu_mem = di.total_mem;
-            in.gpu_what = "CUDA device 0";
-            in.gpu = 1;
-        } else {
-            in.gpu_what = "no GPU: not checked";
-        }
-        zo_dev_close(&d);
-    }
-    if (in.from_train && in.gpu_mem) {
-        /* zo-train's rule: over the device budget, every layer tiled */
-        in.tiled = train_plan_tiles(&in.shape, in.gpu_mem, &in.layer_budget, &in.grid);
-        if (in.tiled > 0)
-            in.ntensors = in.shape.layers * in.grid.tiles_out * in.grid.tiles_in + in.shape.layers;
-    }
-    for (unsigned i = 0; i < in.nnvme; i++) {
-        struct statvfs sv;
-        if (statvfs(in.paths[i], &sv) < 0) {
-            fprintf(stderr, "zo-plan: --nvme %s: %s\n", in.paths[i], strerror(errno));
-            return 2;
-        }
-    }
-
-    /* ---- bandwidths: given, from bench files, or probed ---- */
-    for (unsigned i = 0; i < nbench; i++)
-        if (load_bench(benches[i], &in) < 0)
-            return 2;
-    /* given figures (or --bench) predict from figures; the quick probes fill the missing ones */
-    if (probe == PROBE_RUN && figures)
-        probe = PROBE_QUICK;
-    if (probe == PROBE_RUN && in.tiled > 0)
-        probe = PROBE_QUICK; /* the run probe trains untiled layers only */
-    if (probe == PROBE_RUN) {
-        int r = run_probe(&in);
-        if (r < 0)
-            return 2;
-        if (r > 0)
-            probe = PROBE_QUICK; /* too large to probe here */
-    }
-    if (probe == PROBE_QUICK) {
-        if (!in.adam_rate) {
-            in.adam_rate = probe_adam((int)sysconf(_SC_NPROCESSORS_ONLN));
-            strcpy(in.src_adam, "probe: AdamW 4M fp32");
-        }
-        if (!in.copy_bw) {
-            in.copy_bw = in.gpu ? 20e9 : probe_copy();
-            strcpy(in.src_copy, in.gpu ? "assumed PCIe 20 GB/s" : "probe: memcpy 64 MiB");
-        }
-        if (!in.gemm_flops && in.from_train) {
-            in.gemm_flops = probe_gemm();
-            strcpy(in.src_gemm, "probe: sgemm 1024^3");
-        }
-        if (in.nvme && (!in.nvme_read || !in.nvme_write)) {
-            double rd = 0, wr = 0;
-            if (probe_nvme(in.paths[0], &rd, &wr) < 0)
-                return 2;
-            if (!in.nvme_read)
-                in.nvme_read = rd;
-            if (!in.nvme_write)
-                in.nvme_write = wr;
-            snprintf(in.src_nvme, sizeof(in.src_nvme), "probe: 256 MiB overwritten, then read, through zo_aio, 1 MiB x 32 in flight");
-        }
-    }
-    const char *none = "not measured";
-    if (!in.src_nvme[0])
-        strcpy(in.src_nvme, in.nvme ? none : "unused");
-    if (!in.src_adam[0])
-        strcpy(in.src_adam, none);
-    if (!in.src_copy[0])
-        strcpy(in.src_copy, none);
-    if (!in.src_gemm[0])
-        strcpy(in.src_gemm, in.from_train ? none : "unused");
+    plan_args a;
+    plan_args_default(&a);
+    split_train_line(&argc, argv, &a);
+    int rc = parse_options(argc, argv, &a);
+    if (rc == GO_ON)
+        rc = read_model(&a);
+    if (rc == GO_ON)
+        rc = detect_machine(&a.in);
+    if (rc == GO_ON)
+        rc = get_figures(&a);
+    if (rc != GO_ON)
+        return rc;
 
     plan_out p;
-    make_plan(&in, &p);
-    if (json)
-        json_plan(&in, &p);
+    make_plan(&a.in, &p);
+    if (a.json)
+        json_plan(&a.in, &p);
     else
-        print_plan(&in, &p);
-    if (config_out) {
-        if (write_config(config_out, &in, &p) < 0)
-            return 1;
-        /* the file must be one the engine takes: load it back */
-        zo_optim_json *cj = NULL;
-        int r = zo_optim_json_load(config_out, &cj);
-        zo_optim_json_free(&cj);
-        if (r < 0) {
-            fprintf(stderr, "zo-plan: the written config %s is refused by zo_optim_json_load: %s (%s)\n", config_out,
-                    zo_strerror(r), zo_last_error_detail());
-            return 1;
-        }
-        if (!json)
-            printf("engine config written to %s\n", config_out);
-    }
+        print_plan(&a.in, &p);
+    if (a.config_out && config_phase(a.config_out, &a.in, &p, a.json))
+        return 1;
     return p.fits ? 0 : 3;
 }

@@ -1129,25 +1129,19 @@ static void plan_args_default(plan_args *a)
     a->dpu = -1;
 }
 
-/* The option table's cli and the command line: a dtype's message names
- * argv[optind - 1], the word getopt_long took last */
-typedef struct plan_cli {
-    zo_tool_cli cli; /* first: the sets get &cli */
-    char **argv;
-} plan_cli;
-
 /* ---- the options' sets (zo_tool_opt: tool_common.h) ---- */
 
-/* A size (zo_parse_size, not 0) in d->lo..d->hi. Not a size: says so; out
- * of the range (or not a size): d->what says the range, where there is one
- * (--accum has none: exit 2 without a word). 0 or 2. */
+/* A size (zo_parse_size, not 0) in d->lo..d->hi, one message either way:
+ * "not a size", or the range (d->what, else lo..hi). 0 or 2. */
 static int size_in(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg, uint64_t *v)
 {
-    int bad = zo_parse_size(arg, v) < 0 || *v == 0;
-    if (bad)
-        zo_tool_bad(cli->prog, "--%s: not a size: '%s'", d->name, arg);
-    if (bad || *v < d->lo || *v > d->hi)
-        return d->what ? zo_tool_bad(cli->prog, "--%s: %s", d->name, d->what) : 2;
+    if (zo_parse_size(arg, v) < 0 || *v == 0)
+        return zo_tool_bad(cli->prog, "--%s: not a size: '%s'", d->name, arg);
+    if (*v < d->lo || *v > d->hi) {
+        if (d->what)
+            return zo_tool_bad(cli->prog, "--%s: '%s' is out of range: %s", d->name, arg, d->what);
+        return zo_tool_bad(cli->prog, "--%s: '%s' is out of range: %llu..%llu", d->name, arg, d->lo, d->hi);
+    }
     return 0;
 }
 
@@ -1188,8 +1182,7 @@ static int set_dtype(const zo_tool_cli *cli, const zo_tool_opt *d, const char *a
 {
     zo_dtype t;
     if (zo_dtype_parse(arg, &t) < 0 || !(d->hi >> t & 1))
-        return zo_tool_bad(cli->prog, "%s: '%s' is not one of %s", ((const plan_cli *)cli)->argv[optind - 1], arg,
-                           d->what);
+        return zo_tool_bad(cli->prog, "--%s: '%s' is not one of %s", d->name, arg, d->what);
     *(zo_dtype *)d->dst = t;
     return 0;
 }
@@ -1314,15 +1307,15 @@ static int parse_options(int argc, char **argv, plan_args *a)
         {"config", 1, 0, zo_tool_opt_str, &a->config_out, 0, 0, NULL},
         {"help", 0, 0, zo_tool_opt_help, NULL, 0, 0, NULL},
     };
-    const plan_cli pc = {{"zo-plan", usage, table, sizeof(table) / sizeof(table[0])}, argv};
+    const zo_tool_cli cli = {"zo-plan", usage, table, sizeof(table) / sizeof(table[0])};
     opterr = 0;
-    int rc = zo_tool_opts_parse(&pc.cli, argc, argv);
+    int rc = zo_tool_opts_parse(&cli, argc, argv);
     if (rc < 0)
-        return zo_tool_bad(pc.cli.prog, "unknown option '%s' (--help lists them)", argv[optind - 1]);
+        return zo_tool_bad(cli.prog, "unknown option '%s' (--help lists them)", argv[optind - 1]);
     if (rc)
         return rc;
     if (optind < argc)
-        return zo_tool_bad(pc.cli.prog, "unexpected argument '%s'", argv[optind]);
+        return zo_tool_bad(cli.prog, "unexpected argument '%s'", argv[optind]);
     note_given(a);
     return GO_ON;
 }

@@ -57,13 +57,19 @@ static void put(void *buf, zo_dtype dt, uint64_t i, float f)
 {
     if (dt == ZO_DTYPE_F32)
         ((float *)buf)[i] = f;
-    else
+    else if (dt == ZO_DTYPE_BF16)
         ((uint16_t *)buf)[i] = zo_f32_to_bf16(f);
+    else
+        ((uint16_t *)buf)[i] = zo_f32_to_f16(f);
 }
 
 static float get(const void *buf, zo_dtype dt, uint64_t i)
 {
-    return dt == ZO_DTYPE_F32 ? ((const float *)buf)[i] : zo_bf16_to_f32(((const uint16_t *)buf)[i]);
+    if (dt == ZO_DTYPE_F32)
+        return ((const float *)buf)[i];
+    if (dt == ZO_DTYPE_BF16)
+        return zo_bf16_to_f32(((const uint16_t *)buf)[i]);
+    return zo_f16_to_f32(((const uint16_t *)buf)[i]);
 }
 
 static float init_param(uint64_t e)
@@ -74,10 +80,12 @@ static float init_param(uint64_t e)
 /* rank r's gradient of element e in micro-step ms, from the params its
  * forward saw (so a wrong all-gather shows). Odd micro-steps are large
  * (clipped at max norm 1), even ones small. */
-static float grad_value(uint64_t e, int ms, unsigned rank, float param_seen)
+static float grad_value(uint64_t e, int ms, unsigned rank, float param_seen, int inf_ms, double scale)
 {
+    if (inf_ms > 0 && ms == inf_ms && rank == 1 && e == 5)
+        return INFINITY;
     double amp = (ms % 2) ? 1e-2 : 1e-3;
-    return (float)(amp * (sin(0.003 * (double)e + 0.7 * ms + 1.3 * rank) + param_seen));
+    return (float)(scale * amp * (sin(0.003 * (double)e + 0.7 * ms + 1.3 * rank) + param_seen));
 }
 
 /* ---- the shared-memory comm --------------------------------------------------------- */
@@ -276,6 +284,7 @@ typedef struct pcase {
     unsigned accum;
     int steps;
     uint64_t bucket;
+    int inf_ms; /* > 0: rank 1's gradient of element 5 (in rank 0's shard) is inf in this micro-step */
 } pcase;
 
 /* A rank's (or the reference's) model: device params and gradients, the
@@ -322,6 +331,7 @@ static int mdl_init(mdl *m, const pcase *pc, const char *nvme)
     m->cfg.grad_accum_steps = pc->accum;
     m->cfg.placement = pc->place;
     m->cfg.nvme_path = nvme;
+    m->cfg.nonfinite = pc->inf_ms > 0 ? ZO_OPTIM_NONFINITE_SKIP : ZO_OPTIM_NONFINITE_ERROR;
     for (int g = 0; g < 2; g++) {
         zo_optim_group_default(&m->grp[g]);
         m->grp[g].ntensors = g ? NT1 : NT0;
@@ -344,19 +354,20 @@ static void mdl_free(mdl *m)
     zo_dev_close(&m->dev);
 }
 
-/* Rank r's gradient of tensor i for micro-step ms, from the params it holds now. */
-static void fill_grad(mdl *m, int i, int ms, unsigned rank)
+/* Rank r's gradient of tensor i for micro-step ms, from the params it holds
+ * now, times the loss scale (fp16). */
+static void fill_grad(mdl *m, int i, int ms, unsigned rank, int inf_ms, double scale)
 {
     for (uint64_t k = 0; k < numel_of(i); k++)
-        m->dgrad[i][k] = grad_value(off_of(i) + k, ms, rank, get(m->dparam[i], m->pdt, k));
+        m->dgrad[i][k] = grad_value(off_of(i) + k, ms, rank, get(m->dparam[i], m->pdt, k), inf_ms, scale);
 }
 
 /* The result area of a rank. */
 #define MAXSTEPS 8
 typedef struct rank_res {
     zo_part_info info;
-    double grad_norm[MAXSTEPS], clip_coef[MAXSTEPS];
-    int clipped[MAXSTEPS];
+    double grad_norm[MAXSTEPS], clip_coef[MAXSTEPS], loss_scale[MAXSTEPS];
+    int clipped[MAXSTEPS], skipped[MAXSTEPS];
     uint64_t single_state_bytes;
     float params[TOTAL];
 } rank_res;
@@ -375,6 +386,15 @@ static void snapshot(mdl *m, float *out)
             out[off_of(i) + k] = get(m->dparam[i], m->pdt, k);
 }
 
+static void record(rank_res *res, int s, const zo_optim_step_result *sr)
+{
+    res->grad_norm[s] = sr->grad_norm;
+    res->clip_coef[s] = sr->clip_coef;
+    res->clipped[s] = sr->clipped;
+    res->skipped[s] = sr->skipped;
+    res->loss_scale[s] = sr->loss_scale;
+}
+
 /* Train steps [from, to) on p; backward hands tensors over last to first. */
 static int train(zo_part *p, mdl *m, unsigned rank, const pcase *pc, int from, int to, rank_res *res,
                  rank_status *st)
@@ -382,8 +402,9 @@ static int train(zo_part *p, mdl *m, unsigned rank, const pcase *pc, int from, i
     for (int s = from; s < to; s++) {
         for (unsigned a = 0; a < pc->accum; a++) {
             int ms = s * (int)pc->accum + (int)a;
+            double scale = zo_part_loss_scale(p);
             for (int i = NT - 1; i >= 0; i--) {
-                fill_grad(m, i, ms, rank);
+                fill_grad(m, i, ms, rank, pc->inf_ms, scale);
                 int r = zo_part_grad(p, (unsigned)i, m->dgrad[i], NULL);
                 if (r)
                     FAILR(st, "rank %u grad %d: %s (%s)", rank, i, zo_strerror(r), zo_part_errmsg(p));
@@ -394,11 +415,8 @@ static int train(zo_part *p, mdl *m, unsigned rank, const pcase *pc, int from, i
                 FAILR(st, "rank %u step %d: %s (%s)", rank, s, zo_strerror(r), zo_part_errmsg(p));
             if (sr.boundary != (a + 1 == pc->accum))
                 FAILR(st, "rank %u step %d micro %u: boundary %d", rank, s, a, sr.boundary);
-            if (sr.boundary && res && s < MAXSTEPS) {
-                res->grad_norm[s] = sr.grad_norm;
-                res->clip_coef[s] = sr.clip_coef;
-                res->clipped[s] = sr.clipped;
-            }
+            if (sr.boundary && res && s < MAXSTEPS)
+                record(res, s, &sr);
         }
     }
     return 0;
@@ -460,11 +478,12 @@ static void reference(const pcase *pc, const char *nvme, int steps, rank_res *ou
     for (int s = 0; s < steps; s++) {
         for (unsigned a = 0; a < pc->accum; a++) {
             int ms = s * (int)pc->accum + (int)a;
+            double scale = zo_optim_loss_scale(o);
             for (int i = NT - 1; i >= 0; i--) {
                 for (uint64_t k = 0; k < numel_of(i); k++) {
-                    float p = get(m.dparam[i], m.pdt, k), acc = grad_value(off_of(i) + k, ms, 0, p);
+                    float p = get(m.dparam[i], m.pdt, k), acc = grad_value(off_of(i) + k, ms, 0, p, pc->inf_ms, scale);
                     for (unsigned rk = 1; rk < pc->world; rk++)
-                        acc += grad_value(off_of(i) + k, ms, rk, p);
+                        acc += grad_value(off_of(i) + k, ms, rk, p, pc->inf_ms, scale);
                     tmp[k] = acc;
                 }
                 for (uint64_t k = 0; k < numel_of(i); k++)
@@ -474,11 +493,8 @@ static void reference(const pcase *pc, const char *nvme, int steps, rank_res *ou
             zo_optim_step_result sr = {.struct_size = sizeof(sr)};
             r = zo_optim_step(o, NULL, &sr);
             ck_assert_msg(r == 0, "reference step: %s (%s)", zo_strerror(r), zo_optim_errmsg(o));
-            if (sr.boundary && s < MAXSTEPS) {
-                out->grad_norm[s] = sr.grad_norm;
-                out->clip_coef[s] = sr.clip_coef;
-                out->clipped[s] = sr.clipped;
-            }
+            if (sr.boundary && s < MAXSTEPS)
+                record(out, s, &sr);
         }
     }
     free(tmp);
@@ -492,6 +508,11 @@ static const pcase cases[] = {
     {3, ZO_DTYPE_BF16, ZO_OPTIM_PLACE_HOST, 2, 4, 64 << 10},
     {2, ZO_DTYPE_BF16, ZO_OPTIM_PLACE_NVME, 1, 4, 256 << 10},
     {3, ZO_DTYPE_F32, ZO_OPTIM_PLACE_NVME, 1, 4, 25 << 20},
+    /* an inf in one rank's gradient, in another rank's shard: every rank
+     * skips the step (bf16, ZO_OPTIM_NONFINITE_SKIP) */
+    {2, ZO_DTYPE_BF16, ZO_OPTIM_PLACE_HOST, 1, 4, 64 << 10, 1},
+    /* fp16 with the dynamic loss scaler: the skip and the scale agree */
+    {3, ZO_DTYPE_F16, ZO_OPTIM_PLACE_HOST, 1, 5, 64 << 10, 2},
 };
 
 /* World ranks, each feeding its own gradients, end with the parameters of a
@@ -507,11 +528,19 @@ START_TEST(test_part_matches_single)
     run_ranks(&rn, pc->world, sizeof(rank_res), rank_train, &ta);
     rank_res *ref = calloc(1, sizeof(*ref));
     reference(pc, dir, pc->steps, ref);
-    int nclipped = 0;
+    int nclipped = 0, nskipped = 0;
     double maxrel = 0;
     for (unsigned r = 0; r < pc->world; r++) {
         rank_res *rr = (rank_res *)run_res(&rn, r);
         for (int s = 0; s < pc->steps; s++) {
+            ck_assert_int_eq(rr->skipped[s], ref->skipped[s]);
+            ck_assert_msg(rr->loss_scale[s] == ref->loss_scale[s], "case %d rank %u step %d: loss scale %g, %g", _i, r,
+                          s, rr->loss_scale[s], ref->loss_scale[s]);
+            nskipped += r == 0 && rr->skipped[s];
+            if (rr->skipped[s]) {
+                ck_assert(!isfinite(rr->grad_norm[s]) && !isfinite(ref->grad_norm[s]));
+                continue;
+            }
             /* the global norm: the ranks' partial sums of squares added in
              * rank order; the reference sums its sub-groups: the same up to
              * double rounding */
@@ -534,11 +563,14 @@ START_TEST(test_part_matches_single)
         uint64_t micro = (uint64_t)pc->steps * pc->accum;
         ck_assert_uint_eq(in->reduce_scatters, in->nbuckets * micro);
         ck_assert_uint_eq(in->buckets_in_grad, in->nbuckets * micro);
-        ck_assert_uint_eq(in->all_gathers, 2u * (pc->steps + 1));
+        unsigned skips = 0;
+        for (int s = 0; s < pc->steps; s++)
+            skips += (unsigned)rr->skipped[s];
+        ck_assert_uint_eq(in->all_gathers, 2u * (pc->steps + 1 - skips)); /* none after a skipped step */
         ck_assert_uint_eq(in->rank, r);
         ck_assert_uint_eq(in->world, pc->world);
         ck_assert_uint_eq(in->numel, TOTAL);
-        ck_assert_int_eq(in->step, pc->steps);
+        ck_assert_int_eq(in->step, pc->steps - (int)skips);
         /* each rank holds its share of the states: 1/world of the single
          * engine's, up to the 4 KiB rounding of each sub-group's arrays
          * (host) or 1 MiB (NVMe swap extents) */
@@ -557,6 +589,7 @@ START_TEST(test_part_matches_single)
                           pc->world, (unsigned long long)rr->single_state_bytes);
     }
     ck_assert_int_gt(nclipped, 0); /* clipping by the global norm was exercised */
+    ck_assert_int_eq(nskipped, pc->inf_ms > 0);   /* and the global skip, where an inf was fed */
     fprintf(stderr, "case %d: global norm vs single rank: largest relative difference %.3g\n", _i, maxrel);
     free(ref);
     run_free(&rn);
@@ -610,7 +643,7 @@ static const pcase one = {2, ZO_DTYPE_F32, ZO_OPTIM_PLACE_HOST, 1, 1, 64 << 10};
 static int hand_all(zo_part *p, mdl *m)
 {
     for (int i = NT - 1; i >= 0; i--) {
-        fill_grad(m, i, 1, 0);
+        fill_grad(m, i, 1, 0, 0, 1.0);
         int r = zo_part_grad(p, (unsigned)i, m->dgrad[i], NULL);
         if (r)
             return r;

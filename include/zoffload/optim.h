@@ -145,11 +145,13 @@
  *   failure before any state is written (a gradient copy) drops the
  *   window's gradients and changes nothing.
  *
- * Multi-rank (later)
+ * Multi-rank
  *   A rank declares only the tensors (or tensor slices) whose state it owns.
  *   zo_optim_grad_norm_partial() gives this rank's partial sum of squares
  *   and inf/NaN count; the caller combines them across ranks (all-reduce)
- *   and passes the totals in ::zo_optim_step_opts.
+ *   and passes the totals in ::zo_optim_step_opts. part.h (::zo_part) does
+ *   this for a data-parallel job: DeepSpeed's partition layout, bucketed
+ *   reduce-scatter, the all-gather of the updated params.
  *
  * Blocking and threads: a zo_optim is driven from one thread at a time
  * (calls on one engine are serialized by the caller), except

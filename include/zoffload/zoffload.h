@@ -25,5 +25,6 @@
 #include "tiling.h"
 #include "optim.h"
 #include "optim_json.h"
+#include "part.h"
 
 #endif /* ZOFFLOAD_H */

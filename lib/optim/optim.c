@@ -81,7 +81,7 @@ const char *zo_optim_errmsg(const zo_optim *o)
 
 static const char *const state_suffix[ZO_OPTIM_STATE_COUNT] = {"master", "exp_avg", "exp_avg_sq"};
 
-static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
+uint64_t zo__fnv1a(uint64_t h, const void *p, size_t n)
 {
     const unsigned char *b = p;
     for (size_t i = 0; i < n; i++) {
@@ -93,7 +93,7 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n)
 
 static uint64_t fnv_u64(uint64_t h, uint64_t v)
 {
-    return fnv1a(h, &v, sizeof(v));
+    return zo__fnv1a(h, &v, sizeof(v));
 }
 
 /* Which states an optimizer uses. */
@@ -331,7 +331,7 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
                 return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u tensor %u: dev_params entry NULL", g, i);
             off += t->numel;
             fp = fnv_u64(fp, t->numel);
-            fp = fnv1a(fp, nm, len + 1);
+            fp = zo__fnv1a(fp, nm, len + 1);
         }
         og->numel = off - og->off;
         og->first_sg = nsg;

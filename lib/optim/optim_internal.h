@@ -27,6 +27,9 @@
 
 #define ZO_OPTIM_NAME_MAX 200
 
+/* FNV-1a over n bytes, continuing from h (the config fingerprints of optim.c and part.c). */
+uint64_t zo__fnv1a(uint64_t h, const void *p, size_t n);
+
 /* One tensor as the framework declared it: a range of the flat element space. */
 typedef struct zo__ot {
     char *name;

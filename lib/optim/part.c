@@ -1,0 +1,966 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The partitioned engine (include/zoffload/part.h): ZeRO-1/2's layout over
+ * the single-rank engine. Each rank's inner zo_optim holds one tensor per
+ * group, its shard of the group's flat element space; this layer owns the
+ * full flat device params (the all-gather runs in place over them), the
+ * gradient buckets and their reduce-scatters, the fp32 host buffer the
+ * averaged shard gradients land in, and the three collectives of a step.
+ * It uses only the public API of zo_optim and zo_dev.
+ */
+#include "optim_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <zoffload/part.h>
+#include <zoffload/swap.h>
+#include <zoffload/vec.h>
+
+#define PART_FORMAT 1
+#define PART_MIN_BUCKET 4096u
+
+/* A gradient bucket: tensors [t0, t1] of one group, the group-local flat
+ * range [lo, hi) they cover (a piece of one tensor when it is larger than
+ * a bucket), and each rank's chunk of that range. */
+typedef struct pbucket {
+    unsigned group, t0, t1;
+    uint64_t lo, hi;
+    uint64_t *counts; /* [world], into zo_part.bcounts */
+    unsigned have;    /* tensors handed over in this micro-step */
+} pbucket;
+
+struct zo_part {
+    zo_errbuf err;
+    zo_comm comm;
+    zo_dev *dev;
+    int host; /* host backend: device memory is host memory */
+    zo_dtype pdt, gdt;
+    size_t pes, ges;
+    unsigned accum;
+    /* groups */
+    unsigned ngroups;
+    uint64_t *gnumel, *goff; /* elements; offset in the flat buffer */
+    uint64_t *gshard;        /* S: the shard size of the group */
+    uint64_t *slo, *sn;      /* this rank's shard: group-local start, length */
+    uint64_t *sgoff;         /* its offset in sgrad */
+    uint64_t *gcounts;       /* [ngroups * world] shard lengths (all-gather counts) */
+    int *ginner;             /* inner group (= inner tensor) index, -1: this rank owns nothing of it */
+    unsigned *gneed, *ghave; /* buckets with a chunk of this rank's shard; reduced this micro-step */
+    /* tensors (the template's, global index) */
+    unsigned nt;
+    uint64_t *tnumel, *toff; /* group-local offset */
+    unsigned *tgroup, *tb0, *tb1;
+    void **tdev;
+    const void **tgrad;
+    unsigned char *tin;
+    /* buckets */
+    pbucket *b;
+    unsigned nb, next;
+    uint64_t *bcounts;
+    uint64_t bmax; /* elements of the largest bucket */
+    /* buffers */
+    void *flat, *bucket, *stage;
+    float *sgrad;
+    uint64_t shard_numel, own_host_bytes, device_bytes;
+    zo_stream *st;
+    zo_optim *inner;
+    zo_optim_footprint fp;
+    uint64_t layout_fp, numel, micro;
+    int broken; /* a collective or an update failed: the ranks are out of step */
+    uint64_t n_rs, n_rs_grad, n_ag;
+};
+
+void zo_comm_default(zo_comm *c)
+{
+    if (!c)
+        return;
+    memset(c, 0, sizeof(*c));
+    c->struct_size = sizeof(*c);
+    c->world = 1;
+}
+
+void zo_part_config_default(zo_part_config *cfg)
+{
+    if (!cfg)
+        return;
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->struct_size = sizeof(*cfg);
+    cfg->bucket_bytes = (uint64_t)25 << 20; /* DeepSpeed's reduce_bucket_size (5e8 elements is its own default;
+                                               25 MiB is DDP's bucket_cap_mb) */
+}
+
+const char *zo_part_errmsg(const zo_part *p)
+{
+    static _Thread_local char tls[ZO_ERRMSG_LEN];
+    return zo__errbuf_tls(p ? &p->err : NULL, tls);
+}
+
+zo_optim *zo_part_optim(zo_part *p)
+{
+    return p ? p->inner : NULL;
+}
+
+static void enter(zo_part *p)
+{
+    if (p)
+        zo__errbuf_set(&p->err, "");
+}
+
+/* ---- collectives ------------------------------------------------------------------- */
+
+static void window_reset(zo_part *p);
+
+/* A collective or an update failed: this rank's sequence of collectives may
+ * no longer match the others'. The micro-step's gradients are dropped. */
+static void broke(zo_part *p)
+{
+    p->broken = 1;
+    window_reset(p);
+    zo_optim_discard_grads(p->inner); /* its own failure, if any, is the engine's to report next */
+}
+
+static int comm_failed(zo_part *p, int r, const char *fn, const char *what)
+{
+    if (r > 0)
+        r = -EPROTO; /* a callback returned a positive value: not an error code */
+    broke(p);
+    return ZO_FAIL(&p->err, r,
+                   "%s: comm %s failed on rank %u of %u: %s (the ranks are out of step: zo_part_load() or "
+                   "zo_part_init_from_device() on every rank to go on)",
+                   fn, what, p->comm.rank, p->comm.world, zo_strerror(r));
+}
+
+static int all_reduce(zo_part *p, double *v, unsigned n, int op, const char *fn, const char *what)
+{
+    if (!p->comm.all_reduce)
+        return 0; /* world 1 */
+    int r = p->comm.all_reduce(p->comm.user, v, n, op);
+    return r ? comm_failed(p, r, fn, what) : 0;
+}
+
+static int check_usable(zo_part *p, const char *fn)
+{
+    if (p->broken)
+        return ZO_FAIL(&p->err, ZO_ESTATE,
+                       "%s: an earlier collective or update failed and the ranks are out of step: "
+                       "zo_part_load() or zo_part_init_from_device() (on every rank) first", fn);
+    return 0;
+}
+
+static int dev_failed(zo_part *p, int r, const char *fn, const char *what)
+{
+    broke(p);
+    return ZO_FAIL(&p->err, r, "%s: %s: %s (%s)", fn, what, zo_strerror(r), zo_dev_errmsg(p->dev));
+}
+
+/* ---- gradient buckets ------------------------------------------------------------- */
+
+/* Reduce bucket `bi`: copy its gradients (zeros for tensors without one)
+ * into the bucket buffer, reduce-scatter, average this rank's chunk into
+ * the fp32 shard gradients, and hand a group's shard to the inner engine
+ * once all its buckets are in. */
+static int reduce_bucket(zo_part *p, unsigned bi, int in_grad, const char *fn)
+{
+    pbucket *bk = &p->b[bi];
+    int r;
+    for (unsigned t = bk->t0; t <= bk->t1; t++) {
+        uint64_t a = ZO_MAX(bk->lo, p->toff[t]), e = ZO_MIN(bk->hi, p->toff[t] + p->tnumel[t]);
+        char *dst = (char *)p->bucket + (a - bk->lo) * p->ges;
+        if (p->tgrad[t])
+            r = zo_memcpy_async(p->st, dst, (const char *)p->tgrad[t] + (a - p->toff[t]) * p->ges, (e - a) * p->ges,
+                                ZO_COPY_D2D);
+        else
+            r = zo_memset_async(p->st, dst, 0, (e - a) * p->ges);
+        if (r < 0)
+            return dev_failed(p, r, fn, "copying gradients into the bucket");
+    }
+    if ((r = zo_stream_sync(p->st)) < 0)
+        return dev_failed(p, r, fn, "copying gradients into the bucket");
+    if (p->comm.reduce_scatter && (r = p->comm.reduce_scatter(p->comm.user, p->bucket, bk->counts, p->gdt)) != 0)
+        return comm_failed(p, r, fn, "reduce_scatter (a gradient bucket)");
+    p->n_rs++;
+    p->n_rs_grad += in_grad != 0;
+    unsigned g = bk->group, me = p->comm.rank;
+    uint64_t c = bk->counts[me];
+    if (!c)
+        return 0;
+    uint64_t off = 0;
+    for (unsigned k = 0; k < me; k++)
+        off += bk->counts[k];
+    const void *src = (const char *)p->bucket + off * p->ges;
+    if (!p->host) {
+        if ((r = zo_memcpy_async(p->st, p->stage, src, c * p->ges, ZO_COPY_D2H)) < 0 ||
+            (r = zo_stream_sync(p->st)) < 0)
+            return dev_failed(p, r, fn, "copying the reduced chunk to the host");
+        src = p->stage;
+    }
+    /* the mean: the sum divided by world in fp32 (one rounding after the
+     * sum; exact for a power-of-two world) */
+    float *d = p->sgrad + p->sgoff[g] + (bk->lo + off - p->slo[g]);
+    float w = (float)p->comm.world;
+    if (p->gdt == ZO_DTYPE_F32) {
+        const float *s = src;
+        for (uint64_t i = 0; i < c; i++)
+            d[i] = s[i] / w;
+    } else {
+        zo_vec_cast(d, ZO_DTYPE_F32, src, p->gdt, (size_t)c);
+        for (uint64_t i = 0; i < c; i++)
+            d[i] = d[i] / w;
+    }
+    if (++p->ghave[g] == p->gneed[g]) {
+        r = zo_optim_grad_host(p->inner, (unsigned)p->ginner[g], p->sgrad + p->sgoff[g], ZO_DTYPE_F32);
+        if (r < 0) {
+            broke(p);
+            return ZO_FAIL(&p->err, r, "%s: handing group %u's shard gradient to the engine: %s", fn, g,
+                           zo_optim_errmsg(p->inner));
+        }
+    }
+    return 0;
+}
+
+/* Reduce the buckets that are complete, in bucket order (the same
+ * sequence of collectives on every rank). */
+static int advance(zo_part *p, int in_grad, const char *fn)
+{
+    while (p->next < p->nb && p->b[p->next].have == p->b[p->next].t1 - p->b[p->next].t0 + 1) {
+        int r = reduce_bucket(p, p->next, in_grad, fn);
+        if (r < 0)
+            return r;
+        p->next++;
+    }
+    return 0;
+}
+
+static void window_reset(zo_part *p)
+{
+    for (unsigned i = 0; i < p->nt; i++) {
+        p->tin[i] = 0;
+        p->tgrad[i] = NULL;
+    }
+    for (unsigned i = 0; i < p->nb; i++)
+        p->b[i].have = 0;
+    for (unsigned g = 0; g < p->ngroups; g++)
+        p->ghave[g] = 0;
+    p->next = 0;
+}
+
+static int any_in(const zo_part *p)
+{
+    for (unsigned i = 0; i < p->nt; i++)
+        if (p->tin[i])
+            return 1;
+    return 0;
+}
+
+int zo_part_grad(zo_part *p, unsigned index, const void *dev_grad, zo_event *ready)
+{
+    static const char fn[] = "zo_part_grad";
+    enter(p);
+    if (!p || !dev_grad || index >= p->nt)
+        return ZO_FAIL(p ? &p->err : NULL, -EINVAL, "%s: NULL argument or tensor index %u out of range", fn, index);
+    int r = check_usable(p, fn);
+    if (r < 0)
+        return r;
+    if (p->tin[index])
+        return ZO_FAIL(&p->err, ZO_ESTATE,
+                       "%s: tensor %u was already handed over in this micro-step (its bucket may be reduced: add "
+                       "the gradients up before handing them over)", fn, index);
+    if (ready && (r = zo_stream_wait_event(p->st, ready)) < 0)
+        return ZO_FAIL(&p->err, r, "%s: waiting on the ready event: %s", fn, zo_dev_errmsg(p->dev));
+    p->tin[index] = 1;
+    p->tgrad[index] = dev_grad;
+    for (unsigned b = p->tb0[index]; b <= p->tb1[index]; b++)
+        p->b[b].have++;
+    return advance(p, 1, fn);
+}
+
+/* ---- params: all-gather and copy-back ---------------------------------------------- */
+
+static int gather_params(zo_part *p, const char *fn)
+{
+    int r;
+    for (unsigned g = 0; g < p->ngroups && p->comm.all_gather; g++) {
+        r = p->comm.all_gather(p->comm.user, (char *)p->flat + p->goff[g] * p->pes,
+                               p->gcounts + (size_t)g * p->comm.world, p->pdt);
+        if (r)
+            return comm_failed(p, r, fn, "all_gather (the updated params)");
+        p->n_ag++;
+    }
+    for (unsigned i = 0; i < p->nt; i++) {
+        const char *src = (const char *)p->flat + (p->goff[p->tgroup[i]] + p->toff[i]) * p->pes;
+        if ((r = zo_memcpy_async(p->st, p->tdev[i], src, p->tnumel[i] * p->pes, ZO_COPY_D2D)) < 0)
+            return dev_failed(p, r, fn, "copying params to dev_params");
+    }
+    if ((r = zo_stream_sync(p->st)) < 0)
+        return dev_failed(p, r, fn, "copying params to dev_params");
+    return 0;
+}
+
+int zo_part_init_from_device(zo_part *p)
+{
+    static const char fn[] = "zo_part_init_from_device";
+    enter(p);
+    if (!p)
+        return ZO_FAIL(NULL, -EINVAL, "%s: NULL", fn);
+    if (any_in(p))
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
+    int r;
+    if (p->micro % p->accum && (r = zo_optim_discard_grads(p->inner)) < 0)
+        return ZO_FAIL(&p->err, r, "%s: %s", fn, zo_optim_errmsg(p->inner));
+    for (unsigned i = 0; i < p->nt; i++) {
+        char *dst = (char *)p->flat + (p->goff[p->tgroup[i]] + p->toff[i]) * p->pes;
+        if ((r = zo_memcpy_async(p->st, dst, p->tdev[i], p->tnumel[i] * p->pes, ZO_COPY_D2D)) < 0)
+            return dev_failed(p, r, fn, "copying dev_params into the flat params");
+    }
+    if ((r = zo_stream_sync(p->st)) < 0)
+        return dev_failed(p, r, fn, "copying dev_params into the flat params");
+    p->broken = 1; /* until the collective below has been made */
+    if ((r = zo_optim_init_from_device(p->inner)) < 0)
+        return ZO_FAIL(&p->err, r, "%s: %s", fn, zo_optim_errmsg(p->inner));
+    if ((r = gather_params(p, fn)) < 0)
+        return r;
+    window_reset(p);
+    p->micro = 0;
+    p->broken = 0;
+    return 0;
+}
+
+/* ---- the step --------------------------------------------------------------------- */
+
+int zo_part_step(zo_part *p, zo_optim_step_result *res)
+{
+    static const char fn[] = "zo_part_step";
+    enter(p);
+    if (!p)
+        return ZO_FAIL(NULL, -EINVAL, "%s: NULL", fn);
+    int r;
+    if (res && (r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err,
+                                  fn)) < 0)
+        return r;
+    if ((r = check_usable(p, fn)) < 0)
+        return r;
+    /* the buckets not yet reduced (tensors without a gradient: zeros) */
+    for (unsigned i = 0; i < p->nb; i++)
+        p->b[i].have = p->b[i].t1 - p->b[i].t0 + 1;
+    r = advance(p, 0, fn);
+    window_reset(p);
+    if (r < 0)
+        return r;
+    zo_optim_step_result lr = {.struct_size = sizeof(lr)};
+    p->micro++;
+    if (p->micro % p->accum) {
+        if ((r = zo_optim_step(p->inner, NULL, &lr)) < 0) {
+            broke(p);
+            return ZO_FAIL(&p->err, r, "%s: %s", fn, zo_optim_errmsg(p->inner));
+        }
+        if (res)
+            ZO_STRUCT_OUT(res, &lr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err, fn);
+        return 0;
+    }
+    /* boundary: the global norm and overflow. A local failure still takes
+     * part in the collectives (as a flag) so that no rank waits for it. */
+    double sumsq = 0;
+    uint64_t nf = 0;
+    int lerr = zo_optim_grads_done(p->inner);
+    if (lerr == 0)
+        lerr = zo_optim_grad_norm_partial(p->inner, &sumsq, &nf);
+    char lmsg[ZO_ERRMSG_LEN] = "";
+    if (lerr < 0)
+        snprintf(lmsg, sizeof(lmsg), "%s", zo_optim_errmsg(p->inner));
+    double s[1] = {sumsq}, m[2] = {nf ? 1.0 : 0.0, lerr < 0 ? 1.0 : 0.0};
+    if ((r = all_reduce(p, s, 1, ZO_COMM_SUM, fn, "all_reduce (sum of squares)")) < 0 ||
+        (r = all_reduce(p, m, 2, ZO_COMM_MAX, fn, "all_reduce (overflow)")) < 0)
+        return r;
+    if (m[1] > 0) {
+        broke(p);
+        if (lerr < 0)
+            return ZO_FAIL(&p->err, lerr, "%s: gradients of this rank: %s", fn, lmsg);
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: another rank failed before the update (nothing was updated)", fn);
+    }
+    zo_optim_step_opts so;
+    zo_optim_step_opts_default(&so);
+    so.global_sumsq = isnan(s[0]) ? INFINITY : s[0];
+    so.global_nonfinite = m[0] > 0;
+    int ur = zo_optim_step(p->inner, &so, &lr);
+    if (ur < 0)
+        snprintf(lmsg, sizeof(lmsg), "%s", zo_optim_errmsg(p->inner));
+    /* ZO_ENONFINITE is decided by the global flag: the same on every rank */
+    double f[1] = {ur < 0 && ur != ZO_ENONFINITE ? 1.0 : 0.0};
+    if ((r = all_reduce(p, f, 1, ZO_COMM_MAX, fn, "all_reduce (update status)")) < 0)
+        return r;
+    if (f[0] > 0) {
+        broke(p);
+        if (ur < 0)
+            return ZO_FAIL(&p->err, ur, "%s: the update of this rank's shard: %s", fn, lmsg);
+        return ZO_FAIL(&p->err, ZO_ESTATE,
+                       "%s: another rank's update failed (this rank's shard was updated, the params were not "
+                       "gathered)", fn);
+    }
+    if (res)
+        ZO_STRUCT_OUT(res, &lr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err, fn);
+    if (ur < 0)
+        return ZO_FAIL(&p->err, ur, "%s: %s", fn, lmsg);
+    if (lr.skipped)
+        return 0; /* every rank skipped: nothing to gather */
+    return gather_params(p, fn);
+}
+
+int zo_part_set_lr(zo_part *p, unsigned group, double lr)
+{
+    enter(p);
+    if (!p || group >= p->ngroups)
+        return ZO_FAIL(p ? &p->err : NULL, -EINVAL, "zo_part_set_lr: NULL or group %u out of range", group);
+    if (!(lr >= 0) || !isfinite(lr))
+        return ZO_FAIL(&p->err, ZO_ECONFIG, "zo_part_set_lr: lr %g (finite, >= 0)", lr);
+    if (p->ginner[group] < 0)
+        return 0; /* this rank owns nothing of the group */
+    int r = zo_optim_set_lr(p->inner, (unsigned)p->ginner[group], lr);
+    return r < 0 ? ZO_FAIL(&p->err, r, "zo_part_set_lr: %s", zo_optim_errmsg(p->inner)) : 0;
+}
+
+double zo_part_loss_scale(const zo_part *p)
+{
+    return p ? zo_optim_loss_scale(p->inner) : 0;
+}
+
+/* ---- save / load ------------------------------------------------------------------- */
+
+static int rank_dir(char *buf, size_t len, const char *root, unsigned rank)
+{
+    int n = snprintf(buf, len, "%s/rank%u", root, rank);
+    return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
+}
+
+int zo_part_save(zo_part *p, const char *root, const char *name, unsigned keep_last, const char *user_json)
+{
+    static const char fn[] = "zo_part_save";
+    enter(p);
+    if (!p || !root || !name)
+        return ZO_FAIL(p ? &p->err : NULL, -EINVAL, "%s: NULL argument", fn);
+    int r = check_usable(p, fn);
+    if (r < 0)
+        return r;
+    if (any_in(p) || p->micro % p->accum)
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: mid accumulation window (save at a step boundary)", fn);
+    char dir[4096];
+    if (rank_dir(dir, sizeof(dir), root, p->comm.rank) < 0)
+        return ZO_FAIL(&p->err, -ENAMETOOLONG, "%s: root too long", fn);
+    if (mkdir(root, 0700) != 0 && errno != EEXIST) {
+        int e = -errno;
+        return ZO_FAIL(&p->err, e, "%s: mkdir %s: %s", fn, root, zo_strerror(e));
+    }
+    size_t cap = 256 + (user_json ? strlen(user_json) : 4);
+    char *js = malloc(cap);
+    if (!js)
+        return -ENOMEM;
+    snprintf(js, cap, "{\"zo_part\":{\"format\":%d,\"rank\":%u,\"world\":%u,\"layout\":\"%016" PRIx64 "\"},\"user\":%s}",
+             PART_FORMAT, p->comm.rank, p->comm.world, p->layout_fp, user_json ? user_json : "null");
+    r = zo_optim_save(p->inner, dir, name, keep_last, js);
+    free(js);
+    if (r < 0)
+        return ZO_FAIL(&p->err, r, "%s: rank %u: %s", fn, p->comm.rank, zo_optim_errmsg(p->inner));
+    return 0;
+}
+
+/* The unsigned or string value of "key" after `from` (whitespace as cJSON prints it). */
+static const char *json_at(const char *from, const char *key)
+{
+    char pat[48];
+    snprintf(pat, sizeof(pat), "\"%s\"", key);
+    const char *q = strstr(from, pat);
+    if (!q)
+        return NULL;
+    q += strlen(pat);
+    while (*q == ' ' || *q == '\t' || *q == '\n' || *q == '\r' || *q == ':')
+        q++;
+    return q;
+}
+
+/* The zo_part record of a checkpoint's user JSON: rank, world, layout. */
+static int parse_record(const char *js, unsigned *rank, unsigned *world, uint64_t *layout)
+{
+    const char *rec = js ? strstr(js, "\"zo_part\"") : NULL;
+    const char *q;
+    if (!rec || !(q = json_at(rec, "rank")) || sscanf(q, "%u", rank) != 1 || !(q = json_at(rec, "world")) ||
+        sscanf(q, "%u", world) != 1 || !(q = json_at(rec, "layout")) || sscanf(q, "\"%" SCNx64 "\"", layout) != 1)
+        return ZO_EFORMAT;
+    return 0;
+}
+
+/* Check checkpoint `name` of <root>/rank<rank> against this engine before
+ * anything is read. */
+static int check_ckpt(zo_part *p, const char *root, const char *name, const char *fn)
+{
+    char dir[4096];
+    if (rank_dir(dir, sizeof(dir), root, p->comm.rank) < 0)
+        return ZO_FAIL(&p->err, -ENAMETOOLONG, "%s: root too long", fn);
+    zo_ckpt_reader *rd = NULL;
+    int r = zo_ckpt_open(&rd, dir, name);
+    int mine = r == 0;
+    if (r == -ENOENT) {
+        /* not this rank's: what did rank 0 save? (another world size, likely) */
+        char d0[4096];
+        rank_dir(d0, sizeof(d0), root, 0);
+        if (zo_ckpt_open(&rd, d0, name) < 0)
+            return ZO_FAIL(&p->err, -ENOENT, "%s: no checkpoint %s in %s (nor for rank 0)", fn, name ? name : "(latest)",
+                           dir);
+    } else if (r < 0) {
+        return ZO_FAIL(&p->err, r, "%s: %s: %s", fn, dir, zo_last_error_detail());
+    }
+    unsigned rank = 0, world = 0;
+    uint64_t layout = 0;
+    r = parse_record(zo_ckpt_user_json(rd), &rank, &world, &layout);
+    char cname[ZO_CKPT_NAME_MAX + 1];
+    snprintf(cname, sizeof(cname), "%s", zo_ckpt_name(rd));
+    zo_ckpt_close(&rd);
+    if (r < 0)
+        return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: checkpoint %s is not a partitioned engine's (no zo_part record)", fn,
+                       cname);
+    if (world != p->comm.world)
+        return ZO_FAIL(&p->err, ZO_ENOTSUP,
+                       "%s: checkpoint %s was saved by %u rank%s, this engine is rank %u of %u: loading at another "
+                       "world size (resharding) is not supported yet; load it with %u ranks",
+                       fn, cname, world, world == 1 ? "" : "s", p->comm.rank, p->comm.world, world);
+    if (!mine)
+        return ZO_FAIL(&p->err, -ENOENT, "%s: no checkpoint %s for rank %u in %s (rank 0 has one: a save of this "
+                       "rank is missing)", fn, cname, p->comm.rank, dir);
+    if (rank != p->comm.rank)
+        return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: checkpoint %s in %s was saved by rank %u, not %u", fn, cname, dir,
+                       rank, p->comm.rank);
+    if (layout != p->layout_fp)
+        return ZO_FAIL(&p->err, ZO_EFORMAT,
+                       "%s: checkpoint %s holds another model (layout fingerprint %016" PRIx64 ", this one %016" PRIx64
+                       ": tensors, sizes or names differ)", fn, cname, layout, p->layout_fp);
+    return 0;
+}
+
+/* The caller's JSON out of {"zo_part":{...},"user":X} (as printed back). */
+static void user_out(const char *js, char *out, size_t len)
+{
+    if (!out || !len)
+        return;
+    out[0] = 0;
+    const char *rec = strstr(js, "\"zo_part\"");
+    const char *close = rec ? strchr(rec, '}') : NULL; /* the record has no nested object */
+    const char *q = close ? json_at(close, "user") : NULL;
+    if (!q)
+        return;
+    size_t n = strlen(q);
+    while (n && (q[n - 1] == ' ' || q[n - 1] == '\t' || q[n - 1] == '\n' || q[n - 1] == '\r'))
+        n--;
+    if (n && q[n - 1] == '}') /* the wrapper's own brace */
+        n--;
+    while (n && (q[n - 1] == ' ' || q[n - 1] == '\t' || q[n - 1] == '\n' || q[n - 1] == '\r'))
+        n--;
+    n = ZO_MIN(n, len - 1);
+    memcpy(out, q, n);
+    out[n] = 0;
+}
+
+int zo_part_load(zo_part *p, const char *root, const char *name, char *user_json, size_t len)
+{
+    static const char fn[] = "zo_part_load";
+    enter(p);
+    if (!p || !root)
+        return ZO_FAIL(p ? &p->err : NULL, -EINVAL, "%s: NULL argument", fn);
+    if (any_in(p))
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
+    int r = check_ckpt(p, root, name, fn);
+    if (r < 0)
+        return r;
+    char dir[4096];
+    rank_dir(dir, sizeof(dir), root, p->comm.rank);
+    size_t cap = (user_json ? len : 0) + 1024;
+    char *js = malloc(cap);
+    if (!js)
+        return -ENOMEM;
+    p->broken = 1; /* until the collective below has been made */
+    r = zo_optim_load(p->inner, dir, name, js, cap);
+    if (r < 0) {
+        free(js);
+        return ZO_FAIL(&p->err, r, "%s: rank %u: %s", fn, p->comm.rank, zo_optim_errmsg(p->inner));
+    }
+    user_out(js, user_json, len);
+    free(js);
+    if ((r = gather_params(p, fn)) < 0)
+        return r;
+    zo_optim_info oi = {.struct_size = sizeof(oi)};
+    zo_optim_get_info(p->inner, &oi);
+    p->micro = oi.micro_steps;
+    window_reset(p);
+    p->broken = 0;
+    return 0;
+}
+
+int zo_part_get_info(zo_part *p, zo_part_info *info)
+{
+    if (!p || !info)
+        return ZO_FAIL(p ? &p->err : NULL, -EINVAL, "zo_part_get_info: NULL");
+    int r = ZO_STRUCT_OUT(info, (const zo_part_info *)NULL, ZO_PART_INFO_SIZE_V1, &p->err, "zo_part_get_info");
+    if (r < 0)
+        return r;
+    zo_optim_info oi = {.struct_size = sizeof(oi)};
+    zo_optim_get_info(p->inner, &oi);
+    zo_part_info pi = {.struct_size = sizeof(pi)};
+    pi.rank = p->comm.rank;
+    pi.world = p->comm.world;
+    pi.ntensors = p->nt;
+    pi.nbuckets = p->nb;
+    pi.numel = p->numel;
+    pi.shard_numel = p->shard_numel;
+    pi.state_host_bytes = p->fp.host_state_bytes;
+    pi.state_nvme_bytes = p->fp.nvme_state_bytes;
+    pi.pinned_bytes = oi.pinned_bytes;
+    pi.host_bytes = oi.host_bytes + p->own_host_bytes;
+    pi.device_bytes = p->device_bytes;
+    pi.step = oi.step;
+    pi.reduce_scatters = p->n_rs;
+    pi.buckets_in_grad = p->n_rs_grad;
+    pi.all_gathers = p->n_ag;
+    return ZO_STRUCT_OUT(info, &pi, ZO_PART_INFO_SIZE_V1, &p->err, "zo_part_get_info");
+}
+
+/* ---- create / destroy --------------------------------------------------------------- */
+
+void zo_part_destroy(zo_part **pp)
+{
+    if (!pp || !*pp)
+        return;
+    zo_part *p = *pp;
+    *pp = NULL;
+    zo_optim_destroy(&p->inner);
+    if (p->st)
+        zo_stream_destroy(&p->st);
+    if (p->dev) {
+        if (p->flat)
+            zo_dev_free(p->dev, p->flat);
+        if (p->bucket)
+            zo_dev_free(p->dev, p->bucket);
+    }
+    free(p->stage);
+    free(p->sgrad);
+    free(p->gnumel);
+    free(p->goff);
+    free(p->gshard);
+    free(p->slo);
+    free(p->sn);
+    free(p->sgoff);
+    free(p->gcounts);
+    free(p->ginner);
+    free(p->gneed);
+    free(p->ghave);
+    free(p->tnumel);
+    free(p->toff);
+    free(p->tgroup);
+    free(p->tb0);
+    free(p->tb1);
+    free(p->tdev);
+    free(p->tgrad);
+    free(p->tin);
+    free(p->b);
+    free(p->bcounts);
+    free(p);
+}
+
+static int add_bucket(zo_part *p, unsigned *cap, unsigned g, unsigned t0, unsigned t1, uint64_t lo, uint64_t hi)
+{
+    if (p->nb == *cap) {
+        unsigned nc = *cap ? *cap * 2 : 16;
+        pbucket *nbk = realloc(p->b, nc * sizeof(*nbk));
+        if (!nbk)
+            return -ENOMEM;
+        p->b = nbk;
+        *cap = nc;
+    }
+    p->b[p->nb++] = (pbucket){.group = g, .t0 = t0, .t1 = t1, .lo = lo, .hi = hi};
+    p->bmax = ZO_MAX(p->bmax, hi - lo);
+    return 0;
+}
+
+/* Buckets in backward order: groups last to first, tensors last to first,
+ * at most `cap` elements; a larger tensor is cut into pieces, its last
+ * piece first. */
+static int make_buckets(zo_part *p, const zo_optim_config *oc, uint64_t cap)
+{
+    unsigned bcap = 0, first = p->nt;
+    for (unsigned g = oc->ngroups; g-- > 0;) {
+        first -= oc->groups[g].ntensors;
+        unsigned t = first + oc->groups[g].ntensors;
+        while (t-- > first) {
+            int r;
+            if (p->tnumel[t] > cap) {
+                uint64_t pieces = (p->tnumel[t] + cap - 1) / cap;
+                for (uint64_t k = pieces; k-- > 0;) {
+                    uint64_t lo = p->toff[t] + k * cap, hi = ZO_MIN(lo + cap, p->toff[t] + p->tnumel[t]);
+                    if ((r = add_bucket(p, &bcap, g, t, t, lo, hi)) < 0)
+                        return r;
+                }
+                continue;
+            }
+            unsigned t1 = t;
+            uint64_t acc = p->tnumel[t];
+            while (t > first && acc + p->tnumel[t - 1] <= cap)
+                acc += p->tnumel[--t];
+            if ((r = add_bucket(p, &bcap, g, t, t1, p->toff[t], p->toff[t1] + p->tnumel[t1])) < 0)
+                return r;
+        }
+    }
+    unsigned w = p->comm.world, me = p->comm.rank;
+    p->bcounts = calloc((size_t)p->nb * w, sizeof(*p->bcounts));
+    p->tb0 = calloc(p->nt, sizeof(*p->tb0));
+    p->tb1 = calloc(p->nt, sizeof(*p->tb1));
+    if (!p->bcounts || !p->tb0 || !p->tb1)
+        return -ENOMEM;
+    for (unsigned i = 0; i < p->nt; i++)
+        p->tb0[i] = UINT32_MAX;
+    for (unsigned bi = 0; bi < p->nb; bi++) {
+        pbucket *bk = &p->b[bi];
+        bk->counts = p->bcounts + (size_t)bi * w;
+        uint64_t S = p->gshard[bk->group], N = p->gnumel[bk->group];
+        for (unsigned r = 0; r < w; r++) {
+            uint64_t a = ZO_MAX(bk->lo, ZO_MIN((uint64_t)r * S, N)), e = ZO_MIN(bk->hi, ZO_MIN((uint64_t)(r + 1) * S, N));
+            bk->counts[r] = e > a ? e - a : 0;
+        }
+        if (bk->counts[me])
+            p->gneed[bk->group]++;
+        for (unsigned t = bk->t0; t <= bk->t1; t++) {
+            p->tb0[t] = ZO_MIN(p->tb0[t], bi);
+            p->tb1[t] = ZO_MAX(p->tb1[t], bi);
+        }
+    }
+    return 0;
+}
+
+static int check_cfg(zo_part *p, const zo_part_config *cfg, const zo_optim_config *oc)
+{
+    static const char fn[] = "zo_part_create";
+    const zo_comm *c = &p->comm;
+    if (c->world == 0 || c->rank >= c->world)
+        return ZO_FAIL(&p->err, ZO_ECONFIG, "%s: comm rank %u of world %u (world >= 1, rank < world)", fn, c->rank,
+                       c->world);
+    if (c->world > 1 && (!c->reduce_scatter || !c->all_gather || !c->all_reduce))
+        return ZO_FAIL(&p->err, ZO_ECONFIG, "%s: comm callbacks missing (%s%s%s): every one is needed with world %u",
+                       fn, c->reduce_scatter ? "" : "reduce_scatter ", c->all_gather ? "" : "all_gather ",
+                       c->all_reduce ? "" : "all_reduce", c->world);
+    if (cfg->bucket_bytes < PART_MIN_BUCKET)
+        return ZO_FAIL(&p->err, ZO_ECONFIG, "%s: bucket_bytes %" PRIu64 " (>= %u)", fn, cfg->bucket_bytes,
+                       PART_MIN_BUCKET);
+    if (!oc->dev || !oc->groups || !oc->ngroups)
+        return ZO_FAIL(&p->err, -EINVAL, "%s: the template has no device or no groups", fn);
+    if (oc->dpu)
+        return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: dpu (delayed parameter update) is not supported with partitioning "
+                       "yet", fn);
+    if (oc->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE)
+        return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: the speculative clip mode is not supported with partitioning "
+                       "(the global norm is known only after every rank's gradients): use ZO_OPTIM_CLIP_TWO_PASS", fn);
+    if (oc->no_grad == ZO_OPTIM_NO_GRAD_SKIP)
+        return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: ZO_OPTIM_NO_GRAD_SKIP is not supported with partitioning (a shard "
+                       "holds pieces of many tensors, updated together)", fn);
+    if (oc->param_dtype == ZO_DTYPE_COUNT || zo_dtype_size(oc->param_dtype) == 0)
+        return ZO_FAIL(&p->err, ZO_ECONFIG, "%s: param_dtype is not set", fn);
+    for (unsigned g = 0; g < oc->ngroups; g++) {
+        const zo_optim_group *ug = &oc->groups[g];
+        if (ug->struct_size != sizeof(zo_optim_group) || !ug->ntensors || !ug->numel)
+            return ZO_FAIL(&p->err, -EINVAL, "%s: group %u not filled by zo_optim_group_default() or has no tensors",
+                           fn, g);
+        if (!ug->dev_params)
+            return ZO_FAIL(&p->err, ZO_ECONFIG, "%s: group %u has no dev_params: the engine all-gathers the "
+                           "updated params into them", fn, g);
+        for (unsigned i = 0; i < ug->ntensors; i++)
+            if (!ug->numel[i] || !ug->dev_params[i])
+                return ZO_FAIL(&p->err, -EINVAL, "%s: group %u tensor %u: numel 0 or dev_params NULL", fn, g, i);
+    }
+    return 0;
+}
+
+/* The inner engine: one tensor per group of which this rank owns a shard,
+ * its device params inside the flat buffer; fp32 gradients (the averaged
+ * shard gradients, handed over from the host). */
+static int make_inner(zo_part *p, const zo_optim_config *oc, unsigned ninner)
+{
+    unsigned me = p->comm.rank, w = p->comm.world;
+    zo_optim_group *ig = calloc(ninner, sizeof(*ig));
+    uint64_t *inumel = calloc(ninner, sizeof(*inumel));
+    char *iname = calloc(ninner, 64);
+    const char **inp = calloc(ninner, sizeof(*inp));
+    void **idev = calloc(ninner, sizeof(*idev));
+    int r = -ENOMEM;
+    if (!ig || !inumel || !iname || !inp || !idev)
+        goto out;
+    for (unsigned g = 0; g < p->ngroups; g++) {
+        int k = p->ginner[g];
+        if (k < 0)
+            continue;
+        ig[k] = oc->groups[g];
+        inumel[k] = p->sn[g];
+        snprintf(iname + (size_t)k * 64, 64, "g%u.shard.r%uof%u", g, me, w);
+        inp[k] = iname + (size_t)k * 64;
+        idev[k] = (char *)p->flat + (p->goff[g] + p->slo[g]) * p->pes;
+        ig[k].ntensors = 1;
+        ig[k].numel = &inumel[k];
+        ig[k].names = &inp[k];
+        ig[k].dev_params = &idev[k];
+    }
+    zo_optim_config ic = *oc;
+    ic.groups = ig;
+    ic.ngroups = ninner;
+    ic.grad_dtype = ZO_DTYPE_F32;
+    p->fp.struct_size = sizeof(p->fp);
+    zo_optim_estimate(&ic, 0, &p->fp); /* create reports what it refuses */
+    if ((r = zo_optim_create(&p->inner, &ic)) < 0)
+        r = ZO_FAIL(&p->err, r, "zo_part_create: rank %u's engine: %s", me, zo_last_error_detail());
+out:
+    free(ig);
+    free(inumel);
+    free(iname);
+    free(inp);
+    free(idev);
+    return r;
+}
+
+int zo_part_create(zo_part **out, const zo_part_config *ucfg)
+{
+    static const char fn[] = "zo_part_create";
+    if (out)
+        *out = NULL;
+    if (!out || !ucfg)
+        return ZO_FAIL(NULL, -EINVAL, "%s: NULL %s", fn, out ? "cfg" : "out");
+    zo_part *p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    zo_part_config cfg;
+    zo_part_config_default(&cfg);
+    zo_optim_config oc;
+    zo_optim_config_default(&oc);
+    int r = ZO_STRUCT_IN(&cfg, ucfg, sizeof(zo_part_config), &p->err, fn);
+    if (r < 0)
+        goto fail;
+    if (!cfg.optim || !cfg.comm) {
+        r = ZO_FAIL(&p->err, -EINVAL, "%s: no %s", fn, cfg.optim ? "comm" : "optim template");
+        goto fail;
+    }
+    zo_comm_default(&p->comm);
+    if ((r = ZO_STRUCT_IN(&p->comm, cfg.comm, sizeof(zo_comm), &p->err, fn)) < 0 ||
+        (r = ZO_STRUCT_IN(&oc, cfg.optim, offsetof(zo_optim_config, no_grad), &p->err, fn)) < 0 ||
+        (r = check_cfg(p, &cfg, &oc)) < 0)
+        goto fail;
+    unsigned w = p->comm.world, me = p->comm.rank;
+    p->dev = oc.dev;
+    p->host = zo_dev_get_kind(p->dev) == ZO_DEV_HOST;
+    p->pdt = oc.param_dtype;
+    p->gdt = oc.grad_dtype == ZO_DTYPE_COUNT ? oc.param_dtype : oc.grad_dtype;
+    p->pes = zo_dtype_size(p->pdt);
+    p->ges = zo_dtype_size(p->gdt);
+    if (!p->ges) {
+        r = ZO_FAIL(&p->err, ZO_ECONFIG, "%s: grad_dtype %d", fn, (int)oc.grad_dtype);
+        goto fail;
+    }
+    p->accum = oc.grad_accum_steps ? oc.grad_accum_steps : 1;
+    p->ngroups = oc.ngroups;
+    for (unsigned g = 0; g < oc.ngroups; g++)
+        p->nt += oc.groups[g].ntensors;
+    unsigned G = p->ngroups, T = p->nt;
+    p->gnumel = calloc(G, 8);
+    p->goff = calloc(G, 8);
+    p->gshard = calloc(G, 8);
+    p->slo = calloc(G, 8);
+    p->sn = calloc(G, 8);
+    p->sgoff = calloc(G, 8);
+    p->gcounts = calloc((size_t)G * w, 8);
+    p->ginner = calloc(G, sizeof(int));
+    p->gneed = calloc(G, sizeof(unsigned));
+    p->ghave = calloc(G, sizeof(unsigned));
+    p->tnumel = calloc(T, 8);
+    p->toff = calloc(T, 8);
+    p->tgroup = calloc(T, sizeof(unsigned));
+    p->tdev = calloc(T, sizeof(void *));
+    p->tgrad = calloc(T, sizeof(void *));
+    p->tin = calloc(T, 1);
+    if (!p->gnumel || !p->goff || !p->gshard || !p->slo || !p->sn || !p->sgoff || !p->gcounts || !p->ginner ||
+        !p->gneed || !p->ghave || !p->tnumel || !p->toff || !p->tgroup || !p->tdev || !p->tgrad || !p->tin) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    /* layout: each group flat, cut into world shards of S (even) elements */
+    uint64_t h = zo__fnv1a(0xcbf29ce484222325ull, &w, sizeof(w)), flat = 0;
+    h = zo__fnv1a(h, &G, sizeof(G));
+    unsigned ti = 0, ninner = 0;
+    for (unsigned g = 0; g < G; g++) {
+        const zo_optim_group *ug = &oc.groups[g];
+        uint64_t n = 0;
+        for (unsigned i = 0; i < ug->ntensors; i++, ti++) {
+            p->tnumel[ti] = ug->numel[i];
+            p->toff[ti] = n;
+            p->tgroup[ti] = g;
+            p->tdev[ti] = ug->dev_params[i];
+            n += ug->numel[i];
+            char nm[48];
+            if (ug->names && ug->names[i])
+                h = zo__fnv1a(h, ug->names[i], strlen(ug->names[i]) + 1);
+            else
+                h = zo__fnv1a(h, nm, (size_t)snprintf(nm, sizeof(nm), "g%u.t%u", g, i) + 1);
+            h = zo__fnv1a(h, &ug->numel[i], 8);
+        }
+        p->gnumel[g] = n;
+        p->goff[g] = flat;
+        flat += n;
+        uint64_t S = (n + w - 1) / w;
+        S += S & 1;
+        p->gshard[g] = S;
+        for (unsigned k = 0; k < w; k++) {
+            uint64_t a = ZO_MIN((uint64_t)k * S, n), e = ZO_MIN((uint64_t)(k + 1) * S, n);
+            p->gcounts[(size_t)g * w + k] = e - a;
+        }
+        p->slo[g] = ZO_MIN((uint64_t)me * S, n);
+        p->sn[g] = p->gcounts[(size_t)g * w + me];
+        p->sgoff[g] = p->shard_numel;
+        p->shard_numel += p->sn[g];
+        p->ginner[g] = p->sn[g] ? (int)ninner++ : -1;
+    }
+    p->numel = flat;
+    p->layout_fp = h;
+    /* every rank must own something (the last rank owns the least of every group) */
+    uint64_t last = 0;
+    for (unsigned g = 0; g < G; g++)
+        last += p->gcounts[(size_t)g * w + w - 1];
+    if (!last) {
+        r = ZO_FAIL(&p->err, ZO_ECONFIG, "%s: the model (%" PRIu64 " elements) is too small for %u ranks: rank %u "
+                    "would own nothing", fn, flat, w, w - 1);
+        goto fail;
+    }
+    if ((r = zo_dev_malloc(p->dev, &p->flat, (size_t)(flat * p->pes))) < 0) {
+        p->flat = NULL;
+        r = ZO_FAIL(&p->err, r, "%s: flat params (%" PRIu64 " bytes): %s", fn, flat * p->pes, zo_dev_errmsg(p->dev));
+        goto fail;
+    }
+    if ((r = make_buckets(p, &oc, ZO_MAX(cfg.bucket_bytes / p->ges, (uint64_t)1))) < 0)
+        goto fail;
+    if ((r = zo_dev_malloc(p->dev, &p->bucket, (size_t)(p->bmax * p->ges))) < 0) {
+        p->bucket = NULL;
+        r = ZO_FAIL(&p->err, r, "%s: gradient bucket (%" PRIu64 " bytes): %s", fn, p->bmax * p->ges,
+                    zo_dev_errmsg(p->dev));
+        goto fail;
+    }
+    p->device_bytes = flat * p->pes + p->bmax * p->ges;
+    p->sgrad = calloc(p->shard_numel, sizeof(float));
+    if (!p->sgrad || (!p->host && !(p->stage = malloc((size_t)(p->bmax * p->ges))))) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    p->own_host_bytes = p->shard_numel * 4 + (p->host ? 0 : p->bmax * p->ges);
+    if ((r = zo_stream_create(p->dev, &p->st)) < 0) {
+        r = ZO_FAIL(&p->err, r, "%s: stream: %s", fn, zo_dev_errmsg(p->dev));
+        goto fail;
+    }
+    if ((r = make_inner(p, &oc, ninner)) < 0)
+        goto fail;
+    *out = p;
+    return 0;
+fail:
+    zo_part_destroy(&p);
+    return r;
+}

@@ -1,0 +1,949 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * zo_part, the partitioned engine of many ranks (include/zoffload/part.h),
+ * on the host device backend with real processes and real collectives: the
+ * ranks are forked processes, and the comm passed to them (the "external"
+ * comm, as a framework passes its own) runs over POSIX shared memory mapped
+ * before the fork, with a process-shared barrier. Every reduction adds the
+ * ranks' values in rank order 0..world-1, so the results are the same bits
+ * on every rank and can be compared bit for bit with a single-rank zo_optim
+ * fed the averaged gradients (the sum in rank order divided by world in
+ * fp32: what zo_part documents).
+ */
+#include <math.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <zoffload/zoffload.h>
+
+#include "zo_test.h"
+
+#define NTHREADS 2
+#define SGSIZE 65536u
+#define MAXW 3
+
+/* the model (as test_optim's): group 0 AdamW with decoupled decay, small
+ * tensors packed and a large one cut across buckets and sub-groups; group
+ * 1 Adam with L2 decay */
+static const uint64_t g0_numel[] = {1000, 70000, 3, 130001};
+static const uint64_t g1_numel[] = {4097, 51};
+#define NT0 4
+#define NT1 2
+#define NT (NT0 + NT1)
+static const char *const tnames[NT] = {"embed", "w1", "bias", "w2", "head", "norm"};
+
+static uint64_t numel_of(int i)
+{
+    return i < NT0 ? g0_numel[i] : g1_numel[i - NT0];
+}
+
+static uint64_t off_of(int i)
+{
+    uint64_t o = 0;
+    for (int k = 0; k < i; k++)
+        o += numel_of(k);
+    return o;
+}
+
+#define TOTAL (1000 + 70000 + 3 + 130001 + 4097 + 51)
+
+static void put(void *buf, zo_dtype dt, uint64_t i, float f)
+{
+    if (dt == ZO_DTYPE_F32)
+        ((float *)buf)[i] = f;
+    else if (dt == ZO_DTYPE_BF16)
+        ((uint16_t *)buf)[i] = zo_f32_to_bf16(f);
+    else
+        ((uint16_t *)buf)[i] = zo_f32_to_f16(f);
+}
+
+static float get(const void *buf, zo_dtype dt, uint64_t i)
+{
+    if (dt == ZO_DTYPE_F32)
+        return ((const float *)buf)[i];
+    if (dt == ZO_DTYPE_BF16)
+        return zo_bf16_to_f32(((const uint16_t *)buf)[i]);
+    return zo_f16_to_f32(((const uint16_t *)buf)[i]);
+}
+
+static float init_param(uint64_t e)
+{
+    return (float)(0.5 * cos(0.001 * (double)e + 0.3));
+}
+
+/* rank r's gradient of element e in micro-step ms, from the params its
+ * forward saw (so a wrong all-gather shows). Odd micro-steps are large
+ * (clipped at max norm 1), even ones small. */
+static float grad_value(uint64_t e, int ms, unsigned rank, float param_seen, int inf_ms, double scale)
+{
+    if (inf_ms > 0 && ms == inf_ms && rank == 1 && e == 5)
+        return INFINITY;
+    double amp = (ms % 2) ? 1e-2 : 1e-3;
+    return (float)(scale * amp * (sin(0.003 * (double)e + 0.7 * ms + 1.3 * rank) + param_seen));
+}
+
+/* ---- the shared-memory comm --------------------------------------------------------- */
+
+typedef struct shm {
+    pthread_barrier_t bar;
+    unsigned world;
+    size_t slot;       /* bytes per rank */
+    size_t res_bytes;  /* bytes of each rank's result area */
+} shm;
+
+typedef struct shm_rank {
+    shm *h;
+    unsigned rank;
+    char *slots, *res;
+} shm_rank;
+
+static char *slot_of(shm_rank *c, unsigned r)
+{
+    return c->slots + (size_t)r * c->h->slot;
+}
+
+static int shm_wait(shm_rank *c)
+{
+    int r = pthread_barrier_wait(&c->h->bar);
+    return r == 0 || r == PTHREAD_BARRIER_SERIAL_THREAD ? 0 : -r;
+}
+
+static float elem(const char *s, zo_dtype dt, uint64_t i)
+{
+    return get(s, dt, i);
+}
+
+static int shm_reduce_scatter(void *user, void *buf, const uint64_t *counts, zo_dtype dt)
+{
+    shm_rank *c = user;
+    unsigned w = c->h->world;
+    size_t es = zo_dtype_size(dt);
+    uint64_t total = 0, off = 0;
+    for (unsigned r = 0; r < w; r++) {
+        if (r < c->rank)
+            off += counts[r];
+        total += counts[r];
+    }
+    if (total * es > c->h->slot)
+        return -E2BIG;
+    memcpy(slot_of(c, c->rank), buf, total * es);
+    int rc = shm_wait(c);
+    if (rc)
+        return rc;
+    for (uint64_t i = off; i < off + counts[c->rank]; i++) {
+        float acc = elem(slot_of(c, 0), dt, i); /* rank order, in fp32, one rounding to dt */
+        for (unsigned r = 1; r < w; r++)
+            acc += elem(slot_of(c, r), dt, i);
+        put(buf, dt, i, acc);
+    }
+    return shm_wait(c);
+}
+
+static int shm_all_gather(void *user, void *buf, const uint64_t *counts, zo_dtype dt)
+{
+    shm_rank *c = user;
+    unsigned w = c->h->world;
+    size_t es = zo_dtype_size(dt);
+    uint64_t offs[MAXW + 1] = {0};
+    for (unsigned r = 0; r < w; r++)
+        offs[r + 1] = offs[r] + counts[r];
+    if (offs[w] * es > c->h->slot)
+        return -E2BIG;
+    memcpy(slot_of(c, c->rank) + offs[c->rank] * es, (char *)buf + offs[c->rank] * es, counts[c->rank] * es);
+    int rc = shm_wait(c);
+    if (rc)
+        return rc;
+    for (unsigned r = 0; r < w; r++)
+        if (r != c->rank)
+            memcpy((char *)buf + offs[r] * es, slot_of(c, r) + offs[r] * es, counts[r] * es);
+    return shm_wait(c);
+}
+
+static int shm_all_reduce(void *user, double *vals, unsigned n, int op)
+{
+    shm_rank *c = user;
+    memcpy(slot_of(c, c->rank), vals, n * sizeof(double));
+    int rc = shm_wait(c);
+    if (rc)
+        return rc;
+    for (unsigned i = 0; i < n; i++) {
+        double acc = ((double *)slot_of(c, 0))[i];
+        for (unsigned r = 1; r < c->h->world; r++) {
+            double v = ((double *)slot_of(c, r))[i];
+            acc = op == ZO_COMM_SUM ? acc + v : (v > acc || isnan(v) ? v : acc);
+        }
+        vals[i] = acc;
+    }
+    return shm_wait(c);
+}
+
+/* A comm of the external kind: the caller's three callbacks. */
+static void comm_fill(zo_comm *c, unsigned rank, unsigned world, void *user,
+                      int (*rs)(void *, void *, const uint64_t *, zo_dtype),
+                      int (*ag)(void *, void *, const uint64_t *, zo_dtype), int (*ar)(void *, double *, unsigned, int))
+{
+    zo_comm_default(c);
+    c->rank = rank;
+    c->world = world;
+    c->user = user;
+    c->reduce_scatter = rs;
+    c->all_gather = ag;
+    c->all_reduce = ar;
+}
+
+/* ---- running ranks as processes ---------------------------------------------------- */
+
+typedef struct rank_status {
+    int rc;
+    char msg[512];
+} rank_status;
+
+/* One rank's program: 0, or nonzero with a message in st->msg. */
+typedef int (*rank_fn)(zo_comm *comm, char *res, void *arg, rank_status *st);
+
+#define FAILR(st, ...)                                             \
+    do {                                                           \
+        snprintf((st)->msg, sizeof((st)->msg), __VA_ARGS__);       \
+        return 1;                                                  \
+    } while (0)
+
+typedef struct run {
+    shm *h;
+    size_t bytes;
+    char *slots, *res;
+    rank_status *status;
+} run;
+
+/* Run fn on `world` forked ranks; every rank must return 0. The result
+ * areas (res_bytes each) stay readable in *out until run_free(). */
+static void run_ranks(run *out, unsigned world, size_t res_bytes, rank_fn fn, void *arg)
+{
+    size_t slot = (size_t)TOTAL * 4 + 4096;
+    size_t bytes = 4096 + world * (slot + res_bytes + sizeof(rank_status)) + 4096;
+    void *mem = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ck_assert_ptr_ne(mem, MAP_FAILED);
+    shm *h = mem;
+    h->world = world;
+    h->slot = slot;
+    h->res_bytes = res_bytes;
+    pthread_barrierattr_t ba;
+    pthread_barrierattr_init(&ba);
+    pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
+    ck_assert_int_eq(pthread_barrier_init(&h->bar, &ba, world), 0);
+    pthread_barrierattr_destroy(&ba);
+    out->h = h;
+    out->bytes = bytes;
+    out->slots = (char *)mem + 4096;
+    out->res = out->slots + world * slot;
+    out->status = (rank_status *)(out->res + world * res_bytes);
+    pid_t pids[MAXW];
+    for (unsigned r = 0; r < world; r++) {
+        pids[r] = fork();
+        ck_assert_int_ge(pids[r], 0);
+        if (pids[r] == 0) {
+            alarm(240); /* a rank left waiting at a barrier must not hang the suite */
+            shm_rank c = {.h = h, .rank = r, .slots = out->slots};
+            zo_comm comm;
+            comm_fill(&comm, r, world, &c, shm_reduce_scatter, shm_all_gather, shm_all_reduce);
+            rank_status *st = &out->status[r];
+            st->rc = fn(&comm, out->res + r * res_bytes, arg, st);
+            _exit(st->rc ? 1 : 0);
+        }
+    }
+    for (unsigned r = 0; r < world; r++) {
+        int ws = 0;
+        ck_assert_int_eq(waitpid(pids[r], &ws, 0), pids[r]);
+        ck_assert_msg(WIFEXITED(ws) && WEXITSTATUS(ws) == 0, "rank %u of %u: %s (status 0x%x)", r, world,
+                      out->status[r].msg[0] ? out->status[r].msg : "died", ws);
+    }
+}
+
+static char *run_res(run *rn, unsigned r)
+{
+    return rn->res + r * rn->h->res_bytes;
+}
+
+static void run_free(run *rn)
+{
+    pthread_barrier_destroy(&rn->h->bar);
+    munmap(rn->h, rn->bytes);
+}
+
+/* ---- one configuration ------------------------------------------------------------- */
+
+typedef struct pcase {
+    unsigned world;
+    zo_dtype pdt;
+    zo_optim_placement place;
+    unsigned accum;
+    int steps;
+    uint64_t bucket;
+    int inf_ms; /* > 0: rank 1's gradient of element 5 (in rank 0's shard) is inf in this micro-step */
+    int mixed;  /* rank 1 hands gradients over in forward order, and tensor 2 gets none in micro-step 1 */
+} pcase;
+
+/* Whether tensor i gets a gradient in micro-step ms. */
+static int has_grad(const pcase *pc, int i, int ms)
+{
+    return !(pc->mixed && ms == 1 && i == 2);
+}
+
+/* A rank's (or the reference's) model: device params and gradients, the
+ * engine template. */
+typedef struct mdl {
+    zo_dev *dev;
+    zo_dtype pdt;
+    void *dparam[NT];
+    float *dgrad[NT];
+    const char *names[NT];
+    zo_optim_group grp[2];
+    zo_cpuadam_hparams hp[2];
+    zo_optim_config cfg;
+} mdl;
+
+static int mdl_init(mdl *m, const pcase *pc, const char *nvme)
+{
+    memset(m, 0, sizeof(*m));
+    m->pdt = pc->pdt;
+    if (zo_dev_open(&m->dev, NULL) < 0)
+        return -1;
+    size_t pes = zo_dtype_size(pc->pdt);
+    for (int i = 0; i < NT; i++) {
+        if (zo_dev_malloc(m->dev, &m->dparam[i], numel_of(i) * pes) < 0 ||
+            zo_dev_malloc(m->dev, (void **)&m->dgrad[i], numel_of(i) * 4) < 0)
+            return -1;
+        for (uint64_t k = 0; k < numel_of(i); k++)
+            put(m->dparam[i], pc->pdt, k, init_param(off_of(i) + k));
+        m->names[i] = tnames[i];
+    }
+    zo_cpuadam_hparams_default(&m->hp[0], ZO_OPTIM_ADAMW);
+    m->hp[0].lr = 1e-2;
+    m->hp[0].weight_decay = 0.1;
+    zo_cpuadam_hparams_default(&m->hp[1], ZO_OPTIM_ADAM);
+    m->hp[1].lr = 5e-3;
+    m->hp[1].weight_decay = 1e-2;
+    zo_optim_config_default(&m->cfg);
+    m->cfg.dev = m->dev;
+    m->cfg.param_dtype = pc->pdt;
+    m->cfg.grad_dtype = ZO_DTYPE_F32;
+    m->cfg.sub_group_size = SGSIZE;
+    m->cfg.nthreads = NTHREADS;
+    m->cfg.max_grad_norm = 1.0;
+    m->cfg.grad_accum_steps = pc->accum;
+    m->cfg.placement = pc->place;
+    m->cfg.nvme_path = nvme;
+    m->cfg.nonfinite = pc->inf_ms > 0 ? ZO_OPTIM_NONFINITE_SKIP : ZO_OPTIM_NONFINITE_ERROR;
+    for (int g = 0; g < 2; g++) {
+        zo_optim_group_default(&m->grp[g]);
+        m->grp[g].ntensors = g ? NT1 : NT0;
+        m->grp[g].numel = g ? g1_numel : g0_numel;
+        m->grp[g].names = m->names + (g ? NT0 : 0);
+        m->grp[g].dev_params = m->dparam + (g ? NT0 : 0);
+        m->grp[g].hparams = &m->hp[g];
+    }
+    m->cfg.groups = m->grp;
+    m->cfg.ngroups = 2;
+    return 0;
+}
+
+static void mdl_free(mdl *m)
+{
+    for (int i = 0; i < NT; i++) {
+        zo_dev_free(m->dev, m->dparam[i]);
+        zo_dev_free(m->dev, m->dgrad[i]);
+    }
+    zo_dev_close(&m->dev);
+}
+
+/* Rank r's gradient of tensor i for micro-step ms, from the params it holds
+ * now, times the loss scale (fp16). */
+static void fill_grad(mdl *m, int i, int ms, unsigned rank, int inf_ms, double scale)
+{
+    for (uint64_t k = 0; k < numel_of(i); k++)
+        m->dgrad[i][k] = grad_value(off_of(i) + k, ms, rank, get(m->dparam[i], m->pdt, k), inf_ms, scale);
+}
+
+/* The result area of a rank. */
+#define MAXSTEPS 8
+typedef struct rank_res {
+    zo_part_info info;
+    double grad_norm[MAXSTEPS], clip_coef[MAXSTEPS], loss_scale[MAXSTEPS];
+    int clipped[MAXSTEPS], skipped[MAXSTEPS];
+    uint64_t single_state_bytes;
+    float params[TOTAL];
+} rank_res;
+
+typedef struct train_arg {
+    const pcase *pc;
+    const char *nvme;
+    const char *ckroot; /* checkpoint test: save after `save_at` steps */
+    int save_at;
+} train_arg;
+
+static void snapshot(mdl *m, float *out)
+{
+    for (int i = 0; i < NT; i++)
+        for (uint64_t k = 0; k < numel_of(i); k++)
+            out[off_of(i) + k] = get(m->dparam[i], m->pdt, k);
+}
+
+static void record(rank_res *res, int s, const zo_optim_step_result *sr)
+{
+    res->grad_norm[s] = sr->grad_norm;
+    res->clip_coef[s] = sr->clip_coef;
+    res->clipped[s] = sr->clipped;
+    res->skipped[s] = sr->skipped;
+    res->loss_scale[s] = sr->loss_scale;
+}
+
+/* Train steps [from, to) on p; backward hands tensors over last to first. */
+static int train(zo_part *p, mdl *m, unsigned rank, const pcase *pc, int from, int to, rank_res *res,
+                 rank_status *st)
+{
+    for (int s = from; s < to; s++) {
+        for (unsigned a = 0; a < pc->accum; a++) {
+            int ms = s * (int)pc->accum + (int)a;
+            double scale = zo_part_loss_scale(p);
+            for (int k = 0; k < NT; k++) {
+                int i = pc->mixed && rank == 1 ? k : NT - 1 - k;
+                if (!has_grad(pc, i, ms))
+                    continue;
+                fill_grad(m, i, ms, rank, pc->inf_ms, scale);
+                int r = zo_part_grad(p, (unsigned)i, m->dgrad[i], NULL);
+                if (r)
+                    FAILR(st, "rank %u grad %d: %s (%s)", rank, i, zo_strerror(r), zo_part_errmsg(p));
+            }
+            zo_optim_step_result sr = {.struct_size = sizeof(sr)};
+            int r = zo_part_step(p, &sr);
+            if (r)
+                FAILR(st, "rank %u step %d: %s (%s)", rank, s, zo_strerror(r), zo_part_errmsg(p));
+            if (sr.boundary != (a + 1 == pc->accum))
+                FAILR(st, "rank %u step %d micro %u: boundary %d", rank, s, a, sr.boundary);
+            if (sr.boundary && res && s < MAXSTEPS)
+                record(res, s, &sr);
+        }
+    }
+    return 0;
+}
+
+static int part_open(zo_part **p, mdl *m, zo_comm *comm, const pcase *pc, rank_status *st)
+{
+    zo_part_config pcfg;
+    zo_part_config_default(&pcfg);
+    pcfg.optim = &m->cfg;
+    pcfg.comm = comm;
+    pcfg.bucket_bytes = pc->bucket;
+    int r = zo_part_create(p, &pcfg);
+    if (r)
+        FAILR(st, "rank %u create: %s (%s)", comm->rank, zo_strerror(r), zo_last_error_detail());
+    return 0;
+}
+
+static int rank_train(zo_comm *comm, char *resb, void *argp, rank_status *st)
+{
+    train_arg *ta = argp;
+    const pcase *pc = ta->pc;
+    rank_res *res = (rank_res *)resb;
+    mdl m;
+    if (mdl_init(&m, pc, ta->nvme) < 0)
+        FAILR(st, "rank %u: model", comm->rank);
+    zo_part *p = NULL;
+    if (part_open(&p, &m, comm, pc, st))
+        return 1;
+    int r = zo_part_init_from_device(p);
+    if (r)
+        FAILR(st, "rank %u init: %s (%s)", comm->rank, zo_strerror(r), zo_part_errmsg(p));
+    if (train(p, &m, comm->rank, pc, 0, pc->steps, res, st))
+        return 1;
+    res->info.struct_size = sizeof(res->info);
+    if ((r = zo_part_get_info(p, &res->info)) != 0)
+        FAILR(st, "info: %s", zo_strerror(r));
+    /* the single-rank engine's state bytes, for the per-rank share */
+    zo_optim_footprint f = {.struct_size = sizeof(f)};
+    zo_optim_estimate(&m.cfg, 0, &f);
+    res->single_state_bytes = f.host_state_bytes + f.nvme_state_bytes;
+    snapshot(&m, res->params);
+    zo_part_destroy(&p);
+    mdl_free(&m);
+    return 0;
+}
+
+/* The single-rank reference: zo_optim fed the averaged gradients (the sum
+ * in rank order, divided by world in fp32), the same steps. */
+static void reference(const pcase *pc, const char *nvme, int steps, rank_res *out)
+{
+    mdl m;
+    ck_assert_int_eq(mdl_init(&m, pc, nvme), 0);
+    zo_optim *o = NULL;
+    int r = zo_optim_create(&o, &m.cfg);
+    ck_assert_msg(r == 0, "reference create: %s (%s)", zo_strerror(r), zo_last_error_detail());
+    ck_assert_int_eq(zo_optim_init_from_device(o), 0);
+    float *tmp = malloc(130001 * 4);
+    for (int s = 0; s < steps; s++) {
+        for (unsigned a = 0; a < pc->accum; a++) {
+            int ms = s * (int)pc->accum + (int)a;
+            double scale = zo_optim_loss_scale(o);
+            for (int i = NT - 1; i >= 0; i--) {
+                for (uint64_t k = 0; k < numel_of(i); k++) {
+                    float p = get(m.dparam[i], m.pdt, k), acc = grad_value(off_of(i) + k, ms, 0, p, pc->inf_ms, scale);
+                    for (unsigned rk = 1; rk < pc->world; rk++)
+                        acc += grad_value(off_of(i) + k, ms, rk, p, pc->inf_ms, scale);
+                    tmp[k] = acc;
+                }
+                for (uint64_t k = 0; k < numel_of(i); k++)
+                    m.dgrad[i][k] = tmp[k] / (float)pc->world;
+                if (has_grad(pc, i, ms))
+                    ck_assert_int_eq(zo_optim_grad(o, (unsigned)i, m.dgrad[i], NULL), 0);
+            }
+            zo_optim_step_result sr = {.struct_size = sizeof(sr)};
+            r = zo_optim_step(o, NULL, &sr);
+            ck_assert_msg(r == 0, "reference step: %s (%s)", zo_strerror(r), zo_optim_errmsg(o));
+            if (sr.boundary && s < MAXSTEPS)
+                record(out, s, &sr);
+        }
+    }
+    free(tmp);
+    snapshot(&m, out->params);
+    zo_optim_destroy(&o);
+    mdl_free(&m);
+}
+
+static const pcase cases[] = {
+    {2, ZO_DTYPE_F32, ZO_OPTIM_PLACE_HOST, 1, 5, 64 << 10},
+    {3, ZO_DTYPE_BF16, ZO_OPTIM_PLACE_HOST, 2, 4, 64 << 10},
+    {2, ZO_DTYPE_BF16, ZO_OPTIM_PLACE_NVME, 1, 4, 256 << 10},
+    {3, ZO_DTYPE_F32, ZO_OPTIM_PLACE_NVME, 1, 4, 25 << 20},
+    /* an inf in one rank's gradient, in another rank's shard: every rank
+     * skips the step (bf16, ZO_OPTIM_NONFINITE_SKIP) */
+    {2, ZO_DTYPE_BF16, ZO_OPTIM_PLACE_HOST, 1, 4, 64 << 10, 1},
+    /* fp16 with the dynamic loss scaler: the skip and the scale agree */
+    {3, ZO_DTYPE_F16, ZO_OPTIM_PLACE_HOST, 1, 5, 64 << 10, 2},
+    /* the ranks' hooks fire in different orders, and a tensor gets no
+     * gradient in one micro-step (zero, as a single rank's): buckets are
+     * reduced in bucket order all the same */
+    {2, ZO_DTYPE_F32, ZO_OPTIM_PLACE_HOST, 2, 3, 64 << 10, 0, 1},
+};
+
+/* World ranks, each feeding its own gradients, end with the parameters of a
+ * single-rank engine fed the averaged gradients: bit for bit, clipping
+ * (the global norm) and weight decay included; every rank the same. */
+START_TEST(test_part_matches_single)
+{
+    const pcase *pc = &cases[_i];
+    char dir[4096];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    train_arg ta = {.pc = pc, .nvme = dir};
+    run rn;
+    run_ranks(&rn, pc->world, sizeof(rank_res), rank_train, &ta);
+    rank_res *ref = calloc(1, sizeof(*ref));
+    reference(pc, dir, pc->steps, ref);
+    int nclipped = 0, nskipped = 0;
+    double maxrel = 0;
+    for (unsigned r = 0; r < pc->world; r++) {
+        rank_res *rr = (rank_res *)run_res(&rn, r);
+        for (int s = 0; s < pc->steps; s++) {
+            ck_assert_int_eq(rr->skipped[s], ref->skipped[s]);
+            ck_assert_msg(rr->loss_scale[s] == ref->loss_scale[s], "case %d rank %u step %d: loss scale %g, %g", _i, r,
+                          s, rr->loss_scale[s], ref->loss_scale[s]);
+            nskipped += r == 0 && rr->skipped[s];
+            if (rr->skipped[s]) {
+                ck_assert(!isfinite(rr->grad_norm[s]) && !isfinite(ref->grad_norm[s]));
+                continue;
+            }
+            /* the global norm: the ranks' partial sums of squares added in
+             * rank order; the reference sums its sub-groups: the same up to
+             * double rounding */
+            ck_assert_msg(fabs(rr->grad_norm[s] - ref->grad_norm[s]) <= 1e-12 * ref->grad_norm[s],
+                          "case %d rank %u step %d: norm %.17g, single rank %.17g", _i, r, s, rr->grad_norm[s],
+                          ref->grad_norm[s]);
+            ck_assert_int_eq(rr->clipped[s], ref->clipped[s]);
+            ck_assert_msg((float)rr->clip_coef[s] == (float)ref->clip_coef[s],
+                          "case %d rank %u step %d: clip coefficient %.17g, single rank %.17g", _i, r, s,
+                          rr->clip_coef[s], ref->clip_coef[s]);
+            nclipped += r == 0 && rr->clipped[s];
+            maxrel = fmax(maxrel, fabs(rr->grad_norm[s] - ref->grad_norm[s]) / ref->grad_norm[s]);
+        }
+        for (uint64_t e = 0; e < TOTAL; e++)
+            ZO_EXPECT(memcmp(&rr->params[e], &ref->params[e], 4) == 0,
+                      "case %d rank %u element %llu: %a, single rank %a", _i, r, (unsigned long long)e,
+                      (double)rr->params[e], (double)ref->params[e]);
+        /* the buckets were reduced as backward handed them over */
+        const zo_part_info *in = &rr->info;
+        uint64_t micro = (uint64_t)pc->steps * pc->accum;
+        ck_assert_uint_eq(in->reduce_scatters, in->nbuckets * micro);
+        if (pc->mixed) /* rank 1's early tensors wait for the last ones */
+            ck_assert_uint_lt(in->buckets_in_grad, in->nbuckets * micro);
+        else
+            ck_assert_uint_eq(in->buckets_in_grad, in->nbuckets * micro);
+        unsigned skips = 0;
+        for (int s = 0; s < pc->steps; s++)
+            skips += (unsigned)rr->skipped[s];
+        ck_assert_uint_eq(in->all_gathers, 2u * (pc->steps + 1 - skips)); /* none after a skipped step */
+        ck_assert_uint_eq(in->rank, r);
+        ck_assert_uint_eq(in->world, pc->world);
+        ck_assert_uint_eq(in->numel, TOTAL);
+        ck_assert_int_eq(in->step, pc->steps - (int)skips);
+        /* each rank holds its share of the states: 1/world of the single
+         * engine's, up to the 4 KiB rounding of each sub-group's arrays
+         * (host) or 1 MiB (NVMe swap extents) */
+        uint64_t mine = in->state_host_bytes + in->state_nvme_bytes, share = rr->single_state_bytes / pc->world;
+        uint64_t slack = (pc->place == ZO_OPTIM_PLACE_HOST ? 4096u : 1u << 20) * 3u * 8u;
+        fprintf(stderr, "case %d rank %u/%u: %llu state bytes (%s), single rank %llu, share %llu; shard %llu of %llu "
+                "elements; %u buckets\n", _i, r, pc->world, (unsigned long long)mine,
+                pc->place == ZO_OPTIM_PLACE_HOST ? "host" : "nvme", (unsigned long long)rr->single_state_bytes,
+                (unsigned long long)share, (unsigned long long)in->shard_numel, (unsigned long long)in->numel,
+                in->nbuckets);
+        ck_assert_msg(mine <= share + slack && mine + slack >= share, "rank %u: %llu state bytes, share %llu", r,
+                      (unsigned long long)mine, (unsigned long long)share);
+        if (pc->place == ZO_OPTIM_PLACE_HOST)
+            ck_assert_msg(mine * 100 <= rr->single_state_bytes * 100 / pc->world + rr->single_state_bytes * 3,
+                          "rank %u: %llu state bytes is not about 1/%u of %llu", r, (unsigned long long)mine,
+                          pc->world, (unsigned long long)rr->single_state_bytes);
+    }
+    ck_assert_int_gt(nclipped, 0); /* clipping by the global norm was exercised */
+    ck_assert_int_eq(nskipped, pc->inf_ms > 0);   /* and the global skip, where an inf was fed */
+    fprintf(stderr, "case %d: global norm vs single rank: largest relative difference %.3g\n", _i, maxrel);
+    free(ref);
+    run_free(&rn);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* ---- a comm that fails, and bad configurations (one process) ------------------------ */
+
+typedef struct fake {
+    int fail_rs, fail_ag, fail_ar;
+} fake;
+
+static int fake_rs(void *u, void *buf, const uint64_t *counts, zo_dtype dt)
+{
+    (void)buf, (void)counts, (void)dt;
+    return ((fake *)u)->fail_rs;
+}
+
+static int fake_ag(void *u, void *buf, const uint64_t *counts, zo_dtype dt)
+{
+    (void)buf, (void)counts, (void)dt;
+    return ((fake *)u)->fail_ag;
+}
+
+static int fake_ar(void *u, double *vals, unsigned n, int op)
+{
+    (void)vals, (void)n, (void)op;
+    return ((fake *)u)->fail_ar;
+}
+
+static void fake_comm(zo_comm *c, fake *f, unsigned rank, unsigned world)
+{
+    comm_fill(c, rank, world, f, fake_rs, fake_ag, fake_ar);
+}
+
+/* A one-process engine configuration over a fake comm (not created). */
+static void fake_setup(mdl *m, const pcase *pc, const char *nvme, fake *f, zo_comm *c, zo_part_config *pcfg)
+{
+    ck_assert_int_eq(mdl_init(m, pc, nvme), 0);
+    memset(f, 0, sizeof(*f));
+    fake_comm(c, f, 0, 2);
+    zo_part_config_default(pcfg);
+    pcfg->optim = &m->cfg;
+    pcfg->comm = c;
+    pcfg->bucket_bytes = 64 << 10;
+}
+
+static const pcase one = {2, ZO_DTYPE_F32, ZO_OPTIM_PLACE_HOST, 1, 1, 64 << 10};
+
+static int hand_all(zo_part *p, mdl *m)
+{
+    for (int i = NT - 1; i >= 0; i--) {
+        fill_grad(m, i, 1, 0, 0, 1.0);
+        int r = zo_part_grad(p, (unsigned)i, m->dgrad[i], NULL);
+        if (r)
+            return r;
+    }
+    return 0;
+}
+
+START_TEST(test_part_comm_fails)
+{
+    mdl m;
+    fake f;
+    zo_comm c;
+    zo_part_config pcfg;
+    fake_setup(&m, &one, NULL, &f, &c, &pcfg);
+    zo_part *p = NULL;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), 0);
+    ck_assert_int_eq(zo_part_init_from_device(p), 0);
+    ck_assert_int_eq(hand_all(p, &m), 0);
+    ck_assert_int_eq(zo_part_step(p, NULL), 0);
+
+    /* the all-reduce of the norm fails: the step fails with its error */
+    f.fail_ar = -ETIMEDOUT;
+    ck_assert_int_eq(hand_all(p, &m), 0);
+    int r = zo_part_step(p, NULL);
+    ck_assert_int_eq(r, -ETIMEDOUT);
+    ck_assert_msg(strstr(zo_part_errmsg(p), "all_reduce") && strstr(zo_part_errmsg(p), "rank 0 of 2"), "%s",
+                  zo_part_errmsg(p));
+    /* out of step: refused until an init (or load) */
+    f.fail_ar = 0;
+    ck_assert_int_eq(zo_part_grad(p, 0, m.dgrad[0], NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_part_step(p, NULL), ZO_ESTATE);
+    ck_assert_ptr_nonnull(strstr(zo_part_errmsg(p), "out of step"));
+    ck_assert_int_eq(zo_part_save(p, "/nonexistent", "x", 0, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_part_init_from_device(p), 0);
+    ck_assert_int_eq(hand_all(p, &m), 0);
+    ck_assert_int_eq(zo_part_step(p, NULL), 0);
+
+    /* a reduce-scatter fails: the gradient that completed the bucket (the
+     * last group's two tensors) fails */
+    f.fail_rs = -EIO;
+    ck_assert_int_eq(zo_part_grad(p, NT - 1, m.dgrad[NT - 1], NULL), 0);
+    r = zo_part_grad(p, NT - 2, m.dgrad[NT - 2], NULL);
+    ck_assert_int_eq(r, -EIO);
+    ck_assert_ptr_nonnull(strstr(zo_part_errmsg(p), "reduce_scatter"));
+    f.fail_rs = 0;
+    ck_assert_int_eq(zo_part_step(p, NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_part_init_from_device(p), 0);
+
+    /* the all-gather of the new params fails */
+    f.fail_ag = -ECONNRESET;
+    ck_assert_int_eq(hand_all(p, &m), 0);
+    r = zo_part_step(p, NULL);
+    ck_assert_int_eq(r, -ECONNRESET);
+    ck_assert_ptr_nonnull(strstr(zo_part_errmsg(p), "all_gather"));
+    /* and init, which gathers, fails with it too */
+    ck_assert_int_eq(zo_part_init_from_device(p), -ECONNRESET);
+    f.fail_ag = 0;
+    ck_assert_int_eq(zo_part_init_from_device(p), 0);
+    /* a positive return is not an error code: still a failure */
+    f.fail_ar = 7;
+    ck_assert_int_eq(hand_all(p, &m), 0);
+    ck_assert_int_lt(zo_part_step(p, NULL), 0);
+    f.fail_ar = 0;
+
+    /* a tensor handed over twice in one micro-step */
+    ck_assert_int_eq(zo_part_init_from_device(p), 0);
+    ck_assert_int_eq(zo_part_grad(p, 2, m.dgrad[2], NULL), 0);
+    ck_assert_int_eq(zo_part_grad(p, 2, m.dgrad[2], NULL), ZO_ESTATE);
+    ck_assert_int_eq(zo_part_grad(p, NT, m.dgrad[2], NULL), -EINVAL);
+    ck_assert_int_eq(zo_part_step(p, NULL), 0);
+    zo_part_destroy(&p);
+    ck_assert_ptr_null(p);
+    zo_part_destroy(NULL);
+    mdl_free(&m);
+}
+END_TEST
+
+START_TEST(test_part_bad_config)
+{
+    mdl m;
+    fake f;
+    zo_comm c;
+    zo_part_config pcfg;
+    fake_setup(&m, &one, NULL, &f, &c, &pcfg);
+    zo_part *p = (zo_part *)&pcfg; /* must be cleared on failure */
+    struct {
+        unsigned rank, world;
+        int null_cb;
+        int want;
+        const char *what;
+    } bad[] = {
+        {0, 0, 0, ZO_ECONFIG, "world"},
+        {2, 2, 0, ZO_ECONFIG, "rank"},
+        {5, 3, 0, ZO_ECONFIG, "rank"},
+        {0, 2, 1, ZO_ECONFIG, "reduce_scatter"},
+        {1, 2, 2, ZO_ECONFIG, "all_gather"},
+        {1, 2, 3, ZO_ECONFIG, "all_reduce"},
+    };
+    for (unsigned k = 0; k < sizeof(bad) / sizeof(bad[0]); k++) {
+        fake_comm(&c, &f, bad[k].rank, bad[k].world);
+        if (bad[k].null_cb == 1)
+            c.reduce_scatter = NULL;
+        if (bad[k].null_cb == 2)
+            c.all_gather = NULL;
+        if (bad[k].null_cb == 3)
+            c.all_reduce = NULL;
+        int r = zo_part_create(&p, &pcfg);
+        ck_assert_msg(r == bad[k].want, "case %u: %s", k, zo_strerror(r));
+        ck_assert_ptr_null(p);
+        ck_assert_msg(strstr(zo_last_error_detail(), bad[k].what), "case %u: %s", k, zo_last_error_detail());
+    }
+    fake_comm(&c, &f, 0, 2);
+    ck_assert_int_eq(zo_part_create(NULL, &pcfg), -EINVAL);
+    ck_assert_int_eq(zo_part_create(&p, NULL), -EINVAL);
+    pcfg.comm = NULL;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), -EINVAL);
+    pcfg.comm = &c;
+    c.struct_size = 3;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), -EINVAL);
+    fake_comm(&c, &f, 0, 2);
+    pcfg.bucket_bytes = 100;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ECONFIG);
+    pcfg.bucket_bytes = 64 << 10;
+    /* what this version does not do is refused, never ignored */
+    m.cfg.dpu = 1;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ENOTSUP);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "dpu"));
+    m.cfg.dpu = 0;
+    m.cfg.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ENOTSUP);
+    m.cfg.clip_mode = ZO_OPTIM_CLIP_TWO_PASS;
+    m.cfg.no_grad = ZO_OPTIM_NO_GRAD_SKIP;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ENOTSUP);
+    m.cfg.no_grad = ZO_OPTIM_NO_GRAD_ZERO;
+    m.grp[1].dev_params = NULL;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ECONFIG);
+    m.grp[1].dev_params = m.dparam + NT0;
+    /* a model too small for the world: the last rank would own nothing */
+    static const uint64_t tiny[] = {3};
+    zo_optim_group tg;
+    zo_optim_group_default(&tg);
+    tg.ntensors = 1;
+    tg.numel = tiny;
+    tg.dev_params = m.dparam;
+    m.cfg.groups = &tg;
+    m.cfg.ngroups = 1;
+    fake_comm(&c, &f, 0, 3);
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "too small"));
+    /* 3 elements over 2 ranks: shards of 2 and 1 */
+    fake_comm(&c, &f, 1, 2);
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), 0);
+    zo_part_info in = {.struct_size = sizeof(in)};
+    ck_assert_int_eq(zo_part_get_info(p, &in), 0);
+    ck_assert_uint_eq(in.shard_numel, 1);
+    in.struct_size = 8;
+    ck_assert_int_eq(zo_part_get_info(p, &in), -EINVAL);
+    zo_part_destroy(&p);
+    mdl_free(&m);
+}
+END_TEST
+
+/* ---- checkpoints -------------------------------------------------------------------- */
+
+/* Train save_at steps, save, train to `steps` (params A); then a new
+ * engine loads the checkpoint and trains the same steps (params B = A). */
+static int rank_ckpt(zo_comm *comm, char *resb, void *argp, rank_status *st)
+{
+    train_arg *ta = argp;
+    const pcase *pc = ta->pc;
+    float *a = (float *)resb;
+    mdl m;
+    if (mdl_init(&m, pc, ta->nvme) < 0)
+        FAILR(st, "model");
+    zo_part *p = NULL;
+    if (part_open(&p, &m, comm, pc, st))
+        return 1;
+    int r = zo_part_init_from_device(p);
+    if (r)
+        FAILR(st, "init: %s", zo_strerror(r));
+    if (train(p, &m, comm->rank, pc, 0, ta->save_at, NULL, st))
+        return 1;
+    if ((r = zo_part_save(p, ta->ckroot, "ck1", 2, "{\"epoch\": 3}")) != 0)
+        FAILR(st, "rank %u save: %s (%s)", comm->rank, zo_strerror(r), zo_part_errmsg(p));
+    if (train(p, &m, comm->rank, pc, ta->save_at, pc->steps, NULL, st))
+        return 1;
+    snapshot(&m, a);
+    zo_part_destroy(&p);
+    mdl_free(&m);
+    /* a fresh engine from the initial params, resumed from the checkpoint */
+    if (mdl_init(&m, pc, ta->nvme) < 0 || part_open(&p, &m, comm, pc, st))
+        FAILR(st, "reopen");
+    char uj[64];
+    if ((r = zo_part_load(p, ta->ckroot, "ck1", uj, sizeof(uj))) != 0)
+        FAILR(st, "rank %u load: %s (%s)", comm->rank, zo_strerror(r), zo_part_errmsg(p));
+    if (!strstr(uj, "\"epoch\"") || !strstr(uj, "3"))
+        FAILR(st, "rank %u: user json back: '%s'", comm->rank, uj);
+    if (train(p, &m, comm->rank, pc, ta->save_at, pc->steps, NULL, st))
+        return 1;
+    float *b = malloc((size_t)TOTAL * 4);
+    snapshot(&m, b);
+    for (uint64_t e = 0; e < TOTAL; e++)
+        if (memcmp(&a[e], &b[e], 4))
+            FAILR(st, "rank %u element %llu: resumed %a, uninterrupted %a", comm->rank, (unsigned long long)e,
+                  (double)b[e], (double)a[e]);
+    free(b);
+    zo_part_info in = {.struct_size = sizeof(in)};
+    zo_part_get_info(p, &in);
+    if (in.step != pc->steps)
+        FAILR(st, "rank %u: step %lld after resume", comm->rank, (long long)in.step);
+    zo_part_destroy(&p);
+    mdl_free(&m);
+    return 0;
+}
+
+START_TEST(test_part_checkpoint)
+{
+    const pcase pc = {2, ZO_DTYPE_BF16, _i ? ZO_OPTIM_PLACE_NVME : ZO_OPTIM_PLACE_HOST, 1, 4, 64 << 10};
+    char dir[4096], ck[4200];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(ck, sizeof(ck), "%s/ck", dir);
+    train_arg ta = {.pc = &pc, .nvme = dir, .ckroot = ck, .save_at = 2};
+    run rn;
+    run_ranks(&rn, 2, (size_t)TOTAL * 4, rank_ckpt, &ta);
+    float *a0 = (float *)run_res(&rn, 0), *a1 = (float *)run_res(&rn, 1);
+    ck_assert_int_eq(memcmp(a0, a1, (size_t)TOTAL * 4), 0); /* the ranks agree */
+
+    /* another world size (and another rank's files) is refused before anything is read */
+    mdl m;
+    fake f;
+    zo_comm c;
+    zo_part_config pcfg;
+    fake_setup(&m, &pc, dir, &f, &c, &pcfg);
+    for (unsigned k = 0; k < 4; k++) {
+        static const unsigned rw[4][2] = {{0, 3}, {2, 3}, {0, 1}, {1, 4}};
+        fake_comm(&c, &f, rw[k][0], rw[k][1]);
+        zo_part *p = NULL;
+        ck_assert_int_eq(zo_part_create(&p, &pcfg), 0);
+        int r = zo_part_load(p, ck, "ck1", NULL, 0);
+        ck_assert_msg(r == ZO_ENOTSUP, "rank %u of %u: %s (%s)", rw[k][0], rw[k][1], zo_strerror(r),
+                      zo_part_errmsg(p));
+        ck_assert_msg(strstr(zo_part_errmsg(p), "saved by 2 ranks") && strstr(zo_part_errmsg(p), "resharding"),
+                      "%s", zo_part_errmsg(p));
+        r = zo_part_load(p, ck, NULL, NULL, 0); /* the latest: the same */
+        ck_assert_int_eq(r, ZO_ENOTSUP);
+        ck_assert_int_eq(zo_part_load(p, ck, "nope", NULL, 0), -ENOENT);
+        zo_part_destroy(&p);
+    }
+    /* another model at the same world size */
+    m.hp[0].lr = 1e-2;
+    static const uint64_t other[] = {1000, 70000, 3, 130002};
+    m.grp[0].numel = other;
+    fake_comm(&c, &f, 1, 2);
+    zo_part *p = NULL;
+    float *big = malloc(130002 * 4);
+    void *saved = m.dparam[3];
+    m.dparam[3] = big;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), 0);
+    int r = zo_part_load(p, ck, "ck1", NULL, 0);
+    ck_assert_msg(r == ZO_EFORMAT && strstr(zo_part_errmsg(p), "another model"), "%s (%s)", zo_strerror(r),
+                  zo_part_errmsg(p));
+    zo_part_destroy(&p);
+    m.dparam[3] = saved;
+    free(big);
+    mdl_free(&m);
+    run_free(&rn);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+int main(void)
+{
+    Suite *s = suite_create("part");
+    TCase *tc = tcase_create("ranks");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, test_part_matches_single, 0, (int)(sizeof(cases) / sizeof(cases[0])));
+    tcase_add_loop_test(tc, test_part_checkpoint, 0, 2);
+    suite_add_tcase(s, tc);
+    TCase *tcc = tcase_create("contract");
+    tcase_set_timeout(tcc, 120);
+    tcase_add_test(tcc, test_part_comm_fails);
+    tcase_add_test(tcc, test_part_bad_config);
+    suite_add_tcase(s, tcc);
+    return zo_test_run(s);
+}

@@ -57,8 +57,9 @@
  * Not in this version (refused with ZO_ENOTSUP, never ignored): DPU
  * (`dpu`), the speculative clip mode, ZO_OPTIM_NO_GRAD_SKIP (a shard mixes
  * tensors), loading a checkpoint saved at another world size (resharding).
- * MPI and NCCL implementations of ::zo_comm come later: today the
- * framework passes its own collectives (the "external" comm).
+ * The collectives: <zoffload/comm_mpi.h> (MPI, host backend) and
+ * <zoffload/comm_nccl.h> (NCCL, CUDA backend), header-only, or the
+ * framework's own callbacks (the "external" comm).
  *
  * Threads: a zo_part is driven from one thread at a time; the comm
  * callbacks are called from that thread, inside the zo_part call.

@@ -94,7 +94,7 @@ def _fix_builders():
     from deepspeed.ops.op_builder import CPUAdamBuilder
     c.fix_cxx_std(CPUAdamBuilder)
     # NVMe offload: DeepSpeed's CPU accelerator maps AsyncIOBuilder to a
-    # builder that only says "not implemented on CPU", although its libaio
+    # builder that refuses to build on a CPU-only machine, although its libaio
     # op is host code.
     # Hand its swappers the libaio builder (with the same C++ fix).
     aio_cls = type(c.aio_builder())

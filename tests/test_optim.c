@@ -25,6 +25,7 @@
 #include <zoffload/zoffload.h>
 
 #include "zo_test.h"
+#include "zo_test_dtype.h"
 
 #include "aio/aio_internal.h"
 #include "nvme/nvme_internal.h"
@@ -76,24 +77,6 @@ static float init_param(uint64_t e)
 }
 
 /* store a float as dtype */
-static void put(void *buf, zo_dtype dt, uint64_t i, float f)
-{
-    if (dt == ZO_DTYPE_F32)
-        ((float *)buf)[i] = f;
-    else if (dt == ZO_DTYPE_BF16)
-        ((uint16_t *)buf)[i] = zo_f32_to_bf16(f);
-    else
-        ((uint16_t *)buf)[i] = zo_f32_to_f16(f);
-}
-
-static float get(const void *buf, zo_dtype dt, uint64_t i)
-{
-    if (dt == ZO_DTYPE_F32)
-        return ((const float *)buf)[i];
-    if (dt == ZO_DTYPE_BF16)
-        return zo_bf16_to_f32(((const uint16_t *)buf)[i]);
-    return zo_f16_to_f32(((const uint16_t *)buf)[i]);
-}
 
 /* The gradient of element e (global) in micro-step `ms`, as a function of
  * the params the forward saw (so a delayed update shows). Odd steps have a
@@ -125,8 +108,8 @@ static void ref_init(ref *r, model *m)
     r->acc = calloc(m->total, 4);
     r->out = calloc(m->total, 4);
     for (uint64_t e = 0; e < m->total; e++) {
-        put(r->out, m->pdt, e, init_param(e));
-        r->master[e] = get(r->out, m->pdt, e);
+        zo_test_put(r->out, m->pdt, e, init_param(e));
+        r->master[e] = zo_test_get(r->out, m->pdt, e);
     }
     zo_cpuadam_team_config tc;
     zo_cpuadam_team_config_default(&tc);
@@ -152,7 +135,7 @@ static void ref_grad(ref *r, int i, const void *g)
     model *m = r->m;
     float *a = r->acc + m->off[i];
     for (uint64_t k = 0; k < m->numel[i]; k++) {
-        float f = get(g, m->gdt, k);
+        float f = zo_test_get(g, m->gdt, k);
         a[k] = r->first[i] ? f : a[k] + f;
     }
     r->first[i] = 0;
@@ -242,7 +225,7 @@ static void eng_config(eng *e, model *m)
         ck_assert_int_eq(zo_dev_malloc(e->dev, &e->dgrad[i], m->numel[i] * ges), 0);
         /* host backend: device memory is host memory */
         for (uint64_t k = 0; k < m->numel[i]; k++)
-            put(e->dparam[i], m->pdt, k, init_param(m->off[i] + k));
+            zo_test_put(e->dparam[i], m->pdt, k, init_param(m->off[i] + k));
         e->names[i] = tnames[i];
     }
     zo_optim_config_default(&e->cfg);
@@ -296,7 +279,7 @@ static void fill_grad_from(eng *e, int i, int ms, double scale, const void *para
 {
     model *m = e->m;
     for (uint64_t k = 0; k < m->numel[i]; k++)
-        put(e->dgrad[i], m->gdt, k, grad_value(m->off[i] + k, ms, get(params, m->pdt, k), scale));
+        zo_test_put(e->dgrad[i], m->gdt, k, grad_value(m->off[i] + k, ms, zo_test_get(params, m->pdt, k), scale));
 }
 
 static void fill_grad(eng *e, int i, int ms, double scale)
@@ -509,7 +492,7 @@ START_TEST(test_optim_fp16_scaler)
         for (int i = 0; i < NT; i++) {
             fill_grad(&e, i, s + 1, scale);
             if (s < 2 && i == 3)
-                put(e.dgrad[i], m.gdt, 77, s ? NAN : INFINITY);
+                zo_test_put(e.dgrad[i], m.gdt, 77, s ? NAN : INFINITY);
             ref_grad(&r, i, e.dgrad[i]);
             ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
         }
@@ -534,7 +517,7 @@ START_TEST(test_optim_fp16_scaler)
     for (int i = 0; i < NT; i++) {
         fill_grad(&e, i, 9, zo_optim_loss_scale(e.o));
         if (i == 1)
-            put(e.dgrad[i], m.gdt, 3, INFINITY);
+            zo_test_put(e.dgrad[i], m.gdt, 3, INFINITY);
         ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
     }
     ck_assert_int_eq(zo_optim_step(e.o, NULL, NULL), 0);
@@ -579,7 +562,7 @@ START_TEST(test_optim_fp16_scaler)
             for (int i = 0; i < NT; i++) {
                 fill_grad(&e, i, 10 + s, sc[k]);
                 if (s == 0 && i == 2)
-                    put(e.dgrad[i], m.gdt, 1, INFINITY);
+                    zo_test_put(e.dgrad[i], m.gdt, 1, INFINITY);
                 ck_assert_int_eq(zo_optim_grad(both[k], (unsigned)i, e.dgrad[i], NULL), 0);
             }
             if (s == 0 && k == 1) /* mid-window: refused, the gradients carry the old scale */
@@ -611,7 +594,7 @@ START_TEST(test_optim_nonfinite_policy)
             for (int i = 0; i < NT; i++) {
                 fill_grad(&e, i, s, 1.0);
                 if (s == 2 && i == 4)
-                    put(e.dgrad[i], m.gdt, 5, NAN);
+                    zo_test_put(e.dgrad[i], m.gdt, 5, NAN);
                 ref_grad(&r, i, e.dgrad[i]);
                 ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
             }
@@ -873,7 +856,7 @@ static void train_ref_only(eng *e, ref *r, int from, int to)
         for (int i = 0; i < NT; i++) {
             void *g = malloc(m->numel[i] * ges);
             for (uint64_t k = 0; k < m->numel[i]; k++)
-                put(g, m->gdt, k, grad_value(m->off[i] + k, s, get(r->out, m->pdt, m->off[i] + k), 1.0));
+                zo_test_put(g, m->gdt, k, grad_value(m->off[i] + k, s, zo_test_get(r->out, m->pdt, m->off[i] + k), 1.0));
             ref_grad(r, i, g);
             free(g);
         }
@@ -958,7 +941,7 @@ START_TEST(test_optim_save_load)
     zo_optim_destroy(&e.o);
     for (int i = 0; i < NT; i++)
         for (uint64_t k = 0; k < m.numel[i]; k++)
-            put(e.dparam[i], m.pdt, k, init_param(m.off[i] + k));
+            zo_test_put(e.dparam[i], m.pdt, k, init_param(m.off[i] + k));
     eng_create(&e);
     ref_free(&r);
     ref_init(&r, &m);
@@ -1019,7 +1002,7 @@ static void skip_steps(eng *e, ref *r, int64_t *ts, int from, int to)
             if (!(mask >> i & 1))
                 continue;
             for (uint64_t j = 0; j < m->numel[i]; j++)
-                put(e->dgrad[i], m->gdt, j, grad_value(m->off[i] + j, k, 0.0f, 1.0));
+                zo_test_put(e->dgrad[i], m->gdt, j, grad_value(m->off[i] + j, k, 0.0f, 1.0));
             ck_assert_int_eq(zo_optim_grad(e->o, (unsigned)i, e->dgrad[i], NULL), 0);
             ts[i]++;
             if (!r)
@@ -1225,8 +1208,8 @@ START_TEST(test_optim_speculative)
                 /* in the sub-group walked last: the others are rolled back (the
                  * eager walk follows the order the gradients completed in the
                  * previous step: this one, handed over last, completes last) */
-                put(a.dgrad[i], m.gdt, 3, INFINITY);
-                put(b.dgrad[i], m.gdt, 3, INFINITY);
+                zo_test_put(a.dgrad[i], m.gdt, 3, INFINITY);
+                zo_test_put(b.dgrad[i], m.gdt, 3, INFINITY);
             }
             ck_assert_int_eq(zo_optim_grad(a.o, (unsigned)i, a.dgrad[i], NULL), 0);
             ck_assert_int_eq(zo_optim_grad(b.o, (unsigned)i, b.dgrad[i], NULL), 0);
@@ -1850,7 +1833,7 @@ START_TEST(test_optim_errmsg)
     for (int i = 0; i < NT; i++) {
         fill_grad(&e, i, 1, 1.0);
         if (i == 2)
-            put(e.dgrad[i], m.gdt, 1, INFINITY);
+            zo_test_put(e.dgrad[i], m.gdt, 1, INFINITY);
         ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
     }
     ck_assert_int_eq(zo_optim_step_async(e.o, NULL), 0);
@@ -2371,11 +2354,11 @@ START_TEST(test_optim_grad_window_spill)
         for (int i = NT - 1; i >= 0; i--) {
             fill_grad(&e, i, s, 1.0);
             if (s == 4 && i == 3 && !spec)
-                put(e.dgrad[i], m.gdt, 70000, NAN); /* in the tensor's second sub-group */
+                zo_test_put(e.dgrad[i], m.gdt, 70000, NAN); /* in the tensor's second sub-group */
             if ((s == 2 || s == 5) && i == 3) {
                 /* an fp32 host gradient of a bf16 engine (not exact in bf16): spilled */
                 for (uint64_t k = 0; k < m.numel[i]; k++)
-                    f32[k] = get(e.dgrad[i], m.gdt, k) + 0x1p-12f * (float)(k % 7);
+                    f32[k] = zo_test_get(e.dgrad[i], m.gdt, k) + 0x1p-12f * (float)(k % 7);
                 ref_grad_f32(&r, i, f32);
                 ck_assert_int_eq(zo_optim_grad_host(e.o, (unsigned)i, f32, ZO_DTYPE_F32), 0);
                 spill += m.numel[i] * 4;
@@ -2519,7 +2502,7 @@ START_TEST(test_optim_nvme_full_disk_reserved)
     ck_assert_int_gt(atomic_load(&ns.tries), 0);
     for (int i = 0; i < NT; i++)
         for (uint64_t k = 0; k < m.numel[i]; k++)
-            ck_assert_float_eq(get(e.dparam[i], m.pdt, k), get(r.out, m.pdt, m.off[i] + k));
+            ck_assert_float_eq(zo_test_get(e.dparam[i], m.pdt, k), zo_test_get(r.out, m.pdt, m.off[i] + k));
     /* room at create; then the disk is full: the steps need none */
     zo__swap_set_grow_hook(swap, NULL, NULL);
     eng_create(&e);

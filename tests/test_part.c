@@ -23,6 +23,7 @@
 #include <zoffload/zoffload.h>
 
 #include "zo_test.h"
+#include "zo_test_dtype.h"
 
 #define NTHREADS 2
 #define SGSIZE 65536u
@@ -53,24 +54,6 @@ static uint64_t off_of(int i)
 
 #define TOTAL (1000 + 70000 + 3 + 130001 + 4097 + 51)
 
-static void put(void *buf, zo_dtype dt, uint64_t i, float f)
-{
-    if (dt == ZO_DTYPE_F32)
-        ((float *)buf)[i] = f;
-    else if (dt == ZO_DTYPE_BF16)
-        ((uint16_t *)buf)[i] = zo_f32_to_bf16(f);
-    else
-        ((uint16_t *)buf)[i] = zo_f32_to_f16(f);
-}
-
-static float get(const void *buf, zo_dtype dt, uint64_t i)
-{
-    if (dt == ZO_DTYPE_F32)
-        return ((const float *)buf)[i];
-    if (dt == ZO_DTYPE_BF16)
-        return zo_bf16_to_f32(((const uint16_t *)buf)[i]);
-    return zo_f16_to_f32(((const uint16_t *)buf)[i]);
-}
 
 static float init_param(uint64_t e)
 {
@@ -116,7 +99,7 @@ static int shm_wait(shm_rank *c)
 
 static float elem(const char *s, zo_dtype dt, uint64_t i)
 {
-    return get(s, dt, i);
+    return zo_test_get(s, dt, i);
 }
 
 static int shm_reduce_scatter(void *user, void *buf, const uint64_t *counts, zo_dtype dt)
@@ -140,7 +123,7 @@ static int shm_reduce_scatter(void *user, void *buf, const uint64_t *counts, zo_
         float acc = elem(slot_of(c, 0), dt, i); /* rank order, in fp32, one rounding to dt */
         for (unsigned r = 1; r < w; r++)
             acc += elem(slot_of(c, r), dt, i);
-        put(buf, dt, i, acc);
+        zo_test_put(buf, dt, i, acc);
     }
     return shm_wait(c);
 }
@@ -319,7 +302,7 @@ static int mdl_init(mdl *m, const pcase *pc, const char *nvme)
             zo_dev_malloc(m->dev, (void **)&m->dgrad[i], numel_of(i) * 4) < 0)
             return -1;
         for (uint64_t k = 0; k < numel_of(i); k++)
-            put(m->dparam[i], pc->pdt, k, init_param(off_of(i) + k));
+            zo_test_put(m->dparam[i], pc->pdt, k, init_param(off_of(i) + k));
         m->names[i] = tnames[i];
     }
     zo_cpuadam_hparams_default(&m->hp[0], ZO_OPTIM_ADAMW);
@@ -366,7 +349,7 @@ static void mdl_free(mdl *m)
 static void fill_grad(mdl *m, int i, int ms, unsigned rank, int inf_ms, double scale)
 {
     for (uint64_t k = 0; k < numel_of(i); k++)
-        m->dgrad[i][k] = grad_value(off_of(i) + k, ms, rank, get(m->dparam[i], m->pdt, k), inf_ms, scale);
+        m->dgrad[i][k] = grad_value(off_of(i) + k, ms, rank, zo_test_get(m->dparam[i], m->pdt, k), inf_ms, scale);
 }
 
 /* The result area of a rank. */
@@ -390,7 +373,7 @@ static void snapshot(mdl *m, float *out)
 {
     for (int i = 0; i < NT; i++)
         for (uint64_t k = 0; k < numel_of(i); k++)
-            out[off_of(i) + k] = get(m->dparam[i], m->pdt, k);
+            out[off_of(i) + k] = zo_test_get(m->dparam[i], m->pdt, k);
 }
 
 static void record(rank_res *res, int s, const zo_optim_step_result *sr)
@@ -491,7 +474,7 @@ static void reference(const pcase *pc, const char *nvme, int steps, rank_res *ou
             double scale = zo_optim_loss_scale(o);
             for (int i = NT - 1; i >= 0; i--) {
                 for (uint64_t k = 0; k < numel_of(i); k++) {
-                    float p = get(m.dparam[i], m.pdt, k), acc = grad_value(off_of(i) + k, ms, 0, p, pc->inf_ms, scale);
+                    float p = zo_test_get(m.dparam[i], m.pdt, k), acc = grad_value(off_of(i) + k, ms, 0, p, pc->inf_ms, scale);
                     for (unsigned rk = 1; rk < pc->world; rk++)
                         acc += grad_value(off_of(i) + k, ms, rk, p, pc->inf_ms, scale);
                     tmp[k] = acc;

@@ -4,10 +4,13 @@
  * <zoffload/comm_mpi.h>: every rank trains the same model on its own
  * gradients, and its parameters after each step must equal those of a
  * single-rank zo_optim fed the ranks' mean gradient (summed in rank order,
- * divided by the world size, in fp32). With 2 ranks the sums are exact
- * whatever order MPI adds in (a + b == b + a), so the check is bit for bit;
- * with more, MPI's order may differ from the reference's in the last bit of
- * a gradient, and the parameters are checked to 1e-6 relative.
+ * divided by the world size, in fp32; the comm's ordered reduce-scatter
+ * sums in that order too). The engine's global norm adds per-rank partial
+ * sums, the reference's its own sub-groups: with 2 ranks that grouping
+ * leaves the parameters bit for bit equal here; with more the norm may
+ * differ in its last bits, and the parameters are checked to 1e-6
+ * relative. (zo-train --verify under mpirun mirrors the grouping and is
+ * bit for bit at any world size.)
  * Run: mpirun -np N part_mpi [host|nvme] (nvme: states in a fresh directory
  * under /var/tmp, one subdirectory per rank and per reference, removed at
  * the end).

@@ -45,6 +45,7 @@
 #include <zoffload/optim_json.h>
 
 #include "tool_common.h"
+#include "train_dp.h"
 #include "train_model.h"
 #include "train_options.h"
 
@@ -164,6 +165,11 @@ static double now_s(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static uint64_t u64_min(uint64_t a, uint64_t b)
+{
+    return a < b ? a : b;
 }
 
 static double mib(uint64_t b)
@@ -299,6 +305,11 @@ typedef struct reference {
     int64_t step;
     uint64_t boundaries;
     zo_cpuadam_team *team;
+    /* many ranks (world > 1): the ranks' gradients of one micro-step summed
+     * in rank order in fp32 and rounded once to gdt, as the MPI comm's
+     * ordered reduce-scatter does, then averaged in fp32 as zo_part does */
+    unsigned world, slice;   /* ranks; the slice being run */
+    float *dpsum;            /* [total] */
 } reference;
 
 static void reference_free(reference *r)
@@ -317,6 +328,7 @@ static void reference_free(reference *r)
     free(r->prev_out);
     free(r->grad);
     free(r->first);
+    free(r->dpsum);
     zo_cpuadam_team_destroy(&r->team);
     zo_store_destroy(&r->store); /* after the model: its tiled layers unregister their tiles */
     zo_dev_close(&r->dev);
@@ -324,9 +336,10 @@ static void reference_free(reference *r)
 }
 
 static int reference_init(reference *r, const train_shape *s, const zo_optim_config *cfg, const device_model *d,
-                          const train_tiling *tiling)
+                          const train_tiling *tiling, unsigned world)
 {
     memset(r, 0, sizeof(*r));
+    r->world = world;
     r->ntensors = d->ntensors;
     r->layers = s->layers;
     r->pdt = s->param_dtype;
@@ -353,7 +366,10 @@ static int reference_init(reference *r, const train_shape *s, const zo_optim_con
     r->out = calloc(n, pes);
     r->prev_out = calloc(n, pes);
     r->grad = calloc(n, zo_dtype_size(r->gdt));
-    if (!r->master || !r->m || !r->v || !r->acc || !r->seen || !r->out || !r->prev_out || !r->grad)
+    if (world > 1)
+        r->dpsum = calloc(n, 4);
+    if (!r->master || !r->m || !r->v || !r->acc || !r->seen || !r->out || !r->prev_out || !r->grad ||
+        (world > 1 && !r->dpsum))
         return -ENOMEM;
     /* The reference model runs on a host device of its own, through the same
      * zo_gemm_async() host path as the engine side's model, so its losses and
@@ -412,10 +428,15 @@ static int reference_push_tiles(reference *r)
 
 /* Start where the engine starts: its masters and states (a fresh run: the
  * student's initial params widened; a resumed one: the checkpoint). */
-static int reference_start(reference *r, zo_optim *o)
+static int reference_start(reference *r, zo_optim *o, const device_model *d)
 {
     size_t pes = zo_dtype_size(r->pdt), ses = zo_dtype_size(r->sdt);
-    for (unsigned i = 0; i < r->ntensors; i++) {
+    /* many ranks (a fresh run: zo-train refuses --verify with --resume
+     * there): zo_part_init_from_device() widened the device params, and the
+     * states start at zero */
+    for (unsigned i = 0; i < r->ntensors && r->world > 1; i++)
+        zo_vec_cast(r->master + r->off[i], ZO_DTYPE_F32, d->param[i], r->pdt, (size_t)r->numel[i]);
+    for (unsigned i = 0; i < r->ntensors && r->world == 1; i++) {
         uint64_t n = r->numel[i], off = r->off[i];
         int rc = zo_optim_state_export(o, i, ZO_OPTIM_STATE_MASTER, r->master + off, ZO_DTYPE_F32, 0, n);
         if (rc < 0)
@@ -438,7 +459,7 @@ static int reference_start(reference *r, zo_optim *o)
     /* the DPU warm-up counts boundaries, applied or skipped; a checkpoint
      * carries the count, so a resumed run is past its warm-up at once */
     r->boundaries = (uint64_t)info.step + info.skipped_steps;
-    return reference_push_tiles(r);
+    return r->world > 1 ? 0 : reference_push_tiles(r);
 }
 
 /* The reference's gradient hand-over: add into the fp32 accumulator (the
@@ -453,8 +474,20 @@ static int reference_grad(void *user, unsigned tensor, const void *dev_grad, zo_
             return rc;
         g = dev_grad; /* host backend: device memory is host memory */
     }
-    float *a = r->acc + r->off[tensor];
     uint64_t n = r->numel[tensor];
+    if (r->world > 1) {
+        /* rank `slice`'s gradient joins the fp32 sum of the ranks before it */
+        size_t es = zo_dtype_size(r->gdt);
+        float *sum = r->dpsum + r->off[tensor], b[256];
+        for (uint64_t k0 = 0; k0 < n; k0 += 256) {
+            size_t c = n - k0 < 256 ? (size_t)(n - k0) : 256;
+            zo_vec_cast(b, ZO_DTYPE_F32, (const char *)g + k0 * es, r->gdt, c);
+            for (size_t k = 0; k < c; k++)
+                sum[k0 + k] = r->slice == 0 ? b[k] : sum[k0 + k] + b[k];
+        }
+        return 0;
+    }
+    float *a = r->acc + r->off[tensor];
     float w[256]; /* widened in pieces */
     for (uint64_t k0 = 0; k0 < n; k0 += 256) {
         size_t c = n - k0 < 256 ? (size_t)(n - k0) : 256;
@@ -463,6 +496,62 @@ static int reference_grad(void *user, unsigned tensor, const void *dev_grad, zo_
             a[k0 + k] = r->first[tensor] ? w[k] : a[k0 + k] + w[k];
     }
     r->first[tensor] = 0;
+    return 0;
+}
+
+/* Many ranks, the end of a micro-step (every rank's slice in): the sum
+ * rounded to gdt (the reduce-scatter's result), the mean divided by world
+ * in fp32 (zo_part's rule), into the accumulator as one gradient. */
+static void reference_dp_mean(reference *r)
+{
+    float w = (float)r->world, v[256];
+    uint16_t h[256];
+    for (unsigned t = 0; t < r->ntensors; t++) {
+        float *a = r->acc + r->off[t];
+        const float *sum = r->dpsum + r->off[t];
+        for (uint64_t k0 = 0; k0 < r->numel[t]; k0 += 256) {
+            size_t c = r->numel[t] - k0 < 256 ? (size_t)(r->numel[t] - k0) : 256;
+            if (r->gdt == ZO_DTYPE_F32) {
+                memcpy(v, sum + k0, c * 4);
+            } else {
+                zo_vec_cast(h, r->gdt, sum + k0, ZO_DTYPE_F32, c);
+                zo_vec_cast(v, ZO_DTYPE_F32, h, r->gdt, c);
+            }
+            for (size_t k = 0; k < c; k++)
+                a[k0 + k] = r->first[t] ? v[k] / w : a[k0 + k] + v[k] / w;
+        }
+        r->first[t] = 0;
+    }
+}
+
+/* The squared norm of a window's gradient, summed as the engine sums it:
+ * one rank, every sub-group in order; many ranks (zo_part), each rank's
+ * shard of each group cut in sub-groups from its start, summed per rank,
+ * then over the ranks in rank order. */
+static int reference_sumsq(reference *r, double *sumsq, uint64_t *nonfinite)
+{
+    const uint64_t gstart[2] = {0, r->gsplit}, gend[2] = {r->gsplit, r->total};
+    *sumsq = 0;
+    *nonfinite = 0;
+    for (unsigned rk = 0; rk < r->world; rk++) {
+        double part = 0;
+        for (int g = 0; g < 2; g++) {
+            /* zo_part's shard: ceil(N / world) rounded up to 2 elements */
+            uint64_t len = gend[g] - gstart[g], sh = (len + r->world - 1) / r->world;
+            sh += sh & 1;
+            uint64_t lo = r->world > 1 ? u64_min(len, rk * sh) : 0, hi = r->world > 1 ? u64_min(len, lo + sh) : len;
+            for (uint64_t o = lo; o < hi; o += r->sub_group) {
+                uint64_t n = hi - o < r->sub_group ? hi - o : r->sub_group;
+                zo_grad_stats gs;
+                int rc = zo_cpuadam_team_grad_stats(r->team, r->acc + gstart[g] + o, ZO_DTYPE_F32, (size_t)n, &gs);
+                if (rc < 0)
+                    return rc;
+                part += gs.sumsq;
+                *nonfinite += gs.nonfinite;
+            }
+        }
+        *sumsq += part;
+    }
     return 0;
 }
 
@@ -476,18 +565,11 @@ static int reference_step(reference *r, double scale, double max_norm, unsigned 
     }
     r->boundaries++;
     const uint64_t gstart[2] = {0, r->gsplit}, gend[2] = {r->gsplit, r->total};
-    double sumsq = 0;
-    uint64_t nonfinite = 0;
-    for (int g = 0; g < 2; g++)
-        for (uint64_t o = gstart[g]; o < gend[g]; o += r->sub_group) {
-            uint64_t n = gend[g] - o < r->sub_group ? gend[g] - o : r->sub_group;
-            zo_grad_stats gs;
-            int rc = zo_cpuadam_team_grad_stats(r->team, r->acc + o, ZO_DTYPE_F32, (size_t)n, &gs);
-            if (rc < 0)
-                return rc;
-            sumsq += gs.sumsq;
-            nonfinite += gs.nonfinite;
-        }
+    double sumsq;
+    uint64_t nonfinite;
+    int src = reference_sumsq(r, &sumsq, &nonfinite);
+    if (src < 0)
+        return src;
     size_t pb = (size_t)r->total * zo_dtype_size(r->pdt);
     if (!nonfinite) {
         double norm = sqrt(sumsq) / scale, coef = 1.0;
@@ -592,6 +674,81 @@ static int reference_compare(reference *r, zo_optim *o, device_model *d)
     return bad ? ZO_ECORRUPT : 0;
 }
 
+/* Many ranks: this rank's shard of the masters and states (the inner
+ * engine's tensor "g<group>.shard.r<rank>of<world>") against the
+ * reference's flat arrays, and every device param (all-gathered) against
+ * what the reference's forward sees, bit for bit: the MPI comm's ordered
+ * collectives sum in rank order, as the reference does. */
+static int reference_compare_dp(reference *r, zo_optim *inner, device_model *d, unsigned rank)
+{
+    static const char *const what[3] = {"master", "exp_avg", "exp_avg_sq"};
+    const void *want[3] = {r->master, r->m, r->v};
+    const zo_dtype dt[3] = {ZO_DTYPE_F32, r->sdt, r->sdt};
+    const uint64_t gstart[2] = {0, r->gsplit}, gend[2] = {r->gsplit, r->total};
+    size_t pes = zo_dtype_size(r->pdt);
+    float *buf = malloc((size_t)r->total * 4), *ref = malloc((size_t)r->total * 4);
+    char *pb = malloc((size_t)r->total * pes);
+    int bad = !buf || !ref || !pb ? -ENOMEM : 0;
+    for (unsigned g = 0; g < 2 && !bad; g++) {
+        char name[64];
+        unsigned ti;
+        uint64_t len = gend[g] - gstart[g], sh = (len + r->world - 1) / r->world, n;
+        sh += sh & 1;
+        uint64_t lo = u64_min(len, rank * sh);
+        snprintf(name, sizeof(name), "g%u.shard.r%uof%u", g, rank, r->world);
+        if (zo_optim_tensor_index(inner, name, &ti) < 0)
+            continue; /* an empty shard: the inner engine has no tensor for it */
+        if (zo_optim_tensor_get(inner, ti, &n, NULL, NULL) < 0 || lo + n > len) {
+            fprintf(stderr, "zo-train: verify: shard %s: not the layout expected\n", name);
+            bad = 1;
+            break;
+        }
+        for (int k = 0; k < 3 && !bad; k++) {
+            int rc = zo_optim_state_export(inner, ti, (zo_optim_state)k, buf, ZO_DTYPE_F32, 0, n);
+            if (rc == ZO_ENOTSUP)
+                continue; /* a state this optimizer does not use */
+            if (rc < 0) {
+                fprintf(stderr, "zo-train: verify: export: %s (%s)\n", zo_strerror(rc), zo_optim_errmsg(inner));
+                bad = rc;
+                break;
+            }
+            zo_vec_cast(ref, ZO_DTYPE_F32, (const char *)want[k] + (gstart[g] + lo) * zo_dtype_size(dt[k]), dt[k],
+                        (size_t)n);
+            for (uint64_t j = 0; j < n; j++) {
+                if (memcmp(&buf[j], &ref[j], 4) != 0) {
+                    fprintf(stderr, "zo-train: verify: group %u %s element %" PRIu64 " (rank %u's shard): engine %a, "
+                                    "reference %a\n", g, what[k], gstart[g] + lo + j, rank, (double)buf[j],
+                            (double)ref[j]);
+                    bad = 1;
+                    break;
+                }
+            }
+        }
+    }
+    for (unsigned i = 0; i < r->ntensors && !bad; i++) {
+        uint64_t n = r->numel[i];
+        if (zo_memcpy_async(d->model.s, pb, d->param[i], (size_t)n * pes, ZO_COPY_D2H) < 0 ||
+            zo_stream_sync(d->model.s) < 0) {
+            bad = 1;
+            break;
+        }
+        zo_vec_cast(buf, ZO_DTYPE_F32, pb, r->pdt, (size_t)n);
+        zo_vec_cast(ref, ZO_DTYPE_F32, (char *)r->seen + r->off[i] * pes, r->pdt, (size_t)n);
+        for (uint64_t j = 0; j < n; j++) {
+            if (memcmp(&buf[j], &ref[j], 4) != 0) {
+                fprintf(stderr, "zo-train: verify: device params of tensor %u element %" PRIu64 ": %a, reference %a\n",
+                        i, j, (double)buf[j], (double)ref[j]);
+                bad = 1;
+                break;
+            }
+        }
+    }
+    free(buf);
+    free(ref);
+    free(pb);
+    return bad < 0 ? bad : bad ? ZO_ECORRUPT : 0;
+}
+
 /* ---- the training loop ------------------------------------------------------------------------ */
 
 /* Handing a gradient to the engine: called by backward as soon as a
@@ -601,6 +758,7 @@ static int reference_compare(reference *r, zo_optim *o, device_model *d)
  * below while the copy runs, as in a GPU framework. */
 typedef struct engine_intake {
     zo_optim *o;
+    zo_part *part; /* many ranks: the partitioned engine takes the gradients */
     zo_dtype grad_dtype;
 } engine_intake;
 
@@ -608,6 +766,15 @@ static int engine_grad(void *user, unsigned tensor, const void *dev_grad, zo_eve
 {
     engine_intake *ei = user;
     zo_optim *o = ei->o;
+    if (ei->part) {
+        /* zo_part buckets the gradients and reduce-scatters each bucket as
+         * it fills (with the other ranks, while backward goes on) */
+        int r = zo_part_grad(ei->part, tensor, dev_grad, ready);
+        if (r < 0)
+            fprintf(stderr, "zo-train: zo_part_grad(%u): %s (%s)\n", tensor, zo_strerror(r),
+                    zo_part_errmsg(ei->part));
+        return r;
+    }
     /* a tiled weight's dW tile comes staged in host memory (grad_dtype) */
     int r = host_grad ? zo_optim_grad_host(o, tensor, host_grad, ei->grad_dtype)
                       : zo_optim_grad(o, tensor, dev_grad, ready);
@@ -759,7 +926,10 @@ typedef struct train_run {
     zo_optim_group jgroup;    /* the config file's group settings (state dtype) */
     zo_cpuadam_hparams hp_w, hp_b;
     device_model dm;
-    zo_optim *o;
+    zo_optim *o;              /* the engine; many ranks: the inner engine of this rank's shards */
+    train_dp dp;              /* the ranks (mpirun): world 1 in a single process */
+    zo_part *part;            /* world > 1: the partitioned engine (owns o) */
+    size_t global_batch;      /* --batch: every rank trains batch / world of its samples */
     uint64_t micro;           /* global micro-step index: picks the data */
     reference ref;            /* --verify */
     train_teacher teacher;
@@ -769,6 +939,7 @@ typedef struct train_run {
     double t_start;
     uint64_t dev_peak;
     int verify_failed;
+    int failed_together;      /* many ranks: every rank knows the run failed (no forced exit needed) */
     totals tot;
 } train_run;
 
@@ -791,6 +962,30 @@ static int check_request(train_run *t)
                              .param_dtype = opt->param_dtype,
                              .grad_dtype = opt->grad_dtype == ZO_DTYPE_COUNT ? opt->param_dtype : opt->grad_dtype,
                              .seed = opt->seed};
+    t->global_batch = t->shape.batch;
+    unsigned world = t->dp.world;
+    if (world > 1) {
+        /* data parallel: the global batch is cut into one slice per rank */
+        if (strcmp(opt->backend, "host"))
+            return zo_tool_bad("zo-train", "%u ranks: the MPI comm moves host memory, so ranks run on --backend host "
+                                           "(a CUDA framework uses <zoffload/comm_nccl.h>)", world);
+        if (opt->batch % world)
+            return zo_tool_bad("zo-train", "%u ranks: --batch %" PRIu64 " (the global batch) must be a multiple of the "
+                                           "number of ranks", world, opt->batch);
+        if (opt->defaulted)
+            /* the embedded default (DPU on) under mpirun: the partitioned
+             * engine has no DPU yet, so the default run goes without it */
+            t->opt.dpu = 0;
+        if (opt->dpu > 0)
+            return zo_tool_bad("zo-train", "%u ranks: --dpu on is not supported by the partitioned engine yet",
+                               world);
+        if (opt->verify && opt->resume)
+            return zo_tool_bad("zo-train", "%u ranks: --verify starts from the initial parameters: leave --resume out",
+                               world);
+        if (opt->verify && world > 64)
+            return zo_tool_bad("zo-train", "--verify runs every rank's slice in each rank's reference: up to 64 ranks");
+        t->shape.batch /= world;
+    }
     t->nparams = train_shape_params(&t->shape);
     t->pes = zo_dtype_size(t->shape.param_dtype);
     t->ges = zo_dtype_size(t->shape.grad_dtype);
@@ -833,6 +1028,10 @@ static int open_device(train_run *t)
     /* By default the budget holds the device model (params, grads,
      * activations) and a little slack, never the fp32 masters and states. */
     t->budget = opt->dev_budget ? opt->dev_budget : train_default_device_budget(t->dev_need);
+    if (t->dp.world > 1 && !opt->dev_budget)
+        /* zo_part's flat params and its gradient bucket (at most 25 MiB,
+         * at most the gradients) live on the device too */
+        t->budget += t->nparams * t->pes + u64_min((uint64_t)25 << 20, t->nparams * t->ges);
     if (dc.kind == ZO_DEV_HOST)
         dc.host_mem_limit = (size_t)t->budget;
     int r = zo_dev_open(&t->dev, &dc);
@@ -846,6 +1045,9 @@ static int open_device(train_run *t)
      * predicts (train_plan_tiles()). */
     zo_tile_grid plan_grid;
     t->tiled = opt->dev_budget ? train_plan_tiles(&t->shape, t->budget, &t->layer_budget, &plan_grid) : 0;
+    if (t->tiled > 0 && t->dp.world > 1)
+        return zo_tool_bad("zo-train", "--device-budget %.1f MiB would tile the layers, which one rank does alone: "
+                                       "give the ranks a budget that holds the model", mib(t->budget));
     if (t->tiled < 0)
         return zo_tool_bad("zo-train", "--device-budget %.1f MiB: the activations and biases need %.1f MiB, so not "
                                        "even a tiled layer fits (%s%s%s)", mib(t->budget),
@@ -1037,7 +1239,20 @@ static int create_engine(train_run *t)
         fprintf(stderr, "zo-train: initial parameters: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(t->dev));
         goto out;
     }
-    if ((r = zo_optim_create(&t->o, &t->cfg)) < 0) {
+    if (t->dp.world > 1) {
+        /* every rank the whole model's template; zo_part keeps 1/world of
+         * the masters and states (its shard of each group) */
+        zo_part_config pc;
+        zo_part_config_default(&pc);
+        pc.optim = &t->cfg;
+        pc.comm = &t->dp.comm;
+        if ((r = zo_part_create(&t->part, &pc)) < 0) {
+            fprintf(stderr, "zo-train: zo_part_create: %s: %s\n", zo_strerror(r), zo_last_error_detail());
+            rc = r == ZO_ECONFIG || r == ZO_EBUDGET || r == ZO_ENOTSUP || r == -EINVAL ? 2 : 1;
+            goto out;
+        }
+        t->o = zo_part_optim(t->part);
+    } else if ((r = zo_optim_create(&t->o, &t->cfg)) < 0) {
         fprintf(stderr, "zo-train: zo_optim_create: %s: %s\n", zo_strerror(r), zo_last_error_detail());
         rc = r == ZO_ECONFIG || r == ZO_EBUDGET || r == -EINVAL ? 2 : 1;
         goto out;
@@ -1059,8 +1274,10 @@ static int resume_checkpoint(train_run *t)
     const options *opt = &t->opt;
     char user[256] = "";
     int r;
-    if ((r = zo_optim_load(t->o, opt->resume, NULL, user, sizeof(user))) < 0) {
-        fprintf(stderr, "zo-train: --resume %s: %s: %s\n", opt->resume, zo_strerror(r), zo_optim_errmsg(t->o));
+    if ((r = t->part ? zo_part_load(t->part, opt->resume, NULL, user, sizeof(user))
+                     : zo_optim_load(t->o, opt->resume, NULL, user, sizeof(user))) < 0) {
+        fprintf(stderr, "zo-train: --resume %s: %s: %s\n", opt->resume, zo_strerror(r),
+                t->part ? zo_part_errmsg(t->part) : zo_optim_errmsg(t->o));
         return 1;
     }
     const char *p = strstr(user, "\"micro\":");
@@ -1086,7 +1303,8 @@ static int resume_checkpoint(train_run *t)
     double ulr;
     const char *lr_from = "--lr";
     if (opt->lr_given) {
-        if ((r = zo_optim_set_lr(t->o, 0, opt->lr)) < 0 || (r = zo_optim_set_lr(t->o, 1, opt->lr)) < 0)
+        if (t->part ? (r = zo_part_set_lr(t->part, 0, opt->lr)) < 0 || (r = zo_part_set_lr(t->part, 1, opt->lr)) < 0
+                    : (r = zo_optim_set_lr(t->o, 0, opt->lr)) < 0 || (r = zo_optim_set_lr(t->o, 1, opt->lr)) < 0)
             return zo_tool_bad("zo-train", "--lr %g: %s (%s)", opt->lr, zo_strerror(r), zo_optim_errmsg(t->o));
     } else if ((p = strstr(user, "\"lr\":")) && sscanf(p, "\"lr\":%lf", &ulr) == 1) {
         t->hp_w.lr = t->hp_b.lr = ulr;
@@ -1112,9 +1330,10 @@ static int start_state(train_run *t)
     if (t->tiled)
         /* the tiles have no device params to read: the initial values go in as masters */
         return init_masters(t->o, &t->dm) < 0 ? 1 : 0;
-    int r = zo_optim_init_from_device(t->o);
+    int r = t->part ? zo_part_init_from_device(t->part) : zo_optim_init_from_device(t->o);
     if (r < 0) {
-        fprintf(stderr, "zo-train: zo_optim_init_from_device: %s: %s\n", zo_strerror(r), zo_optim_errmsg(t->o));
+        fprintf(stderr, "zo-train: init_from_device: %s: %s\n", zo_strerror(r),
+                t->part ? zo_part_errmsg(t->part) : zo_optim_errmsg(t->o));
         return 1;
     }
     return 0;
@@ -1132,19 +1351,28 @@ static int prepare_run(train_run *t)
         zo_optim_info si = {.struct_size = sizeof(si)};
         if (zo_optim_get_info(t->o, &si) < 0 || check_save_dir(opt->save, si.step, si.step + opt->steps) < 0)
             return 2;
+        /* many ranks: each saves into <save>/rank<r> (zo_part_save) */
+        char rdir[PATH_MAX];
+        if (t->part && (snprintf(rdir, sizeof(rdir), "%s/rank%u", opt->save, t->dp.rank) >= (int)sizeof(rdir) ||
+                        check_save_dir(rdir, si.step, si.step + opt->steps) < 0))
+            return 2;
     }
-    if (opt->verify && ((r = reference_init(&t->ref, &t->shape, &t->cfg, &t->dm, t->tiled ? &t->tiling : NULL)) < 0 ||
-                        (r = reference_start(&t->ref, t->o)) < 0)) {
+    if (opt->verify && ((r = reference_init(&t->ref, &t->shape, &t->cfg, &t->dm, t->tiled ? &t->tiling : NULL,
+                                            t->dp.world)) < 0 ||
+                        (r = reference_start(&t->ref, t->o, &t->dm)) < 0)) {
         fprintf(stderr, "zo-train: verify: %s\n", zo_strerror(r));
         return 1;
     }
-    size_t batch_bytes = t->shape.batch * t->shape.width * 4;
-    if (train_teacher_init(&t->teacher, &t->shape) < 0 || !(t->x = malloc(batch_bytes)) ||
+    /* the teacher makes the global batch; each rank trains its slice */
+    train_shape gs = t->shape;
+    gs.batch = t->global_batch;
+    size_t batch_bytes = gs.batch * gs.width * 4;
+    if (train_teacher_init(&t->teacher, &gs) < 0 || !(t->x = malloc(batch_bytes)) ||
         !(t->y = malloc(batch_bytes))) {
         fprintf(stderr, "zo-train: out of memory for the teacher and the data\n");
         return 1;
     }
-    if (opt->json && !(t->jf = create_file(opt->json)))
+    if (opt->json && t->dp.rank == 0 && !(t->jf = create_file(opt->json))) /* rank 0 writes for the run */
         return 2;
     return 0;
 }
@@ -1158,7 +1386,15 @@ static int print_setup(train_run *t)
     zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(t->o, &info);
     printf("model: %u layers of %zu x %zu + bias, %" PRIu64 " parameters (%.1f M), batch %zu x %u micro-steps\n",
-           s->layers, s->width, s->width, t->nparams, t->nparams / 1e6, s->batch, cfg->grad_accum_steps);
+           s->layers, s->width, s->width, t->nparams, t->nparams / 1e6, t->global_batch, cfg->grad_accum_steps);
+    if (t->part) {
+        zo_part_info pi = {.struct_size = sizeof(pi)};
+        zo_part_get_info(t->part, &pi);
+        printf("ranks: %u (MPI), each a slice of %zu samples; rank %u owns %" PRIu64 " of the %" PRIu64
+               " elements (%.1f MiB of masters and states), %u gradient buckets per micro-step\n",
+               pi.world, s->batch, pi.rank, pi.shard_numel, pi.numel,
+               mib(pi.state_host_bytes + pi.state_nvme_bytes), pi.nbuckets);
+    }
     if (t->tiled)
         printf("device (%s): budget %.1f MiB, held %.1f MiB: params %s and grads %s of the biases, activations; "
                "the weights in tiles\n", backend, mib(t->budget), mib(t->dm.bytes), zo_dtype_name(s->param_dtype),
@@ -1177,6 +1413,7 @@ static int print_setup(train_run *t)
                mib(t->tiling.layer_budget));
     }
     uint64_t state_bytes = t->nparams * (4 + 2 * zo_dtype_size(t->jgroup.state_dtype)); /* master, m, v */
+    state_bytes /= t->dp.world; /* this rank's */
     printf("engine: fp32 masters + optimizer states %.1f MiB %s the device budget -> %s%s; DPU %s (warm-up %u), "
            "clip %g, %d threads, %u sub-groups\n",
            mib(state_bytes), state_bytes > t->budget ? "do not fit" : "would fit",
@@ -1192,6 +1429,8 @@ typedef struct window {
     double scale;             /* fp16: the dynamic loss scale of this window */
     double compute, data;     /* seconds: forward and backward; the teacher's batches */
     double loss, ref_loss;    /* mean over the micro-steps; the reference's (--verify) */
+    double ref_rank_loss[64]; /* many ranks, --verify: each rank's slice's loss, summed in rank order */
+    zo_optim_step_result res; /* many ranks: the boundary's zo_part_step() result */
     unsigned done;            /* micro-steps run: grad_accum_steps, or fewer when a signal stopped it */
 } window;
 
@@ -1203,8 +1442,11 @@ static int run_window(train_run *t, window *w)
 {
     unsigned accum = t->cfg.grad_accum_steps;
     int r;
+    size_t slice = t->shape.batch * t->shape.width; /* one rank's samples: its part of x and y */
+    const float *x = t->x + t->dp.rank * slice, *y = t->y + t->dp.rank * slice;
     for (w->done = 0; w->done < accum; w->done++, t->micro++) {
-        if (g_stop)
+        /* many ranks agree on stopping at a step boundary (train_loop) */
+        if (g_stop && !t->part)
             break;
         test_micro_delay();
         double td = now_s();
@@ -1212,29 +1454,51 @@ static int run_window(train_run *t, window *w)
         double tc = now_s();
         w->data += tc - td;
         double l;
-        if ((r = train_forward(&t->dm.model, t->x, t->y, &l)) < 0) {
+        if ((r = train_forward(&t->dm.model, x, y, &l)) < 0) {
             fprintf(stderr, "zo-train: forward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(t->dev));
             return 1;
         }
         /* the previous step's gradient copies must be done before
          * backward rewrites the gradient buffers */
-        if ((r = zo_optim_grads_done(t->o)) < 0) {
+        if (!t->part && (r = zo_optim_grads_done(t->o)) < 0) {
             fprintf(stderr, "zo-train: zo_optim_grads_done: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(t->o));
             return 1;
         }
-        engine_intake ei = {.o = t->o, .grad_dtype = t->shape.grad_dtype};
-        if ((r = train_backward(&t->dm.model, t->y, w->scale, engine_grad, &ei)) < 0) {
+        engine_intake ei = {.o = t->o, .part = t->part, .grad_dtype = t->shape.grad_dtype};
+        if ((r = train_backward(&t->dm.model, y, w->scale, engine_grad, &ei)) < 0) {
             fprintf(stderr, "zo-train: backward: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(t->dev));
             return 1;
         }
         w->compute += now_s() - tc;
         w->loss += l / accum;
         /* every micro-step ends with a step call; only the boundary updates */
-        if ((r = zo_optim_step_async(t->o, NULL)) < 0) {
+        if (t->part) {
+            /* reduces the buckets still open; at the boundary the update
+             * with the global norm, and the all-gather of the params */
+            w->res.struct_size = sizeof(w->res);
+            if ((r = zo_part_step(t->part, &w->res)) < 0) {
+                fprintf(stderr, "zo-train: zo_part_step: %s (%s)\n", zo_strerror(r), zo_part_errmsg(t->part));
+                return 1;
+            }
+        } else if ((r = zo_optim_step_async(t->o, NULL)) < 0) {
             fprintf(stderr, "zo-train: zo_optim_step_async: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(t->o));
             return 1;
         }
-        if (t->opt.verify) {
+        if (t->opt.verify && t->part) {
+            /* the reference is the single-rank run of the global batch:
+             * every rank's slice, the gradients averaged as zo_part does */
+            for (unsigned k = 0; k < t->dp.world; k++) {
+                double rl = 0;
+                t->ref.slice = k;
+                if ((r = train_forward(&t->ref.model, t->x + k * slice, t->y + k * slice, &rl)) < 0 ||
+                    (r = train_backward(&t->ref.model, t->y + k * slice, w->scale, reference_grad, &t->ref)) < 0) {
+                    fprintf(stderr, "zo-train: verify: reference model: %s\n", zo_strerror(r));
+                    return 1;
+                }
+                w->ref_rank_loss[k] += rl / accum;
+            }
+            reference_dp_mean(&t->ref);
+        } else if (t->opt.verify) {
             double rl = 0;
             if ((r = train_forward(&t->ref.model, t->x, t->y, &rl)) < 0 ||
                 (r = train_backward(&t->ref.model, t->y, w->scale, reference_grad, &t->ref)) < 0) {
@@ -1287,7 +1551,7 @@ static void print_step(int64_t step, const window *w, double dt, const zo_optim_
 /* The end of step s (0-based, of this run) after its window: the update
  * finished (or left in flight under DPU), the tiles rewritten, the
  * reference stepped, the totals, the step's line and JSON. */
-static int finish_step(train_run *t, unsigned s, double t0, const window *w)
+static int finish_step(train_run *t, unsigned s, double t0, window *w)
 {
     const zo_optim_config *cfg = &t->cfg;
     zo_optim_info info = {.struct_size = sizeof(info)};
@@ -1299,7 +1563,21 @@ static int finish_step(train_run *t, unsigned s, double t0, const window *w)
         return 1;
     }
     zo_optim_step_result res = {.struct_size = sizeof(res)};
-    if ((!cfg->dpu || !info.dpu_active) && (r = zo_optim_wait(t->o, &res)) < 0) {
+    if (t->part) {
+        /* zo_part_step() finished the update; the loss is the mean of the
+         * ranks' slices' losses (equal slices: the global batch's mean) */
+        res = w->res;
+        double l = w->loss;
+        if ((r = t->dp.comm.all_reduce(t->dp.comm.user, &l, 1, ZO_COMM_SUM)) < 0) {
+            fprintf(stderr, "zo-train: step %u: all-reduce of the loss: %s\n", s + 1, zo_strerror(r));
+            return 1;
+        }
+        w->loss = l / t->dp.world;
+        double rl = 0;
+        for (unsigned k = 0; k < t->dp.world && t->opt.verify; k++)
+            rl += w->ref_rank_loss[k];
+        w->ref_loss = rl / t->dp.world;
+    } else if ((!cfg->dpu || !info.dpu_active) && (r = zo_optim_wait(t->o, &res)) < 0) {
         fprintf(stderr, "zo-train: step %u: %s (%s)\n", s + 1, zo_strerror(r), zo_optim_errmsg(t->o));
         return 1;
     }
@@ -1343,9 +1621,23 @@ static int train_loop(train_run *t)
     zo_optim_info info = {.struct_size = sizeof(info)};
     zo_optim_get_info(t->o, &info);
     t->step0 = info.step;
-    for (unsigned s = 0; s < t->opt.steps && !g_stop; s++) {
+    for (unsigned s = 0; s < t->opt.steps; s++) {
+        if (t->part) {
+            /* a signal reaches the ranks at different moments: they stop
+             * together, at the first step boundary where any has one */
+            double stop = g_stop;
+            int r = t->dp.comm.all_reduce(t->dp.comm.user, &stop, 1, ZO_COMM_MAX);
+            if (r < 0) {
+                fprintf(stderr, "zo-train: all-reduce of the stop flag: %s\n", zo_strerror(r));
+                return 1;
+            }
+            if (stop > 0 && !g_stop)
+                g_stop = (sig_atomic_t)stop;
+        }
+        if (g_stop)
+            break;
         double t0 = now_s();
-        window w = {.scale = zo_optim_loss_scale(t->o)};
+        window w = {.scale = t->part ? zo_part_loss_scale(t->part) : zo_optim_loss_scale(t->o)};
         int rc = run_window(t, &w);
         if (rc)
             return rc;
@@ -1390,11 +1682,25 @@ static int save_checkpoint(train_run *t)
     snprintf(user, sizeof(user),
              "{\"micro\":%" PRIu64 ",\"layers\":%u,\"width\":%zu,\"seed\":%" PRIu64 ",\"lr\":%.17g}", t->micro,
              t->shape.layers, t->shape.width, t->shape.seed, t->hp_w.lr);
-    int r = zo_optim_save(t->o, t->opt.save, name, 2, user);
-    if (r < 0) {
-        fprintf(stderr, "zo-train: --save %s: %s (%s)\n", t->opt.save, zo_strerror(r), zo_optim_errmsg(t->o));
-        return 1;
+    int r = t->part ? zo_part_save(t->part, t->opt.save, name, 2, user) : zo_optim_save(t->o, t->opt.save, name, 2, user);
+    if (r < 0)
+        fprintf(stderr, "zo-train: --save %s: %s (%s)\n", t->opt.save, zo_strerror(r),
+                t->part ? zo_part_errmsg(t->part) : zo_optim_errmsg(t->o));
+    if (t->part) {
+        /* the checkpoint is whole once every rank's shard is saved */
+        double failed = r < 0;
+        if (t->dp.comm.all_reduce(t->dp.comm.user, &failed, 1, ZO_COMM_MAX) < 0 || failed > 0) {
+            if (r >= 0)
+                fprintf(stderr, "zo-train: --save %s: another rank's shard was not saved: %s is incomplete\n",
+                        t->opt.save, name);
+            t->failed_together = failed > 0;
+            return 1;
+        }
+        printf("saved %s/rank*/%s (%u ranks)\n", t->opt.save, name, t->dp.world);
+        return 0;
     }
+    if (r < 0)
+        return 1;
     printf("saved %s/%s\n", t->opt.save, name);
     return 0;
 }
@@ -1418,7 +1724,8 @@ static void summary_json(train_run *t, const summary *sm)
     zj_uint(&jw, "params", t->nparams);
     zj_uint(&jw, "layers", t->shape.layers);
     zj_uint(&jw, "width", t->shape.width);
-    zj_uint(&jw, "batch", t->shape.batch);
+    zj_uint(&jw, "batch", t->global_batch);
+    zj_uint(&jw, "ranks", t->dp.world);
     zj_uint(&jw, "accum", t->cfg.grad_accum_steps);
     zj_str(&jw, "offload", t->cfg.placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host");
     zj_bool(&jw, "dpu", t->cfg.dpu);
@@ -1466,15 +1773,17 @@ static int report(train_run *t)
     zo_pinned_stats ps;
     zo_pinned_stats_get(&ps);
     getrusage(RUSAGE_SELF, &sm.ru);
-    sm.samples = (double)tot->steps * accum * t->shape.batch;
+    sm.samples = (double)tot->steps * accum * t->global_batch;
     sm.ms = tot->steps ? tot->wall_s * 1e3 / tot->steps : 0;
     printf("summary: %u steps in %.1f s (%.1f ms/step, compute %.1f ms/step), %.0f samples/s, %.1f GFLOP/s\n",
            tot->steps, tot->wall_s, sm.ms, tot->steps ? tot->compute_s * 1e3 / tot->steps : 0,
            tot->wall_s > 0 ? sm.samples / tot->wall_s : 0,
-           tot->wall_s > 0 ? train_shape_flops(&t->shape) * tot->steps * accum / tot->wall_s / 1e9 : 0);
+           tot->wall_s > 0 ? train_shape_flops(&t->shape) * t->dp.world * tot->steps * accum / tot->wall_s / 1e9 : 0);
     printf("loss: %.6f -> %.6f (%.1f%% of the start; floor 0)\n", tot->first_loss, tot->last_loss,
            tot->first_loss > 0 ? 100.0 * tot->last_loss / tot->first_loss : 0);
     t->dev_peak = device_in_use(t->dev, t->dev_peak);
+    if (t->part)
+        printf("(memory and bytes moved below: rank %u of %u, its shard)\n", t->dp.rank, t->dp.world);
     printf("memory: device %.1f MiB, peak in use %.1f MiB (budget %.1f), engine pinned %.1f MiB (process peak locked "
            "%.1f), engine pageable %.1f MiB, process peak RSS %.1f MiB\n",
            mib(t->dm.bytes), mib(t->dev_peak), mib(t->budget), mib(sm.info.pinned_bytes), mib(ps.locked_peak),
@@ -1507,6 +1816,20 @@ static int verify_result(train_run *t)
 {
     if (!t->opt.verify)
         return 0;
+    if (t->part) {
+        /* every rank checks its shard; all pass or the run fails */
+        double failed = reference_finish(&t->ref) < 0 || reference_compare_dp(&t->ref, t->o, &t->dm, t->dp.rank) < 0 ||
+                        t->verify_failed;
+        if (t->dp.comm.all_reduce(t->dp.comm.user, &failed, 1, ZO_COMM_MAX) < 0 || failed > 0) {
+            fprintf(stderr, "zo-train: verify: FAILED\n");
+            t->failed_together = failed > 0;
+            return 1;
+        }
+        printf("verify: every rank's shard of masters and states, and the device params, equal the single-rank "
+                   "in-memory run of the global batch bit for bit (%u ranks, %u steps)\n", t->dp.world,
+                   t->tot.steps);
+        return 0;
+    }
     if (reference_finish(&t->ref) < 0 || reference_compare(&t->ref, t->o, &t->dm) < 0 || t->verify_failed) {
         fprintf(stderr, "zo-train: verify: FAILED\n");
         return 1;
@@ -1514,6 +1837,21 @@ static int verify_result(train_run *t)
     printf("verify: masters, states and device params equal the in-memory run bit for bit (%u steps)\n",
            t->tot.steps);
     return 0;
+}
+
+/* Many ranks, before the first collective (start_state): whether every
+ * rank got here. A rank that failed in setup (a refusal, a directory...)
+ * says so here instead of leaving the others waiting in a collective;
+ * all then leave with the worst exit status, none forced out. */
+static int agree_setup(train_run *t, int rc)
+{
+    double worst = rc;
+    if (t->dp.comm.all_reduce(t->dp.comm.user, &worst, 1, ZO_COMM_MAX) < 0) {
+        fprintf(stderr, "zo-train: rank %u: the ranks cannot agree on the setup (MPI)\n", t->dp.rank);
+        return 1;
+    }
+    t->failed_together = worst > 0;
+    return (int)worst;
 }
 
 /* Release everything, on every path; the exit status rc, or 1 when the
@@ -1528,6 +1866,10 @@ static int run_cleanup(train_run *t, int rc)
     train_teacher_free(&t->teacher);
     free(t->x);
     free(t->y);
+    if (t->part) {
+        zo_part_destroy(&t->part); /* with its inner engine */
+        t->o = NULL;
+    }
     zo_optim_destroy(&t->o);
     zo_optim_json_free(&t->cj);
     device_model_free(&t->dm);
@@ -1535,6 +1877,10 @@ static int run_cleanup(train_run *t, int rc)
     zo_swap_destroy(&t->tile_swap);
     zo_dev_close(&t->dev);
     zo_tool_rundir_remove(&g_run);
+    if (rc && t->dp.world > 1 && !t->failed_together)
+        /* the other ranks may be waiting in a collective for this one */
+        train_dp_abort(&t->dp, rc);
+    train_dp_finish(&t->dp);
     return rc;
 }
 
@@ -1563,7 +1909,24 @@ int main(int argc, char **argv)
     int rc = train_options_parse(argc, argv, &run.opt);
     if (rc)
         return rc < 0 ? 0 : rc; /* -1: --help */
-    for (size_t i = 0; i < sizeof(phases) / sizeof(phases[0]) && rc == 0; i++)
-        rc = phases[i](&run);
+    /* under mpirun: one rank of the data-parallel run (train_dp.h) */
+    char why[512];
+    if ((rc = train_dp_init(&run.dp, &argc, &argv, why, sizeof(why))) < 0) {
+        fprintf(stderr, "zo-train: %s\n", why);
+        return rc == ZO_ENOTSUP ? 2 : 1;
+    }
+    if (run.dp.rank > 0 && !freopen("/dev/null", "w", stdout)) {
+        /* rank 0 speaks for the run; the others' stderr stays */
+        fprintf(stderr, "zo-train: rank %u: /dev/null: %s\n", run.dp.rank, strerror(errno));
+        train_dp_abort(&run.dp, 1);
+        return 1;
+    }
+    size_t nphases = sizeof(phases) / sizeof(phases[0]);
+    for (size_t i = 0; i < nphases && (rc == 0 || (run.dp.world > 1 && phases[i - 1] != start_state)); i++) {
+        if (run.dp.world > 1 && phases[i] == start_state && (rc = agree_setup(&run, rc)) != 0)
+            break;
+        if (rc == 0)
+            rc = phases[i](&run);
+    }
     return run_cleanup(&run, rc);
 }

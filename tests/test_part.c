@@ -367,6 +367,9 @@ typedef struct train_arg {
     const char *nvme;
     const char *ckroot; /* checkpoint test: save after `save_at` steps */
     int save_at;
+    const char *name;   /* resharding: the checkpoint to load (NULL: the latest) */
+    const char *resave; /* resharding: save it again at this world size under this root */
+    int cont;           /* resharding: then train on to pc->steps */
 } train_arg;
 
 static void snapshot(mdl *m, float *out)
@@ -860,6 +863,43 @@ static int rank_ckpt(zo_comm *comm, char *resb, void *argp, rank_status *st)
     return 0;
 }
 
+/* A resharded load: checkpoint ta->name of ta->ckroot (saved by another
+ * number of ranks, or the same) loaded by this world; the params right
+ * after the load into res; then saved again (ta->resave) or trained on
+ * (ta->cont: the params after the last step into res). */
+static int rank_reshard(zo_comm *comm, char *resb, void *argp, rank_status *st)
+{
+    train_arg *ta = argp;
+    const pcase *pc = ta->pc;
+    mdl m;
+    zo_part *p = NULL;
+    if (mdl_init(&m, pc, ta->nvme) < 0 || part_open(&p, &m, comm, pc, st))
+        FAILR(st, "rank %u: open", comm->rank);
+    char uj[64];
+    int r = zo_part_load(p, ta->ckroot, ta->name, uj, sizeof(uj));
+    if (r)
+        FAILR(st, "rank %u of %u: load %s: %s (%s)", comm->rank, comm->world, ta->ckroot, zo_strerror(r),
+              zo_part_errmsg(p));
+    if (!strstr(uj, "\"epoch\""))
+        FAILR(st, "rank %u: user json back: '%s'", comm->rank, uj);
+    zo_part_info in = {.struct_size = sizeof(in)};
+    zo_part_get_info(p, &in);
+    if (in.step != ta->save_at)
+        FAILR(st, "rank %u of %u: step %lld after the load, saved at %d", comm->rank, comm->world,
+              (long long)in.step, ta->save_at);
+    snapshot(&m, (float *)resb);
+    if (ta->resave && (r = zo_part_save(p, ta->resave, "ck2", 2, "{\"epoch\": 4}")) != 0)
+        FAILR(st, "rank %u of %u: save: %s (%s)", comm->rank, comm->world, zo_strerror(r), zo_part_errmsg(p));
+    if (ta->cont) {
+        if (train(p, &m, comm->rank, pc, ta->save_at, pc->steps, NULL, st))
+            return 1;
+        snapshot(&m, (float *)resb);
+    }
+    zo_part_destroy(&p);
+    mdl_free(&m);
+    return 0;
+}
+
 START_TEST(test_part_checkpoint)
 {
     const pcase pc = {2, ZO_DTYPE_BF16, _i ? ZO_OPTIM_PLACE_NVME : ZO_OPTIM_PLACE_HOST, 1, 4, 64 << 10};
@@ -872,27 +912,51 @@ START_TEST(test_part_checkpoint)
     float *a0 = (float *)run_res(&rn, 0), *a1 = (float *)run_res(&rn, 1);
     ck_assert_int_eq(memcmp(a0, a1, (size_t)TOTAL * 4), 0); /* the ranks agree */
 
-    /* another world size (and another rank's files) is refused before anything is read */
+    /* Resharding: the 2-rank checkpoint loaded by 1 and by 3 ranks gives the
+     * same params as a 2-rank load; saved again there and loaded back by 2
+     * ranks, training on gives the uninterrupted run's params bit for bit
+     * (masters, both moments, step, loss scaler and learning rate all went
+     * through the other world size unchanged). */
+    run same;
+    train_arg la = ta;
+    la.name = "ck1";
+    run_ranks(&same, 2, (size_t)TOTAL * 4, rank_reshard, &la);
+    for (unsigned w = 1; w <= 3; w += 2) {
+        char ck2[4300];
+        snprintf(ck2, sizeof(ck2), "%s/ck-at-%u", dir, w);
+        train_arg ra = la;
+        ra.name = NULL; /* the latest */
+        ra.resave = ck2;
+        run there;
+        run_ranks(&there, w, (size_t)TOTAL * 4, rank_reshard, &ra);
+        for (unsigned r = 0; r < w; r++)
+            ck_assert_msg(memcmp(run_res(&there, r), run_res(&same, 0), (size_t)TOTAL * 4) == 0,
+                          "rank %u of %u: the params after a resharded load differ from a 2-rank load's", r, w);
+        run_free(&there);
+        train_arg ba = ta;
+        ba.ckroot = ck2;
+        ba.name = "ck2";
+        ba.cont = 1;
+        run back;
+        run_ranks(&back, 2, (size_t)TOTAL * 4, rank_reshard, &ba);
+        for (unsigned r = 0; r < 2; r++)
+            ck_assert_msg(memcmp(run_res(&back, r), a0, (size_t)TOTAL * 4) == 0,
+                          "2 -> %u -> 2 ranks, rank %u: training on differs from the uninterrupted run", w, r);
+        run_free(&back);
+    }
+    run_free(&same);
+
+    /* a checkpoint that is not there */
     mdl m;
     fake f;
     zo_comm c;
     zo_part_config pcfg;
     fake_setup(&m, &pc, dir, &f, &c, &pcfg);
-    for (unsigned k = 0; k < 4; k++) {
-        static const unsigned rw[4][2] = {{0, 3}, {2, 3}, {0, 1}, {1, 4}};
-        fake_comm(&c, &f, rw[k][0], rw[k][1]);
-        zo_part *p = NULL;
-        ck_assert_int_eq(zo_part_create(&p, &pcfg), 0);
-        int r = zo_part_load(p, ck, "ck1", NULL, 0);
-        ck_assert_msg(r == ZO_ENOTSUP, "rank %u of %u: %s (%s)", rw[k][0], rw[k][1], zo_strerror(r),
-                      zo_part_errmsg(p));
-        ck_assert_msg(strstr(zo_part_errmsg(p), "saved by 2 ranks") && strstr(zo_part_errmsg(p), "resharding"),
-                      "%s", zo_part_errmsg(p));
-        r = zo_part_load(p, ck, NULL, NULL, 0); /* the latest: the same */
-        ck_assert_int_eq(r, ZO_ENOTSUP);
-        ck_assert_int_eq(zo_part_load(p, ck, "nope", NULL, 0), -ENOENT);
-        zo_part_destroy(&p);
-    }
+    fake_comm(&c, &f, 0, 3);
+    zo_part *p0 = NULL;
+    ck_assert_int_eq(zo_part_create(&p0, &pcfg), 0);
+    ck_assert_int_eq(zo_part_load(p0, ck, "nope", NULL, 0), -ENOENT);
+    zo_part_destroy(&p0);
     /* another model at the same world size */
     m.hp[0].lr = 1e-2;
     static const uint64_t other[] = {1000, 70000, 3, 130002};

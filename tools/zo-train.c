@@ -928,7 +928,8 @@ typedef struct train_run {
     device_model dm;
     zo_optim *o;              /* the engine; many ranks: the inner engine of this rank's shards */
     train_dp dp;              /* the ranks (mpirun): world 1 in a single process */
-    zo_part *part;            /* world > 1: the partitioned engine (owns o) */
+    zo_part *part;            /* the partitioned engine (owns o): world > 1, or resuming its checkpoint */
+    int use_part;             /* run on zo_part (set by check_request) */
     size_t global_batch;      /* --batch: every rank trains batch / world of its samples */
     uint64_t micro;           /* global micro-step index: picks the data */
     reference ref;            /* --verify */
@@ -942,6 +943,12 @@ typedef struct train_run {
     int failed_together;      /* many ranks: every rank knows the run failed (no forced exit needed) */
     totals tot;
 } train_run;
+
+/* A sum or max over the ranks (nothing to do in one process). */
+static int dp_reduce(train_run *t, double *vals, unsigned n, int op)
+{
+    return t->dp.world > 1 ? t->dp.comm.all_reduce(t->dp.comm.user, vals, n, op) : 0;
+}
 
 /* Each phase below returns 0 to go on, or the exit status: 1 the run
  * failed, 2 the request cannot be run (bad usage: zo_tool_bad()); the
@@ -964,24 +971,35 @@ static int check_request(train_run *t)
                              .seed = opt->seed};
     t->global_batch = t->shape.batch;
     unsigned world = t->dp.world;
-    if (world > 1) {
+    /* a checkpoint of the partitioned engine (<dir>/rank0/...) is resumed
+     * by it, at any number of ranks, one included (resharded at load) */
+    struct stat rs;
+    char r0[PATH_MAX];
+    t->use_part = world > 1 || (opt->resume && snprintf(r0, sizeof(r0), "%s/rank0", opt->resume) < (int)sizeof(r0) &&
+                                stat(r0, &rs) == 0 && S_ISDIR(rs.st_mode));
+    if (t->use_part) {
+        char who[64];
+        if (world > 1)
+            snprintf(who, sizeof(who), "%u ranks", world);
+        else
+            snprintf(who, sizeof(who), "--resume of a partitioned checkpoint");
         /* data parallel: the global batch is cut into one slice per rank */
         if (strcmp(opt->backend, "host"))
-            return zo_tool_bad("zo-train", "%u ranks: the MPI comm moves host memory, so ranks run on --backend host "
-                                           "(a CUDA framework uses <zoffload/comm_nccl.h>)", world);
+            return zo_tool_bad("zo-train", "%s: the MPI comm moves host memory, so ranks run on --backend host "
+                                           "(a CUDA framework uses <zoffload/comm_nccl.h>)", who);
         if (opt->batch % world)
-            return zo_tool_bad("zo-train", "%u ranks: --batch %" PRIu64 " (the global batch) must be a multiple of the "
-                                           "number of ranks", world, opt->batch);
+            return zo_tool_bad("zo-train", "%s: --batch %" PRIu64 " (the global batch) must be a multiple of the "
+                                           "number of ranks", who, opt->batch);
         if (opt->defaulted)
             /* the embedded default (DPU on) under mpirun: the partitioned
              * engine has no DPU yet, so the default run goes without it */
             t->opt.dpu = 0;
         if (opt->dpu > 0)
-            return zo_tool_bad("zo-train", "%u ranks: --dpu on is not supported by the partitioned engine yet",
-                               world);
+            return zo_tool_bad("zo-train", "%s: --dpu on is not supported by the partitioned engine yet",
+                               who);
         if (opt->verify && opt->resume)
-            return zo_tool_bad("zo-train", "%u ranks: --verify starts from the initial parameters: leave --resume out",
-                               world);
+            return zo_tool_bad("zo-train", "%s: --verify starts from the initial parameters: leave --resume out",
+                               who);
         if (opt->verify && world > 64)
             return zo_tool_bad("zo-train", "--verify runs every rank's slice in each rank's reference: up to 64 ranks");
         t->shape.batch /= world;
@@ -1028,7 +1046,7 @@ static int open_device(train_run *t)
     /* By default the budget holds the device model (params, grads,
      * activations) and a little slack, never the fp32 masters and states. */
     t->budget = opt->dev_budget ? opt->dev_budget : train_default_device_budget(t->dev_need);
-    if (t->dp.world > 1 && !opt->dev_budget)
+    if (t->use_part && !opt->dev_budget)
         /* zo_part's flat params and its gradient bucket (at most 25 MiB,
          * at most the gradients) live on the device too */
         t->budget += t->nparams * t->pes + u64_min((uint64_t)25 << 20, t->nparams * t->ges);
@@ -1045,7 +1063,7 @@ static int open_device(train_run *t)
      * predicts (train_plan_tiles()). */
     zo_tile_grid plan_grid;
     t->tiled = opt->dev_budget ? train_plan_tiles(&t->shape, t->budget, &t->layer_budget, &plan_grid) : 0;
-    if (t->tiled > 0 && t->dp.world > 1)
+    if (t->tiled > 0 && t->use_part)
         return zo_tool_bad("zo-train", "--device-budget %.1f MiB would tile the layers, which one rank does alone: "
                                        "give the ranks a budget that holds the model", mib(t->budget));
     if (t->tiled < 0)
@@ -1239,7 +1257,7 @@ static int create_engine(train_run *t)
         fprintf(stderr, "zo-train: initial parameters: %s (%s)\n", zo_strerror(r), zo_dev_errmsg(t->dev));
         goto out;
     }
-    if (t->dp.world > 1) {
+    if (t->use_part) {
         /* every rank the whole model's template; zo_part keeps 1/world of
          * the masters and states (its shard of each group) */
         zo_part_config pc;
@@ -1568,7 +1586,7 @@ static int finish_step(train_run *t, unsigned s, double t0, window *w)
          * ranks' slices' losses (equal slices: the global batch's mean) */
         res = w->res;
         double l = w->loss;
-        if ((r = t->dp.comm.all_reduce(t->dp.comm.user, &l, 1, ZO_COMM_SUM)) < 0) {
+        if ((r = dp_reduce(t, &l, 1, ZO_COMM_SUM)) < 0) {
             fprintf(stderr, "zo-train: step %u: all-reduce of the loss: %s\n", s + 1, zo_strerror(r));
             return 1;
         }
@@ -1626,7 +1644,7 @@ static int train_loop(train_run *t)
             /* a signal reaches the ranks at different moments: they stop
              * together, at the first step boundary where any has one */
             double stop = g_stop;
-            int r = t->dp.comm.all_reduce(t->dp.comm.user, &stop, 1, ZO_COMM_MAX);
+            int r = dp_reduce(t, &stop, 1, ZO_COMM_MAX);
             if (r < 0) {
                 fprintf(stderr, "zo-train: all-reduce of the stop flag: %s\n", zo_strerror(r));
                 return 1;
@@ -1689,7 +1707,7 @@ static int save_checkpoint(train_run *t)
     if (t->part) {
         /* the checkpoint is whole once every rank's shard is saved */
         double failed = r < 0;
-        if (t->dp.comm.all_reduce(t->dp.comm.user, &failed, 1, ZO_COMM_MAX) < 0 || failed > 0) {
+        if (dp_reduce(t, &failed, 1, ZO_COMM_MAX) < 0 || failed > 0) {
             if (r >= 0)
                 fprintf(stderr, "zo-train: --save %s: another rank's shard was not saved: %s is incomplete\n",
                         t->opt.save, name);
@@ -1820,7 +1838,7 @@ static int verify_result(train_run *t)
         /* every rank checks its shard; all pass or the run fails */
         double failed = reference_finish(&t->ref) < 0 || reference_compare_dp(&t->ref, t->o, &t->dm, t->dp.rank) < 0 ||
                         t->verify_failed;
-        if (t->dp.comm.all_reduce(t->dp.comm.user, &failed, 1, ZO_COMM_MAX) < 0 || failed > 0) {
+        if (dp_reduce(t, &failed, 1, ZO_COMM_MAX) < 0 || failed > 0) {
             fprintf(stderr, "zo-train: verify: FAILED\n");
             t->failed_together = failed > 0;
             return 1;
@@ -1846,7 +1864,7 @@ static int verify_result(train_run *t)
 static int agree_setup(train_run *t, int rc)
 {
     double worst = rc;
-    if (t->dp.comm.all_reduce(t->dp.comm.user, &worst, 1, ZO_COMM_MAX) < 0) {
+    if (dp_reduce(t, &worst, 1, ZO_COMM_MAX) < 0) {
         fprintf(stderr, "zo-train: rank %u: the ranks cannot agree on the setup (MPI)\n", t->dp.rank);
         return 1;
     }

@@ -56,7 +56,8 @@
  *
  * Not in this version (refused with ZO_ENOTSUP, never ignored): DPU
  * (`dpu`), the speculative clip mode, ZO_OPTIM_NO_GRAD_SKIP (a shard mixes
- * tensors), loading a checkpoint saved at another world size (resharding).
+ * tensors). A checkpoint saved at another world size is resharded at load
+ * (zo_part_load()).
  * The collectives: <zoffload/comm_mpi.h> (MPI, host backend) and
  * <zoffload/comm_nccl.h> (NCCL, CUDA backend), header-only, or the
  * framework's own callbacks (the "external" comm).
@@ -228,11 +229,23 @@ ZO_API int zo_part_save(zo_part *p, const char *root, const char *name, unsigned
  * tensor's dev_params. Checked before anything is read: the checkpoint's
  * record must name this rank and world size and the same model layout.
  * user_json (if not NULL) receives the caller's JSON given to the save.
+ *
+ * Saved by another number of ranks (W): resharded, no conversion step.
+ * Every old rank's record (<root>/rank<k>/<name>, k < W) is checked first
+ * (rank k of W, the same model); then each rank reads the parts of the old
+ * shards that overlap its new one (each chunk verified by its checksum)
+ * into its masters and states, in the dtype they were saved in (fp32 or
+ * bf16: exact), takes the step, counters, loss scaler and hyperparameters
+ * of old rank 0's record, rounds its masters into its params and
+ * all-gathers them. Every rank reads about 1/world of the checkpoint.
+ * A failure after the checks leaves the engine refusing (ZO_ESTATE) until
+ * a load or zo_part_init_from_device() succeeds.
  * @return 0; -EINVAL; -ENOENT (no such checkpoint for this rank, and no
- *         rank-0 one either); ZO_ENOTSUP (saved at another world size:
- *         resharding at load is not supported yet; the detail names both
- *         sizes); ZO_EFORMAT (not a zo_part checkpoint, another rank's, or
- *         another model); errors of zo_optim_load(); collective errors.
+ *         rank-0 one either); ZO_EFORMAT (not a zo_part checkpoint,
+ *         another rank's, another model; resharding: an old rank's shard
+ *         missing or not of this model); ZO_ENOTSUP (resharding states of
+ *         another dtype than fp32 / bf16); errors of zo_optim_load() and
+ *         zo_ckpt_read(); collective errors.
  */
 ZO_API int zo_part_load(zo_part *p, const char *root, const char *name, char *user_json, size_t len);
 

@@ -350,6 +350,12 @@ int zo__optim_quiesce(zo_optim *o, int for_load);
 int zo__failed_check(zo_optim *o, const char *fn);
 /* the masters of every tensor are set (after init_from_device or a load) */
 void zo__masters_all_set(zo_optim *o);
+/* zo_part's resharded load (part.c): take the engine record of checkpoint
+ * JSON js saved by an engine of another layout (a shard at another world
+ * size): step, counters, loss scaler, and each group g's hyperparameters
+ * from the record's group map[g] (of nrec); every tensor at the step. The
+ * caller imports the masters and states. @return 0, ZO_EFORMAT, -ENOMEM. */
+int zo__optim_adopt_record(zo_optim *o, const char *js, unsigned nrec, const unsigned *map);
 /* an import set n master elements of tensor t */
 void zo__masters_add(zo_optim *o, unsigned t, uint64_t n);
 /* 0, or ZO_ESTATE naming fn and the first tensor whose masters were never set */

@@ -70,9 +70,29 @@ struct zo_part {
     zo_optim *inner;
     zo_optim_footprint fp;
     uint64_t layout_fp, numel, micro;
+    char *names;             /* the template's tensor names, each NUL-terminated, in order (layout_fp()) */
+    uint64_t *gsg;           /* [ngroups] the group's sub-group size (a resharded load finds old sub-groups) */
     int broken; /* a collective or an update failed: the ranks are out of step */
     uint64_t n_rs, n_rs_grad, n_ag;
 };
+
+/* The model's layout fingerprint as `world` ranks record it in their
+ * checkpoints: the world size, the groups, each tensor's name and size. A
+ * resharded load checks an old world's record with the old size. */
+static uint64_t layout_fp(const zo_part *p, unsigned world)
+{
+    unsigned G = p->ngroups;
+    uint64_t h = zo__fnv1a(0xcbf29ce484222325ull, &world, sizeof(world));
+    h = zo__fnv1a(h, &G, sizeof(G));
+    const char *nm = p->names;
+    for (unsigned t = 0; t < p->nt; t++) {
+        size_t l = strlen(nm) + 1;
+        h = zo__fnv1a(h, nm, l);
+        h = zo__fnv1a(h, &p->tnumel[t], 8);
+        nm += l;
+    }
+    return h;
+}
 
 void zo_comm_default(zo_comm *c)
 {
@@ -492,8 +512,10 @@ static int parse_record(const char *js, unsigned *rank, unsigned *world, uint64_
 }
 
 /* Check checkpoint `name` of <root>/rank<rank> against this engine before
- * anything is read. */
-static int check_ckpt(zo_part *p, const char *root, const char *name, const char *fn)
+ * anything is read. Saved at another world size: *old_world gets it and
+ * cname the checkpoint's name (a resharded load, checked there). */
+static int check_ckpt(zo_part *p, const char *root, const char *name, const char *fn, unsigned *old_world,
+                      char *cname_out, size_t cname_len)
 {
     char dir[4096];
     if (rank_dir(dir, sizeof(dir), root, p->comm.rank) < 0)
@@ -520,11 +542,15 @@ static int check_ckpt(zo_part *p, const char *root, const char *name, const char
     if (r < 0)
         return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: checkpoint %s is not a partitioned engine's (no zo_part record)", fn,
                        cname);
-    if (world != p->comm.world)
-        return ZO_FAIL(&p->err, ZO_ENOTSUP,
-                       "%s: checkpoint %s was saved by %u rank%s, this engine is rank %u of %u: loading at another "
-                       "world size (resharding) is not supported yet; load it with %u ranks",
-                       fn, cname, world, world == 1 ? "" : "s", p->comm.rank, p->comm.world, world);
+    *old_world = world;
+    snprintf(cname_out, cname_len, "%s", cname);
+    if (world != p->comm.world) {
+        if (world == 0 || layout != layout_fp(p, world))
+            return ZO_FAIL(&p->err, ZO_EFORMAT,
+                           "%s: checkpoint %s (saved by %u ranks) holds another model (tensors, sizes or names differ)",
+                           fn, cname, world);
+        return 0; /* resharded: reshard_load() checks every old rank's shard */
+    }
     if (!mine)
         return ZO_FAIL(&p->err, -ENOENT, "%s: no checkpoint %s for rank %u in %s (rank 0 has one: a save of this "
                        "rank is missing)", fn, cname, p->comm.rank, dir);
@@ -561,6 +587,195 @@ static void user_out(const char *js, char *out, size_t len)
     out[n] = 0;
 }
 
+/* ---- a resharded load -------------------------------------------------------------- */
+
+/* The end of a load: the params all-gathered to every tensor, the micro
+ * count of the inner engine, an empty window; usable again. */
+static int loaded(zo_part *p, const char *fn)
+{
+    int r = gather_params(p, fn);
+    if (r < 0)
+        return r;
+    zo_optim_info oi = {.struct_size = sizeof(oi)};
+    zo_optim_get_info(p->inner, &oi);
+    p->micro = oi.micro_steps;
+    window_reset(p);
+    p->broken = 0;
+    return 0;
+}
+
+/* Old rank r's shard of group g at world ow: [*lo, *lo + *n). */
+static void old_shard(const zo_part *p, unsigned g, unsigned r, unsigned ow, uint64_t *lo, uint64_t *n)
+{
+    uint64_t N = p->gnumel[g], S = (N + ow - 1) / ow;
+    S += S & 1;
+    *lo = ZO_MIN((uint64_t)r * S, N);
+    *n = ZO_MIN((uint64_t)(r + 1) * S, N) - *lo;
+}
+
+/* Copy old rank r's part [a, b) (group-local) of state k of group g from its
+ * checkpoint `rd` into the inner engine's shard: the old inner engine cut
+ * its shard [olo, ...) into sub-groups of gsg[g] elements, named
+ * optim.sg<base + j>.<state> (zo_optim's store names). Reads are whole
+ * checkpoint chunks (zo_ckpt_read verifies each). */
+static int reshard_copy(zo_part *p, zo_ckpt_reader *rd, unsigned g, unsigned base, uint64_t olo, uint64_t a,
+                        uint64_t b, int k, char *buf, size_t buf_bytes, const char *fn)
+{
+    static const char *const suffix[ZO_OPTIM_STATE_COUNT] = {"master", "exp_avg", "exp_avg_sq"};
+    size_t chunk = zo_ckpt_chunk_size(rd);
+    uint64_t sg = p->gsg[g];
+    for (uint64_t e = a; e < b;) {
+        uint64_t j = (e - olo) / sg, q = (e - olo) - j * sg;
+        char tn[64];
+        unsigned ti;
+        zo_ckpt_entry ce;
+        snprintf(tn, sizeof(tn), "optim.sg%" PRIu64 ".%s", base + j, suffix[k]);
+        int r = zo_ckpt_find(rd, tn, &ti);
+        if (r == -ENOENT && k != ZO_OPTIM_STATE_MASTER)
+            return 0; /* a state the optimizer does not keep (Lion's v, Adagrad's m) */
+        if (r < 0 || (r = zo_ckpt_get_entry(rd, ti, &ce)) < 0)
+            return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: checkpoint %s lacks %s", fn, zo_ckpt_name(rd), tn);
+        size_t es = zo_dtype_size(ce.dtype);
+        if (!es || (ce.dtype != ZO_DTYPE_F32 && ce.dtype != ZO_DTYPE_BF16))
+            return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: %s is %s: a resharded load takes fp32 or bf16 states", fn, tn,
+                           zo_dtype_name(ce.dtype));
+        uint64_t cnt = ZO_MIN(b - e, sg - q);
+        cnt = ZO_MIN(cnt, (uint64_t)(buf_bytes - 2 * chunk) / es);
+        uint64_t from = q * es, to = (q + cnt) * es;
+        if (to > ce.bytes)
+            return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: %s holds %" PRIu64 " bytes, the layout needs %" PRIu64, fn, tn,
+                           ce.bytes, to);
+        uint64_t ra = from / chunk * chunk, rb = ZO_MIN((to + chunk - 1) / chunk * chunk, ce.bytes);
+        if ((r = zo_ckpt_read(rd, ti, ra, buf, (size_t)(rb - ra))) < 0)
+            return ZO_FAIL(&p->err, r, "%s: reading %s of %s: %s", fn, tn, zo_ckpt_name(rd), zo_last_error_detail());
+        if ((r = zo_optim_state_import(p->inner, (unsigned)p->ginner[g], (zo_optim_state)k, buf + (from - ra),
+                                       ce.dtype, e - p->slo[g], cnt)) < 0)
+            return ZO_FAIL(&p->err, r, "%s: %s", fn, zo_optim_errmsg(p->inner));
+        e += cnt;
+    }
+    return 0;
+}
+
+/* Checkpoint `cname` saved by ow ranks, loaded by this world: every old
+ * rank's record is checked first; then this rank's shard of each group is
+ * gathered from the old shards it overlaps (masters and states in the
+ * dtype they were saved in), the step, counters, loss scaler and
+ * hyperparameters taken from old rank 0's record, and the flat params
+ * rebuilt from the masters and all-gathered. */
+static int reshard_load(zo_part *p, const char *root, const char *cname, unsigned ow, char *user_json, size_t len,
+                        const char *fn)
+{
+    zo_ckpt_reader **rd = calloc(ow, sizeof(*rd));
+    unsigned *map = calloc(p->ngroups, sizeof(*map)), nrec = 0;
+    size_t buf_bytes = (size_t)8 << 20;
+    char *buf = NULL;
+    float *mst = NULL;
+    int r = rd && map ? 0 : -ENOMEM;
+    for (unsigned k = 0; k < ow && r == 0; k++) {
+        char dir[4096];
+        unsigned rk = 0, wk = 0;
+        uint64_t lk = 0;
+        if (rank_dir(dir, sizeof(dir), root, k) < 0)
+            r = ZO_FAIL(&p->err, -ENAMETOOLONG, "%s: root too long", fn);
+        else if ((r = zo_ckpt_open(&rd[k], dir, cname)) < 0)
+            r = ZO_FAIL(&p->err, r, "%s: checkpoint %s was saved by %u ranks, but rank %u's shard cannot be opened "
+                        "(%s)", fn, cname, ow, k, zo_last_error_detail());
+        else if (parse_record(zo_ckpt_user_json(rd[k]), &rk, &wk, &lk) < 0 || rk != k || wk != ow ||
+                 lk != layout_fp(p, ow))
+            r = ZO_FAIL(&p->err, ZO_EFORMAT, "%s: %s/%s is not rank %u of %u's shard of this model", fn, dir, cname,
+                        k, ow);
+        else
+            r = zo_ckpt_chunk_size(rd[k]) * 2 < buf_bytes ? 0 : ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: chunk too large", fn);
+    }
+    /* old rank 0 owns a piece of every group: its record lists them all */
+    for (unsigned g = 0; g < p->ngroups && r == 0; g++) {
+        uint64_t lo, n;
+        old_shard(p, g, 0, ow, &lo, &n);
+        if (n)
+            nrec++;
+        if (p->ginner[g] >= 0)
+            map[p->ginner[g]] = nrec - 1;
+    }
+    if (r == 0 && !(buf = malloc(buf_bytes)))
+        r = -ENOMEM;
+    if (r == 0)
+        p->broken = 1; /* overwriting the shard: until the collective below has been made */
+    for (unsigned g = 0; g < p->ngroups && r == 0; g++) {
+        if (p->ginner[g] < 0)
+            continue;
+        uint64_t nlo = p->slo[g], nhi = nlo + p->sn[g];
+        for (unsigned k = 0; k < ow && r == 0; k++) {
+            /* old rank k's sub-groups of groups before g come first in its store */
+            unsigned base = 0;
+            for (unsigned h = 0; h < g; h++) {
+                uint64_t l, n;
+                old_shard(p, h, k, ow, &l, &n);
+                base += (unsigned)((n + p->gsg[h] - 1) / p->gsg[h]);
+            }
+            uint64_t olo, on;
+            old_shard(p, g, k, ow, &olo, &on);
+            uint64_t a = ZO_MAX(nlo, olo), b = ZO_MIN(nhi, olo + on);
+            for (int s = 0; s < ZO_OPTIM_STATE_COUNT && a < b && r == 0; s++)
+                r = reshard_copy(p, rd[k], g, base, olo, a, b, s, buf, buf_bytes, fn);
+        }
+    }
+    if (r == 0 && (r = zo__optim_adopt_record(p->inner, zo_ckpt_user_json(rd[0]), nrec, map)) < 0)
+        r = ZO_FAIL(&p->err, r, "%s: the record of %s: %s", fn, cname, zo_optim_errmsg(p->inner));
+    /* this rank's params: its masters rounded (what the old run's update wrote) */
+    for (unsigned g = 0; g < p->ngroups && r == 0; g++) {
+        if (p->ginner[g] < 0)
+            continue;
+        uint64_t n = p->sn[g], tile = buf_bytes / 4;
+        mst = mst ? mst : malloc(buf_bytes);
+        void *dst = (char *)p->flat + (p->goff[g] + p->slo[g]) * p->pes;
+        for (uint64_t e = 0; e < n && r == 0 && mst; e += tile) {
+            size_t c = (size_t)ZO_MIN(n - e, tile);
+            if ((r = zo_optim_state_export(p->inner, (unsigned)p->ginner[g], ZO_OPTIM_STATE_MASTER, mst, ZO_DTYPE_F32,
+                                           e, c)) < 0 ||
+                (r = zo_vec_cast(buf, p->pdt, mst, ZO_DTYPE_F32, c)) < 0)
+                break;
+            if (p->host)
+                memcpy((char *)dst + e * p->pes, buf, c * p->pes);
+            else if ((r = zo_memcpy_async(p->st, (char *)dst + e * p->pes, buf, c * p->pes, ZO_COPY_H2D)) < 0 ||
+                     (r = zo_stream_sync(p->st)) < 0)
+                break;
+        }
+        if (!mst)
+            r = -ENOMEM;
+        if (r < 0 && !zo_part_errmsg(p)[0])
+            r = ZO_FAIL(&p->err, r, "%s: rebuilding the params: %s", fn, zo_optim_errmsg(p->inner));
+    }
+    if (r == 0 && user_json && len) {
+        /* the zo_part wrapper, as zo_optim_load() hands it back: the
+         * record's "user" value without the record's closing brace */
+        const char *u = strstr(zo_ckpt_user_json(rd[0]), "]},\"user\":");
+        char *w = u ? strdup(u + strlen("]},\"user\":")) : NULL;
+        size_t wl = w ? strlen(w) : 0;
+        if (wl && w[wl - 1] == '}')
+            w[wl - 1] = 0;
+        user_out(w ? w : "", user_json, len);
+        free(w);
+    }
+    for (unsigned k = 0; rd && k < ow; k++)
+        zo_ckpt_close(&rd[k]);
+    free(rd);
+    free(map);
+    free(buf);
+    free(mst);
+    /* every rank's shard must be in before the params are shared: a rank
+     * that failed says so in this all-reduce instead of leaving the others
+     * in the all-gather */
+    double failed = r < 0;
+    int cr = p->comm.all_reduce ? p->comm.all_reduce(p->comm.user, &failed, 1, ZO_COMM_MAX) : 0;
+    if (cr)
+        return comm_failed(p, cr, fn, "all_reduce (did every rank load its shard)");
+    if (r < 0)
+        return r;
+    if (failed > 0)
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: another rank could not load its shard of %s", fn, cname);
+    return loaded(p, fn);
+}
+
 int zo_part_load(zo_part *p, const char *root, const char *name, char *user_json, size_t len)
 {
     static const char fn[] = "zo_part_load";
@@ -569,9 +784,13 @@ int zo_part_load(zo_part *p, const char *root, const char *name, char *user_json
         return ZO_FAIL(p ? &p->err : NULL, -EINVAL, "%s: NULL argument", fn);
     if (any_in(p))
         return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
-    int r = check_ckpt(p, root, name, fn);
+    unsigned ow = 0;
+    char cname[ZO_CKPT_NAME_MAX + 1];
+    int r = check_ckpt(p, root, name, fn, &ow, cname, sizeof(cname));
     if (r < 0)
         return r;
+    if (ow != p->comm.world)
+        return reshard_load(p, root, cname, ow, user_json, len, fn);
     char dir[4096];
     rank_dir(dir, sizeof(dir), root, p->comm.rank);
     size_t cap = (user_json ? len : 0) + 1024;
@@ -586,14 +805,7 @@ int zo_part_load(zo_part *p, const char *root, const char *name, char *user_json
     }
     user_out(js, user_json, len);
     free(js);
-    if ((r = gather_params(p, fn)) < 0)
-        return r;
-    zo_optim_info oi = {.struct_size = sizeof(oi)};
-    zo_optim_get_info(p->inner, &oi);
-    p->micro = oi.micro_steps;
-    window_reset(p);
-    p->broken = 0;
-    return 0;
+    return loaded(p, fn);
 }
 
 int zo_part_get_info(zo_part *p, zo_part_info *info)
@@ -646,6 +858,8 @@ void zo_part_destroy(zo_part **pp)
     free(p->gnumel);
     free(p->goff);
     free(p->gshard);
+    free(p->gsg);
+    free(p->names);
     free(p->slo);
     free(p->sn);
     free(p->sgoff);
@@ -867,6 +1081,7 @@ int zo_part_create(zo_part **out, const zo_part_config *ucfg)
     p->gnumel = calloc(G, 8);
     p->goff = calloc(G, 8);
     p->gshard = calloc(G, 8);
+    p->gsg = calloc(G, 8);
     p->slo = calloc(G, 8);
     p->sn = calloc(G, 8);
     p->sgoff = calloc(G, 8);
@@ -880,18 +1095,19 @@ int zo_part_create(zo_part **out, const zo_part_config *ucfg)
     p->tdev = calloc(T, sizeof(void *));
     p->tgrad = calloc(T, sizeof(void *));
     p->tin = calloc(T, 1);
-    if (!p->gnumel || !p->goff || !p->gshard || !p->slo || !p->sn || !p->sgoff || !p->gcounts || !p->ginner ||
+    if (!p->gnumel || !p->goff || !p->gshard || !p->gsg || !p->slo || !p->sn || !p->sgoff || !p->gcounts || !p->ginner ||
         !p->gneed || !p->ghave || !p->tnumel || !p->toff || !p->tgroup || !p->tdev || !p->tgrad || !p->tin) {
         r = -ENOMEM;
         goto fail;
     }
     /* layout: each group flat, cut into world shards of S (even) elements */
-    uint64_t h = zo__fnv1a(0xcbf29ce484222325ull, &w, sizeof(w)), flat = 0;
-    h = zo__fnv1a(h, &G, sizeof(G));
+    uint64_t flat = 0;
+    size_t nlen = 0, ncap = 0;
     unsigned ti = 0, ninner = 0;
     for (unsigned g = 0; g < G; g++) {
         const zo_optim_group *ug = &oc.groups[g];
         uint64_t n = 0;
+        p->gsg[g] = ug->sub_group_size ? ug->sub_group_size : oc.sub_group_size;
         for (unsigned i = 0; i < ug->ntensors; i++, ti++) {
             p->tnumel[ti] = ug->numel[i];
             p->toff[ti] = n;
@@ -899,11 +1115,22 @@ int zo_part_create(zo_part **out, const zo_part_config *ucfg)
             p->tdev[ti] = ug->dev_params[i];
             n += ug->numel[i];
             char nm[48];
-            if (ug->names && ug->names[i])
-                h = zo__fnv1a(h, ug->names[i], strlen(ug->names[i]) + 1);
-            else
-                h = zo__fnv1a(h, nm, (size_t)snprintf(nm, sizeof(nm), "g%u.t%u", g, i) + 1);
-            h = zo__fnv1a(h, &ug->numel[i], 8);
+            const char *name = ug->names && ug->names[i] ? ug->names[i] : nm;
+            if (name == nm)
+                snprintf(nm, sizeof(nm), "g%u.t%u", g, i);
+            size_t l = strlen(name) + 1;
+            if (nlen + l > ncap) {
+                size_t nc = ZO_MAX(ncap * 2, nlen + l + 256);
+                char *nb = realloc(p->names, nc);
+                if (!nb) {
+                    r = -ENOMEM;
+                    goto fail;
+                }
+                p->names = nb;
+                ncap = nc;
+            }
+            memcpy(p->names + nlen, name, l);
+            nlen += l;
         }
         p->gnumel[g] = n;
         p->goff[g] = flat;
@@ -922,7 +1149,7 @@ int zo_part_create(zo_part **out, const zo_part_config *ucfg)
         p->ginner[g] = p->sn[g] ? (int)ninner++ : -1;
     }
     p->numel = flat;
-    p->layout_fp = h;
+    p->layout_fp = layout_fp(p, w);
     /* every rank must own something (the last rank owns the least of every group) */
     uint64_t last = 0;
     for (unsigned g = 0; g < G; g++)

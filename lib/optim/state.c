@@ -295,8 +295,26 @@ static const char *field(const char *js, const char *end, const char *key)
     return p && p < end ? p + strlen(pat) : NULL;
 }
 
+/* One group's saved hyperparameters at *p (advanced past them) into *hp. */
+static int parse_hp(const char **p, zo_cpuadam_hparams *hp)
+{
+    int used = 0;
+    if (sscanf(*p, "%*[,]\"%la,%la,%la,%la,%la,%d\"%n", &hp->lr, &hp->beta1, &hp->beta2, &hp->eps, &hp->weight_decay,
+               &hp->bias_correction, &used) != 6 &&
+        sscanf(*p, "\"%la,%la,%la,%la,%la,%d\"%n", &hp->lr, &hp->beta1, &hp->beta2, &hp->eps, &hp->weight_decay,
+               &hp->bias_correction, &used) != 6)
+        return -1;
+    *p += used;
+    return 0;
+}
+
+/* The engine record of checkpoint JSON js: counters, step, scaler, and the
+ * hyperparameters of its first ngroups groups into hps (the engine's own
+ * as the base of each). check_fp: the config fingerprint must be this
+ * engine's (a resharded load takes a shard of another world size, whose
+ * fingerprint differs by construction). */
 static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *step, uint64_t c[4],
-                        zo_cpuadam_hparams *hps)
+                        zo_cpuadam_hparams *hps, unsigned ngroups, int check_fp)
 {
     const char *rec = strstr(js, "{\"zo_optim\":{");
     const char *end = rec ? strstr(rec, "]},\"user\":") : NULL;
@@ -310,7 +328,7 @@ static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *st
     uint64_t fpr = 0;
     if (!(p = field(rec, end, "fingerprint")) || sscanf(p, "\"%" SCNx64 "\"", &fpr) != 1)
         return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: no config fingerprint");
-    if (fpr != o->fingerprint)
+    if (check_fp && fpr != o->fingerprint)
         return ZO_FAIL(&o->err, ZO_EFORMAT,
                        "zo_optim_load: config fingerprint %016" PRIx64 " differs from this engine's %016" PRIx64
                        " (tensors, sizes, names, dtypes, optimizers or sub-group sizes changed)",
@@ -329,15 +347,10 @@ static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *st
     if (!(p = field(rec, end, "groups")) || *p != '[')
         return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: groups missing");
     p++;
-    for (unsigned g = 0; g < o->ngroups; g++) {
-        hps[g] = o->groups[g].hp_next;
-        int used = 0;
-        if (sscanf(p, "%*[,]\"%la,%la,%la,%la,%la,%d\"%n", &hps[g].lr, &hps[g].beta1, &hps[g].beta2, &hps[g].eps,
-                   &hps[g].weight_decay, &hps[g].bias_correction, &used) != 6 &&
-            sscanf(p, "\"%la,%la,%la,%la,%la,%d\"%n", &hps[g].lr, &hps[g].beta1, &hps[g].beta2, &hps[g].eps,
-                   &hps[g].weight_decay, &hps[g].bias_correction, &used) != 6)
+    for (unsigned g = 0; g < ngroups; g++) {
+        hps[g] = o->groups[ZO_MIN(g, o->ngroups - 1)].hp_next;
+        if (parse_hp(&p, &hps[g]) < 0)
             return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: hyperparameters of group %u missing", g);
-        p += used;
         if (p > end)
             return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: hyperparameters run past the record");
     }
@@ -420,6 +433,53 @@ static int parse_tensor_steps(zo_optim *o, const char *js, int64_t step, int64_t
     return 0;
 }
 
+/* Take a loaded record: step, per-tensor counts, counters, scaler and
+ * the hyperparameters (group g's from hps[map ? map[g] : g]); the
+ * accumulation windows start empty. */
+static void adopt(zo_optim *o, int64_t step, const int64_t *ts, const uint64_t c[4], const zo__scaler *sc,
+                  const zo_cpuadam_hparams *hps, const unsigned *map)
+{
+    o->step = step;
+    memcpy(o->tstep, ts, o->nt * sizeof(*ts));
+    o->micro = c[0];
+    o->boundaries = c[1];
+    o->skipped = c[2];
+    o->rollbacks = c[3];
+    o->scaler = *sc;
+    for (unsigned g = 0; g < o->ngroups; g++)
+        o->groups[g].hp = o->groups[g].hp_next = hps[map ? map[g] : g];
+    for (unsigned w = 0; w < o->nwin; w++) {
+        memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
+        zo__win_reset(o, w);
+        zo__gst_reset(o, w);
+        o->win_scale[w] = sc->scale;
+    }
+    o->push_pending = 0;
+    o->have_res = 0;
+}
+
+int zo__optim_adopt_record(zo_optim *o, const char *js, unsigned nrec, const unsigned *map)
+{
+    zo_cpuadam_hparams *hps = calloc(nrec ? nrec : 1, sizeof(*hps));
+    int64_t *ts = calloc(o->nt, sizeof(*ts));
+    zo__scaler sc;
+    int64_t step = 0;
+    uint64_t c[4];
+    int r = hps && ts ? 0 : -ENOMEM;
+    for (unsigned g = 0; g < o->ngroups && r == 0; g++)
+        if (map[g] >= nrec)
+            r = ZO_FAIL(&o->err, -EINVAL, "zo_optim_load: group %u maps to record group %u of %u", g, map[g], nrec);
+    if (r == 0 && (r = zo__optim_quiesce(o, 1)) == 0 && (r = parse_record(o, js, &sc, &step, c, hps, nrec, 0)) == 0) {
+        /* the partitioned engine refuses per-tensor counts: every shard is at the engine's step */
+        for (unsigned i = 0; i < o->nt; i++)
+            ts[i] = step;
+        adopt(o, step, ts, c, &sc, hps, map);
+    }
+    free(hps);
+    free(ts);
+    return r;
+}
+
 int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_json, size_t len)
 {
     zo__enter(o);
@@ -447,7 +507,8 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
      * before anything is overwritten (the record, its fingerprint, the
      * per-tensor update counts, the tensor set): on these errors the engine
      * is left exactly as it was. */
-    if ((r = parse_record(o, js, &sc, &step, c, hps)) < 0 || (r = parse_tensor_steps(o, js, step, ts)) < 0 ||
+    if ((r = parse_record(o, js, &sc, &step, c, hps, o->ngroups, 1)) < 0 ||
+        (r = parse_tensor_steps(o, js, step, ts)) < 0 ||
         (r = check_tensor_set(o, rd)) < 0)
         goto out;
     zo_ckpt_close(&rd);
@@ -462,23 +523,7 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
                 zo_store_errmsg(o->store));
         goto failed;
     }
-    o->step = step;
-    memcpy(o->tstep, ts, o->nt * sizeof(*ts));
-    o->micro = c[0];
-    o->boundaries = c[1];
-    o->skipped = c[2];
-    o->rollbacks = c[3];
-    o->scaler = sc;
-    for (unsigned g = 0; g < o->ngroups; g++)
-        o->groups[g].hp = o->groups[g].hp_next = hps[g];
-    for (unsigned w = 0; w < o->nwin; w++) {
-        memset(o->arrivals[w], 0, o->nt * sizeof(uint32_t));
-        zo__win_reset(o, w);
-        zo__gst_reset(o, w);
-        o->win_scale[w] = sc.scale;
-    }
-    o->push_pending = 0;
-    o->have_res = 0;
+    adopt(o, step, ts, c, &sc, hps, NULL);
     /* the parameter buffer from the masters (the cast the fused step
      * does); in direct mode without a parameter buffer (every tensor has
      * device params, which are host memory) the device params themselves */

@@ -204,6 +204,21 @@ ZO_API int zo_part_grad(zo_part *p, unsigned index, const void *dev_grad, struct
  */
 ZO_API int zo_part_step(zo_part *p, zo_optim_step_result *res);
 
+/**
+ * Collective. The masters of this rank's shards cast to the param dtype
+ * (zo_optim_push_params() of the inner engine into the flat params), then
+ * the flat params all-gathered and copied to every tensor's dev_params:
+ * after masters were imported into the inner engine
+ * (zo_optim_state_import() through zo_part_optim(): a framework's state
+ * dict), the framework's params follow them. A local failure is agreed on
+ * (one all-reduce) before the all-gather, so no rank waits for another.
+ * @return 0; -EINVAL (NULL); ZO_ESTATE (gradients handed over in this
+ *         micro-step; an earlier collective failed; another rank's push
+ *         failed); errors of zo_optim_push_params(); collective and device
+ *         errors. Blocks.
+ */
+ZO_API int zo_part_push_params(zo_part *p);
+
 /** zo_optim_set_lr() of group `group` (a template group index). @return as zo_optim_set_lr(). */
 ZO_API int zo_part_set_lr(zo_part *p, unsigned group, double lr);
 

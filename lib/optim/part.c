@@ -429,6 +429,31 @@ int zo_part_step(zo_part *p, zo_optim_step_result *res)
     return gather_params(p, fn);
 }
 
+int zo_part_push_params(zo_part *p)
+{
+    static const char fn[] = "zo_part_push_params";
+    enter(p);
+    if (!p)
+        return ZO_FAIL(NULL, -EINVAL, "%s: NULL", fn);
+    int r = check_usable(p, fn);
+    if (r < 0)
+        return r;
+    if (any_in(p))
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
+    int lerr = zo_optim_push_params(p->inner);
+    char lmsg[ZO_ERRMSG_LEN] = "";
+    if (lerr < 0)
+        snprintf(lmsg, sizeof(lmsg), "%s", zo_optim_errmsg(p->inner));
+    double f[1] = {lerr < 0 ? 1.0 : 0.0};
+    if ((r = all_reduce(p, f, 1, ZO_COMM_MAX, fn, "all_reduce (push status)")) < 0)
+        return r;
+    if (lerr < 0)
+        return ZO_FAIL(&p->err, lerr, "%s: %s", fn, lmsg);
+    if (f[0] > 0)
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: another rank's push failed (the params were not gathered)", fn);
+    return gather_params(p, fn);
+}
+
 int zo_part_set_lr(zo_part *p, unsigned group, double lr)
 {
     enter(p);

@@ -80,6 +80,9 @@ def _declare():
     d("zo_part_save", c_int, [c_void_p, c_char_p, c_char_p, c_uint, c_char_p])
     d("zo_part_load", c_int, [c_void_p, c_char_p, c_char_p, ctypes.c_char_p, c_size_t])
     d("zo_part_get_info", c_int, [c_void_p, P(PartInfo)])
+    d("zo_part_optim", c_void_p, [c_void_p])
+    if lib.has("zo_part_push_params"):
+        d("zo_part_push_params", c_int, [c_void_p])
     _declared = True
 
 
@@ -189,6 +192,7 @@ class PartEngine(_lib.Handle):
         if bucket_bytes is not None:
             pc.bucket_bytes = int(bucket_bytes)
         self._comm = comm
+        self._inner = None
         self._h = c_void_p()
         check(lib.zo_part_create(ctypes.byref(self._h), ctypes.byref(pc)), "zo_part_create")
         del keep  # read during create only
@@ -204,6 +208,9 @@ class PartEngine(_lib.Handle):
         return check(rc, fn, self._msg)
 
     def close(self):
+        if self._inner is not None:
+            self._inner._h = None      # borrowed: gone with this engine
+            self._inner = None
         if self._h:
             super().close()
             self._dev._release()
@@ -225,6 +232,23 @@ class PartEngine(_lib.Handle):
         self._c(lib.zo_part_step(self._live(), ctypes.byref(r)), "zo_part_step")
         return _optim._result(r)
 
+    def push_params(self):
+        """Collective: the masters of this rank's shards (after imports into
+        inner()) cast, all-gathered and copied into every rank's tensors."""
+        if not lib.has("zo_part_push_params"):
+            raise _lib._errors.LibraryNotFound("%s has no zo_part_push_params (built before it)" % lib.path)
+        self._c(lib.zo_part_push_params(self._live()), "zo_part_push_params")
+
+    def inner(self):
+        """The inner engine of this rank's shards (zo_part_optim) as an
+        :class:`zoffload.optim.Engine` that does not own its handle: one
+        tensor per group of which this rank owns a piece, in group order.
+        For queries, state export/import and hyperparameters set alike on
+        every rank; its gradients and steps are this engine's to drive."""
+        if self._inner is None:
+            self._inner = _Inner(self)
+        return self._inner
+
     def set_lr(self, group, lr):
         self._c(lib.zo_part_set_lr(self._live(), int(group), float(lr)), "zo_part_set_lr")
 
@@ -245,3 +269,25 @@ class PartEngine(_lib.Handle):
         i = _optim._out(PartInfo)
         self._c(lib.zo_part_get_info(self._live(), ctypes.byref(i)), "zo_part_get_info")
         return _optim._fields(i)
+
+
+class _Inner(_optim.Engine):
+    """A borrowed zo_optim handle (zo_part_optim()): the Engine methods over
+    it, never destroyed here (the zo_part owns it)."""
+
+    _what = "inner engine of a zo_part (closed with it)"
+
+    def __init__(self, part):
+        h = lib.zo_part_optim(part._live())
+        self._h = c_void_p(h)
+        self._part = part            # the owner outlives this view
+        self._kind = part._kind
+        n = len(self)
+        self.numel = [self.tensor(i)[0] for i in range(n)]
+        self.param_dtype = None
+
+    def close(self):
+        self._h = None
+
+    def __del__(self):
+        pass

@@ -57,6 +57,14 @@ keywords: ``foreach`` and ``fused`` are accepted as the hints they are,
 ``differentiable=True`` are refused by name. ``add_param_group`` builds
 the new group's state in the engine. ``optimizer.state[p]`` has torch's
 keys, fp32 copies of the engine's states kept current (see _ParamState).
+
+Many ranks: ``process_group=True`` (torch.distributed's default group) or a
+``ProcessGroup`` runs the optimizer on the partitioned engine (zo_part,
+zoffload.torch_dist): no DDP wrapper, the gradients averaged across the
+ranks in buckets during backward, each rank holding its shard of masters
+and states, the global norm, the updated params all-gathered;
+``consolidated_state_dict()`` gives torch's format on one rank
+(docs/pytorch.md "Many ranks").
 """
 
 import json
@@ -262,7 +270,59 @@ class _ParamState(dict):
                 self._seen[k] = t._version
 
 
-class _EngineBackend:
+def _engine_kw(opt, dt, *, offload_device, nthreads, numa_node, pin_memory, no_grad, nvme_path, sub_group_size,
+               pinned_bytes, buffer_count):
+    """The engine keywords of an optimizer's settings for parameters of dtype
+    dt (one rank's engine, or the partitioned engine's template)."""
+    kw = dict(param_dtype=_ZO_DT[dt], grad_dtype=_ZO_DT[dt], placement=offload_device,
+              max_grad_norm=opt.max_grad_norm or 0.0, nthreads=nthreads or 0, numa_node=numa_node,
+              pin_memory=pin_memory, no_grad=no_grad, nonfinite="skip" if opt._skip_nonfinite else "error")
+    if nvme_path is not None:
+        kw["nvme_path"] = nvme_path
+    if sub_group_size:
+        kw["sub_group_size"] = int(sub_group_size)
+    if pinned_bytes:
+        kw["pinned_bytes"] = int(pinned_bytes)
+    if buffer_count:
+        kw["buffer_count"] = int(buffer_count)
+    kw.update(opt._scaler_cfg)
+    return kw
+
+
+class _BackendCommon:
+    """What the backends (_EngineBackend here, torch_dist._PartBackend for
+    many ranks) share: `opt`, `handed_idx`, `last`, `steps_skipped`."""
+
+    def handed_among(self, params):
+        """How many of `params` had their gradient handed over since the
+        last step (and their .grad freed)."""
+        if not self.handed_idx:
+            return 0
+        mine = {id(self.opt._plist[i][1]) for i in self.handed_idx}
+        return sum(1 for p in params if id(p) in mine)
+
+    def _handed_over(self, i, p, free):
+        """Count parameter i's gradient as handed over; free p.grad if asked."""
+        self.handed += 1
+        if free:
+            self.handed_idx.add(i)
+            p.grad = None
+
+    def _account(self, res):
+        """A step's result into the optimizer: skipped count, the norm, the
+        groups' step."""
+        self.last = res
+        opt = self.opt
+        if res["boundary"]:
+            if res["skipped"]:
+                self.steps_skipped += 1
+            opt.last_grad_norm = res["grad_norm"]
+        step = res["step"]
+        for g in opt.param_groups:
+            g["step"] = step
+
+
+class _EngineBackend(_BackendCommon):
     """OffloadOptimizer's state in zo_optim engines (optim.h): one engine per
     parameter dtype (an engine has one device dtype); with several, the
     global norm and overflow are combined across them as across ranks.
@@ -307,7 +367,6 @@ class _EngineBackend:
             # the engines' norms would be combined while their updates run
             raise ValueError("clip_mode='speculative' needs one parameter dtype (got %s)"
                              % ", ".join(str(d).replace("torch.", "") for d in dtypes))
-        sc = opt._scaler_cfg
         for dt in dtypes:
             gmap, groups, idx = {}, [], []
             for gi, g in enumerate(opt.param_groups):
@@ -323,22 +382,10 @@ class _EngineBackend:
                     self._ptrs.extend((i, opt._plist[i][1].data_ptr()) for i in mine)
                 groups.append(grp)
                 idx.extend(mine)
-            kw = dict(param_dtype=_ZO_DT[dt], grad_dtype=_ZO_DT[dt], placement=offload_device,
-                      max_grad_norm=opt.max_grad_norm or 0.0,
-                      dpu=opt.delay_update, dpu_warmup_steps=opt._dpu_warmup_left,
-                      nthreads=nthreads or 0, numa_node=numa_node, clip_mode=clip_mode,
-                      pin_memory=pin_memory, no_grad=no_grad,
-                      nonfinite="skip" if opt._skip_nonfinite else "error")
-            if nvme_path is not None:
-                kw["nvme_path"] = nvme_path
-            if sub_group_size:
-                kw["sub_group_size"] = int(sub_group_size)
-            if pinned_bytes:
-                kw["pinned_bytes"] = int(pinned_bytes)
-            if buffer_count:
-                kw["buffer_count"] = int(buffer_count)
-            if sc is not None:
-                kw.update(sc)
+            kw = _engine_kw(opt, dt, offload_device=offload_device, nthreads=nthreads, numa_node=numa_node,
+                            pin_memory=pin_memory, no_grad=no_grad, nvme_path=nvme_path,
+                            sub_group_size=sub_group_size, pinned_bytes=pinned_bytes, buffer_count=buffer_count)
+            kw.update(dpu=opt.delay_update, dpu_warmup_steps=opt._dpu_warmup_left, clip_mode=clip_mode)
             e = _optim.Engine(groups, kind=opt._zo_kind_id(), **kw)
             no = len(self.engines)
             self.engines.append((dt, e, gmap, idx))
@@ -394,14 +441,6 @@ class _EngineBackend:
         self.timings["copy_back"] += _now() - t0
 
     # -- gradients
-    def handed_among(self, params):
-        """How many of `params` had their gradient handed over since the
-        last step (and their .grad freed)."""
-        if not self.handed_idx:
-            return 0
-        mine = {id(self.opt._plist[i][1]) for i in self.handed_idx}
-        return sum(1 for p in params if id(p) in mine)
-
     def take_grad(self, i, p, free):
         if self.speculative and not self._hp_sent:
             self.check_in_place()
@@ -417,10 +456,7 @@ class _EngineBackend:
         if self.opt.param_groups[self.opt._plist[i][0]].get("maximize"):
             host = torch.neg(host)      # torch's maximize: the update follows -grad
         self.engines[no][1].grad_host(t, host.reshape(-1))
-        self.handed += 1
-        if free:
-            self.handed_idx.add(i)
-            p.grad = None
+        self._handed_over(i, p, free)
 
     def discard(self):
         """Forget the gradients handed over since the last step (zero_grad)."""
@@ -498,17 +534,6 @@ class _EngineBackend:
             r = e.wait()
             res = r if res is None else res
         return res
-
-    def _account(self, res):
-        self.last = res
-        opt = self.opt
-        if res["boundary"]:
-            if res["skipped"]:
-                self.steps_skipped += 1
-            opt.last_grad_norm = res["grad_norm"]
-        step = res["step"]
-        for g in opt.param_groups:
-            g["step"] = step
 
     def refresh_steps(self):
         """Each parameter's update count from the engines (its own with
@@ -637,6 +662,9 @@ class _EngineBackend:
             e.save(os.path.join(str(root), "engine%d" % no), name, keep_last,
                    json.dumps(user))
 
+    def latest(self, root):
+        return _ckpt.latest(os.path.join(str(root), "engine0"))
+
     def load(self, root, name):
         user = None
         for no, (dt, e, _, _) in enumerate(self.engines):
@@ -678,6 +706,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
     nvme_path:       directory of the swap files for offload_device="nvme"
     sub_group_size, pinned_bytes, pin_memory, buffer_count: engine settings
                      (DeepSpeed's names, see optim.h)
+    process_group:   None (one rank), True (torch.distributed's default group)
+                     or a ProcessGroup: the partitioned engine, each rank its
+                     shard (see zoffload.torch_dist and docs/pytorch.md);
+                     there no_grad defaults to (and must be) "zero" and
+                     grad_hooks to "backward"
+    bucket_bytes:    with process_group, the gradient bucket of one
+                     reduce-scatter (default 25 MiB)
     clip_mode:       "two_pass" (default: norm first, then the update, after
                      backward) or "speculative" (each sub-group is updated as
                      soon as backward has produced all of its gradients, in
@@ -703,17 +738,28 @@ class OffloadOptimizer(torch.optim.Optimizer):
     _eager_state = False
 
     def __init__(self, params, defaults, *, max_grad_norm=None, loss_scale=None,
-                 delay_update=False, dpu_warmup=0, grad_hooks="step", state_dtype=torch.float32,
+                 delay_update=False, dpu_warmup=0, grad_hooks=None, state_dtype=torch.float32,
                  nthreads=None, numa_node=-1, offload_device="cpu", nvme_path=None,
                  sub_group_size=None, pinned_bytes=None, pin_memory=True,
-                 buffer_count=None, clip_mode="two_pass", no_grad="skip", maximize=False,
-                 foreach=None, fused=None, capturable=False, differentiable=False):
+                 buffer_count=None, clip_mode="two_pass", no_grad=None, maximize=False,
+                 foreach=None, fused=None, capturable=False, differentiable=False,
+                 process_group=None, bucket_bytes=None):
         defaults = dict(defaults, maximize=bool(maximize), foreach=foreach, fused=fused,
                         capturable=capturable, differentiable=differentiable)
         self._built = False
         super().__init__(params, defaults)
         for g in self.param_groups:
             self._check_group_flags(g)
+        # many ranks (torch_dist): no_grad "zero" and the backward hooks are
+        # the defaults there; one rank keeps torch's rule and .grad until step()
+        many = process_group is not None
+        if no_grad is None:
+            no_grad = "zero" if many else "skip"
+        if grad_hooks is None:
+            grad_hooks = "backward" if many else "step"
+        if bucket_bytes is not None and not many:
+            raise ValueError("bucket_bytes is the gradient bucket of the ranks' reduce-scatters: it needs "
+                             "process_group=...")
         if no_grad not in ("skip", "zero"):
             raise ValueError("no_grad must be 'skip' (torch's rule) or 'zero' (DeepSpeed's), not %r"
                              % (no_grad,))
@@ -746,14 +792,19 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.steps_skipped = 0
         self._skip_nonfinite = False
         self._hooks = []
+        self._no_sync = False
         self._check_params()
         self._live = set()          # params whose state[p] has copies handed out
-        self._eb = _EngineBackend(
-            self, state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
-            offload_device=offload_device, nvme_path=nvme_path,
-            sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
-            pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode,
-            no_grad=no_grad)
+        ekw = dict(state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
+                   offload_device=offload_device, nvme_path=nvme_path,
+                   sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
+                   pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode,
+                   no_grad=no_grad)
+        if many:
+            from .torch_dist import _PartBackend
+            self._eb = _PartBackend(self, process_group=process_group, bucket_bytes=bucket_bytes, **ekw)
+        else:
+            self._eb = _EngineBackend(self, **ekw)
         self.no_grad = no_grad
         for i, (_, p) in enumerate(self._plist):
             self.state[p] = _ParamState(self, i)
@@ -847,7 +898,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
         def hook(p):
             opt = ref()
-            if opt is not None:
+            if opt is not None and not opt._no_sync:
                 opt._take_grad(i, p)
         return hook
 
@@ -857,7 +908,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
         def hook(grad_inputs, grad_outputs):
             opt = ref()
-            if opt is not None:
+            if opt is not None and not opt._no_sync:
                 opt._take_grad(i, p)
         return hook
 
@@ -900,6 +951,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         again without direct mode; allowed only before the first step, when
         the masters still equal the parameters (read from them again here)."""
         eb = self._eb
+        if getattr(eb, "partitioned", False):
+            raise NotImplementedError("offload_parameters() with process_group: the partitioned engine "
+                                      "all-gathers the params into their memory, which offloading moves")
         if not eb.direct:
             return
         if any(g.get("step", 0) for g in self.param_groups):
@@ -920,6 +974,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         carried into the new engines)."""
         if not getattr(self, "_built", False):     # torch.optim.Optimizer.__init__
             return super().add_param_group(param_group)
+        if getattr(self._eb, "partitioned", False):
+            raise NotImplementedError("%s.add_param_group with process_group: the partitioned engine's layout "
+                                      "is fixed at creation; make a new optimizer over every group (carry the "
+                                      "states over with consolidated_state_dict() and load_state_dict())"
+                                      % type(self).__name__)
         self._fence()
         self._write_back_live()
         eb = self._eb
@@ -986,6 +1045,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         for i in self._live:
             self.state[self._plist[i][1]].refresh()
 
+    def no_sync(self):
+        """A context manager, DDP's ``no_sync``: the backward passes inside
+        leave their gradients in ``.grad`` (torch adds them up) instead of
+        handing them to the engine; the next backward outside (or step())
+        hands the sums over. Gradient accumulation with process_group and
+        grad_hooks="backward" needs it around all but the last backward."""
+        from .torch_dist import no_sync
+        return no_sync(self)
+
     def zero_grad(self, set_to_none=True):
         """Clear the parameters' .grad, and forget the gradients handed to
         the engine since the last step (the hooks hand them over during
@@ -1024,6 +1092,13 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._fence()
         self._write_back_live()
         sd = super().state_dict()
+        if getattr(self._eb, "partitioned", False):
+            sd["state"] = {}
+            sd["zoffload"] = {"format": _FORMAT, "kind": self._kind,
+                              "scaler": self.scaler.state_dict() if self.scaler else None,
+                              "loss_scale": self.loss_scale, "scaler_states": self._eb.scaler_states(),
+                              "partition": self._eb.rank_state()}
+            return sd
         state = {}
         for i, (_, p) in enumerate(self._plist):
             if self._eb.tsteps[i] == 0:
@@ -1045,6 +1120,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
         master from the parameter), as in torch. Everything is checked
         before anything is changed."""
         self._fence()
+        part = (state_dict.get("zoffload") or {}).get("partition")
+        if part is not None and not getattr(self._eb, "partitioned", False):
+            raise ValueError("this state dict is one rank's shard (rank %s of %s) of a process_group optimizer: "
+                             "load it with process_group on that rank, or save consolidated_state_dict() for "
+                             "one rank" % (part.get("rank"), part.get("world")))
         groups = state_dict["param_groups"]
         for sg in groups:
             if sg.get("amsgrad"):
@@ -1075,6 +1155,18 @@ class OffloadOptimizer(torch.optim.Optimizer):
                                      % (nm, sid, tuple(s[nm].shape), tuple(p.shape)))
             entries[i] = s
             steps[i] = int(float(s["step"])) if "step" in s else 0
+        if part is not None:
+            self._eb.load_rank_state(part)
+            for g, sg in zip(self.param_groups, groups):
+                for key, val in sg.items():
+                    if key not in ("params", "foreach", "fused", "capturable", "differentiable"):
+                        g[key] = val
+            for g in self.param_groups:
+                g["step"] = int(part["step"])
+            self._eb._set_hparams()
+            self._eb.copy_back()
+            self._load_scaler(state_dict)
+            return
         if self.no_grad == "zero" and len(set(steps)) > 1:
             raise ValueError("no_grad='zero' keeps one step count for all parameters; the state dict "
                              "has %s (no_grad='skip' keeps one per parameter)" % sorted(set(steps)))
@@ -1094,6 +1186,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._eb._set_hparams()
         self._eb.copy_back()
         self._refresh_live()
+        self._load_scaler(state_dict)
+
+    def _load_scaler(self, state_dict):
         z = state_dict.get("zoffload") or {}
         states = z.get("scaler_states")
         dynamic = self.scaler is not None and self.scaler.dynamic
@@ -1106,6 +1201,41 @@ class OffloadOptimizer(torch.optim.Optimizer):
                           "was at %g, and it holds no scaler state)" % (type(self).__name__, self.loss_scale,
                                                                         z["loss_scale"]),
                           RuntimeWarning, stacklevel=2)
+
+    def consolidated_state_dict(self, to_rank=0):
+        """The whole optimizer state in torch's format (as state_dict() of a
+        one-rank optimizer: loadable by OffloadAdamW at any world size, or by
+        torch.optim.AdamW) on rank `to_rank` of the process group, None on
+        the others. Collective with process_group: every rank calls it.
+        Without process_group it is state_dict() (to_rank must be 0)."""
+        if not getattr(self._eb, "partitioned", False):
+            if to_rank != 0:
+                raise ValueError("consolidated_state_dict(to_rank=%r): one rank (no process_group)" % (to_rank,))
+            return self.state_dict()
+        if not 0 <= int(to_rank) < self._eb.world:
+            raise ValueError("to_rank %r: 0 <= to_rank < %d" % (to_rank, self._eb.world))
+        self._fence()
+        flat = self._eb.consolidated(int(to_rank))
+        if flat is None:
+            return None
+        sd = super().state_dict()
+        step = self._eb.tsteps[0] if self._eb.tsteps else 0
+        state = {}
+        for i, (gi, p) in enumerate(self._plist):
+            if step == 0:
+                continue
+            a, n = self._eb.toff[i], p.numel()
+            e = {"step": torch.tensor(float(step))}
+            for nm in self._state_names:
+                e[nm] = flat[(gi, nm)][a:a + n].reshape(p.shape).to(self.state_dtype).clone()
+            if p.dtype != torch.float32:
+                e["master_param"] = flat[(gi, "master")][a:a + n].reshape(p.shape).clone()
+            state[i] = e
+        sd["state"] = state
+        sd["zoffload"] = {"format": _FORMAT, "kind": self._kind,
+                          "scaler": self.scaler.state_dict() if self.scaler else None,
+                          "loss_scale": self.loss_scale, "scaler_states": self._eb.scaler_states()}
+        return sd
 
     def _fresh_state(self, i):
         """The state of a parameter that was never updated."""
@@ -1140,7 +1270,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._eb.refresh_steps()
         self._refresh_live()
         self._eb._set_hparams()
-        return name or _ckpt.latest(os.path.join(str(root), "engine0"))
+        return name or self._eb.latest(root)
 
     def close(self):
         """Finish pending work, remove the gradient hooks and free the engine."""

@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""OffloadAdamW(process_group=...) against DeepSpeed ZeRO-2 with
+offload_optimizer cpu, both data-parallel over N ranks on this machine
+(gloo, DeepSpeed's CPU accelerator): the same model (examples/finetune.py's
+decoder), data (each rank its slice of one global batch) and seed; per
+step the global loss (the ranks' mean), then tokens/s over the steps after
+the warm-up.
+
+    benchmarks/ds_zero2_2rank.py [--ranks 2] [--dim 256 --layers 4 ...] [--json out.json]
+
+Both sides run in the peers' venv (benchmarks/setup_peer_venv.sh of
+../shared/peers, default ~/.cache/zoffload/peers-venv, --venv): the same
+torch for both, so the forward and backward kernels are the same and the
+difference is the optimizer side (gradient averaging, the CPU update,
+the parameter all-gather). zoffload's library comes from ZOFFLOAD_LIB or
+./build. Each rank is one process with --threads CPU threads
+(OMP_NUM_THREADS), for both. DeepSpeed is driven as examples/ds_offload.py
+drives it (its CPU ops JIT-built with the C++ standard fix; ZeRO stage 2,
+offload_optimizer device cpu, pin_memory, contiguous gradients, no
+overlap_comm: the CPU accelerator has no streams to overlap with).
+
+Exit status 0 when both ran; the comparison (loss within --loss-tol, the
+tokens/s ratio) is printed and written to --json, not judged.
+"""
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+EXAMPLES = os.path.join(ROOT, "examples")
+DEFAULT_VENV = os.environ.get("ZO_PEERS_VENV", os.path.expanduser("~/.cache/zoffload/peers-venv"))
+
+
+def rank_main(args):
+    """One rank of one implementation (RANK, WORLD_SIZE, MASTER_* in the
+    environment); rank 0 writes the result JSON."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    torch.set_num_threads(args.threads)
+    sys.path.insert(0, EXAMPLES)
+    import finetune as ft
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    torch.manual_seed(args.seed)
+    model = ft.Decoder(256, args.dim, args.layers, args.heads, args.seq, dtype=dtype).to(dtype)
+    nparams = sum(p.numel() for p in model.parameters())
+    if args.impl == "deepspeed":
+        import ds_offload
+        ns = argparse.Namespace(batch=args.batch, lr=args.lr, weight_decay=args.weight_decay,
+                                max_grad_norm=args.max_grad_norm, dtype=args.dtype, offload="cpu", nvme_path=None)
+        eng = ds_offload.Engine(model, ns)       # deepspeed.init_distributed(gloo) from the environment
+        forward, desc = eng, eng.describe()
+    else:
+        dist.init_process_group("gloo")
+        from zoffload.torch import OffloadAdamW
+        opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                           max_grad_norm=args.max_grad_norm or None, nthreads=args.threads, process_group=True)
+        forward, desc = model, "OffloadAdamW(process_group) on torch %s" % torch.__version__
+    it = ft.batches(ft.generated_corpus(seed=args.seed), args.batch * world, args.seq, args.seed)
+    losses, t_start, tokens = [], None, 0
+    phase = {"forward": 0.0, "backward": 0.0, "step": 0.0}
+    for step in range(1, args.steps + 1):
+        x, y = next(it)
+        x, y = x[rank * args.batch:(rank + 1) * args.batch], y[rank * args.batch:(rank + 1) * args.batch]
+        if step == args.warmup + 1:
+            dist.barrier()
+            t_start = time.perf_counter()
+        t0 = time.perf_counter()
+        logits = forward(x)
+        loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
+        t1 = time.perf_counter()
+        if args.impl == "deepspeed":
+            eng.backward(loss)                    # gradients reduced here (its hooks), or in step
+            t2 = time.perf_counter()
+            eng.step()
+        else:
+            loss.backward()                       # buckets averaged across the ranks here
+            t2 = time.perf_counter()
+            opt.step()
+            opt.zero_grad()
+        t3 = time.perf_counter()
+        if step > args.warmup:
+            for k, v in (("forward", t1 - t0), ("backward", t2 - t1), ("step", t3 - t2)):
+                phase[k] += v
+        t = torch.tensor([loss.item()], dtype=torch.float64)
+        dist.all_reduce(t)                        # the global batch's loss: the ranks' mean
+        losses.append(t.item() / world)
+        if step > args.warmup:
+            tokens += x.numel() * world
+    dist.barrier()
+    total = time.perf_counter() - t_start
+    res = {"impl": args.impl, "describe": desc, "ranks": world, "threads_per_rank": args.threads,
+           "params": nparams, "losses": losses, "tokens_per_s": tokens / total, "seconds": total,
+           "ms_per_step": {k: 1e3 * v / max(args.steps - args.warmup, 1) for k, v in phase.items()}}
+    if args.impl == "zoffload":
+        m = opt.memory()
+        res["state_host_bytes_per_rank"] = m["state_host_bytes"]
+        res["buckets_in_grad"] = m["buckets_in_grad"]
+        opt.close()
+    else:
+        eng.close()
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump(res, f)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(args, impl, out):
+    """Start args.ranks processes of this script for `impl` (torchrun's
+    environment set by hand), wait for all."""
+    py = os.path.join(args.venv, "bin", "python")
+    lib = os.environ.get("ZOFFLOAD_LIB") or os.path.join(ROOT, "build", "libzoffload.so")
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(args.ranks),
+               OMP_NUM_THREADS=str(args.threads), DS_ACCELERATOR="cpu", ZOFFLOAD_LIB=lib,
+               PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"), EXAMPLES, HERE,
+                                           os.environ.get("PYTHONPATH", "")]))
+    fwd = ["--dim", args.dim, "--layers", args.layers, "--heads", args.heads, "--seq", args.seq, "--batch",
+           args.batch, "--steps", args.steps, "--warmup", args.warmup, "--dtype", args.dtype, "--lr", args.lr,
+           "--weight-decay", args.weight_decay, "--max-grad-norm", args.max_grad_norm, "--threads", args.threads,
+           "--seed", args.seed]
+    procs = []
+    for r in range(args.ranks):
+        cmd = [py, os.path.abspath(__file__), "--rank-worker", impl, "--out", out] + [str(a) for a in fwd]
+        procs.append(subprocess.Popen(cmd, env=dict(env, RANK=str(r), LOCAL_RANK=str(r))))
+    rcs = [p.wait() for p in procs]
+    if any(rcs):
+        raise SystemExit("ds_zero2_2rank: %s ranks exited %s" % (impl, rcs))
+    with open(out) as f:
+        return json.load(f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--ranks", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads per rank")
+    ap.add_argument("--dim", type=int, default=256)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=4, help="sequences per rank per step")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=3, help="steps left out of tokens/s")
+    ap.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--max-grad-norm", type=float, default=1.0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--loss-tol", type=float, default=1e-3)
+    ap.add_argument("--venv", default=DEFAULT_VENV)
+    ap.add_argument("--json", default=None, help="write the comparison here")
+    ap.add_argument("--only", choices=["zoffload", "deepspeed"], default=None)
+    ap.add_argument("--rank-worker", choices=["zoffload", "deepspeed"], default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.rank_worker:
+        args.impl = args.rank_worker
+        return rank_main(args)
+    if not os.path.exists(os.path.join(args.venv, "bin", "python")):
+        raise SystemExit("ds_zero2_2rank: no venv at %s (../shared/peers/setup_peer_venv.sh makes it; --venv)"
+                         % args.venv)
+    res = {}
+    with tempfile.TemporaryDirectory() as d:
+        for impl in ("zoffload", "deepspeed"):
+            if args.only in (None, impl):
+                res[impl] = launch(args, impl, os.path.join(d, impl + ".json"))
+                r = res[impl]
+                print("%s: %.1f tokens/s (rank 0 ms per step: %s), losses %s"
+                      % (r["describe"], r["tokens_per_s"],
+                         ", ".join("%s %.0f" % kv for kv in r["ms_per_step"].items()),
+                         " ".join("%.4f" % v for v in r["losses"])), flush=True)
+    out = {"args": {k: v for k, v in vars(args).items() if k not in ("rank_worker", "out")}, "runs": res}
+    if len(res) == 2:
+        z, ds = res["zoffload"], res["deepspeed"]
+        diff = max(abs(a - b) for a, b in zip(z["losses"], ds["losses"]))
+        out["max_loss_diff"] = diff
+        out["tokens_per_s_ratio"] = z["tokens_per_s"] / ds["tokens_per_s"]
+        print("max |loss difference| %.2e (tolerance %.0e: %s); tokens/s zoffload / DeepSpeed = %.2f"
+              % (diff, args.loss_tol, "within" if diff <= args.loss_tol else "NOT within",
+                 out["tokens_per_s_ratio"]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

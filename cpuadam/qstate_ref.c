@@ -129,6 +129,33 @@ static int build_buckets(zo__qmap_tab *t, int mbits)
     return 1;
 }
 
+/* The packed buckets (zo__qmap_tab.pbucket) from the byte ones: the base
+ * code and, where the bucket holds a midpoint, its low bits (flipped on the
+ * negative side). 0 if the first bucket, which also takes every |x| below
+ * 2^-24 (their low bits say nothing), holds one. */
+static int build_packed(zo__qmap_tab *t)
+{
+    t->lowmask = (1u << t->shift) - 1u;
+    for (int32_t j = 0; j < 2 * t->nmag; j++) {
+        int neg = j >= t->nmag;
+        int32_t jm = neg ? j - t->nmag : j;
+        unsigned base = t->bucket[j];
+        float mid = t->mid[base];
+        uint32_t mb;
+        memcpy(&mb, &mid, 4);
+        /* is mid[base] inside this bucket: same sign and key */
+        int32_t mk = (int32_t)((mb & 0x7fffffffu) >> t->shift) - t->kbias;
+        int inside = isfinite(mid) && (mb >> 31) == (uint32_t)neg && mk == jm;
+        if (inside && jm == 0)
+            return 0;
+        uint32_t thr = t->lowmask;
+        if (inside)
+            thr = (neg ? ~mb : mb) & t->lowmask;
+        t->pbucket[j] = base | thr << 8;
+    }
+    return 1;
+}
+
 static int build_map(zo__qmap_tab *t, int map, int bits)
 {
     memset(t, 0, sizeof(*t));
@@ -152,7 +179,7 @@ static int build_map(zo__qmap_tab *t, int map, int bits)
     int mbits = 1;
     while (mbits <= ZO__QB_MAXM && !build_buckets(t, mbits))
         mbits++;
-    if (mbits > ZO__QB_MAXM)
+    if (mbits > ZO__QB_MAXM || !build_packed(t))
         return -1;
     /* check the lookup against the definition at every midpoint, its
      * neighbours and every value, both signs */
@@ -160,7 +187,8 @@ static int build_map(zo__qmap_tab *t, int map, int bits)
         float pts[5] = {t->mid[k], nextafterf(t->mid[k], -INFINITY), nextafterf(t->mid[k], INFINITY),
                         t->value[k], -t->value[k]};
         for (int q = 0; q < 5; q++)
-            if (isfinite(pts[q]) && zo__qcode(t, pts[q]) != count_below(t, pts[q]))
+            if (isfinite(pts[q]) && (zo__qcode(t, pts[q]) != count_below(t, pts[q]) ||
+                                     zo__qcode_packed(t, pts[q]) != count_below(t, pts[q])))
                 return -1;
     }
     return 0;

@@ -175,6 +175,73 @@ START_TEST(test_quantize_plain)
 }
 END_TEST
 
+/* Every variant's block kernels against the reference ones on inputs
+ * whose quotients x / absmax land on a midpoint, next to one, on a value,
+ * and anywhere: the code search is the part each ISA does its own way
+ * (bucket gathers, packed buckets, in-register binary search). */
+START_TEST(test_block_kernels)
+{
+    zo_test_rng r = {zo_test_seed() + 5};
+    static const size_t lens[] = {1, 7, 8, 9, 15, 16, 17, 63, 64, 255, 256, 4096};
+    float *x = malloc(ZO__QBLOCK_MAX * 4), *y0 = malloc(ZO__QBLOCK_MAX * 4), *y1 = malloc(ZO__QBLOCK_MAX * 4);
+    uint8_t c0[ZO__QBLOCK_MAX], c1[ZO__QBLOCK_MAX];
+    for (size_t v = 1; v < ZO_ARRAY_LEN(variants); v++) {
+        unsigned need = 0;
+        const zo_cpuadam_dsp *d = zo__cpuadam_dsp_named(variants[v], &need);
+        if (!d || (zo_cpu_flags() & need) != need || !d->qquant || !d->qdequant)
+            continue;
+        for (int bits = 8; bits >= 4; bits -= 4) {
+            for (int m = 0; m < ZO_QMAP_COUNT; m++) {
+                const zo__qmap_tab *t = zo__qmap_get(m, bits);
+                ck_assert_ptr_nonnull(t);
+                int nonneg = m == ZO_QMAP_DYNAMIC_UNSIGNED || m == ZO_QMAP_LINEAR_UNSIGNED;
+                for (size_t a = 0; a < ZO_ARRAY_LEN(lens); a++) {
+                    for (int rep = 0; rep < 4; rep++) {
+                        size_t len = lens[a];
+                        /* rep 0, 1: absmax 1 (quotient = x); 2, 3: a random scale */
+                        float sc = rep < 2 ? 1.0f : rnd_wide(&r, 1);
+                        for (size_t i = 0; i < len; i++) {
+                            int k = (int)(zo_test_uniform(&r) * (t->ncodes - 1));
+                            float q = t->mid[k];
+                            switch ((i + (size_t)rep) % 5) {
+                            case 0: break;
+                            case 1: q = nextafterf(q, 2.0f); break;
+                            case 2: q = nextafterf(q, -2.0f); break;
+                            case 3: q = t->value[k]; break;
+                            default: q = rnd_range(&r, -1.0f, 1.0f); break;
+                            }
+                            if (nonneg)
+                                q = fabsf(q);
+                            else if (zo_test_uniform(&r) < 0.25)
+                                q = -q;
+                            x[i] = fminf(fmaxf(q, -1.0f), 1.0f) * sc;
+                        }
+                        x[(len - 1) / 2] = rep & 1 && !nonneg ? -sc : sc; /* the block's absmax */
+                        if (rep == 3 && len > 2)
+                            x[len - 1] = len % 2 ? 0.0f : -0.0f;
+                        float s0 = 0, s1 = 0;
+                        zo__q_quant_ref(x, len, t, bits, c0, &s0);
+                        d->qquant(x, len, t, bits, c1, &s1);
+                        size_t nb = bits == 8 ? len : (len + 1) / 2;
+                        ck_assert_msg(fbits(s0) == fbits(s1), "%s scale", variants[v]);
+                        for (size_t i = 0; i < nb; i++)
+                            ck_assert_msg(c0[i] == c1[i], "%s map %d bits %d len %zu rep %d: byte %zu %#x want %#x",
+                                          variants[v], m, bits, len, rep, i, c1[i], c0[i]);
+                        zo__q_dequant_ref(c0, bits, t, s0, y0, len);
+                        d->qdequant(c0, bits, t, s0, y1, len);
+                        for (size_t i = 0; i < len; i++)
+                            ck_assert_msg(same_f32(y0[i], y1[i]), "%s dequant [%zu]", variants[v], i);
+                    }
+                }
+            }
+        }
+    }
+    free(x);
+    free(y0);
+    free(y1);
+}
+END_TEST
+
 /* One slice with quantized states and a copy to compare. */
 typedef struct qslice {
     size_t n, block, nb, cbytes;
@@ -536,6 +603,7 @@ static Suite *suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_maps);
     tcase_add_test(tc, test_quantize_plain);
+    tcase_add_test(tc, test_block_kernels);
     suite_add_tcase(s, tc);
     tc = tcase_create("variants");
     tcase_set_timeout(tc, 600);

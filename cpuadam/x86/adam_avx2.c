@@ -147,36 +147,148 @@ LAI double sd_sum4(SD a0, SD a1, SD a2, SD a3)
 
 /* ---- quantized states: block dequantize / quantize -------------------------
  * The same operations as zo__q_dequant_ref / zo__q_quant_ref: one multiply
- * per element out, one division and the bucket lookup of zo__qcode() in.
- * Lookups are gathers (the bucket table is bytes: a 32-bit gather reads
- * the byte and the three after it, masked off; the table has 4 bytes of
- * padding). Tails of fewer than 8 elements run the scalar definition. */
+ * per element out, one division and a code search in, the code found
+ * without searching linearly. Why not the reference's two dependent
+ * gathers: on Zen 3 an 8-lane gather costs about 13 cycles, more than the
+ * rest of the per-element work together (docs/cpuadam.md).
+ *  - 8 bits: dequantize with one gather of the value table; quantize with
+ *    one gather of the packed buckets (zo__qcode_packed(), which the map
+ *    builder checks against zo__qcode()).
+ *  - 4 bits: no gathers. The 16 values and the 15 midpoints (+inf after
+ *    the last) live in registers: a value is two VPERMPS over the halves
+ *    and a blend on bit 3; a code is a 4-step binary search for
+ *    #{k : x > mid[k]}, each step's candidates few enough for one
+ *    register (1, 2, 4, 8 of them). Nibbles are (un)packed 16 codes at a
+ *    time.
+ * Tails of fewer than 8 elements run the scalar definition. */
+
+/* 4-bit codes of x[i] -> per-element bytes, len even or odd. */
+static void q4_unpack(const uint8_t *codes, size_t len, uint8_t *c)
+{
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        /* 8 bytes -> 8 words b; byte 2k = b & 15, byte 2k+1 = b >> 4 */
+        __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(codes + i / 2)));
+        w = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0f)),
+                         _mm_and_si128(_mm_slli_epi16(w, 4), _mm_set1_epi16(0x0f00)));
+        _mm_storeu_si128((__m128i *)(c + i), w);
+    }
+    for (; i < len; i++)
+        c[i] = (codes[i / 2] >> (4 * (i & 1))) & 15;
+}
+
+static void q4_pack(const uint8_t *c, size_t len, uint8_t *codes)
+{
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        /* word k = c[2k] | c[2k+1] << 8 -> c[2k] | c[2k+1] << 4 */
+        __m128i w = _mm_loadu_si128((const __m128i *)(c + i));
+        w = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0f)),
+                         _mm_and_si128(_mm_srli_epi16(w, 4), _mm_set1_epi16(0xf0)));
+        _mm_storel_epi64((__m128i *)(codes + i / 2), _mm_packus_epi16(w, w));
+    }
+    zo__qpack(c + i, len - i, 4, codes + i / 2); /* i is even */
+}
+
 static void q_dequant(const uint8_t *codes, int bits, const zo__qmap_tab *t, float absmax, float *x,
                       size_t len)
 {
-    uint8_t buf[ZO__QBLOCK_MAX];
-    const uint8_t *c = zo__qunpack(codes, len, bits, buf);
+    _Alignas(32) uint8_t buf[ZO__QBLOCK_MAX];
     const VF s = _mm256_set1_ps(absmax);
     size_t i = 0;
-    for (; i + 8 <= len; i += 8) {
-        __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(c + i)));
-        _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_i32gather_ps(t->value, k, 4), s));
+    if (bits == 8) {
+        for (; i + 8 <= len; i += 8) {
+            __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + i)));
+            _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_i32gather_ps(t->value, k, 4), s));
+        }
+        zo__qvalues(t, codes, i, len, absmax, x);
+        return;
     }
-    zo__qvalues(t, c, i, len, absmax, x);
+    q4_unpack(codes, len, buf);
+    const VF lo = _mm256_load_ps(t->value), hi = _mm256_load_ps(t->value + 8);
+    for (; i + 8 <= len; i += 8) {
+        __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(buf + i)));
+        VF v = _mm256_blendv_ps(_mm256_permutevar8x32_ps(lo, k), _mm256_permutevar8x32_ps(hi, k),
+                                _mm256_castsi256_ps(_mm256_slli_epi32(k, 28)));
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(v, s));
+    }
+    zo__qvalues(t, buf, i, len, absmax, x);
 }
 
-LAI __m256i q_codes8(const zo__qmap_tab *t, VF x)
+/* The packed-bucket constants of a map, loaded once per block: the code
+ * stores are bytes, which may alias the table, so the compiler would
+ * otherwise reload them for every vector. */
+typedef struct q8keys {
+    const int *pb;
+    __m128i shift;
+    __m256i kbias, kmax, nmag, lowmask;
+} q8keys;
+
+LAI q8keys q8keys_load(const zo__qmap_tab *t)
+{
+    q8keys q;
+    q.pb = (const int *)t->pbucket;
+    q.shift = _mm_cvtsi32_si128((int)t->shift);
+    q.kbias = _mm256_set1_epi32(t->kbias);
+    q.kmax = _mm256_set1_epi32(t->nmag - 1);
+    q.nmag = _mm256_set1_epi32(t->nmag);
+    q.lowmask = _mm256_set1_epi32((int)t->lowmask);
+    return q;
+}
+
+/* 8-bit codes of 8 quotients (zo__qcode_packed()): one gather. */
+LAI __m256i q_codes8(const q8keys *q, VF x)
 {
     __m256i b = _mm256_castps_si256(x);
-    __m256i k = _mm256_sub_epi32(_mm256_srl_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)),
-                                                  _mm_cvtsi32_si128((int)t->shift)),
-                                 _mm256_set1_epi32(t->kbias));
-    k = _mm256_min_epi32(_mm256_max_epi32(k, _mm256_setzero_si256()), _mm256_set1_epi32(t->nmag - 1));
-    k = _mm256_add_epi32(k, _mm256_and_si256(_mm256_srai_epi32(b, 31), _mm256_set1_epi32(t->nmag)));
-    __m256i base = _mm256_and_si256(_mm256_i32gather_epi32((const int *)t->bucket, k, 1), _mm256_set1_epi32(0xff));
-    VF mid = _mm256_i32gather_ps(t->mid, base, 4);
-    /* the compare gives -1 where x > mid: subtracting adds 1 */
-    return _mm256_sub_epi32(base, _mm256_castps_si256(_mm256_cmp_ps(x, mid, _CMP_GT_OQ)));
+    __m256i k = _mm256_sub_epi32(_mm256_srl_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7fffffff)), q->shift),
+                                 q->kbias);
+    k = _mm256_min_epi32(_mm256_max_epi32(k, _mm256_setzero_si256()), q->kmax);
+    __m256i neg = _mm256_srai_epi32(b, 31);
+    k = _mm256_add_epi32(k, _mm256_and_si256(neg, q->nmag));
+    __m256i e = _mm256_i32gather_epi32(q->pb, k, 4);
+    __m256i low = _mm256_and_si256(_mm256_xor_si256(b, neg), q->lowmask);
+    /* the compare gives -1 where low > thr: subtracting adds 1 */
+    return _mm256_sub_epi32(_mm256_and_si256(e, _mm256_set1_epi32(0xff)),
+                            _mm256_cmpgt_epi32(low, _mm256_srli_epi32(e, 8)));
+}
+
+/* The midpoints a 4-bit binary search compares with at each step. */
+typedef struct q4mids {
+    VF m7, m3, m11, m_c1, m_c0; /* m_c1[c/4] = mid[c+1], m_c0[c/2] = mid[c] */
+} q4mids;
+
+LAI q4mids q4mids_load(const zo__qmap_tab *t)
+{
+    q4mids q;
+    const float *m = t->mid;
+    q.m7 = _mm256_set1_ps(m[7]);
+    q.m3 = _mm256_set1_ps(m[3]);
+    q.m11 = _mm256_set1_ps(m[11]);
+    q.m_c1 = _mm256_setr_ps(m[1], m[5], m[9], m[13], m[1], m[5], m[9], m[13]);
+    q.m_c0 = _mm256_setr_ps(m[0], m[2], m[4], m[6], m[8], m[10], m[12], m[14]);
+    return q;
+}
+
+/* #{k : x > mid[k]} over the sorted mid[0..15] (mid[15] and up are +inf),
+ * as c += s where x > mid[c + s - 1] for s = 8, 4, 2, 1. */
+LAI __m256i q_codes4(const q4mids *q, VF x)
+{
+    VF gt = _mm256_cmp_ps(x, q->m7, _CMP_GT_OQ);
+    __m256i c = _mm256_and_si256(_mm256_castps_si256(gt), _mm256_set1_epi32(8));
+    gt = _mm256_cmp_ps(x, _mm256_blendv_ps(q->m3, q->m11, gt), _CMP_GT_OQ);
+    c = _mm256_add_epi32(c, _mm256_and_si256(_mm256_castps_si256(gt), _mm256_set1_epi32(4)));
+    gt = _mm256_cmp_ps(x, _mm256_permutevar8x32_ps(q->m_c1, _mm256_srli_epi32(c, 2)), _CMP_GT_OQ);
+    c = _mm256_add_epi32(c, _mm256_and_si256(_mm256_castps_si256(gt), _mm256_set1_epi32(2)));
+    gt = _mm256_cmp_ps(x, _mm256_permutevar8x32_ps(q->m_c0, _mm256_srli_epi32(c, 1)), _CMP_GT_OQ);
+    return _mm256_sub_epi32(c, _mm256_castps_si256(gt));
+}
+
+/* 8 x 32-bit codes (< 256) -> 8 bytes at dst */
+LAI void q_store8(uint8_t *dst, __m256i q)
+{
+    q = _mm256_packus_epi16(_mm256_packus_epi32(q, q), _mm256_setzero_si256());
+    q = _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0));
+    _mm_storel_epi64((__m128i *)dst, _mm256_castsi256_si128(q));
 }
 
 static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits, uint8_t *codes, float *absmax)
@@ -197,20 +309,21 @@ static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits,
     unsigned z = 0;
     if (!zo__qscale(t, amax, absmax, &z)) {
         memset(dst, (int)z, len);
+    } else if (bits == 8) {
+        const VF s = _mm256_set1_ps(*absmax);
+        const q8keys q = q8keys_load(t);
+        for (i = 0; i + 8 <= len; i += 8)
+            q_store8(dst + i, q_codes8(&q, _mm256_div_ps(_mm256_loadu_ps(x + i), s)));
+        zo__qcodes(t, x, i, len, *absmax, dst);
     } else {
         const VF s = _mm256_set1_ps(*absmax);
-        const __m256i pick = _mm256_setr_epi32(0, 4, 0, 0, 0, 0, 0, 0);
-        for (i = 0; i + 8 <= len; i += 8) {
-            __m256i q = q_codes8(t, _mm256_div_ps(_mm256_loadu_ps(x + i), s));
-            /* 8 x 32-bit codes (< 256) -> 8 bytes */
-            q = _mm256_packus_epi16(_mm256_packus_epi32(q, q), _mm256_setzero_si256());
-            q = _mm256_permutevar8x32_epi32(q, pick);
-            _mm_storel_epi64((__m128i *)(dst + i), _mm256_castsi256_si128(q));
-        }
+        const q4mids q = q4mids_load(t);
+        for (i = 0; i + 8 <= len; i += 8)
+            q_store8(dst + i, q_codes4(&q, _mm256_div_ps(_mm256_loadu_ps(x + i), s)));
         zo__qcodes(t, x, i, len, *absmax, dst);
     }
     if (bits != 8)
-        zo__qpack(c, len, bits, codes);
+        q4_pack(c, len, codes);
 }
 
 /* Data only: generic code (kernels_ref.c) picks it after checking the CPU. */

@@ -226,23 +226,35 @@ ZO_API int zo_part_set_lr(zo_part *p, unsigned group, double lr);
 ZO_API double zo_part_loss_scale(const zo_part *p);
 
 /**
- * Save this rank's shard: zo_optim_save() of the inner engine into
- * <root>/rank<r>/<name> (root is created if missing), with a record of the
- * rank, the world size and a fingerprint of the full model's layout
- * beside user_json (NULL or a JSON value, returned by zo_part_load()).
- * keep_last counts this rank's checkpoints. Not collective: every rank
- * saves its own; a checkpoint is complete when every rank's save returned
- * 0 (a global commit across ranks is later work).
- * @return 0; -EINVAL; ZO_ESTATE (mid accumulation window; an earlier
- *         failure); errors of zo_optim_save(); -errno of mkdir.
+ * Collective. Save checkpoint `name`: each rank its shard, zo_optim_save()
+ * of the inner engine into <root>/rank<r>/<name> (root is created if
+ * missing), with a record of the rank, the world size and a fingerprint of
+ * the full model's layout beside user_json (NULL or a JSON value, returned
+ * by zo_part_load()); then one world commit: when every rank's shard is
+ * durable (an all-reduce), rank 0 names `name` in <root>/world.json
+ * (written aside, flushed, renamed, the directory flushed), and every
+ * rank returns once that is done. A load of the latest takes world.json's
+ * name, so a kill -9 of any rank at any moment leaves the previous
+ * checkpoint the one loaded (tests: test_part's commit crash test).
+ * keep_last counts each rank's checkpoints: 0 keeps all, 1 is refused (a
+ * rank would delete its previous shard before the world has the new one).
+ * @return 0; -EINVAL (NULL, keep_last 1); ZO_ESTATE (mid accumulation
+ *         window; an earlier failure; another rank's shard or the commit
+ *         failed: not committed, the previous checkpoint stays the latest);
+ *         errors of zo_optim_save(); -errno of mkdir and of the commit file;
+ *         collective errors.
  */
 ZO_API int zo_part_save(zo_part *p, const char *root, const char *name, unsigned keep_last, const char *user_json);
 
 /**
  * Collective. Load this rank's shard from <root>/rank<r>/<name> (NULL: the
- * rank's latest), then all-gather the params and copy them to every
- * tensor's dev_params. Checked before anything is read: the checkpoint's
- * record must name this rank and world size and the same model layout.
+ * latest the world committed, <root>/world.json; a root saved before
+ * world commits: each rank's latest, which must be the same checkpoint),
+ * then all-gather the params and copy them to every tensor's dev_params.
+ * Checked before anything is read: the checkpoint's record must name this
+ * rank and world size and the same model layout; the ranks agree on the
+ * verdict first, so a rank that cannot load fails every rank (ZO_ESTATE
+ * on the others) instead of leaving them in a collective.
  * user_json (if not NULL) receives the caller's JSON given to the save.
  *
  * Saved by another number of ranks (W): resharded, no conversion step.

@@ -10,11 +10,14 @@
  */
 #include "optim_internal.h"
 
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <zoffload/part.h>
 #include <zoffload/swap.h>
@@ -480,6 +483,65 @@ static int rank_dir(char *buf, size_t len, const char *root, unsigned rank)
     return n < 0 || (size_t)n >= len ? -ENAMETOOLONG : 0;
 }
 
+#define WORLD_FILE "world.json"
+
+/* Rank 0's half of a save: <root>/world.json names checkpoint `name` as
+ * the world's latest, written to a temporary file, flushed, renamed over
+ * the old one and the directory flushed: a crash leaves the old or the new
+ * file, never a torn one. */
+static int world_commit(zo_part *p, const char *root, const char *name, const char *fn)
+{
+    char tmp[4200], dst[4200];
+    if (snprintf(dst, sizeof(dst), "%s/" WORLD_FILE, root) >= (int)sizeof(dst) ||
+        snprintf(tmp, sizeof(tmp), "%s/.%s.%ld.tmp", root, WORLD_FILE, (long)getpid()) >= (int)sizeof(tmp))
+        return ZO_FAIL(&p->err, -ENAMETOOLONG, "%s: root too long", fn);
+    char js[512];
+    int n = snprintf(js, sizeof(js), "{\"name\":\"%s\",\"world\":%u,\"layout\":\"%016" PRIx64 "\"}\n", name,
+                     p->comm.world, p->layout_fp);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    int r = fd < 0 ? -errno : 0;
+    if (r == 0 && write(fd, js, (size_t)n) != n)
+        r = errno ? -errno : -EIO;
+    if (r == 0 && fsync(fd) < 0)
+        r = -errno;
+    if (fd >= 0 && close(fd) < 0 && r == 0)
+        r = -errno;
+    if (r == 0 && rename(tmp, dst) < 0)
+        r = -errno;
+    if (r < 0) {
+        unlink(tmp);
+        return ZO_FAIL(&p->err, r, "%s: committing %s in %s: %s", fn, name, dst, zo_strerror(r));
+    }
+    int dfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0 || fsync(dfd) < 0)
+        r = -errno;
+    if (dfd >= 0)
+        close(dfd);
+    return r < 0 ? ZO_FAIL(&p->err, r, "%s: flushing %s: %s", fn, root, zo_strerror(r)) : 0;
+}
+
+/* The world's latest checkpoint (world.json) into name[len]: 0, -ENOENT
+ * (none: saved before world commits, or never), ZO_EFORMAT. */
+static int world_latest(const char *root, char *name, size_t len)
+{
+    char path[4200], js[512];
+    if (snprintf(path, sizeof(path), "%s/" WORLD_FILE, root) >= (int)sizeof(path))
+        return -ENAMETOOLONG;
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return -errno;
+    size_t n = fread(js, 1, sizeof(js) - 1, f);
+    fclose(f);
+    js[n] = 0;
+    const char *q = strstr(js, "\"name\":\"");
+    const char *e = q ? strchr(q + 8, '"') : NULL;
+    if (!q || !e || (size_t)(e - (q + 8)) >= len || e == q + 8)
+        return ZO_EFORMAT;
+    memcpy(name, q + 8, (size_t)(e - (q + 8)));
+    name[e - (q + 8)] = 0;
+    return 0;
+}
+
 int zo_part_save(zo_part *p, const char *root, const char *name, unsigned keep_last, const char *user_json)
 {
     static const char fn[] = "zo_part_save";
@@ -491,6 +553,10 @@ int zo_part_save(zo_part *p, const char *root, const char *name, unsigned keep_l
         return r;
     if (any_in(p) || p->micro % p->accum)
         return ZO_FAIL(&p->err, ZO_ESTATE, "%s: mid accumulation window (save at a step boundary)", fn);
+    if (keep_last == 1)
+        return ZO_FAIL(&p->err, -EINVAL, "%s: keep_last 1 would delete a rank's previous shard before every rank "
+                       "has saved the new one (a crash then leaves no whole checkpoint): give 0 (keep all) or >= 2",
+                       fn);
     char dir[4096];
     if (rank_dir(dir, sizeof(dir), root, p->comm.rank) < 0)
         return ZO_FAIL(&p->err, -ENAMETOOLONG, "%s: root too long", fn);
@@ -507,7 +573,24 @@ int zo_part_save(zo_part *p, const char *root, const char *name, unsigned keep_l
     r = zo_optim_save(p->inner, dir, name, keep_last, js);
     free(js);
     if (r < 0)
-        return ZO_FAIL(&p->err, r, "%s: rank %u: %s", fn, p->comm.rank, zo_optim_errmsg(p->inner));
+        ZO_FAIL(&p->err, r, "%s: rank %u: %s", fn, p->comm.rank, zo_optim_errmsg(p->inner));
+    /* the world commit: once every rank's shard is durable, rank 0 names
+     * the checkpoint in <root>/world.json (atomically); until then a load
+     * of the latest takes the previous one, whatever rank died where */
+    double failed = r < 0;
+    int cr = all_reduce(p, &failed, 1, ZO_COMM_MAX, fn, "all_reduce (is every shard saved)");
+    if (cr < 0 || r < 0)
+        return cr < 0 ? cr : r;
+    if (failed > 0)
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: another rank's shard of %s was not saved: not committed (the latest "
+                       "checkpoint stays the previous one)", fn, name);
+    if (p->comm.rank == 0 && (r = world_commit(p, root, name, fn)) < 0)
+        failed = 1;
+    if ((cr = all_reduce(p, &failed, 1, ZO_COMM_MAX, fn, "all_reduce (is the checkpoint committed)")) < 0 || r < 0)
+        return cr < 0 ? cr : r;
+    if (failed > 0)
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: rank 0 could not commit %s (the latest checkpoint stays the previous "
+                       "one)", fn, name);
     return 0;
 }
 
@@ -810,10 +893,42 @@ int zo_part_load(zo_part *p, const char *root, const char *name, char *user_json
     if (any_in(p))
         return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
     unsigned ow = 0;
-    char cname[ZO_CKPT_NAME_MAX + 1];
-    int r = check_ckpt(p, root, name, fn, &ow, cname, sizeof(cname));
-    if (r < 0)
-        return r;
+    char cname[ZO_CKPT_NAME_MAX + 1], wname[ZO_CKPT_NAME_MAX + 1];
+    int r = 0;
+    cname[0] = 0;
+    if (!name) {
+        /* the latest the world committed; a root without world.json (saved
+         * before commits existed) falls back to each rank's latest */
+        r = world_latest(root, wname, sizeof(wname));
+        if (r == 0)
+            name = wname;
+        else if (r == -ENOENT)
+            r = 0;
+        else
+            r = ZO_FAIL(&p->err, r, "%s: %s/" WORLD_FILE ": %s", fn, root,
+                        r == ZO_EFORMAT ? "no checkpoint name in it" : zo_strerror(r));
+    }
+    if (r == 0)
+        r = check_ckpt(p, root, name, fn, &ow, cname, sizeof(cname));
+    /* Every rank's verdict before anything is read: a rank that cannot
+     * load says so here instead of leaving the others in a collective,
+     * and the ranks must have found the same checkpoint (each rank's own
+     * latest, for a root without world.json, may differ after a crash).
+     * The name's hash below 2^52 is exact in a double: max of h and of -h. */
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *c = cname; r == 0 && *c; c++)
+        h = (h ^ (unsigned char)*c) * 0x100000001b3ull;
+    double v[3] = {r < 0, r < 0 ? 0 : (double)(h >> 12), r < 0 ? 0 : -(double)(h >> 12)};
+    int cr = all_reduce(p, v, 3, ZO_COMM_MAX, fn, "all_reduce (can every rank load)");
+    if (cr < 0 || r < 0)
+        return cr < 0 ? cr : r;
+    if (v[0] > 0)
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: another rank cannot load checkpoint %s (its error is on that rank); "
+                       "nothing was read", fn, cname);
+    if (v[1] != -v[2])
+        return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: the ranks' latest checkpoints under %s differ (rank %u's is %s; a "
+                       "save was interrupted before world commits existed): name the checkpoint to load", fn, root,
+                       p->comm.rank, cname);
     if (ow != p->comm.world)
         return reshard_load(p, root, cname, ow, user_json, len, fn);
     char dir[4096];
@@ -823,13 +938,18 @@ int zo_part_load(zo_part *p, const char *root, const char *name, char *user_json
     if (!js)
         return -ENOMEM;
     p->broken = 1; /* until the collective below has been made */
-    r = zo_optim_load(p->inner, dir, name, js, cap);
-    if (r < 0) {
-        free(js);
-        return ZO_FAIL(&p->err, r, "%s: rank %u: %s", fn, p->comm.rank, zo_optim_errmsg(p->inner));
-    }
-    user_out(js, user_json, len);
+    r = zo_optim_load(p->inner, dir, cname, js, cap);
+    if (r < 0)
+        ZO_FAIL(&p->err, r, "%s: rank %u: %s", fn, p->comm.rank, zo_optim_errmsg(p->inner));
+    else
+        user_out(js, user_json, len);
     free(js);
+    /* as above: a rank whose data failed must not leave the others in the all-gather */
+    double failed = r < 0;
+    if ((cr = all_reduce(p, &failed, 1, ZO_COMM_MAX, fn, "all_reduce (did every rank load)")) < 0 || r < 0)
+        return cr < 0 ? cr : r;
+    if (failed > 0)
+        return ZO_FAIL(&p->err, ZO_ESTATE, "%s: another rank could not load its shard of %s", fn, cname);
     return loaded(p, fn);
 }
 

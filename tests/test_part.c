@@ -995,6 +995,14 @@ END_TEST
 
 /* ---- the world commit under kill -9 ---------------------------------------------- */
 
+/* A rank's model and engine for ta's case. */
+static int rank_open(mdl *m, zo_part **p, zo_comm *comm, const train_arg *ta, rank_status *st)
+{
+    if (mdl_init(m, ta->pc, ta->nvme) < 0 || part_open(p, m, comm, ta->pc, st))
+        FAILR(st, "rank %u of %u: open", comm->rank, comm->world);
+    return 0;
+}
+
 /* Train and save after every step ("s<k>", keep_last 2) until killed; the
  * last committed step into res. */
 static int rank_save_loop(zo_comm *comm, char *resb, void *argp, rank_status *st)
@@ -1002,8 +1010,8 @@ static int rank_save_loop(zo_comm *comm, char *resb, void *argp, rank_status *st
     train_arg *ta = argp;
     mdl m;
     zo_part *p = NULL;
-    if (mdl_init(&m, ta->pc, ta->nvme) < 0 || part_open(&p, &m, comm, ta->pc, st))
-        FAILR(st, "open");
+    if (rank_open(&m, &p, comm, ta, st))
+        return 1;
     int r = zo_part_init_from_device(p);
     if (r)
         FAILR(st, "init: %s", zo_strerror(r));
@@ -1026,8 +1034,8 @@ static int rank_load_latest(zo_comm *comm, char *resb, void *argp, rank_status *
     train_arg *ta = argp;
     mdl m;
     zo_part *p = NULL;
-    if (mdl_init(&m, ta->pc, ta->nvme) < 0 || part_open(&p, &m, comm, ta->pc, st))
-        FAILR(st, "open");
+    if (rank_open(&m, &p, comm, ta, st))
+        return 1;
     int r = zo_part_load(p, ta->ckroot, NULL, NULL, 0);
     if (r)
         FAILR(st, "rank %u: loading the latest of %s: %s (%s)", comm->rank, ta->ckroot, zo_strerror(r),

@@ -229,7 +229,15 @@ typedef struct zo_optim_group {
                                           (anything else is ZO_ECONFIG) */
     zo_optim_placement placement; /**< default ZO_OPTIM_PLACE_DEFAULT (the config's) */
     uint64_t sub_group_size;     /**< elements per sub-group; 0 (default): the config's */
-    zo_dtype state_dtype;        /**< m and v: ZO_DTYPE_F32 (default) or ZO_DTYPE_BF16 */
+    zo_dtype state_dtype;        /**< m and v: ZO_DTYPE_F32 (default) or ZO_DTYPE_BF16; with state_bits,
+                                      ZO_DTYPE_F32 (the moments are computed in fp32 and stored quantized) */
+    /* in what was the struct's tail padding: sizeof is unchanged */
+    uint16_t state_bits;         /**< 0 (default): m and v in state_dtype; 8 (q8) or 4 (q4): block-wise
+                                      quantized moments (zo_cpuadam_qstep(): codes + one fp32 absmax per
+                                      block, dynamic maps), AdamW, Adam or Lion, two-pass clipping and
+                                      ZO_OPTIM_NO_GRAD_ZERO only (see docs/optim-integration.md) */
+    uint16_t state_block;        /**< with state_bits: elements per absmax scale, a power of two in [64, 4096];
+                                      0 (default): 256 for q8, 128 for q4 */
 } zo_optim_group;
 
 /** Fill *g: no tensors, the config's hparams / placement / sub_group_size, fp32 states. NULL ignored. */

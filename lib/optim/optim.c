@@ -119,6 +119,27 @@ static int check_engine_fields(zo_optim *o, const zo_cpuadam_hparams *hp, unsign
                    fn, g, (long long)hp->step, hp->grad_scale, hp->clip_coef);
 }
 
+/* What quantized moments cannot do, refused at create with the reason:
+ * the q kernel has no Adagrad and no rollback (the speculative step takes
+ * updates back), and a block is requantized whole, so elements of a
+ * tensor skipped under ZO_OPTIM_NO_GRAD_SKIP would change with their
+ * block's neighbours. */
+static int check_quantized(zo_optim *o, const zo_optim_config *cfg, const zo_cpuadam_hparams *hp, unsigned g)
+{
+    if (hp->kind == ZO_OPTIM_ADAGRAD)
+        return ZO_FAIL(&o->err, ZO_ENOTSUP, "zo_optim_create: group %u: Adagrad has no quantized state (state_bits %u): "
+                       "use state_bits 0", g, o->groups[g].qbits);
+    if (cfg->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u: the speculative step rolls updates back and "
+                       "quantized states (state_bits %d) cannot be rolled back: use ZO_OPTIM_CLIP_TWO_PASS", g,
+                       o->groups[g].qbits);
+    if (cfg->no_grad == ZO_OPTIM_NO_GRAD_SKIP)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u: ZO_OPTIM_NO_GRAD_SKIP leaves tensors "
+                       "untouched, but a quantized block (state_bits %d) is requantized whole, across tensors: use "
+                       "ZO_OPTIM_NO_GRAD_ZERO", g, o->groups[g].qbits);
+    return 0;
+}
+
 /* Validate hyperparameters by the kernel's own rules: one step on one element. */
 static int check_hparams(zo_optim *o, const zo_cpuadam_hparams *hp, unsigned g, zo_dtype sdt)
 {
@@ -276,6 +297,19 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
         if (og->sdt != ZO_DTYPE_F32 && og->sdt != ZO_DTYPE_BF16)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_dtype %s (f32 or bf16)", g,
                            zo_dtype_name(og->sdt));
+        og->qbits = ug->state_bits;
+        og->qblock = ug->state_block ? ug->state_block : ug->state_bits == 4 ? 128 : 256;
+        if (og->qbits != 0 && og->qbits != 8 && og->qbits != 4)
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_bits %d (0: state_dtype, 8: q8, 4: q4)",
+                           g, og->qbits);
+        /* a power of two: NVMe sweep pieces start on swap chunks (powers of
+         * two), so they then start on whole blocks */
+        if (og->qbits && (og->qblock < 64 || og->qblock > ZO_QBLOCK_MAX || (og->qblock & (og->qblock - 1))))
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_block %zu (a power of two in [64, %d])",
+                           g, og->qblock, ZO_QBLOCK_MAX);
+        if (og->qbits && og->sdt != ZO_DTYPE_F32)
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u: state_bits %d quantizes fp32 moments: leave "
+                           "state_dtype at f32, not %s", g, og->qbits, zo_dtype_name(og->sdt));
         if (og->hp.struct_size != sizeof(zo_cpuadam_hparams) || og->hp.kind < 0 || og->hp.kind >= ZO_OPTIM_KIND_COUNT)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u hparams not filled by "
                            "zo_cpuadam_hparams_default()", g);
@@ -292,6 +326,8 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
                            "(rollback), not %s with %s states", g,
                            og->hp.kind == ZO_OPTIM_LION ? "Lion" : og->hp.kind == ZO_OPTIM_ADAGRAD ? "Adagrad" : "Adam",
                            zo_dtype_name(og->sdt));
+        if (og->qbits && (r = check_quantized(o, cfg, &og->hp, g)) < 0)
+            return r;
         og->hp_next = og->hp;
         states_used(og->hp.kind, og->used);
         og->first_tensor = ti;
@@ -301,6 +337,8 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
         fp = fnv_u64(fp, (uint64_t)og->hp.kind);
         fp = fnv_u64(fp, (uint64_t)og->sdt);
         fp = fnv_u64(fp, og->sgsize);
+        if (og->qbits) /* only then: fingerprints of fp32 / bf16 engines stay what they were */
+            fp = fnv_u64(fp, ((uint64_t)og->qbits << 32) | og->qblock);
         fp = fnv_u64(fp, ug->ntensors);
         for (unsigned i = 0; i < ug->ntensors; i++, ti++) {
             zo__ot *t = &o->tensors[ti];
@@ -387,7 +425,7 @@ static void backend_modes(zo_optim *o, int kind)
 static void footprint(const zo_optim *o, size_t chunk, zo_optim_footprint *f)
 {
     const zo_optim_config *cfg = &o->cfg;
-    uint64_t host_tier = 0, nvme_bytes = 0;
+    uint64_t host_tier = 0, nvme_bytes = 0, qcache = 0;
     int mixed_width = 0;
     /* per group: its full sub-groups and the remainder, as layout() cuts
      * them (no walk over the sub-groups, which an estimate does not make) */
@@ -400,16 +438,28 @@ static void footprint(const zo_optim *o, size_t chunk, zo_optim_footprint *f)
         for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++) {
             if (!og->used[k])
                 continue;
-            size_t es = k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(og->sdt);
-            bytes += nfull * ZO_ALIGN_UP(og->sgsize * es, align) + (rest ? ZO_ALIGN_UP(rest * es, align) : 0);
+            bytes += nfull * ZO_ALIGN_UP(zo__state_bytes(og, k, og->sgsize), align) +
+                     (rest ? ZO_ALIGN_UP(zo__state_bytes(og, k, rest), align) : 0);
         }
         if (nvme) {
             nvme_bytes += bytes;
             mixed_width |= og->sdt != ZO_DTYPE_F32;
+            /* quantized states are not in the sweep (their codes and
+             * scales do not step with the masters' elements): each
+             * sub-group's are acquired into the host tier whole, one
+             * sub-group updated, the next loading, the previous writing
+             * back */
+            if (og->qbits) {
+                uint64_t q = 0;
+                for (int k = 1; k < ZO_OPTIM_STATE_COUNT; k++)
+                    q += og->used[k] ? ZO_ALIGN_UP(zo__state_bytes(og, k, ZO_MIN(og->sgsize, og->numel)), 4096) : 0;
+                qcache = ZO_MAX(qcache, 3 * q);
+            }
         } else {
             host_tier += bytes;
         }
     }
+    host_tier += qcache;
     int nvme = nvme_bytes != 0;
     uint64_t staging = o->host_grads ? 0 : cfg->grad_staging_bytes;
     /* a sweep holds buffer_count pieces of (master, m, v), one slot each;
@@ -554,9 +604,9 @@ static int make_store(zo_optim *o)
             zo_tensor_desc d;
             zo_tensor_desc_default(&d);
             d.name = name;
-            d.dtype = k == ZO_OPTIM_STATE_MASTER ? ZO_DTYPE_F32 : og->sdt;
+            d.dtype = k == ZO_OPTIM_STATE_MASTER ? ZO_DTYPE_F32 : og->qbits ? ZO_DTYPE_U8 : og->sdt;
             d.ndim = 1;
-            d.shape[0] = sg->n;
+            d.shape[0] = zo__state_bytes(og, k, sg->n) / zo_dtype_size(d.dtype);
             d.home = og->place == ZO_OPTIM_PLACE_NVME ? ZO_TIER_NVME : ZO_TIER_HOST;
             if ((r = zo_store_register(o->store, &d, &sg->t[k])) < 0)
                 return ZO_FAIL(&o->err, r, "zo_optim_create: registering %s: %s", name, zo_store_errmsg(o->store));

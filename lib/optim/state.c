@@ -49,6 +49,61 @@ static zo_dtype state_dtype(const zo_optim *o, unsigned group, int k)
     return k == ZO_OPTIM_STATE_MASTER ? ZO_DTYPE_F32 : o->groups[group].sdt;
 }
 
+/* state_io() of a quantized state (zo__og.qbits): each tile of whole
+ * blocks covering the range is read and dequantized; a read converts its
+ * part of it, a write replaces its part and requantizes the tile's blocks
+ * (the other elements of a block the range shares with its neighbours keep
+ * their values up to that block's new scale). */
+static int q_io(zo_optim *o, unsigned group, int k, uint64_t lo, uint64_t hi, void *dst, const void *src,
+                zo_dtype dtype)
+{
+    zo__og *og = &o->groups[group];
+    size_t des = zo_dtype_size(dtype), B = og->qblock;
+    int bits = og->qbits;
+    zo_qmap map = zo__q_map(k);
+    uint8_t *codes = malloc(TILE_ELEMS);
+    float *scales = malloc(TILE_ELEMS / 64 * 4), *x = malloc(TILE_ELEMS * 4);
+    int r = 0;
+    if (!codes || !scales || !x) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (uint64_t e = lo; e < hi && r == 0;) {
+        unsigned si = og->first_sg + (unsigned)((e - og->off) / og->sgsize);
+        zo__sg *sg = &o->sgs[si];
+        /* local range [a, b) in the sub-group; tile [t0, t1) of whole blocks */
+        uint64_t a = e - sg->off, t0 = a / B * B;
+        uint64_t end = ZO_MIN(hi, sg->off + sg->n) - sg->off;
+        uint64_t t1 = ZO_MIN(ZO_MIN(t0 + TILE_ELEMS, sg->n), (end + B - 1) / B * B);
+        uint64_t b = ZO_MIN(end, t1), cnt = t1 - t0;
+        uint64_t coff = zo__q_code_bytes(t0, bits), cb = zo__q_code_bytes(cnt, bits);
+        uint64_t soff = zo__q_scale_off(sg->n, bits) + 4 * (t0 / B), sb = 4 * zo__q_nscales(cnt, B);
+        if ((r = zo_store_read(o->store, sg->t[k], coff, codes, cb)) < 0 ||
+            (r = zo_store_read(o->store, sg->t[k], soff, scales, sb)) < 0 ||
+            (r = zo_cpuadam_dequantize(codes, scales, cnt, map, bits, B, x)) < 0)
+            break;
+        if (dst) {
+            r = zo_vec_cast((char *)dst + (e - lo) * des, dtype, x + (a - t0), ZO_DTYPE_F32, (size_t)(b - a));
+        } else {
+            if ((r = zo_vec_cast(x + (a - t0), ZO_DTYPE_F32, (const char *)src + (e - lo) * des, dtype,
+                                 (size_t)(b - a))) < 0 ||
+                (r = zo_cpuadam_quantize(x, cnt, map, bits, B, codes, scales)) < 0)
+                break;
+            if ((r = zo_store_write(o->store, sg->t[k], coff, codes, cb)) == 0)
+                r = zo_store_write(o->store, sg->t[k], soff, scales, sb);
+        }
+        e = sg->off + b;
+    }
+    if (r < 0)
+        ZO_FAIL(&o->err, r, "zo_optim: quantized state %s: %s", dst ? "read" : "write",
+                zo_store_errmsg(o->store)[0] ? zo_store_errmsg(o->store) : zo_last_error_detail());
+out:
+    free(codes);
+    free(scales);
+    free(x);
+    return r;
+}
+
 /* Walk flat range [lo, hi) of one state through the sub-groups it crosses,
  * a tile at a time: write (src given) or read (dst given), converting
  * between `dtype` and the state's type. */
@@ -56,6 +111,8 @@ static int state_io(zo_optim *o, unsigned group, int k, uint64_t lo, uint64_t hi
                     zo_dtype dtype, int update_pbuf)
 {
     zo__og *og = &o->groups[group];
+    if (og->qbits && k != ZO_OPTIM_STATE_MASTER)
+        return q_io(o, group, k, lo, hi, dst, src, dtype);
     zo_dtype sdt = state_dtype(o, group, k);
     size_t ses = zo_dtype_size(sdt), des = zo_dtype_size(dtype);
     void *tmp = malloc(TILE_ELEMS * 4);
@@ -140,11 +197,10 @@ static int zero_states(zo_optim *o)
         for (int k = 1; k < ZO_OPTIM_STATE_COUNT && r == 0; k++) {
             if (!sg->t[k])
                 continue;
-            size_t es = zo_dtype_size(state_dtype(o, sg->group, k));
-            for (uint64_t e = 0; e < sg->n && r == 0; e += TILE_ELEMS) {
-                size_t cnt = (size_t)ZO_MIN(sg->n - e, (uint64_t)TILE_ELEMS);
-                r = zo_store_write(o->store, sg->t[k], e * es, z, cnt * es);
-            }
+            /* fresh quantized states too: codes of 0 and scales of 0 read 0 */
+            uint64_t bytes = zo__state_bytes(&o->groups[sg->group], k, sg->n);
+            for (uint64_t e = 0; e < bytes && r == 0; e += TILE_ELEMS * 4)
+                r = zo_store_write(o->store, sg->t[k], e, z, (size_t)ZO_MIN(bytes - e, (uint64_t)TILE_ELEMS * 4));
         }
     }
     free(z);

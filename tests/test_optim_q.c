@@ -8,9 +8,14 @@
  * create refuses.
  */
 #include <math.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 
 #include <zoffload/zoffload.h>
 
@@ -403,15 +408,257 @@ START_TEST(test_q_save_load)
     run_step(&b, 3, 1);
     compare(&a, "a step 3");
     compare(&b, "b step 3");
-    /* the same checkpoint does not load into an engine with other state types */
+    /* not into an engine of another layout */
     run c;
-    run_init(&c, _i, 4, 8);
+    run_init(&c, _i, 8, 4);
+    c.cfg.sub_group_size = SGSIZE / 2;
     run_create(&c);
     ck_assert_int_eq(zo_optim_load(c.o, root, "q", NULL, 0), ZO_EFORMAT);
     run_free(&c);
     run_free(&a);
     run_free(&b);
     zo_test_rmtree(root);
+}
+END_TEST
+
+/* Export every state of every tensor as fp32 into x[NT][3][numel]. */
+static float **export_all(run *r)
+{
+    float **x = calloc(NT * 3, sizeof(*x));
+    for (int i = 0; i < NT; i++)
+        for (int k = 0; k < 3; k++) {
+            x[i * 3 + k] = malloc(r->numel[i] * 4);
+            ck_assert_int_eq(zo_optim_state_export(r->o, (unsigned)i, (zo_optim_state)k, x[i * 3 + k], ZO_DTYPE_F32,
+                                                   0, r->numel[i]),
+                             0);
+        }
+    return x;
+}
+
+static void free_all(float **x)
+{
+    for (int i = 0; i < NT * 3; i++)
+        free(x[i]);
+    free(x);
+}
+
+/* Loads across state types: a q8/q4 checkpoint into fp32 states holds the
+ * dequantized moments exactly; saved again and loaded into q8/q4 states,
+ * the kernel's quantization of those; into bf16 states, the moments
+ * rounded. Host and NVMe placement. */
+START_TEST(test_q_load_across_types)
+{
+    char root[256];
+    zo_test_mkdtemp(root, sizeof(root));
+    run a, f, b, h;
+    run_init(&a, _i, 8, 4);
+    run_create(&a);
+    run_step(&a, 1, 1);
+    run_step(&a, 2, 1);
+    ck_assert_int_eq(zo_optim_save(a.o, root, "q", 0, NULL), 0);
+    float **xa = export_all(&a);
+    run_init(&f, _i, 0, 0);
+    run_create(&f);
+    int rc = zo_optim_load(f.o, root, "q", NULL, 0);
+    ck_assert_msg(rc == 0, "q -> f32: %s (%s)", zo_strerror(rc), zo_optim_errmsg(f.o));
+    float **xf = export_all(&f);
+    for (int i = 0; i < NT * 3; i++)
+        ck_assert_msg(memcmp(xa[i], xf[i], a.numel[i / 3] * 4) == 0, "q -> f32: tensor %d state %d", i / 3, i % 3);
+    ck_assert_int_eq(zo_optim_save(f.o, root, "f", 0, NULL), 0);
+    run_init(&b, _i, 8, 4);
+    run_create(&b);
+    rc = zo_optim_load(b.o, root, "f", NULL, 0);
+    ck_assert_msg(rc == 0, "f32 -> q: %s (%s)", zo_strerror(rc), zo_optim_errmsg(b.o));
+    /* back in q8/q4: the masters as they were; each moment the kernel's
+     * quantization of the dequantized values, per sub-group. v comes back
+     * bit for bit (its map holds 1.0, so a block's largest value is its
+     * absmax again); so does a block of m whose largest magnitude is
+     * positive, while one whose is negative (the signed map ends at
+     * -0.994 or -0.887) is rescaled. */
+    float **xb = export_all(&b);
+    float *flat = malloc(a.total * 4), *back = malloc(a.total * 4);
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < NT; i++)
+            memcpy(flat + a.off[i], xa[i * 3 + k], a.numel[i] * 4);
+        memcpy(back, flat, a.total * 4);
+        for (unsigned j = 0; j < a.nsg && k; j++) {
+            const qsg *q = &a.sg[j];
+            int bits = a.bits[q->g];
+            size_t B = bits == 4 ? 128 : 256;
+            zo_qmap map = k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : ZO_QMAP_DYNAMIC_UNSIGNED;
+            uint8_t *c = malloc(q->n);
+            float *sc = malloc((q->n / 64 + 1) * 4);
+            ck_assert_int_eq(zo_cpuadam_quantize(flat + q->off, q->n, map, bits, B, c, sc), 0);
+            ck_assert_int_eq(zo_cpuadam_dequantize(c, sc, q->n, map, bits, B, back + q->off), 0);
+            free(c);
+            free(sc);
+        }
+        if (k == 2)
+            ck_assert(memcmp(flat, back, a.total * 4) == 0);
+        for (int i = 0; i < NT; i++)
+            ck_assert_msg(memcmp(back + a.off[i], xb[i * 3 + k], a.numel[i] * 4) == 0,
+                          "q -> f32 -> q: tensor %d state %d", i, k);
+    }
+    free(flat);
+    free(back);
+    /* and it trains on from there */
+    run_step(&b, 3, 1);
+    /* into bf16 states: each moment rounded to bf16 */
+    run_init(&h, _i, 0, 0);
+    h.grp[0].state_dtype = h.grp[1].state_dtype = ZO_DTYPE_BF16;
+    run_create(&h);
+    rc = zo_optim_load(h.o, root, "q", NULL, 0);
+    ck_assert_msg(rc == 0, "q -> bf16: %s (%s)", zo_strerror(rc), zo_optim_errmsg(h.o));
+    for (int i = 0; i < NT; i++) {
+        uint16_t *y = malloc(a.numel[i] * 2);
+        ck_assert_int_eq(zo_optim_state_export(h.o, (unsigned)i, ZO_OPTIM_STATE_EXP_AVG_SQ, y, ZO_DTYPE_BF16, 0,
+                                               a.numel[i]),
+                         0);
+        for (uint64_t j = 0; j < a.numel[i]; j++) {
+            uint16_t w;
+            zo_test_put(&w, ZO_DTYPE_BF16, 0, xa[i * 3 + 2][j]);
+            ZO_EXPECT(w == y[j], "q -> bf16: tensor %d elem %llu", i, (unsigned long long)j);
+        }
+        free(y);
+    }
+    free_all(xa);
+    free_all(xb);
+    free_all(xf);
+    run_free(&a);
+    run_free(&f);
+    run_free(&b);
+    run_free(&h);
+    zo_test_rmtree(root);
+}
+END_TEST
+
+/* The crash test's writer (this program run as `crash-writer ROOT SWAPDIR
+ * FD` by the test, forked and exec'd): an engine with q8/q4 states on
+ * NVMe continues from the latest checkpoint, then steps and saves, keeping
+ * two, writing a byte to saved_fd after each save, until it is killed.
+ * Exits 3 on an error. */
+static void crash_writer(const char *root, const char *swapdir, int saved_fd)
+{
+    zo_log_set_level(ZO_LOG_OFF);
+    run r;
+    run_init(&r, 0, 8, 4);
+    r.cfg.placement = ZO_OPTIM_PLACE_NVME;
+    r.cfg.nvme_path = swapdir;
+    int rc = zo_optim_create(&r.o, &r.cfg);
+    if (rc < 0 || (rc = zo_optim_load(r.o, root, NULL, NULL, 0)) < 0) {
+        fprintf(stderr, "crash writer: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+        _exit(3);
+    }
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    if (zo_optim_get_info(r.o, &info) < 0)
+        _exit(3);
+    for (int s = (int)info.step + 1;; s++) {
+        char name[32];
+        snprintf(name, sizeof(name), "s%d", s);
+        rc = 0;
+        for (int i = 0; i < NT && rc == 0; i++) {
+            for (uint64_t k = 0; k < r.numel[i]; k++)
+                zo_test_put(r.dgrad[i], ZO_DTYPE_BF16, k, grad_value(r.off[i] + k, s));
+            rc = zo_optim_grad(r.o, (unsigned)i, r.dgrad[i], NULL);
+        }
+        if (rc == 0)
+            rc = zo_optim_step(r.o, NULL, NULL);
+        if (rc == 0 && (rc = zo_optim_save(r.o, root, name, 2, NULL)) == -EEXIST)
+            rc = 0; /* a killed writer published it, and died before moving `latest` */
+        if (rc < 0 || write(saved_fd, "s", 1) != 1) {
+            fprintf(stderr, "crash writer: step %d: %s (%s)\n", s, zo_strerror(rc), zo_optim_errmsg(r.o));
+            _exit(3);
+        }
+    }
+}
+
+static char **writer_args; /* ROOT SWAPDIR FD */
+
+START_TEST(test_q_crash_writer)
+{
+    crash_writer(writer_args[0], writer_args[1], atoi(writer_args[2]));
+}
+END_TEST
+
+/* The latest checkpoint loads (into host placement) and holds exactly the
+ * reference's masters, moments and params after its step count. */
+static int64_t crash_check(const char *root)
+{
+    run q;
+    run_init(&q, 0, 8, 4);
+    run_create(&q);
+    int rc = zo_optim_load(q.o, root, NULL, NULL, 0);
+    ck_assert_msg(rc == 0, "load latest: %s (%s)", zo_strerror(rc), zo_optim_errmsg(q.o));
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    ck_assert_int_eq(zo_optim_get_info(q.o, &info), 0);
+    for (int s = 1; s <= info.step; s++)
+        run_step(&q, s, 0);
+    compare(&q, "after the kill");
+    run_free(&q);
+    return info.step;
+}
+
+/* kill -9 while an engine with q8/q4 states on NVMe saves in a loop: every
+ * time, the latest checkpoint is complete and loads, at the same or a later
+ * step, and is that step's exact state. */
+START_TEST(test_q_crash_during_save)
+{
+    char dir[256], root[300], swapdir[300];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    /* the first checkpoint, and how long a step and a save take */
+    run a;
+    run_init(&a, 1, 8, 4);
+    run_create(&a);
+    run_step(&a, 1, 1);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(zo_optim_save(a.o, root, "s1", 2, NULL), 0);
+    run_step(&a, 2, 1);
+    ck_assert_int_eq(zo_optim_save(a.o, root, "s2", 2, NULL), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    run_free(&a);
+    long per_us = (long)((t1.tv_sec - t0.tv_sec) * 1000000L + (t1.tv_nsec - t0.tv_nsec) / 1000) / 2 + 1;
+    int64_t last = crash_check(root);
+    ck_assert_int_eq(last, 2);
+    zo_test_rng rng = {zo_test_seed() ^ 0x9a8};
+    int advanced = 0;
+    for (int kill_no = 0; kill_no < 12; kill_no++) {
+        snprintf(swapdir, sizeof(swapdir), "%s/swap%d", dir, kill_no);
+        ck_assert_int_eq(mkdir(swapdir, 0700), 0);
+        int saved[2];
+        ck_assert_int_eq(pipe(saved), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            /* a fresh process: this one's OpenMP threads do not survive a fork */
+            char fd[16];
+            snprintf(fd, sizeof(fd), "%d", saved[1]);
+            close(saved[0]);
+            execl("/proc/self/exe", "test_optim_q", "crash-writer", root, swapdir, fd, (char *)NULL);
+            _exit(3);
+        }
+        close(saved[1]);
+        /* once the child has saved one, anywhere in its next two or so */
+        char c;
+        ck_assert_int_eq(read(saved[0], &c, 1), 1);
+        uint64_t delay = zo_test_next(&rng) % (2 * (uint64_t)per_us + 1);
+        struct timespec ts = {(time_t)(delay / 1000000u), (long)(delay % 1000000u) * 1000};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        close(saved[0]); /* open until now: the writer's next write must not raise SIGPIPE */
+        ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "writer ended by itself (status 0x%x)", st);
+        int64_t k = crash_check(root);
+        ck_assert_msg(k >= last, "latest went back from step %lld to %lld", (long long)last, (long long)k);
+        advanced += k > last;
+        last = k;
+        zo_test_rmtree(swapdir);
+    }
+    fprintf(stderr, "q crash test: 12 kills, latest advanced %d times, at step %lld\n", advanced, (long long)last);
+    ck_assert_int_ge(advanced, 12); /* each writer saved at least once before its kill */
+    zo_test_rmtree(dir);
 }
 END_TEST
 
@@ -508,14 +755,27 @@ START_TEST(test_q_estimate)
 }
 END_TEST
 
-int main(void)
+int main(int argc, char **argv)
 {
     TCase *tc;
+    if (argc == 5 && !strcmp(argv[1], "crash-writer")) {
+        /* in a test of its own, where the helpers' ck_asserts may run */
+        writer_args = argv + 2;
+        Suite *w = zo_test_suite1("crash-writer", &tc, 0);
+        tcase_add_test(tc, test_q_crash_writer);
+        SRunner *sr = srunner_create(w);
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_SILENT);
+        srunner_free(sr);
+        return 3; /* the writer only ends by its kill */
+    }
     Suite *s = zo_test_suite1("optim-q", &tc, 300);
     tcase_add_loop_test(tc, test_q_step_matches_kernel, 0, 8);
     tcase_add_loop_test(tc, test_q_export_import, 0, 2);
     tcase_add_test(tc, test_q_import_exact);
     tcase_add_loop_test(tc, test_q_save_load, 0, 2);
+    tcase_add_loop_test(tc, test_q_load_across_types, 0, 2);
+    tcase_add_test(tc, test_q_crash_during_save);
     tcase_add_test(tc, test_q_refusals);
     tcase_add_test(tc, test_q_estimate);
     return zo_test_run(s);

@@ -96,6 +96,36 @@ static uint64_t fnv_u64(uint64_t h, uint64_t v)
     return zo__fnv1a(h, &v, sizeof(v));
 }
 
+/* The configuration a checkpoint must match: dtypes, groups, optimizers,
+ * sub-group sizes, tensors and names; with `states`, also each group's
+ * state type (without: the layout, which a load across state types needs
+ * to match). A group of fp32 states hashes the same either way, and the
+ * quantized fields only when set, so fingerprints of engines made before
+ * quantized states stay what they were. types: other state types per
+ * group (a checkpoint's), or NULL: the engine's. */
+uint64_t zo__config_fingerprint(const zo_optim *o, int states, const zo__og *types)
+{
+    uint64_t fp = 0xcbf29ce484222325ull;
+    fp = fnv_u64(fp, 1); /* layout version */
+    fp = fnv_u64(fp, (uint64_t)o->pdt);
+    fp = fnv_u64(fp, (uint64_t)o->gdt);
+    fp = fnv_u64(fp, o->ngroups);
+    for (unsigned g = 0; g < o->ngroups; g++) {
+        const zo__og *og = &o->groups[g], *st = types ? &types[g] : og;
+        fp = fnv_u64(fp, (uint64_t)og->hp.kind);
+        fp = fnv_u64(fp, (uint64_t)(states ? st->sdt : ZO_DTYPE_F32));
+        fp = fnv_u64(fp, og->sgsize);
+        if (states && st->qbits)
+            fp = fnv_u64(fp, ((uint64_t)st->qbits << 32) | st->qblock);
+        fp = fnv_u64(fp, og->ntensors);
+        for (unsigned i = og->first_tensor; i < og->first_tensor + og->ntensors; i++) {
+            fp = fnv_u64(fp, o->tensors[i].numel);
+            fp = zo__fnv1a(fp, o->tensors[i].name, strlen(o->tensors[i].name) + 1);
+        }
+    }
+    return fp;
+}
+
 /* Which states an optimizer uses. */
 static void states_used(zo_optim_kind k, int used[ZO_OPTIM_STATE_COUNT])
 {
@@ -275,11 +305,6 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
         return -ENOMEM;
     o->ngroups = cfg->ngroups;
     o->nt = nt;
-    uint64_t fp = 0xcbf29ce484222325ull;
-    fp = fnv_u64(fp, 1); /* layout version */
-    fp = fnv_u64(fp, (uint64_t)o->pdt);
-    fp = fnv_u64(fp, (uint64_t)o->gdt);
-    fp = fnv_u64(fp, cfg->ngroups);
     unsigned ti = 0, nsg = 0;
     uint64_t off = 0;
     for (unsigned g = 0; g < cfg->ngroups; g++) {
@@ -334,12 +359,6 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
         og->ntensors = ug->ntensors;
         og->off = off;
         og->has_dev = ug->dev_params != NULL;
-        fp = fnv_u64(fp, (uint64_t)og->hp.kind);
-        fp = fnv_u64(fp, (uint64_t)og->sdt);
-        fp = fnv_u64(fp, og->sgsize);
-        if (og->qbits) /* only then: fingerprints of fp32 / bf16 engines stay what they were */
-            fp = fnv_u64(fp, ((uint64_t)og->qbits << 32) | og->qblock);
-        fp = fnv_u64(fp, ug->ntensors);
         for (unsigned i = 0; i < ug->ntensors; i++, ti++) {
             zo__ot *t = &o->tensors[ti];
             if (ug->numel[i] == 0 || ug->numel[i] > ((uint64_t)1 << 48))
@@ -368,8 +387,6 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
             if (ug->dev_params && !t->dev)
                 return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u tensor %u: dev_params entry NULL", g, i);
             off += t->numel;
-            fp = fnv_u64(fp, t->numel);
-            fp = zo__fnv1a(fp, nm, len + 1);
         }
         og->numel = off - og->off;
         og->first_sg = nsg;
@@ -377,7 +394,8 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
         nsg += og->nsg;
     }
     o->numel = off;
-    o->fingerprint = fp;
+    o->fingerprint = zo__config_fingerprint(o, 1, NULL);
+    o->layout_fingerprint = zo__config_fingerprint(o, 0, NULL);
     o->nsg = nsg;
     if (!with_sgs)
         return 0;

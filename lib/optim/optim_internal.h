@@ -180,6 +180,7 @@ struct zo_optim {
     unsigned nsg;
     uint64_t numel;
     uint64_t fingerprint;
+    uint64_t layout_fingerprint; /* the same without the state types: what a load across them checks */
 
     zo_swap *swap;
     int own_swap;
@@ -387,6 +388,9 @@ enum {
 };
 
 /* optim.c */
+/* the fingerprint a checkpoint must carry: of the layout, and with
+ * `states` of the state types (types[ngroups], or NULL: the engine's) */
+uint64_t zo__config_fingerprint(const zo_optim *o, int states, const zo__og *types);
 int zo__optim_quiesce(zo_optim *o, int for_load);
 /* 0, or ZO_ESTATE naming fn and why the states are undefined */
 int zo__failed_check(zo_optim *o, const char *fn);

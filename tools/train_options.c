@@ -3,6 +3,7 @@
  * zo-train's command line (train_options.h).
  */
 #include "train_options.h"
+#include "tool_common.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -186,10 +187,7 @@ static int parse_offload(const train_opt *d, const char *s, int *out)
 
 static int parse_state(const train_opt *d, const char *s, options *o)
 {
-    o->state_bits = !strcmp(s, "q8") ? 8 : !strcmp(s, "q4") ? 4 : 0;
-    o->state_dtype = ZO_DTYPE_F32;
-    if (!o->state_bits && (zo_dtype_parse(s, &o->state_dtype) < 0 ||
-                           (o->state_dtype != ZO_DTYPE_F32 && o->state_dtype != ZO_DTYPE_BF16))) {
+    if (zo_tool_state_parse(s, &o->state_dtype, &o->state_bits) < 0) {
         fprintf(stderr, "zo-train: --%s: expected fp32, bf16, q8 or q4, not '%s'\n", d->name, s);
         return -1;
     }

@@ -146,20 +146,14 @@ static int set_grad(const zo_tool_cli *cli, const zo_tool_opt *d, const char *ar
 static int set_state(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
 {
     opts *o = d->dst;
-    o->qbits = !strcmp(arg, "q8") ? 8 : !strcmp(arg, "q4") ? 4 : 0;
-    if (o->qbits) {
-        o->state = ZO_DTYPE_F32;
-        return 0;
-    }
-    if (zo_dtype_parse(arg, &o->state) < 0 || (o->state != ZO_DTYPE_F32 && o->state != ZO_DTYPE_BF16))
+    if (zo_tool_state_parse(arg, &o->state, &o->qbits) < 0)
         return bad("--%s: \"%s\" is not fp32, bf16, q8 or q4", d->name, arg);
     return 0;
 }
 
-/* "fp32", "bf16", "q8", "q4" */
 static const char *state_name(const opts *o)
 {
-    return o->qbits == 8 ? "q8" : o->qbits == 4 ? "q4" : zo_dtype_name(o->state);
+    return zo_tool_state_name(o->state, o->qbits);
 }
 
 static int set_optimizer(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)

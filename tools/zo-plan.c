@@ -105,10 +105,9 @@ typedef struct plan_in {
     plan_probe_out pr;
 } plan_in;
 
-/* "fp32", "bf16", "q8", "q4" */
 static const char *state_name(const plan_in *in)
 {
-    return in->qbits == 8 ? "q8" : in->qbits == 4 ? "q4" : zo_dtype_name(in->sdt);
+    return zo_tool_state_name(in->sdt, in->qbits);
 }
 
 static int parse_tensors(const char *s, plan_in *in)
@@ -1225,14 +1224,9 @@ static int set_dtype(const zo_tool_cli *cli, const zo_tool_opt *d, const char *a
 static int set_state(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
 {
     plan_in *in = d->dst;
-    in->qbits = !strcmp(arg, "q8") ? 8 : !strcmp(arg, "q4") ? 4 : 0;
-    if (in->qbits) {
-        in->sdt = ZO_DTYPE_F32;
-        return 0;
-    }
-    zo_tool_opt dd = *d;
-    dd.dst = &in->sdt;
-    return set_dtype(cli, &dd, arg);
+    if (zo_tool_state_parse(arg, &in->sdt, &in->qbits) < 0)
+        return zo_tool_bad(cli->prog, "--%s: '%s' is not one of %s", d->name, arg, d->what);
+    return 0;
 }
 
 /* --offload host|cpu|nvme into *(int *)dst: 1 for nvme */

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -19,6 +20,14 @@
 #include <zoffload/vec.h>
 
 int zo__optim_force_copy;
+
+/* state_bits and state_block were added in what was the struct's tail
+ * padding: its size (which create checks, and the Python ctypes mirror
+ * sets) is what it was with state_dtype last. */
+_Static_assert(sizeof(zo_optim_group) == (offsetof(zo_optim_group, state_dtype) + sizeof(zo_dtype) +
+                                          _Alignof(zo_optim_group) - 1) / _Alignof(zo_optim_group) *
+                                             _Alignof(zo_optim_group),
+               "zo_optim_group grew: state_bits / state_block no longer fit its old tail padding");
 
 void zo_optim_group_default(zo_optim_group *g)
 {

@@ -181,22 +181,31 @@ static void run_free(run *r)
  * is the sum of per-sub-group statistics in order, as the engine takes it). */
 static void run_step(run *r, int s, int eng)
 {
-    uint16_t *g = calloc(r->total, 2);
-    for (int i = 0; i < NT; i++) {
-        for (uint64_t k = 0; k < r->numel[i]; k++)
-            zo_test_put(r->dgrad[i], ZO_DTYPE_BF16, k, grad_value(r->off[i] + k, s));
-        memcpy(g + r->off[i], r->dgrad[i], r->numel[i] * 2);
-        if (eng)
-            ck_assert_int_eq(zo_optim_grad(r->o, (unsigned)i, r->dgrad[i], NULL), 0);
-    }
-    if (eng) {
-        int rc = zo_optim_step(r->o, NULL, NULL);
-        ck_assert_msg(rc == 0, "step %d: %s (%s)", s, zo_strerror(rc), zo_optim_errmsg(r->o));
+    /* the window: bf16 as handed over (one micro-step), or fp32 sums of
+     * the micro-steps' gradients in order (accumulation), as the engine's */
+    unsigned K = r->cfg.grad_accum_steps;
+    zo_dtype wdt = K > 1 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16;
+    size_t wes = zo_dtype_size(wdt);
+    char *g = calloc(r->total, wes);
+    for (unsigned a = 0; a < K; a++) {
+        for (int i = 0; i < NT; i++) {
+            for (uint64_t k = 0; k < r->numel[i]; k++) {
+                zo_test_put(r->dgrad[i], ZO_DTYPE_BF16, k, grad_value(r->off[i] + k, s + 100 * (int)a));
+                float f = zo_test_get(r->dgrad[i], ZO_DTYPE_BF16, k);
+                zo_test_put(g, wdt, r->off[i] + k, a ? zo_test_get(g, wdt, r->off[i] + k) + f : f);
+            }
+            if (eng)
+                ck_assert_int_eq(zo_optim_grad(r->o, (unsigned)i, r->dgrad[i], NULL), 0);
+        }
+        if (eng) {
+            int rc = zo_optim_step(r->o, NULL, NULL);
+            ck_assert_msg(rc == 0, "step %d: %s (%s)", s, zo_strerror(rc), zo_optim_errmsg(r->o));
+        }
     }
     double sumsq = 0;
     for (unsigned k = 0; k < r->nsg; k++) {
         zo_grad_stats gs;
-        ck_assert_int_eq(zo_cpuadam_team_grad_stats(r->team, g + r->sg[k].off, ZO_DTYPE_BF16, r->sg[k].n, &gs), 0);
+        ck_assert_int_eq(zo_cpuadam_team_grad_stats(r->team, g + r->sg[k].off * wes, wdt, r->sg[k].n, &gs), 0);
         sumsq += gs.sumsq;
     }
     double norm = sqrt(sumsq), coef = 1.0 / (norm + 1e-6);
@@ -210,8 +219,8 @@ static void run_step(run *r, int s, int eng)
         zo_cpuadam_qtensors_default(&t);
         t.n = q->n;
         t.param = r->master + q->off;
-        t.grad = g + q->off;
-        t.grad_dtype = ZO_DTYPE_BF16;
+        t.grad = g + q->off * wes;
+        t.grad_dtype = wdt;
         t.bits = r->bits[q->g];
         t.m_codes = q->mc;
         t.m_absmax = q->ms;
@@ -309,7 +318,7 @@ START_TEST(test_q_step_matches_kernel)
 END_TEST
 
 /* Under DPU (0: one param buffer, copied; 1: double-buffered device
- * params), host and NVMe placement: the same bits. The gradients do not
+ * params, with two micro-steps a step), host and NVMe placement: the same bits. The gradients do not
  * depend on the params, so the delay changes nothing, and each
  * zo_optim_step() ends it. */
 START_TEST(test_q_dpu)
@@ -318,6 +327,7 @@ START_TEST(test_q_dpu)
     run_init(&r, _i >> 1, 8, 4);
     r.cfg.dpu = 1;
     r.cfg.dpu_double_buffer = _i & 1;
+    r.cfg.grad_accum_steps = 1 + (_i & 1); /* and accumulation (an fp32 window) */
     run_create(&r);
     char when[32];
     for (int s = 1; s <= 4; s++) {

@@ -126,6 +126,36 @@ START_TEST(test_partial_and_adam_modes)
 }
 END_TEST
 
+/* "state_dtype": "q8" / "q4" (and "state_block") set the group's quantized
+ * moments; fp32 / bf16 clear them again. */
+START_TEST(test_quantized_states)
+{
+    zo_optim_config c;
+    zo_optim_config_default(&c);
+    zo_optim_group g;
+    zo_optim_group_default(&g);
+    zo_optim_json *j = NULL;
+    const char *t1 = "{\"zoffload\": {\"state_dtype\": \"q4\", \"state_block\": 512}}";
+    ck_assert_int_eq(zo_optim_json_parse(t1, strlen(t1), &j), 0);
+    ck_assert_int_eq(zo_optim_json_apply(j, &c, &g), 0);
+    ck_assert_int_eq(g.state_dtype, ZO_DTYPE_F32);
+    ck_assert_uint_eq(g.state_bits, 4);
+    ck_assert_uint_eq(g.state_block, 512);
+    zo_optim_json_free(&j);
+    const char *t2 = "{\"zoffload\": {\"state_dtype\": \"q8\"}}";
+    ck_assert_int_eq(zo_optim_json_parse(t2, strlen(t2), &j), 0);
+    ck_assert_int_eq(zo_optim_json_apply(j, &c, &g), 0);
+    ck_assert_uint_eq(g.state_bits, 8);
+    zo_optim_json_free(&j);
+    const char *t3 = "{\"zoffload\": {\"state_dtype\": \"bf16\"}}";
+    ck_assert_int_eq(zo_optim_json_parse(t3, strlen(t3), &j), 0);
+    ck_assert_int_eq(zo_optim_json_apply(j, &c, &g), 0);
+    ck_assert_int_eq(g.state_dtype, ZO_DTYPE_BF16);
+    ck_assert_uint_eq(g.state_bits, 0);
+    zo_optim_json_free(&j);
+}
+END_TEST
+
 static void expect_bad(const char *text, int code, const char *needle)
 {
     zo_optim_json *j = (zo_optim_json *)0x1;
@@ -175,7 +205,10 @@ START_TEST(test_bad_values)
     expect_bad("{\"aio\": {\"use_gds\": true}}", ZO_ENOTSUP, "GPUDirect");
     expect_bad("{\"zoffload\": {\"pinned_bytes\": \"lots\"}}", ZO_ECONFIG, "not a byte count");
     expect_bad("{\"zoffload\": {\"clip_mode\": \"fast\"}}", ZO_ECONFIG, "two_pass, speculative");
-    expect_bad("{\"zoffload\": {\"state_dtype\": \"fp16\"}}", ZO_ECONFIG, "fp32 or bf16");
+    expect_bad("{\"zoffload\": {\"state_dtype\": \"fp16\"}}", ZO_ECONFIG, "fp32, bf16, q8 or q4");
+    expect_bad("{\"zoffload\": {\"state_dtype\": \"q8\", \"state_block\": 384}}", ZO_ECONFIG, "not a power of two");
+    expect_bad("{\"zoffload\": {\"state_block\": 256}}", ZO_ECONFIG, "needs state_dtype q8 or q4");
+    expect_bad("{\"zoffload\": {\"state_dtype\": \"q8\", \"state_block\": 8192}}", ZO_ECONFIG, "out of range");
     expect_bad("{\"gradient_clipping\": 1, \"gradient_clipping\": 2}", ZO_ECONFIG, "appears twice");
     /* not JSON, not an object, trailing bytes */
     expect_bad("{\"fp16\": {", ZO_EFORMAT, "not valid JSON");
@@ -266,6 +299,7 @@ static Suite *json_suite(void)
     TCase *tc = tcase_create("json");
     tcase_add_test(tc, test_deepspeed_file_maps);
     tcase_add_test(tc, test_partial_and_adam_modes);
+    tcase_add_test(tc, test_quantized_states);
     tcase_add_test(tc, test_typos_name_the_closest_key);
     tcase_add_test(tc, test_bad_values);
     tcase_add_test(tc, test_auto_resolved_and_reported);

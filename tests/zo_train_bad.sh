@@ -115,6 +115,17 @@ json-symlink)
     [ ! -e "$scratch/target" ] || { echo "followed the link"; exit 1; } ;;
 bad-dtype)
     run 2 "bf16, fp16 or fp32" $small --grad fp8 ;;
+state-dtype-q)
+    # --state-dtype: refusals; a q8 run on NVMe saves its codes and scales, a run with fp32
+    # states resumes from that checkpoint (converted on load) and verifies from there, and one
+    # with q4 states resumes from it too
+    run 2 "fp32, bf16, q8 or q4" $small --state-dtype fp8
+    run 2 "not q8" $small --steps 1 --verify --state-dtype q8
+    mkdir "$scratch/nvme"
+    run 0 "" $small --steps 3 --offload nvme --nvme-path "$scratch/nvme" --state-dtype q8 --save "$scratch/ck"
+    run 0 "" $small --steps 2 --resume "$scratch/ck" --state-dtype fp32 --verify
+    grep -q "bit for bit" "$scratch/out" || { echo "fp32 resume of q8 did not verify"; cat "$scratch/out"; exit 1; }
+    run 0 "" $small --steps 2 --resume "$scratch/ck" --state-dtype q4 ;;
 bad-offload)
     run 2 "host or nvme" $small --offload gpu ;;
 unknown-option)

@@ -424,6 +424,21 @@ int zo_tool_opt_f32_bf16(const zo_tool_cli *cli, const zo_tool_opt *d, const cha
     return 0;
 }
 
+int zo_tool_state_parse(const char *s, zo_dtype *dt, int *bits)
+{
+    *bits = !strcmp(s, "q8") ? 8 : !strcmp(s, "q4") ? 4 : 0;
+    if (*bits) {
+        *dt = ZO_DTYPE_F32;
+        return 0;
+    }
+    return zo_dtype_parse(s, dt) < 0 || (*dt != ZO_DTYPE_F32 && *dt != ZO_DTYPE_BF16) ? -EINVAL : 0;
+}
+
+const char *zo_tool_state_name(zo_dtype dt, int bits)
+{
+    return bits == 8 ? "q8" : bits == 4 ? "q4" : zo_dtype_name(dt);
+}
+
 /* ---- private run directories ------------------------------------------------------------------ */
 #define RUNDIR_OWNER ".zo-run-owner"
 #define RUNDIR_MAX_DEPTH 16

@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 #include <stdio.h>
+#include <zoffload/common.h>
 
 typedef struct zo_json {
     FILE *f;
@@ -159,6 +160,11 @@ int zo_tool_opt_dev_kind(const zo_tool_cli *cli, const zo_tool_opt *d, const cha
 /* f32 or bf16 (zo_dtype_parse) into *(zo_dtype *)dst; else
  * "prog: --NAME ARG: expected f32 or bf16", 2. */
 int zo_tool_opt_f32_bf16(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg);
+/* An optimizer state type: "fp32" / "f32" or "bf16" (*bits 0), or "q8" /
+ * "q4" (fp32 moments block-quantized: *dt fp32, *bits 8 / 4). 0 or -EINVAL. */
+int zo_tool_state_parse(const char *s, zo_dtype *dt, int *bits);
+/* Its name: "f32", "bf16", "q8", "q4". */
+const char *zo_tool_state_name(zo_dtype dt, int bits);
 
 /* ---- cleanup when the tool is interrupted ------------------------------------ */
 /* Install handlers for SIGINT, SIGTERM and SIGHUP that kill the running fio

@@ -3,6 +3,7 @@
  * zo-train's command line (train_options.h).
  */
 #include "train_options.h"
+#include "tool_common.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -36,6 +37,7 @@ void train_usage(FILE *f)
             "  --lr X              AdamW learning rate (default min(1e-3, 0.25 / width))\n"
             "  --accum K           micro-steps per optimizer step (default 1)\n"
             "  --clip X            global gradient norm cap (default 1.0; 0 no clipping)\n"
+            "  --state-dtype T     Adam's m and v: fp32 (default), bf16, q8 or q4 (block-quantized)\n"
             "engine\n"
             "  --offload host|nvme where masters and optimizer states live\n"
             "  --nvme-path DIR     directory for the swap files (a private subdirectory is made and removed)\n"
@@ -67,6 +69,7 @@ typedef enum train_opt_kind {
     OPT_ONOFF,   /* on / off (1 / 0, true / false), into an int */
     OPT_DTYPE,   /* bf16, fp16 or fp32, into a zo_dtype */
     OPT_OFFLOAD, /* host (or cpu) / nvme, into an int (a zo_optim_placement) */
+    OPT_STATE,   /* fp32, bf16, q8 or q4: into state_dtype and the int state_bits (the field) */
     OPT_STR,     /* the argument itself, into a const char * */
     OPT_FLAG,    /* no value: 1 into an int */
     OPT_HELP,    /* no value: the usage on stdout */
@@ -97,6 +100,7 @@ static const train_opt train_opts[] = {
     {"dpu-warmup", OPT_INT, F(dpu_warmup), .min = 0, .max = 1000000},
     {"param-dtype", OPT_DTYPE, F(param_dtype)},
     {"grad", OPT_DTYPE, F(grad_dtype)},
+    {"state-dtype", OPT_STATE, F(state_bits)},
     {"accum", OPT_INT, F(accum), .min = 1, .max = 65536},
     {"clip", OPT_DOUBLE, F(clip), .dmin = 0, .dmax = 1e30},
     {"lr", OPT_DOUBLE, F(lr), .dmin = 0, .dmax = 1e3, .given = F(lr_given)},
@@ -181,6 +185,15 @@ static int parse_offload(const train_opt *d, const char *s, int *out)
     return 0;
 }
 
+static int parse_state(const train_opt *d, const char *s, options *o)
+{
+    if (zo_tool_state_parse(s, &o->state_dtype, &o->state_bits) < 0) {
+        fprintf(stderr, "zo-train: --%s: expected fp32, bf16, q8 or q4, not '%s'\n", d->name, s);
+        return -1;
+    }
+    return 0;
+}
+
 /* Store one option's value s (NULL for one without) into o. 0, or -1 with
  * the reason on stderr. */
 static int option_set(const train_opt *d, const char *s, options *o)
@@ -196,6 +209,7 @@ static int option_set(const train_opt *d, const char *s, options *o)
     case OPT_ONOFF: r = parse_onoff(d, s, (int *)(void *)field); break;
     case OPT_DTYPE: r = parse_dtype(d, s, (zo_dtype *)(void *)field); break;
     case OPT_OFFLOAD: r = parse_offload(d, s, (int *)(void *)field); break;
+    case OPT_STATE: r = parse_state(d, s, o); break;
     case OPT_STR: *(const char **)(void *)field = s; break;
     case OPT_FLAG: *(int *)(void *)field = 1; break;
     case OPT_HELP: break;
@@ -214,6 +228,7 @@ static void options_defaults(options *o)
     o->param_dtype = ZO_DTYPE_BF16;
     o->grad_dtype = ZO_DTYPE_COUNT;
     o->accum = -1;
+    o->state_bits = -1;
     o->clip = -1;
     o->lr = -1;
     o->backend = "host";

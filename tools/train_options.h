@@ -25,6 +25,8 @@ typedef struct options {
     zo_dtype param_dtype;     /* --param-dtype */
     zo_dtype grad_dtype;      /* --grad: ZO_DTYPE_COUNT = not given */
     int accum;                /* --accum, -1 not given */
+    int state_bits;           /* --state-dtype: 8 (q8), 4 (q4), 0 fp32/bf16 (state_dtype), -1 not given */
+    zo_dtype state_dtype;     /* --state-dtype fp32 / bf16 (f32 with q8 / q4) */
     double clip;              /* --clip, < 0 not given */
     double lr;                /* --lr, or the default for the width */
     int lr_given;

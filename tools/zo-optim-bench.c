@@ -44,6 +44,7 @@ typedef struct opts {
     zo_optim_placement placement;
     const char *nvme_path, *config, *fio, *fio_iomem;
     zo_dtype grad, state;
+    int qbits; /* --state q8 / q4: quantized m and v (state is then fp32) */
     zo_optim_kind kind;
     unsigned steps, pairs, dpu_warmup;
     int dpu, dpu_double, vs_bound, json, progress, threads;
@@ -71,7 +72,8 @@ static void usage(FILE *f)
                "  --nvme-path DIR       directory for NVMe placement (default /var/tmp); a private\n"
                "                        directory is made inside and removed at exit\n"
                "  --grad bf16|fp16|fp32 device param and gradient dtype (default bf16)\n"
-               "  --state fp32|bf16     m and v dtype (default fp32)\n"
+               "  --state fp32|bf16|q8|q4  m and v: fp32 (default), bf16, or block-quantized 8 / 4 bits\n"
+               "                        (also --state-dtype)\n"
                "  --optimizer NAME      adamw (default), adam, adagrad, lion\n"
                "  --sub-group N         elements per sub-group (default: the engine's)\n"
                "  --pinned BYTES        pinned budget (default: the engine's)\n"
@@ -143,10 +145,15 @@ static int set_grad(const zo_tool_cli *cli, const zo_tool_opt *d, const char *ar
 
 static int set_state(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
 {
-    zo_dtype *t = d->dst;
-    if (zo_dtype_parse(arg, t) < 0 || (*t != ZO_DTYPE_F32 && *t != ZO_DTYPE_BF16))
-        return bad("--state: \"%s\" is not fp32 or bf16", arg);
+    opts *o = d->dst;
+    if (zo_tool_state_parse(arg, &o->state, &o->qbits) < 0)
+        return bad("--%s: \"%s\" is not fp32, bf16, q8 or q4", d->name, arg);
     return 0;
+}
+
+static const char *state_name(const opts *o)
+{
+    return zo_tool_state_name(o->state, o->qbits);
 }
 
 static int set_optimizer(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
@@ -251,7 +258,8 @@ static int parse_opts(int argc, char **argv, opts *o)
         {"placement", 1, 0, set_placement, &o->placement, 0, 0, NULL},
         {"nvme-path", 1, 0, zo_tool_opt_str, &o->nvme_path, 0, 0, NULL},
         {"grad", 1, 0, set_grad, &o->grad, 0, 0, NULL},
-        {"state", 1, 0, set_state, &o->state, 0, 0, NULL},
+        {"state", 1, 0, set_state, o, 0, 0, NULL},
+        {"state-dtype", 1, 0, set_state, o, 0, 0, NULL},
         {"optimizer", 1, 0, set_optimizer, &o->kind, 0, 0, NULL},
         {"sub-group", 1, 0, set_count, &o->sub_group, 0, 0, NULL},
         {"pinned", 1, 0, set_pinned, &o->pinned, 0, 0, NULL},
@@ -418,6 +426,7 @@ static int setup(bench *b, const opts *o)
     b->grp.numel = b->numel;
     b->grp.dev_params = b->dparam;
     b->grp.state_dtype = o->state;
+    b->grp.state_bits = (uint16_t)o->qbits;
     zo_optim_config_default(&b->cfg);
     b->cfg.dev = b->dev;
     b->cfg.param_dtype = o->grad;
@@ -676,7 +685,7 @@ static void print_head(const bench *b, const zo_optim_info *info, const zo_machi
     printf("zo-optim-bench %s: %s placement, %.3g params in %u tensors (%u sub-groups), grads/params %s, states %s, "
            "%s%s\n",
            zo_version_string(), o->placement == ZO_OPTIM_PLACE_NVME ? "nvme" : "host", (double)o->params, b->nt,
-           info->nsubgroups, zo_dtype_name(o->grad), zo_dtype_name(o->state), zo_cpuadam_variant(),
+           info->nsubgroups, zo_dtype_name(o->grad), state_name(o), zo_cpuadam_variant(),
            o->dpu ? (o->dpu_double ? ", DPU (double-buffered params)" : ", DPU (single param buffer)") : "");
     zo_machine_print(mach, stdout);
     if (o->placement == ZO_OPTIM_PLACE_NVME) {
@@ -704,7 +713,8 @@ static int bound_prepare(bench *b, runs *rs, const zo_optim_info *info)
         /* fio on the same directory, the engine's block size and queue depth,
          * a file as large as the state (at most 4 GiB: enough to leave any
          * cache behind with O_DIRECT) */
-        uint64_t bytes = o->params * (4 + 2 * zo_dtype_size(o->state));
+        uint64_t bytes = o->qbits ? o->params * 4 + o->params * (uint64_t)o->qbits / 4
+                                  : o->params * (4 + 2 * zo_dtype_size(o->state));
         uint64_t fsz = bytes < (4ull << 30) ? bytes : (4ull << 30);
         fsz = (fsz + b->cfg.aio_block_size - 1) / b->cfg.aio_block_size * b->cfg.aio_block_size;
         snprintf(b->fio_file, sizeof(b->fio_file), "%s/fio.dat", b->dir);
@@ -843,7 +853,7 @@ static void report_json(const bench *b, const runs *rs, const summary *sm, const
     zj_uint(&j, "tensors", b->nt);
     zj_uint(&j, "sub_groups", info->nsubgroups);
     zj_str(&j, "grad_dtype", zo_dtype_name(o->grad));
-    zj_str(&j, "state_dtype", zo_dtype_name(o->state));
+    zj_str(&j, "state_dtype", state_name(o));
     zj_str(&j, "kernel", zo_cpuadam_variant());
     zj_bool(&j, "dpu", o->dpu);
     if (o->dpu)
@@ -950,6 +960,10 @@ int main(int argc, char **argv)
         return prc;
     if (o.vs_bound && o.placement == ZO_OPTIM_PLACE_HOST && o.dpu && o.compute_ms == 0)
         return bad("--vs-bound with --dpu needs --compute-ms (the bound is max(compute, step))");
+    if (o.vs_bound && o.placement == ZO_OPTIM_PLACE_HOST && !o.dpu && o.qbits)
+        return bad("--vs-bound on host placement times the fp32/bf16-state kernel, not --state %s: use "
+                   "zo-adam-bench for the quantized kernel's bound, or NVMe placement (the disk bound)",
+                   state_name(&o));
     signal(SIGINT, on_signal);
     signal(SIGTERM, on_signal);
     zo_machine mach;

@@ -193,6 +193,7 @@ int plan_probe_run(const plan_probe_in *in, plan_probe_out *out)
     zo_optim_group grp[2], jgroup;
     zo_optim_group_default(&jgroup);
     jgroup.state_dtype = in->sdt;
+    jgroup.state_bits = (uint16_t)in->qbits;
     zo_optim_json *cj = NULL;
     if (opt && opt->config) {
         if ((r = zo_optim_json_load(opt->config, &cj)) < 0 || (r = zo_optim_json_apply(cj, &cfg, &jgroup)) < 0) {
@@ -237,6 +238,8 @@ int plan_probe_run(const plan_probe_in *in, plan_probe_out *out)
         grp[g].dev_params = p.param + (g ? nweights : 0);
         grp[g].hparams = g ? &hp_b : &hp_w;
         grp[g].state_dtype = jgroup.state_dtype;
+        grp[g].state_bits = jgroup.state_bits;
+        grp[g].state_block = jgroup.state_block;
     }
     cfg.groups = grp;
     cfg.ngroups = ngroups;

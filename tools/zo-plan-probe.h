@@ -27,6 +27,7 @@ typedef struct plan_probe_in {
     train_shape shape;
     uint64_t params;          /* engine-only: elements (in tensors of at most 4 M) */
     zo_dtype pdt, gdt, sdt;   /* engine-only: precisions */
+    int qbits;                /* 8 / 4: q8 / q4 moments (sdt fp32), 0: sdt */
     int nvme, dpu;            /* placement, delayed parameter update */
     unsigned accum;
     double clip;

@@ -77,6 +77,7 @@ typedef struct plan_in {
     zo_tile_grid grid;
     /* precision and engine */
     zo_dtype pdt, gdt, sdt;
+    int qbits; /* --state q8 / q4: quantized m and v (sdt is then fp32) */
     int nvme;               /* placement: 1 NVMe, 0 host */
     int dpu;
     unsigned accum;
@@ -103,6 +104,11 @@ typedef struct plan_in {
     char probe_note[200];   /* why the run probe did not run, when it was asked for */
     plan_probe_out pr;
 } plan_in;
+
+static const char *state_name(const plan_in *in)
+{
+    return zo_tool_state_name(in->sdt, in->qbits);
+}
 
 static int parse_tensors(const char *s, plan_in *in)
 {
@@ -142,7 +148,29 @@ static int parse_tensors(const char *s, plan_in *in)
 /* ---- probes ----------------------------------------------------------------------------- */
 
 /* The fused AdamW step on 4 M fp32 elements: params per second. */
-static double probe_adam(int nthreads)
+/* The q8 / q4 step over t's arrays: codes in the first bytes of m and v
+ * (fresh: zero), their scales after n codes (the fp32 arrays are far larger). */
+static int qstep(const zo_cpuadam_hparams *hp, const zo_cpuadam_tensors *t, int bits, uint8_t *m, uint8_t *v,
+                 int nthreads)
+{
+    zo_cpuadam_qtensors q;
+    zo_cpuadam_qtensors_default(&q);
+    q.n = t->n;
+    q.param = t->param;
+    q.grad = t->grad;
+    q.bits = bits;
+    q.m_codes = m;
+    q.v_codes = v;
+    q.m_absmax = (float *)(void *)(m + t->n);
+    q.v_absmax = (float *)(void *)(v + t->n);
+    q.param_out = t->param_out;
+    q.out_dtype = t->out_dtype;
+    return zo_cpuadam_qstep(hp, &q, nthreads);
+}
+
+/* The optimizer's rate, elements per second: the fp32-state kernel, or with
+ * qbits the quantized one (what the engine runs for --state q8 / q4). */
+static double probe_adam(int nthreads, int qbits)
 {
     size_t n = (size_t)4 << 20;
     float *a = NULL, *g = NULL, *m = NULL, *v = NULL;
@@ -170,7 +198,8 @@ static double probe_adam(int nthreads)
         for (int rep = 0; rep < 3; rep++) {
             double t0 = now_s();
             hp.step = rep + 1;
-            if (zo_cpuadam_step(&hp, &t, nthreads) < 0)
+            if ((qbits ? qstep(&hp, &t, qbits, (uint8_t *)(void *)m, (uint8_t *)(void *)v, nthreads)
+                       : zo_cpuadam_step(&hp, &t, nthreads)) < 0)
                 break;
             double r = (double)n / (now_s() - t0);
             best = r > best ? r : best;
@@ -426,6 +455,7 @@ static int engine_footprint(const plan_in *in, zo_optim_footprint *f)
         grp[g].numel = &numel[g];
         grp[g].dev_params = g == 0 && in->tiled > 0 ? NULL : devp;
         grp[g].state_dtype = in->sdt;
+        grp[g].state_bits = (uint16_t)in->qbits;
     }
     zo_optim_config cfg;
     zo_optim_config_default(&cfg);
@@ -638,7 +668,7 @@ static void print_model(const plan_in *in, const plan_out *p)
     printf("model: %" PRIu64 " parameters (%.1f M) in %u tensors; params %s, grads %s, states %s; %s placement, "
            "DPU %s, sub-group %" PRIu64 " (%" PRIu64 " sub-groups)\n",
            in->params, in->params / 1e6, in->ntensors, zo_dtype_name(in->pdt), zo_dtype_name(in->gdt),
-           zo_dtype_name(in->sdt), in->nvme ? "NVMe" : "host", in->dpu ? "on" : "off", in->sub_group, p->nsub);
+           state_name(in), in->nvme ? "NVMe" : "host", in->dpu ? "on" : "off", in->sub_group, p->nsub);
     if (in->from_train)
         printf("zo-train: %u layers of %zu, batch %zu x %u micro-steps\n", in->shape.layers, in->shape.width,
                in->shape.batch, in->accum);
@@ -786,7 +816,7 @@ static void json_model(zo_json *j, const plan_in *in, const plan_out *p)
     zj_uint(j, "tensors", in->ntensors);
     zj_str(j, "param_dtype", zo_dtype_name(in->pdt));
     zj_str(j, "grad_dtype", zo_dtype_name(in->gdt));
-    zj_str(j, "state_dtype", zo_dtype_name(in->sdt));
+    zj_str(j, "state_dtype", state_name(in));
     if (in->from_train) {
         zj_uint(j, "layers", in->shape.layers);
         zj_uint(j, "width", in->shape.width);
@@ -964,7 +994,7 @@ static int write_config(const char *path, const plan_in *in, const plan_out *p)
     zj_obj_begin(&j, "zoffload");
     zj_bool(&j, "dpu", in->dpu);
     zj_str(&j, "grad_dtype", zo_dtype_name(in->gdt));
-    zj_str(&j, "state_dtype", zo_dtype_name(in->sdt));
+    zj_str(&j, "state_dtype", state_name(in));
     zj_uint(&j, "grad_staging_bytes", in->staging);
     zj_obj_end(&j);
     zj_obj_end(&j);
@@ -1010,6 +1040,7 @@ static int run_probe(plan_in *in)
     pi.pdt = in->pdt;
     pi.gdt = in->gdt;
     pi.sdt = in->sdt;
+    pi.qbits = in->qbits;
     pi.nvme = in->nvme;
     pi.dpu = in->dpu;
     pi.accum = in->accum;
@@ -1025,6 +1056,8 @@ static int run_probe(plan_in *in)
     uint64_t n = in->from_train ? (uint64_t)pi.shape.layers * ((uint64_t)in->shape.width * in->shape.width + in->shape.width)
                                 : pi.params;
     uint64_t nwin = in->dpu ? 2 : 1, ses = zo_dtype_size(in->sdt);
+    if (in->qbits)
+        ses = 1; /* q8 (q4 half of it) and a scale per block: at most a byte per element */
     uint64_t mem = n * (zo_dtype_size(in->pdt) * (1 + nwin) + zo_dtype_size(in->gdt) + 4 * nwin +
                         (in->from_train ? 12 : 0) + (in->nvme ? 0 : 4 + 2 * ses));
     struct statvfs sv;
@@ -1187,6 +1220,15 @@ static int set_dtype(const zo_tool_cli *cli, const zo_tool_opt *d, const char *a
     return 0;
 }
 
+/* --state fp32|bf16|q8|q4 into the plan_in at dst (sdt, qbits) */
+static int set_state(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
+{
+    plan_in *in = d->dst;
+    if (zo_tool_state_parse(arg, &in->sdt, &in->qbits) < 0)
+        return zo_tool_bad(cli->prog, "--%s: '%s' is not one of %s", d->name, arg, d->what);
+    return 0;
+}
+
 /* --offload host|cpu|nvme into *(int *)dst: 1 for nvme */
 static int set_offload(const zo_tool_cli *cli, const zo_tool_opt *d, const char *arg)
 {
@@ -1284,7 +1326,7 @@ static int parse_options(int argc, char **argv, plan_args *a)
         {"tensors", 1, 0, zo_tool_opt_str, &a->tensors, 0, 0, NULL},
         {"param-dtype", 1, 0, set_dtype, &in->pdt, 0, pg, "bf16, fp16, fp32"},
         {"grad", 1, 0, set_dtype, &in->gdt, 0, pg, "bf16, fp16, fp32"},
-        {"state", 1, 0, set_dtype, &in->sdt, 0, st, "fp32, bf16"},
+        {"state", 1, 0, set_state, in, 0, st, "fp32, bf16, q8, q4"},
         {"offload", 1, 0, set_offload, &in->nvme, 0, 0, NULL},
         {"dpu", 1, 0, set_on_off, &a->dpu, 0, 0, NULL},
         {"accum", 1, 0, set_count, &in->accum, 1, 65536, NULL},
@@ -1438,8 +1480,9 @@ static int detect_machine(plan_in *in)
 static int quick_probes(plan_in *in)
 {
     if (!in->adam_rate) {
-        in->adam_rate = probe_adam((int)sysconf(_SC_NPROCESSORS_ONLN));
-        strcpy(in->src_adam, "probe: AdamW 4M fp32");
+        in->adam_rate = probe_adam((int)sysconf(_SC_NPROCESSORS_ONLN), in->qbits);
+        strcpy(in->src_adam, in->qbits == 8 ? "probe: AdamW 4M q8" : in->qbits == 4 ? "probe: AdamW 4M q4"
+                                                                                  : "probe: AdamW 4M fp32");
     }
     if (!in->copy_bw) {
         in->copy_bw = in->gpu ? 20e9 : probe_copy();

@@ -1076,6 +1076,22 @@ static int open_device(train_run *t)
 
 /* The engine configuration, first step: the defaults, then the JSON file
  * (--config), whose dtypes must be the model's. */
+/* --state-dtype over the config file's zoffload.state_dtype; --verify's
+ * in-memory run keeps fp32 or bf16 moments, so it refuses q8 / q4. 0, or
+ * 2 (usage). */
+static int state_flag(train_run *t)
+{
+    if (t->opt.state_bits >= 0) {
+        t->jgroup.state_dtype = t->opt.state_dtype;
+        t->jgroup.state_bits = (uint16_t)t->opt.state_bits;
+    }
+    if (t->opt.verify && t->jgroup.state_bits)
+        return zo_tool_bad("zo-train", "--verify runs the steps in memory with fp32 or bf16 moments, not q%u: "
+                                       "the engine's quantized step is checked bit for bit by tests/test_optim_q.c",
+                           (unsigned)t->jgroup.state_bits);
+    return 0;
+}
+
 static int load_config(train_run *t)
 {
     const options *opt = &t->opt;
@@ -1089,12 +1105,14 @@ static int load_config(train_run *t)
     cfg->nvme_path = opt->nvme_path ? opt->nvme_path : "/var/tmp";
     zo_optim_group_default(&t->jgroup);
     if (!opt->config)
-        return 0;
+        return state_flag(t);
     int r;
     if ((r = zo_optim_json_load(opt->config, &t->cj)) < 0 ||
         /* the file decides dtypes too (bf16.enabled / fp16.enabled): keep the model's in step */
         (r = zo_optim_json_apply(t->cj, cfg, &t->jgroup)) < 0)
         return zo_tool_bad("zo-train", "--config %s: %s: %s", opt->config, zo_strerror(r), zo_last_error_detail());
+    if ((r = state_flag(t)) != 0)
+        return r;
     if (cfg->param_dtype != t->shape.param_dtype)
         return zo_tool_bad("zo-train", "--config %s sets device params %s, the model has %s: give --param-dtype %s "
                                        "to match", opt->config, zo_dtype_name(cfg->param_dtype),
@@ -1250,6 +1268,8 @@ static int create_engine(train_run *t)
         grp->dev_params = g == 0 && t->tiled ? NULL : dm->param + (g ? dm->nweights : 0);
         grp->hparams = g ? &t->hp_b : &t->hp_w;
         grp->state_dtype = t->jgroup.state_dtype;
+        grp->state_bits = t->jgroup.state_bits;
+        grp->state_block = t->jgroup.state_block;
     }
     t->cfg.groups = t->grp;
     t->cfg.ngroups = 2;
@@ -1430,7 +1450,9 @@ static int print_setup(train_run *t)
                t->tiling.home == ZO_TIER_NVME ? "NVMe" : "pinned host memory", mib(g->work_bytes),
                mib(t->tiling.layer_budget));
     }
-    uint64_t state_bytes = t->nparams * (4 + 2 * zo_dtype_size(t->jgroup.state_dtype)); /* master, m, v */
+    /* master, m, v (quantized: codes and about a scale per block) */
+    uint64_t state_bytes = t->jgroup.state_bits ? t->nparams * 4 + t->nparams * t->jgroup.state_bits / 4
+                                                : t->nparams * (4 + 2 * zo_dtype_size(t->jgroup.state_dtype));
     state_bytes /= t->dp.world; /* this rank's */
     printf("engine: fp32 masters + optimizer states %.1f MiB %s the device budget -> %s%s; DPU %s (warm-up %u), "
            "clip %g, %d threads, %u sub-groups\n",

@@ -229,7 +229,15 @@ typedef struct zo_optim_group {
                                           (anything else is ZO_ECONFIG) */
     zo_optim_placement placement; /**< default ZO_OPTIM_PLACE_DEFAULT (the config's) */
     uint64_t sub_group_size;     /**< elements per sub-group; 0 (default): the config's */
-    zo_dtype state_dtype;        /**< m and v: ZO_DTYPE_F32 (default) or ZO_DTYPE_BF16 */
+    zo_dtype state_dtype;        /**< m and v: ZO_DTYPE_F32 (default) or ZO_DTYPE_BF16; with state_bits,
+                                      ZO_DTYPE_F32 (the moments are computed in fp32 and stored quantized) */
+    /* in what was the struct's tail padding: sizeof is unchanged */
+    uint16_t state_bits;         /**< 0 (default): m and v in state_dtype; 8 (q8) or 4 (q4): block-wise
+                                      quantized moments (zo_cpuadam_qstep(): codes + one fp32 absmax per
+                                      block, dynamic maps), AdamW, Adam or Lion, two-pass clipping and
+                                      ZO_OPTIM_NO_GRAD_ZERO only (see docs/optim-integration.md) */
+    uint16_t state_block;        /**< with state_bits: elements per absmax scale, a power of two in [64, 4096];
+                                      0 (default): 256 for q8, 128 for q4 */
 } zo_optim_group;
 
 /** Fill *g: no tensors, the config's hparams / placement / sub_group_size, fp32 states. NULL ignored. */
@@ -337,10 +345,13 @@ ZO_API void zo_optim_config_default(zo_optim_config *cfg);
  *         a group without tensors or with a zero numel, NULL dev); ZO_ECONFIG
  *         (param_dtype not set; a value out of range: dtype, sub_group_size,
  *         buffer_count, hyperparameters, speculative mode with Adagrad/Lion/bf16 states,
- *         NVMe placement without nvme_path or swap...; the detail names the
- *         field); -EEXIST (two tensors with one name); ZO_EBUDGET (pinned_bytes
- *         cannot hold what the placement needs: the detail says how much);
- *         ZO_ENOTSUP (a feature not available in this build); -ENOMEM;
+ *         NVMe placement without nvme_path or swap; state_bits not 0/8/4,
+ *         state_block not a power of two in [64, 4096], state_bits with bf16
+ *         state_dtype, the speculative step or ZO_OPTIM_NO_GRAD_SKIP...; the
+ *         detail names the field); -EEXIST (two tensors with one name);
+ *         ZO_EBUDGET (pinned_bytes cannot hold what the placement needs: the
+ *         detail says how much); ZO_ENOTSUP (a feature not available in this
+ *         build; Adagrad with state_bits); -ENOMEM;
  *         errors of zo_swap_create(), zo_store_create(), zo_stream_create(),
  *         zo_store_register() (-ENOSPC: the swap store cannot hold the
  *         NVMe-placed states).
@@ -779,6 +790,13 @@ ZO_API int zo_optim_save(zo_optim *o, const char *root, const char *name, unsign
  * stay the ones zo_optim_param_device() gave). A run resumed from it
  * continues bit-identically.
  * user_json, if not NULL, receives the caller's JSON (truncated to len, NUL-terminated).
+ *
+ * A checkpoint of the same layout with other state types (fp32, bf16, q8,
+ * q4: zo_optim_group.state_dtype / state_bits / state_block) is converted
+ * as it is restored: moments dequantized or widened to fp32, then
+ * quantized or cast to the engine's types; masters as saved (docs/optim.md,
+ * "Quantized states"). Then the run continues from the converted states,
+ * not bit-identically to the saved engine.
  *
  * What can be checked without reading the data is checked before anything
  * is written (the manifest, the engine's record and its fingerprint, and

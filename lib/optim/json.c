@@ -37,7 +37,7 @@ enum vid {
     V_OFF_DEVICE, V_NVME_PATH, V_PIN, V_BUFCNT,
     V_AIO_BS, V_AIO_QD, V_AIO_THREADS, V_AIO_SS, V_AIO_OE, V_AIO_GDS,
     V_PINNED_BYTES, V_STAGING, V_CLIP_MODE, V_NONFINITE, V_NO_GRAD, V_DPU, V_DPU_WARMUP, V_DPU_DOUBLE, V_NTHREADS, V_NUMA,
-    V_STATE_DTYPE, V_GRAD_DTYPE,
+    V_STATE_DTYPE, V_GRAD_DTYPE, V_STATE_BLOCK,
     V_COUNT
 };
 
@@ -180,6 +180,7 @@ static const keydef k_ours[] = {
     {"nthreads", T_INT | T_AUTO, V_NTHREADS, 1, 1024, NULL},
     {"numa_node", T_INT, V_NUMA, -1, 4095, NULL},
     {"state_dtype", T_STR, V_STATE_DTYPE, 0, 0, NULL},
+    {"state_block", T_INT, V_STATE_BLOCK, 64, 4096, NULL},
     {"grad_dtype", T_STR, V_GRAD_DTYPE, 0, 0, NULL},
     {NULL, 0, V_NONE, 0, 0, NULL},
 };
@@ -462,6 +463,18 @@ static int walk(zo_optim_json *j, const cJSON *obj, const keydef *tab, const cha
     return 0;
 }
 
+/* "fp32"/"f32", "bf16": that dtype; "q8", "q4": quantized fp32 moments
+ * (zo_optim_group.state_bits). -EINVAL otherwise. */
+static int state_type(const char *str, zo_dtype *dt, int *bits)
+{
+    *bits = !strcmp(str, "q8") ? 8 : !strcmp(str, "q4") ? 4 : 0;
+    if (*bits) {
+        *dt = ZO_DTYPE_F32;
+        return 0;
+    }
+    return zo_dtype_parse(str, dt) < 0 || (*dt != ZO_DTYPE_F32 && *dt != ZO_DTYPE_BF16) ? -EINVAL : 0;
+}
+
 static int str_choice(const jval *v, const char *const *names, unsigned n, const char *const *also, unsigned *out)
 {
     for (unsigned i = 0; i < n; i++)
@@ -525,10 +538,13 @@ static int validate(zo_optim_json *j)
         ZO_CHECK(str_choice(&v[V_NO_GRAD], m, 2, NULL, &dummy));
     }
     zo_dtype dt;
-    if (v[V_STATE_DTYPE].set && (zo_dtype_parse(v[V_STATE_DTYPE].str, &dt) < 0 ||
-                                 (dt != ZO_DTYPE_F32 && dt != ZO_DTYPE_BF16)))
-        return ZO_FAIL(NULL, ZO_ECONFIG, "zoffload.state_dtype: \"%s\" is not fp32 or bf16",
+    int bits = 0;
+    if (v[V_STATE_DTYPE].set && state_type(v[V_STATE_DTYPE].str, &dt, &bits) < 0)
+        return ZO_FAIL(NULL, ZO_ECONFIG, "zoffload.state_dtype: \"%s\" is not fp32, bf16, q8 or q4",
                        esc(v[V_STATE_DTYPE].str, (char[ESC_LEN]){0}));
+    if (v[V_STATE_BLOCK].set && (!bits || ((uint64_t)v[V_STATE_BLOCK].num & ((uint64_t)v[V_STATE_BLOCK].num - 1))))
+        return ZO_FAIL(NULL, ZO_ECONFIG, "zoffload.state_block: %g: %s", v[V_STATE_BLOCK].num,
+                       bits ? "not a power of two" : "a block of quantized states: needs state_dtype q8 or q4");
     if (v[V_GRAD_DTYPE].set && (zo_dtype_parse(v[V_GRAD_DTYPE].str, &dt) < 0 ||
                                 (dt != ZO_DTYPE_F32 && dt != ZO_DTYPE_BF16 && dt != ZO_DTYPE_F16)))
         return ZO_FAIL(NULL, ZO_ECONFIG, "zoffload.grad_dtype: \"%s\" is not fp32, fp16 or bf16",
@@ -879,10 +895,15 @@ ZO_API int zo_optim_json_apply(zo_optim_json *j, zo_optim_config *cfg, zo_optim_
         c.numa_node = (int)v[V_NUMA].num;
     if (v[V_GRAD_DTYPE].set)
         (void)zo_dtype_parse(v[V_GRAD_DTYPE].str, &c.grad_dtype);
-    if (group && v[V_STATE_DTYPE].set)
-        (void)zo_dtype_parse(v[V_STATE_DTYPE].str, &group->state_dtype);
-    else if (!group && v[V_STATE_DTYPE].set)
+    if (group && v[V_STATE_DTYPE].set) {
+        int bits = 0;
+        (void)state_type(v[V_STATE_DTYPE].str, &group->state_dtype, &bits);
+        group->state_bits = (uint16_t)bits;
+        if (v[V_STATE_BLOCK].set)
+            group->state_block = (uint16_t)v[V_STATE_BLOCK].num;
+    } else if (!group && v[V_STATE_DTYPE].set) {
         REPORT("note: zoffload.state_dtype is a group setting: pass a group to zo_optim_json_apply to use it\n");
+    }
 
     if (j->unused)
         REPORT("%s", j->unused);

@@ -9,6 +9,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
@@ -19,6 +20,14 @@
 #include <zoffload/vec.h>
 
 int zo__optim_force_copy;
+
+/* state_bits and state_block were added in what was the struct's tail
+ * padding: its size (which create checks, and the Python ctypes mirror
+ * sets) is what it was with state_dtype last. */
+_Static_assert(sizeof(zo_optim_group) == (offsetof(zo_optim_group, state_dtype) + sizeof(zo_dtype) +
+                                          _Alignof(zo_optim_group) - 1) / _Alignof(zo_optim_group) *
+                                             _Alignof(zo_optim_group),
+               "zo_optim_group grew: state_bits / state_block no longer fit its old tail padding");
 
 void zo_optim_group_default(zo_optim_group *g)
 {
@@ -96,6 +105,36 @@ static uint64_t fnv_u64(uint64_t h, uint64_t v)
     return zo__fnv1a(h, &v, sizeof(v));
 }
 
+/* The configuration a checkpoint must match: dtypes, groups, optimizers,
+ * sub-group sizes, tensors and names; with `states`, also each group's
+ * state type (without: the layout, which a load across state types needs
+ * to match). A group of fp32 states hashes the same either way, and the
+ * quantized fields only when set, so fingerprints of engines made before
+ * quantized states stay what they were. types: other state types per
+ * group (a checkpoint's), or NULL: the engine's. */
+uint64_t zo__config_fingerprint(const zo_optim *o, int states, const zo__og *types)
+{
+    uint64_t fp = 0xcbf29ce484222325ull;
+    fp = fnv_u64(fp, 1); /* layout version */
+    fp = fnv_u64(fp, (uint64_t)o->pdt);
+    fp = fnv_u64(fp, (uint64_t)o->gdt);
+    fp = fnv_u64(fp, o->ngroups);
+    for (unsigned g = 0; g < o->ngroups; g++) {
+        const zo__og *og = &o->groups[g], *st = types ? &types[g] : og;
+        fp = fnv_u64(fp, (uint64_t)og->hp.kind);
+        fp = fnv_u64(fp, (uint64_t)(states ? st->sdt : ZO_DTYPE_F32));
+        fp = fnv_u64(fp, og->sgsize);
+        if (states && st->qbits)
+            fp = fnv_u64(fp, ((uint64_t)st->qbits << 32) | st->qblock);
+        fp = fnv_u64(fp, og->ntensors);
+        for (unsigned i = og->first_tensor; i < og->first_tensor + og->ntensors; i++) {
+            fp = fnv_u64(fp, o->tensors[i].numel);
+            fp = zo__fnv1a(fp, o->tensors[i].name, strlen(o->tensors[i].name) + 1);
+        }
+    }
+    return fp;
+}
+
 /* Which states an optimizer uses. */
 static void states_used(zo_optim_kind k, int used[ZO_OPTIM_STATE_COUNT])
 {
@@ -117,6 +156,27 @@ static int check_engine_fields(zo_optim *o, const zo_cpuadam_hparams *hp, unsign
                    "(its update count: zo_optim_set_step(); the loss scale; max_grad_norm clipping): leave them at "
                    "zo_cpuadam_hparams_default()'s 1",
                    fn, g, (long long)hp->step, hp->grad_scale, hp->clip_coef);
+}
+
+/* What quantized moments cannot do, refused at create with the reason:
+ * the q kernel has no Adagrad and no rollback (the speculative step takes
+ * updates back), and a block is requantized whole, so elements of a
+ * tensor skipped under ZO_OPTIM_NO_GRAD_SKIP would change with their
+ * block's neighbours. */
+static int check_quantized(zo_optim *o, const zo_optim_config *cfg, const zo_cpuadam_hparams *hp, unsigned g)
+{
+    if (hp->kind == ZO_OPTIM_ADAGRAD)
+        return ZO_FAIL(&o->err, ZO_ENOTSUP, "zo_optim_create: group %u: Adagrad has no quantized state (state_bits %u): "
+                       "use state_bits 0", g, o->groups[g].qbits);
+    if (cfg->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u: the speculative step rolls updates back and "
+                       "quantized states (state_bits %d) cannot be rolled back: use ZO_OPTIM_CLIP_TWO_PASS", g,
+                       o->groups[g].qbits);
+    if (cfg->no_grad == ZO_OPTIM_NO_GRAD_SKIP)
+        return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u: ZO_OPTIM_NO_GRAD_SKIP leaves tensors "
+                       "untouched, but a quantized block (state_bits %d) is requantized whole, across tensors: use "
+                       "ZO_OPTIM_NO_GRAD_ZERO", g, o->groups[g].qbits);
+    return 0;
 }
 
 /* Validate hyperparameters by the kernel's own rules: one step on one element. */
@@ -254,11 +314,6 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
         return -ENOMEM;
     o->ngroups = cfg->ngroups;
     o->nt = nt;
-    uint64_t fp = 0xcbf29ce484222325ull;
-    fp = fnv_u64(fp, 1); /* layout version */
-    fp = fnv_u64(fp, (uint64_t)o->pdt);
-    fp = fnv_u64(fp, (uint64_t)o->gdt);
-    fp = fnv_u64(fp, cfg->ngroups);
     unsigned ti = 0, nsg = 0;
     uint64_t off = 0;
     for (unsigned g = 0; g < cfg->ngroups; g++) {
@@ -276,6 +331,19 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
         if (og->sdt != ZO_DTYPE_F32 && og->sdt != ZO_DTYPE_BF16)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_dtype %s (f32 or bf16)", g,
                            zo_dtype_name(og->sdt));
+        og->qbits = ug->state_bits;
+        og->qblock = ug->state_block ? ug->state_block : ug->state_bits == 4 ? 128 : 256;
+        if (og->qbits != 0 && og->qbits != 8 && og->qbits != 4)
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_bits %d (0: state_dtype, 8: q8, 4: q4)",
+                           g, og->qbits);
+        /* a power of two: NVMe sweep pieces start on swap chunks (powers of
+         * two), so they then start on whole blocks */
+        if (og->qbits && (og->qblock < 64 || og->qblock > ZO_QBLOCK_MAX || (og->qblock & (og->qblock - 1))))
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_block %zu (a power of two in [64, %d])",
+                           g, og->qblock, ZO_QBLOCK_MAX);
+        if (og->qbits && og->sdt != ZO_DTYPE_F32)
+            return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u: state_bits %d quantizes fp32 moments: leave "
+                           "state_dtype at f32, not %s", g, og->qbits, zo_dtype_name(og->sdt));
         if (og->hp.struct_size != sizeof(zo_cpuadam_hparams) || og->hp.kind < 0 || og->hp.kind >= ZO_OPTIM_KIND_COUNT)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u hparams not filled by "
                            "zo_cpuadam_hparams_default()", g);
@@ -292,16 +360,14 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
                            "(rollback), not %s with %s states", g,
                            og->hp.kind == ZO_OPTIM_LION ? "Lion" : og->hp.kind == ZO_OPTIM_ADAGRAD ? "Adagrad" : "Adam",
                            zo_dtype_name(og->sdt));
+        if (og->qbits && (r = check_quantized(o, cfg, &og->hp, g)) < 0)
+            return r;
         og->hp_next = og->hp;
         states_used(og->hp.kind, og->used);
         og->first_tensor = ti;
         og->ntensors = ug->ntensors;
         og->off = off;
         og->has_dev = ug->dev_params != NULL;
-        fp = fnv_u64(fp, (uint64_t)og->hp.kind);
-        fp = fnv_u64(fp, (uint64_t)og->sdt);
-        fp = fnv_u64(fp, og->sgsize);
-        fp = fnv_u64(fp, ug->ntensors);
         for (unsigned i = 0; i < ug->ntensors; i++, ti++) {
             zo__ot *t = &o->tensors[ti];
             if (ug->numel[i] == 0 || ug->numel[i] > ((uint64_t)1 << 48))
@@ -330,8 +396,6 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
             if (ug->dev_params && !t->dev)
                 return ZO_FAIL(&o->err, -EINVAL, "zo_optim_create: group %u tensor %u: dev_params entry NULL", g, i);
             off += t->numel;
-            fp = fnv_u64(fp, t->numel);
-            fp = zo__fnv1a(fp, nm, len + 1);
         }
         og->numel = off - og->off;
         og->first_sg = nsg;
@@ -339,7 +403,8 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
         nsg += og->nsg;
     }
     o->numel = off;
-    o->fingerprint = fp;
+    o->fingerprint = zo__config_fingerprint(o, 1, NULL);
+    o->layout_fingerprint = zo__config_fingerprint(o, 0, NULL);
     o->nsg = nsg;
     if (!with_sgs)
         return 0;
@@ -387,7 +452,7 @@ static void backend_modes(zo_optim *o, int kind)
 static void footprint(const zo_optim *o, size_t chunk, zo_optim_footprint *f)
 {
     const zo_optim_config *cfg = &o->cfg;
-    uint64_t host_tier = 0, nvme_bytes = 0;
+    uint64_t host_tier = 0, nvme_bytes = 0, qcache = 0;
     int mixed_width = 0;
     /* per group: its full sub-groups and the remainder, as layout() cuts
      * them (no walk over the sub-groups, which an estimate does not make) */
@@ -400,16 +465,28 @@ static void footprint(const zo_optim *o, size_t chunk, zo_optim_footprint *f)
         for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++) {
             if (!og->used[k])
                 continue;
-            size_t es = k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(og->sdt);
-            bytes += nfull * ZO_ALIGN_UP(og->sgsize * es, align) + (rest ? ZO_ALIGN_UP(rest * es, align) : 0);
+            bytes += nfull * ZO_ALIGN_UP(zo__state_bytes(og, k, og->sgsize), align) +
+                     (rest ? ZO_ALIGN_UP(zo__state_bytes(og, k, rest), align) : 0);
         }
         if (nvme) {
             nvme_bytes += bytes;
             mixed_width |= og->sdt != ZO_DTYPE_F32;
+            /* quantized states are not in the sweep (their codes and
+             * scales do not step with the masters' elements): each
+             * sub-group's are acquired into the host tier whole, one
+             * sub-group updated, the next loading, the previous writing
+             * back */
+            if (og->qbits) {
+                uint64_t q = 0;
+                for (int k = 1; k < ZO_OPTIM_STATE_COUNT; k++)
+                    q += og->used[k] ? ZO_ALIGN_UP(zo__state_bytes(og, k, ZO_MIN(og->sgsize, og->numel)), 4096) : 0;
+                qcache = ZO_MAX(qcache, 3 * q);
+            }
         } else {
             host_tier += bytes;
         }
     }
+    host_tier += qcache;
     int nvme = nvme_bytes != 0;
     uint64_t staging = o->host_grads ? 0 : cfg->grad_staging_bytes;
     /* a sweep holds buffer_count pieces of (master, m, v), one slot each;
@@ -554,9 +631,9 @@ static int make_store(zo_optim *o)
             zo_tensor_desc d;
             zo_tensor_desc_default(&d);
             d.name = name;
-            d.dtype = k == ZO_OPTIM_STATE_MASTER ? ZO_DTYPE_F32 : og->sdt;
+            d.dtype = k == ZO_OPTIM_STATE_MASTER ? ZO_DTYPE_F32 : og->qbits ? ZO_DTYPE_U8 : og->sdt;
             d.ndim = 1;
-            d.shape[0] = sg->n;
+            d.shape[0] = zo__state_bytes(og, k, sg->n) / zo_dtype_size(d.dtype);
             d.home = og->place == ZO_OPTIM_PLACE_NVME ? ZO_TIER_NVME : ZO_TIER_HOST;
             if ((r = zo_store_register(o->store, &d, &sg->t[k])) < 0)
                 return ZO_FAIL(&o->err, r, "zo_optim_create: registering %s: %s", name, zo_store_errmsg(o->store));

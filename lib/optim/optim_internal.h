@@ -57,12 +57,51 @@ typedef struct zo__og {
     zo_optim_placement place;
     uint64_t sgsize;
     zo_dtype sdt;
+    /* quantized m and v (zo_optim_group.state_bits): 0, 8 or 4; qblock
+     * elements per scale. Each sub-group's state is then one U8 store
+     * tensor: its codes, then (at zo__q_scale_off) its fp32 block scales,
+     * so a sub-group's state is one extent (one read, one write). */
+    int qbits;
+    size_t qblock;
     unsigned first_tensor, ntensors;
     unsigned first_sg, nsg;
     uint64_t off, numel;
     int has_dev;
     int used[ZO_OPTIM_STATE_COUNT];
 } zo__og;
+
+/* A quantized state of n elements: code bytes, where its scales start
+ * (64-byte aligned, for the kernel and for cache lines), its scales, and
+ * the store tensor's bytes. */
+static inline uint64_t zo__q_code_bytes(uint64_t n, int bits)
+{
+    return bits == 4 ? (n + 1) / 2 : n;
+}
+static inline uint64_t zo__q_scale_off(uint64_t n, int bits)
+{
+    return (zo__q_code_bytes(n, bits) + 63) & ~(uint64_t)63;
+}
+static inline uint64_t zo__q_nscales(uint64_t n, size_t block)
+{
+    return (n + block - 1) / block;
+}
+static inline uint64_t zo__q_bytes(uint64_t n, int bits, size_t block)
+{
+    return zo__q_scale_off(n, bits) + 4 * zo__q_nscales(n, block);
+}
+/* the code map of state k (m signed, v unsigned: the kernel's defaults) */
+static inline zo_qmap zo__q_map(int k)
+{
+    return k == ZO_OPTIM_STATE_EXP_AVG ? ZO_QMAP_DYNAMIC_SIGNED : ZO_QMAP_DYNAMIC_UNSIGNED;
+}
+
+/* Bytes of state k of n elements of group og (its store tensor). */
+static inline uint64_t zo__state_bytes(const zo__og *og, int k, uint64_t n)
+{
+    if (k == ZO_OPTIM_STATE_MASTER)
+        return n * 4;
+    return og->qbits ? zo__q_bytes(n, og->qbits, og->qblock) : n * zo_dtype_size(og->sdt);
+}
 
 /* Worker state machine: one transition function, zo__wstate_set(). */
 typedef enum zo__wstate {
@@ -141,6 +180,7 @@ struct zo_optim {
     unsigned nsg;
     uint64_t numel;
     uint64_t fingerprint;
+    uint64_t layout_fingerprint; /* the same without the state types: what a load across them checks */
 
     zo_swap *swap;
     int own_swap;
@@ -267,6 +307,9 @@ struct zo_optim {
      * that completed all of them completed them (worker, at finish_window) */
     unsigned *eager_order;
     int have_order;
+    /* quantized states: the block scales of the piece being updated, per
+     * state (worker; step.c q_piece()) */
+    float *qscale[ZO_OPTIM_STATE_COUNT];
     /* cumulative counters (worker, under lock) */
     uint64_t updates_done, nvme_read_total, nvme_write_total;
 };
@@ -345,6 +388,9 @@ enum {
 };
 
 /* optim.c */
+/* the fingerprint a checkpoint must carry: of the layout, and with
+ * `states` of the state types (types[ngroups], or NULL: the engine's) */
+uint64_t zo__config_fingerprint(const zo_optim *o, int states, const zo__og *types);
 int zo__optim_quiesce(zo_optim *o, int for_load);
 /* 0, or ZO_ESTATE naming fn and why the states are undefined */
 int zo__failed_check(zo_optim *o, const char *fn);

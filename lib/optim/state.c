@@ -49,6 +49,61 @@ static zo_dtype state_dtype(const zo_optim *o, unsigned group, int k)
     return k == ZO_OPTIM_STATE_MASTER ? ZO_DTYPE_F32 : o->groups[group].sdt;
 }
 
+/* state_io() of a quantized state (zo__og.qbits): each tile of whole
+ * blocks covering the range is read and dequantized; a read converts its
+ * part of it, a write replaces its part and requantizes the tile's blocks
+ * (the other elements of a block the range shares with its neighbours keep
+ * their values up to that block's new scale). */
+static int q_io(zo_optim *o, unsigned group, int k, uint64_t lo, uint64_t hi, void *dst, const void *src,
+                zo_dtype dtype)
+{
+    zo__og *og = &o->groups[group];
+    size_t des = zo_dtype_size(dtype), B = og->qblock;
+    int bits = og->qbits;
+    zo_qmap map = zo__q_map(k);
+    uint8_t *codes = malloc(TILE_ELEMS);
+    float *scales = malloc(TILE_ELEMS / 64 * 4), *x = malloc(TILE_ELEMS * 4);
+    int r = 0;
+    if (!codes || !scales || !x) {
+        r = -ENOMEM;
+        goto out;
+    }
+    for (uint64_t e = lo; e < hi && r == 0;) {
+        unsigned si = og->first_sg + (unsigned)((e - og->off) / og->sgsize);
+        zo__sg *sg = &o->sgs[si];
+        /* local range [a, b) in the sub-group; tile [t0, t1) of whole blocks */
+        uint64_t a = e - sg->off, t0 = a / B * B;
+        uint64_t end = ZO_MIN(hi, sg->off + sg->n) - sg->off;
+        uint64_t t1 = ZO_MIN(ZO_MIN(t0 + TILE_ELEMS, sg->n), (end + B - 1) / B * B);
+        uint64_t b = ZO_MIN(end, t1), cnt = t1 - t0;
+        uint64_t coff = zo__q_code_bytes(t0, bits), cb = zo__q_code_bytes(cnt, bits);
+        uint64_t soff = zo__q_scale_off(sg->n, bits) + 4 * (t0 / B), sb = 4 * zo__q_nscales(cnt, B);
+        if ((r = zo_store_read(o->store, sg->t[k], coff, codes, cb)) < 0 ||
+            (r = zo_store_read(o->store, sg->t[k], soff, scales, sb)) < 0 ||
+            (r = zo_cpuadam_dequantize(codes, scales, cnt, map, bits, B, x)) < 0)
+            break;
+        if (dst) {
+            r = zo_vec_cast((char *)dst + (e - lo) * des, dtype, x + (a - t0), ZO_DTYPE_F32, (size_t)(b - a));
+        } else {
+            if ((r = zo_vec_cast(x + (a - t0), ZO_DTYPE_F32, (const char *)src + (e - lo) * des, dtype,
+                                 (size_t)(b - a))) < 0 ||
+                (r = zo_cpuadam_quantize(x, cnt, map, bits, B, codes, scales)) < 0)
+                break;
+            if ((r = zo_store_write(o->store, sg->t[k], coff, codes, cb)) == 0)
+                r = zo_store_write(o->store, sg->t[k], soff, scales, sb);
+        }
+        e = sg->off + b;
+    }
+    if (r < 0)
+        ZO_FAIL(&o->err, r, "zo_optim: quantized state %s: %s", dst ? "read" : "write",
+                zo_store_errmsg(o->store)[0] ? zo_store_errmsg(o->store) : zo_last_error_detail());
+out:
+    free(codes);
+    free(scales);
+    free(x);
+    return r;
+}
+
 /* Walk flat range [lo, hi) of one state through the sub-groups it crosses,
  * a tile at a time: write (src given) or read (dst given), converting
  * between `dtype` and the state's type. */
@@ -56,6 +111,8 @@ static int state_io(zo_optim *o, unsigned group, int k, uint64_t lo, uint64_t hi
                     zo_dtype dtype, int update_pbuf)
 {
     zo__og *og = &o->groups[group];
+    if (og->qbits && k != ZO_OPTIM_STATE_MASTER)
+        return q_io(o, group, k, lo, hi, dst, src, dtype);
     zo_dtype sdt = state_dtype(o, group, k);
     size_t ses = zo_dtype_size(sdt), des = zo_dtype_size(dtype);
     void *tmp = malloc(TILE_ELEMS * 4);
@@ -140,11 +197,10 @@ static int zero_states(zo_optim *o)
         for (int k = 1; k < ZO_OPTIM_STATE_COUNT && r == 0; k++) {
             if (!sg->t[k])
                 continue;
-            size_t es = zo_dtype_size(state_dtype(o, sg->group, k));
-            for (uint64_t e = 0; e < sg->n && r == 0; e += TILE_ELEMS) {
-                size_t cnt = (size_t)ZO_MIN(sg->n - e, (uint64_t)TILE_ELEMS);
-                r = zo_store_write(o->store, sg->t[k], e * es, z, cnt * es);
-            }
+            /* fresh quantized states too: codes of 0 and scales of 0 read 0 */
+            uint64_t bytes = zo__state_bytes(&o->groups[sg->group], k, sg->n);
+            for (uint64_t e = 0; e < bytes && r == 0; e += TILE_ELEMS * 4)
+                r = zo_store_write(o->store, sg->t[k], e, z, (size_t)ZO_MIN(bytes - e, (uint64_t)TILE_ELEMS * 4));
         }
     }
     free(z);
@@ -256,7 +312,7 @@ int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep
         return ZO_FAIL(&o->err, ZO_ESTATE,
                        "zo_optim_save: gradients accumulated but not applied (save at a step boundary)");
     int skip = o->cfg.no_grad == ZO_OPTIM_NO_GRAD_SKIP;
-    size_t cap = 512 + (size_t)o->ngroups * 160 + (skip ? (size_t)o->nt * 24 : 0) + (user_json ? strlen(user_json) : 4);
+    size_t cap = 560 + (size_t)o->ngroups * 184 + (skip ? (size_t)o->nt * 24 : 0) + (user_json ? strlen(user_json) : 4);
     char *js = malloc(cap);
     if (!js)
         return -ENOMEM;
@@ -272,7 +328,17 @@ int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep
         for (unsigned i = 0; i < o->nt; i++)
             n += (size_t)snprintf(js + n, cap - n, "%s%" PRId64 "%s", i ? "," : "\"tensor_steps\":[", o->tstep[i],
                                   i + 1 == o->nt ? "]," : "");
-    n += (size_t)snprintf(js + n, cap - n, "\"groups\":[");
+    /* what a load into other state types needs: the layout without them,
+     * and each group's state type ("f32", "bf16", "q8/256"...) */
+    n += (size_t)snprintf(js + n, cap - n, "\"layout\":\"%016" PRIx64 "\",\"states\":[", o->layout_fingerprint);
+    for (unsigned g = 0; g < o->ngroups; g++) {
+        const zo__og *og = &o->groups[g];
+        if (og->qbits)
+            n += (size_t)snprintf(js + n, cap - n, "%s\"q%d/%zu\"", g ? "," : "", og->qbits, og->qblock);
+        else
+            n += (size_t)snprintf(js + n, cap - n, "%s\"%s\"", g ? "," : "", zo_dtype_name(og->sdt));
+    }
+    n += (size_t)snprintf(js + n, cap - n, "],\"groups\":[");
     for (unsigned g = 0; g < o->ngroups; g++) {
         const zo_cpuadam_hparams *hp = &o->groups[g].hp_next;
         n += (size_t)snprintf(js + n, cap - n, "%s\"%a,%a,%a,%a,%a,%d\"", g ? "," : "", hp->lr, hp->beta1,
@@ -308,13 +374,42 @@ static int parse_hp(const char **p, zo_cpuadam_hparams *hp)
     return 0;
 }
 
+/* Parse "states" of the record into ck[ngroups] (sdt, qbits, qblock). */
+static int parse_states(zo_optim *o, const char *p, const char *end, zo__og *ck)
+{
+    if (!p || *p != '[')
+        return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: the record has no state types");
+    p++;
+    for (unsigned g = 0; g < o->ngroups; g++) {
+        char nm[16];
+        int used = 0, bits = 0;
+        size_t block = 0;
+        if (sscanf(p, g ? ",\"%15[^\"]\"%n" : "\"%15[^\"]\"%n", nm, &used) != 1 || p + used > end)
+            return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: state type of group %u missing", g);
+        p += used;
+        ck[g] = o->groups[g];
+        ck[g].qbits = 0;
+        if (sscanf(nm, "q%d/%zu", &bits, &block) == 2 && (bits == 8 || bits == 4) && block >= 64 &&
+            block <= ZO_QBLOCK_MAX && !(block & (block - 1))) {
+            ck[g].sdt = ZO_DTYPE_F32;
+            ck[g].qbits = bits;
+            ck[g].qblock = block;
+        } else if (zo_dtype_parse(nm, &ck[g].sdt) < 0 || (ck[g].sdt != ZO_DTYPE_F32 && ck[g].sdt != ZO_DTYPE_BF16)) {
+            return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: group %u state type '%s' unknown", g, nm);
+        }
+    }
+    return 0;
+}
+
 /* The engine record of checkpoint JSON js: counters, step, scaler, and the
  * hyperparameters of its first ngroups groups into hps (the engine's own
  * as the base of each). check_fp: the config fingerprint must be this
- * engine's (a resharded load takes a shard of another world size, whose
- * fingerprint differs by construction). */
+ * engine's, or (*conv set, ck[] holding them) that of this layout with the
+ * record's other state types; 0: not checked (a resharded load takes a
+ * shard of another world size, whose fingerprint differs by construction;
+ * *conv 0). */
 static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *step, uint64_t c[4],
-                        zo_cpuadam_hparams *hps, unsigned ngroups, int check_fp)
+                        zo_cpuadam_hparams *hps, unsigned ngroups, int check_fp, int *conv, zo__og *ck)
 {
     const char *rec = strstr(js, "{\"zo_optim\":{");
     const char *end = rec ? strstr(rec, "]},\"user\":") : NULL;
@@ -328,7 +423,18 @@ static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *st
     uint64_t fpr = 0;
     if (!(p = field(rec, end, "fingerprint")) || sscanf(p, "\"%" SCNx64 "\"", &fpr) != 1)
         return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: no config fingerprint");
-    if (check_fp && fpr != o->fingerprint)
+    uint64_t lfp = 0;
+    *conv = check_fp && fpr != o->fingerprint && (p = field(rec, end, "layout")) &&
+            sscanf(p, "\"%" SCNx64 "\"", &lfp) == 1 && lfp == o->layout_fingerprint;
+    if (*conv) {
+        /* other state types, and the record's fingerprint is that of this
+         * layout with them (else it was altered) */
+        int r = parse_states(o, field(rec, end, "states"), end, ck);
+        if (r < 0)
+            return r;
+        *conv = fpr == zo__config_fingerprint(o, 1, ck);
+    }
+    if (check_fp && !*conv && fpr != o->fingerprint)
         return ZO_FAIL(&o->err, ZO_EFORMAT,
                        "zo_optim_load: config fingerprint %016" PRIx64 " differs from this engine's %016" PRIx64
                        " (tensors, sizes, names, dtypes, optimizers or sub-group sizes changed)",
@@ -364,8 +470,9 @@ static int parse_record(zo_optim *o, const char *js, zo__scaler *sc, int64_t *st
  * as they are, fresh or stale, under the restored step count and scaler)
  * and one whose same-size names were swapped in the manifest (each state
  * restored into the other's place): the order catches that, as the data
- * offsets stay in manifest order. */
-static int check_tensor_set(zo_optim *o, zo_ckpt_reader *rd)
+ * offsets stay in manifest order. types: the checkpoint's state types
+ * when they differ from the engine's (a converting load), else NULL. */
+static int check_tensor_set(zo_optim *o, zo_ckpt_reader *rd, const zo__og *types)
 {
     unsigned n = zo_ckpt_count(rd), want = 0, k = 0;
     const char *ck = zo_ckpt_name(rd);
@@ -385,6 +492,13 @@ static int check_tensor_set(zo_optim *o, zo_ckpt_reader *rd)
             if (zo_ckpt_find(rd, ti.name, &at) < 0 || zo_ckpt_get_entry(rd, at, &e) < 0)
                 return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: checkpoint %s lacks '%s' (it holds %u tensors, "
                                "this engine's states are %u): not a checkpoint of this engine", ck, ti.name, n, want);
+            if (types && s != ZO_OPTIM_STATE_MASTER) {
+                /* a load across state types: the checkpoint's own */
+                const zo__og *cg = &types[o->sgs[i].group];
+                ti.dtype = cg->qbits ? ZO_DTYPE_U8 : cg->sdt;
+                ti.bytes = zo__state_bytes(cg, s, o->sgs[i].n);
+                ti.shape[0] = ti.bytes / zo_dtype_size(ti.dtype);
+            }
             int same = e.dtype == ti.dtype && e.ndim == ti.ndim && e.bytes == ti.bytes;
             for (unsigned d = 0; same && d < ti.ndim; d++)
                 same = e.shape[d] == ti.shape[d];
@@ -402,6 +516,67 @@ static int check_tensor_set(zo_optim *o, zo_ckpt_reader *rd)
         return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: checkpoint %s holds %u tensors, this engine's states are "
                        "%u: it has tensors this engine does not", ck, n, want);
     return 0;
+}
+
+/* State k of n elements: convert `src`, in group cg's type, to group og's
+ * (dst, zo__state_bytes() of it) through fp32 x[n]: dequantize or widen,
+ * then quantize (with og's block) or cast (round to nearest even). */
+static int convert_state(const zo__og *cg, const zo__og *og, int k, uint64_t n, const uint8_t *src, uint8_t *dst,
+                         float *x)
+{
+    int r = cg->qbits ? zo_cpuadam_dequantize(src, (const float *)(const void *)(src + zo__q_scale_off(n, cg->qbits)),
+                                              (size_t)n, zo__q_map(k), cg->qbits, cg->qblock, x)
+                      : zo_vec_cast(x, ZO_DTYPE_F32, src, cg->sdt, (size_t)n);
+    if (r < 0)
+        return r;
+    if (!og->qbits)
+        return zo_vec_cast(dst, og->sdt, x, ZO_DTYPE_F32, (size_t)n);
+    memset(dst, 0, zo__state_bytes(og, k, n)); /* the padding between codes and scales */
+    return zo_cpuadam_quantize(x, (size_t)n, zo__q_map(k), og->qbits, og->qblock, dst,
+                               (float *)(void *)(dst + zo__q_scale_off(n, og->qbits)));
+}
+
+/* zo_store_restore() for a checkpoint of other state types (ck[]): each
+ * tensor is read (every chunk verified), masters as they are, states
+ * converted, and written into the engine's store. */
+static int restore_converting(zo_optim *o, const char *root, const char *name, const zo__og *ck)
+{
+    zo_ckpt_reader *rd = NULL;
+    int r = zo_ckpt_open(&rd, root, name);
+    if (r < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_last_error_detail());
+    for (unsigned i = 0; i < o->nsg && r == 0; i++) {
+        zo__sg *sg = &o->sgs[i];
+        const zo__og *og = &o->groups[sg->group], *cg = &ck[sg->group];
+        for (int k = 0; k < ZO_OPTIM_STATE_COUNT && r == 0; k++) {
+            if (!sg->t[k])
+                continue;
+            zo_tensor_info ti;
+            zo_ckpt_entry e;
+            unsigned at;
+            uint64_t eb = zo__state_bytes(og, k, sg->n);
+            if ((r = zo_store_tensor_info(o->store, sg->t[k], &ti)) < 0 || (r = zo_ckpt_find(rd, ti.name, &at)) < 0 ||
+                (r = zo_ckpt_get_entry(rd, at, &e)) < 0)
+                break;
+            uint8_t *buf = malloc(e.bytes), *out = malloc(eb);
+            float *x = malloc(sg->n * 4);
+            if (!buf || !out || !x)
+                r = -ENOMEM;
+            if (r == 0 && (r = zo_ckpt_read(rd, at, 0, buf, e.bytes)) < 0)
+                ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_last_error_detail());
+            int same = k == ZO_OPTIM_STATE_MASTER || (cg->qbits == og->qbits && cg->qblock == og->qblock &&
+                                                      cg->sdt == og->sdt);
+            if (r == 0 && !same && (r = convert_state(cg, og, k, sg->n, buf, out, x)) < 0)
+                ZO_FAIL(&o->err, r, "zo_optim_load: converting '%s': %s", ti.name, zo_last_error_detail());
+            if (r == 0 && (r = zo_store_write(o->store, sg->t[k], 0, same ? buf : out, eb)) < 0)
+                ZO_FAIL(&o->err, r, "zo_optim_load: writing '%s': %s", ti.name, zo_store_errmsg(o->store));
+            free(buf);
+            free(out);
+            free(x);
+        }
+    }
+    zo_ckpt_close(&rd);
+    return r;
 }
 
 /* The per-tensor update counts of the record into ts[nt]: its
@@ -469,7 +644,9 @@ int zo__optim_adopt_record(zo_optim *o, const char *js, unsigned nrec, const uns
     for (unsigned g = 0; g < o->ngroups && r == 0; g++)
         if (map[g] >= nrec)
             r = ZO_FAIL(&o->err, -EINVAL, "zo_optim_load: group %u maps to record group %u of %u", g, map[g], nrec);
-    if (r == 0 && (r = zo__optim_quiesce(o, 1)) == 0 && (r = parse_record(o, js, &sc, &step, c, hps, nrec, 0)) == 0) {
+    int conv = 0;
+    if (r == 0 && (r = zo__optim_quiesce(o, 1)) == 0 &&
+        (r = parse_record(o, js, &sc, &step, c, hps, nrec, 0, &conv, NULL)) == 0) {
         /* the partitioned engine refuses per-tensor counts: every shard is at the engine's step */
         for (unsigned i = 0; i < o->nt; i++)
             ts[i] = step;
@@ -494,12 +671,14 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
     char *nm = strdup(zo_ckpt_name(rd));
     char *js = strdup(zo_ckpt_user_json(rd) ? zo_ckpt_user_json(rd) : "");
     zo_cpuadam_hparams *hps = calloc(o->ngroups, sizeof(*hps));
+    zo__og *ck = calloc(o->ngroups, sizeof(*ck)); /* the checkpoint's state types, when they differ */
+    int conv = 0;
     int64_t *ts = calloc(o->nt, sizeof(*ts));
     float *tmp = NULL;
     zo__scaler sc;
     int64_t step = 0;
     uint64_t c[4];
-    if (!nm || !js || !hps || !ts) {
+    if (!nm || !js || !hps || !ck || !ts) {
         r = -ENOMEM;
         goto out;
     }
@@ -507,9 +686,8 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
      * before anything is overwritten (the record, its fingerprint, the
      * per-tensor update counts, the tensor set): on these errors the engine
      * is left exactly as it was. */
-    if ((r = parse_record(o, js, &sc, &step, c, hps, o->ngroups, 1)) < 0 ||
-        (r = parse_tensor_steps(o, js, step, ts)) < 0 ||
-        (r = check_tensor_set(o, rd)) < 0)
+    if ((r = parse_record(o, js, &sc, &step, c, hps, o->ngroups, 1, &conv, ck)) < 0 ||
+        (r = parse_tensor_steps(o, js, step, ts)) < 0 || (r = check_tensor_set(o, rd, conv ? ck : NULL)) < 0)
         goto out;
     zo_ckpt_close(&rd);
     /* From here on the states are being overwritten. A chunk's checksum is
@@ -518,7 +696,11 @@ int zo_optim_load(zo_optim *o, const char *root, const char *name, char *user_js
      * (a corrupt chunk, an I/O error) leaves the states partly restored, so
      * the engine refuses everything that would use them until a load or
      * init_from_device() succeeds. */
-    if ((r = zo_store_restore(o->store, root, nm)) < 0) {
+    if (conv && (r = restore_converting(o, root, nm, ck)) < 0) {
+        ZO_FAIL(&o->err, r, "%s; the engine refuses steps until a load succeeds", zo_optim_errmsg(o));
+        goto failed;
+    }
+    if (!conv && (r = zo_store_restore(o->store, root, nm)) < 0) {
         ZO_FAIL(&o->err, r, "zo_optim_load: %s; the engine refuses steps until a load succeeds",
                 zo_store_errmsg(o->store));
         goto failed;
@@ -573,6 +755,7 @@ out:
     free(nm);
     free(js);
     free(hps);
+    free(ck);
     free(ts);
     return r;
 }

@@ -189,6 +189,23 @@ static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_ST
     hp.step = step + 1;
     hp.grad_scale = 1.0 / scale;
     hp.clip_coef = coef;
+    if (og->qbits) {
+        /* st[m], st[v]: the piece's codes; the scales follow the codes of
+         * the whole sub-group (the piece's first block: see q_piece()) */
+        zo_cpuadam_qtensors d;
+        zo_cpuadam_qtensors_default(&d);
+        const zo_cpuadam_qtensors q = {
+            .struct_size = d.struct_size, .n = (size_t)n, .param = st[ZO_OPTIM_STATE_MASTER], .grad = g,
+            .grad_dtype = gdt, .bits = og->qbits, .block = og->qblock, .map_m = d.map_m, .map_v = d.map_v,
+            .m_codes = st[ZO_OPTIM_STATE_EXP_AVG], .m_absmax = o->qscale[ZO_OPTIM_STATE_EXP_AVG],
+            .v_codes = st[ZO_OPTIM_STATE_EXP_AVG_SQ], .v_absmax = o->qscale[ZO_OPTIM_STATE_EXP_AVG_SQ],
+            .param_out = out, .out_dtype = o->pdt};
+        int r = zo_cpuadam_team_qstep(o->team, &hp, &q);
+        if (r < 0)
+            return ZO_FAIL(zo__eb(o), r, "zo_optim: update of sub-group %u (q%d states): %s", (unsigned)(sg - o->sgs),
+                           og->qbits, zo_cpuadam_team_errmsg(o->team));
+        return 0;
+    }
     zo_cpuadam_tensors t;
     zo_cpuadam_tensors_default(&t);
     t.n = (size_t)n;
@@ -235,6 +252,29 @@ static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_S
     if (r < 0)
         return r;
     size_t ges = zo_dtype_size(gdt);
+    const zo__og *og = &o->groups[sg->group];
+    if (og->qbits && o->direct) {
+        /* A block is updated whole, so the piece is one call; its params
+         * go straight out when one destination takes them all, else they
+         * are cast from the new masters per tensor (the same rounding). */
+        unsigned i = zo__tensor_at(o, lo);
+        const zo__ot *t = &o->tensors[i];
+        int one = t->off + t->numel >= hi;
+        void *out = !one ? NULL
+                    : t->devb[db] ? (char *)t->devb[db] + (lo - t->off) * o->pes
+                                  : (char *)o->pbuf[pb] + lo * o->pes;
+        o->pbuf_stale[pb] = 1;
+        r = kernel_call(o, sg, st, n, g, gdt, out, scale, coef, rollback, o->step);
+        for (const float *m = st[ZO_OPTIM_STATE_MASTER]; r == 0 && !one && lo < hi; i++) {
+            t = &o->tensors[i];
+            uint64_t e = ZO_MIN(hi, t->off + t->numel);
+            out = t->devb[db] ? (char *)t->devb[db] + (lo - t->off) * o->pes : (char *)o->pbuf[pb] + lo * o->pes;
+            r = zo_vec_cast(out, o->pdt, m + (lo - lo0), ZO_DTYPE_F32, (size_t)(e - lo));
+            lo = e;
+        }
+        zo_aligned_free(tmp);
+        return r;
+    }
     if (!o->direct && !skip) {
         r = kernel_call(o, sg, st, n, g, gdt, (char *)o->pbuf[pb] + lo * o->pes, scale, coef, rollback, o->step);
         zo_aligned_free(tmp);
@@ -242,7 +282,6 @@ static int piece_kernel(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_S
     }
     if (o->direct)
         o->pbuf_stale[pb] = 1;
-    const zo__og *og = &o->groups[sg->group];
     size_t sz[ZO_OPTIM_STATE_COUNT];
     for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
         sz[k] = k == ZO_OPTIM_STATE_MASTER ? 4 : zo_dtype_size(og->sdt);
@@ -321,6 +360,67 @@ static int eager_wait(zo_optim *o, long i, const zo__job *job, zo_optim_timeline
     return closed ? eager_land(o, job) : 0;
 }
 
+/* Quantized states (state_bits) are not in the sweep: their codes and
+ * scales do not step with the masters' elements. Each sub-group's are
+ * taken whole from the host tier as its first piece comes (the home copy
+ * under host placement; under NVMe placement one read per state, the next
+ * sub-group's prefetched meanwhile) and given back after its last piece,
+ * starting their write-back (one write per state). */
+static int q_take(zo_optim *o, const zo__sg *sg, uint8_t *base[ZO_OPTIM_STATE_COUNT])
+{
+    int r = 0, k;
+    for (k = 1; k < ZO_OPTIM_STATE_COUNT && r == 0; k++) {
+        zo_store_req *rq = NULL;
+        void *p = NULL;
+        base[k] = NULL;
+        if (!sg->t[k])
+            continue;
+        if ((r = zo_store_acquire(o->store, sg->t[k], ZO_TIER_HOST, ZO_ACQ_WRITE, &rq)) == 0 &&
+            (r = zo_store_wait(o->store, rq, &p)) == 0)
+            base[k] = p;
+    }
+    if (r < 0) {
+        ZO_FAIL(zo__eb(o), r, "zo_optim: loading the quantized states of sub-group %u: %s", (unsigned)(sg - o->sgs),
+                zo_store_errmsg(o->store));
+        for (k = 1; k < ZO_OPTIM_STATE_COUNT; k++)
+            if (base[k])
+                zo_store_release(o->store, sg->t[k], ZO_TIER_HOST, 0);
+    }
+    return r;
+}
+
+static int q_give(zo_optim *o, const zo__sg *sg, uint8_t *base[ZO_OPTIM_STATE_COUNT])
+{
+    unsigned fl = o->groups[sg->group].place == ZO_OPTIM_PLACE_NVME ? ZO_REL_WRITEBACK | ZO_REL_DROP : 0;
+    int r = 0;
+    for (int k = 1; k < ZO_OPTIM_STATE_COUNT; k++) {
+        int r2 = base[k] ? zo_store_release(o->store, sg->t[k], ZO_TIER_HOST, fl) : 0;
+        if (r == 0 && r2 < 0)
+            r = ZO_FAIL(zo__eb(o), r2, "zo_optim: writing the quantized states of sub-group %u back: %s",
+                        (unsigned)(sg - o->sgs), zo_store_errmsg(o->store));
+        base[k] = NULL;
+    }
+    return r;
+}
+
+/* Point st[m], st[v] and o->qscale at the piece's first block (elem_off
+ * is a multiple of the block: pieces start on swap chunks, powers of two). */
+static int q_piece(zo_optim *o, const zo__sg *sg, uint8_t *const base[ZO_OPTIM_STATE_COUNT], uint64_t elem_off,
+                   void *st[ZO_OPTIM_STATE_COUNT])
+{
+    const zo__og *og = &o->groups[sg->group];
+    if (elem_off % og->qblock)
+        return ZO_FAIL(zo__eb(o), ZO_EINTERNAL, "zo_optim: sweep piece at element %llu of sub-group %u is not on a "
+                       "%zu-element block of its quantized states (pool slots too small for the block?)",
+                       (unsigned long long)elem_off, (unsigned)(sg - o->sgs), og->qblock);
+    for (int k = 1; k < ZO_OPTIM_STATE_COUNT; k++) {
+        st[k] = base[k] ? base[k] + zo__q_code_bytes(elem_off, og->qbits) : NULL;
+        o->qscale[k] = base[k] ? (float *)(void *)(base[k] + zo__q_scale_off(sg->n, og->qbits)) + elem_off / og->qblock
+                               : NULL;
+    }
+    return 0;
+}
+
 /* Walk sub-groups list[0..n) (all of engine group g) through one store
  * sweep: master, m, v in element lockstep, `buffer_count - 2` pieces read
  * ahead, each piece updated in place and written behind, its new params
@@ -331,7 +431,9 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
     zo__og *og = &o->groups[g];
     int pos[ZO_OPTIM_STATE_COUNT], nt = 0;
     for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
-        pos[k] = og->used[k] ? nt++ : -1;
+        pos[k] = og->used[k] && !(og->qbits && k != ZO_OPTIM_STATE_MASTER) ? nt++ : -1;
+    uint8_t *qb[ZO_OPTIM_STATE_COUNT] = {NULL};
+    const zo__sg *qsg = NULL; /* the sub-group whose quantized states are held */
     zo_tensor **ts = malloc((size_t)n * (size_t)nt * sizeof(*ts));
     if (!ts)
         return -ENOMEM;
@@ -387,6 +489,24 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
         void *st[ZO_OPTIM_STATE_COUNT];
         for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
             st[k] = pos[k] >= 0 ? pc.ptr[pos[k]] : NULL;
+        if (og->qbits) {
+            if (pc.elem_off == 0) {
+                t0 = zo__now_ns();
+                r = q_take(o, sg, qb);
+                tl->nvme_read_ns += zo__now_ns() - t0;
+                qsg = r == 0 ? sg : NULL;
+                for (int k = 1; k < ZO_OPTIM_STATE_COUNT && r == 0 && pc.group + 1 < n; k++)
+                    if (o->sgs[list[pc.group + 1]].t[k] && o->groups[o->sgs[list[pc.group + 1]].group].place ==
+                                                               ZO_OPTIM_PLACE_NVME)
+                        zo_store_prefetch(o->store, o->sgs[list[pc.group + 1]].t[k], ZO_TIER_HOST);
+            }
+            if (r == 0)
+                r = q_piece(o, sg, qb, pc.elem_off, st);
+            if (r < 0) {
+                zo_store_sweep_done(sw, &pc);
+                break;
+            }
+        }
         t0 = zo__now_ns();
         r = piece_kernel(o, sg, st, pc.elem_off, pc.nelem, job->win, job->pbuf, job->dbuf, job->scale, w->coef,
                          w->rollback);
@@ -394,6 +514,10 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
         int r2 = zo_store_sweep_done(sw, &pc);
         if (r == 0 && r2 < 0)
             r = ZO_FAIL(zo__eb(o), r2, "zo_optim: %s", zo_store_errmsg(o->store));
+        if (r == 0 && qsg && pc.group_last) {
+            r = q_give(o, qsg, qb);
+            qsg = NULL;
+        }
         if (r < 0)
             break;
         if (zo__push_now(o, job) && !w->rollback && !o->direct &&
@@ -410,8 +534,15 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
             pthread_mutex_unlock(&o->lock);
         }
     }
+    if (qsg) /* a failure left them held: the error is r's */
+        q_give(o, qsg, qb);
     uint64_t t0 = zo__now_ns();
     int rc = zo_store_sweep_close(&sw);
+    /* the quantized states' write-backs: their errors are this step's */
+    for (unsigned i = 0; og->qbits && og->place == ZO_OPTIM_PLACE_NVME && i < n && rc == 0; i++)
+        for (int k = 1; k < ZO_OPTIM_STATE_COUNT && rc == 0; k++)
+            if (o->sgs[list[i]].t[k])
+                rc = zo_store_flush(o->store, o->sgs[list[i]].t[k]);
     tl->nvme_write_ns += zo__now_ns() - t0;
     if (r == 0 && rc < 0)
         r = ZO_FAIL(zo__eb(o), rc, "zo_optim: writing group %u back: %s", g, zo_store_errmsg(o->store));
@@ -424,7 +555,8 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
 static int sweep_compatible(const zo_optim *o, unsigned a, unsigned b)
 {
     const zo__og *x = &o->groups[a], *y = &o->groups[b];
-    return a == b || (x->sdt == y->sdt && x->place == y->place && !memcmp(x->used, y->used, sizeof(x->used)));
+    return a == b || (x->sdt == y->sdt && x->qbits == y->qbits && x->qblock == y->qblock && x->place == y->place &&
+                      !memcmp(x->used, y->used, sizeof(x->used)));
 }
 
 /* Walk the list, one sweep per run of sub-groups whose groups can share one

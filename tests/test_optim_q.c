@@ -1,0 +1,821 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * zo_optim with quantized moments (zo_optim_group.state_bits 8 and 4) on the
+ * host device backend, host and NVMe placement (real store, real swap
+ * files): the engine against a reference run of zo_cpuadam_team_qstep() on
+ * plain per-sub-group arrays (the same gradients, norm, clip coefficient),
+ * bit for bit over several steps; export / import, save / load, and what
+ * create refuses.
+ */
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zoffload/zoffload.h>
+
+#include "zo_test.h"
+#include "zo_test_dtype.h"
+
+#define NTHREADS 2
+#define SGSIZE 65536u
+
+/* group 0: AdamW, q8, a tensor cut across sub-groups and small ones packed
+ * (pieces that cross tensors); group 1: Adam with L2 decay, q4, odd sizes
+ * (partial last blocks, an odd count of 4-bit codes) */
+static const uint64_t g0_numel[] = {1536, 70001, 5, 129000};
+static const uint64_t g1_numel[] = {4099, 61};
+enum { NT0 = 4, NT1 = 2, NT = NT0 + NT1 };
+static const char *const tnames[NT] = {"tok", "fc1", "b1", "fc2", "out", "ln"};
+
+typedef struct qsg { /* one sub-group of the reference */
+    int g;
+    uint64_t off, n;
+    uint8_t *mc, *vc;
+    float *ms, *vs;
+} qsg;
+
+typedef struct run {
+    zo_dtype pdt;
+    uint64_t numel[NT], off[NT], total, goff[2], gn[2];
+    int bits[2];
+    zo_cpuadam_hparams hp[2];
+    /* reference */
+    float *master;
+    void *out;
+    qsg sg[8];
+    unsigned nsg;
+    int64_t step;
+    zo_cpuadam_team *team;
+    /* engine */
+    zo_dev *dev;
+    void *dparam[NT], *dgrad[NT];
+    zo_optim_config cfg;
+    zo_optim_group grp[2];
+    zo_optim *o;
+    char dir[256];
+} run;
+
+static float init_param(uint64_t e)
+{
+    return (float)(0.5 * cos(0.001 * (double)e + 0.3));
+}
+
+static float grad_value(uint64_t e, int s)
+{
+    double amp = (s % 2) ? 1e-1 : 1e-3; /* odd steps clipped at max norm 1 */
+    return (float)(amp * sin(0.003 * (double)e + 0.7 * s) + 1e-4 * cos(0.01 * (double)e));
+}
+
+static void run_init(run *r, int nvme, int q0, int q1)
+{
+    memset(r, 0, sizeof(*r));
+    r->pdt = ZO_DTYPE_BF16;
+    r->bits[0] = q0;
+    r->bits[1] = q1;
+    uint64_t off = 0;
+    for (int i = 0; i < NT; i++) {
+        r->numel[i] = i < NT0 ? g0_numel[i] : g1_numel[i - NT0];
+        r->off[i] = off;
+        off += r->numel[i];
+        if (i == NT0 - 1)
+            r->gn[0] = off;
+    }
+    r->total = off;
+    r->goff[1] = r->gn[0];
+    r->gn[1] = off - r->gn[0];
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&r->hp[0], ZO_OPTIM_ADAMW), 0);
+    r->hp[0].lr = 1e-2;
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&r->hp[1], ZO_OPTIM_ADAM), 0);
+    r->hp[1].lr = 5e-3;
+    r->hp[1].weight_decay = 1e-2;
+    /* reference */
+    r->master = calloc(r->total, 4);
+    r->out = calloc(r->total, 2);
+    for (uint64_t e = 0; e < r->total; e++) {
+        zo_test_put(r->out, r->pdt, e, init_param(e));
+        r->master[e] = zo_test_get(r->out, r->pdt, e);
+    }
+    for (int g = 0; g < 2; g++)
+        for (uint64_t o = 0; o < r->gn[g]; o += SGSIZE) {
+            qsg *s = &r->sg[r->nsg++];
+            s->g = g;
+            s->off = r->goff[g] + o;
+            s->n = r->gn[g] - o < SGSIZE ? r->gn[g] - o : SGSIZE;
+            s->mc = calloc(s->n, 1); /* fresh: codes 0, scales 0 */
+            s->vc = calloc(s->n, 1);
+            s->ms = calloc(s->n / 64 + 1, 4);
+            s->vs = calloc(s->n / 64 + 1, 4);
+        }
+    zo_cpuadam_team_config tc;
+    zo_cpuadam_team_config_default(&tc);
+    tc.nthreads = NTHREADS;
+    ck_assert_int_eq(zo_cpuadam_team_create(&r->team, &tc), 0);
+    /* engine */
+    ck_assert_int_eq(zo_dev_open(&r->dev, NULL), 0);
+    for (int i = 0; i < NT; i++) {
+        ck_assert_int_eq(zo_dev_malloc(r->dev, &r->dparam[i], r->numel[i] * 2), 0);
+        ck_assert_int_eq(zo_dev_malloc(r->dev, &r->dgrad[i], r->numel[i] * 2), 0);
+        memcpy(r->dparam[i], (char *)r->out + r->off[i] * 2, r->numel[i] * 2);
+    }
+    zo_optim_config_default(&r->cfg);
+    r->cfg.dev = r->dev;
+    r->cfg.param_dtype = r->pdt;
+    r->cfg.sub_group_size = SGSIZE;
+    r->cfg.nthreads = NTHREADS;
+    r->cfg.max_grad_norm = 1.0;
+    r->cfg.grad_staging_bytes = 64 << 10;
+    if (nvme) {
+        zo_test_mkdtemp(r->dir, sizeof(r->dir));
+        r->cfg.placement = ZO_OPTIM_PLACE_NVME;
+        r->cfg.nvme_path = r->dir;
+    }
+    for (int g = 0; g < 2; g++) {
+        zo_optim_group_default(&r->grp[g]);
+        r->grp[g].ntensors = g ? NT1 : NT0;
+        r->grp[g].numel = g ? g1_numel : g0_numel;
+        r->grp[g].names = tnames + (g ? NT0 : 0);
+        r->grp[g].dev_params = r->dparam + (g ? NT0 : 0);
+        r->grp[g].hparams = &r->hp[g];
+        r->grp[g].state_bits = (uint16_t)r->bits[g];
+    }
+    r->cfg.groups = r->grp;
+    r->cfg.ngroups = 2;
+}
+
+static void run_create(run *r)
+{
+    int rc = zo_optim_create(&r->o, &r->cfg);
+    ck_assert_msg(rc == 0, "create: %s (%s)", zo_strerror(rc), zo_last_error_detail());
+    ck_assert_int_eq(zo_optim_init_from_device(r->o), 0);
+}
+
+static void run_free(run *r)
+{
+    zo_optim_destroy(&r->o);
+    for (int i = 0; i < NT; i++) {
+        zo_dev_free(r->dev, r->dparam[i]);
+        zo_dev_free(r->dev, r->dgrad[i]);
+    }
+    zo_dev_close(&r->dev);
+    for (unsigned k = 0; k < r->nsg; k++) {
+        free(r->sg[k].mc);
+        free(r->sg[k].vc);
+        free(r->sg[k].ms);
+        free(r->sg[k].vs);
+    }
+    free(r->master);
+    free(r->out);
+    zo_cpuadam_team_destroy(&r->team);
+    if (r->dir[0])
+        zo_test_rmtree(r->dir);
+}
+
+/* One step with the gradients of step s: the engine's (unless eng is 0)
+ * and the reference's (bf16 gradients, kept bf16 in the window; the norm
+ * is the sum of per-sub-group statistics in order, as the engine takes it). */
+static void run_step(run *r, int s, int eng)
+{
+    /* the window: bf16 as handed over (one micro-step), or fp32 sums of
+     * the micro-steps' gradients in order (accumulation), as the engine's */
+    unsigned K = r->cfg.grad_accum_steps;
+    zo_dtype wdt = K > 1 ? ZO_DTYPE_F32 : ZO_DTYPE_BF16;
+    size_t wes = zo_dtype_size(wdt);
+    char *g = calloc(r->total, wes);
+    for (unsigned a = 0; a < K; a++) {
+        for (int i = 0; i < NT; i++) {
+            for (uint64_t k = 0; k < r->numel[i]; k++) {
+                zo_test_put(r->dgrad[i], ZO_DTYPE_BF16, k, grad_value(r->off[i] + k, s + 100 * (int)a));
+                float f = zo_test_get(r->dgrad[i], ZO_DTYPE_BF16, k);
+                zo_test_put(g, wdt, r->off[i] + k, a ? zo_test_get(g, wdt, r->off[i] + k) + f : f);
+            }
+            if (eng)
+                ck_assert_int_eq(zo_optim_grad(r->o, (unsigned)i, r->dgrad[i], NULL), 0);
+        }
+        if (eng) {
+            int rc = zo_optim_step(r->o, NULL, NULL);
+            ck_assert_msg(rc == 0, "step %d: %s (%s)", s, zo_strerror(rc), zo_optim_errmsg(r->o));
+        }
+    }
+    double sumsq = 0;
+    for (unsigned k = 0; k < r->nsg; k++) {
+        zo_grad_stats gs;
+        ck_assert_int_eq(zo_cpuadam_team_grad_stats(r->team, g + r->sg[k].off * wes, wdt, r->sg[k].n, &gs), 0);
+        sumsq += gs.sumsq;
+    }
+    double norm = sqrt(sumsq), coef = 1.0 / (norm + 1e-6);
+    r->step++;
+    for (unsigned k = 0; k < r->nsg; k++) {
+        qsg *q = &r->sg[k];
+        zo_cpuadam_hparams hp = r->hp[q->g];
+        hp.step = r->step;
+        hp.clip_coef = coef < 1.0 ? coef : 1.0;
+        zo_cpuadam_qtensors t;
+        zo_cpuadam_qtensors_default(&t);
+        t.n = q->n;
+        t.param = r->master + q->off;
+        t.grad = g + q->off * wes;
+        t.grad_dtype = wdt;
+        t.bits = r->bits[q->g];
+        t.m_codes = q->mc;
+        t.m_absmax = q->ms;
+        t.v_codes = q->vc;
+        t.v_absmax = q->vs;
+        t.param_out = (uint16_t *)r->out + q->off;
+        t.out_dtype = r->pdt;
+        ck_assert_int_eq(zo_cpuadam_team_qstep(r->team, &hp, &t), 0);
+    }
+    free(g);
+}
+
+/* The reference's moment k (1 m, 2 v) over flat [e0, e0 + n), dequantized. */
+static void ref_state(const run *r, int k, uint64_t e0, uint64_t n, float *x)
+{
+    for (unsigned j = 0; j < r->nsg; j++) {
+        const qsg *q = &r->sg[j];
+        if (q->off + q->n <= e0 || q->off >= e0 + n)
+            continue;
+        int b = r->bits[q->g];
+        float *all = malloc(q->n * 4);
+        ck_assert_int_eq(zo_cpuadam_dequantize(k == 1 ? q->mc : q->vc, k == 1 ? q->ms : q->vs, q->n,
+                                               k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : ZO_QMAP_DYNAMIC_UNSIGNED, b,
+                                               b == 4 ? 128 : 256, all),
+                         0);
+        for (uint64_t e = q->off > e0 ? q->off : e0; e < q->off + q->n && e < e0 + n; e++)
+            x[e - e0] = all[e - q->off];
+        free(all);
+    }
+}
+
+/* masters, moments (dequantized) and device params equal the reference's, bit for bit */
+static void compare(run *r, const char *when)
+{
+    for (int i = 0; i < NT; i++) {
+        uint64_t n = r->numel[i];
+        float *got = malloc(n * 4), *want = malloc(n * 4);
+        for (int k = 0; k < 3; k++) {
+            ck_assert_int_eq(zo_optim_state_export(r->o, (unsigned)i, (zo_optim_state)k, got, ZO_DTYPE_F32, 0, n), 0);
+            if (k == 0)
+                memcpy(want, r->master + r->off[i], n * 4);
+            else
+                ref_state(r, k, r->off[i], n, want);
+            for (uint64_t j = 0; j < n; j++)
+                ZO_EXPECT(memcmp(&got[j], &want[j], 4) == 0, "%s: tensor %d state %d elem %llu: %a != %a", when, i,
+                          k, (unsigned long long)j, (double)got[j], (double)want[j]);
+        }
+        void *dev = NULL; /* the buffer the next forward reads (the second one under double-buffered DPU) */
+        ck_assert_int_ge(zo_optim_param_device(r->o, (unsigned)i, &dev, NULL), 0);
+        ck_assert_msg(memcmp(dev, (char *)r->out + r->off[i] * 2, n * 2) == 0,
+                      "%s: device params of tensor %d differ", when, i);
+        free(got);
+        free(want);
+    }
+}
+
+/* engine internals: the parameter buffer and copies on the host backend
+ * too (the path a GPU takes), instead of the kernel writing params in place */
+extern int zo__optim_force_copy;
+
+/* _i: bit 0 NVMe placement, bit 1 the copy path, bit 2 q4 / q8 swapped */
+START_TEST(test_q_step_matches_kernel)
+{
+    run r;
+    zo__optim_force_copy = (_i >> 1) & 1;
+    run_init(&r, _i & 1, _i & 4 ? 4 : 8, _i & 4 ? 8 : 4);
+    run_create(&r);
+    zo__optim_force_copy = 0;
+    compare(&r, "fresh");
+    char when[32];
+    for (int s = 1; s <= 4; s++) {
+        run_step(&r, s, 1);
+        snprintf(when, sizeof(when), "step %d", s);
+        compare(&r, when);
+    }
+    /* the moments really are quantized: group 0's m takes at most 256 (q8)
+     * or 16 (q4) values per block */
+    float *m = malloc(r.numel[3] * 4);
+    ck_assert_int_eq(zo_optim_state_export(r.o, 3, ZO_OPTIM_STATE_EXP_AVG, m, ZO_DTYPE_F32, 0, r.numel[3]), 0);
+    int distinct = 0;
+    for (uint64_t j = 1; j < 256; j++)
+        distinct += m[j] != m[0];
+    ck_assert_int_gt(distinct, 0);
+    free(m);
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    ck_assert_int_eq(zo_optim_get_info(r.o, &info), 0);
+    if (_i & 1) {
+        /* NVMe: each step read and wrote masters and the quantized states,
+         * far less than fp32 states (12 B per element) */
+        ck_assert_uint_gt(info.nvme_read_bytes_total, 4 * 4 * r.total);
+        ck_assert_uint_lt(info.nvme_read_bytes_total, 4 * 12 * r.total);
+    }
+    run_free(&r);
+}
+END_TEST
+
+/* Under DPU (0: one param buffer, copied; 1: double-buffered device
+ * params, with two micro-steps a step), host and NVMe placement: the same bits. The gradients do not
+ * depend on the params, so the delay changes nothing, and each
+ * zo_optim_step() ends it. */
+START_TEST(test_q_dpu)
+{
+    run r;
+    run_init(&r, _i >> 1, 8, 4);
+    r.cfg.dpu = 1;
+    r.cfg.dpu_double_buffer = _i & 1;
+    r.cfg.grad_accum_steps = 1 + (_i & 1); /* and accumulation (an fp32 window) */
+    run_create(&r);
+    char when[32];
+    for (int s = 1; s <= 4; s++) {
+        run_step(&r, s, 1);
+        snprintf(when, sizeof(when), "dpu step %d", s);
+        compare(&r, when);
+    }
+    run_free(&r);
+}
+END_TEST
+
+/* Import quantizes (values read back within the block's quantization
+ * error), export dequantizes to fp32 and to bf16 (the fp32 values rounded). */
+START_TEST(test_q_export_import)
+{
+    run r;
+    run_init(&r, _i, 8, 4);
+    run_create(&r);
+    for (int i = 0; i < NT; i++) {
+        uint64_t n = r.numel[i];
+        float *x = malloc(n * 4), *y = malloc(n * 4);
+        uint16_t *h = malloc(n * 2);
+        for (int k = 1; k <= 2; k++) {
+            for (uint64_t j = 0; j < n; j++)
+                x[j] = (float)((k == 1 ? sin(0.01 * (double)j) : 1.5 + cos(0.02 * (double)j)) * 1e-3);
+            ck_assert_int_eq(zo_optim_state_import(r.o, (unsigned)i, (zo_optim_state)k, x, ZO_DTYPE_F32, 0, n), 0);
+            ck_assert_int_eq(zo_optim_state_export(r.o, (unsigned)i, (zo_optim_state)k, y, ZO_DTYPE_F32, 0, n), 0);
+            for (uint64_t j = 0; j < n; j++) {
+                /* within the quantization error of the block: 8 bits ~1%, 4 bits ~20% of absmax */
+                double tol = (r.bits[i < NT0 ? 0 : 1] == 8 ? 0.02 : 0.3) * 1e-3 * (k == 2 ? 2.5 : 1.0);
+                ZO_EXPECT(fabs((double)y[j] - (double)x[j]) <= tol, "tensor %d state %d elem %llu: %g for %g", i, k,
+                          (unsigned long long)j, (double)y[j], (double)x[j]);
+            }
+            /* bf16 export: the fp32 values rounded */
+            ck_assert_int_eq(zo_optim_state_export(r.o, (unsigned)i, (zo_optim_state)k, h, ZO_DTYPE_BF16, 0, n), 0);
+            for (uint64_t j = 0; j < n; j++) {
+                uint16_t w;
+                zo_test_put(&w, ZO_DTYPE_BF16, 0, y[j]);
+                ZO_EXPECT(w == h[j], "bf16 export elem %llu", (unsigned long long)j);
+            }
+        }
+        free(x);
+        free(y);
+        free(h);
+    }
+    run_free(&r);
+}
+END_TEST
+
+/* A tensor at the start of a sub-group, imported whole, holds exactly the
+ * kernel's quantization of the values (codes and scales, read back). */
+START_TEST(test_q_import_exact)
+{
+    run r;
+    run_init(&r, 0, 8, 4);
+    run_create(&r);
+    /* tok (1536 elements) starts sub-group 0 of group 0; out (4099)
+     * starts group 1's only sub-group: import both whole, with the rest of
+     * those sub-groups zero (fresh), and compare with quantize of the
+     * sub-group's values */
+    const int which[2] = {0, 4};
+    for (int w = 0; w < 2; w++) {
+        int i = which[w], b = w ? 4 : 8;
+        size_t B = b == 4 ? 128 : 256;
+        uint64_t n = r.numel[i];
+        uint64_t sgn = w ? r.gn[1] : SGSIZE;
+        float *x = calloc(sgn, 4), *want = malloc(sgn * 4), *y = malloc(n * 4);
+        uint8_t *c = calloc(sgn, 1);
+        float *s = calloc(sgn / 64 + 1, 4);
+        for (uint64_t j = 0; j < n; j++)
+            x[j] = (float)(1e-2 * sin(0.05 * (double)j));
+        ck_assert_int_eq(zo_optim_state_import(r.o, (unsigned)i, ZO_OPTIM_STATE_EXP_AVG, x, ZO_DTYPE_F32, 0, n), 0);
+        ck_assert_int_eq(zo_optim_state_export(r.o, (unsigned)i, ZO_OPTIM_STATE_EXP_AVG, y, ZO_DTYPE_F32, 0, n), 0);
+        ck_assert_int_eq(zo_cpuadam_quantize(x, sgn, ZO_QMAP_DYNAMIC_SIGNED, b, B, c, s), 0);
+        ck_assert_int_eq(zo_cpuadam_dequantize(c, s, sgn, ZO_QMAP_DYNAMIC_SIGNED, b, B, want), 0);
+        for (uint64_t j = 0; j < n; j++)
+            ZO_EXPECT(memcmp(&y[j], &want[j], 4) == 0, "tensor %d elem %llu: %a != %a", i, (unsigned long long)j,
+                      (double)y[j], (double)want[j]);
+        free(x);
+        free(want);
+        free(y);
+        free(c);
+        free(s);
+    }
+    run_free(&r);
+}
+END_TEST
+
+/* Save after two steps; a second engine loads it and both take the same
+ * third step: the same masters, moments and params (the codes and scales
+ * were saved as they are). Host and NVMe placement. */
+START_TEST(test_q_save_load)
+{
+    run a, b;
+    run_init(&a, _i, 8, 4);
+    run_init(&b, _i, 8, 4);
+    run_create(&a);
+    run_create(&b);
+    char root[256];
+    zo_test_mkdtemp(root, sizeof(root));
+    run_step(&a, 1, 1);
+    run_step(&a, 2, 1);
+    ck_assert_int_eq(zo_optim_save(a.o, root, "q", 1, NULL), 0);
+    int rc = zo_optim_load(b.o, root, "q", NULL, 0);
+    ck_assert_msg(rc == 0, "load: %s (%s)", zo_strerror(rc), zo_optim_errmsg(b.o));
+    /* b's reference takes a's steps */
+    run_step(&b, 1, 0);
+    run_step(&b, 2, 0);
+    compare(&b, "loaded");
+    run_step(&a, 3, 1);
+    run_step(&b, 3, 1);
+    compare(&a, "a step 3");
+    compare(&b, "b step 3");
+    /* not into an engine of another layout */
+    run c;
+    run_init(&c, _i, 8, 4);
+    c.cfg.sub_group_size = SGSIZE / 2;
+    run_create(&c);
+    ck_assert_int_eq(zo_optim_load(c.o, root, "q", NULL, 0), ZO_EFORMAT);
+    run_free(&c);
+    run_free(&a);
+    run_free(&b);
+    zo_test_rmtree(root);
+}
+END_TEST
+
+/* Export every state of every tensor as fp32 into x[NT][3][numel]. */
+static float **export_all(run *r)
+{
+    float **x = calloc(NT * 3, sizeof(*x));
+    for (int i = 0; i < NT; i++)
+        for (int k = 0; k < 3; k++) {
+            x[i * 3 + k] = malloc(r->numel[i] * 4);
+            ck_assert_int_eq(zo_optim_state_export(r->o, (unsigned)i, (zo_optim_state)k, x[i * 3 + k], ZO_DTYPE_F32,
+                                                   0, r->numel[i]),
+                             0);
+        }
+    return x;
+}
+
+static void free_all(float **x)
+{
+    for (int i = 0; i < NT * 3; i++)
+        free(x[i]);
+    free(x);
+}
+
+/* Loads across state types: a q8/q4 checkpoint into fp32 states holds the
+ * dequantized moments exactly; saved again and loaded into q8/q4 states,
+ * the kernel's quantization of those; into bf16 states, the moments
+ * rounded. Host and NVMe placement. */
+START_TEST(test_q_load_across_types)
+{
+    char root[256];
+    zo_test_mkdtemp(root, sizeof(root));
+    run a, f, b, h;
+    run_init(&a, _i, 8, 4);
+    run_create(&a);
+    run_step(&a, 1, 1);
+    run_step(&a, 2, 1);
+    ck_assert_int_eq(zo_optim_save(a.o, root, "q", 0, NULL), 0);
+    float **xa = export_all(&a);
+    run_init(&f, _i, 0, 0);
+    run_create(&f);
+    int rc = zo_optim_load(f.o, root, "q", NULL, 0);
+    ck_assert_msg(rc == 0, "q -> f32: %s (%s)", zo_strerror(rc), zo_optim_errmsg(f.o));
+    float **xf = export_all(&f);
+    for (int i = 0; i < NT * 3; i++)
+        ck_assert_msg(memcmp(xa[i], xf[i], a.numel[i / 3] * 4) == 0, "q -> f32: tensor %d state %d", i / 3, i % 3);
+    ck_assert_int_eq(zo_optim_save(f.o, root, "f", 0, NULL), 0);
+    run_init(&b, _i, 8, 4);
+    run_create(&b);
+    rc = zo_optim_load(b.o, root, "f", NULL, 0);
+    ck_assert_msg(rc == 0, "f32 -> q: %s (%s)", zo_strerror(rc), zo_optim_errmsg(b.o));
+    /* back in q8/q4: the masters as they were; each moment the kernel's
+     * quantization of the dequantized values, per sub-group. v comes back
+     * bit for bit (its map holds 1.0, so a block's largest value is its
+     * absmax again); so does a block of m whose largest magnitude is
+     * positive, while one whose is negative (the signed map ends at
+     * -0.994 or -0.887) is rescaled. */
+    float **xb = export_all(&b);
+    float *flat = malloc(a.total * 4), *back = malloc(a.total * 4);
+    for (int k = 0; k < 3; k++) {
+        for (int i = 0; i < NT; i++)
+            memcpy(flat + a.off[i], xa[i * 3 + k], a.numel[i] * 4);
+        memcpy(back, flat, a.total * 4);
+        for (unsigned j = 0; j < a.nsg && k; j++) {
+            const qsg *q = &a.sg[j];
+            int bits = a.bits[q->g];
+            size_t B = bits == 4 ? 128 : 256;
+            zo_qmap map = k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : ZO_QMAP_DYNAMIC_UNSIGNED;
+            uint8_t *c = malloc(q->n);
+            float *sc = malloc((q->n / 64 + 1) * 4);
+            ck_assert_int_eq(zo_cpuadam_quantize(flat + q->off, q->n, map, bits, B, c, sc), 0);
+            ck_assert_int_eq(zo_cpuadam_dequantize(c, sc, q->n, map, bits, B, back + q->off), 0);
+            free(c);
+            free(sc);
+        }
+        if (k == 2)
+            ck_assert(memcmp(flat, back, a.total * 4) == 0);
+        for (int i = 0; i < NT; i++)
+            ck_assert_msg(memcmp(back + a.off[i], xb[i * 3 + k], a.numel[i] * 4) == 0,
+                          "q -> f32 -> q: tensor %d state %d", i, k);
+    }
+    free(flat);
+    free(back);
+    /* and it trains on from there */
+    run_step(&b, 3, 1);
+    /* into bf16 states: each moment rounded to bf16 */
+    run_init(&h, _i, 0, 0);
+    h.grp[0].state_dtype = h.grp[1].state_dtype = ZO_DTYPE_BF16;
+    run_create(&h);
+    rc = zo_optim_load(h.o, root, "q", NULL, 0);
+    ck_assert_msg(rc == 0, "q -> bf16: %s (%s)", zo_strerror(rc), zo_optim_errmsg(h.o));
+    for (int i = 0; i < NT; i++) {
+        uint16_t *y = malloc(a.numel[i] * 2);
+        ck_assert_int_eq(zo_optim_state_export(h.o, (unsigned)i, ZO_OPTIM_STATE_EXP_AVG_SQ, y, ZO_DTYPE_BF16, 0,
+                                               a.numel[i]),
+                         0);
+        for (uint64_t j = 0; j < a.numel[i]; j++) {
+            uint16_t w;
+            zo_test_put(&w, ZO_DTYPE_BF16, 0, xa[i * 3 + 2][j]);
+            ZO_EXPECT(w == y[j], "q -> bf16: tensor %d elem %llu", i, (unsigned long long)j);
+        }
+        free(y);
+    }
+    free_all(xa);
+    free_all(xb);
+    free_all(xf);
+    run_free(&a);
+    run_free(&f);
+    run_free(&b);
+    run_free(&h);
+    zo_test_rmtree(root);
+}
+END_TEST
+
+/* The crash test's writer (this program run as `crash-writer ROOT SWAPDIR
+ * FD` by the test, forked and exec'd): an engine with q8/q4 states on
+ * NVMe continues from the latest checkpoint, then steps and saves, keeping
+ * two, writing a byte to saved_fd after each save, until it is killed.
+ * Exits 3 on an error. */
+static void crash_writer(const char *root, const char *swapdir, int saved_fd)
+{
+    zo_log_set_level(ZO_LOG_OFF);
+    run r;
+    run_init(&r, 0, 8, 4);
+    r.cfg.placement = ZO_OPTIM_PLACE_NVME;
+    r.cfg.nvme_path = swapdir;
+    int rc = zo_optim_create(&r.o, &r.cfg);
+    if (rc < 0 || (rc = zo_optim_load(r.o, root, NULL, NULL, 0)) < 0) {
+        fprintf(stderr, "crash writer: %s (%s)\n", zo_strerror(rc), zo_last_error_detail());
+        _exit(3);
+    }
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    if (zo_optim_get_info(r.o, &info) < 0)
+        _exit(3);
+    for (int s = (int)info.step + 1;; s++) {
+        char name[32];
+        snprintf(name, sizeof(name), "s%d", s);
+        rc = 0;
+        for (int i = 0; i < NT && rc == 0; i++) {
+            for (uint64_t k = 0; k < r.numel[i]; k++)
+                zo_test_put(r.dgrad[i], ZO_DTYPE_BF16, k, grad_value(r.off[i] + k, s));
+            rc = zo_optim_grad(r.o, (unsigned)i, r.dgrad[i], NULL);
+        }
+        if (rc == 0)
+            rc = zo_optim_step(r.o, NULL, NULL);
+        if (rc == 0 && (rc = zo_optim_save(r.o, root, name, 2, NULL)) == -EEXIST)
+            rc = 0; /* a killed writer published it, and died before moving `latest` */
+        if (rc < 0 || write(saved_fd, "s", 1) != 1) {
+            fprintf(stderr, "crash writer: step %d: %s (%s)\n", s, zo_strerror(rc), zo_optim_errmsg(r.o));
+            _exit(3);
+        }
+    }
+}
+
+static char **writer_args; /* ROOT SWAPDIR FD */
+
+START_TEST(test_q_crash_writer)
+{
+    crash_writer(writer_args[0], writer_args[1], atoi(writer_args[2]));
+}
+END_TEST
+
+/* The latest checkpoint loads (into host placement) and holds exactly the
+ * reference's masters, moments and params after its step count. */
+static int64_t crash_check(const char *root)
+{
+    run q;
+    run_init(&q, 0, 8, 4);
+    run_create(&q);
+    int rc = zo_optim_load(q.o, root, NULL, NULL, 0);
+    ck_assert_msg(rc == 0, "load latest: %s (%s)", zo_strerror(rc), zo_optim_errmsg(q.o));
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    ck_assert_int_eq(zo_optim_get_info(q.o, &info), 0);
+    for (int s = 1; s <= info.step; s++)
+        run_step(&q, s, 0);
+    compare(&q, "after the kill");
+    run_free(&q);
+    return info.step;
+}
+
+/* kill -9 while an engine with q8/q4 states on NVMe saves in a loop: every
+ * time, the latest checkpoint is complete and loads, at the same or a later
+ * step, and is that step's exact state. */
+START_TEST(test_q_crash_during_save)
+{
+    char dir[256], root[300], swapdir[300];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(root, sizeof(root), "%s/ck", dir);
+    /* the first checkpoint, and how long a step and a save take */
+    run a;
+    run_init(&a, 1, 8, 4);
+    run_create(&a);
+    run_step(&a, 1, 1);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(zo_optim_save(a.o, root, "s1", 2, NULL), 0);
+    run_step(&a, 2, 1);
+    ck_assert_int_eq(zo_optim_save(a.o, root, "s2", 2, NULL), 0);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    run_free(&a);
+    long per_us = (long)((t1.tv_sec - t0.tv_sec) * 1000000L + (t1.tv_nsec - t0.tv_nsec) / 1000) / 2 + 1;
+    int64_t last = crash_check(root);
+    ck_assert_int_eq(last, 2);
+    zo_test_rng rng = {zo_test_seed() ^ 0x9a8};
+    int advanced = 0;
+    for (int kill_no = 0; kill_no < 12; kill_no++) {
+        snprintf(swapdir, sizeof(swapdir), "%s/swap%d", dir, kill_no);
+        ck_assert_int_eq(mkdir(swapdir, 0700), 0);
+        int saved[2];
+        ck_assert_int_eq(pipe(saved), 0);
+        pid_t pid = fork();
+        ck_assert_int_ge(pid, 0);
+        if (pid == 0) {
+            /* a fresh process: this one's OpenMP threads do not survive a fork */
+            char fd[16];
+            snprintf(fd, sizeof(fd), "%d", saved[1]);
+            close(saved[0]);
+            execl("/proc/self/exe", "test_optim_q", "crash-writer", root, swapdir, fd, (char *)NULL);
+            _exit(3);
+        }
+        close(saved[1]);
+        /* once the child has saved one, anywhere in its next two or so */
+        char c;
+        ck_assert_int_eq(read(saved[0], &c, 1), 1);
+        uint64_t delay = zo_test_next(&rng) % (2 * (uint64_t)per_us + 1);
+        struct timespec ts = {(time_t)(delay / 1000000u), (long)(delay % 1000000u) * 1000};
+        nanosleep(&ts, NULL);
+        kill(pid, SIGKILL);
+        int st;
+        ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+        close(saved[0]); /* open until now: the writer's next write must not raise SIGPIPE */
+        ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "writer ended by itself (status 0x%x)", st);
+        int64_t k = crash_check(root);
+        ck_assert_msg(k >= last, "latest went back from step %lld to %lld", (long long)last, (long long)k);
+        advanced += k > last;
+        last = k;
+        zo_test_rmtree(swapdir);
+    }
+    fprintf(stderr, "q crash test: 12 kills, latest advanced %d times, at step %lld\n", advanced, (long long)last);
+    ck_assert_int_ge(advanced, 12); /* each writer saved at least once before its kill */
+    zo_test_rmtree(dir);
+}
+END_TEST
+
+/* What quantized states cannot do is refused at create, with the reason. */
+START_TEST(test_q_refusals)
+{
+    run r;
+    run_init(&r, 0, 8, 8);
+    zo_optim *o = NULL;
+    zo_optim_config c;
+    zo_optim_group g[2];
+#define TRY(want, needle)                                                                              \
+    do {                                                                                               \
+        c.groups = g;                                                                                  \
+        int rc_ = zo_optim_create(&o, &c);                                                             \
+        ck_assert_msg(rc_ == (want), "rc %d (%s), want %d", rc_, zo_last_error_detail(), (want));      \
+        ck_assert_msg(strstr(zo_last_error_detail(), (needle)) != NULL, "detail: %s", zo_last_error_detail()); \
+        zo_optim_footprint f_ = {.struct_size = sizeof(f_)};                                           \
+        ck_assert_int_eq(zo_optim_estimate(&c, ZO_DEV_HOST, &f_), (want));                             \
+        ck_assert_ptr_null(o);                                                                         \
+        c = r.cfg;                                                                                     \
+        memcpy(g, r.grp, sizeof(g));                                                                   \
+    } while (0)
+    c = r.cfg;
+    memcpy(g, r.grp, sizeof(g));
+    zo_cpuadam_hparams ada;
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&ada, ZO_OPTIM_ADAGRAD), 0);
+    g[1].hparams = &ada;
+    TRY(ZO_ENOTSUP, "Adagrad");
+    c.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
+    TRY(ZO_ECONFIG, "rolled back");
+    c.no_grad = ZO_OPTIM_NO_GRAD_SKIP;
+    TRY(ZO_ECONFIG, "NO_GRAD_SKIP");
+    g[0].state_bits = 5;
+    TRY(ZO_ECONFIG, "state_bits 5");
+    g[0].state_block = 96;
+    TRY(ZO_ECONFIG, "power of two");
+    g[0].state_block = 8192;
+    TRY(ZO_ECONFIG, "power of two");
+    g[0].state_dtype = ZO_DTYPE_BF16;
+    TRY(ZO_ECONFIG, "leave state_dtype at f32");
+#undef TRY
+    /* Lion has one moment: fine */
+    zo_cpuadam_hparams lion;
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&lion, ZO_OPTIM_LION), 0);
+    r.grp[1].hparams = &lion;
+    run_create(&r);
+    run_free(&r);
+}
+END_TEST
+
+/* The estimate knows the quantized bytes, and create makes what it says. */
+START_TEST(test_q_estimate)
+{
+    for (int nvme = 0; nvme <= 1; nvme++) {
+        run r;
+        run_init(&r, nvme, 8, 4);
+        zo_optim_footprint fq = {.struct_size = sizeof(fq)}, f32 = {.struct_size = sizeof(f32)};
+        ck_assert_int_eq(zo_optim_estimate(&r.cfg, ZO_DEV_HOST, &fq), 0);
+        run_create(&r);
+        zo_optim_info info = {.struct_size = sizeof(info)};
+        ck_assert_int_eq(zo_optim_get_info(r.o, &info), 0);
+        ck_assert_uint_eq(info.pinned_bytes, fq.pinned_bytes);
+        ck_assert_uint_eq(info.host_bytes, fq.host_bytes);
+        zo_optim_destroy(&r.o);
+        /* by hand: per sub-group, fp32 masters, and per moment its codes
+         * (64-byte aligned) then one fp32 scale per block */
+        uint64_t want = 0, align = nvme ? 1 << 20 : 4096;
+        for (unsigned k = 0; k < r.nsg; k++) {
+            uint64_t n = r.sg[k].n;
+            int b = r.bits[r.sg[k].g];
+            uint64_t B = b == 4 ? 128 : 256, codes = b == 4 ? (n + 1) / 2 : n;
+            uint64_t q = (codes + 63) / 64 * 64 + 4 * ((n + B - 1) / B);
+            want += (n * 4 + align - 1) / align * align + 2 * ((q + align - 1) / align * align);
+        }
+        if (nvme) {
+            ck_assert_uint_eq(fq.nvme_state_bytes, want);
+            /* the host tier caches three sub-groups' quantized states */
+            ck_assert_uint_gt(fq.host_state_bytes, 0);
+        } else {
+            ck_assert_uint_eq(fq.host_state_bytes, want);
+        }
+        r.grp[0].state_bits = r.grp[1].state_bits = 0;
+        ck_assert_int_eq(zo_optim_estimate(&r.cfg, ZO_DEV_HOST, &f32), 0);
+        /* (NVMe arrays round up to 1 MiB: at this size both take the same) */
+        uint64_t qb = nvme ? fq.nvme_state_bytes : fq.host_state_bytes;
+        uint64_t fb = nvme ? f32.nvme_state_bytes : f32.host_state_bytes;
+        if (nvme)
+            ck_assert_uint_le(qb, fb);
+        else
+            ck_assert_uint_lt(qb, fb);
+        run_free(&r);
+    }
+}
+END_TEST
+
+int main(int argc, char **argv)
+{
+    TCase *tc;
+    if (argc == 5 && !strcmp(argv[1], "crash-writer")) {
+        /* in a test of its own, where the helpers' ck_asserts may run
+         * (and not filtered out by the caller's Check selection) */
+        writer_args = argv + 2;
+        unsetenv("CK_RUN_SUITE");
+        unsetenv("CK_RUN_CASE");
+        unsetenv("CK_INCLUDE_TAGS");
+        unsetenv("CK_EXCLUDE_TAGS");
+        Suite *w = zo_test_suite1("crash-writer", &tc, 0);
+        tcase_add_test(tc, test_q_crash_writer);
+        SRunner *sr = srunner_create(w);
+        srunner_set_fork_status(sr, CK_NOFORK);
+        srunner_run_all(sr, CK_SILENT);
+        srunner_free(sr);
+        return 3; /* the writer only ends by its kill */
+    }
+    Suite *s = zo_test_suite1("optim-q", &tc, 300);
+    tcase_add_loop_test(tc, test_q_step_matches_kernel, 0, 8);
+    tcase_add_loop_test(tc, test_q_dpu, 0, 4);
+    tcase_add_loop_test(tc, test_q_export_import, 0, 2);
+    tcase_add_test(tc, test_q_import_exact);
+    tcase_add_loop_test(tc, test_q_save_load, 0, 2);
+    tcase_add_loop_test(tc, test_q_load_across_types, 0, 2);
+    tcase_add_test(tc, test_q_crash_during_save);
+    tcase_add_test(tc, test_q_refusals);
+    tcase_add_test(tc, test_q_estimate);
+    return zo_test_run(s);
+}

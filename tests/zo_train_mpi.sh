@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # usage: zo_train_mpi.sh MPIRUN ZO_TRAIN CASE
 # zo-train under mpirun (data parallel over zo_part): checkpoints across a
-# restart, a signal to one rank, and the refusals. The bit-for-bit
+# restart, a signal to one rank, a rank killed, and the refusals. The bit-for-bit
 # --verify runs are separate tests (tests/meson.build).
 mpirun="$1"; train="$2"; case_="$3"
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/zo-train-mpi-test.XXXXXX") || exit 1
@@ -80,6 +80,27 @@ signal)
         [ -f "$scratch/ck/rank1/step-$step/manifest.json" ] ||
         { echo "no whole checkpoint:"; cat "$scratch/out"; ls -R "$scratch/ck"; exit 1; }
     echo "one rank signalled: both stopped and saved step-$step" ;;
+dead-rank)
+    # kill -9 of one rank mid-run: the others must not hang; the launcher ends the job with an
+    # error within 30 s (Open MPI terminates the job when a rank dies without MPI_Finalize)
+    ZO_TRAIN_TEST_MICRO_DELAY_MS=50 "$mpirun" -np 2 "$train" $model --steps 100000 \
+        >"$scratch/out" 2>"$scratch/err" &
+    pid=$!
+    i=0
+    while [ "$(grep -c '^step' "$scratch/out" 2>/dev/null)" -lt 3 ] && [ $i -lt 600 ]; do
+        sleep 0.1; i=$((i + 1))
+    done
+    one=$(pgrep -f -n "$train $model --steps 100000")
+    [ -n "$one" ] || { echo "no rank process"; kill $pid; exit 1; }
+    kill -KILL "$one"
+    i=0
+    while kill -0 $pid 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -0 $pid 2>/dev/null && { echo "a rank died and the job still runs after 30 s"; kill -9 $pid; exit 1; }
+    wait $pid
+    rc=$?
+    [ "$rc" -ne 0 ] || { echo "the job of a killed rank exited 0"; cat "$scratch/err"; exit 1; }
+    pgrep -f "$train $model --steps 100000" >/dev/null && { echo "a rank outlived the job"; exit 1; }
+    echo "one rank killed: the job ended with exit $rc after $((i / 10)).$((i % 10)) s" ;;
 refusals)
     refuse 2 2 "must be a multiple of the number of ranks" $model --batch 7
     refuse 2 2 "dpu on is not supported" $model --dpu on

@@ -12,6 +12,9 @@ model="--layers 3 --width 48 --batch 12"
 # losses STEPS-FILE: "step loss" per line of zo-train's output
 losses() { grep '^step' "$1" | awk '{print $2, $4}'; }
 
+# steps_out: step lines in $scratch/out so far (0 before the background job has made the file)
+steps_out() { n=$(grep -c '^step' "$scratch/out" 2>/dev/null); echo "${n:-0}"; }
+
 # refuse NP RC PATTERN ARGS...: every rank exits, the job with RC, a rank says PATTERN
 refuse() {
     np="$1"; want="$2"; pattern="$3"; shift 3
@@ -63,7 +66,7 @@ signal)
         >"$scratch/out" 2>"$scratch/err" &
     pid=$!
     i=0
-    while [ "$(grep -c '^step' "$scratch/out" 2>/dev/null)" -lt 3 ] && [ $i -lt 600 ]; do
+    while [ "$(steps_out)" -lt 3 ] && [ $i -lt 600 ]; do
         sleep 0.1; i=$((i + 1))
     done
     one=$(pgrep -f -n "$train $model --steps 100000") # the newest of the ranks (mpirun started them)
@@ -87,7 +90,7 @@ dead-rank)
         >"$scratch/out" 2>"$scratch/err" &
     pid=$!
     i=0
-    while [ "$(grep -c '^step' "$scratch/out" 2>/dev/null)" -lt 3 ] && [ $i -lt 600 ]; do
+    while [ "$(steps_out)" -lt 3 ] && [ $i -lt 600 ]; do
         sleep 0.1; i=$((i + 1))
     done
     one=$(pgrep -f -n "$train $model --steps 100000")

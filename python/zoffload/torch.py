@@ -1467,8 +1467,9 @@ class OffloadLion(OffloadOptimizer):
 def from_deepspeed_config(params, config):
     """An offload optimizer built from a DeepSpeed config (a path or a dict):
     "optimizer" {type, params}, "gradient_clipping", "fp16" (loss scaling)
-    and "zero_optimization"."offload_optimizer" {device, pin_memory, ...}.
-    Keys that do not apply to one device are ignored; unknown optimizer
+    and "zero_optimization"."offload_optimizer" {device, pin_memory, ...},
+    and zoffload's own "zoffload" {"state_dtype": "fp32"/"bf16"/"q8"/"q4",
+    "state_block"}. Keys that do not apply to one device are ignored; unknown optimizer
     types and an unusable offload device raise ValueError."""
     if not isinstance(config, dict):
         with open(config) as f:
@@ -1512,5 +1513,15 @@ def from_deepspeed_config(params, config):
         kw["nvme_path"] = off.get("nvme_path")
     if z.get("delay_update") or off.get("delay_update"):
         kw["delay_update"] = True
+    # zoffload's own keys (docs/optim-config.md): the state type of m and v
+    zo = config.get("zoffload", {})
+    if "state_dtype" in zo:
+        sd = str(zo["state_dtype"]).lower()
+        states = {"fp32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16, "q8": "q8", "q4": "q4"}
+        if sd not in states:
+            raise ValueError("zoffload.state_dtype %r: fp32, bf16, q8 or q4" % (zo["state_dtype"],))
+        kw["state_dtype"] = states[sd]
+    if zo.get("state_block"):
+        kw["state_block"] = int(zo["state_block"])
     return cls(params, **hp, **kw)
 

@@ -15,7 +15,8 @@ from conftest import torch_or_skip
 
 torch = torch_or_skip()
 from zoffload import optim  # noqa: E402
-from zoffload.torch import OffloadAdamW, OffloadAdam, OffloadAdagrad, OffloadLion  # noqa: E402
+from zoffload.torch import (OffloadAdamW, OffloadAdam, OffloadAdagrad, OffloadLion,  # noqa: E402
+                            from_deepspeed_config)
 
 HP = dict(lr=1e-2, betas=(0.9, 0.99), weight_decay=0.05)
 
@@ -248,3 +249,16 @@ def test_state_block():
     assert o.state_format == "q4" and o.state_block == 64 and o.state_dtype == torch.float32
     losses = train(m, o, batches(20))
     assert losses[-1] == losses[-1]
+
+
+def test_deepspeed_config_zoffload_key():
+    p = list(model().parameters())
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zoffload": {"state_dtype": "q4", "state_block": 512}}
+    o = from_deepspeed_config(p, cfg)
+    assert o.state_format == "q4" and o.state_block == 512 and o.no_grad == "zero"
+    cfg["zoffload"] = {"state_dtype": "bf16"}
+    assert from_deepspeed_config(p, cfg).state_dtype == torch.bfloat16
+    cfg["zoffload"] = {"state_dtype": "q2"}
+    with pytest.raises(ValueError, match="q8"):
+        from_deepspeed_config(p, cfg)

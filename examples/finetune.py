@@ -526,7 +526,8 @@ def run(args, which, data):
                            offload_device=args.offload, nvme_path=args.nvme_path,
                            clip_mode=args.clip_mode, sub_group_size=args.sub_group_size,
                            buffer_count=args.buffer_count,
-                           loss_scale="dynamic" if args.dtype == "fp16" else None)
+                           loss_scale="dynamic" if args.dtype == "fp16" else None,
+                           **_state_kw(args.state_dtype))
     elif which == "deepspeed":
         import ds_offload
         opt = ds_offload.Engine(model, args)   # DeepSpeed wraps the model: forward through it
@@ -732,6 +733,14 @@ def report(r):
         print(line)
 
 
+def _state_kw(name):
+    """OffloadAdamW's state keywords of --state-dtype (q8/q4: no_grad "zero",
+    the only rule of quantized states; every parameter gets a gradient here)."""
+    if name in ("q8", "q4"):
+        return {"state_dtype": name, "no_grad": "zero"}
+    return {"state_dtype": torch.bfloat16 if name == "bf16" else torch.float32}
+
+
 PRESETS = {"3b": {"dim": 3200, "layers": 26, "heads": 32}}
 
 
@@ -768,6 +777,8 @@ def main():
     ap.add_argument("--clip-mode", choices=["two_pass", "speculative"], default="two_pass",
                     help="speculative: update each sub-group as backward completes its gradients "
                          "(overlaps the optimizer and its NVMe traffic with backward)")
+    ap.add_argument("--state-dtype", choices=["fp32", "bf16", "q8", "q4"], default="fp32",
+                    help="OffloadAdamW's m and v: fp32, bf16, or block-wise quantized q8 / q4")
     ap.add_argument("--sub-group-size", type=int, default=None, help="zo_optim sub-group (elements)")
     ap.add_argument("--buffer-count", type=int, default=None, help="zo_optim NVMe pieces in flight")
     ap.add_argument("--nvme-bound", choices=["fio", "none"], default="fio",

@@ -36,6 +36,8 @@ STATE_MASTER, STATE_EXP_AVG, STATE_EXP_AVG_SQ = 0, 1, 2
 STATES = {"master": STATE_MASTER, "exp_avg": STATE_EXP_AVG, "exp_avg_sq": STATE_EXP_AVG_SQ,
           "sum": STATE_EXP_AVG_SQ}
 ZO_DTYPE_COUNT = 6
+# block-wise quantized moments (zo_optim_group.state_bits): q8 and q4
+QSTATES = {"q8": 8, "q4": 4}
 _DT = {"f32": arrays.F32, "float32": arrays.F32, "f16": arrays.F16, "float16": arrays.F16,
        "bf16": arrays.BF16, "bfloat16": arrays.BF16}
 
@@ -53,7 +55,9 @@ class OptimGroup(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("ntensors", c_uint), ("numel", P(c_u64)),
                 ("names", P(c_char_p)), ("dev_params", P(c_void_p)),
                 ("hparams", P(_lib.CpuadamHparams)), ("placement", c_int),
-                ("sub_group_size", c_u64), ("state_dtype", c_int)]
+                ("sub_group_size", c_u64), ("state_dtype", c_int),
+                # in the C struct's former tail padding (optim.h): sizeof unchanged
+                ("state_bits", ctypes.c_uint16), ("state_block", ctypes.c_uint16)]
 
 
 class OptimConfig(ctypes.Structure):
@@ -304,7 +308,18 @@ def _config(groups, dev_handle, kind, kw, who):
         if "sub_group_size" in g:
             grp.sub_group_size = int(g.pop("sub_group_size"))
         if "state_dtype" in g:
-            grp.state_dtype = _dtype(g.pop("state_dtype"))
+            sd = g.pop("state_dtype")
+            if isinstance(sd, str) and sd in QSTATES:
+                # quantized moments: computed in fp32, stored as codes + absmax
+                grp.state_dtype = arrays.F32
+                grp.state_bits = QSTATES[sd]
+            else:
+                grp.state_dtype = _dtype(sd)
+        if "state_bits" in g:
+            grp.state_bits = int(g.pop("state_bits"))
+        if "state_block" in g:
+            b = g.pop("state_block")
+            grp.state_block = 0 if b is None else int(b)
         dp = g.pop("dev_params", None)
         if dp is not None:
             # device (host backend: host) addresses of the tensors' params;
@@ -357,7 +372,11 @@ class Engine(_lib.Handle):
         numel (list of element counts, required), names (list or None),
         kind/lr/betas/eps/weight_decay/bias_correction (hyperparameters;
         missing ones from the engine-wide ones), placement ("cpu"/"nvme"),
-        sub_group_size, state_dtype ("f32"/"bf16"), dev_params (one device
+        sub_group_size, state_dtype ("f32"/"bf16", or "q8"/"q4": m and v
+        block-wise quantized, see docs/optim.md "Quantized states"),
+        state_block (elements per absmax scale with q8/q4: a power of two in
+        [64, 4096]; 0 or None: 256 for q8, 128 for q4), state_bits (0, 8 or
+        4: the raw field; "q8"/"q4" set it), dev_params (one device
         address per tensor, e.g. ``tensor.data_ptr()``: the engine reads the
         initial params there and writes the new ones; the memory must stay
         valid and in place while the engine lives).

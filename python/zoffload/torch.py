@@ -270,6 +270,26 @@ class _ParamState(dict):
                 self._seen[k] = t._version
 
 
+_QSTATES = ("q8", "q4")
+
+
+def _engine_state(state_dtype, state_block=None):
+    """The engine group keys of OffloadOptimizer's state_dtype / state_block."""
+    if isinstance(state_dtype, str):            # "q8" / "q4": block-wise quantized m and v
+        return {"state_dtype": state_dtype, "state_block": state_block or 0}
+    return {"state_dtype": "bf16" if state_dtype == torch.bfloat16 else "f32"}
+
+
+def _state_elem_bytes(fmt, block):
+    """Bytes per element of one state (m or v) in format fmt ("f32", "bf16",
+    "q8", "q4"): codes plus the fp32 absmax per block for q8/q4."""
+    if fmt in _QSTATES:
+        bits = 8 if fmt == "q8" else 4
+        block = block or (256 if bits == 8 else 128)
+        return bits / 8.0 + 4.0 / block
+    return 4 if fmt == "f32" else 2
+
+
 def _engine_kw(opt, dt, *, offload_device, nthreads, numa_node, pin_memory, no_grad, nvme_path, sub_group_size,
                pinned_bytes, buffer_count):
     """The engine keywords of an optimizer's settings for parameters of dtype
@@ -332,14 +352,14 @@ class _EngineBackend(_BackendCommon):
 
     def __init__(self, opt, *, state_dtype, nthreads, numa_node, offload_device, nvme_path,
                  sub_group_size, pinned_bytes, pin_memory, buffer_count, clip_mode, no_grad,
-                 direct=None):
+                 state_block=None, direct=None):
         from . import optim as _optim
         self.opt = weakref.proxy(opt)      # no cycle: the optimizer owns this
         self.kw = dict(state_dtype=state_dtype, nthreads=nthreads, numa_node=numa_node,
                        offload_device=offload_device, nvme_path=nvme_path,
                        sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
                        pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode,
-                       no_grad=no_grad)
+                       no_grad=no_grad, state_block=state_block)
         # CPU params without DPU: the engine's fused kernel writes the new
         # params straight into the parameters' memory (zo_optim's direct mode
         # on the host backend): no parameter buffer (2 B/param) and no copy
@@ -375,8 +395,8 @@ class _EngineBackend(_BackendCommon):
                     continue
                 gmap[gi] = len(groups)
                 grp = {"numel": [opt._plist[i][1].numel() for i in mine],
-                       "names": ["p%d" % i for i in mine],
-                       "state_dtype": "bf16" if state_dtype == torch.bfloat16 else "f32"}
+                       "names": ["p%d" % i for i in mine]}
+                grp.update(_engine_state(state_dtype, state_block))
                 if self.direct:
                     grp["dev_params"] = [opt._plist[i][1].data_ptr() for i in mine]
                     self._ptrs.extend((i, opt._plist[i][1].data_ptr()) for i in mine)
@@ -587,13 +607,13 @@ class _EngineBackend(_BackendCommon):
     def memory(self):
         out = {"grad_buffer_bytes": 0, "pinned_bytes": 0, "host_bytes": 0, "numel": 0,
                "state_bytes": 0, "nvme_read_bytes_total": 0, "nvme_write_bytes_total": 0}
-        sb = 4 if self.opt.state_dtype == torch.float32 else 2
+        sb = _state_elem_bytes(self.opt.state_format, self.opt.state_block)
         for _, e, _, _ in self.engines:
             inf = e.info()
             for k in out:
                 if k in inf:
                     out[k] += inf[k]
-            out["state_bytes"] += inf["numel"] * (4 + sb * len(self.opt._state_names))
+            out["state_bytes"] += int(inf["numel"] * (4 + sb * len(self.opt._state_names)))
         return out
 
     # -- state
@@ -699,7 +719,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
                      torch's rule: not updated, no weight decay, states and
                      their own step count untouched) or "zero" (DeepSpeed's:
                      updated with a zero gradient, one step count for all)
-    state_dtype:     torch.float32 (default) or torch.bfloat16 for the two states
+    state_dtype:     torch.float32 (default) or torch.bfloat16 for the two states,
+                     or "q8" / "q4": block-wise quantized moments (a byte or
+                     half a byte per element plus an fp32 absmax per block;
+                     AdamW, Adam and Lion; two_pass clipping; no_grad "zero",
+                     its default there). state_dict() gives them dequantized
+                     to fp32 in torch's format; save() keeps codes and
+                     scales as they are (docs/pytorch.md)
+    state_block:     with "q8"/"q4": elements per absmax scale, a power of
+                     two in [64, 4096] (default 256 for q8, 128 for q4)
     nthreads:        CPU threads of the update (default: the CPUs this process may use)
     numa_node:       NUMA node for the pinned buffers (-1: the engine's choice)
     offload_device:  "cpu" (pinned host memory) or "nvme"
@@ -743,7 +771,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                  sub_group_size=None, pinned_bytes=None, pin_memory=True,
                  buffer_count=None, clip_mode="two_pass", no_grad=None, maximize=False,
                  foreach=None, fused=None, capturable=False, differentiable=False,
-                 process_group=None, bucket_bytes=None):
+                 process_group=None, bucket_bytes=None, state_block=None):
         defaults = dict(defaults, maximize=bool(maximize), foreach=foreach, fused=fused,
                         capturable=capturable, differentiable=differentiable)
         self._built = False
@@ -753,8 +781,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
         # many ranks (torch_dist): no_grad "zero" and the backward hooks are
         # the defaults there; one rank keeps torch's rule and .grad until step()
         many = process_group is not None
+        quant = isinstance(state_dtype, str)
+        if quant:
+            self._check_qstate(state_dtype, state_block, clip_mode, no_grad)
+        elif state_block is not None:
+            raise ValueError("state_block is the block of quantized states: it needs state_dtype='q8' or 'q4'")
         if no_grad is None:
-            no_grad = "zero" if many else "skip"
+            # the engine's quantized step updates every element (no_grad "zero" only)
+            no_grad = "zero" if many or quant else "skip"
         if grad_hooks is None:
             grad_hooks = "backward" if many else "step"
         if bucket_bytes is not None and not many:
@@ -767,8 +801,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
             raise ValueError("clip_mode must be 'two_pass' or 'speculative', not %r" % (clip_mode,))
         if offload_device not in ("cpu", "nvme"):
             raise ValueError("offload_device must be 'cpu' or 'nvme', not %r" % (offload_device,))
-        if state_dtype not in (torch.float32, torch.bfloat16):
-            raise TypeError("state_dtype must be torch.float32 or torch.bfloat16")
+        if not quant and state_dtype not in (torch.float32, torch.bfloat16):
+            raise TypeError("state_dtype must be torch.float32, torch.bfloat16, 'q8' or 'q4', not %r"
+                            % (state_dtype,))
         if max_grad_norm is not None and not (max_grad_norm > 0 and math.isfinite(max_grad_norm)):
             raise ValueError("max_grad_norm must be finite and > 0, not %r" % (max_grad_norm,))
         if grad_hooks not in ("step", "backward", "auto"):
@@ -787,7 +822,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self.delay_update = bool(delay_update)
         self.dpu_warmup = int(dpu_warmup)
         self._dpu_warmup_left = self.dpu_warmup
-        self.state_dtype = state_dtype
+        # state_dtype: the dtype states are exported in (state_dict(), state[p]):
+        # fp32 for q8/q4, whose moments are computed in fp32 and stored quantized
+        self.state_dtype = torch.float32 if quant else state_dtype
+        self.state_format = state_dtype if quant else ("bf16" if state_dtype == torch.bfloat16 else "f32")
+        self.state_block = int(state_block) if state_block else (
+            (256 if state_dtype == "q8" else 128) if quant else None)
         self.last_grad_norm = None
         self.steps_skipped = 0
         self._skip_nonfinite = False
@@ -799,7 +839,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                    offload_device=offload_device, nvme_path=nvme_path,
                    sub_group_size=sub_group_size, pinned_bytes=pinned_bytes,
                    pin_memory=pin_memory, buffer_count=buffer_count, clip_mode=clip_mode,
-                   no_grad=no_grad)
+                   no_grad=no_grad, state_block=state_block)
         if many:
             from .torch_dist import _PartBackend
             self._eb = _PartBackend(self, process_group=process_group, bucket_bytes=bucket_bytes, **ekw)
@@ -820,6 +860,27 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     def _zo_kind_id(self):
         return self._zo_kind
+
+    def _check_qstate(self, state_dtype, state_block, clip_mode, no_grad):
+        """Refuse, by name, what the engine's quantized states do not offer."""
+        name = type(self).__name__
+        if state_dtype not in _QSTATES:
+            raise TypeError("state_dtype must be torch.float32, torch.bfloat16, 'q8' or 'q4', not %r"
+                            % (state_dtype,))
+        if self._kind not in ("adamw", "adam", "lion"):
+            raise ValueError("%s: state_dtype=%r: quantized states are offered for AdamW, Adam and Lion "
+                             "(the engine has no quantized %s step)" % (name, state_dtype, self._kind))
+        if clip_mode != "two_pass":
+            raise ValueError("%s: state_dtype=%r needs clip_mode='two_pass' (the speculative step keeps "
+                             "fp32 states to roll back)" % (name, state_dtype))
+        if no_grad == "skip":
+            raise ValueError("%s: state_dtype=%r needs no_grad='zero' (the default with q states): the "
+                             "quantized step updates every element of a block" % (name, state_dtype))
+        if state_block is not None:
+            b = int(state_block)
+            if b != state_block or b < 64 or b > 4096 or b & (b - 1):
+                raise ValueError("%s: state_block must be a power of two in [64, 4096], not %r"
+                                 % (name, state_block))
 
     def _check_group_flags(self, g):
         """torch.optim's keywords this optimizer does not implement, refused
@@ -1406,8 +1467,9 @@ class OffloadLion(OffloadOptimizer):
 def from_deepspeed_config(params, config):
     """An offload optimizer built from a DeepSpeed config (a path or a dict):
     "optimizer" {type, params}, "gradient_clipping", "fp16" (loss scaling)
-    and "zero_optimization"."offload_optimizer" {device, pin_memory, ...}.
-    Keys that do not apply to one device are ignored; unknown optimizer
+    and "zero_optimization"."offload_optimizer" {device, pin_memory, ...},
+    and zoffload's own "zoffload" {"state_dtype": "fp32"/"bf16"/"q8"/"q4",
+    "state_block"}. Keys that do not apply to one device are ignored; unknown optimizer
     types and an unusable offload device raise ValueError."""
     if not isinstance(config, dict):
         with open(config) as f:
@@ -1451,5 +1513,15 @@ def from_deepspeed_config(params, config):
         kw["nvme_path"] = off.get("nvme_path")
     if z.get("delay_update") or off.get("delay_update"):
         kw["delay_update"] = True
+    # zoffload's own keys (docs/optim-config.md): the state type of m and v
+    zo = config.get("zoffload", {})
+    if "state_dtype" in zo:
+        sd = str(zo["state_dtype"]).lower()
+        states = {"fp32": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16, "q8": "q8", "q4": "q4"}
+        if sd not in states:
+            raise ValueError("zoffload.state_dtype %r: fp32, bf16, q8 or q4" % (zo["state_dtype"],))
+        kw["state_dtype"] = states[sd]
+    if zo.get("state_block"):
+        kw["state_block"] = int(zo["state_block"])
     return cls(params, **hp, **kw)
 

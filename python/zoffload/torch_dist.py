@@ -25,7 +25,7 @@ import os
 import torch
 
 from . import part as _part
-from .torch import _BackendCommon, _engine_kw
+from .torch import _BackendCommon, _engine_kw, _engine_state, _state_elem_bytes
 
 _STATE_FMT = "zoffload.torch.partition/1"
 
@@ -74,7 +74,8 @@ class _PartBackend(_BackendCommon):
     direct = False
 
     def __init__(self, opt, *, process_group, bucket_bytes, state_dtype, nthreads, numa_node, offload_device,
-                 nvme_path, sub_group_size, pinned_bytes, pin_memory, buffer_count, clip_mode, no_grad):
+                 nvme_path, sub_group_size, pinned_bytes, pin_memory, buffer_count, clip_mode, no_grad,
+                 state_block=None):
         import weakref
         self.opt = weakref.proxy(opt)
         name = type(opt).__name__
@@ -105,7 +106,8 @@ class _PartBackend(_BackendCommon):
         self.kw = dict(process_group=process_group, bucket_bytes=bucket_bytes, state_dtype=state_dtype,
                        nthreads=nthreads, numa_node=numa_node, offload_device=offload_device, nvme_path=nvme_path,
                        sub_group_size=sub_group_size, pinned_bytes=pinned_bytes, pin_memory=pin_memory,
-                       buffer_count=buffer_count, clip_mode=clip_mode, no_grad=no_grad)
+                       buffer_count=buffer_count, clip_mode=clip_mode, no_grad=no_grad,
+                       state_block=state_block)
         groups = []
         self.glayout = []          # per torch group: (N, S, lo, hi, inner index or None)
         self.toff = [0] * len(opt._plist)
@@ -120,9 +122,10 @@ class _PartBackend(_BackendCommon):
             n, s, lo, hi = layout(numels, self.world, self.rank)
             self.glayout.append((n, s, lo, hi, k if hi > lo else None))
             k += hi > lo
-            groups.append({"numel": numels, "names": ["p%d" % i for i in mine],
-                           "dev_params": [opt._plist[i][1].data_ptr() for i in mine],
-                           "state_dtype": "bf16" if state_dtype == torch.bfloat16 else "f32"})
+            grp = {"numel": numels, "names": ["p%d" % i for i in mine],
+                   "dev_params": [opt._plist[i][1].data_ptr() for i in mine]}
+            grp.update(_engine_state(state_dtype, state_block))
+            groups.append(grp)
         self._ptrs = [(i, p.data_ptr()) for i, (_, p) in enumerate(opt._plist)]
         kw = _engine_kw(opt, self.dtype, offload_device=offload_device, nthreads=nthreads, numa_node=numa_node,
                         pin_memory=pin_memory, no_grad="zero", nvme_path=nvme_path, sub_group_size=sub_group_size,
@@ -257,10 +260,10 @@ class _PartBackend(_BackendCommon):
 
     def memory(self):
         inf, pi = self.inner.info(), self.pe.info()
-        sb = 4 if self.opt.state_dtype == torch.float32 else 2
+        sb = _state_elem_bytes(self.opt.state_format, self.opt.state_block)
         return {"grad_buffer_bytes": inf["grad_buffer_bytes"], "pinned_bytes": pi["pinned_bytes"],
                 "host_bytes": pi["host_bytes"], "numel": pi["shard_numel"],
-                "state_bytes": pi["shard_numel"] * (4 + sb * len(self.opt._state_names)),
+                "state_bytes": int(pi["shard_numel"] * (4 + sb * len(self.opt._state_names))),
                 "state_host_bytes": pi["state_host_bytes"], "state_nvme_bytes": pi["state_nvme_bytes"],
                 "nvme_read_bytes_total": inf["nvme_read_bytes_total"],
                 "nvme_write_bytes_total": inf["nvme_write_bytes_total"],

@@ -520,3 +520,19 @@ def test_pytorch_md_torchrun_example_runs(tmp_path):
     import torch
     ck = torch.load(str(tmp_path / "ckpt.pt"))
     assert len(ck["optimizer"]["state"]) == 4 and ck["optimizer"]["state"][0]["step"].item() == 100
+
+
+@pytest.mark.parametrize("q", ["q8", "q4"])
+def test_quantized_states_equal_one_rank(group, q):
+    """state_dtype="q8"/"q4" through the partitioned engine (world 1) ==
+    the single-rank engine with the same q states, bit for bit; the
+    consolidated state dict holds the dequantized moments."""
+    import torch
+    (m1, o1), (m2, o2) = _pair(torch, group, state_dtype=q)
+    assert _train(torch, o1, m1, 4) == _train(torch, o2, m2, 4)
+    assert _same(torch, m1, m2)
+    ref, full = o1.state_dict()["state"], o2.consolidated_state_dict()["state"]
+    for i in ref:
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(full[i][k], ref[i][k]), (i, k)
+    assert o2.memory()["state_bytes"] < 7 * o2.memory()["numel"]

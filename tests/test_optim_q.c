@@ -670,12 +670,23 @@ START_TEST(test_q_crash_during_save)
             snprintf(fd, sizeof(fd), "%d", saved[1]);
             close(saved[0]);
             execl("/proc/self/exe", "test_optim_q", "crash-writer", root, swapdir, fd, (char *)NULL);
-            _exit(3);
+            _exit(77); /* cannot run itself: qemu-user without binfmt_misc cannot exec a foreign binary */
         }
         close(saved[1]);
         /* once the child has saved one, anywhere in its next two or so */
         char c;
-        ck_assert_int_eq(read(saved[0], &c, 1), 1);
+        if (read(saved[0], &c, 1) != 1) {
+            int st;
+            ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+            close(saved[0]);
+            if (kill_no == 0 && WIFEXITED(st) && WEXITSTATUS(st) == 77) {
+                fprintf(stderr, "q crash test skipped: this process cannot exec itself (an emulator without "
+                                "binfmt_misc); the native runs do it\n");
+                zo_test_rmtree(dir);
+                return;
+            }
+            ck_abort_msg("the crash writer ended before its first save (status 0x%x)", st);
+        }
         uint64_t delay = zo_test_next(&rng) % (2 * (uint64_t)per_us + 1);
         struct timespec ts = {(time_t)(delay / 1000000u), (long)(delay % 1000000u) * 1000};
         nanosleep(&ts, NULL);

@@ -12,6 +12,10 @@ model="--layers 3 --width 48 --batch 12"
 # losses STEPS-FILE: "step loss" per line of zo-train's output
 losses() { grep '^step' "$1" | awk '{print $2, $4}'; }
 
+# rank_of MPIRUN_PID: one rank of that job (mpirun's newest child): other tests may run
+# the same command line at the same time, so never a match on the command line
+rank_of() { pgrep -n -P "$1"; }
+
 # steps_out: step lines in $scratch/out so far (0 before the background job has made the file)
 steps_out() { n=$(grep -c '^step' "$scratch/out" 2>/dev/null); echo "${n:-0}"; }
 
@@ -69,7 +73,7 @@ signal)
     while [ "$(steps_out)" -lt 3 ] && [ $i -lt 600 ]; do
         sleep 0.1; i=$((i + 1))
     done
-    one=$(pgrep -f -n "$train $model --steps 100000") # the newest of the ranks (mpirun started them)
+    one=$(rank_of $pid)
     [ -n "$one" ] || { echo "no rank process"; kill $pid; exit 1; }
     kill -TERM "$one"
     i=0
@@ -93,8 +97,9 @@ dead-rank)
     while [ "$(steps_out)" -lt 3 ] && [ $i -lt 600 ]; do
         sleep 0.1; i=$((i + 1))
     done
-    one=$(pgrep -f -n "$train $model --steps 100000")
+    one=$(rank_of $pid)
     [ -n "$one" ] || { echo "no rank process"; kill $pid; exit 1; }
+    others=$(pgrep -P $pid | grep -v "^$one\$" | tr '\n' ' ')
     kill -KILL "$one"
     i=0
     while kill -0 $pid 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
@@ -102,7 +107,14 @@ dead-rank)
     wait $pid
     rc=$?
     [ "$rc" -ne 0 ] || { echo "the job of a killed rank exited 0"; cat "$scratch/err"; exit 1; }
-    pgrep -f "$train $model --steps 100000" >/dev/null && { echo "a rank outlived the job"; exit 1; }
+    # the other rank is gone (or a zombie waiting for its new parent to reap it) within 5 s
+    for o in $others; do
+        j=0
+        while kill -0 "$o" 2>/dev/null && [ "$(ps -o stat= -p "$o" | cut -c1)" != Z ] && [ $j -lt 50 ]; do
+            sleep 0.1; j=$((j + 1))
+        done
+        [ $j -lt 50 ] || { echo "rank $o outlived the job"; ps -o pid,stat,cmd -p "$o"; exit 1; }
+    done
     echo "one rank killed: the job ended with exit $rc after $((i / 10)).$((i % 10)) s" ;;
 refusals)
     refuse 2 2 "must be a multiple of the number of ranks" $model --batch 7

@@ -16,6 +16,27 @@ losses() { grep '^step' "$1" | awk '{print $2, $4}'; }
 # the same command line at the same time, so never a match on the command line
 rank_of() { pgrep -n -P "$1"; }
 
+# start_job ARGS...: a 2-rank run (slow micro-steps) in the background, $pid its mpirun, once it
+# has trained 3 steps; $one one of its ranks
+start_job() {
+    ZO_TRAIN_TEST_MICRO_DELAY_MS=50 "$mpirun" -np 2 "$train" $model --steps 100000 "$@" \
+        >"$scratch/out" 2>"$scratch/err" &
+    pid=$!
+    i=0
+    while [ "$(steps_out)" -lt 3 ] && [ $i -lt 600 ]; do
+        sleep 0.1; i=$((i + 1))
+    done
+    one=$(rank_of $pid)
+    [ -n "$one" ] || { echo "no rank process"; kill $pid; exit 1; }
+}
+
+# wait_job MESSAGE: the job of start_job ends within 30 s (else MESSAGE and fail); $i tenths waited
+wait_job() {
+    i=0
+    while kill -0 $pid 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
+    kill -0 $pid 2>/dev/null && { echo "$1"; kill -9 $pid; exit 1; }
+}
+
 # steps_out: step lines in $scratch/out so far (0 before the background job has made the file)
 steps_out() { n=$(grep -c '^step' "$scratch/out" 2>/dev/null); echo "${n:-0}"; }
 
@@ -66,19 +87,9 @@ save-resume)
     done ;;
 signal)
     # SIGTERM to one rank alone: every rank stops at the same step boundary and the checkpoint is whole
-    ZO_TRAIN_TEST_MICRO_DELAY_MS=50 "$mpirun" -np 2 "$train" $model --steps 100000 --save "$scratch/ck" \
-        >"$scratch/out" 2>"$scratch/err" &
-    pid=$!
-    i=0
-    while [ "$(steps_out)" -lt 3 ] && [ $i -lt 600 ]; do
-        sleep 0.1; i=$((i + 1))
-    done
-    one=$(rank_of $pid)
-    [ -n "$one" ] || { echo "no rank process"; kill $pid; exit 1; }
+    start_job --save "$scratch/ck"
     kill -TERM "$one"
-    i=0
-    while kill -0 $pid 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-    kill -0 $pid 2>/dev/null && { echo "the job did not stop within 30 s"; kill -9 $pid; exit 1; }
+    wait_job "the job did not stop within 30 s"
     wait $pid
     rc=$?
     [ "$rc" -eq 0 ] || { echo "signalled job exit $rc"; cat "$scratch/err"; exit 1; }
@@ -90,20 +101,10 @@ signal)
 dead-rank)
     # kill -9 of one rank mid-run: the others must not hang; the launcher ends the job with an
     # error within 30 s (Open MPI terminates the job when a rank dies without MPI_Finalize)
-    ZO_TRAIN_TEST_MICRO_DELAY_MS=50 "$mpirun" -np 2 "$train" $model --steps 100000 \
-        >"$scratch/out" 2>"$scratch/err" &
-    pid=$!
-    i=0
-    while [ "$(steps_out)" -lt 3 ] && [ $i -lt 600 ]; do
-        sleep 0.1; i=$((i + 1))
-    done
-    one=$(rank_of $pid)
-    [ -n "$one" ] || { echo "no rank process"; kill $pid; exit 1; }
+    start_job
     others=$(pgrep -P $pid | grep -v "^$one\$" | tr '\n' ' ')
     kill -KILL "$one"
-    i=0
-    while kill -0 $pid 2>/dev/null && [ $i -lt 300 ]; do sleep 0.1; i=$((i + 1)); done
-    kill -0 $pid 2>/dev/null && { echo "a rank died and the job still runs after 30 s"; kill -9 $pid; exit 1; }
+    wait_job "a rank died and the job still runs after 30 s"
     wait $pid
     rc=$?
     [ "$rc" -ne 0 ] || { echo "the job of a killed rank exited 0"; cat "$scratch/err"; exit 1; }

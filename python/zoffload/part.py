@@ -6,12 +6,11 @@ Each rank runs a :class:`PartEngine` over the whole model; the engine keeps
 only its shard of the fp32 masters and optimizer states, reduces (averages)
 the gradients across the ranks in buckets as they are handed over, clips
 by the global norm and all-gathers the updated parameters into every
-rank's tensors. :class:`TorchComm` gives it torch.distributed's collectives
-(gloo on CPU): reduce-scatter as an all-reduce of the bucket (gloo has no
-reduce-scatter), all-gather of bytes with each chunk padded to the largest
-(gloo's all_gather takes equal sizes and no 16-bit integers), all-reduce of
-doubles. bf16 and fp16
-buckets are summed in fp32 and rounded once.
+rank's tensors. :class:`TorchComm` gives it torch.distributed's
+collectives (gloo on CPU): reduce-scatter and all-gather as point-to-point
+exchanges between the engine's buffer and the peers (gloo has no
+reduce-scatter and gathers only equal sizes), the received chunks summed
+in rank order in fp32 (bf16 and fp16 rounded once), all-reduce of doubles.
 """
 import ctypes
 import errno
@@ -90,7 +89,24 @@ class TorchComm:
     """A zo_comm of torch.distributed collectives over `group` (default: the
     world). The callbacks run in the thread that drives the engine, inside
     its calls; a Python exception in one becomes -EIO for the engine, and is
-    kept in `error` (re-raised by PartEngine with the engine's message)."""
+    kept in `error` (re-raised by PartEngine with the engine's message).
+
+    gloo has no reduce-scatter and gathers only equal sizes (torch 1.13),
+    so both are point-to-point (isend / irecv) straight between the
+    engine's buffer and the peers, which moves what a ring would and no
+    more: per rank (world - 1) chunks out and (world - 1) in, where an
+    all_reduce of the bucket moved twice that and the padded all_gather
+    copied every chunk twice more.
+
+    reduce_scatter: every peer's copy of this rank's chunk lands in a
+    scratch buffer, then they are summed in rank order (0, 1, ...) in fp32
+    (bf16 / fp16 widened, the sum rounded once to the dtype): the same bits
+    as <zoffload/comm_mpi.h>'s ordered reduce-scatter, whatever the
+    transport. all_gather: this rank's chunk goes to every peer and theirs
+    land in place. Data travel as bytes (gloo in torch 1.13 sends no
+    bfloat16)."""
+
+    _DT = None
 
     def __init__(self, group=None):
         import torch
@@ -100,7 +116,14 @@ class TorchComm:
         self._torch, self._dist, self._group = torch, dist, group
         self.rank = dist.get_rank(group)
         self.world = dist.get_world_size(group)
+        # isend / irecv name peers by their rank in the default group
+        self._peer = [global_rank(group, k) for k in range(self.world)]
         self.error = None
+        self._scratch = None       # the reduce-scatter's received chunks (grown, reused)
+        self._views = {}           # (address, bytes) -> uint8 tensor over the engine's buffer
+        if TorchComm._DT is None:
+            TorchComm._DT = {_optim.arrays.F32: (4, torch.float32), _optim.arrays.BF16: (2, torch.bfloat16),
+                             _optim.arrays.F16: (2, torch.float16)}
         _declare()
         # the CFUNCTYPE objects must outlive the engine: kept here
         self._cb = (_COLL(self._reduce_scatter), _COLL(self._all_gather), _ALLRED(self._all_reduce))
@@ -110,18 +133,23 @@ class TorchComm:
         self.struct = c
 
     def _view(self, buf, counts, dt):
-        """The engine's buffer (host memory) as a torch tensor of dt, and the
-        chunk bounds."""
-        n = [int(counts[k]) for k in range(self.world)]
-        total = sum(n)
-        es, npdt, tdt = {_optim.arrays.F32: (4, np.float32, None), _optim.arrays.BF16: (2, np.int16, "bfloat16"),
-                         _optim.arrays.F16: (2, np.int16, "float16")}[dt]
-        a = np.ctypeslib.as_array((ctypes.c_char * (total * es)).from_address(buf)).view(npdt)
-        t = self._torch.from_numpy(a)
-        if tdt:
-            t = t.view(getattr(self._torch, tdt))
-        bounds = np.concatenate([[0], np.cumsum(n)]).astype(np.int64)
-        return t, n, bounds
+        """The engine's buffer (host memory) as uint8, the element size and
+        torch dtype, and the chunk bounds in elements. The engine hands the
+        same buffers step after step: their tensors are kept."""
+        if dt not in self._DT:
+            raise ValueError("TorchComm: dtype %d is not f32, bf16 or f16" % dt)
+        es, tdt = self._DT[dt]
+        b = [0] * (self.world + 1)
+        for k in range(self.world):
+            b[k + 1] = b[k] + int(counts[k])
+        key = (buf, b[-1] * es)
+        raw = self._views.get(key)
+        if raw is None:
+            if len(self._views) > 64:   # buffers of engines gone: let them go
+                self._views.clear()
+            a = np.ctypeslib.as_array((ctypes.c_char * key[1]).from_address(buf)).view(np.uint8)
+            raw = self._views[key] = self._torch.from_numpy(a)
+        return raw, es, tdt, b
 
     def _guard(self, fn, *a):
         try:
@@ -131,31 +159,52 @@ class TorchComm:
             self.error = e
             return -errno.EIO
 
+    def _exchange(self, sends, recvs):
+        """Post every isend and irecv (byte tensors, peer indices), then wait
+        for all: the pairs run concurrently, none waits on another."""
+        reqs = [self._dist.isend(t, self._peer[k], group=self._group) for k, t in sends if t.numel()]
+        reqs += [self._dist.irecv(t, self._peer[k], group=self._group) for k, t in recvs if t.numel()]
+        for q in reqs:
+            q.wait()
+
     def _reduce_scatter(self, user, buf, counts, dt):
         def run():
-            t, n, b = self._view(buf, counts, dt)
-            lo, hi = int(b[self.rank]), int(b[self.rank + 1])
-            if t.dtype == self._torch.float32:
-                self._dist.all_reduce(t, group=self._group)   # the whole bucket: gloo has no reduce-scatter
+            raw, es, tdt, b = self._view(buf, counts, dt)
+            r, w = self.rank, self.world
+            c = b[r + 1] - b[r]
+            if self._scratch is None or self._scratch.numel() < w * c * es:
+                self._scratch = self._torch.empty(w * c * es, dtype=self._torch.uint8)
+            sc = self._scratch
+            self._exchange([(k, raw[b[k] * es:b[k + 1] * es]) for k in range(w) if k != r],
+                           [(k, sc[k * c * es:(k + 1) * c * es]) for k in range(w) if k != r])
+            if c == 0:
+                return
+            mine = raw[b[r] * es:b[r + 1] * es].view(tdt)
+            xs = [mine if k == r else sc[k * c * es:(k + 1) * c * es].view(tdt) for k in range(w)]
+            if tdt == self._torch.float32:
+                if r >= 2:              # the sum overwrites `mine` before its turn: keep a copy
+                    xs[r] = sc[r * c * es:(r + 1) * c * es].view(tdt).copy_(mine)
+                self._torch.add(xs[0], xs[1], out=mine)     # rank order, as the ordered MPI comm
+                for k in range(2, w):
+                    mine.add_(xs[k])
             else:
-                f = t.float()
-                self._dist.all_reduce(f, group=self._group)
-                t[lo:hi].copy_(f[lo:hi])                      # one rounding of the fp32 sum
+                acc = xs[0].float()
+                for k in range(1, w):
+                    acc.add_(xs[k])     # widened exactly to fp32, then added
+                mine.copy_(acc)         # one rounding of the fp32 sum
+        if self.world == 1:
+            return 0
         return self._guard(run)
 
     def _all_gather(self, user, buf, counts, dt):
         def run():
-            t, n, b = self._view(buf, counts, dt)
-            es = t.element_size()
-            raw = t.view(self._torch.uint8)   # moved as bytes: gloo gathers no 16-bit integers
-            m = max(n) * es
-            mine = raw.new_zeros(m)
-            mine[:n[self.rank] * es].copy_(raw[int(b[self.rank]) * es:int(b[self.rank + 1]) * es])
-            parts = [raw.new_empty(m) for _ in range(self.world)]
-            self._dist.all_gather(parts, mine, group=self._group)   # equal sizes: padded chunks
-            for k in range(self.world):
-                if k != self.rank:
-                    raw[int(b[k]) * es:int(b[k + 1]) * es].copy_(parts[k][:n[k] * es])
+            raw, es, _, b = self._view(buf, counts, dt)
+            r = self.rank
+            mine = raw[b[r] * es:b[r + 1] * es]
+            self._exchange([(k, mine) for k in range(self.world) if k != r],
+                           [(k, raw[b[k] * es:b[k + 1] * es]) for k in range(self.world) if k != r])
+        if self.world == 1:
+            return 0
         return self._guard(run)
 
     def _all_reduce(self, user, vals, n, op):
@@ -168,6 +217,19 @@ class TorchComm:
         if op not in (ZO_COMM_SUM, ZO_COMM_MAX):
             return -errno.EINVAL
         return self._guard(run)
+
+
+def global_rank(group, rank):
+    """`rank` of torch.distributed group `group` (None: the world) as a rank
+    of the default group (what isend, irecv and gather's dst take)."""
+    import torch.distributed as dist
+    if group is None or group is dist.group.WORLD:
+        return rank
+    f = getattr(dist, "get_global_rank", None)
+    if f is None:
+        from torch.distributed import distributed_c10d as c10d
+        f = c10d._get_global_rank
+    return f(group, rank)
 
 
 class PartEngine(_lib.Handle):

@@ -45,17 +45,6 @@ def resolve_group(process_group):
     return process_group
 
 
-def _global_rank(group, rank):
-    import torch.distributed as dist
-    if group is None or group is dist.group.WORLD:
-        return rank
-    f = getattr(dist, "get_global_rank", None)
-    if f is None:
-        from torch.distributed import distributed_c10d as c10d
-        f = c10d._get_global_rank
-    return f(group, rank)
-
-
 def layout(numels, world, rank):
     """The partitioned engine's layout of one group (part.h): the shard size
     S (ceil(N / world) rounded up to even), this rank's [lo, hi)."""
@@ -355,7 +344,7 @@ class _PartBackend(_BackendCommon):
         """Collective: every group's flat masters and states gathered on
         `to_rank` (fp32); {(group, name): flat tensor} there, None elsewhere."""
         import torch.distributed as dist
-        dst = _global_rank(self.group, to_rank)
+        dst = _part.global_rank(self.group, to_rank)
         names = ("master",) + tuple(self.opt._state_names)
         out = {} if self.rank == to_rank else None
         for gi, (n, s, lo, hi, k) in enumerate(self.glayout):

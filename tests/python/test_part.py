@@ -68,9 +68,11 @@ print(json.dumps(out))
 '''
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_part_two_ranks_match_one(tmp_path, dtype):
-    torch = torch_or_skip()
+def _ranks(tmp_path, worker, world, *args):
+    """Run `worker` as `world` processes over a gloo file rendezvous (argv:
+    rank, world, init, args); each one's last stdout line as JSON, in rank
+    order. Skips without torch.distributed or zo_part."""
+    torch_or_skip()
     import torch.distributed as dist
     if not dist.is_available():
         pytest.skip("this torch has no torch.distributed")
@@ -80,13 +82,19 @@ def test_part_two_ranks_match_one(tmp_path, dtype):
     init = "file://" + str(tmp_path / "rendezvous")
     env = dict(os.environ, PYTHONPATH=os.path.join(SRC, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, str(r), "2", init, dtype], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", worker, str(r), str(world), init] + list(args), env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]
     outs = []
     for p in procs:
         o, e = p.communicate(timeout=300)
         assert p.returncode == 0, e[-3000:]
         outs.append(json.loads(o.strip().splitlines()[-1]))
+    return outs
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_part_two_ranks_match_one(tmp_path, dtype):
+    outs = _ranks(tmp_path, WORKER, 2, dtype)
     for r, o in enumerate(outs):
         for s, st in enumerate(o["steps"], 1):
             assert st["clipped"], "the reference did not clip: the global norm would go unchecked"
@@ -96,6 +104,60 @@ def test_part_two_ranks_match_one(tmp_path, dtype):
         assert i["numel"] == o["ref_numel"] and abs(2 * i["shard_numel"] - i["numel"]) <= 4, i
         assert i["reduce_scatters"] > 0 and i["buckets_in_grad"] > 0, i
     assert outs[0]["info"]["state_host_bytes"] + outs[1]["info"]["state_host_bytes"] > 0
+
+
+COMM_WORKER = r'''
+import ctypes, json, sys
+import torch, torch.distributed as dist
+from zoffload import part as zpart
+from zoffload.optim import arrays
+rank, world, init = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+torch.set_num_threads(1)
+dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+sub = dist.new_group([1, 2])          # ranks 1 and 2 of the world are 0 and 1 here: isend must map them
+DT = {"f32": (arrays.F32, torch.float32), "bf16": (arrays.BF16, torch.bfloat16), "f16": (arrays.F16, torch.float16)}
+def data(r, n, dt, s):
+    g = torch.Generator().manual_seed(1000 * s + r)
+    return (torch.randn(n, generator=g) * (1 + 1000 * r)).to(dt)   # magnitudes apart: the order shows
+out = {}
+for gname, group, members in (("world", None, list(range(world))), ("sub", sub, [1, 2])):
+    if rank not in members:
+        continue
+    comm = zpart.TorchComm(group)
+    me, w = comm.rank, comm.world
+    for counts in ([3, 0, 70001][:w], [40000, 40000, 39999][:w], [0] * (w - 1) + [5], [1] * w):
+        b = [sum(counts[:k]) for k in range(w + 1)]
+        cnt = (ctypes.c_uint64 * w)(*counts)
+        for name, (zdt, tdt) in DT.items():
+            for s in range(2):      # twice: the second reuses the scratch and views
+                buf = data(members[me], b[-1], tdt, s)
+                keep = buf.clone()
+                rc = comm._reduce_scatter(None, buf.data_ptr(), cnt, zdt)
+                acc = data(members[0], b[-1], tdt, s)[b[me]:b[me + 1]].float()
+                for k in range(1, w):
+                    acc += data(members[k], b[-1], tdt, s)[b[me]:b[me + 1]].float()
+                ok_rs = rc == 0 and torch.equal(buf[b[me]:b[me + 1]].view(torch.uint8),
+                                                acc.to(tdt).view(torch.uint8))
+                # the other chunks: sent, left as they were (the engine treats them as undefined)
+                full = torch.cat([data(members[k], b[-1], tdt, s + 7)[b[k]:b[k + 1]] for k in range(w)])
+                buf = torch.full((b[-1],), -3.0).to(tdt)
+                buf[b[me]:b[me + 1]] = full[b[me]:b[me + 1]]
+                rc2 = comm._all_gather(None, buf.data_ptr(), cnt, zdt)
+                ok_ag = rc2 == 0 and torch.equal(buf.view(torch.uint8), full.view(torch.uint8))
+                out["%s %s %s %d" % (gname, counts, name, s)] = [ok_rs, ok_ag, comm.error is None]
+print(json.dumps(out))
+'''
+
+
+def test_torch_comm_collectives_three_ranks(tmp_path):
+    """TorchComm's reduce-scatter sums in rank order in fp32 (one rounding
+    for bf16 / fp16), the same bits as comm_mpi.h's ordered mode, and its
+    all-gather fills every chunk: 3 ranks, uneven and empty chunks, the
+    world and a sub-group (ranks named by their global rank on the wire)."""
+    for r, res in enumerate(_ranks(tmp_path, COMM_WORKER, 3)):
+        assert len(res) == (1 if r == 0 else 2) * 4 * 3 * 2, sorted(res)
+        bad = {k: v for k, v in res.items() if v != [True, True, True]}
+        assert not bad, "rank %d: [reduce_scatter ok, all_gather ok, no error]: %s" % (r, bad)
 
 
 def test_torch_comm_needs_an_initialized_group():

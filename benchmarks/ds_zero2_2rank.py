@@ -39,6 +39,46 @@ EXAMPLES = os.path.join(ROOT, "examples")
 DEFAULT_VENV = os.environ.get("ZO_PEERS_VENV", os.path.expanduser("~/.cache/zoffload/peers-venv"))
 
 
+class _Profile:
+    """--profile: wall time per call of the torch.distributed collectives
+    and of each side's optimizer pieces, summed over the timed steps (the
+    ones after the warm-up), on every rank. Wrapped by name, so both
+    implementations are timed by the same code; a collective's time
+    includes waiting for the other ranks to reach it."""
+
+    DIST = ("all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor", "all_gather",
+            "all_gather_into_tensor", "all_to_all_single", "broadcast", "send", "recv", "barrier")
+
+    def __init__(self):
+        self.on = False
+        self.ms = {}
+        self.calls = {}
+
+    def wrap(self, owner, name, key=None):
+        import functools
+        import time
+        f = getattr(owner, name, None)
+        if f is None:
+            return
+        key = key or name
+
+        @functools.wraps(f)
+        def timed(*a, **k):
+            if not self.on:
+                return f(*a, **k)
+            t0 = time.perf_counter()
+            try:
+                return f(*a, **k)
+            finally:
+                self.ms[key] = self.ms.get(key, 0.0) + 1e3 * (time.perf_counter() - t0)
+                self.calls[key] = self.calls.get(key, 0) + 1
+        setattr(owner, name, timed)
+
+    def per_step(self, steps):
+        return {k: {"ms": round(v / steps, 2), "calls": round(self.calls[k] / steps, 2)}
+                for k, v in sorted(self.ms.items())}
+
+
 def rank_main(args):
     """One rank of one implementation (RANK, WORLD_SIZE, MASTER_* in the
     environment); rank 0 writes the result JSON."""
@@ -46,6 +86,18 @@ def rank_main(args):
     import torch.distributed as dist
     import torch.nn.functional as F
     torch.set_num_threads(args.threads)
+    prof = _Profile()
+    if args.profile:
+        for name in _Profile.DIST:
+            prof.wrap(dist, "%s" % name, "dist." + name)
+        if args.impl == "zoffload":
+            from zoffload import part as zpart, torch_dist as ztd
+            for name in ("_reduce_scatter", "_all_gather", "_all_reduce"):
+                prof.wrap(zpart.TorchComm, name, "TorchComm." + name.lstrip("_"))
+            prof.wrap(ztd._PartBackend, "take_grad", "hooks (take_grad)")
+            prof.wrap(zpart.PartEngine, "grad", "zo_part_grad")
+            prof.wrap(ztd._PartBackend, "step", "optimizer step (all of it)")
+            prof.wrap(zpart.PartEngine, "push_params", "push_params")
     sys.path.insert(0, EXAMPLES)
     import finetune as ft
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -59,6 +111,11 @@ def rank_main(args):
                                 max_grad_norm=args.max_grad_norm, dtype=args.dtype, offload="cpu", nvme_path=None)
         eng = ds_offload.Engine(model, ns)       # deepspeed.init_distributed(gloo) from the environment
         forward, desc = eng, eng.describe()
+        if args.profile:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+            prof.wrap(DeepSpeedCPUAdam, "step", "DeepSpeedCPUAdam.step (update)")
+            prof.wrap(type(eng.engine.optimizer), "step", "optimizer step (all of it)")
+            prof.wrap(type(eng.engine.optimizer), "average_tensor", "average_tensor (reduce)")
     else:
         dist.init_process_group("gloo")
         from zoffload.torch import OffloadAdamW
@@ -74,6 +131,7 @@ def rank_main(args):
         if step == args.warmup + 1:
             dist.barrier()
             t_start = time.perf_counter()
+            prof.on = True
         t0 = time.perf_counter()
         logits = forward(x)
         loss = F.cross_entropy(logits.float().view(-1, logits.shape[-1]), y.reshape(-1))
@@ -91,16 +149,26 @@ def rank_main(args):
         if step > args.warmup:
             for k, v in (("forward", t1 - t0), ("backward", t2 - t1), ("step", t3 - t2)):
                 phase[k] += v
+        prof.on = False
         t = torch.tensor([loss.item()], dtype=torch.float64)
         dist.all_reduce(t)                        # the global batch's loss: the ranks' mean
         losses.append(t.item() / world)
         if step > args.warmup:
             tokens += x.numel() * world
+            prof.on = True
+    prof.on = False
     dist.barrier()
     total = time.perf_counter() - t_start
+    timed = max(args.steps - args.warmup, 1)
+    if args.profile:
+        every = [None] * world
+        dist.all_gather_object(every, {"phases": {k: round(1e3 * v / timed, 1) for k, v in phase.items()},
+                                       "calls": prof.per_step(timed)})
     res = {"impl": args.impl, "describe": desc, "ranks": world, "threads_per_rank": args.threads,
            "params": nparams, "losses": losses, "tokens_per_s": tokens / total, "seconds": total,
-           "ms_per_step": {k: 1e3 * v / max(args.steps - args.warmup, 1) for k, v in phase.items()}}
+           "ms_per_step": {k: 1e3 * v / timed for k, v in phase.items()}}
+    if args.profile:
+        res["profile_per_rank"] = every
     if args.impl == "zoffload":
         m = opt.memory()
         res["state_host_bytes_per_rank"] = m["state_host_bytes"]
@@ -131,7 +199,7 @@ def launch(args, impl, out):
     fwd = ["--dim", args.dim, "--layers", args.layers, "--heads", args.heads, "--seq", args.seq, "--batch",
            args.batch, "--steps", args.steps, "--warmup", args.warmup, "--dtype", args.dtype, "--lr", args.lr,
            "--weight-decay", args.weight_decay, "--max-grad-norm", args.max_grad_norm, "--threads", args.threads,
-           "--seed", args.seed]
+           "--seed", args.seed] + (["--profile"] if args.profile else [])
     procs = []
     for r in range(args.ranks):
         cmd = [py, os.path.abspath(__file__), "--rank-worker", impl, "--out", out] + [str(a) for a in fwd]
@@ -162,6 +230,8 @@ def main():
     ap.add_argument("--loss-tol", type=float, default=1e-3)
     ap.add_argument("--venv", default=DEFAULT_VENV)
     ap.add_argument("--json", default=None, help="write the comparison here")
+    ap.add_argument("--profile", action="store_true",
+                    help="time the collectives and optimizer pieces per step on every rank (printed, in --json)")
     ap.add_argument("--only", choices=["zoffload", "deepspeed"], default=None)
     ap.add_argument("--rank-worker", choices=["zoffload", "deepspeed"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -182,6 +252,10 @@ def main():
                       % (r["describe"], r["tokens_per_s"],
                          ", ".join("%s %.0f" % kv for kv in r["ms_per_step"].items()),
                          " ".join("%.4f" % v for v in r["losses"])), flush=True)
+                for rk, pr in enumerate(r.get("profile_per_rank") or []):
+                    print("  rank %d ms per step: %s" % (rk, ", ".join("%s %.0f" % kv for kv in pr["phases"].items())))
+                    for k, v in pr["calls"].items():
+                        print("    %-34s %8.1f ms  %5.1f calls" % (k, v["ms"], v["calls"]))
     out = {"args": {k: v for k, v in vars(args).items() if k not in ("rank_worker", "out")}, "runs": res}
     if len(res) == 2:
         z, ds = res["zoffload"], res["deepspeed"]

@@ -26,10 +26,12 @@
  *      spans two groups; a tensor larger than a bucket is cut into several).
  *      When every tensor of the next bucket is in, the caller's thread copies
  *      the bucket into the engine's device bucket buffer and reduce-scatters
- *      it (::zo_comm.reduce_scatter): the buckets are reduced while backward
- *      goes on, in bucket order on every rank (a bucket that fills before
- *      the one before it waits for it), so the ranks' collectives pair up
- *      whatever order the gradients arrive in.
+ *      it (::zo_comm.reduce_scatter; with the asynchronous callbacks it
+ *      starts the collective and returns, two buckets in flight): the
+ *      buckets are reduced while backward goes on, in bucket order on every
+ *      rank (a bucket that fills before the one before it waits for it), so
+ *      the ranks' collectives pair up whatever order the gradients arrive
+ *      in.
  *   2. The rank's part of the sum is averaged (divided by world in fp32,
  *      after the sum: one rounding, the mean is correctly rounded from the
  *      summed gradient; see docs/optim-integration.md "Many ranks") into an
@@ -85,8 +87,9 @@ struct zo_event;
  * The collectives of one rank (the "external" comm: the framework's own,
  * e.g. torch.distributed, MPI or NCCL calls behind three callbacks). Fill
  * with zo_comm_default(), then set rank, world, user and the callbacks.
- * Each callback is synchronous: the data is in `buf` when it is called,
- * and the result must be there when it returns. `buf` is memory of the
+ * The first three callbacks are synchronous: the data is in `buf` when it
+ * is called, and the result must be there when it returns; the optional
+ * start/wait pairs below let the engine overlap them. `buf` is memory of the
  * engine's device (host memory on the host backend). counts[world] give
  * each rank's chunk, in elements of `dt`, laid out rank 0's first; chunks
  * may be empty (count 0). Return 0, or a negative error code (-errno or a
@@ -109,6 +112,23 @@ typedef struct zo_comm {
     /** vals[0..n) (host memory) = the op (ZO_COMM_SUM or ZO_COMM_MAX) over
      *  the ranks, the same bits on every rank. */
     int (*all_reduce)(void *user, double *vals, unsigned n, int op);
+    /* ---- optional: asynchronous collectives (all three set, or none) ---- */
+    /** Start what reduce_scatter does over buf and return at once, with the
+     *  callback's own handle in *req. The engine leaves buf alone until
+     *  wait(req) has returned. With these set, up to two gradient buckets
+     *  are in flight: the next one fills while the previous one moves
+     *  (overlap with backward). Return 0 (then wait is called), or < 0 (the
+     *  operation did not start; no wait). */
+    int (*reduce_scatter_start)(void *user, void *buf, const uint64_t *counts, zo_dtype dt, void **req);
+    /** Start what all_gather does over buf (as reduce_scatter_start). The
+     *  engine starts one per group, over disjoint parts of its buffer. */
+    int (*all_gather_start)(void *user, void *buf, const uint64_t *counts, zo_dtype dt, void **req);
+    /** Finish a started operation: the result is in its buf when it returns
+     *  0; < 0 (-ETIMEDOUT, -EIO, ...) fails the engine's call. The engine
+     *  waits each started request exactly once, in the order started (on
+     *  every rank the same order), also after an earlier one failed, so
+     *  the callback can free it; after a failure it may return at once. */
+    int (*wait)(void *user, void *req);
 } zo_comm;
 
 /** Fill *c: rank 0 of world 1, no callbacks. NULL ignored. */
@@ -290,7 +310,8 @@ typedef struct zo_part_info {
     uint64_t pinned_bytes;     /**< the inner engine's pinned memory (zo_optim_info.pinned_bytes) */
     uint64_t host_bytes;       /**< other host memory: the inner engine's plus the fp32 shard gradients
                                     and host staging of this layer */
-    uint64_t device_bytes;     /**< device memory of this layer: the flat params and the bucket buffer */
+    uint64_t device_bytes;     /**< device memory of this layer: the flat params and the bucket buffer (two
+                                    with an asynchronous comm) */
     int64_t step;              /**< updates applied */
     uint64_t reduce_scatters;  /**< buckets reduced, since create */
     uint64_t buckets_in_grad;  /**< of those, reduced inside zo_part_grad() (overlapping backward) */

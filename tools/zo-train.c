@@ -1917,6 +1917,9 @@ static int run_cleanup(train_run *t, int rc)
     zo_swap_destroy(&t->tile_swap);
     zo_dev_close(&t->dev);
     zo_tool_rundir_remove(&g_run);
+    if (rc && train_dp_timed_out(&t->dp))
+        fprintf(stderr, "zo-train: rank %u: no answer from the other ranks within %g s (--comm-timeout): a rank "
+                "died, hangs or was stopped\n", t->dp.rank, t->opt.comm_timeout);
     if (rc && t->dp.world > 1 && !t->failed_together)
         /* the other ranks may be waiting in a collective for this one */
         train_dp_abort(&t->dp, rc);
@@ -1951,7 +1954,7 @@ int main(int argc, char **argv)
         return rc < 0 ? 0 : rc; /* -1: --help */
     /* under mpirun: one rank of the data-parallel run (train_dp.h) */
     char why[512];
-    if ((rc = train_dp_init(&run.dp, &argc, &argv, why, sizeof(why))) < 0) {
+    if ((rc = train_dp_init(&run.dp, &argc, &argv, run.opt.comm_timeout, why, sizeof(why))) < 0) {
         fprintf(stderr, "zo-train: %s\n", why);
         return rc == ZO_ENOTSUP ? 2 : 1;
     }

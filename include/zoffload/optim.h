@@ -640,8 +640,11 @@ ZO_API int zo_optim_wait(zo_optim *o, zo_optim_step_result *res);
 ZO_API int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res);
 
 /**
- * The result of the latest finished boundary (under DPU the step whose
- * result step_async() fenced). @return 0; -EINVAL (NULL, struct_size);
+ * The result of the latest collected boundary: the one zo_optim_wait() (or
+ * zo_optim_step()) returned, or under DPU the previous step, whose update
+ * zo_optim_step_async() finished (fenced) before starting its own. Not an
+ * update that finished on the worker since: the answer depends only on
+ * the calls made, never on timing. @return 0; -EINVAL (NULL, struct_size);
  * -ENOENT (none yet).
  */
 ZO_API int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res);

@@ -441,6 +441,7 @@ typedef struct pcase {
     int inf_ms; /* > 0: rank 1's gradient of element 5 (in rank 0's shard) is inf in this micro-step */
     int mixed;  /* rank 1 hands gradients over in forward order, and tensor 2 gets none in micro-step 1 */
     int async;  /* the asynchronous comm (start/wait callbacks, a comm thread per rank) */
+    int dpu;    /* delayed parameter update (one warm-up boundary) */
 } pcase;
 
 /* Whether tensor i gets a gradient in micro-step ms. */
@@ -494,6 +495,8 @@ static int mdl_init(mdl *m, const pcase *pc, const char *nvme)
     m->cfg.placement = pc->place;
     m->cfg.nvme_path = nvme;
     m->cfg.nonfinite = pc->inf_ms > 0 ? ZO_OPTIM_NONFINITE_SKIP : ZO_OPTIM_NONFINITE_ERROR;
+    m->cfg.dpu = pc->dpu;
+    m->cfg.dpu_warmup_steps = 1;
     for (int g = 0; g < 2; g++) {
         zo_optim_group_default(&m->grp[g]);
         m->grp[g].ntensors = g ? NT1 : NT0;
@@ -620,6 +623,8 @@ static int rank_train(zo_comm *comm, char *resb, void *argp, rank_status *st)
         FAILR(st, "rank %u init: %s (%s)", comm->rank, zo_strerror(r), zo_part_errmsg(p));
     if (train(p, &m, comm->rank, pc, 0, pc->steps, res, st))
         return 1;
+    if ((r = zo_part_wait(p, NULL)) != 0) /* DPU: the last update, gathered */
+        FAILR(st, "rank %u wait: %s (%s)", comm->rank, zo_strerror(r), zo_part_errmsg(p));
     res->info.struct_size = sizeof(res->info);
     if ((r = zo_part_get_info(p, &res->info)) != 0)
         FAILR(st, "info: %s", zo_strerror(r));
@@ -662,13 +667,28 @@ static void reference(const pcase *pc, const char *nvme, int steps, rank_res *ou
                     ck_assert_int_eq(zo_optim_grad(o, (unsigned)i, m.dgrad[i], NULL), 0);
             }
             zo_optim_step_result sr = {.struct_size = sizeof(sr)};
-            r = zo_optim_step(o, NULL, &sr);
+            if (pc->dpu) {
+                /* zo-train's DPU schedule: no wait once the delay is on */
+                r = zo_optim_step_async(o, NULL);
+                zo_optim_info oi = {.struct_size = sizeof(oi)};
+                zo_optim_get_info(o, &oi);
+                if (r == 0 && a + 1 == pc->accum) {
+                    if (!oi.dpu_active)
+                        r = zo_optim_wait(o, &sr);
+                    else
+                        zo_optim_last_result(o, &sr);
+                    sr.boundary = 1;
+                }
+            } else {
+                r = zo_optim_step(o, NULL, &sr);
+            }
             ck_assert_msg(r == 0, "reference step: %s (%s)", zo_strerror(r), zo_optim_errmsg(o));
             if (sr.boundary && s < MAXSTEPS)
                 record(out, s, &sr);
         }
     }
     free(tmp);
+    ck_assert_int_eq(zo_optim_wait(o, NULL), 0); /* DPU: the last update */
     snapshot(&m, out->params);
     zo_optim_destroy(&o);
     mdl_free(&m);
@@ -692,6 +712,12 @@ static const pcase cases[] = {
     {2, ZO_DTYPE_BF16, ZO_OPTIM_PLACE_HOST, 2, 4, 64 << 10, 0, 0, 1},
     {3, ZO_DTYPE_F32, ZO_OPTIM_PLACE_NVME, 1, 4, 64 << 10, 0, 1, 1},
     {3, ZO_DTYPE_F16, ZO_OPTIM_PLACE_HOST, 1, 5, 64 << 10, 2, 0, 1},
+    /* DPU per rank: the single-rank engine's delayed schedule (the forward
+     * of step k sees the params of step k - 2), host and NVMe, with
+     * accumulation, an overflow skip, either comm */
+    {2, ZO_DTYPE_BF16, ZO_OPTIM_PLACE_HOST, 1, 5, 64 << 10, 0, 0, 1, 1},
+    {3, ZO_DTYPE_F32, ZO_OPTIM_PLACE_NVME, 2, 4, 64 << 10, 0, 0, 0, 1},
+    {2, ZO_DTYPE_F16, ZO_OPTIM_PLACE_HOST, 1, 5, 64 << 10, 3, 0, 1, 1},
 };
 
 /* World ranks, each feeding its own gradients, end with the parameters of a
@@ -750,7 +776,10 @@ START_TEST(test_part_matches_single)
         unsigned skips = 0;
         for (int s = 0; s < pc->steps; s++)
             skips += (unsigned)rr->skipped[s];
-        ck_assert_uint_eq(in->all_gathers, 2u * (pc->steps + 1 - skips)); /* none after a skipped step */
+        if (pc->dpu) /* init, the warm-up boundary unless skipped, every delayed boundary, the final wait */
+            ck_assert_uint_eq(in->all_gathers, 2u * (1 + !rr->skipped[0] + (pc->steps - 1) + 1));
+        else
+            ck_assert_uint_eq(in->all_gathers, 2u * (pc->steps + 1 - skips)); /* none after a skipped step */
         if (pc->async) /* a bucket filled while the one before it moved */
             ck_assert_uint_ge(rr->max_inflight, 2);
         ck_assert_uint_eq(in->rank, r);
@@ -1066,9 +1095,10 @@ START_TEST(test_part_bad_config)
     pcfg.bucket_bytes = 64 << 10;
     /* what this version does not do is refused, never ignored */
     m.cfg.dpu = 1;
+    m.cfg.dpu_double_buffer = 1;
     ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ENOTSUP);
-    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "dpu"));
-    m.cfg.dpu = 0;
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "dpu_double_buffer"));
+    m.cfg.dpu = m.cfg.dpu_double_buffer = 0;
     m.cfg.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
     ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ENOTSUP);
     m.cfg.clip_mode = ZO_OPTIM_CLIP_TWO_PASS;

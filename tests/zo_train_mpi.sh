@@ -136,7 +136,6 @@ hung-rank)
     grep -m2 "timed out\|no answer" "$scratch/err" ;;
 refusals)
     refuse 2 2 "must be a multiple of the number of ranks" $model --batch 7
-    refuse 2 2 "dpu on is not supported" $model --dpu on
     refuse 2 2 "leave --resume out" $model --verify --resume "$scratch"
     refuse 2 2 "ranks run on --backend host" $model --backend cuda ;;
 *)

@@ -56,9 +56,9 @@
  *   engine refuses gradients, steps and saves with ZO_ESTATE until a
  *   zo_part_load() or zo_part_init_from_device() (both collective) succeeds.
  *
- * Not in this version (refused with ZO_ENOTSUP, never ignored): DPU
- * (`dpu`), the speculative clip mode, ZO_OPTIM_NO_GRAD_SKIP (a shard mixes
- * tensors). A checkpoint saved at another world size is resharded at load
+ * Not in this version (refused with ZO_ENOTSUP, never ignored):
+ * `dpu_double_buffer` (DPU itself is supported), the speculative clip mode,
+ * ZO_OPTIM_NO_GRAD_SKIP (a shard mixes tensors). A checkpoint saved at another world size is resharded at load
  * (zo_part_load()).
  * The collectives: <zoffload/comm_mpi.h> (MPI, host backend) and
  * <zoffload/comm_nccl.h> (NCCL, CUDA backend), header-only, or the
@@ -216,6 +216,13 @@ ZO_API int zo_part_grad(zo_part *p, unsigned index, const void *dev_grad, struct
  * framework's params are updated. res (may be NULL) gets the inner
  * engine's result: grad_norm is the global norm, clip_coef the
  * coefficient every rank applied.
+ * With the template's `dpu` (delayed parameter update, optim.h) the
+ * schedule is the single-rank engine's: after the warm-up the inner
+ * update of this boundary runs on while the framework's next forward and
+ * backward do, and the next boundary's call finishes it and gathers its
+ * params (so the forward of step k sees the result of step k - 2); res is
+ * then the latest finished update's (boundary 1). zo_part_wait() finishes
+ * the last one.
  * @return 0; -EINVAL (res->struct_size); ZO_ESTATE (an earlier collective
  *         or update failed); the inner step's errors (ZO_ENONFINITE under
  *         ZO_OPTIM_NONFINITE_ERROR, the same on every rank; store errors);
@@ -223,6 +230,20 @@ ZO_API int zo_part_grad(zo_part *p, unsigned index, const void *dev_grad, struct
  *         rank's failed; collective and device errors.
  */
 ZO_API int zo_part_step(zo_part *p, zo_optim_step_result *res);
+
+/**
+ * Finish the update in flight (the template's `dpu`: delayed parameter
+ * update) and all-gather its params into every tensor's dev_params, after
+ * an all-reduce of "did my update fail" so no rank waits for another.
+ * Without dpu nothing is ever in flight and this returns at once (not
+ * collective then). Collective with dpu: every rank calls it, e.g. at the
+ * end of training; zo_part_save() and zo_part_push_params() call it
+ * themselves. res (may be NULL) gets that update's result.
+ * @return 0; -EINVAL (NULL, res->struct_size); ZO_ESTATE (an earlier
+ *         collective failed; another rank's update failed); the update's
+ *         errors; collective and device errors.
+ */
+ZO_API int zo_part_wait(zo_part *p, zo_optim_step_result *res);
 
 /**
  * Collective. The masters of this rank's shards cast to the param dtype

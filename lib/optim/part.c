@@ -79,6 +79,7 @@ struct zo_part {
     char *names;             /* the template's tensor names, each NUL-terminated, in order (layout_fp()) */
     uint64_t *gsg;           /* [ngroups] the group's sub-group size (a resharded load finds old sub-groups) */
     int broken; /* a collective or an update failed: the ranks are out of step */
+    int dpu;    /* the template's delayed parameter update: the inner engine's update runs into the next step */
     uint64_t n_rs, n_rs_grad, n_ag;
 };
 
@@ -413,6 +414,8 @@ int zo_part_init_from_device(zo_part *p)
     if (any_in(p))
         return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
     int r;
+    if (p->dpu)
+        (void)zo_optim_wait(p->inner, NULL); /* an update in flight is overwritten by what follows */
     if (p->micro % p->accum && (r = zo_optim_discard_grads(p->inner)) < 0)
         return ZO_FAIL(&p->err, r, "%s: %s", fn, zo_optim_errmsg(p->inner));
     for (unsigned i = 0; i < p->nt; i++) {
@@ -435,17 +438,50 @@ int zo_part_init_from_device(zo_part *p)
 
 /* ---- the step --------------------------------------------------------------------- */
 
-int zo_part_step(zo_part *p, zo_optim_step_result *res)
+/* The checks a step call makes first: NULL, res's struct_size, usable. */
+static int step_call_ok(zo_part *p, zo_optim_step_result *res, const char *fn)
 {
-    static const char fn[] = "zo_part_step";
-    enter(p);
     if (!p)
         return ZO_FAIL(NULL, -EINVAL, "%s: NULL", fn);
     int r;
     if (res && (r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err,
                                   fn)) < 0)
         return r;
-    if ((r = check_usable(p, fn)) < 0)
+    return check_usable(p, fn);
+}
+
+/* After this rank's update ended with ur (its detail in lmsg): whether any
+ * rank's failed, agreed (one all-reduce) before the all-gather so that no
+ * rank waits for another; then res, and ur's own failure. 0: gather. */
+static int agree_update(zo_part *p, int ur, const char *lmsg, const zo_optim_step_result *lr,
+                        zo_optim_step_result *res, const char *fn)
+{
+    /* ZO_ENONFINITE is decided by the global flag: the same on every rank */
+    double f[1] = {ur < 0 && ur != ZO_ENONFINITE ? 1.0 : 0.0};
+    int r = all_reduce(p, f, 1, ZO_COMM_MAX, fn, "all_reduce (update status)");
+    if (r < 0)
+        return r;
+    if (f[0] > 0) {
+        broke(p);
+        if (ur < 0)
+            return ZO_FAIL(&p->err, ur, "%s: the update of this rank's shard: %s", fn, lmsg);
+        return ZO_FAIL(&p->err, ZO_ESTATE,
+                       "%s: another rank's update failed (this rank's shard was updated, the params were not "
+                       "gathered)", fn);
+    }
+    if (res)
+        ZO_STRUCT_OUT(res, lr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err, fn);
+    if (ur < 0)
+        return ZO_FAIL(&p->err, ur, "%s: %s", fn, lmsg);
+    return 0;
+}
+
+int zo_part_step(zo_part *p, zo_optim_step_result *res)
+{
+    static const char fn[] = "zo_part_step";
+    enter(p);
+    int r = step_call_ok(p, res, fn);
+    if (r < 0)
         return r;
     /* the buckets not yet reduced (tensors without a gradient: zeros) */
     for (unsigned i = 0; i < p->nb; i++)
@@ -459,7 +495,9 @@ int zo_part_step(zo_part *p, zo_optim_step_result *res)
     zo_optim_step_result lr = {.struct_size = sizeof(lr)};
     p->micro++;
     if (p->micro % p->accum) {
-        if ((r = zo_optim_step(p->inner, NULL, &lr)) < 0) {
+        /* under DPU a wait here would end the delay of the update in
+         * flight (the single-rank schedule never waits mid-window) */
+        if ((r = p->dpu ? zo_optim_step_async(p->inner, NULL) : zo_optim_step(p->inner, NULL, &lr)) < 0) {
             broke(p);
             return ZO_FAIL(&p->err, r, "%s: %s", fn, zo_optim_errmsg(p->inner));
         }
@@ -491,27 +529,55 @@ int zo_part_step(zo_part *p, zo_optim_step_result *res)
     zo_optim_step_opts_default(&so);
     so.global_sumsq = isnan(s[0]) ? INFINITY : s[0];
     so.global_nonfinite = m[0] > 0;
-    int ur = zo_optim_step(p->inner, &so, &lr);
+    int ur, delayed = 0;
+    if (p->dpu) {
+        /* DPU: the inner engine finishes the previous update (its params
+         * into this rank's shard of flat) and queues this one, which runs
+         * while the framework's next forward and backward do; in the
+         * warm-up it finishes this one now. Every rank is in the same
+         * phase (the same calls, the same warm-up). */
+        ur = zo_optim_step_async(p->inner, &so);
+        zo_optim_info oi = {.struct_size = sizeof(oi)};
+        zo_optim_get_info(p->inner, &oi);
+        delayed = oi.dpu_active;
+        if (ur == 0 && !delayed)
+            ur = zo_optim_wait(p->inner, &lr);
+        else if (zo_optim_last_result(p->inner, &lr) < 0)
+            lr.step = oi.step; /* no update finished yet: nothing to report but the count */
+        lr.boundary = 1;
+    } else {
+        ur = zo_optim_step(p->inner, &so, &lr);
+    }
     if (ur < 0)
         snprintf(lmsg, sizeof(lmsg), "%s", zo_optim_errmsg(p->inner));
-    /* ZO_ENONFINITE is decided by the global flag: the same on every rank */
-    double f[1] = {ur < 0 && ur != ZO_ENONFINITE ? 1.0 : 0.0};
-    if ((r = all_reduce(p, f, 1, ZO_COMM_MAX, fn, "all_reduce (update status)")) < 0)
+    if ((r = agree_update(p, ur, lmsg, &lr, res, fn)) < 0)
         return r;
-    if (f[0] > 0) {
-        broke(p);
-        if (ur < 0)
-            return ZO_FAIL(&p->err, ur, "%s: the update of this rank's shard: %s", fn, lmsg);
-        return ZO_FAIL(&p->err, ZO_ESTATE,
-                       "%s: another rank's update failed (this rank's shard was updated, the params were not "
-                       "gathered)", fn);
-    }
-    if (res)
-        ZO_STRUCT_OUT(res, &lr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err, fn);
+    if (lr.skipped && !delayed)
+        return 0; /* every rank skipped: nothing to gather (under DPU the previous update's params are new) */
+    return gather_params(p, fn);
+}
+
+int zo_part_wait(zo_part *p, zo_optim_step_result *res)
+{
+    static const char fn[] = "zo_part_wait";
+    enter(p);
+    int r = step_call_ok(p, res, fn);
+    if (r < 0)
+        return r;
+    zo_optim_step_result lr = {.struct_size = sizeof(lr)};
+    int ur = zo_optim_wait(p->inner, &lr);
+    char lmsg[ZO_ERRMSG_LEN] = "";
     if (ur < 0)
-        return ZO_FAIL(&p->err, ur, "%s: %s", fn, lmsg);
-    if (lr.skipped)
-        return 0; /* every rank skipped: nothing to gather */
+        snprintf(lmsg, sizeof(lmsg), "%s", zo_optim_errmsg(p->inner));
+    if (!p->dpu) {
+        /* nothing is ever left in flight (zo_part_step() finished it): not collective */
+        if (res)
+            ZO_STRUCT_OUT(res, &lr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err, fn);
+        return ur < 0 ? ZO_FAIL(&p->err, ur, "%s: %s", fn, lmsg) : 0;
+    }
+    if ((r = agree_update(p, ur, lmsg, &lr, res, fn)) < 0)
+        return r;
+    /* the finished update's params are in this rank's shard: every rank's, everywhere */
     return gather_params(p, fn);
 }
 
@@ -526,6 +592,8 @@ int zo_part_push_params(zo_part *p)
         return r;
     if (any_in(p))
         return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
+    if (p->dpu && (r = zo_part_wait(p, NULL)) < 0) /* the update in flight first (collective) */
+        return r;
     int lerr = zo_optim_push_params(p->inner);
     char lmsg[ZO_ERRMSG_LEN] = "";
     if (lerr < 0)
@@ -640,6 +708,9 @@ int zo_part_save(zo_part *p, const char *root, const char *name, unsigned keep_l
         return ZO_FAIL(&p->err, -EINVAL, "%s: keep_last 1 would delete a rank's previous shard before every rank "
                        "has saved the new one (a crash then leaves no whole checkpoint): give 0 (keep all) or >= 2",
                        fn);
+    /* DPU: the update in flight belongs to this checkpoint (collective) */
+    if (p->dpu && (r = zo_part_wait(p, NULL)) < 0)
+        return r;
     char dir[4096];
     if (rank_dir(dir, sizeof(dir), root, p->comm.rank) < 0)
         return ZO_FAIL(&p->err, -ENAMETOOLONG, "%s: root too long", fn);
@@ -975,6 +1046,8 @@ int zo_part_load(zo_part *p, const char *root, const char *name, char *user_json
         return ZO_FAIL(p ? &p->err : NULL, -EINVAL, "%s: NULL argument", fn);
     if (any_in(p))
         return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
+    if (p->dpu)
+        (void)zo_optim_wait(p->inner, NULL); /* an update in flight is replaced by the checkpoint */
     unsigned ow = 0;
     char cname[ZO_CKPT_NAME_MAX + 1], wname[ZO_CKPT_NAME_MAX + 1];
     int r = 0;
@@ -1200,9 +1273,9 @@ static int check_cfg(zo_part *p, const zo_part_config *cfg, const zo_optim_confi
                        PART_MIN_BUCKET);
     if (!oc->dev || !oc->groups || !oc->ngroups)
         return ZO_FAIL(&p->err, -EINVAL, "%s: the template has no device or no groups", fn);
-    if (oc->dpu)
-        return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: dpu (delayed parameter update) is not supported with partitioning "
-                       "yet", fn);
+    if (oc->dpu && oc->dpu_double_buffer)
+        return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: dpu_double_buffer is not supported with partitioning (the "
+                       "all-gather runs in place over the engine's one copy of the params): leave it 0", fn);
     if (oc->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE)
         return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: the speculative clip mode is not supported with partitioning "
                        "(the global norm is known only after every rank's gradients): use ZO_OPTIM_CLIP_TWO_PASS", fn);
@@ -1303,6 +1376,7 @@ int zo_part_create(zo_part **out, const zo_part_config *ucfg)
     p->pdt = oc.param_dtype;
     p->gdt = oc.grad_dtype == ZO_DTYPE_COUNT ? oc.param_dtype : oc.grad_dtype;
     p->pes = zo_dtype_size(p->pdt);
+    p->dpu = oc.dpu;
     p->ges = zo_dtype_size(p->gdt);
     if (!p->ges) {
         r = ZO_FAIL(&p->err, ZO_ECONFIG, "%s: grad_dtype %d", fn, (int)oc.grad_dtype);

@@ -3,7 +3,8 @@
  * <zoffload/comm_nccl.h>: its three collectives on one GPU (a world of one
  * rank, ncclCommInitAll), checked for exact values, and its refusals.
  * Built wherever NCCL is, so the header compiles and links here; without a
- * GPU it exits 77 and says why. Not yet: more than one GPU (a thread per
+ * GPU it exits 77 and says why. The asynchronous callbacks (start/wait)
+ * too, two in flight. Not yet: more than one GPU (a thread per
  * rank), and a partitioned engine on the CUDA backend through it.
  */
 #include <stdio.h>
@@ -67,6 +68,15 @@ int main(void)
         CK(c[0].all_reduce(c[0].user, v, 2, ZO_COMM_MAX) == 0 && v[0] == 1.5 && v[1] == -2.0);
         CK(c[0].all_reduce(c[0].user, v, 2, 7) == -EINVAL);
         CK(c[0].reduce_scatter(c[0].user, dbuf, counts, ZO_DTYPE_U8) == -ENOTSUP);
+        /* the asynchronous callbacks: two collectives in flight, waited in order */
+        void *q1, *q2;
+        CK(c[0].reduce_scatter_start && c[0].all_gather_start && c[0].wait);
+        CK(c[0].reduce_scatter_start(c[0].user, dbuf, counts, ZO_DTYPE_F32, &q1) == 0);
+        CK(c[0].all_gather_start(c[0].user, dbuf, counts, ZO_DTYPE_F32, &q2) == 0);
+        CK(c[0].wait(c[0].user, q1) == 0 && c[0].wait(c[0].user, q2) == 0);
+        CK(cudaMemcpy(back, dbuf, sizeof(h), cudaMemcpyDeviceToHost) == cudaSuccess);
+        CK(memcmp(back, h, sizeof(h)) == 0);
+        CK(c[0].reduce_scatter_start(c[0].user, dbuf, counts, ZO_DTYPE_U8, &q1) == -ENOTSUP);
         cudaFree(dbuf);
         printf("comm_nccl: one GPU: reduce_scatter, all_gather, all_reduce over NCCL checked\n");
     } else {

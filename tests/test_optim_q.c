@@ -4,8 +4,8 @@
  * host device backend, host and NVMe placement (real store, real swap
  * files): the engine against a reference run of zo_cpuadam_team_qstep() on
  * plain per-sub-group arrays (the same gradients, norm, clip coefficient),
- * bit for bit over several steps; export / import, save / load, and what
- * create refuses.
+ * bit for bit over several steps; export / import (dequantized, and raw:
+ * zo_optim_qstate_export / import), save / load, and what create refuses.
  */
 #include <math.h>
 #include <signal.h>
@@ -416,16 +416,36 @@ START_TEST(test_q_import_exact)
 }
 END_TEST
 
+/* Two engines alike (q8 and q4 groups), created and initialised, with
+ * their references: one to run, one to take its state. */
+static void run_pair(run *a, run *b, int nvme)
+{
+    run_init(a, nvme, 8, 4);
+    run_init(b, nvme, 8, 4);
+    run_create(a);
+    run_create(b);
+}
+
+/* b took a's state after a's two steps: b's reference takes them too, b
+ * equals it, and both engines take the same third step. */
+static void pair_go_on(run *a, run *b, const char *when)
+{
+    run_step(b, 1, 0);
+    run_step(b, 2, 0);
+    compare(b, when);
+    run_step(a, 3, 1);
+    run_step(b, 3, 1);
+    compare(a, "a step 3");
+    compare(b, "b step 3");
+}
+
 /* Save after two steps; a second engine loads it and both take the same
  * third step: the same masters, moments and params (the codes and scales
  * were saved as they are). Host and NVMe placement. */
 START_TEST(test_q_save_load)
 {
     run a, b;
-    run_init(&a, _i, 8, 4);
-    run_init(&b, _i, 8, 4);
-    run_create(&a);
-    run_create(&b);
+    run_pair(&a, &b, _i);
     char root[256];
     zo_test_mkdtemp(root, sizeof(root));
     run_step(&a, 1, 1);
@@ -433,14 +453,7 @@ START_TEST(test_q_save_load)
     ck_assert_int_eq(zo_optim_save(a.o, root, "q", 1, NULL), 0);
     int rc = zo_optim_load(b.o, root, "q", NULL, 0);
     ck_assert_msg(rc == 0, "load: %s (%s)", zo_strerror(rc), zo_optim_errmsg(b.o));
-    /* b's reference takes a's steps */
-    run_step(&b, 1, 0);
-    run_step(&b, 2, 0);
-    compare(&b, "loaded");
-    run_step(&a, 3, 1);
-    run_step(&b, 3, 1);
-    compare(&a, "a step 3");
-    compare(&b, "b step 3");
+    pair_go_on(&a, &b, "loaded");
     /* not into an engine of another layout */
     run c;
     run_init(&c, _i, 8, 4);
@@ -707,6 +720,265 @@ START_TEST(test_q_crash_during_save)
 }
 END_TEST
 
+/* A map is signed (m) when its table starts below 0, unsigned (v) when it starts at 0. */
+static float qmap_first(int32_t map, int bits)
+{
+    float v[256];
+    ck_assert_int_eq(zo_cpuadam_qmap_values((zo_qmap)map, bits, v), bits == 4 ? 16 : 256);
+    return v[0];
+}
+
+/* Sub-group k's raw state s (1 m, 2 v) of engine o into fresh buffers. */
+static void raw_get(zo_optim *o, unsigned k, int s, const zo_optim_qstate_info *qi, uint8_t **c, float **sc)
+{
+    *c = malloc(qi->code_bytes);
+    *sc = malloc(qi->nscales * 4 + 4);
+    int rc = zo_optim_qstate_export(o, k, (zo_optim_state)s, *c, qi->code_bytes, *sc, qi->nscales);
+    ck_assert_msg(rc == 0, "qstate_export sg %u state %d: %s (%s)", k, s, zo_strerror(rc), zo_optim_errmsg(o));
+}
+
+/* Every sub-group's raw codes and scales equal the reference kernel's
+ * arrays bit for bit (zo_optim_get_qstate_info() describes them). Imported into
+ * a second engine (with the masters and the step count) they are stored as
+ * they are (exported again: the same bytes), and the next step of both
+ * engines gives the same masters, moments, codes and params. Host and NVMe. */
+START_TEST(test_q_raw_round_trip)
+{
+    run a, b;
+    run_pair(&a, &b, _i);
+    run_step(&a, 1, 1);
+    run_step(&a, 2, 1);
+    zo_optim_info info = {.struct_size = sizeof(info)};
+    ck_assert_int_eq(zo_optim_get_info(a.o, &info), 0);
+    ck_assert_uint_eq(info.nsubgroups, a.nsg);
+    for (unsigned k = 0; k < a.nsg; k++) {
+        const qsg *q = &a.sg[k];
+        int bits = a.bits[q->g];
+        zo_optim_qstate_info qi = {.struct_size = sizeof(qi)};
+        ck_assert_int_eq(zo_optim_get_qstate_info(a.o, k, &qi), 0);
+        ck_assert_uint_eq(qi.group, (unsigned)q->g);
+        ck_assert_uint_eq(qi.offset, q->off - a.goff[q->g]);
+        ck_assert_uint_eq(qi.numel, q->n);
+        ck_assert_int_eq(qi.bits, bits);
+        ck_assert_uint_eq(qi.block, bits == 4 ? 128u : 256u);
+        ck_assert_uint_eq(qi.code_bytes, bits == 4 ? (q->n + 1) / 2 : q->n);
+        ck_assert_uint_eq(qi.nscales, (q->n + qi.block - 1) / qi.block);
+        ck_assert_int_eq(qi.map[ZO_OPTIM_STATE_MASTER], -1);
+        ck_assert(qmap_first(qi.map[ZO_OPTIM_STATE_EXP_AVG], bits) < 0);
+        ck_assert(qmap_first(qi.map[ZO_OPTIM_STATE_EXP_AVG_SQ], bits) == 0);
+        for (int s = 1; s <= 2; s++) {
+            uint8_t *c, *c2;
+            float *sc, *sc2;
+            raw_get(a.o, k, s, &qi, &c, &sc);
+            ck_assert_msg(memcmp(c, s == 1 ? q->mc : q->vc, qi.code_bytes) == 0, "sg %u state %d: codes", k, s);
+            ck_assert_msg(memcmp(sc, s == 1 ? q->ms : q->vs, qi.nscales * 4) == 0, "sg %u state %d: scales", k, s);
+            int rc = zo_optim_qstate_import(b.o, k, (zo_optim_state)s, c, qi.code_bytes, sc, qi.nscales);
+            ck_assert_msg(rc == 0, "qstate_import: %s (%s)", zo_strerror(rc), zo_optim_errmsg(b.o));
+            raw_get(b.o, k, s, &qi, &c2, &sc2);
+            ck_assert(memcmp(c, c2, qi.code_bytes) == 0 && memcmp(sc, sc2, qi.nscales * 4) == 0);
+            free(c);
+            free(sc);
+            free(c2);
+            free(sc2);
+        }
+    }
+    /* the masters (fp32, exact through the plain export) and the count */
+    for (int i = 0; i < NT; i++) {
+        float *x = malloc(a.numel[i] * 4);
+        ck_assert_int_eq(zo_optim_state_export(a.o, (unsigned)i, ZO_OPTIM_STATE_MASTER, x, ZO_DTYPE_F32, 0, a.numel[i]),
+                         0);
+        ck_assert_int_eq(zo_optim_state_import(b.o, (unsigned)i, ZO_OPTIM_STATE_MASTER, x, ZO_DTYPE_F32, 0, b.numel[i]),
+                         0);
+        free(x);
+    }
+    ck_assert_int_eq(zo_optim_set_step(b.o, 2), 0);
+    ck_assert_int_eq(zo_optim_push_params(b.o), 0);
+    pair_go_on(&a, &b, "raw imported");
+    for (unsigned k = 0; k < a.nsg; k++) {
+        zo_optim_qstate_info qi = {.struct_size = sizeof(qi)};
+        ck_assert_int_eq(zo_optim_get_qstate_info(a.o, k, &qi), 0);
+        for (int s = 1; s <= 2; s++) {
+            uint8_t *c, *c2;
+            float *sc, *sc2;
+            raw_get(a.o, k, s, &qi, &c, &sc);
+            raw_get(b.o, k, s, &qi, &c2, &sc2);
+            ck_assert_msg(memcmp(c, c2, qi.code_bytes) == 0 && memcmp(sc, sc2, qi.nscales * 4) == 0,
+                          "step 3: sg %u state %d differs", k, s);
+            free(c);
+            free(sc);
+            free(c2);
+            free(sc2);
+        }
+    }
+    run_free(&a);
+    run_free(&b);
+}
+END_TEST
+
+/* Under DPU an export called while the update runs waits for it: it gives
+ * the codes of the step just queued. */
+START_TEST(test_q_raw_waits_for_update)
+{
+    run r;
+    run_init(&r, 0, 8, 4);
+    r.cfg.dpu = 1;
+    run_create(&r);
+    run_step(&r, 1, 1);
+    for (int i = 0; i < NT; i++) {
+        for (uint64_t k = 0; k < r.numel[i]; k++)
+            zo_test_put(r.dgrad[i], ZO_DTYPE_BF16, k, grad_value(r.off[i] + k, 2));
+        ck_assert_int_eq(zo_optim_grad(r.o, (unsigned)i, r.dgrad[i], NULL), 0);
+    }
+    ck_assert_int_eq(zo_optim_step_async(r.o, NULL), 0);
+    zo_optim_qstate_info qi[8];
+    uint8_t *c[8][3];
+    float *sc[8][3];
+    for (unsigned k = 0; k < r.nsg; k++) {
+        qi[k].struct_size = sizeof(qi[k]);
+        ck_assert_int_eq(zo_optim_get_qstate_info(r.o, k, &qi[k]), 0);
+        for (int s = 1; s <= 2; s++)
+            raw_get(r.o, k, s, &qi[k], &c[k][s], &sc[k][s]);
+    }
+    run_step(&r, 2, 0); /* the reference's step 2 (the engine is done with the gradients) */
+    for (unsigned k = 0; k < r.nsg; k++)
+        for (int s = 1; s <= 2; s++) {
+            ck_assert_msg(memcmp(c[k][s], s == 1 ? r.sg[k].mc : r.sg[k].vc, qi[k].code_bytes) == 0 &&
+                              memcmp(sc[k][s], s == 1 ? r.sg[k].ms : r.sg[k].vs, qi[k].nscales * 4) == 0,
+                          "sg %u state %d: not step 2's", k, s);
+            free(c[k][s]);
+            free(sc[k][s]);
+        }
+    zo_optim_step_result res = {.struct_size = sizeof(res)};
+    ck_assert_int_eq(zo_optim_wait(r.o, &res), 0);
+    compare(&r, "dpu step 2");
+    run_free(&r);
+}
+END_TEST
+
+/* The raw calls' refusals, each with nothing written: a small engine with a
+ * q4 AdamW group of an odd element count (a pad nibble), an fp32 group and
+ * a q8 Lion group (no v). Any codes and scales a step could have stored
+ * are stored bit for bit and read by the dequantizing export as they are.
+ * After a failed load the states are undefined: ZO_ESTATE. */
+START_TEST(test_q_raw_refusals)
+{
+    static const uint64_t n0[] = {101, 30}, n1[] = {10}, n2[] = {64};
+    zo_dev *dev;
+    ck_assert_int_eq(zo_dev_open(&dev, NULL), 0);
+    zo_optim_config cfg;
+    zo_optim_config_default(&cfg);
+    cfg.dev = dev;
+    cfg.param_dtype = ZO_DTYPE_F32;
+    cfg.nthreads = NTHREADS;
+    zo_cpuadam_hparams hw, hl;
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&hw, ZO_OPTIM_ADAMW), 0);
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&hl, ZO_OPTIM_LION), 0);
+    zo_optim_group g[3];
+    const uint64_t *ns[3] = {n0, n1, n2};
+    const unsigned nts[3] = {2, 1, 1};
+    for (int k = 0; k < 3; k++) {
+        zo_optim_group_default(&g[k]);
+        g[k].ntensors = nts[k];
+        g[k].numel = ns[k];
+        g[k].hparams = k == 2 ? &hl : &hw;
+    }
+    g[0].state_bits = 4;
+    g[2].state_bits = 8;
+    cfg.groups = g;
+    cfg.ngroups = 3;
+    zo_optim *o = NULL;
+    int rc = zo_optim_create(&o, &cfg);
+    ck_assert_msg(rc == 0, "create: %s (%s)", zo_strerror(rc), zo_last_error_detail());
+    float zero[131] = {0};
+    for (unsigned i = 0; i < 4; i++) {
+        uint64_t n;
+        ck_assert_int_eq(zo_optim_tensor_get(o, i, &n, NULL, NULL), 0);
+        ck_assert_int_eq(zo_optim_state_import(o, i, ZO_OPTIM_STATE_MASTER, zero, ZO_DTYPE_F32, 0, n), 0);
+    }
+    zo_optim_qstate_info qi = {.struct_size = sizeof(qi)}, qf = {.struct_size = sizeof(qf)};
+    ck_assert_int_eq(zo_optim_get_qstate_info(o, 0, &qi), 0);
+    ck_assert_int_eq(qi.bits, 4);
+    ck_assert_uint_eq(qi.numel, 131);
+    ck_assert_uint_eq(qi.code_bytes, 66);
+    ck_assert_uint_eq(qi.nscales, 2);
+    /* an fp32 group's sub-group is described, with no codes */
+    ck_assert_int_eq(zo_optim_get_qstate_info(o, 1, &qf), 0);
+    ck_assert_int_eq(qf.bits, 0);
+    ck_assert_uint_eq(qf.group, 1);
+    ck_assert_uint_eq(qf.numel, 10);
+    ck_assert_uint_eq(qf.code_bytes, 0);
+    for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+        ck_assert_int_eq(qf.map[k], -1);
+    zo_optim_qstate_info ql = {.struct_size = sizeof(ql)};
+    ck_assert_int_eq(zo_optim_get_qstate_info(o, 2, &ql), 0);
+    ck_assert_int_eq(ql.map[ZO_OPTIM_STATE_EXP_AVG_SQ], -1); /* Lion: no v */
+    zo_optim_qstate_info small = {.struct_size = 8};
+    ck_assert_int_eq(zo_optim_get_qstate_info(o, 0, &small), -EINVAL);
+    ck_assert_int_eq(zo_optim_get_qstate_info(o, 3, &qi), -EINVAL);
+    ck_assert_int_eq(zo_optim_get_qstate_info(NULL, 0, &qi), -EINVAL);
+    ck_assert_int_eq(zo_optim_get_qstate_info(o, 0, NULL), -EINVAL);
+
+    /* any codes and scales are stored as they are, and the dequantizing
+     * export reads exactly them; NaN scales (an overflowed block) too */
+    uint8_t c[66], c2[66];
+    float s[2] = {0.25f, NAN}, s2[3];
+    for (int j = 0; j < 66; j++)
+        c[j] = (uint8_t)(j * 37 + 11);
+    c[65] &= 0x0f; /* the pad nibble */
+    ck_assert_int_eq(zo_optim_qstate_import(o, 0, ZO_OPTIM_STATE_EXP_AVG, c, 66, s, 2), 0);
+    ck_assert_int_eq(zo_optim_qstate_export(o, 0, ZO_OPTIM_STATE_EXP_AVG, c2, 66, s2, 2), 0);
+    ck_assert(memcmp(c, c2, 66) == 0 && memcmp(s, s2, 8) == 0);
+    float want[131], got[131];
+    ck_assert_int_eq(zo_cpuadam_dequantize(c, s, 131, (zo_qmap)qi.map[ZO_OPTIM_STATE_EXP_AVG], 4, 128, want), 0);
+    ck_assert_int_eq(zo_optim_state_export(o, 0, ZO_OPTIM_STATE_EXP_AVG, got, ZO_DTYPE_F32, 0, 101), 0);
+    ck_assert_int_eq(zo_optim_state_export(o, 1, ZO_OPTIM_STATE_EXP_AVG, got + 101, ZO_DTYPE_F32, 0, 30), 0);
+    ck_assert(memcmp(want, got, sizeof(want)) == 0);
+    ck_assert(isnan(got[130]));
+
+#define REFUSED(call, want_rc, needle)                                                                     \
+    do {                                                                                                   \
+        int rc_ = (call);                                                                                  \
+        ck_assert_msg(rc_ == (want_rc), #call ": %d (%s), want %d", rc_, zo_optim_errmsg(o), (want_rc));  \
+        ck_assert_msg(strstr(zo_optim_errmsg(o), (needle)) != NULL, #call ": %s", zo_optim_errmsg(o));    \
+    } while (0)
+    uint8_t bad[66];
+    memcpy(bad, c, 66);
+    bad[65] |= 0x30;
+    REFUSED(zo_optim_qstate_import(o, 0, ZO_OPTIM_STATE_EXP_AVG, bad, 66, s, 2), -EINVAL, "padding");
+    float neg[2] = {0.5f, -0.5f}, inf[2] = {INFINITY, 1.0f};
+    REFUSED(zo_optim_qstate_import(o, 0, ZO_OPTIM_STATE_EXP_AVG, c, 66, neg, 2), -EINVAL, "absmax 1 is -0.5");
+    REFUSED(zo_optim_qstate_import(o, 0, ZO_OPTIM_STATE_EXP_AVG, c, 66, inf, 2), -EINVAL, "absmax 0 is inf");
+    REFUSED(zo_optim_qstate_import(o, 0, ZO_OPTIM_STATE_EXP_AVG, c, 65, s, 2), -EINVAL, "66 code bytes");
+    REFUSED(zo_optim_qstate_export(o, 0, ZO_OPTIM_STATE_EXP_AVG, c2, 66, s2, 3), -EINVAL, "and 2 scales");
+    REFUSED(zo_optim_qstate_export(o, 0, ZO_OPTIM_STATE_MASTER, c2, 66, s2, 2), -EINVAL, "not a moment");
+    REFUSED(zo_optim_qstate_export(o, 0, (zo_optim_state)7, c2, 66, s2, 2), -EINVAL, "not a moment");
+    REFUSED(zo_optim_qstate_export(o, 0, ZO_OPTIM_STATE_EXP_AVG, NULL, 66, s2, 2), -EINVAL, "NULL codes");
+    REFUSED(zo_optim_qstate_import(o, 0, ZO_OPTIM_STATE_EXP_AVG, c, 66, NULL, 2), -EINVAL, "NULL absmax");
+    REFUSED(zo_optim_qstate_export(o, 3, ZO_OPTIM_STATE_EXP_AVG, c2, 66, s2, 2), -EINVAL, "out of range");
+    REFUSED(zo_optim_qstate_export(o, 1, ZO_OPTIM_STATE_EXP_AVG, c2, 10, s2, 1), ZO_ENOTSUP, "not quantized");
+    REFUSED(zo_optim_qstate_import(o, 1, ZO_OPTIM_STATE_EXP_AVG_SQ, c, 10, s, 1), ZO_ENOTSUP, "not quantized");
+    REFUSED(zo_optim_qstate_export(o, 2, ZO_OPTIM_STATE_EXP_AVG_SQ, c2, 64, s2, 1), ZO_ENOTSUP, "no state 2");
+    ck_assert_int_eq(zo_optim_qstate_export(NULL, 0, ZO_OPTIM_STATE_EXP_AVG, c2, 66, s2, 2), -EINVAL);
+    ck_assert_int_eq(zo_optim_qstate_import(NULL, 0, ZO_OPTIM_STATE_EXP_AVG, c, 66, s, 2), -EINVAL);
+    /* nothing of the refused imports was written */
+    ck_assert_int_eq(zo_optim_qstate_export(o, 0, ZO_OPTIM_STATE_EXP_AVG, c2, 66, s2, 2), 0);
+    ck_assert(memcmp(c, c2, 66) == 0 && memcmp(s, s2, 8) == 0);
+
+    /* a load that fails midway leaves the states undefined: refused */
+    char root[256];
+    zo_test_mkdtemp(root, sizeof(root));
+    ck_assert_int_eq(zo_optim_save(o, root, "ck", 0, NULL), 0);
+    ck_assert_int_eq(zo_test_ckpt_corrupt(root, "ck", "optim.sg2.exp_avg", 0), 0);
+    ck_assert_int_eq(zo_optim_load(o, root, "ck", NULL, 0), ZO_ECORRUPT);
+    REFUSED(zo_optim_qstate_export(o, 0, ZO_OPTIM_STATE_EXP_AVG, c2, 66, s2, 2), ZO_ESTATE, "load");
+    REFUSED(zo_optim_qstate_import(o, 0, ZO_OPTIM_STATE_EXP_AVG, c, 66, s, 2), ZO_ESTATE, "load");
+#undef REFUSED
+    zo_test_rmtree(root);
+    zo_optim_destroy(&o);
+    zo_dev_close(&dev);
+}
+END_TEST
+
 /* What quantized states cannot do is refused at create, with the reason. */
 START_TEST(test_q_refusals)
 {
@@ -828,6 +1100,9 @@ int main(int argc, char **argv)
     tcase_add_loop_test(tc, test_q_load_across_types, 0, 2);
     tcase_add_test(tc, test_q_crash_during_save);
     tcase_add_test(tc, test_q_refusals);
+    tcase_add_loop_test(tc, test_q_raw_round_trip, 0, 2);
+    tcase_add_test(tc, test_q_raw_waits_for_update);
+    tcase_add_test(tc, test_q_raw_refusals);
     tcase_add_test(tc, test_q_estimate);
     return zo_test_run(s);
 }

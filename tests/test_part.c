@@ -180,6 +180,144 @@ static void comm_fill(zo_comm *c, unsigned rank, unsigned world, void *user,
     c->all_reduce = ar;
 }
 
+/* ---- the same comm, asynchronous: a comm thread per rank -------------------------------
+ * Every collective (started, or called synchronously) goes to the rank's
+ * comm thread, which runs them one at a time in the order given, over the
+ * shared-memory comm above; wait() blocks until its one is done. The engine
+ * then has a bucket filling while the previous one is being reduced. */
+
+typedef struct aop {
+    struct aop *next;
+    int kind; /* 0 reduce-scatter, 1 all-gather, 2 all-reduce */
+    void *buf;
+    uint64_t counts[MAXW];
+    zo_dtype dt;
+    double *vals;
+    unsigned n;
+    int op, rc, done;
+} aop;
+
+typedef struct acomm {
+    shm_rank *c;
+    pthread_t th;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    aop *head, *tail; /* not yet run, in order */
+    int quit;
+    unsigned inflight, max_inflight; /* started, not waited (the engine's view) */
+} acomm;
+
+static int g_async;              /* start_ranks: give the ranks the asynchronous comm */
+static unsigned g_max_inflight;  /* in a rank: the most requests it had in flight */
+
+static void *acomm_thread(void *arg)
+{
+    acomm *a = arg;
+    pthread_mutex_lock(&a->mu);
+    for (;;) {
+        while (!a->head && !a->quit)
+            pthread_cond_wait(&a->cv, &a->mu);
+        if (!a->head)
+            break;
+        aop *o = a->head;
+        a->head = o->next;
+        if (!a->head)
+            a->tail = NULL;
+        pthread_mutex_unlock(&a->mu);
+        int rc = o->kind == 0   ? shm_reduce_scatter(a->c, o->buf, o->counts, o->dt)
+                 : o->kind == 1 ? shm_all_gather(a->c, o->buf, o->counts, o->dt)
+                                : shm_all_reduce(a->c, o->vals, o->n, o->op);
+        pthread_mutex_lock(&a->mu);
+        o->rc = rc;
+        o->done = 1;
+        pthread_cond_broadcast(&a->cv);
+    }
+    pthread_mutex_unlock(&a->mu);
+    return NULL;
+}
+
+static int acomm_start(acomm *a, aop *o, void **req)
+{
+    pthread_mutex_lock(&a->mu);
+    if (a->tail)
+        a->tail->next = o;
+    else
+        a->head = o;
+    a->tail = o;
+    a->inflight++;
+    if (a->inflight > a->max_inflight)
+        a->max_inflight = a->inflight;
+    g_max_inflight = a->max_inflight;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
+    *req = o;
+    return 0;
+}
+
+static int async_wait(void *user, void *req)
+{
+    acomm *a = user;
+    aop *o = req;
+    pthread_mutex_lock(&a->mu);
+    while (!o->done)
+        pthread_cond_wait(&a->cv, &a->mu);
+    a->inflight--;
+    pthread_mutex_unlock(&a->mu);
+    int rc = o->rc;
+    free(o);
+    return rc;
+}
+
+static int async_coll_start(acomm *a, int kind, void *buf, const uint64_t *counts, zo_dtype dt, void **req)
+{
+    aop *o = calloc(1, sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    o->kind = kind;
+    o->buf = buf;
+    memcpy(o->counts, counts, a->c->h->world * sizeof(uint64_t));
+    o->dt = dt;
+    return acomm_start(a, o, req);
+}
+
+static int async_rs_start(void *user, void *buf, const uint64_t *counts, zo_dtype dt, void **req)
+{
+    return async_coll_start(user, 0, buf, counts, dt, req);
+}
+
+static int async_ag_start(void *user, void *buf, const uint64_t *counts, zo_dtype dt, void **req)
+{
+    return async_coll_start(user, 1, buf, counts, dt, req);
+}
+
+static int async_rs(void *user, void *buf, const uint64_t *counts, zo_dtype dt)
+{
+    void *q;
+    int r = async_rs_start(user, buf, counts, dt, &q);
+    return r ? r : async_wait(user, q);
+}
+
+static int async_ag(void *user, void *buf, const uint64_t *counts, zo_dtype dt)
+{
+    void *q;
+    int r = async_ag_start(user, buf, counts, dt, &q);
+    return r ? r : async_wait(user, q);
+}
+
+static int async_ar(void *user, double *vals, unsigned n, int op)
+{
+    aop *o = calloc(1, sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    o->kind = 2;
+    o->vals = vals;
+    o->n = n;
+    o->op = op;
+    void *q;
+    acomm_start(user, o, &q);
+    return async_wait(user, q);
+}
+
 /* ---- running ranks as processes ---------------------------------------------------- */
 
 typedef struct rank_status {
@@ -233,9 +371,28 @@ static void start_ranks(run *out, unsigned world, size_t res_bytes, rank_fn fn, 
             alarm(240); /* a rank left waiting at a barrier must not hang the suite */
             shm_rank c = {.h = h, .rank = r, .slots = out->slots};
             zo_comm comm;
-            comm_fill(&comm, r, world, &c, shm_reduce_scatter, shm_all_gather, shm_all_reduce);
+            acomm ac = {.c = &c};
+            if (g_async) {
+                pthread_mutex_init(&ac.mu, NULL);
+                pthread_cond_init(&ac.cv, NULL);
+                if (pthread_create(&ac.th, NULL, acomm_thread, &ac) != 0)
+                    _exit(3);
+                comm_fill(&comm, r, world, &ac, async_rs, async_ag, async_ar);
+                comm.reduce_scatter_start = async_rs_start;
+                comm.all_gather_start = async_ag_start;
+                comm.wait = async_wait;
+            } else {
+                comm_fill(&comm, r, world, &c, shm_reduce_scatter, shm_all_gather, shm_all_reduce);
+            }
             rank_status *st = &out->status[r];
             st->rc = fn(&comm, out->res + r * res_bytes, arg, st);
+            if (g_async) {
+                pthread_mutex_lock(&ac.mu);
+                ac.quit = 1;
+                pthread_cond_broadcast(&ac.cv);
+                pthread_mutex_unlock(&ac.mu);
+                pthread_join(ac.th, NULL);
+            }
             _exit(st->rc ? 1 : 0);
         }
     }
@@ -283,6 +440,8 @@ typedef struct pcase {
     uint64_t bucket;
     int inf_ms; /* > 0: rank 1's gradient of element 5 (in rank 0's shard) is inf in this micro-step */
     int mixed;  /* rank 1 hands gradients over in forward order, and tensor 2 gets none in micro-step 1 */
+    int async;  /* the asynchronous comm (start/wait callbacks, a comm thread per rank) */
+    int dpu;    /* delayed parameter update (one warm-up boundary) */
 } pcase;
 
 /* Whether tensor i gets a gradient in micro-step ms. */
@@ -336,6 +495,8 @@ static int mdl_init(mdl *m, const pcase *pc, const char *nvme)
     m->cfg.placement = pc->place;
     m->cfg.nvme_path = nvme;
     m->cfg.nonfinite = pc->inf_ms > 0 ? ZO_OPTIM_NONFINITE_SKIP : ZO_OPTIM_NONFINITE_ERROR;
+    m->cfg.dpu = pc->dpu;
+    m->cfg.dpu_warmup_steps = 1;
     for (int g = 0; g < 2; g++) {
         zo_optim_group_default(&m->grp[g]);
         m->grp[g].ntensors = g ? NT1 : NT0;
@@ -373,6 +534,7 @@ typedef struct rank_res {
     double grad_norm[MAXSTEPS], clip_coef[MAXSTEPS], loss_scale[MAXSTEPS];
     int clipped[MAXSTEPS], skipped[MAXSTEPS];
     uint64_t single_state_bytes;
+    unsigned max_inflight; /* the asynchronous comm: the most requests in flight at once */
     float params[TOTAL];
 } rank_res;
 
@@ -461,6 +623,8 @@ static int rank_train(zo_comm *comm, char *resb, void *argp, rank_status *st)
         FAILR(st, "rank %u init: %s (%s)", comm->rank, zo_strerror(r), zo_part_errmsg(p));
     if (train(p, &m, comm->rank, pc, 0, pc->steps, res, st))
         return 1;
+    if ((r = zo_part_wait(p, NULL)) != 0) /* DPU: the last update, gathered */
+        FAILR(st, "rank %u wait: %s (%s)", comm->rank, zo_strerror(r), zo_part_errmsg(p));
     res->info.struct_size = sizeof(res->info);
     if ((r = zo_part_get_info(p, &res->info)) != 0)
         FAILR(st, "info: %s", zo_strerror(r));
@@ -468,6 +632,7 @@ static int rank_train(zo_comm *comm, char *resb, void *argp, rank_status *st)
     zo_optim_footprint f = {.struct_size = sizeof(f)};
     zo_optim_estimate(&m.cfg, 0, &f);
     res->single_state_bytes = f.host_state_bytes + f.nvme_state_bytes;
+    res->max_inflight = g_max_inflight;
     snapshot(&m, res->params);
     zo_part_destroy(&p);
     mdl_free(&m);
@@ -502,13 +667,28 @@ static void reference(const pcase *pc, const char *nvme, int steps, rank_res *ou
                     ck_assert_int_eq(zo_optim_grad(o, (unsigned)i, m.dgrad[i], NULL), 0);
             }
             zo_optim_step_result sr = {.struct_size = sizeof(sr)};
-            r = zo_optim_step(o, NULL, &sr);
+            if (pc->dpu) {
+                /* zo-train's DPU schedule: no wait once the delay is on */
+                r = zo_optim_step_async(o, NULL);
+                zo_optim_info oi = {.struct_size = sizeof(oi)};
+                zo_optim_get_info(o, &oi);
+                if (r == 0 && a + 1 == pc->accum) {
+                    if (!oi.dpu_active)
+                        r = zo_optim_wait(o, &sr);
+                    else
+                        zo_optim_last_result(o, &sr);
+                    sr.boundary = 1;
+                }
+            } else {
+                r = zo_optim_step(o, NULL, &sr);
+            }
             ck_assert_msg(r == 0, "reference step: %s (%s)", zo_strerror(r), zo_optim_errmsg(o));
             if (sr.boundary && s < MAXSTEPS)
                 record(out, s, &sr);
         }
     }
     free(tmp);
+    ck_assert_int_eq(zo_optim_wait(o, NULL), 0); /* DPU: the last update */
     snapshot(&m, out->params);
     zo_optim_destroy(&o);
     mdl_free(&m);
@@ -528,6 +708,16 @@ static const pcase cases[] = {
      * gradient in one micro-step (zero, as a single rank's): buckets are
      * reduced in bucket order all the same */
     {2, ZO_DTYPE_F32, ZO_OPTIM_PLACE_HOST, 2, 3, 64 << 10, 0, 1},
+    /* the asynchronous comm: two buckets in flight, the same bits */
+    {2, ZO_DTYPE_BF16, ZO_OPTIM_PLACE_HOST, 2, 4, 64 << 10, 0, 0, 1},
+    {3, ZO_DTYPE_F32, ZO_OPTIM_PLACE_NVME, 1, 4, 64 << 10, 0, 1, 1},
+    {3, ZO_DTYPE_F16, ZO_OPTIM_PLACE_HOST, 1, 5, 64 << 10, 2, 0, 1},
+    /* DPU per rank: the single-rank engine's delayed schedule (the forward
+     * of step k sees the params of step k - 2), host and NVMe, with
+     * accumulation, an overflow skip, either comm */
+    {2, ZO_DTYPE_BF16, ZO_OPTIM_PLACE_HOST, 1, 5, 64 << 10, 0, 0, 1, 1},
+    {3, ZO_DTYPE_F32, ZO_OPTIM_PLACE_NVME, 2, 4, 64 << 10, 0, 0, 0, 1},
+    {2, ZO_DTYPE_F16, ZO_OPTIM_PLACE_HOST, 1, 5, 64 << 10, 3, 0, 1, 1},
 };
 
 /* World ranks, each feeding its own gradients, end with the parameters of a
@@ -540,7 +730,9 @@ START_TEST(test_part_matches_single)
     zo_test_mkdtemp(dir, sizeof(dir));
     train_arg ta = {.pc = pc, .nvme = dir};
     run rn;
+    g_async = pc->async;
     run_ranks(&rn, pc->world, sizeof(rank_res), rank_train, &ta);
+    g_async = 0;
     rank_res *ref = calloc(1, sizeof(*ref));
     reference(pc, dir, pc->steps, ref);
     int nclipped = 0, nskipped = 0;
@@ -584,7 +776,12 @@ START_TEST(test_part_matches_single)
         unsigned skips = 0;
         for (int s = 0; s < pc->steps; s++)
             skips += (unsigned)rr->skipped[s];
-        ck_assert_uint_eq(in->all_gathers, 2u * (pc->steps + 1 - skips)); /* none after a skipped step */
+        if (pc->dpu) /* init, the warm-up boundary unless skipped, every delayed boundary, the final wait */
+            ck_assert_uint_eq(in->all_gathers, 2u * (1 + !rr->skipped[0] + (pc->steps - 1) + 1));
+        else
+            ck_assert_uint_eq(in->all_gathers, 2u * (pc->steps + 1 - skips)); /* none after a skipped step */
+        if (pc->async) /* a bucket filled while the one before it moved */
+            ck_assert_uint_ge(rr->max_inflight, 2);
         ck_assert_uint_eq(in->rank, r);
         ck_assert_uint_eq(in->world, pc->world);
         ck_assert_uint_eq(in->numel, TOTAL);
@@ -739,6 +936,117 @@ START_TEST(test_part_comm_fails)
 }
 END_TEST
 
+/* The asynchronous callbacks of a fake comm: requests are numbered in
+ * start order; wait checks that order, counts, and fails where told. */
+typedef struct afake {
+    fake f;
+    uintptr_t started, waited;
+    uintptr_t fail_wait_at; /* the wait of this request (1-based) fails with -ETIMEDOUT; 0: none */
+    int fail_start_ag;      /* all_gather_start returns this */
+    int out_of_order;
+} afake;
+
+static int afake_rs_start(void *u, void *buf, const uint64_t *counts, zo_dtype dt, void **req)
+{
+    (void)buf, (void)counts, (void)dt;
+    afake *a = u;
+    *req = (void *)++a->started;
+    return 0;
+}
+
+static int afake_ag_start(void *u, void *buf, const uint64_t *counts, zo_dtype dt, void **req)
+{
+    (void)buf, (void)counts, (void)dt;
+    afake *a = u;
+    if (a->fail_start_ag)
+        return a->fail_start_ag;
+    *req = (void *)++a->started;
+    return 0;
+}
+
+static int afake_wait(void *u, void *req)
+{
+    afake *a = u;
+    if ((uintptr_t)req != ++a->waited)
+        a->out_of_order = 1;
+    return a->waited == a->fail_wait_at ? -ETIMEDOUT : 0;
+}
+
+/* An asynchronous comm's failures: every started request is waited exactly
+ * once, in order, whatever fails (a wait, a start, a destroy mid-window). */
+START_TEST(test_part_async_comm_fails)
+{
+    mdl m;
+    afake a;
+    zo_comm c;
+    zo_part_config pcfg;
+    fake_setup(&m, &one, NULL, &a.f, &c, &pcfg);
+    memset(&a, 0, sizeof(a));
+    c.user = &a; /* fake's callbacks read a.f, the first member */
+    c.reduce_scatter_start = afake_rs_start;
+    c.all_gather_start = afake_ag_start;
+    c.wait = afake_wait;
+    zo_part *p = NULL;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), 0);
+    zo_part_info in = {.struct_size = sizeof(in)};
+    ck_assert_int_eq(zo_part_get_info(p, &in), 0);
+    ck_assert_uint_gt(in.nbuckets, 3);
+    ck_assert_int_eq(zo_part_init_from_device(p), 0);
+    ck_assert_int_eq(hand_all(p, &m), 0);
+    ck_assert_int_eq(zo_part_step(p, NULL), 0);
+    ck_assert_uint_eq(a.started, a.waited);
+    ck_assert_uint_ge(a.started, in.nbuckets + 2); /* the buckets and the two groups' gathers */
+
+    /* the wait of the second bucket of a micro-step fails: that
+     * zo_part_grad() fails naming it, and the bucket in flight is waited */
+    a.fail_wait_at = a.waited + 2;
+    int r = 0;
+    for (int i = NT - 1; i >= 0 && r == 0; i--) {
+        fill_grad(&m, i, 1, 0, 0, 1.0);
+        r = zo_part_grad(p, (unsigned)i, m.dgrad[i], NULL);
+    }
+    ck_assert_int_eq(r, -ETIMEDOUT);
+    ck_assert_msg(strstr(zo_part_errmsg(p), "wait") && strstr(zo_part_errmsg(p), "reduce_scatter"), "%s",
+                  zo_part_errmsg(p));
+    ck_assert_uint_eq(a.started, a.waited);
+    ck_assert_int_eq(zo_part_step(p, NULL), ZO_ESTATE);
+    a.fail_wait_at = 0;
+    ck_assert_int_eq(zo_part_init_from_device(p), 0);
+
+    /* a failing all_gather_start: nothing else is left in flight */
+    ck_assert_int_eq(hand_all(p, &m), 0);
+    a.fail_start_ag = -ENOMEM;
+    ck_assert_int_eq(zo_part_step(p, NULL), -ENOMEM);
+    ck_assert_ptr_nonnull(strstr(zo_part_errmsg(p), "all_gather_start"));
+    ck_assert_uint_eq(a.started, a.waited);
+    a.fail_start_ag = 0;
+    ck_assert_int_eq(zo_part_init_from_device(p), 0);
+
+    /* a gather's wait fails: the step fails, the other gather is waited */
+    a.fail_wait_at = a.waited + in.nbuckets + 1; /* the buckets' waits, then the first gather's */
+    ck_assert_int_eq(hand_all(p, &m), 0);
+    ck_assert_int_eq(zo_part_step(p, NULL), -ETIMEDOUT);
+    ck_assert_ptr_nonnull(strstr(zo_part_errmsg(p), "all_gather"));
+    ck_assert_uint_eq(a.started, a.waited);
+    a.fail_wait_at = 0;
+    ck_assert_int_eq(zo_part_init_from_device(p), 0);
+
+    /* destroyed with buckets in flight: they are waited */
+    for (int i = NT - 1; i >= NT - 3; i--)
+        ck_assert_int_eq(zo_part_grad(p, (unsigned)i, m.dgrad[i], NULL), 0);
+    ck_assert_uint_gt(a.started, a.waited);
+    zo_part_destroy(&p);
+    ck_assert_uint_eq(a.started, a.waited);
+    ck_assert_int_eq(a.out_of_order, 0);
+
+    /* the three asynchronous callbacks come together */
+    c.all_gather_start = NULL;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ECONFIG);
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "all_gather_start"));
+    mdl_free(&m);
+}
+END_TEST
+
 START_TEST(test_part_bad_config)
 {
     mdl m;
@@ -787,9 +1095,10 @@ START_TEST(test_part_bad_config)
     pcfg.bucket_bytes = 64 << 10;
     /* what this version does not do is refused, never ignored */
     m.cfg.dpu = 1;
+    m.cfg.dpu_double_buffer = 1;
     ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ENOTSUP);
-    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "dpu"));
-    m.cfg.dpu = 0;
+    ck_assert_ptr_nonnull(strstr(zo_last_error_detail(), "dpu_double_buffer"));
+    m.cfg.dpu = m.cfg.dpu_double_buffer = 0;
     m.cfg.clip_mode = ZO_OPTIM_CLIP_SPECULATIVE;
     ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ENOTSUP);
     m.cfg.clip_mode = ZO_OPTIM_CLIP_TWO_PASS;
@@ -1121,6 +1430,7 @@ int main(void)
     TCase *tcc = tcase_create("contract");
     tcase_set_timeout(tcc, 120);
     tcase_add_test(tcc, test_part_comm_fails);
+    tcase_add_test(tcc, test_part_async_comm_fails);
     tcase_add_test(tcc, test_part_bad_config);
     suite_add_tcase(s, tcc);
     return zo_test_run(s);

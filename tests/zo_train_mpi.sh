@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # usage: zo_train_mpi.sh MPIRUN ZO_TRAIN CASE
 # zo-train under mpirun (data parallel over zo_part): checkpoints across a
-# restart, a signal to one rank, a rank killed, and the refusals. The bit-for-bit
+# restart, a signal to one rank, a rank killed, a rank stopped (the comm's
+# timeout), and the refusals. The bit-for-bit
 # --verify runs are separate tests (tests/meson.build).
 mpirun="$1"; train="$2"; case_="$3"
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/zo-train-mpi-test.XXXXXX") || exit 1
@@ -117,9 +118,24 @@ dead-rank)
         [ $j -lt 50 ] || { echo "rank $o outlived the job"; ps -o pid,stat,cmd -p "$o"; exit 1; }
     done
     echo "one rank killed: the job ended with exit $rc after $((i / 10)).$((i % 10)) s" ;;
+hung-rank)
+    # SIGSTOP of one rank (it hangs: alive, so the launcher sees nothing): the other gives up in
+    # its collective after --comm-timeout, says why, and the job ends with an error
+    start_job --comm-timeout 3
+    kill -STOP "$one"
+    wait_job "a rank stopped and the job still runs after 30 s (--comm-timeout 3)"
+    wait $pid
+    rc=$?
+    kill -0 "$one" 2>/dev/null && [ "$(ps -o stat= -p "$one" | cut -c1)" != Z ] &&
+        { echo "the stopped rank outlived the job"; kill -KILL "$one"; exit 1; }
+    [ "$rc" -ne 0 ] || { echo "the job of a stopped rank exited 0"; cat "$scratch/err"; exit 1; }
+    grep -q "no answer from the other ranks within 3 s" "$scratch/err" ||
+        { echo "no timeout message:"; cat "$scratch/err"; exit 1; }
+    [ $i -ge 25 ] || { echo "the job ended after $i tenths of a second: before the 3 s timeout?"; cat "$scratch/err"; exit 1; }
+    echo "one rank stopped: the other timed out, the job ended with exit $rc after $((i / 10)).$((i % 10)) s:"
+    grep -m2 "timed out\|no answer" "$scratch/err" ;;
 refusals)
     refuse 2 2 "must be a multiple of the number of ranks" $model --batch 7
-    refuse 2 2 "dpu on is not supported" $model --dpu on
     refuse 2 2 "leave --resume out" $model --verify --resume "$scratch"
     refuse 2 2 "ranks run on --backend host" $model --backend cuda ;;
 *)

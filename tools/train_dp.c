@@ -40,7 +40,7 @@ int train_dp_built(void)
 #endif
 }
 
-int train_dp_init(train_dp *d, int *argc, char ***argv, char *why, size_t len)
+int train_dp_init(train_dp *d, int *argc, char ***argv, double timeout_s, char *why, size_t len)
 {
     why[0] = 0;
     memset(d, 0, sizeof(*d));
@@ -67,6 +67,7 @@ int train_dp_init(train_dp *d, int *argc, char ***argv, char *why, size_t len)
         snprintf(why, len, "the MPI comm: %s", zo_strerror(r));
         return r;
     }
+    m->timeout_s = timeout_s;
     d->impl = m;
     d->rank = d->comm.rank;
     d->world = d->comm.world;
@@ -74,6 +75,7 @@ int train_dp_init(train_dp *d, int *argc, char ***argv, char *why, size_t len)
 #else
     (void)argc;
     (void)argv;
+    (void)timeout_s;
     snprintf(why, len, "started as one of %u ranks (an MPI launcher), but this zo-train was built without MPI "
                        "(install libopenmpi-dev and reconfigure): each rank would train the whole model alone", world);
     return ZO_ENOTSUP;
@@ -92,6 +94,16 @@ void train_dp_finish(train_dp *d)
         MPI_Finalize();
 #endif
     d->mpi = 0;
+}
+
+int train_dp_timed_out(const train_dp *d)
+{
+#ifdef ZO_TRAIN_MPI
+    return d->impl && ((const zo_comm_mpi *)d->impl)->timed_out;
+#else
+    (void)d;
+    return 0;
+#endif
 }
 
 void train_dp_abort(train_dp *d, int rc)

@@ -28,9 +28,9 @@ typedef struct train_dp {
 unsigned train_dp_launched_world(void);
 
 /* Set up *d: a single process, or (launched with world > 1) MPI and the
- * comm. @return 0; ZO_ENOTSUP (a multi-rank launch, zo-train built without
+ * comm, whose collectives give up after timeout_s seconds (0: never). @return 0; ZO_ENOTSUP (a multi-rank launch, zo-train built without
  * MPI); -EIO / -ENOMEM (MPI failed); the reason in why[len]. */
-int train_dp_init(train_dp *d, int *argc, char ***argv, char *why, size_t len);
+int train_dp_init(train_dp *d, int *argc, char ***argv, double timeout_s, char *why, size_t len);
 
 /* Whether this zo-train can run ranks (was built with MPI). */
 int train_dp_built(void);
@@ -43,5 +43,8 @@ void train_dp_finish(train_dp *d);
  * their next collective: end this process with exit status rc (the
  * launcher then ends the job). No-op in a single process. */
 void train_dp_abort(train_dp *d, int rc);
+
+/* Whether a collective timed out (a rank died, hangs or was stopped). */
+int train_dp_timed_out(const train_dp *d);
 
 #endif

@@ -55,6 +55,9 @@ void train_usage(FILE *f)
             "  --save DIR          checkpoint at the end (and on Ctrl-C) into DIR\n"
             "  --resume DIR        continue from the latest checkpoint in DIR\n"
             "  --verify            also run the steps in memory and compare bit for bit\n"
+            "  --comm-timeout S    under mpirun: a rank waiting longer than S seconds in a\n"
+            "                      collective fails the run (a rank died, hangs or stopped;\n"
+            "                      default 1800, 0 waits forever)\n"
             "  --json FILE         one JSON line per step (and a summary line) into a new FILE\n"
             "  --quiet             no per-step lines\n"
             "  --help\n");
@@ -112,6 +115,7 @@ static const train_opt train_opts[] = {
     {"save", OPT_STR, F(save)},
     {"resume", OPT_STR, F(resume)},
     {"verify", OPT_FLAG, F(verify)},
+    {"comm-timeout", OPT_DOUBLE, F(comm_timeout), .dmin = 0, .dmax = 1e7},
     {"json", OPT_STR, F(json)},
     {"quiet", OPT_FLAG, F(quiet)},
     {"seed", OPT_U64, F(seed), .min = 0, .max = UINT64_MAX / 4, .given = F(seed_given)},
@@ -233,6 +237,7 @@ static void options_defaults(options *o)
     o->lr = -1;
     o->backend = "host";
     o->seed = 1;
+    o->comm_timeout = 1800; /* torch.distributed's default */
 }
 
 /* The options as they stand on the command line, one by one (getopt_long

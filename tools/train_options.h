@@ -38,6 +38,7 @@ typedef struct options {
     const char *save;         /* --save */
     const char *resume;       /* --resume */
     int verify;               /* --verify */
+    double comm_timeout;      /* --comm-timeout: seconds a rank waits in a collective (0: forever) */
     const char *json;         /* --json */
     int quiet;                /* --quiet: no per-step lines */
     uint64_t seed;            /* --seed */

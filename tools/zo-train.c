@@ -990,13 +990,6 @@ static int check_request(train_run *t)
         if (opt->batch % world)
             return zo_tool_bad("zo-train", "%s: --batch %" PRIu64 " (the global batch) must be a multiple of the "
                                            "number of ranks", who, opt->batch);
-        if (opt->defaulted)
-            /* the embedded default (DPU on) under mpirun: the partitioned
-             * engine has no DPU yet, so the default run goes without it */
-            t->opt.dpu = 0;
-        if (opt->dpu > 0)
-            return zo_tool_bad("zo-train", "%s: --dpu on is not supported by the partitioned engine yet",
-                               who);
         if (opt->verify && opt->resume)
             return zo_tool_bad("zo-train", "%s: --verify starts from the initial parameters: leave --resume out",
                                who);
@@ -1604,8 +1597,9 @@ static int finish_step(train_run *t, unsigned s, double t0, window *w)
     }
     zo_optim_step_result res = {.struct_size = sizeof(res)};
     if (t->part) {
-        /* zo_part_step() finished the update; the loss is the mean of the
-         * ranks' slices' losses (equal slices: the global batch's mean) */
+        /* zo_part_step() finished the update (under DPU the previous one);
+         * the loss is the mean of the ranks' slices' losses (equal slices:
+         * the global batch's mean) */
         res = w->res;
         double l = w->loss;
         if ((r = dp_reduce(t, &l, 1, ZO_COMM_SUM)) < 0) {
@@ -1693,9 +1687,11 @@ static int train_loop(train_run *t)
  * params are current, and its timeline counted. */
 static int finish_training(train_run *t)
 {
-    int r = zo_optim_wait(t->o, NULL);
+    /* many ranks: the update in flight (DPU) finished and gathered on every rank */
+    int r = t->part ? zo_part_wait(t->part, NULL) : zo_optim_wait(t->o, NULL);
     if (r < 0) {
-        fprintf(stderr, "zo-train: final step: %s (%s)\n", zo_strerror(r), zo_optim_errmsg(t->o));
+        fprintf(stderr, "zo-train: final step: %s (%s)\n", zo_strerror(r),
+                t->part ? zo_part_errmsg(t->part) : zo_optim_errmsg(t->o));
         return 1;
     }
     if (t->tiled && refresh_tiles(t->o, &t->dm) < 0)
@@ -1917,6 +1913,9 @@ static int run_cleanup(train_run *t, int rc)
     zo_swap_destroy(&t->tile_swap);
     zo_dev_close(&t->dev);
     zo_tool_rundir_remove(&g_run);
+    if (rc && train_dp_timed_out(&t->dp))
+        fprintf(stderr, "zo-train: rank %u: no answer from the other ranks within %g s (--comm-timeout): a rank "
+                "died, hangs or was stopped\n", t->dp.rank, t->opt.comm_timeout);
     if (rc && t->dp.world > 1 && !t->failed_together)
         /* the other ranks may be waiting in a collective for this one */
         train_dp_abort(&t->dp, rc);
@@ -1951,7 +1950,7 @@ int main(int argc, char **argv)
         return rc < 0 ? 0 : rc; /* -1: --help */
     /* under mpirun: one rank of the data-parallel run (train_dp.h) */
     char why[512];
-    if ((rc = train_dp_init(&run.dp, &argc, &argv, why, sizeof(why))) < 0) {
+    if ((rc = train_dp_init(&run.dp, &argc, &argv, run.opt.comm_timeout, why, sizeof(why))) < 0) {
         fprintf(stderr, "zo-train: %s\n", why);
         return rc == ZO_ENOTSUP ? 2 : 1;
     }

@@ -486,6 +486,67 @@ ZO_API int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state whi
                                  zo_dtype dtype, uint64_t off, uint64_t n);
 
 /**
+ * One sub-group as the raw quantized-state calls see it
+ * (zo_optim_get_qstate_info()). A quantized state is stored per sub-group, not
+ * per tensor: its blocks start at the sub-group's first element and run
+ * over the group's flat space across tensor boundaries (a tensor may start
+ * or end mid-block, and the last block of a sub-group may be short), so
+ * the sub-group is the unit whose codes come with all of their scales.
+ */
+typedef struct zo_optim_qstate_info {
+    size_t struct_size;  /**< set by the caller: sizeof(zo_optim_qstate_info) */
+    unsigned group;      /**< the sub-group's parameter group */
+    uint64_t offset;     /**< its first element in the group's flat space (tensors end to end, in order) */
+    uint64_t numel;      /**< its elements */
+    int bits;            /**< 8 (q8) or 4 (q4); 0: the group's states are not quantized */
+    uint32_t block;      /**< elements per absmax scale (0 when bits is 0) */
+    uint64_t code_bytes; /**< bytes of codes of one state: numel (q8) or (numel + 1) / 2 (q4, an odd numel
+                              leaves the last high nibble 0) */
+    uint64_t nscales;    /**< fp32 absmax values of one state: ceil(numel / block) */
+    int32_t map[ZO_OPTIM_STATE_COUNT]; /**< each state's code map (a ::zo_qmap); -1 for the master, for a state
+                                            the optimizer does not use, and when bits is 0 */
+} zo_optim_qstate_info;
+
+/**
+ * Describe sub-group `subgroup` (0 .. zo_optim_info.nsubgroups - 1, group
+ * 0's first, in flat order) of any group, quantized or not. Any thread
+ * (the layout never changes). @return 0; -EINVAL (NULL, struct_size too
+ * small, subgroup out of range).
+ */
+ZO_API int zo_optim_get_qstate_info(zo_optim *o, unsigned subgroup, zo_optim_qstate_info *info);
+
+/**
+ * Copy one quantized state (ZO_OPTIM_STATE_EXP_AVG or EXP_AVG_SQ) of
+ * sub-group `subgroup` out as it is stored, no dequantize: `codes` gets
+ * info.code_bytes bytes (the kernel's layout, cpuadam.h), `absmax`
+ * info.nscales floats. Under both placements (NVMe: read from the swap
+ * store). Waits for an update in flight first, as zo_optim_state_export().
+ * Blocks. What a bit-exact state dict of quantized states is built from.
+ * @return 0; -EINVAL (NULL, subgroup out of range, `which` not a moment,
+ *         code_bytes / nscales not exactly the sub-group's);
+ *         ZO_ENOTSUP (the group's states are not quantized; or the state
+ *         is unused by its optimizer, Lion's v); ZO_ESTATE (the states are
+ *         undefined after a failed step, load or init, see
+ *         zo_optim_load()); store errors.
+ */
+ZO_API int zo_optim_qstate_export(zo_optim *o, unsigned subgroup, zo_optim_state which, uint8_t *codes,
+                                  uint64_t code_bytes, float *absmax, uint64_t nscales);
+
+/**
+ * Replace one quantized state of sub-group `subgroup` with codes and scales
+ * as zo_optim_qstate_export() gives them: stored bit for bit, no
+ * requantization (the next step dequantizes exactly these). Checked before
+ * anything is written: a 4-bit state of odd numel must leave its last high
+ * nibble 0, and every absmax must be >= 0 or NaN (a NaN block is what a
+ * step stores for an inf/NaN moment; a negative or infinite scale is
+ * never stored). Waits for an update in flight first. Blocks.
+ * @return as zo_optim_qstate_export(); -EINVAL also for a bad pad nibble or
+ *         scale (nothing written).
+ */
+ZO_API int zo_optim_qstate_import(zo_optim *o, unsigned subgroup, zo_optim_state which, const uint8_t *codes,
+                                  uint64_t code_bytes, const float *absmax, uint64_t nscales);
+
+/**
  * Copy the parameter buffers (the masters cast to param_dtype) to the
  * device parameters of every group that has dev_params (with
  * dpu_double_buffer: to the current buffers), and wait.
@@ -640,8 +701,11 @@ ZO_API int zo_optim_wait(zo_optim *o, zo_optim_step_result *res);
 ZO_API int zo_optim_step(zo_optim *o, const zo_optim_step_opts *opts, zo_optim_step_result *res);
 
 /**
- * The result of the latest finished boundary (under DPU the step whose
- * result step_async() fenced). @return 0; -EINVAL (NULL, struct_size);
+ * The result of the latest collected boundary: the one zo_optim_wait() (or
+ * zo_optim_step()) returned, or under DPU the previous step, whose update
+ * zo_optim_step_async() finished (fenced) before starting its own. Not an
+ * update that finished on the worker since: the answer depends only on
+ * the calls made, never on timing. @return 0; -EINVAL (NULL, struct_size);
  * -ENOENT (none yet).
  */
 ZO_API int zo_optim_last_result(zo_optim *o, zo_optim_step_result *res);

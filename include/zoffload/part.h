@@ -26,10 +26,12 @@
  *      spans two groups; a tensor larger than a bucket is cut into several).
  *      When every tensor of the next bucket is in, the caller's thread copies
  *      the bucket into the engine's device bucket buffer and reduce-scatters
- *      it (::zo_comm.reduce_scatter): the buckets are reduced while backward
- *      goes on, in bucket order on every rank (a bucket that fills before
- *      the one before it waits for it), so the ranks' collectives pair up
- *      whatever order the gradients arrive in.
+ *      it (::zo_comm.reduce_scatter; with the asynchronous callbacks it
+ *      starts the collective and returns, two buckets in flight): the
+ *      buckets are reduced while backward goes on, in bucket order on every
+ *      rank (a bucket that fills before the one before it waits for it), so
+ *      the ranks' collectives pair up whatever order the gradients arrive
+ *      in.
  *   2. The rank's part of the sum is averaged (divided by world in fp32,
  *      after the sum: one rounding, the mean is correctly rounded from the
  *      summed gradient; see docs/optim-integration.md "Many ranks") into an
@@ -54,9 +56,9 @@
  *   engine refuses gradients, steps and saves with ZO_ESTATE until a
  *   zo_part_load() or zo_part_init_from_device() (both collective) succeeds.
  *
- * Not in this version (refused with ZO_ENOTSUP, never ignored): DPU
- * (`dpu`), the speculative clip mode, ZO_OPTIM_NO_GRAD_SKIP (a shard mixes
- * tensors). A checkpoint saved at another world size is resharded at load
+ * Not in this version (refused with ZO_ENOTSUP, never ignored):
+ * `dpu_double_buffer` (DPU itself is supported), the speculative clip mode,
+ * ZO_OPTIM_NO_GRAD_SKIP (a shard mixes tensors). A checkpoint saved at another world size is resharded at load
  * (zo_part_load()).
  * The collectives: <zoffload/comm_mpi.h> (MPI, host backend) and
  * <zoffload/comm_nccl.h> (NCCL, CUDA backend), header-only, or the
@@ -85,8 +87,9 @@ struct zo_event;
  * The collectives of one rank (the "external" comm: the framework's own,
  * e.g. torch.distributed, MPI or NCCL calls behind three callbacks). Fill
  * with zo_comm_default(), then set rank, world, user and the callbacks.
- * Each callback is synchronous: the data is in `buf` when it is called,
- * and the result must be there when it returns. `buf` is memory of the
+ * The first three callbacks are synchronous: the data is in `buf` when it
+ * is called, and the result must be there when it returns; the optional
+ * start/wait pairs below let the engine overlap them. `buf` is memory of the
  * engine's device (host memory on the host backend). counts[world] give
  * each rank's chunk, in elements of `dt`, laid out rank 0's first; chunks
  * may be empty (count 0). Return 0, or a negative error code (-errno or a
@@ -109,6 +112,23 @@ typedef struct zo_comm {
     /** vals[0..n) (host memory) = the op (ZO_COMM_SUM or ZO_COMM_MAX) over
      *  the ranks, the same bits on every rank. */
     int (*all_reduce)(void *user, double *vals, unsigned n, int op);
+    /* ---- optional: asynchronous collectives (all three set, or none) ---- */
+    /** Start what reduce_scatter does over buf and return at once, with the
+     *  callback's own handle in *req. The engine leaves buf alone until
+     *  wait(req) has returned. With these set, up to two gradient buckets
+     *  are in flight: the next one fills while the previous one moves
+     *  (overlap with backward). Return 0 (then wait is called), or < 0 (the
+     *  operation did not start; no wait). */
+    int (*reduce_scatter_start)(void *user, void *buf, const uint64_t *counts, zo_dtype dt, void **req);
+    /** Start what all_gather does over buf (as reduce_scatter_start). The
+     *  engine starts one per group, over disjoint parts of its buffer. */
+    int (*all_gather_start)(void *user, void *buf, const uint64_t *counts, zo_dtype dt, void **req);
+    /** Finish a started operation: the result is in its buf when it returns
+     *  0; < 0 (-ETIMEDOUT, -EIO, ...) fails the engine's call. The engine
+     *  waits each started request exactly once, in the order started (on
+     *  every rank the same order), also after an earlier one failed, so
+     *  the callback can free it; after a failure it may return at once. */
+    int (*wait)(void *user, void *req);
 } zo_comm;
 
 /** Fill *c: rank 0 of world 1, no callbacks. NULL ignored. */
@@ -196,6 +216,13 @@ ZO_API int zo_part_grad(zo_part *p, unsigned index, const void *dev_grad, struct
  * framework's params are updated. res (may be NULL) gets the inner
  * engine's result: grad_norm is the global norm, clip_coef the
  * coefficient every rank applied.
+ * With the template's `dpu` (delayed parameter update, optim.h) the
+ * schedule is the single-rank engine's: after the warm-up the inner
+ * update of this boundary runs on while the framework's next forward and
+ * backward do, and the next boundary's call finishes it and gathers its
+ * params (so the forward of step k sees the result of step k - 2); res is
+ * then the latest finished update's (boundary 1). zo_part_wait() finishes
+ * the last one.
  * @return 0; -EINVAL (res->struct_size); ZO_ESTATE (an earlier collective
  *         or update failed); the inner step's errors (ZO_ENONFINITE under
  *         ZO_OPTIM_NONFINITE_ERROR, the same on every rank; store errors);
@@ -203,6 +230,20 @@ ZO_API int zo_part_grad(zo_part *p, unsigned index, const void *dev_grad, struct
  *         rank's failed; collective and device errors.
  */
 ZO_API int zo_part_step(zo_part *p, zo_optim_step_result *res);
+
+/**
+ * Finish the update in flight (the template's `dpu`: delayed parameter
+ * update) and all-gather its params into every tensor's dev_params, after
+ * an all-reduce of "did my update fail" so no rank waits for another.
+ * Without dpu nothing is ever in flight and this returns at once (not
+ * collective then). Collective with dpu: every rank calls it, e.g. at the
+ * end of training; zo_part_save() and zo_part_push_params() call it
+ * themselves. res (may be NULL) gets that update's result.
+ * @return 0; -EINVAL (NULL, res->struct_size); ZO_ESTATE (an earlier
+ *         collective failed; another rank's update failed); the update's
+ *         errors; collective and device errors.
+ */
+ZO_API int zo_part_wait(zo_part *p, zo_optim_step_result *res);
 
 /**
  * Collective. The masters of this rank's shards cast to the param dtype
@@ -290,7 +331,8 @@ typedef struct zo_part_info {
     uint64_t pinned_bytes;     /**< the inner engine's pinned memory (zo_optim_info.pinned_bytes) */
     uint64_t host_bytes;       /**< other host memory: the inner engine's plus the fp32 shard gradients
                                     and host staging of this layer */
-    uint64_t device_bytes;     /**< device memory of this layer: the flat params and the bucket buffer */
+    uint64_t device_bytes;     /**< device memory of this layer: the flat params and the bucket buffer (two
+                                    with an asynchronous comm) */
     int64_t step;              /**< updates applied */
     uint64_t reduce_scatters;  /**< buckets reduced, since create */
     uint64_t buckets_in_grad;  /**< of those, reduced inside zo_part_grad() (overlapping backward) */

@@ -1407,6 +1407,8 @@ static int collect(zo_optim *o, zo_optim_step_result *res)
             zo__errbuf_set(&o->err, o->job_msg);
         if (res)
             *res = o->job_res;
+        o->last_res = o->job_res;
+        o->have_res = 1;
         int applied = r == 0 && !o->job_res.skipped;
         unsigned db = o->job.dbuf;
         pthread_mutex_unlock(&o->lock);

@@ -62,11 +62,14 @@ struct zo_part {
     unsigned char *tin;
     /* buckets */
     pbucket *b;
-    unsigned nb, next;
+    unsigned nb, next, fin; /* buckets [fin, next) are started and not finished (in flight) */
+    unsigned nbuf;          /* bucket buffers: 2 with an asynchronous comm (one fills while one moves), else 1 */
+    int async;              /* the comm's start/wait callbacks are used */
+    void *req[2];           /* the in-flight reduce-scatters' handles, by buffer */
     uint64_t *bcounts;
     uint64_t bmax; /* elements of the largest bucket */
     /* buffers */
-    void *flat, *bucket, *stage;
+    void *flat, *bucket[2], *stage;
     float *sgrad;
     uint64_t shard_numel, own_host_bytes, device_bytes;
     zo_stream *st;
@@ -76,6 +79,7 @@ struct zo_part {
     char *names;             /* the template's tensor names, each NUL-terminated, in order (layout_fp()) */
     uint64_t *gsg;           /* [ngroups] the group's sub-group size (a resharded load finds old sub-groups) */
     int broken; /* a collective or an update failed: the ranks are out of step */
+    int dpu;    /* the template's delayed parameter update: the inner engine's update runs into the next step */
     uint64_t n_rs, n_rs_grad, n_ag;
 };
 
@@ -182,17 +186,17 @@ static int dev_failed(zo_part *p, int r, const char *fn, const char *what)
 
 /* ---- gradient buckets ------------------------------------------------------------- */
 
-/* Reduce bucket `bi`: copy its gradients (zeros for tensors without one)
- * into the bucket buffer, reduce-scatter, average this rank's chunk into
- * the fp32 shard gradients, and hand a group's shard to the inner engine
- * once all its buckets are in. */
-static int reduce_bucket(zo_part *p, unsigned bi, int in_grad, const char *fn)
+/* Start bucket `bi`'s reduce-scatter: copy its gradients (zeros for tensors
+ * without one) into its bucket buffer and start the collective (with a
+ * synchronous comm: run it). finish_bucket() takes the result. */
+static int start_bucket(zo_part *p, unsigned bi, int in_grad, const char *fn)
 {
     pbucket *bk = &p->b[bi];
+    void *buf = p->bucket[bi % p->nbuf];
     int r;
     for (unsigned t = bk->t0; t <= bk->t1; t++) {
         uint64_t a = ZO_MAX(bk->lo, p->toff[t]), e = ZO_MIN(bk->hi, p->toff[t] + p->tnumel[t]);
-        char *dst = (char *)p->bucket + (a - bk->lo) * p->ges;
+        char *dst = (char *)buf + (a - bk->lo) * p->ges;
         if (p->tgrad[t])
             r = zo_memcpy_async(p->st, dst, (const char *)p->tgrad[t] + (a - p->toff[t]) * p->ges, (e - a) * p->ges,
                                 ZO_COPY_D2D);
@@ -203,10 +207,30 @@ static int reduce_bucket(zo_part *p, unsigned bi, int in_grad, const char *fn)
     }
     if ((r = zo_stream_sync(p->st)) < 0)
         return dev_failed(p, r, fn, "copying gradients into the bucket");
-    if (p->comm.reduce_scatter && (r = p->comm.reduce_scatter(p->comm.user, p->bucket, bk->counts, p->gdt)) != 0)
+    if (p->async) {
+        p->req[bi % p->nbuf] = NULL;
+        if ((r = p->comm.reduce_scatter_start(p->comm.user, buf, bk->counts, p->gdt, &p->req[bi % p->nbuf])) != 0)
+            return comm_failed(p, r, fn, "reduce_scatter_start (a gradient bucket)");
+    } else if (p->comm.reduce_scatter && (r = p->comm.reduce_scatter(p->comm.user, buf, bk->counts, p->gdt)) != 0) {
         return comm_failed(p, r, fn, "reduce_scatter (a gradient bucket)");
+    }
+    p->next++; /* started: from here on it is waited exactly once */
     p->n_rs++;
     p->n_rs_grad += in_grad != 0;
+    return 0;
+}
+
+/* Finish the oldest started bucket (p->fin): wait for its reduce-scatter,
+ * average this rank's chunk into the fp32 shard gradients, and hand a
+ * group's shard to the inner engine once all its buckets are in. */
+static int finish_bucket(zo_part *p, const char *fn)
+{
+    unsigned bi = p->fin++;
+    pbucket *bk = &p->b[bi];
+    const void *buf = p->bucket[bi % p->nbuf];
+    int r;
+    if (p->async && (r = p->comm.wait(p->comm.user, p->req[bi % p->nbuf])) != 0)
+        return comm_failed(p, r, fn, "wait (a gradient bucket's reduce_scatter)");
     unsigned g = bk->group, me = p->comm.rank;
     uint64_t c = bk->counts[me];
     if (!c)
@@ -214,7 +238,7 @@ static int reduce_bucket(zo_part *p, unsigned bi, int in_grad, const char *fn)
     uint64_t off = 0;
     for (unsigned k = 0; k < me; k++)
         off += bk->counts[k];
-    const void *src = (const char *)p->bucket + off * p->ges;
+    const void *src = (const char *)buf + off * p->ges;
     if (!p->host) {
         if ((r = zo_memcpy_async(p->st, p->stage, src, c * p->ges, ZO_COPY_D2H)) < 0 ||
             (r = zo_stream_sync(p->st)) < 0)
@@ -245,21 +269,46 @@ static int reduce_bucket(zo_part *p, unsigned bi, int in_grad, const char *fn)
     return 0;
 }
 
+/* Wait for every bucket in flight, results unused (a failure, a reset):
+ * each started request is waited exactly once, errors ignored. */
+static void drain_quiet(zo_part *p)
+{
+    for (; p->fin < p->next; p->fin++)
+        if (p->async)
+            (void)p->comm.wait(p->comm.user, p->req[p->fin % p->nbuf]);
+}
+
 /* Reduce the buckets that are complete, in bucket order (the same
  * sequence of collectives on every rank). */
 static int advance(zo_part *p, int in_grad, const char *fn)
 {
+    int r;
     while (p->next < p->nb && p->b[p->next].have == p->b[p->next].t1 - p->b[p->next].t0 + 1) {
-        int r = reduce_bucket(p, p->next, in_grad, fn);
+        /* a buffer for it: the oldest in flight finishes first */
+        if (p->next - p->fin == p->nbuf && (r = finish_bucket(p, fn)) < 0)
+            return r;
+        if ((r = start_bucket(p, p->next, in_grad, fn)) < 0)
+            return r;
+        if (!p->async && (r = finish_bucket(p, fn)) < 0)
+            return r;
+    }
+    return 0;
+}
+
+/* Finish every bucket in flight (the end of a micro-step's reduction). */
+static int drain(zo_part *p, const char *fn)
+{
+    while (p->fin < p->next) {
+        int r = finish_bucket(p, fn);
         if (r < 0)
             return r;
-        p->next++;
     }
     return 0;
 }
 
 static void window_reset(zo_part *p)
 {
+    drain_quiet(p);
     for (unsigned i = 0; i < p->nt; i++) {
         p->tin[i] = 0;
         p->tgrad[i] = NULL;
@@ -268,7 +317,7 @@ static void window_reset(zo_part *p)
         p->b[i].have = 0;
     for (unsigned g = 0; g < p->ngroups; g++)
         p->ghave[g] = 0;
-    p->next = 0;
+    p->next = p->fin = 0;
 }
 
 static int any_in(const zo_part *p)
@@ -306,7 +355,40 @@ int zo_part_grad(zo_part *p, unsigned index, const void *dev_grad, zo_event *rea
 static int gather_params(zo_part *p, const char *fn)
 {
     int r;
-    for (unsigned g = 0; g < p->ngroups && p->comm.all_gather; g++) {
+    if (p->async) {
+        /* the groups' gathers over their disjoint parts of flat, up to two
+         * in flight; every started one is waited, also after a failure */
+        void *rq[2];
+        unsigned started = 0, waited = 0;
+        int first = 0;
+        const char *what = NULL;
+        for (unsigned g = 0; g < p->ngroups || waited < started;) {
+            if (g < p->ngroups && started - waited < 2 && !first) {
+                rq[started % 2] = NULL;
+                r = p->comm.all_gather_start(p->comm.user, (char *)p->flat + p->goff[g] * p->pes,
+                                             p->gcounts + (size_t)g * p->comm.world, p->pdt, &rq[started % 2]);
+                if (r) {
+                    first = r;
+                    what = "all_gather_start (the updated params)";
+                } else {
+                    started++;
+                    p->n_ag++;
+                }
+                g++;
+                continue;
+            }
+            if (waited == started)
+                break; /* a start failed: nothing left in flight */
+            r = p->comm.wait(p->comm.user, rq[waited++ % 2]);
+            if (r && !first) {
+                first = r;
+                what = "wait (an all_gather of the updated params)";
+            }
+        }
+        if (first)
+            return comm_failed(p, first, fn, what);
+    }
+    for (unsigned g = 0; g < p->ngroups && p->comm.all_gather && !p->async; g++) {
         r = p->comm.all_gather(p->comm.user, (char *)p->flat + p->goff[g] * p->pes,
                                p->gcounts + (size_t)g * p->comm.world, p->pdt);
         if (r)
@@ -332,6 +414,8 @@ int zo_part_init_from_device(zo_part *p)
     if (any_in(p))
         return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
     int r;
+    if (p->dpu)
+        (void)zo_optim_wait(p->inner, NULL); /* an update in flight is overwritten by what follows */
     if (p->micro % p->accum && (r = zo_optim_discard_grads(p->inner)) < 0)
         return ZO_FAIL(&p->err, r, "%s: %s", fn, zo_optim_errmsg(p->inner));
     for (unsigned i = 0; i < p->nt; i++) {
@@ -354,29 +438,66 @@ int zo_part_init_from_device(zo_part *p)
 
 /* ---- the step --------------------------------------------------------------------- */
 
-int zo_part_step(zo_part *p, zo_optim_step_result *res)
+/* The checks a step call makes first: NULL, res's struct_size, usable. */
+static int step_call_ok(zo_part *p, zo_optim_step_result *res, const char *fn)
 {
-    static const char fn[] = "zo_part_step";
-    enter(p);
     if (!p)
         return ZO_FAIL(NULL, -EINVAL, "%s: NULL", fn);
     int r;
     if (res && (r = ZO_STRUCT_OUT(res, (const zo_optim_step_result *)NULL, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err,
                                   fn)) < 0)
         return r;
-    if ((r = check_usable(p, fn)) < 0)
+    return check_usable(p, fn);
+}
+
+/* After this rank's update ended with ur (its detail in lmsg): whether any
+ * rank's failed, agreed (one all-reduce) before the all-gather so that no
+ * rank waits for another; then res, and ur's own failure. 0: gather. */
+static int agree_update(zo_part *p, int ur, const char *lmsg, const zo_optim_step_result *lr,
+                        zo_optim_step_result *res, const char *fn)
+{
+    /* ZO_ENONFINITE is decided by the global flag: the same on every rank */
+    double f[1] = {ur < 0 && ur != ZO_ENONFINITE ? 1.0 : 0.0};
+    int r = all_reduce(p, f, 1, ZO_COMM_MAX, fn, "all_reduce (update status)");
+    if (r < 0)
+        return r;
+    if (f[0] > 0) {
+        broke(p);
+        if (ur < 0)
+            return ZO_FAIL(&p->err, ur, "%s: the update of this rank's shard: %s", fn, lmsg);
+        return ZO_FAIL(&p->err, ZO_ESTATE,
+                       "%s: another rank's update failed (this rank's shard was updated, the params were not "
+                       "gathered)", fn);
+    }
+    if (res)
+        ZO_STRUCT_OUT(res, lr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err, fn);
+    if (ur < 0)
+        return ZO_FAIL(&p->err, ur, "%s: %s", fn, lmsg);
+    return 0;
+}
+
+int zo_part_step(zo_part *p, zo_optim_step_result *res)
+{
+    static const char fn[] = "zo_part_step";
+    enter(p);
+    int r = step_call_ok(p, res, fn);
+    if (r < 0)
         return r;
     /* the buckets not yet reduced (tensors without a gradient: zeros) */
     for (unsigned i = 0; i < p->nb; i++)
         p->b[i].have = p->b[i].t1 - p->b[i].t0 + 1;
     r = advance(p, 0, fn);
+    if (r == 0)
+        r = drain(p, fn);
     window_reset(p);
     if (r < 0)
         return r;
     zo_optim_step_result lr = {.struct_size = sizeof(lr)};
     p->micro++;
     if (p->micro % p->accum) {
-        if ((r = zo_optim_step(p->inner, NULL, &lr)) < 0) {
+        /* under DPU a wait here would end the delay of the update in
+         * flight (the single-rank schedule never waits mid-window) */
+        if ((r = p->dpu ? zo_optim_step_async(p->inner, NULL) : zo_optim_step(p->inner, NULL, &lr)) < 0) {
             broke(p);
             return ZO_FAIL(&p->err, r, "%s: %s", fn, zo_optim_errmsg(p->inner));
         }
@@ -408,27 +529,55 @@ int zo_part_step(zo_part *p, zo_optim_step_result *res)
     zo_optim_step_opts_default(&so);
     so.global_sumsq = isnan(s[0]) ? INFINITY : s[0];
     so.global_nonfinite = m[0] > 0;
-    int ur = zo_optim_step(p->inner, &so, &lr);
+    int ur, delayed = 0;
+    if (p->dpu) {
+        /* DPU: the inner engine finishes the previous update (its params
+         * into this rank's shard of flat) and queues this one, which runs
+         * while the framework's next forward and backward do; in the
+         * warm-up it finishes this one now. Every rank is in the same
+         * phase (the same calls, the same warm-up). */
+        ur = zo_optim_step_async(p->inner, &so);
+        zo_optim_info oi = {.struct_size = sizeof(oi)};
+        zo_optim_get_info(p->inner, &oi);
+        delayed = oi.dpu_active;
+        if (ur == 0 && !delayed)
+            ur = zo_optim_wait(p->inner, &lr);
+        else if (zo_optim_last_result(p->inner, &lr) < 0)
+            lr.step = oi.step; /* no update finished yet: nothing to report but the count */
+        lr.boundary = 1;
+    } else {
+        ur = zo_optim_step(p->inner, &so, &lr);
+    }
     if (ur < 0)
         snprintf(lmsg, sizeof(lmsg), "%s", zo_optim_errmsg(p->inner));
-    /* ZO_ENONFINITE is decided by the global flag: the same on every rank */
-    double f[1] = {ur < 0 && ur != ZO_ENONFINITE ? 1.0 : 0.0};
-    if ((r = all_reduce(p, f, 1, ZO_COMM_MAX, fn, "all_reduce (update status)")) < 0)
+    if ((r = agree_update(p, ur, lmsg, &lr, res, fn)) < 0)
         return r;
-    if (f[0] > 0) {
-        broke(p);
-        if (ur < 0)
-            return ZO_FAIL(&p->err, ur, "%s: the update of this rank's shard: %s", fn, lmsg);
-        return ZO_FAIL(&p->err, ZO_ESTATE,
-                       "%s: another rank's update failed (this rank's shard was updated, the params were not "
-                       "gathered)", fn);
-    }
-    if (res)
-        ZO_STRUCT_OUT(res, &lr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err, fn);
+    if (lr.skipped && !delayed)
+        return 0; /* every rank skipped: nothing to gather (under DPU the previous update's params are new) */
+    return gather_params(p, fn);
+}
+
+int zo_part_wait(zo_part *p, zo_optim_step_result *res)
+{
+    static const char fn[] = "zo_part_wait";
+    enter(p);
+    int r = step_call_ok(p, res, fn);
+    if (r < 0)
+        return r;
+    zo_optim_step_result lr = {.struct_size = sizeof(lr)};
+    int ur = zo_optim_wait(p->inner, &lr);
+    char lmsg[ZO_ERRMSG_LEN] = "";
     if (ur < 0)
-        return ZO_FAIL(&p->err, ur, "%s: %s", fn, lmsg);
-    if (lr.skipped)
-        return 0; /* every rank skipped: nothing to gather */
+        snprintf(lmsg, sizeof(lmsg), "%s", zo_optim_errmsg(p->inner));
+    if (!p->dpu) {
+        /* nothing is ever left in flight (zo_part_step() finished it): not collective */
+        if (res)
+            ZO_STRUCT_OUT(res, &lr, ZO_OPTIM_STEP_RESULT_SIZE_V1, &p->err, fn);
+        return ur < 0 ? ZO_FAIL(&p->err, ur, "%s: %s", fn, lmsg) : 0;
+    }
+    if ((r = agree_update(p, ur, lmsg, &lr, res, fn)) < 0)
+        return r;
+    /* the finished update's params are in this rank's shard: every rank's, everywhere */
     return gather_params(p, fn);
 }
 
@@ -443,6 +592,8 @@ int zo_part_push_params(zo_part *p)
         return r;
     if (any_in(p))
         return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
+    if (p->dpu && (r = zo_part_wait(p, NULL)) < 0) /* the update in flight first (collective) */
+        return r;
     int lerr = zo_optim_push_params(p->inner);
     char lmsg[ZO_ERRMSG_LEN] = "";
     if (lerr < 0)
@@ -557,6 +708,9 @@ int zo_part_save(zo_part *p, const char *root, const char *name, unsigned keep_l
         return ZO_FAIL(&p->err, -EINVAL, "%s: keep_last 1 would delete a rank's previous shard before every rank "
                        "has saved the new one (a crash then leaves no whole checkpoint): give 0 (keep all) or >= 2",
                        fn);
+    /* DPU: the update in flight belongs to this checkpoint (collective) */
+    if (p->dpu && (r = zo_part_wait(p, NULL)) < 0)
+        return r;
     char dir[4096];
     if (rank_dir(dir, sizeof(dir), root, p->comm.rank) < 0)
         return ZO_FAIL(&p->err, -ENAMETOOLONG, "%s: root too long", fn);
@@ -892,6 +1046,8 @@ int zo_part_load(zo_part *p, const char *root, const char *name, char *user_json
         return ZO_FAIL(p ? &p->err : NULL, -EINVAL, "%s: NULL argument", fn);
     if (any_in(p))
         return ZO_FAIL(&p->err, ZO_ESTATE, "%s: gradients were handed over in this micro-step", fn);
+    if (p->dpu)
+        (void)zo_optim_wait(p->inner, NULL); /* an update in flight is replaced by the checkpoint */
     unsigned ow = 0;
     char cname[ZO_CKPT_NAME_MAX + 1], wname[ZO_CKPT_NAME_MAX + 1];
     int r = 0;
@@ -989,14 +1145,16 @@ void zo_part_destroy(zo_part **pp)
         return;
     zo_part *p = *pp;
     *pp = NULL;
+    drain_quiet(p); /* requests still in flight are the comm's to release */
     zo_optim_destroy(&p->inner);
     if (p->st)
         zo_stream_destroy(&p->st);
     if (p->dev) {
         if (p->flat)
             zo_dev_free(p->dev, p->flat);
-        if (p->bucket)
-            zo_dev_free(p->dev, p->bucket);
+        for (unsigned i = 0; i < 2; i++)
+            if (p->bucket[i])
+                zo_dev_free(p->dev, p->bucket[i]);
     }
     free(p->stage);
     free(p->sgrad);
@@ -1105,14 +1263,19 @@ static int check_cfg(zo_part *p, const zo_part_config *cfg, const zo_optim_confi
         return ZO_FAIL(&p->err, ZO_ECONFIG, "%s: comm callbacks missing (%s%s%s): every one is needed with world %u",
                        fn, c->reduce_scatter ? "" : "reduce_scatter ", c->all_gather ? "" : "all_gather ",
                        c->all_reduce ? "" : "all_reduce", c->world);
+    int na = !!c->reduce_scatter_start + !!c->all_gather_start + !!c->wait;
+    if (na != 0 && na != 3)
+        return ZO_FAIL(&p->err, ZO_ECONFIG, "%s: comm: the asynchronous callbacks come together (missing: %s%s%s)",
+                       fn, c->reduce_scatter_start ? "" : "reduce_scatter_start ",
+                       c->all_gather_start ? "" : "all_gather_start ", c->wait ? "" : "wait");
     if (cfg->bucket_bytes < PART_MIN_BUCKET)
         return ZO_FAIL(&p->err, ZO_ECONFIG, "%s: bucket_bytes %" PRIu64 " (>= %u)", fn, cfg->bucket_bytes,
                        PART_MIN_BUCKET);
     if (!oc->dev || !oc->groups || !oc->ngroups)
         return ZO_FAIL(&p->err, -EINVAL, "%s: the template has no device or no groups", fn);
-    if (oc->dpu)
-        return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: dpu (delayed parameter update) is not supported with partitioning "
-                       "yet", fn);
+    if (oc->dpu && oc->dpu_double_buffer)
+        return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: dpu_double_buffer is not supported with partitioning (the "
+                       "all-gather runs in place over the engine's one copy of the params): leave it 0", fn);
     if (oc->clip_mode == ZO_OPTIM_CLIP_SPECULATIVE)
         return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: the speculative clip mode is not supported with partitioning "
                        "(the global norm is known only after every rank's gradients): use ZO_OPTIM_CLIP_TWO_PASS", fn);
@@ -1203,7 +1366,7 @@ int zo_part_create(zo_part **out, const zo_part_config *ucfg)
         goto fail;
     }
     zo_comm_default(&p->comm);
-    if ((r = ZO_STRUCT_IN(&p->comm, cfg.comm, sizeof(zo_comm), &p->err, fn)) < 0 ||
+    if ((r = ZO_STRUCT_IN(&p->comm, cfg.comm, offsetof(zo_comm, reduce_scatter_start), &p->err, fn)) < 0 ||
         (r = ZO_STRUCT_IN(&oc, cfg.optim, offsetof(zo_optim_config, no_grad), &p->err, fn)) < 0 ||
         (r = check_cfg(p, &cfg, &oc)) < 0)
         goto fail;
@@ -1213,6 +1376,7 @@ int zo_part_create(zo_part **out, const zo_part_config *ucfg)
     p->pdt = oc.param_dtype;
     p->gdt = oc.grad_dtype == ZO_DTYPE_COUNT ? oc.param_dtype : oc.grad_dtype;
     p->pes = zo_dtype_size(p->pdt);
+    p->dpu = oc.dpu;
     p->ges = zo_dtype_size(p->gdt);
     if (!p->ges) {
         r = ZO_FAIL(&p->err, ZO_ECONFIG, "%s: grad_dtype %d", fn, (int)oc.grad_dtype);
@@ -1311,13 +1475,17 @@ int zo_part_create(zo_part **out, const zo_part_config *ucfg)
     }
     if ((r = make_buckets(p, &oc, ZO_MAX(cfg.bucket_bytes / p->ges, (uint64_t)1))) < 0)
         goto fail;
-    if ((r = zo_dev_malloc(p->dev, &p->bucket, (size_t)(p->bmax * p->ges))) < 0) {
-        p->bucket = NULL;
-        r = ZO_FAIL(&p->err, r, "%s: gradient bucket (%" PRIu64 " bytes): %s", fn, p->bmax * p->ges,
-                    zo_dev_errmsg(p->dev));
-        goto fail;
-    }
-    p->device_bytes = flat * p->pes + p->bmax * p->ges;
+    /* an asynchronous comm: two buckets, one filling while one moves */
+    p->async = w > 1 && p->comm.reduce_scatter_start;
+    p->nbuf = p->async ? 2 : 1;
+    for (unsigned i = 0; i < p->nbuf; i++)
+        if ((r = zo_dev_malloc(p->dev, &p->bucket[i], (size_t)(p->bmax * p->ges))) < 0) {
+            p->bucket[i] = NULL;
+            r = ZO_FAIL(&p->err, r, "%s: gradient bucket (%" PRIu64 " bytes): %s", fn, p->bmax * p->ges,
+                        zo_dev_errmsg(p->dev));
+            goto fail;
+        }
+    p->device_bytes = flat * p->pes + p->nbuf * p->bmax * p->ges;
     p->sgrad = calloc(p->shard_numel, sizeof(float));
     if (!p->sgrad || (!p->host && !(p->stage = malloc((size_t)(p->bmax * p->ges))))) {
         r = -ENOMEM;

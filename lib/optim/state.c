@@ -185,6 +185,116 @@ int zo_optim_state_import(zo_optim *o, unsigned index, zo_optim_state which, con
     return r;
 }
 
+/* ---- raw quantized states ------------------------------------------------------------ */
+
+int zo_optim_get_qstate_info(zo_optim *o, unsigned subgroup, zo_optim_qstate_info *uinfo)
+{
+    if (!o || !uinfo)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_get_qstate_info: NULL argument");
+    int r = ZO_STRUCT_OUT(uinfo, (const zo_optim_qstate_info *)NULL, sizeof(zo_optim_qstate_info), &o->err,
+                          "zo_optim_get_qstate_info");
+    if (r < 0)
+        return r;
+    if (subgroup >= o->nsg)
+        return ZO_FAIL(&o->err, -EINVAL, "zo_optim_get_qstate_info: sub-group %u out of range (the engine has %u)",
+                       subgroup, o->nsg);
+    const zo__sg *sg = &o->sgs[subgroup];
+    const zo__og *og = &o->groups[sg->group];
+    zo_optim_qstate_info in;
+    memset(&in, 0, sizeof(in));
+    in.group = sg->group;
+    in.offset = sg->off - og->off;
+    in.numel = sg->n;
+    for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+        in.map[k] = -1;
+    if (og->qbits) {
+        in.bits = og->qbits;
+        in.block = (uint32_t)og->qblock;
+        in.code_bytes = zo__q_code_bytes(sg->n, og->qbits);
+        in.nscales = zo__q_nscales(sg->n, og->qblock);
+        for (int k = 1; k < ZO_OPTIM_STATE_COUNT; k++)
+            if (og->used[k])
+                in.map[k] = (int32_t)zo__q_map(k);
+    }
+    return ZO_STRUCT_OUT(uinfo, &in, sizeof(zo_optim_qstate_info), &o->err, "zo_optim_get_qstate_info");
+}
+
+/* What the raw calls share: the arguments against the sub-group's state,
+ * then the engine's state (an update in flight is waited for). */
+static int qraw_check(zo_optim *o, const char *fn, unsigned subgroup, zo_optim_state which, const void *codes,
+                      uint64_t code_bytes, const void *absmax, uint64_t nscales)
+{
+    if (!o)
+        return ZO_FAIL(NULL, -EINVAL, "%s: NULL engine", fn);
+    if (!codes || !absmax)
+        return ZO_FAIL(&o->err, -EINVAL, "%s: NULL %s", fn, codes ? "absmax" : "codes");
+    if (subgroup >= o->nsg)
+        return ZO_FAIL(&o->err, -EINVAL, "%s: sub-group %u out of range (the engine has %u)", fn, subgroup, o->nsg);
+    if (which != ZO_OPTIM_STATE_EXP_AVG && which != ZO_OPTIM_STATE_EXP_AVG_SQ)
+        return ZO_FAIL(&o->err, -EINVAL, "%s: state %d is not a moment (exp_avg or exp_avg_sq; masters are fp32: "
+                       "zo_optim_state_export)", fn, (int)which);
+    const zo__sg *sg = &o->sgs[subgroup];
+    const zo__og *og = &o->groups[sg->group];
+    if (!og->qbits)
+        return ZO_FAIL(&o->err, ZO_ENOTSUP, "%s: group %u keeps its states as %s, not quantized (state_bits 0): "
+                       "zo_optim_state_export / import", fn, sg->group, zo_dtype_name(og->sdt));
+    if (!og->used[which] || !sg->t[which])
+        return ZO_FAIL(&o->err, ZO_ENOTSUP, "%s: the optimizer of group %u has no state %d", fn, sg->group,
+                       (int)which);
+    uint64_t cb = zo__q_code_bytes(sg->n, og->qbits), ns = zo__q_nscales(sg->n, og->qblock);
+    if (code_bytes != cb || nscales != ns)
+        return ZO_FAIL(&o->err, -EINVAL, "%s: sub-group %u holds %llu code bytes and %llu scales per state "
+                       "(%llu elements, q%d, block %zu), not %llu and %llu", fn, subgroup, (unsigned long long)cb,
+                       (unsigned long long)ns, (unsigned long long)sg->n, og->qbits, og->qblock,
+                       (unsigned long long)code_bytes, (unsigned long long)nscales);
+    return 0;
+}
+
+int zo_optim_qstate_export(zo_optim *o, unsigned subgroup, zo_optim_state which, uint8_t *codes,
+                           uint64_t code_bytes, float *absmax, uint64_t nscales)
+{
+    zo__enter(o);
+    int r = qraw_check(o, "zo_optim_qstate_export", subgroup, which, codes, code_bytes, absmax, nscales);
+    if (r < 0 || (r = zo__optim_quiesce(o, 0)) < 0)
+        return r;
+    zo__sg *sg = &o->sgs[subgroup];
+    /* the store tensor: codes, then (64-byte aligned) the scales */
+    uint64_t soff = zo__q_scale_off(sg->n, o->groups[sg->group].qbits);
+    if ((r = zo_store_read(o->store, sg->t[which], 0, codes, code_bytes)) < 0 ||
+        (r = zo_store_read(o->store, sg->t[which], soff, absmax, nscales * 4)) < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_qstate_export: sub-group %u: %s", subgroup, zo_store_errmsg(o->store));
+    return 0;
+}
+
+int zo_optim_qstate_import(zo_optim *o, unsigned subgroup, zo_optim_state which, const uint8_t *codes,
+                           uint64_t code_bytes, const float *absmax, uint64_t nscales)
+{
+    zo__enter(o);
+    int r = qraw_check(o, "zo_optim_qstate_import", subgroup, which, codes, code_bytes, absmax, nscales);
+    if (r < 0)
+        return r;
+    zo__sg *sg = &o->sgs[subgroup];
+    int bits = o->groups[sg->group].qbits;
+    /* what no step stores would be read by the next one as it is: refused
+     * before anything is written */
+    if (bits == 4 && (sg->n & 1) && (codes[code_bytes - 1] >> 4))
+        return ZO_FAIL(&o->err, -EINVAL, "zo_optim_qstate_import: sub-group %u has %llu elements: the high nibble "
+                       "of its last code byte is padding and must be 0, not %u", subgroup,
+                       (unsigned long long)sg->n, (unsigned)(codes[code_bytes - 1] >> 4));
+    for (uint64_t b = 0; b < nscales; b++)
+        if (absmax[b] < 0 || isinf(absmax[b]))
+            return ZO_FAIL(&o->err, -EINVAL, "zo_optim_qstate_import: sub-group %u: absmax %llu is %g (a scale is "
+                           ">= 0, or NaN for a block that overflowed)", subgroup, (unsigned long long)b,
+                           (double)absmax[b]);
+    if ((r = zo__optim_quiesce(o, 0)) < 0)
+        return r;
+    uint64_t soff = zo__q_scale_off(sg->n, bits);
+    if ((r = zo_store_write(o->store, sg->t[which], 0, codes, code_bytes)) < 0 ||
+        (r = zo_store_write(o->store, sg->t[which], soff, absmax, nscales * 4)) < 0)
+        return ZO_FAIL(&o->err, r, "zo_optim_qstate_import: sub-group %u: %s", subgroup, zo_store_errmsg(o->store));
+    return 0;
+}
+
 /* Zero the optimizer states (not the masters) of every sub-group. */
 static int zero_states(zo_optim *o)
 {

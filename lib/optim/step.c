@@ -831,9 +831,7 @@ void *zo__optim_worker(void *arg)
         o->job_err = r;
         if (r < 0) /* kept with the error for the call that collects it */
             zo__errbuf_get(&o->werr, o->job_msg, sizeof(o->job_msg));
-        o->job_res = res;
-        o->last_res = res;
-        o->have_res = 1;
+        o->job_res = res; /* last_res when collected (collect()): not before, so it never races the caller */
         o->tl = tl;
         o->have_tl = 1;
         pthread_mutex_unlock(&o->lock);

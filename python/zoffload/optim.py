@@ -122,6 +122,12 @@ class OptimScalerState(ctypes.Structure):
                 ("last_overflow_iter", c_i64), ("cur_hysteresis", c_uint)]
 
 
+class OptimQstateInfo(ctypes.Structure):
+    _fields_ = [("struct_size", c_size_t), ("group", c_uint), ("offset", c_u64), ("numel", c_u64),
+                ("bits", c_int), ("block", ctypes.c_uint32), ("code_bytes", c_u64), ("nscales", c_u64),
+                ("map", ctypes.c_int32 * 3)]
+
+
 _SIZED = {
     "zo_optim_group": (OptimGroup, "zo_optim_group_default", ()),
     "zo_optim_config": (OptimConfig, "zo_optim_config_default", ()),
@@ -131,7 +137,7 @@ _SIZED = {
 _lib.C_STRUCTS.update({k: v[0] for k, v in _SIZED.items()})
 _lib.C_STRUCTS.update({"zo_optim_step_result": OptimStepResult, "zo_optim_info": OptimInfo,
                        "zo_optim_timeline": OptimTimeline, "zo_optim_scaler_state": OptimScalerState,
-                       "zo_optim_footprint": OptimFootprint})
+                       "zo_optim_footprint": OptimFootprint, "zo_optim_qstate_info": OptimQstateInfo})
 
 _declared = False
 
@@ -203,6 +209,12 @@ def _declare():
     if lib.has("zo_optim_estimate"):
         d("zo_optim_estimate", c_int, [P(OptimConfig), c_int, P(OptimFootprint)])
     d("zo_optim_set_scaler", c_int, [c_void_p, P(OptimScalerState)])
+    if lib.has("zo_optim_qstate_export"):
+        d("zo_optim_get_qstate_info", c_int, [c_void_p, c_uint, P(OptimQstateInfo)])
+        d("zo_optim_qstate_export", c_int, [c_void_p, c_uint, c_int, c_void_p, c_u64, c_void_p, c_u64])
+        d("zo_optim_qstate_import", c_int, [c_void_p, c_uint, c_int, c_void_p, c_u64, c_void_p, c_u64])
+    if lib.has("zo_cpuadam_qmap_values"):
+        d("zo_cpuadam_qmap_values", c_int, [c_int, c_int, c_void_p])
     _lib.SIZED_STRUCTS.update(_SIZED)
     _declared = True
 
@@ -365,6 +377,17 @@ def estimate(groups, device=None, kind="adamw", backend=None, **kw):
     return d
 
 
+def qmap_values(map_id, bits):
+    """The fp32 values of code map `map_id` (a zo_qmap) at `bits` (8 or 4):
+    a list of 256 or 16 floats (zo_cpuadam_qmap_values)."""
+    _declare()
+    n = 1 << int(bits)
+    buf = (ctypes.c_float * 256)()
+    check(lib.zo_cpuadam_qmap_values(int(map_id), int(bits), ctypes.cast(buf, c_void_p)),
+          "zo_cpuadam_qmap_values")
+    return [buf[i] for i in range(n)]
+
+
 class Engine(_lib.Handle):
     """A ``zo_optim`` engine.
 
@@ -449,6 +472,46 @@ class Engine(_lib.Handle):
         v = arrays.view(src, "src", dtypes=(arrays.F32, arrays.BF16, arrays.F16))
         self._c(lib.zo_optim_state_import(self._live(), int(i), STATES[which], v.ptr, v.dtype,
                                           int(off), v.n), "zo_optim_state_import")
+
+    # ------------------------------------------------- raw quantized states
+    def _need_qstate(self):
+        if not lib.has("zo_optim_qstate_export"):
+            raise _lib._errors.LibraryNotFound("%s has no zo_optim_qstate_export (built before it)" % lib.path)
+
+    def qstate_info(self, k):
+        """Sub-group k (0 .. info()["nsubgroups"] - 1) as zo_optim_qstate_info
+        describes it: group, offset (its first element in the group's flat
+        space), numel, bits (8, 4; 0: the group's states are not
+        quantized), block, code_bytes and nscales (of one state), and maps:
+        {"exp_avg": zo_qmap id, "exp_avg_sq": id or None}."""
+        self._need_qstate()
+        out = _out(OptimQstateInfo)
+        self._c(lib.zo_optim_get_qstate_info(self._live(), int(k), ctypes.byref(out)), "zo_optim_get_qstate_info")
+        d = _fields(out)
+        m = list(d.pop("map"))
+        d["maps"] = {"exp_avg": m[STATE_EXP_AVG] if m[STATE_EXP_AVG] >= 0 else None,
+                     "exp_avg_sq": m[STATE_EXP_AVG_SQ] if m[STATE_EXP_AVG_SQ] >= 0 else None}
+        return d
+
+    def qstate_export(self, k, which, codes, absmax):
+        """Sub-group k's quantized state `which` ("exp_avg", "exp_avg_sq") as
+        stored: `codes` (uint8, code_bytes) and `absmax` (f32, nscales)
+        are filled (numpy arrays or CPU tensors); returns them."""
+        self._need_qstate()
+        c = arrays.view(codes, "codes", dtypes=(arrays.U8,), writable=True)
+        a = arrays.view(absmax, "absmax", dtypes=(arrays.F32,), writable=True)
+        self._c(lib.zo_optim_qstate_export(self._live(), int(k), STATES[which], c.ptr, c.n, a.ptr, a.n),
+                "zo_optim_qstate_export")
+        return codes, absmax
+
+    def qstate_import(self, k, which, codes, absmax):
+        """Store `codes` and `absmax` as sub-group k's state `which`, bit for
+        bit (what qstate_export gave)."""
+        self._need_qstate()
+        c = arrays.view(codes, "codes", dtypes=(arrays.U8,))
+        a = arrays.view(absmax, "absmax", dtypes=(arrays.F32,))
+        self._c(lib.zo_optim_qstate_import(self._live(), int(k), STATES[which], c.ptr, c.n, a.ptr, a.n),
+                "zo_optim_qstate_import")
 
     def init_from_device(self):
         """Masters from the dev_params (widened), states zeroed."""

@@ -85,7 +85,7 @@ from .torch_tiled import TiledLinear
 
 __all__ = ["OffloadAdamW", "OffloadAdam", "OffloadAdagrad", "OffloadLion", "OffloadOptimizer",
            "LossScaler", "from_deepspeed_config", "offload_parameters", "restore_parameters",
-           "ParamOffload", "ParamBudgetError", "TiledLinear"]
+           "ParamOffload", "ParamBudgetError", "TiledLinear", "dequantize_qstate"]
 
 _ZO_DT = {torch.float32: arrays.F32, torch.float16: arrays.F16, torch.bfloat16: arrays.BF16}
 _FORMAT = "zoffload.torch.OffloadOptimizer/1"
@@ -288,6 +288,63 @@ def _state_elem_bytes(fmt, block):
         block = block or (256 if bits == 8 else 128)
         return bits / 8.0 + 4.0 / block
     return 4 if fmt == "f32" else 2
+
+
+_QFORMAT = "zoffload.qstate/1"
+
+
+def _code_bytes(n, bits):
+    """Bytes of n codes: n (q8) or ceil(n / 2) (q4: two nibbles a byte)."""
+    return n if bits == 8 else (n + 1) // 2
+
+
+def _qpieces(toff, tn, sgs, block):
+    """The pieces of a tensor at [toff, toff + tn) of its group's flat space
+    over the group's sub-groups sgs ([(k, offset, numel)], in order): for
+    each sub-group it overlaps, (k, t0, lead, n, ncodes): the whole blocks
+    covering it start at sub-group element t0 and hold ncodes elements (the
+    last block of a sub-group may be short), the tensor's n elements start
+    `lead` elements into them."""
+    out = []
+    for k, so, sn in sgs:
+        a, b = max(toff, so), min(toff + tn, so + sn)
+        if a >= b:
+            continue
+        a, b = a - so, b - so
+        t0 = a // block * block
+        t1 = min(-(-b // block) * block, sn)
+        out.append((k, t0, a - t0, b - a, t1 - t0))
+    return out
+
+
+def dequantize_qstate(entry, name, qstate):
+    """The fp32 values (flat, the parameter's numel) of state `name`
+    ("exp_avg", "exp_avg_sq") of one parameter's entry of
+    ``state_dict(quantized=True)``: ``qstate`` is that dict's
+    ``["zoffload"]["qstate"]``. Value i of a piece is map[code] * absmax of
+    its block, in fp32, as the engine's own dequantize computes it (the
+    map is the dict's own table, so a dict stays readable after a library
+    changes its maps)."""
+    bits, block = int(qstate["bits"]), int(qstate["block"])
+    values = torch.as_tensor(qstate["maps"][name]["values"], dtype=torch.float32)
+    codes = torch.as_tensor(entry[name + "_codes"]).reshape(-1)
+    absmax = torch.as_tensor(entry[name + "_absmax"], dtype=torch.float32).reshape(-1)
+    pieces = torch.as_tensor(entry["qpieces"]).reshape(-1, 3).tolist()
+    out, cpos, spos = [], 0, 0
+    for lead, n, nc in pieces:
+        cb, nb = _code_bytes(nc, bits), -(-nc // block)
+        c = codes[cpos:cpos + cb].to(torch.uint8)
+        if c.numel() != cb or spos + nb > absmax.numel():
+            raise ValueError("state %r: the codes or scales end before piece (%d, %d, %d)" % (name, lead, n, nc))
+        if bits == 4:
+            c = torch.stack((c & 15, c >> 4), dim=1).reshape(-1)
+        x = values[c[:nc].long()] * absmax[spos:spos + nb].repeat_interleave(block)[:nc]
+        out.append(x[lead:lead + n])
+        cpos, spos = cpos + cb, spos + nb
+    if cpos != codes.numel() or spos != absmax.numel():
+        raise ValueError("state %r: %d code bytes and %d scales, its pieces take %d and %d"
+                         % (name, codes.numel(), absmax.numel(), cpos, spos))
+    return torch.cat(out) if out else torch.zeros(0)
 
 
 def _engine_kw(opt, dt, *, offload_device, nthreads, numa_node, pin_memory, no_grad, nvme_path, sub_group_size,
@@ -675,6 +732,162 @@ class _EngineBackend(_BackendCommon):
         p = self.opt._plist[i][1]
         self.engines[no][1].import_state(t, name, torch.full((p.numel(),), float(value)))
 
+    # -- raw quantized states (state_dict(quantized=True))
+    def _qlayout(self, no):
+        """Engine no's layout: per tensor index its (group, offset in the
+        group, numel), and per group its sub-groups [(k, offset, numel)] and
+        their zo_optim_qstate_info."""
+        e = self.engines[no][1]
+        tens, goff = [], {}
+        for t in range(len(e)):
+            n, g, _ = e.tensor(t)
+            tens.append((g, goff.get(g, 0), n))
+            goff[g] = goff.get(g, 0) + n
+        sgs, infos = {}, []
+        for k in range(e.info()["nsubgroups"]):
+            qi = e.qstate_info(k)
+            infos.append(qi)
+            sgs.setdefault(qi["group"], []).append((k, qi["offset"], qi["numel"]))
+        return tens, sgs, infos
+
+    def qstate_meta(self):
+        """The dict's "qstate" record: format, bits, block, and each
+        state's map (zo_qmap id and its fp32 table)."""
+        from . import optim as _optim
+        opt = self.opt
+        info = None
+        for _, e, _, _ in self.engines:
+            if e.info()["nsubgroups"]:
+                info = e.qstate_info(0)
+                break
+        maps = {}
+        for nm in opt._state_names:
+            mid = info["maps"][nm]
+            maps[nm] = {"id": mid, "values": torch.tensor(_optim.qmap_values(mid, info["bits"]),
+                                                          dtype=torch.float32)}
+        return {"format": _QFORMAT, "state_format": opt.state_format, "bits": info["bits"],
+                "block": info["block"], "maps": maps}
+
+    def export_qstate(self):
+        """{param index: {"<state>_codes", "<state>_absmax", "qpieces"}}:
+        the codes and scales of the whole blocks covering each parameter,
+        read raw (zo_optim_qstate_export) one sub-group at a time."""
+        opt = self.opt
+        names = opt._state_names
+        parts = {i: {"pieces": [], **{nm: ([], []) for nm in names}} for i in range(len(opt._plist))}
+        for no, (_, e, _, idx) in enumerate(self.engines):
+            tens, sgs, infos = self._qlayout(no)
+            # the pieces of every tensor, by sub-group
+            by_sg = {}
+            for t, (g, toff, tn) in enumerate(tens):
+                for k, t0, lead, n, nc in _qpieces(toff, tn, sgs[g], infos[sgs[g][0][0]]["block"]):
+                    by_sg.setdefault(k, []).append((t, t0, lead, n, nc))
+            for k, qi in enumerate(infos):
+                bits, block = qi["bits"], qi["block"]
+                raw = {nm: e.qstate_export(k, nm, torch.empty(qi["code_bytes"], dtype=torch.uint8),
+                                           torch.empty(qi["nscales"], dtype=torch.float32)) for nm in names}
+                for t, t0, lead, n, nc in by_sg.get(k, ()):
+                    pt = parts[idx[t]]
+                    pt["pieces"].append((lead, n, nc))
+                    c0, s0 = _code_bytes(t0, bits), t0 // block
+                    for nm in names:
+                        pt[nm][0].append(raw[nm][0][c0:c0 + _code_bytes(nc, bits)])
+                        pt[nm][1].append(raw[nm][1][s0:s0 + -(-nc // block)])
+        out = {}
+        for i, pt in parts.items():
+            d = {"qpieces": torch.tensor(pt["pieces"], dtype=torch.int64).reshape(-1, 3)}
+            for nm in names:
+                d[nm + "_codes"] = torch.cat(pt[nm][0])
+                d[nm + "_absmax"] = torch.cat(pt[nm][1])
+            out[i] = d
+        return out
+
+    def qstate_plan(self, entries, qz):
+        """The raw restore of entries (by parameter index, each with codes,
+        scales and qpieces) into the engines, or None when it cannot be bit
+        for bit: another format, block or map, a parameter without an entry,
+        or another layout (pieces that differ). Checks that blocks shared by
+        neighbouring parameters agree (ValueError). Changes nothing."""
+        opt = self.opt
+        names = opt._state_names
+        if opt.state_format != qz.get("state_format") or any(s is None for s in entries):
+            return None
+        meta = self.qstate_meta()
+        if int(qz.get("bits", 0)) != meta["bits"] or int(qz.get("block", 0)) != meta["block"]:
+            return None
+        for nm in names:
+            mine, theirs = meta["maps"][nm], qz["maps"][nm]
+            if int(theirs["id"]) != mine["id"] or not torch.equal(
+                    torch.as_tensor(theirs["values"], dtype=torch.float32), mine["values"]):
+                return None
+        plan = []
+        for no, (_, e, _, idx) in enumerate(self.engines):
+            tens, sgs, infos = self._qlayout(no)
+            bufs = {k: {nm: (torch.empty(qi["code_bytes"], dtype=torch.uint8),
+                             torch.empty(qi["nscales"], dtype=torch.float32)) for nm in names}
+                    for k, qi in enumerate(infos)}
+            # who wrote each code byte / scale first: a later piece must agree
+            seen = {k: (torch.full((qi["code_bytes"],), -1, dtype=torch.int64),
+                        torch.full((qi["nscales"],), -1, dtype=torch.int64)) for k, qi in enumerate(infos)}
+            for t, (g, toff, tn) in enumerate(tens):
+                i = idx[t]
+                s = entries[i]
+                want = _qpieces(toff, tn, sgs[g], meta["block"])
+                got = torch.as_tensor(s["qpieces"]).reshape(-1, 3).tolist()
+                if [list(w[2:]) for w in want] != got:
+                    return None
+                cpos, spos = 0, 0
+                for k, t0, lead, n, nc in want:
+                    cb, nb = _code_bytes(nc, meta["bits"]), -(-nc // meta["block"])
+                    c0, s0 = _code_bytes(t0, meta["bits"]), t0 // meta["block"]
+                    for nm in names:
+                        codes = torch.as_tensor(s[nm + "_codes"]).reshape(-1)
+                        absmax = torch.as_tensor(s[nm + "_absmax"]).reshape(-1)
+                        if codes.dtype != torch.uint8 or absmax.dtype != torch.float32:
+                            raise ValueError("state dict: parameter %d's %s_codes must be uint8 and %s_absmax "
+                                             "float32 (got %s, %s)" % (i, nm, nm, codes.dtype, absmax.dtype))
+                        if codes.numel() < cpos + cb or absmax.numel() < spos + nb:
+                            raise ValueError("state dict: parameter %d's %s codes or scales are shorter than its "
+                                             "qpieces say" % (i, nm))
+                        for dst, src, who, lo, m in ((bufs[k][nm][0], codes[cpos:cpos + cb], seen[k][0], c0, cb),
+                                                     (bufs[k][nm][1], absmax[spos:spos + nb], seen[k][1], s0, nb)):
+                            prev = who[lo:lo + m]
+                            old = prev >= 0
+                            if bool(old.any()) and not torch.equal(
+                                    dst[lo:lo + m][old].view(torch.uint8) if src.dtype == torch.uint8
+                                    else dst[lo:lo + m][old].view(torch.int32),
+                                    src[old].view(torch.uint8) if src.dtype == torch.uint8
+                                    else src[old].view(torch.int32)):
+                                raise ValueError("state dict: parameters %d and %d hold different %s codes or "
+                                                 "scales for the block they share"
+                                                 % (int(prev[old][0]), i, nm))
+                            dst[lo:lo + m] = src
+                            if nm == names[-1]:
+                                prev[prev < 0] = i
+                    cpos, spos = cpos + cb, spos + nb
+            for k, (cs, ss) in seen.items():
+                if bool((cs < 0).any()) or bool((ss < 0).any()):
+                    return None
+            # what zo_optim_qstate_import refuses, refused here before anything is changed
+            for k, states in bufs.items():
+                for nm, (codes, absmax) in states.items():
+                    bad = (absmax < 0) | torch.isinf(absmax)
+                    if bool(bad.any()):
+                        raise ValueError("state dict: an %s absmax is %g (a scale is >= 0, or NaN for a block "
+                                         "that overflowed)" % (nm, float(absmax[bad][0])))
+                    if meta["bits"] == 4 and infos[k]["numel"] % 2 and int(codes[-1]) >> 4:
+                        raise ValueError("state dict: the pad nibble of an odd-sized sub-group's %s codes is "
+                                         "not 0" % nm)
+            plan.append((e, bufs))
+        return plan
+
+    def import_qstate(self, plan):
+        """Store a qstate_plan's sub-groups raw (zo_optim_qstate_import)."""
+        for e, bufs in plan:
+            for k, states in bufs.items():
+                for nm, (codes, absmax) in states.items():
+                    e.qstate_import(k, nm, codes, absmax)
+
     def save(self, root, name, keep_last, user):
         # one engine checkpoint root per engine, under the caller's root
         os.makedirs(str(root), mode=0o700, exist_ok=True)
@@ -724,8 +937,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
                      half a byte per element plus an fp32 absmax per block;
                      AdamW, Adam and Lion; two_pass clipping; no_grad "zero",
                      its default there). state_dict() gives them dequantized
-                     to fp32 in torch's format; save() keeps codes and
-                     scales as they are (docs/pytorch.md)
+                     to fp32 in torch's format, state_dict(quantized=True)
+                     the codes and scales as stored (loaded back bit for
+                     bit); save() keeps them as they are too (docs/pytorch.md)
     state_block:     with "q8"/"q4": elements per absmax scale, a power of
                      two in [64, 4096] (default 256 for q8, 128 for q4)
     nthreads:        CPU threads of the update (default: the CPUs this process may use)
@@ -1144,12 +1358,29 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return [e.timeline() for _, e, _, _ in self._eb.engines]
 
     # ------------------------------------------------------------ state
-    def state_dict(self):
+    def state_dict(self, quantized=False):
         """torch's format: {'state': {index: {'step', 'exp_avg', ...,
         'master_param' (low-precision params only)}}, 'param_groups': [...]};
         plus 'zoffload' with the loss scaler's settings and current scale.
         A parameter never updated has no entry (as in torch). The tensors
-        are copies."""
+        are copies.
+
+        quantized=True (q8/q4 states only): the moments as the engine stores
+        them instead of dequantized: per parameter '<state>_codes' (uint8)
+        and '<state>_absmax' (float32) of the whole blocks covering it, and
+        'qpieces' (int64 [pieces, 3]: lead, numel, codes per sub-group it
+        crosses); 'zoffload'/'qstate' has the format, bits, block and each
+        state's code map (id and table). load_state_dict() of it into the
+        same setting restores the codes bit for bit (docs/pytorch.md)."""
+        if quantized and self.state_format not in _QSTATES:
+            raise ValueError("%s.state_dict(quantized=True): the states are %s, not quantized (q8/q4 states "
+                             "only)" % (type(self).__name__, self.state_format))
+        if quantized and getattr(self._eb, "partitioned", False):
+            raise NotImplementedError(
+                "%s.state_dict(quantized=True) with process_group: each rank's engine starts its blocks at its "
+                "own shard, so its raw codes do not form one parameter's state; use opt.save(root) / "
+                "opt.load(root) (zo_part checkpoints keep the codes and scales as they are, bit for bit), or "
+                "state_dict() / consolidated_state_dict() (dequantized)" % type(self).__name__)
         self._fence()
         self._write_back_live()
         sd = super().state_dict()
@@ -1161,17 +1392,27 @@ class OffloadOptimizer(torch.optim.Optimizer):
                               "partition": self._eb.rank_state()}
             return sd
         state = {}
+        raw = self._eb.export_qstate() if quantized and any(self._eb.tsteps) else None
         for i, (_, p) in enumerate(self._plist):
             if self._eb.tsteps[i] == 0:
                 continue
             state[i] = {"step": torch.tensor(float(self._eb.tsteps[i]))}
-            state[i].update(self._eb.export_param(i))
+            if raw is None:
+                state[i].update(self._eb.export_param(i))
+                continue
+            state[i].update(raw[i])
+            if p.dtype != torch.float32:
+                m = torch.empty(p.shape, dtype=torch.float32)
+                self._eb.export_state(i, "master", m)
+                state[i]["master_param"] = m
         sd["state"] = state
         sd["zoffload"] = {"format": _FORMAT, "kind": self._kind,
                           "scaler": self.scaler.state_dict() if self.scaler else None,
                           "loss_scale": self.loss_scale,
                           # the dynamic scaler goes on where it was after a load
                           "scaler_states": self._eb.scaler_states()}
+        if quantized:
+            sd["zoffload"]["qstate"] = self._eb.qstate_meta()
         return sd
 
     def load_state_dict(self, state_dict):
@@ -1205,16 +1446,24 @@ class OffloadOptimizer(torch.optim.Optimizer):
         st = state_dict["state"]
         entries = [None] * len(self._plist)
         steps = [0] * len(self._plist)
+        qz = (state_dict.get("zoffload") or {}).get("qstate")
+        if qz is not None and qz.get("format") != _QFORMAT:
+            raise ValueError("state dict: quantized states of format %r (this version reads %r)"
+                             % (qz.get("format"), _QFORMAT))
         for sid, i in zip(ids, order):
             s = st.get(sid)
             if s is None:
                 continue
             p = self._plist[i][1]
+            if qz is not None:
+                entries[i] = self._check_qentry(sid, s, qz, p)
+                s = entries[i]["plain"]
             for nm in self._state_names + ("master_param",):
                 if nm in s and tuple(s[nm].shape) != tuple(p.shape):
                     raise ValueError("state %r of parameter %s has shape %s, the parameter %s"
                                      % (nm, sid, tuple(s[nm].shape), tuple(p.shape)))
-            entries[i] = s
+            if qz is None:
+                entries[i] = s
             steps[i] = int(float(s["step"])) if "step" in s else 0
         if part is not None:
             self._eb.load_rank_state(part)
@@ -1231,10 +1480,23 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if self.no_grad == "zero" and len(set(steps)) > 1:
             raise ValueError("no_grad='zero' keeps one step count for all parameters; the state dict "
                              "has %s (no_grad='skip' keeps one per parameter)" % sorted(set(steps)))
+        plan = None
+        if qz is not None:
+            # raw when this optimizer stores the same codes the same way,
+            # else each parameter's states dequantized (and requantized by
+            # the import, for other q settings)
+            if self.state_format in _QSTATES and not getattr(self._eb, "partitioned", False):
+                plan = self._eb.qstate_plan([s if s is None else s["raw"] for s in entries], qz)
+            if plan is None:
+                entries = [s if s is None else s["dequantized"]() for s in entries]
+            else:
+                entries = [s if s is None else s["plain"] for s in entries]
         with torch.no_grad():
             for i, s in enumerate(entries):
                 self._eb.import_param(i, s if s is not None else self._fresh_state(i),
                                       self._plist[i][1])
+            if plan is not None:
+                self._eb.import_qstate(plan)
         for g, sg in zip(self.param_groups, groups):
             for key, val in sg.items():
                 # torch's implementation hints (a CUDA run's capturable=True) are not this
@@ -1248,6 +1510,30 @@ class OffloadOptimizer(torch.optim.Optimizer):
         self._eb.copy_back()
         self._refresh_live()
         self._load_scaler(state_dict)
+
+    def _check_qentry(self, sid, s, qz, p):
+        """One parameter's entry of a state_dict(quantized=True) dict, checked:
+        {"raw": the entry, "plain": it without the moments (step and
+        master_param: the raw restore imports those), "dequantized": a
+        function giving it with the moments dequantized to fp32 tensors of
+        the parameter's shape}."""
+        need = ["qpieces"] + [nm + k for nm in self._state_names for k in ("_codes", "_absmax")]
+        miss = [k for k in need if k not in s]
+        if miss:
+            raise ValueError("state dict: parameter %s lacks %s (a quantized state dict of %s holds %s)"
+                             % (sid, ", ".join(miss), type(self).__name__, ", ".join(need)))
+        pieces = torch.as_tensor(s["qpieces"]).reshape(-1, 3)
+        if int(pieces[:, 1].sum()) != p.numel():
+            raise ValueError("state dict: parameter %s's qpieces cover %d elements, the parameter has %d"
+                             % (sid, int(pieces[:, 1].sum()), p.numel()))
+        plain = {k: v for k, v in s.items() if k not in need}
+
+        def dequantized():
+            d = dict(plain)
+            for nm in self._state_names:
+                d[nm] = dequantize_qstate(s, nm, qz).reshape(p.shape)
+            return d
+        return {"raw": s, "plain": plain, "dequantized": dequantized}
 
     def _load_scaler(self, state_dict):
         z = state_dict.get("zoffload") or {}

@@ -69,8 +69,8 @@ class _PartBackend(_BackendCommon):
         self.opt = weakref.proxy(opt)
         name = type(opt).__name__
         if opt.delay_update:
-            raise ValueError("%s(process_group=...): delay_update (DPU) is not supported by the partitioned engine "
-                             "yet (zo_part refuses dpu)" % name)
+            raise ValueError("%s(process_group=...): delay_update (DPU) is not offered from Python with "
+                             "process_group yet (the C engine zo_part has it: zo_part_wait())" % name)
         if clip_mode != "two_pass":
             raise ValueError("%s(process_group=...): clip_mode=%r: the partitioned engine needs 'two_pass' (the "
                              "global norm is known only after every rank's gradients)" % (name, clip_mode))

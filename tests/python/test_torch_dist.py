@@ -536,3 +536,24 @@ def test_quantized_states_equal_one_rank(group, q):
         for k in ("exp_avg", "exp_avg_sq"):
             assert torch.equal(full[i][k], ref[i][k]), (i, k)
     assert o2.memory()["state_bytes"] < 7 * o2.memory()["numel"]
+
+
+def test_quantized_state_dict_partitioned(group):
+    """state_dict(quantized=True) with process_group is refused, naming the
+    alternatives (each rank's blocks start at its shard); a quantized state
+    dict of one rank loads into the partitioned optimizer dequantized: the
+    same as loading the dequantized dict."""
+    import torch
+    (m1, o1), (m2, o2) = _pair(torch, group, state_dtype="q8")
+    _train(torch, o1, m1, 3)
+    with pytest.raises(NotImplementedError, match="opt.save"):
+        o2.state_dict(quantized=True)
+    q, plain = o1.state_dict(quantized=True), o1.state_dict()
+    got = []
+    for d in (q, plain):
+        (_, _), (m3, o3) = _pair(torch, group, state_dtype="q8")
+        o3.load_state_dict(d)
+        got.append(o3.consolidated_state_dict()["state"])
+    for i in got[1]:
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(got[0][i][k], got[1][i][k]), (i, k)

@@ -15,6 +15,7 @@ from conftest import torch_or_skip
 
 torch = torch_or_skip()
 from zoffload import optim  # noqa: E402
+import zoffload.torch as zoffload_torch  # noqa: E402
 from zoffload.torch import (OffloadAdamW, OffloadAdam, OffloadAdagrad, OffloadLion,  # noqa: E402
                             from_deepspeed_config)
 
@@ -262,3 +263,188 @@ def test_deepspeed_config_zoffload_key():
     cfg["zoffload"] = {"state_dtype": "q2"}
     with pytest.raises(ValueError, match="q8"):
         from_deepspeed_config(p, cfg)
+
+
+# ------------------------------------------------- state_dict(quantized=True): the raw codes
+# sub_group_size 400 over the model's 987 elements: three sub-groups (the
+# last of 187 elements: a short block, and for q4 an odd count with a pad
+# nibble), the 24x24 weight cut across two, small tensors sharing blocks
+
+def _qopt(m, q, place="cpu", tmp=None, **kw):
+    if place == "nvme":
+        tmp.mkdir(exist_ok=True)
+        kw.update(offload_device="nvme", nvme_path=str(tmp))
+    kw.setdefault("sub_group_size", 400)
+    return OffloadAdamW(m.parameters(), state_dtype=q if q != "f32" else torch.float32, nthreads=2,
+                        **({"no_grad": "zero"} if q == "f32" else {}), **HP, **kw)
+
+
+def _tensors_equal(a, b):
+    """Two state dicts' states equal, bit for bit (NaN too)."""
+    assert a.keys() == b.keys()
+    for i in a:
+        assert a[i].keys() == b[i].keys(), (i, a[i].keys(), b[i].keys())
+        for k in a[i]:
+            x, y = a[i][k], b[i][k]
+            assert x.dtype == y.dtype and x.shape == y.shape, (i, k)
+            if x.dtype == torch.float32:
+                x, y = x.view(torch.int32), y.view(torch.int32)
+            assert torch.equal(x, y), (i, k)
+
+
+@pytest.mark.parametrize("q,place,dtype", [("q8", "cpu", torch.float32), ("q4", "cpu", torch.float32),
+                                           ("q8", "nvme", torch.float32), ("q4", "nvme", torch.float32),
+                                           ("q8", "cpu", torch.bfloat16)])
+def test_quantized_state_dict_round_trip_bit_for_bit(q, place, dtype, tmp_path):
+    data = batches(14)
+    m1 = model().to(dtype)
+    o1 = _qopt(m1, q, place, tmp_path / "a")
+    train(m1, o1, [(x.to(dtype), y.to(dtype)) for x, y in data[:8]])
+    sd = o1.state_dict(quantized=True)
+    z = sd["zoffload"]["qstate"]
+    assert z["format"] == "zoffload.qstate/1" and z["state_format"] == q
+    assert z["bits"] == (8 if q == "q8" else 4) and z["block"] == o1.state_block
+    assert z["maps"]["exp_avg"]["values"].numel() == 2 ** z["bits"]
+    assert float(z["maps"]["exp_avg"]["values"][0]) < 0 and float(z["maps"]["exp_avg_sq"]["values"][0]) == 0
+    plain = o1.state_dict()
+    params = list(m1.parameters())
+    crossed = 0
+    for i, e in sd["state"].items():
+        assert e["exp_avg_codes"].dtype == torch.uint8 and e["exp_avg_absmax"].dtype == torch.float32
+        assert "exp_avg" not in e and ("master_param" in e) == (dtype != torch.float32)
+        crossed += e["qpieces"].shape[0] > 1
+        # the dict's own map reads exactly the engine's dequantized states
+        for nm in ("exp_avg", "exp_avg_sq"):
+            v = zoffload_torch.dequantize_qstate(e, nm, z)
+            assert torch.equal(v.view(torch.int32), plain["state"][i][nm].reshape(-1).view(torch.int32)), (i, nm)
+        if dtype != torch.float32:
+            assert torch.equal(e["master_param"], plain["state"][i]["master_param"])
+        assert int(e["step"]) == 8
+    assert crossed >= 1                           # a tensor cut across sub-groups
+    assert sum(p.numel() for p in params) == 987
+    # through torch.save / torch.load (plain tensors, ints and strings: also
+    # what weights_only loading takes), into another optimizer of the same
+    # setting: the codes as they were
+    torch.save(sd, str(tmp_path / "sd.pt"))
+    m2 = copy.deepcopy(m1)
+    o2 = _qopt(m2, q, place, tmp_path / "b")
+    o2.load_state_dict(torch.load(str(tmp_path / "sd.pt")))
+    _tensors_equal(o2.state_dict(quantized=True)["state"], sd["state"])
+    # and both go on the same, bit for bit
+    rest = [(x.to(dtype), y.to(dtype)) for x, y in data[8:]]
+    assert train(m1, o1, rest) == train(m2, o2, rest)
+    assert same_params(m1, m2)
+    _tensors_equal(o1.state_dict(quantized=True)["state"], o2.state_dict(quantized=True)["state"])
+
+
+def _trained(q="q8", steps=6, **kw):
+    m = model()
+    o = _qopt(m, q, **kw)
+    train(m, o, batches(steps))
+    return m, o
+
+
+def test_quantized_state_dict_into_fp32_states_dequantizes():
+    m1, o1 = _trained("q8")
+    sd, plain = o1.state_dict(quantized=True), o1.state_dict()
+    m2 = copy.deepcopy(m1)
+    o2 = _qopt(m2, "f32")
+    o2.load_state_dict(sd)
+    _tensors_equal(o2.state_dict()["state"], plain["state"])
+
+
+@pytest.mark.parametrize("other", [dict(q="q4"), dict(q="q8", state_block=128), dict(q="q8", sub_group_size=512)])
+def test_quantized_state_dict_into_another_q_setting_converts(other):
+    # another format, block or layout: the moments are dequantized with the
+    # dict's map and imported (requantized): exactly what loading the
+    # dequantized state dict gives
+    m1, o1 = _trained("q8")
+    sd, plain = o1.state_dict(quantized=True), o1.state_dict()
+    got, want = [], []
+    for d in (sd, plain):
+        m2 = copy.deepcopy(m1)
+        kw = dict(other)
+        o2 = _qopt(m2, kw.pop("q"), **kw)
+        o2.load_state_dict(copy.deepcopy(d))
+        (got if d is sd else want).append(o2.state_dict(quantized=True))
+    _tensors_equal(got[0]["state"], want[0]["state"])
+    assert got[0]["zoffload"]["qstate"]["bits"] == (4 if other["q"] == "q4" else 8)
+
+
+def test_quantized_state_dict_map_change_is_detected():
+    # a dict whose map is not this library's (a future map change): not
+    # restored raw; read with the dict's own table instead
+    m1, o1 = _trained("q8")
+    sd = o1.state_dict(quantized=True)
+    sd["zoffload"]["qstate"]["maps"]["exp_avg"]["values"] = sd["zoffload"]["qstate"]["maps"]["exp_avg"]["values"] * 0.5
+    m2 = copy.deepcopy(m1)
+    o2 = _qopt(m2, "q8")
+    o2.load_state_dict(copy.deepcopy(sd))
+    s1, s2 = o1.state_dict()["state"], o2.state_dict()["state"]
+    scale = max(float(s1[i]["exp_avg"].abs().max()) for i in s1)
+    for i in s1:
+        # within the requantization error of the halved values' blocks
+        assert float((s2[i]["exp_avg"] - s1[i]["exp_avg"] * 0.5).abs().max()) <= 0.02 * scale, i
+    assert any(not torch.equal(s2[i]["exp_avg"], s1[i]["exp_avg"]) for i in s1)
+
+
+def test_quantized_state_dict_refusals():
+    m1, o1 = _trained("q8")
+    sd = o1.state_dict(quantized=True)
+    o32 = _qopt(copy.deepcopy(m1), "f32")
+    with pytest.raises(ValueError, match="not quantized"):
+        o32.state_dict(quantized=True)
+    m2 = copy.deepcopy(m1)
+    o2 = _qopt(m2, "q8")
+    before = o2.state_dict(quantized=True)
+    # two parameters disagree on the block they share
+    bad = copy.deepcopy(sd)
+    e = bad["state"][1]                          # the first bias (24 elements): shares a block with the weight
+    assert e["qpieces"][0, 0] > 0
+    e["exp_avg_codes"][0] ^= 1
+    with pytest.raises(ValueError, match="share"):
+        o2.load_state_dict(bad)
+    bad = copy.deepcopy(sd)
+    del bad["state"][0]["exp_avg_sq_absmax"]
+    with pytest.raises(ValueError, match="exp_avg_sq_absmax"):
+        o2.load_state_dict(bad)
+    bad = copy.deepcopy(sd)
+    bad["state"][0]["qpieces"][0, 1] += 1
+    with pytest.raises(ValueError, match="cover"):
+        o2.load_state_dict(bad)
+    bad = copy.deepcopy(sd)
+    bad["zoffload"]["qstate"]["format"] = "zoffload.qstate/9"
+    with pytest.raises(ValueError, match="format"):
+        o2.load_state_dict(bad)
+    bad = copy.deepcopy(sd)
+    bad["state"][0]["exp_avg_sq_absmax"][0] = -1.0
+    with pytest.raises(ValueError, match="absmax"):
+        o2.load_state_dict(bad)
+    # nothing of the refused loads was taken
+    _tensors_equal(o2.state_dict(quantized=True)["state"], before["state"])
+
+
+def test_quantized_state_dict_engine_calls():
+    # optim.Engine's raw calls: info per sub-group, export / import as stored
+    e = optim.Engine([{"numel": [300, 101], "state_dtype": "q4"}, {"numel": [10]}], param_dtype="f32",
+                     kind="adamw", sub_group_size=256)
+    infos = [e.qstate_info(k) for k in range(e.info()["nsubgroups"])]
+    assert [(i["group"], i["offset"], i["numel"], i["bits"]) for i in infos] == [
+        (0, 0, 256, 4), (0, 256, 145, 4), (1, 0, 10, 0)]
+    assert infos[1]["code_bytes"] == 73 and infos[1]["nscales"] == 2
+    assert infos[2]["maps"] == {"exp_avg": None, "exp_avg_sq": None}
+    codes = torch.arange(73, dtype=torch.uint8)
+    codes[-1] &= 15
+    scales = torch.tensor([0.5, float("nan")])
+    e.qstate_import(1, "exp_avg", codes, scales)
+    c2, s2 = e.qstate_export(1, "exp_avg", torch.empty(73, dtype=torch.uint8), torch.empty(2))
+    assert torch.equal(c2, codes) and torch.equal(s2.view(torch.int32), scales.view(torch.int32))
+    from zoffload.errors import ZoError
+    with pytest.raises(ZoError, match="not quantized"):
+        e.qstate_export(2, "exp_avg", torch.empty(10, dtype=torch.uint8), torch.empty(1))
+    codes[-1] |= 0x10
+    with pytest.raises(ZoError, match="padding"):
+        e.qstate_import(1, "exp_avg", codes, scales)
+    with pytest.raises(ZoError, match="code bytes"):
+        e.qstate_export(1, "exp_avg", torch.empty(72, dtype=torch.uint8), torch.empty(2))
+    e.close()

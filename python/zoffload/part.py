@@ -26,11 +26,14 @@ ZO_COMM_MAX = 1
 
 _COLL = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, P(c_u64), c_int)
 _ALLRED = ctypes.CFUNCTYPE(c_int, c_void_p, P(c_double), c_uint, c_int)
+_START = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, P(c_u64), c_int, P(c_void_p))
+_WAIT = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p)
 
 
 class Comm(ctypes.Structure):
     _fields_ = [("struct_size", c_size_t), ("rank", c_uint), ("world", c_uint), ("user", c_void_p),
-                ("reduce_scatter", _COLL), ("all_gather", _COLL), ("all_reduce", _ALLRED)]
+                ("reduce_scatter", _COLL), ("all_gather", _COLL), ("all_reduce", _ALLRED),
+                ("reduce_scatter_start", _START), ("all_gather_start", _START), ("wait", _WAIT)]
 
 
 class PartConfig(ctypes.Structure):
@@ -104,11 +107,17 @@ class TorchComm:
     as <zoffload/comm_mpi.h>'s ordered reduce-scatter, whatever the
     transport. all_gather: this rank's chunk goes to every peer and theirs
     land in place. Data travel as bytes (gloo in torch 1.13 sends no
-    bfloat16)."""
+    bfloat16).
+
+    With `asynchronous` (the default) the engine also gets the start / wait
+    callbacks (part.h): a start posts the sends and receives and returns,
+    gloo's threads move the bytes while backward goes on, and wait finishes
+    them (the rank-order sum happens there). The synchronous callbacks are
+    a start and its wait."""
 
     _DT = None
 
-    def __init__(self, group=None):
+    def __init__(self, group=None, asynchronous=True):
         import torch
         import torch.distributed as dist
         if not dist.is_available() or not dist.is_initialized():
@@ -119,17 +128,22 @@ class TorchComm:
         # isend / irecv name peers by their rank in the default group
         self._peer = [global_rank(group, k) for k in range(self.world)]
         self.error = None
-        self._scratch = None       # the reduce-scatter's received chunks (grown, reused)
+        self._free = []            # reduce-scatter scratch buffers not in use (one per request in flight)
         self._views = {}           # (address, bytes) -> uint8 tensor over the engine's buffer
+        self._reqs = {}            # started, not yet waited: id -> (works, finish)
+        self._next_id = 0
         if TorchComm._DT is None:
             TorchComm._DT = {_optim.arrays.F32: (4, torch.float32), _optim.arrays.BF16: (2, torch.bfloat16),
                              _optim.arrays.F16: (2, torch.float16)}
         _declare()
         # the CFUNCTYPE objects must outlive the engine: kept here
-        self._cb = (_COLL(self._reduce_scatter), _COLL(self._all_gather), _ALLRED(self._all_reduce))
+        self._cb = (_COLL(self._reduce_scatter), _COLL(self._all_gather), _ALLRED(self._all_reduce),
+                    _START(self._reduce_scatter_start), _START(self._all_gather_start), _WAIT(self._wait))
         c = _lib.new_struct("zo_comm")
         c.rank, c.world = self.rank, self.world
-        c.reduce_scatter, c.all_gather, c.all_reduce = self._cb
+        c.reduce_scatter, c.all_gather, c.all_reduce = self._cb[:3]
+        if asynchronous:
+            c.reduce_scatter_start, c.all_gather_start, c.wait = self._cb[3:]
         self.struct = c
 
     def _view(self, buf, counts, dt):
@@ -159,53 +173,112 @@ class TorchComm:
             self.error = e
             return -errno.EIO
 
-    def _exchange(self, sends, recvs):
-        """Post every isend and irecv (byte tensors, peer indices), then wait
-        for all: the pairs run concurrently, none waits on another."""
-        reqs = [self._dist.isend(t, self._peer[k], group=self._group) for k, t in sends if t.numel()]
-        reqs += [self._dist.irecv(t, self._peer[k], group=self._group) for k, t in recvs if t.numel()]
-        for q in reqs:
-            q.wait()
+    def _post(self, sends, recvs):
+        """Post every isend and irecv (byte tensors, peer indices): the
+        pairs run concurrently, none waits on another. Their works."""
+        works = [self._dist.isend(t, self._peer[k], group=self._group) for k, t in sends if t.numel()]
+        works += [self._dist.irecv(t, self._peer[k], group=self._group) for k, t in recvs if t.numel()]
+        return works
+
+    def _start(self, kind, buf, counts, dt):
+        """Post a reduce-scatter or an all-gather; the request id."""
+        raw, es, tdt, b = self._view(buf, counts, dt)
+        r, w = self.rank, self.world
+        finish = None
+        if kind == "rs":
+            c = b[r + 1] - b[r]
+            sc = self._scratch(w * c * es)
+            works = self._post([(k, raw[b[k] * es:b[k + 1] * es]) for k in range(w) if k != r],
+                               [(k, sc[k * c * es:(k + 1) * c * es]) for k in range(w) if k != r])
+
+            def finish(ok):
+                if not ok:          # a receive may still be pending into sc: never reused
+                    return
+                try:
+                    if c:
+                        self._sum(raw[b[r] * es:b[r + 1] * es].view(tdt), sc, c, es, tdt)
+                finally:
+                    self._free.append(sc)
+        else:
+            mine = raw[b[r] * es:b[r + 1] * es]
+            works = self._post([(k, mine) for k in range(w) if k != r],
+                               [(k, raw[b[k] * es:b[k + 1] * es]) for k in range(w) if k != r])
+        self._next_id += 1
+        self._reqs[self._next_id] = (works, finish)
+        return self._next_id
+
+    def _scratch(self, nbytes):
+        """A scratch byte buffer of at least nbytes, from those not in use."""
+        for i, t in enumerate(self._free):
+            if t.numel() >= nbytes:
+                return self._free.pop(i)
+        if self._free:
+            self._free.pop(0)          # too small: replaced by a larger one
+        return self._torch.empty(nbytes, dtype=self._torch.uint8)
+
+    def _sum(self, mine, sc, c, es, tdt):
+        """mine = the rank-order sum of the world copies of this rank's chunk
+        (peer k's in sc's slot k, this rank's own in mine)."""
+        r, w = self.rank, self.world
+        xs = [mine if k == r else sc[k * c * es:(k + 1) * c * es].view(tdt) for k in range(w)]
+        if tdt == self._torch.float32:
+            if r >= 2:              # the sum overwrites `mine` before its turn: keep a copy
+                xs[r] = sc[r * c * es:(r + 1) * c * es].view(tdt).copy_(mine)
+            self._torch.add(xs[0], xs[1], out=mine)     # rank order, as the ordered MPI comm
+            for k in range(2, w):
+                mine.add_(xs[k])
+        else:
+            acc = xs[0].float()
+            for k in range(1, w):
+                acc.add_(xs[k])     # widened exactly to fp32, then added
+            mine.copy_(acc)         # one rounding of the fp32 sum
+
+    def _finish(self, rid):
+        """Wait for request rid's transfers, then its sum; the request is
+        gone afterwards whatever happens."""
+        works, finish = self._reqs.pop(rid)
+        ok = False
+        try:
+            for q in works:
+                q.wait()
+            ok = True
+        finally:
+            if finish is not None:
+                finish(ok)
+
+    def _sync(self, kind, buf, counts, dt):
+        if self.world == 1:
+            return 0
+        return self._guard(lambda: self._finish(self._start(kind, buf, counts, dt)))
+
+    def _async(self, kind, buf, counts, dt, req):
+        def run():
+            rid = self._start(kind, buf, counts, dt)
+            req[0] = rid
+        if self.world == 1:
+            req[0] = None
+            return 0
+        return self._guard(run)
 
     def _reduce_scatter(self, user, buf, counts, dt):
-        def run():
-            raw, es, tdt, b = self._view(buf, counts, dt)
-            r, w = self.rank, self.world
-            c = b[r + 1] - b[r]
-            if self._scratch is None or self._scratch.numel() < w * c * es:
-                self._scratch = self._torch.empty(w * c * es, dtype=self._torch.uint8)
-            sc = self._scratch
-            self._exchange([(k, raw[b[k] * es:b[k + 1] * es]) for k in range(w) if k != r],
-                           [(k, sc[k * c * es:(k + 1) * c * es]) for k in range(w) if k != r])
-            if c == 0:
-                return
-            mine = raw[b[r] * es:b[r + 1] * es].view(tdt)
-            xs = [mine if k == r else sc[k * c * es:(k + 1) * c * es].view(tdt) for k in range(w)]
-            if tdt == self._torch.float32:
-                if r >= 2:              # the sum overwrites `mine` before its turn: keep a copy
-                    xs[r] = sc[r * c * es:(r + 1) * c * es].view(tdt).copy_(mine)
-                self._torch.add(xs[0], xs[1], out=mine)     # rank order, as the ordered MPI comm
-                for k in range(2, w):
-                    mine.add_(xs[k])
-            else:
-                acc = xs[0].float()
-                for k in range(1, w):
-                    acc.add_(xs[k])     # widened exactly to fp32, then added
-                mine.copy_(acc)         # one rounding of the fp32 sum
-        if self.world == 1:
-            return 0
-        return self._guard(run)
+        return self._sync("rs", buf, counts, dt)
 
     def _all_gather(self, user, buf, counts, dt):
-        def run():
-            raw, es, _, b = self._view(buf, counts, dt)
-            r = self.rank
-            mine = raw[b[r] * es:b[r + 1] * es]
-            self._exchange([(k, mine) for k in range(self.world) if k != r],
-                           [(k, raw[b[k] * es:b[k + 1] * es]) for k in range(self.world) if k != r])
-        if self.world == 1:
+        return self._sync("ag", buf, counts, dt)
+
+    def _reduce_scatter_start(self, user, buf, counts, dt, req):
+        return self._async("rs", buf, counts, dt, req)
+
+    def _all_gather_start(self, user, buf, counts, dt, req):
+        return self._async("ag", buf, counts, dt, req)
+
+    def _wait(self, user, req):
+        if req is None:                # world 1: nothing was started
             return 0
-        return self._guard(run)
+        if req not in self._reqs:
+            self.error = RuntimeError("TorchComm.wait: request %r was not started or was waited already" % req)
+            return -errno.EINVAL
+        return self._guard(self._finish, req)
 
     def _all_reduce(self, user, vals, n, op):
         def run():

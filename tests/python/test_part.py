@@ -19,7 +19,7 @@ import json, sys
 import numpy as np
 import torch, torch.distributed as dist
 from zoffload import optim as zoptim, part as zpart
-rank, world, init, dtype = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+rank, world, init, dtype, mode = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5]
 dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
 numel = [1000, 70001, 33, 4099]
 npdt = {"f32": np.float32, "bf16": np.uint16}[dtype]
@@ -38,7 +38,7 @@ def groups(ps):
 kw = dict(param_dtype=dtype, grad_dtype="f32", lr=1e-2, weight_decay=0.1, max_grad_norm=0.5,
           sub_group_size=16384, nthreads=1)
 mine, ref = params(), params()
-comm = zpart.TorchComm()
+comm = zpart.TorchComm(asynchronous=mode == "async")
 pe = zpart.PartEngine(groups(mine), comm, bucket_bytes=64 << 10, **kw)
 pe.init_from_device()
 re = zoptim.Engine(groups(ref), **kw)
@@ -92,9 +92,10 @@ def _ranks(tmp_path, worker, world, *args):
     return outs
 
 
+@pytest.mark.parametrize("mode", ["async", "sync"])
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
-def test_part_two_ranks_match_one(tmp_path, dtype):
-    outs = _ranks(tmp_path, WORKER, 2, dtype)
+def test_part_two_ranks_match_one(tmp_path, dtype, mode):
+    outs = _ranks(tmp_path, WORKER, 2, dtype, mode)
     for r, o in enumerate(outs):
         for s, st in enumerate(o["steps"], 1):
             assert st["clipped"], "the reference did not clip: the global norm would go unchecked"
@@ -119,6 +120,13 @@ DT = {"f32": (arrays.F32, torch.float32), "bf16": (arrays.BF16, torch.bfloat16),
 def data(r, n, dt, s):
     g = torch.Generator().manual_seed(1000 * s + r)
     return (torch.randn(n, generator=g) * (1 + 1000 * r)).to(dt)   # magnitudes apart: the order shows
+def coll(sync, start, bufs, cnt, zdt):
+    """One buffer: the synchronous callback; more: all started, then waited in order. The return codes."""
+    if len(bufs) == 1:
+        return [sync(None, bufs[0].data_ptr(), cnt, zdt)]
+    reqs = [ctypes.c_void_p() for _ in bufs]
+    rcs = [start(None, x.data_ptr(), cnt, zdt, ctypes.pointer(q)) for x, q in zip(bufs, reqs)]
+    return rcs + [comm._wait(None, q.value) for q in reqs]
 out = {}
 for gname, group, members in (("world", None, list(range(world))), ("sub", sub, [1, 2])):
     if rank not in members:
@@ -129,22 +137,32 @@ for gname, group, members in (("world", None, list(range(world))), ("sub", sub, 
         b = [sum(counts[:k]) for k in range(w + 1)]
         cnt = (ctypes.c_uint64 * w)(*counts)
         for name, (zdt, tdt) in DT.items():
-            for s in range(2):      # twice: the second reuses the scratch and views
-                buf = data(members[me], b[-1], tdt, s)
-                keep = buf.clone()
-                rc = comm._reduce_scatter(None, buf.data_ptr(), cnt, zdt)
-                acc = data(members[0], b[-1], tdt, s)[b[me]:b[me + 1]].float()
-                for k in range(1, w):
-                    acc += data(members[k], b[-1], tdt, s)[b[me]:b[me + 1]].float()
-                ok_rs = rc == 0 and torch.equal(buf[b[me]:b[me + 1]].view(torch.uint8),
-                                                acc.to(tdt).view(torch.uint8))
+            for mode in ("sync", "async"):
+                # async: two reduce-scatters in flight (as the engine's two buckets), then two all-gathers
+                seeds = (0,) if mode == "sync" else (1, 2)
+                bufs = [data(members[me], b[-1], tdt, s) for s in seeds]
+                rcs = coll(comm._reduce_scatter, comm._reduce_scatter_start, bufs, cnt, zdt)
+                ok_rs = rcs == [0] * len(rcs)
+                for x, s in zip(bufs, seeds):
+                    acc = data(members[0], b[-1], tdt, s)[b[me]:b[me + 1]].float()
+                    for k in range(1, w):
+                        acc += data(members[k], b[-1], tdt, s)[b[me]:b[me + 1]].float()
+                    ok_rs = ok_rs and torch.equal(x[b[me]:b[me + 1]].view(torch.uint8), acc.to(tdt).view(torch.uint8))
                 # the other chunks: sent, left as they were (the engine treats them as undefined)
-                full = torch.cat([data(members[k], b[-1], tdt, s + 7)[b[k]:b[k + 1]] for k in range(w)])
-                buf = torch.full((b[-1],), -3.0).to(tdt)
-                buf[b[me]:b[me + 1]] = full[b[me]:b[me + 1]]
-                rc2 = comm._all_gather(None, buf.data_ptr(), cnt, zdt)
-                ok_ag = rc2 == 0 and torch.equal(buf.view(torch.uint8), full.view(torch.uint8))
-                out["%s %s %s %d" % (gname, counts, name, s)] = [ok_rs, ok_ag, comm.error is None]
+                fulls, bufs = [], []
+                for s in seeds:
+                    full = torch.cat([data(members[k], b[-1], tdt, s + 7)[b[k]:b[k + 1]] for k in range(w)])
+                    x = torch.full((b[-1],), -3.0).to(tdt)
+                    x[b[me]:b[me + 1]] = full[b[me]:b[me + 1]]
+                    fulls.append(full)
+                    bufs.append(x)
+                rcs = coll(comm._all_gather, comm._all_gather_start, bufs, cnt, zdt)
+                ok_ag = rcs == [0] * len(rcs) and all(torch.equal(x.view(torch.uint8), f.view(torch.uint8))
+                                                      for x, f in zip(bufs, fulls))
+                out["%s %s %s %s" % (gname, counts, name, mode)] = [ok_rs, ok_ag, comm.error is None]
+    # a request waited twice (or never started) is an error, not a hang
+    out["bad wait"] = [comm._wait(None, 12345) < 0, True, comm.error is not None]
+    comm.error = None
 print(json.dumps(out))
 '''
 
@@ -153,9 +171,10 @@ def test_torch_comm_collectives_three_ranks(tmp_path):
     """TorchComm's reduce-scatter sums in rank order in fp32 (one rounding
     for bf16 / fp16), the same bits as comm_mpi.h's ordered mode, and its
     all-gather fills every chunk: 3 ranks, uneven and empty chunks, the
-    world and a sub-group (ranks named by their global rank on the wire)."""
+    world and a sub-group (ranks named by their global rank on the wire),
+    synchronous and through start / wait with two requests in flight."""
     for r, res in enumerate(_ranks(tmp_path, COMM_WORKER, 3)):
-        assert len(res) == (1 if r == 0 else 2) * 4 * 3 * 2, sorted(res)
+        assert len(res) == (1 if r == 0 else 2) * 4 * 3 * 2 + 1, sorted(res)
         bad = {k: v for k, v in res.items() if v != [True, True, True]}
         assert not bad, "rank %d: [reduce_scatter ok, all_gather ok, no error]: %s" % (r, bad)
 

@@ -92,7 +92,8 @@ def rank_main(args):
             prof.wrap(dist, "%s" % name, "dist." + name)
         if args.impl == "zoffload":
             from zoffload import part as zpart, torch_dist as ztd
-            for name in ("_reduce_scatter", "_all_gather", "_all_reduce"):
+            for name in ("_reduce_scatter", "_all_gather", "_all_reduce", "_reduce_scatter_start", "_all_gather_start",
+                         "_wait"):
                 prof.wrap(zpart.TorchComm, name, "TorchComm." + name.lstrip("_"))
             prof.wrap(ztd._PartBackend, "take_grad", "hooks (take_grad)")
             prof.wrap(zpart.PartEngine, "grad", "zo_part_grad")
@@ -120,7 +121,8 @@ def rank_main(args):
         dist.init_process_group("gloo")
         from zoffload.torch import OffloadAdamW
         opt = OffloadAdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                           max_grad_norm=args.max_grad_norm or None, nthreads=args.threads, process_group=True)
+                           max_grad_norm=args.max_grad_norm or None, nthreads=args.threads, process_group=True,
+                           bucket_bytes=args.bucket_bytes)
         forward, desc = model, "OffloadAdamW(process_group) on torch %s" % torch.__version__
     it = ft.batches(ft.generated_corpus(seed=args.seed), args.batch * world, args.seq, args.seed)
     losses, t_start, tokens = [], None, 0
@@ -199,7 +201,8 @@ def launch(args, impl, out):
     fwd = ["--dim", args.dim, "--layers", args.layers, "--heads", args.heads, "--seq", args.seq, "--batch",
            args.batch, "--steps", args.steps, "--warmup", args.warmup, "--dtype", args.dtype, "--lr", args.lr,
            "--weight-decay", args.weight_decay, "--max-grad-norm", args.max_grad_norm, "--threads", args.threads,
-           "--seed", args.seed] + (["--profile"] if args.profile else [])
+           "--seed", args.seed] + (["--profile"] if args.profile else []) + \
+        (["--bucket-bytes", args.bucket_bytes] if args.bucket_bytes else [])
     procs = []
     for r in range(args.ranks):
         cmd = [py, os.path.abspath(__file__), "--rank-worker", impl, "--out", out] + [str(a) for a in fwd]
@@ -227,6 +230,8 @@ def main():
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--max-grad-norm", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--bucket-bytes", type=int, default=None,
+                    help="zoffload's gradient bucket (bucket_bytes; default the optimizer's, 25 MiB)")
     ap.add_argument("--loss-tol", type=float, default=1e-3)
     ap.add_argument("--venv", default=DEFAULT_VENV)
     ap.add_argument("--json", default=None, help="write the comparison here")

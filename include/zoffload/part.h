@@ -40,8 +40,9 @@
  *      are reduced.
  *   3. zo_part_step() (every micro-step, as zo_optim_step()): buckets still
  *      incomplete are reduced (tensors that got no gradient count as zero).
- *      At a boundary: the inner engine's partial sum of squares and inf/NaN
- *      count are all-reduced (sum, max), the inner engine steps with the
+ *      At a boundary: the inner engine's partial sum of squares, an
+ *      overflow flag and an error flag are all-reduced (one sum; a flag
+ *      summed above 0 is some rank's), the inner engine steps with the
  *      global values (::zo_optim_step_opts): max_grad_norm clips by the
  *      global norm and every rank skips an overflowed step together; then
  *      a one-value all-reduce (max) of "did my update fail", then the flat

@@ -193,19 +193,28 @@ static int start_bucket(zo_part *p, unsigned bi, int in_grad, const char *fn)
 {
     pbucket *bk = &p->b[bi];
     void *buf = p->bucket[bi % p->nbuf];
-    int r;
+    /* the host backend copies here, in the caller's thread: a stream's
+     * worker would cost two thread hand-offs per bucket (the sync first:
+     * the gradients' ready events were queued on the stream) */
+    int r = p->host ? zo_stream_sync(p->st) : 0;
+    if (r < 0)
+        return dev_failed(p, r, fn, "waiting for the gradients' ready events");
     for (unsigned t = bk->t0; t <= bk->t1; t++) {
         uint64_t a = ZO_MAX(bk->lo, p->toff[t]), e = ZO_MIN(bk->hi, p->toff[t] + p->tnumel[t]);
         char *dst = (char *)buf + (a - bk->lo) * p->ges;
-        if (p->tgrad[t])
-            r = zo_memcpy_async(p->st, dst, (const char *)p->tgrad[t] + (a - p->toff[t]) * p->ges, (e - a) * p->ges,
-                                ZO_COPY_D2D);
+        const char *src = p->tgrad[t] ? (const char *)p->tgrad[t] + (a - p->toff[t]) * p->ges : NULL;
+        if (p->host && src)
+            memcpy(dst, src, (e - a) * p->ges);
+        else if (p->host)
+            memset(dst, 0, (e - a) * p->ges);
+        else if (src)
+            r = zo_memcpy_async(p->st, dst, src, (e - a) * p->ges, ZO_COPY_D2D);
         else
             r = zo_memset_async(p->st, dst, 0, (e - a) * p->ges);
         if (r < 0)
             return dev_failed(p, r, fn, "copying gradients into the bucket");
     }
-    if ((r = zo_stream_sync(p->st)) < 0)
+    if (!p->host && (r = zo_stream_sync(p->st)) < 0)
         return dev_failed(p, r, fn, "copying gradients into the bucket");
     if (p->async) {
         p->req[bi % p->nbuf] = NULL;
@@ -395,12 +404,16 @@ static int gather_params(zo_part *p, const char *fn)
             return comm_failed(p, r, fn, "all_gather (the updated params)");
         p->n_ag++;
     }
+    if (p->host && (r = zo_stream_sync(p->st)) < 0) /* nothing of ours may be queued behind the copies */
+        return dev_failed(p, r, fn, "copying params to dev_params");
     for (unsigned i = 0; i < p->nt; i++) {
         const char *src = (const char *)p->flat + (p->goff[p->tgroup[i]] + p->toff[i]) * p->pes;
-        if ((r = zo_memcpy_async(p->st, p->tdev[i], src, p->tnumel[i] * p->pes, ZO_COPY_D2D)) < 0)
+        if (p->host) /* in this thread, as the gradients (start_bucket) */
+            memcpy(p->tdev[i], src, p->tnumel[i] * p->pes);
+        else if ((r = zo_memcpy_async(p->st, p->tdev[i], src, p->tnumel[i] * p->pes, ZO_COPY_D2D)) < 0)
             return dev_failed(p, r, fn, "copying params to dev_params");
     }
-    if ((r = zo_stream_sync(p->st)) < 0)
+    if (!p->host && (r = zo_stream_sync(p->st)) < 0)
         return dev_failed(p, r, fn, "copying params to dev_params");
     return 0;
 }
@@ -515,11 +528,12 @@ int zo_part_step(zo_part *p, zo_optim_step_result *res)
     char lmsg[ZO_ERRMSG_LEN] = "";
     if (lerr < 0)
         snprintf(lmsg, sizeof(lmsg), "%s", zo_optim_errmsg(p->inner));
-    double s[1] = {sumsq}, m[2] = {nf ? 1.0 : 0.0, lerr < 0 ? 1.0 : 0.0};
-    if ((r = all_reduce(p, s, 1, ZO_COMM_SUM, fn, "all_reduce (sum of squares)")) < 0 ||
-        (r = all_reduce(p, m, 2, ZO_COMM_MAX, fn, "all_reduce (overflow)")) < 0)
+    /* one all-reduce (a round trip saved): the flags are summed too, and
+     * "some rank" is a sum above 0; the sum of squares is summed as alone */
+    double s[3] = {sumsq, nf ? 1.0 : 0.0, lerr < 0 ? 1.0 : 0.0};
+    if ((r = all_reduce(p, s, 3, ZO_COMM_SUM, fn, "all_reduce (sum of squares, overflow, errors)")) < 0)
         return r;
-    if (m[1] > 0) {
+    if (s[2] > 0) {
         broke(p);
         if (lerr < 0)
             return ZO_FAIL(&p->err, lerr, "%s: gradients of this rank: %s", fn, lmsg);
@@ -528,7 +542,7 @@ int zo_part_step(zo_part *p, zo_optim_step_result *res)
     zo_optim_step_opts so;
     zo_optim_step_opts_default(&so);
     so.global_sumsq = isnan(s[0]) ? INFINITY : s[0];
-    so.global_nonfinite = m[0] > 0;
+    so.global_nonfinite = s[1] > 0;
     int ur, delayed = 0;
     if (p->dpu) {
         /* DPU: the inner engine finishes the previous update (its params

@@ -67,7 +67,7 @@ class _PartBackend(_BackendCommon):
                  state_block=None):
         import weakref
         self.opt = weakref.proxy(opt)
-        name = type(opt).__name__
+        name = self._name = type(opt).__name__   # (type() of the proxy would say ProxyType)
         if opt.delay_update:
             raise ValueError("%s(process_group=...): delay_update (DPU) is not offered from Python with "
                              "process_group yet (the C engine zo_part has it: zo_part_wait())" % name)
@@ -166,7 +166,7 @@ class _PartBackend(_BackendCommon):
                     "%s(process_group=...): parameter %d moved since the optimizer was created (p.data was "
                     "replaced); the partitioned engine all-gathers the updated params into the addresses they "
                     "had: create the optimizer after model.to(...) (offload_parameters() is not supported with "
-                    "process_group)" % (type(self.opt).__name__, i))
+                    "process_group)" % (self._name, i))
 
     def copy_back(self, only=None):
         """Every rank's params from the masters (collective)."""
@@ -181,7 +181,7 @@ class _PartBackend(_BackendCommon):
                 "%s(process_group=...): parameter %d's gradient was already handed to the partitioned engine "
                 "in this step (its bucket may be averaged across the ranks already): a second backward before "
                 "step() needs `with opt.no_sync():` around all but the last backward (as DDP's no_sync), or "
-                "grad_hooks='step'" % (type(self.opt).__name__, i))
+                "grad_hooks='step'" % (self._name, i))
         g = p.grad.detach()
         if g.device.type != "cpu":
             raise RuntimeError("gradient on %s: the partitioned engine takes CPU gradients" % g.device)
@@ -193,8 +193,21 @@ class _PartBackend(_BackendCommon):
         # alive and unchanged until step() returns
         self._held.append(g)
         self._in.add(i)
-        self.pe.grad(i, g.data_ptr())
+        try:
+            self.pe.grad(i, g.data_ptr())
+        except BaseException:
+            # a collective failed (a rank died or hangs: the process group's
+            # timeout): this step's hand-overs are void, and the engine
+            # refuses every gradient and step until a load, saying why
+            self._forget_step()
+            raise
         self._handed_over(i, p, free)
+
+    def _forget_step(self):
+        self._held = []
+        self._in.clear()
+        self.handed = 0
+        self.handed_idx.clear()
 
     def discard(self):
         if not self.handed:
@@ -213,10 +226,7 @@ class _PartBackend(_BackendCommon):
         try:
             res = self.pe.step()
         finally:
-            self._held = []
-            self._in.clear()
-            self.handed = 0
-            self.handed_idx.clear()
+            self._forget_step()
         self.timings["update"] += _now() - t0
         self._account(res)
         self.refresh_steps()

@@ -329,7 +329,7 @@ int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep
             n += (size_t)snprintf(js + n, cap - n, "%s%" PRId64 "%s", i ? "," : "\"tensor_steps\":[", o->tstep[i],
                                   i + 1 == o->nt ? "]," : "");
     /* what a load into other state types needs: the layout without them,
-     * and each group's state type ("f32", "bf16", "q8/256"...) */
+     * and each group's state type ("f32", "bf16", "q8/256/0/1"...) */
     n += (size_t)snprintf(js + n, cap - n, "\"layout\":\"%016" PRIx64 "\",\"states\":[", o->layout_fingerprint);
     for (unsigned g = 0; g < o->ngroups; g++) {
         const zo__og *og = &o->groups[g];

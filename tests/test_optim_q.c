@@ -36,7 +36,7 @@ static const char *const tnames[NT] = {"tok", "fc1", "b1", "fc2", "out", "ln"};
 /* The engine's v map for `bits` (zo__q_default_maps()): q4's has no zero. */
 static zo_qmap vmap(int bits)
 {
-    return bits == 4 ? ZO_QMAP_LINEAR_UNSIGNED_NZ : ZO_QMAP_DYNAMIC_UNSIGNED;
+    return bits == 4 ? ZO_QMAP_DYNAMIC_UNSIGNED_NZ : ZO_QMAP_DYNAMIC_UNSIGNED;
 }
 
 typedef struct qsg { /* one sub-group of the reference */

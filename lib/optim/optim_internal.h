@@ -91,20 +91,23 @@ static inline uint64_t zo__q_bytes(uint64_t n, int bits, size_t block)
     return zo__q_scale_off(n, bits) + 4 * zo__q_nscales(n, block);
 }
 /* The code maps of m and v for `bits`. m: the signed dynamic map. v: for
- * q4 the linear map without zero (Li et al. 2023's fix of the "zero-point
- * problem": with only 14 nonzero levels, the dynamic map rounds every v
- * below 0.16% of its block's absmax to exactly 0, and m / (sqrt(0) + eps)
- * then moves those weights by up to lr * |m| / eps; the finetune run
- * diverged from it, docs/cpuadam.md); for q8 the unsigned dynamic map,
- * whose smallest level (3.25e-7 of absmax) leaves almost nothing at 0
- * (measured: docs/benchmarks.md). `legacy`: the maps every quantized state
- * used before (both dynamic): what a checkpoint record without maps
- * means. */
+ * q4 the unsigned dynamic map without its zero (Li et al. 2023's fix of
+ * the "zero-point problem": with only 14 nonzero levels, the dynamic map
+ * rounds every v below 0.16% of its block's absmax to exactly 0, and the
+ * update of those weights is then rebuilt from one gradient; the finetune
+ * run diverged from it, docs/cpuadam.md). Dynamic without zero rather than
+ * linear without zero ((k + 1) / 16): both fixed the divergence; the
+ * dynamic one keeps small v's precision, which cost nothing on finetune
+ * and was closer to fp32 states on zo-train's two models, where (k + 1) /
+ * 16 cost the small one 2.5% (docs/benchmarks.md). For q8 the unsigned dynamic map, whose
+ * first level (3.25e-7 of absmax) leaves almost nothing at 0 (measured
+ * too). `legacy`: the maps every quantized state used before (both
+ * dynamic): what a checkpoint record without maps means. */
 static inline void zo__q_default_maps(int bits, int legacy, zo_qmap map[ZO_OPTIM_STATE_COUNT])
 {
     map[ZO_OPTIM_STATE_MASTER] = ZO_QMAP_COUNT; /* not quantized */
     map[ZO_OPTIM_STATE_EXP_AVG] = ZO_QMAP_DYNAMIC_SIGNED;
-    map[ZO_OPTIM_STATE_EXP_AVG_SQ] = bits == 4 && !legacy ? ZO_QMAP_LINEAR_UNSIGNED_NZ : ZO_QMAP_DYNAMIC_UNSIGNED;
+    map[ZO_OPTIM_STATE_EXP_AVG_SQ] = bits == 4 && !legacy ? ZO_QMAP_DYNAMIC_UNSIGNED_NZ : ZO_QMAP_DYNAMIC_UNSIGNED;
 }
 
 /* whether og's maps are the legacy ones (the record and the config

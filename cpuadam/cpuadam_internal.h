@@ -103,8 +103,9 @@ static inline unsigned zo__qcode(const zo__qmap_tab *t, float x)
 
 /* zo__qcode() through the packed buckets: the same code for every x with
  * |x| < 2 (the builder checks it at every midpoint and its neighbours; an
- * exhaustive run over every fp32 |x| <= 1 of all eight maps found no
- * difference). */
+ * exhaustive run over every fp32 |x| <= 1 of the eight maps before the
+ * zero-free ones found no difference; those have the builder's check and
+ * test_qadam's). */
 static inline unsigned zo__qcode_packed(const zo__qmap_tab *t, float x)
 {
     uint32_t b;

@@ -61,10 +61,16 @@ static int dynamic_map(int sign, int meb, int total_bits, float *out)
 }
 
 /* Evenly spaced: signed (k - h) / h for k = 0..2h (an exact 0 and +-1),
- * unsigned k / (2^bits - 1). */
-static int linear_map(int sign, int bits, float *out)
+ * unsigned k / (2^bits - 1); without zero (nz) (k + 1) / 2^bits, the
+ * divisions exact in double. */
+static int linear_map(int sign, int nz, int bits, float *out)
 {
     int top = (1 << bits) - 1;
+    if (nz) {
+        for (int k = 0; k <= top; k++)
+            out[k] = (float)((double)(k + 1) / (double)(top + 1));
+        return top + 1;
+    }
     if (sign) {
         int h = top / 2;
         for (int k = 0; k <= 2 * h; k++)
@@ -161,10 +167,15 @@ static int build_map(zo__qmap_tab *t, int map, int bits)
     memset(t, 0, sizeof(*t));
     t->bits = bits;
     int sign = map == ZO_QMAP_DYNAMIC_SIGNED || map == ZO_QMAP_LINEAR_SIGNED;
-    if (map == ZO_QMAP_DYNAMIC_SIGNED || map == ZO_QMAP_DYNAMIC_UNSIGNED)
+    if (map == ZO_QMAP_DYNAMIC_SIGNED || map == ZO_QMAP_DYNAMIC_UNSIGNED || map == ZO_QMAP_DYNAMIC_UNSIGNED_NZ) {
         t->ncodes = dynamic_map(sign, bits == 8 ? 7 : 3, bits, t->value);
-    else
-        t->ncodes = linear_map(sign, bits, t->value);
+        if (map == ZO_QMAP_DYNAMIC_UNSIGNED_NZ) { /* the same values less the 0 (sorted first) */
+            memmove(t->value, t->value + 1, (size_t)(t->ncodes - 1) * sizeof(float));
+            t->ncodes--;
+        }
+    } else {
+        t->ncodes = linear_map(sign, map == ZO_QMAP_LINEAR_UNSIGNED_NZ, bits, t->value);
+    }
     for (int k = t->ncodes; k < 256; k++)
         t->value[k] = t->value[t->ncodes - 1];
     for (int k = 0; k < 256; k++) {

@@ -33,6 +33,12 @@ static const uint64_t g1_numel[] = {4099, 61};
 enum { NT0 = 4, NT1 = 2, NT = NT0 + NT1 };
 static const char *const tnames[NT] = {"tok", "fc1", "b1", "fc2", "out", "ln"};
 
+/* The engine's v map for `bits` (zo__q_default_maps()): q4's has no zero. */
+static zo_qmap vmap(int bits)
+{
+    return bits == 4 ? ZO_QMAP_DYNAMIC_UNSIGNED_NZ : ZO_QMAP_DYNAMIC_UNSIGNED;
+}
+
 typedef struct qsg { /* one sub-group of the reference */
     int g;
     uint64_t off, n;
@@ -222,6 +228,7 @@ static void run_step(run *r, int s, int eng)
         t.grad = g + q->off * wes;
         t.grad_dtype = wdt;
         t.bits = r->bits[q->g];
+        t.map_v = vmap(t.bits);
         t.m_codes = q->mc;
         t.m_absmax = q->ms;
         t.v_codes = q->vc;
@@ -243,7 +250,7 @@ static void ref_state(const run *r, int k, uint64_t e0, uint64_t n, float *x)
         int b = r->bits[q->g];
         float *all = malloc(q->n * 4);
         ck_assert_int_eq(zo_cpuadam_dequantize(k == 1 ? q->mc : q->vc, k == 1 ? q->ms : q->vs, q->n,
-                                               k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : ZO_QMAP_DYNAMIC_UNSIGNED, b,
+                                               k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : vmap(b), b,
                                                b == 4 ? 128 : 256, all),
                          0);
         for (uint64_t e = q->off > e0 ? q->off : e0; e < q->off + q->n && e < e0 + n; e++)
@@ -488,6 +495,29 @@ static void free_all(float **x)
     free(x);
 }
 
+/* State k of every tensor of x (export_all()) into flat[r->total]; then
+ * into back[]: with `requant` (a moment) the engine's quantization of it
+ * with the engine's maps, per sub-group (what a converting load stores),
+ * else a copy. */
+static void requantized(const run *r, float **x, int k, int requant, float *flat, float *back)
+{
+    for (int i = 0; i < NT; i++)
+        memcpy(flat + r->off[i], x[i * 3 + k], r->numel[i] * 4);
+    memcpy(back, flat, r->total * 4);
+    for (unsigned j = 0; j < r->nsg && requant; j++) {
+        const qsg *q = &r->sg[j];
+        int bits = r->bits[q->g];
+        size_t B = bits == 4 ? 128 : 256;
+        zo_qmap map = k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : vmap(bits);
+        uint8_t *c = malloc(q->n);
+        float *sc = malloc((q->n / 64 + 1) * 4);
+        ck_assert_int_eq(zo_cpuadam_quantize(flat + q->off, q->n, map, bits, B, c, sc), 0);
+        ck_assert_int_eq(zo_cpuadam_dequantize(c, sc, q->n, map, bits, B, back + q->off), 0);
+        free(c);
+        free(sc);
+    }
+}
+
 /* Loads across state types: a q8/q4 checkpoint into fp32 states holds the
  * dequantized moments exactly; saved again and loaded into q8/q4 states,
  * the kernel's quantization of those; into bf16 states, the moments
@@ -524,21 +554,7 @@ START_TEST(test_q_load_across_types)
     float **xb = export_all(&b);
     float *flat = malloc(a.total * 4), *back = malloc(a.total * 4);
     for (int k = 0; k < 3; k++) {
-        for (int i = 0; i < NT; i++)
-            memcpy(flat + a.off[i], xa[i * 3 + k], a.numel[i] * 4);
-        memcpy(back, flat, a.total * 4);
-        for (unsigned j = 0; j < a.nsg && k; j++) {
-            const qsg *q = &a.sg[j];
-            int bits = a.bits[q->g];
-            size_t B = bits == 4 ? 128 : 256;
-            zo_qmap map = k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : ZO_QMAP_DYNAMIC_UNSIGNED;
-            uint8_t *c = malloc(q->n);
-            float *sc = malloc((q->n / 64 + 1) * 4);
-            ck_assert_int_eq(zo_cpuadam_quantize(flat + q->off, q->n, map, bits, B, c, sc), 0);
-            ck_assert_int_eq(zo_cpuadam_dequantize(c, sc, q->n, map, bits, B, back + q->off), 0);
-            free(c);
-            free(sc);
-        }
+        requantized(&a, xa, k, k != 0, flat, back);
         if (k == 2)
             ck_assert(memcmp(flat, back, a.total * 4) == 0);
         for (int i = 0; i < NT; i++)
@@ -574,6 +590,98 @@ START_TEST(test_q_load_across_types)
     run_free(&f);
     run_free(&b);
     run_free(&h);
+    zo_test_rmtree(root);
+}
+END_TEST
+
+extern int zo__optim_legacy_qmaps;
+
+/* The engine record's state types of checkpoint `name` ("states":[...]). */
+static char *record_states(const char *root, const char *name)
+{
+    zo_ckpt_reader *rd = NULL;
+    ck_assert_int_eq(zo_ckpt_open(&rd, root, name), 0);
+    const char *js = zo_ckpt_user_json(rd), *p = js ? strstr(js, "\"states\":[") : NULL;
+    ck_assert_ptr_nonnull(p);
+    char *s = strndup(p, (size_t)(strchr(p, ']') - p + 1));
+    zo_ckpt_close(&rd);
+    return s;
+}
+
+/* A checkpoint of the format before the maps were recorded (state types
+ * "q8/256", "q4/128"; v of q4 in the dynamic map, which has a 0), as the
+ * test hook makes the engine write it, loads into today's engine: masters
+ * and m (same map) bit for bit, and q4's v, whose map now has no 0, as the
+ * kernel's requantization of the old codes' values per sub-group (not the
+ * old codes read with the new map). Today's checkpoints record the maps. */
+START_TEST(test_q_load_legacy_record)
+{
+    char root[256];
+    zo_test_mkdtemp(root, sizeof(root));
+    run a, b;
+    zo__optim_legacy_qmaps = 1;
+    run_init(&a, _i, 8, 4);
+    run_create(&a);
+    zo__optim_legacy_qmaps = 0;
+    run_step(&a, 1, 1);
+    run_step(&a, 2, 1);
+    /* the test's smooth gradients leave no v small enough to read 0: give
+     * the q4 tensors a v spanning six decades (as a real model's does) */
+    for (int i = NT0; i < NT; i++) {
+        float *x = malloc(a.numel[i] * 4);
+        for (uint64_t j = 0; j < a.numel[i]; j++)
+            x[j] = (float)(1e-3 * pow(10.0, -6.0 * fmod(0.37 * (double)j, 1.0)));
+        ck_assert_int_eq(zo_optim_state_import(a.o, (unsigned)i, ZO_OPTIM_STATE_EXP_AVG_SQ, x, ZO_DTYPE_F32, 0,
+                                               a.numel[i]),
+                         0);
+        free(x);
+    }
+    zo__optim_legacy_qmaps = 1;
+    ck_assert_int_eq(zo_optim_save(a.o, root, "old", 0, NULL), 0);
+    zo__optim_legacy_qmaps = 0;
+    char *st = record_states(root, "old");
+    ck_assert_msg(strcmp(st, "\"states\":[\"q8/256\",\"q4/128\"]") == 0, "old record: %s", st);
+    free(st);
+    float **xa = export_all(&a);
+    /* the old v map does round small v of q4 to exactly 0 in nonzero blocks */
+    size_t zeros = 0;
+    for (int i = NT0; i < NT; i++)
+        for (uint64_t j = 0; j < a.numel[i]; j++)
+            zeros += xa[i * 3 + 2][j] == 0.0f;
+    ck_assert_uint_gt(zeros, 0);
+    run_init(&b, _i, 8, 4);
+    run_create(&b);
+    int rc = zo_optim_load(b.o, root, "old", NULL, 0);
+    ck_assert_msg(rc == 0, "legacy load: %s (%s)", zo_strerror(rc), zo_optim_errmsg(b.o));
+    float **xb = export_all(&b);
+    float *flat = malloc(a.total * 4), *want = malloc(a.total * 4);
+    for (int k = 0; k < 3; k++) {
+        /* masters and m (same map) as they were; v converted */
+        requantized(&a, xa, k, k == 2, flat, want);
+        for (int i = 0; i < NT; i++)
+            ck_assert_msg(memcmp(want + a.off[i], xb[i * 3 + k], a.numel[i] * 4) == 0, "legacy: tensor %d state %d",
+                          i, k);
+    }
+    /* q4's v changed (no zeros left in its blocks), q8's did not */
+    for (int i = NT0; i < NT; i++)
+        for (uint64_t j = 0; j < a.numel[i]; j++)
+            ZO_EXPECT(xb[i * 3 + 2][j] != 0.0f || xa[i * 3 + 1][j] == 0.0f, "tensor %d v[%llu] still 0", i,
+                      (unsigned long long)j);
+    free(flat);
+    free(want);
+    /* it trains on, and its own checkpoints record the maps */
+    run_step(&b, 3, 1);
+    ck_assert_int_eq(zo_optim_save(b.o, root, "new", 0, NULL), 0);
+    st = record_states(root, "new");
+    char exp[96];
+    snprintf(exp, sizeof(exp), "\"states\":[\"q8/256/%d/%d\",\"q4/128/%d/%d\"]", ZO_QMAP_DYNAMIC_SIGNED,
+             vmap(8), ZO_QMAP_DYNAMIC_SIGNED, vmap(4));
+    ck_assert_msg(strcmp(st, exp) == 0, "new record: %s", st);
+    free(st);
+    free_all(xa);
+    free_all(xb);
+    run_free(&a);
+    run_free(&b);
     zo_test_rmtree(root);
 }
 END_TEST
@@ -1098,6 +1206,7 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_q_import_exact);
     tcase_add_loop_test(tc, test_q_save_load, 0, 2);
     tcase_add_loop_test(tc, test_q_load_across_types, 0, 2);
+    tcase_add_loop_test(tc, test_q_load_legacy_record, 0, 2);
     tcase_add_test(tc, test_q_crash_during_save);
     tcase_add_test(tc, test_q_refusals);
     tcase_add_loop_test(tc, test_q_raw_round_trip, 0, 2);

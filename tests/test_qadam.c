@@ -16,8 +16,27 @@
 #include <zoffload/zoffload.h>
 
 static const char *const variants[] = {"scalar", "avx2", "avx512", "avx512bf16", "neon"};
-static const zo_qmap signed_maps[] = {ZO_QMAP_DYNAMIC_SIGNED, ZO_QMAP_LINEAR_SIGNED};
-static const zo_qmap unsigned_maps[] = {ZO_QMAP_DYNAMIC_UNSIGNED, ZO_QMAP_LINEAR_UNSIGNED};
+/* (m, v) map pairs of the step tests: every unsigned map for v */
+static const zo_qmap signed_maps[] = {ZO_QMAP_DYNAMIC_SIGNED, ZO_QMAP_LINEAR_SIGNED, ZO_QMAP_DYNAMIC_SIGNED,
+                                      ZO_QMAP_DYNAMIC_SIGNED};
+static const zo_qmap unsigned_maps[] = {ZO_QMAP_DYNAMIC_UNSIGNED, ZO_QMAP_LINEAR_UNSIGNED,
+                                        ZO_QMAP_DYNAMIC_UNSIGNED_NZ, ZO_QMAP_LINEAR_UNSIGNED_NZ};
+
+static int map_signed(int m)
+{
+    return m == ZO_QMAP_DYNAMIC_SIGNED || m == ZO_QMAP_LINEAR_SIGNED;
+}
+
+static int map_linear(int m)
+{
+    return m == ZO_QMAP_LINEAR_SIGNED || m == ZO_QMAP_LINEAR_UNSIGNED || m == ZO_QMAP_LINEAR_UNSIGNED_NZ;
+}
+
+/* the unsigned maps without zero (for v: Li et al. 2023's zero-point problem) */
+static int map_zero_free(int m)
+{
+    return m == ZO_QMAP_DYNAMIC_UNSIGNED_NZ || m == ZO_QMAP_LINEAR_UNSIGNED_NZ;
+}
 
 static uint32_t fbits(float f)
 {
@@ -75,16 +94,23 @@ START_TEST(test_maps)
         for (int m = 0; m < ZO_QMAP_COUNT; m++) {
             plain_map p;
             plain_map_init(&p, (zo_qmap)m, bits);
-            int sgn = m == ZO_QMAP_DYNAMIC_SIGNED || m == ZO_QMAP_LINEAR_SIGNED;
-            int lin = m >= ZO_QMAP_LINEAR_SIGNED;
-            /* codes in use: all but one for the signed linear map (an exact 0 in the middle) */
-            ck_assert_int_eq(p.used, lin && sgn ? p.count - 1 : p.count);
+            int sgn = map_signed(m), lin = map_linear(m), nz = map_zero_free(m);
+            /* codes in use: all but one for the signed linear map (an exact 0
+             * in the middle) and the dynamic one without zero */
+            ck_assert_int_eq(p.used, (lin && sgn) || m == ZO_QMAP_DYNAMIC_UNSIGNED_NZ ? p.count - 1 : p.count);
             ck_assert(p.v[p.used - 1] == 1.0f);
-            ck_assert(p.v[0] == (sgn ? (lin ? -1.0f : p.v[0]) : 0.0f));
+            if (m == ZO_QMAP_LINEAR_UNSIGNED_NZ)
+                ck_assert(p.v[0] == 1.0f / (float)p.count && p.v[1] == 2.0f / (float)p.count);
+            else if (m == ZO_QMAP_DYNAMIC_UNSIGNED_NZ) { /* the unsigned dynamic map less its 0 */
+                plain_map u;
+                plain_map_init(&u, ZO_QMAP_DYNAMIC_UNSIGNED, bits);
+                ck_assert(memcmp(p.v, u.v + 1, (size_t)p.used * 4) == 0);
+            } else
+                ck_assert(p.v[0] == (sgn ? (lin ? -1.0f : p.v[0]) : 0.0f));
             int zero = 0;
             for (int k = 0; k < p.used; k++)
                 zero |= p.v[k] == 0.0f;
-            ck_assert(zero);
+            ck_assert(zero == !nz);
             if (sgn && !lin) /* dynamic signed: symmetric except +1 */
                 for (int k = 0; k + 1 < p.used; k++)
                     ck_assert(p.v[k] == -p.v[p.used - 2 - k]);
@@ -127,7 +153,7 @@ START_TEST(test_quantize_plain)
         for (int m = 0; m < ZO_QMAP_COUNT; m++) {
             plain_map p;
             plain_map_init(&p, (zo_qmap)m, bits);
-            int nonneg = m == ZO_QMAP_DYNAMIC_UNSIGNED || m == ZO_QMAP_LINEAR_UNSIGNED;
+            int nonneg = !map_signed(m);
             for (size_t a = 0; a < ZO_ARRAY_LEN(ns); a++) {
                 size_t n = ns[a], block = (size_t)64 << (a % 3), nb = (n - 1) / block + 1;
                 float *x = malloc(n * 4), *y = malloc(n * 4), *s = malloc(nb * 4);
@@ -194,7 +220,7 @@ START_TEST(test_block_kernels)
             for (int m = 0; m < ZO_QMAP_COUNT; m++) {
                 const zo__qmap_tab *t = zo__qmap_get(m, bits);
                 ck_assert_ptr_nonnull(t);
-                int nonneg = m == ZO_QMAP_DYNAMIC_UNSIGNED || m == ZO_QMAP_LINEAR_UNSIGNED;
+                int nonneg = !map_signed(m);
                 for (size_t a = 0; a < ZO_ARRAY_LEN(lens); a++) {
                     for (int rep = 0; rep < 4; rep++) {
                         size_t len = lens[a];
@@ -387,7 +413,7 @@ static void variants_case(size_t n, size_t block, int bits, int gdt, int odt, in
     zo_cpuadam_team *ref = team_for("scalar", 1);
     ck_assert_ptr_nonnull(ref);
     for (size_t kk = 0; kk < ZO_ARRAY_LEN(kinds); kk++) {
-        for (int mi = 0; mi < 2; mi++) {
+        for (int mi = 0; mi < (int)ZO_ARRAY_LEN(signed_maps); mi++) {
             zo_qmap mm = signed_maps[mi], vm = unsigned_maps[mi];
             zo_test_rng r = {seed + kk * 7 + (uint64_t)mi};
             qslice base;

@@ -272,6 +272,16 @@ ZO_API const char *zo_cpuadam_variant_at(unsigned i, unsigned *needs);
  *  - LINEAR: evenly spaced. Signed: (k - 127) / 127 for k = 0..254 (code
  *    255 is not produced and reads as 1.0); 4 bits: (k - 7) / 7, k = 0..14.
  *    Unsigned: k / 255 (k / 15).
+ *  - The zero-free unsigned maps, for v (Li et al., "Memory Efficient
+ *    Optimizers with 4-bit States", NeurIPS 2023, the "zero-point
+ *    problem"): a v that a map with a 0 rounds to 0 in a block with a large
+ *    absmax makes m / (sqrt(v) + eps) huge; without a 0 every v reads at
+ *    least the smallest entry times absmax. DYNAMIC_UNSIGNED_NZ: the
+ *    DYNAMIC_UNSIGNED values without the 0 (255 codes for 8 bits, 15 for
+ *    4; the last code is not produced and reads as 1.0). LINEAR_UNSIGNED_NZ:
+ *    (k + 1) / 256 for k = 0..255 ((k + 1) / 16, k = 0..15): 1/16 at the
+ *    bottom for 4 bits. A zero still quantizes to the smallest code, and a
+ *    block of zeros (absmax 0) still reads 0.
  *
  * The tables are computed in double and rounded once to fp32
  * (docs/cpuadam.md, "Low-bit states", gives the formulas; the Python test
@@ -282,6 +292,8 @@ typedef enum zo_qmap {
     ZO_QMAP_DYNAMIC_UNSIGNED = 1, /**< default for v */
     ZO_QMAP_LINEAR_SIGNED = 2,
     ZO_QMAP_LINEAR_UNSIGNED = 3,
+    ZO_QMAP_DYNAMIC_UNSIGNED_NZ = 4, /**< unsigned, no zero */
+    ZO_QMAP_LINEAR_UNSIGNED_NZ = 5,  /**< unsigned, no zero: (k + 1) / 2^bits */
     ZO_QMAP_COUNT
 } zo_qmap;
 

@@ -234,7 +234,8 @@ typedef struct zo_optim_group {
     /* in what was the struct's tail padding: sizeof is unchanged */
     uint16_t state_bits;         /**< 0 (default): m and v in state_dtype; 8 (q8) or 4 (q4): block-wise
                                       quantized moments (zo_cpuadam_qstep(): codes + one fp32 absmax per
-                                      block, dynamic maps), AdamW, Adam or Lion, two-pass clipping and
+                                      block; dynamic maps, q4's v the dynamic map without its zero:
+                                      docs/optim.md), AdamW, Adam or Lion, two-pass clipping and
                                       ZO_OPTIM_NO_GRAD_ZERO only (see docs/optim-integration.md) */
     uint16_t state_block;        /**< with state_bits: elements per absmax scale, a power of two in [64, 4096];
                                       0 (default): 256 for q8, 128 for q4 */

@@ -20,6 +20,7 @@
 #include <zoffload/vec.h>
 
 int zo__optim_force_copy;
+int zo__optim_legacy_qmaps;
 
 /* state_bits and state_block were added in what was the struct's tail
  * padding: its size (which create checks, and the Python ctypes mirror
@@ -126,6 +127,12 @@ uint64_t zo__config_fingerprint(const zo_optim *o, int states, const zo__og *typ
         fp = fnv_u64(fp, og->sgsize);
         if (states && st->qbits)
             fp = fnv_u64(fp, ((uint64_t)st->qbits << 32) | st->qblock);
+        /* maps other than the legacy ones: a library that knows only those
+         * (and a record without maps) then has another fingerprint, so it
+         * cannot take these codes for legacy ones */
+        if (states && st->qbits && !zo__q_legacy_maps(st))
+            fp = fnv_u64(fp, 0x716d6170ull << 32 | (uint64_t)st->qmap[ZO_OPTIM_STATE_EXP_AVG] << 16 |
+                                 (uint64_t)st->qmap[ZO_OPTIM_STATE_EXP_AVG_SQ]);
         fp = fnv_u64(fp, og->ntensors);
         for (unsigned i = og->first_tensor; i < og->first_tensor + og->ntensors; i++) {
             fp = fnv_u64(fp, o->tensors[i].numel);
@@ -333,6 +340,7 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
                            zo_dtype_name(og->sdt));
         og->qbits = ug->state_bits;
         og->qblock = ug->state_block ? ug->state_block : ug->state_bits == 4 ? 128 : 256;
+        zo__q_default_maps(og->qbits, zo__optim_legacy_qmaps, og->qmap);
         if (og->qbits != 0 && og->qbits != 8 && og->qbits != 4)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_bits %d (0: state_dtype, 8: q8, 4: q4)",
                            g, og->qbits);

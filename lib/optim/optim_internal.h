@@ -63,6 +63,7 @@ typedef struct zo__og {
      * so a sub-group's state is one extent (one read, one write). */
     int qbits;
     size_t qblock;
+    zo_qmap qmap[ZO_OPTIM_STATE_COUNT]; /* with qbits: the code map of m and v (zo__q_default_maps()) */
     unsigned first_tensor, ntensors;
     unsigned first_sg, nsg;
     uint64_t off, numel;
@@ -89,11 +90,44 @@ static inline uint64_t zo__q_bytes(uint64_t n, int bits, size_t block)
 {
     return zo__q_scale_off(n, bits) + 4 * zo__q_nscales(n, block);
 }
-/* the code map of state k (m signed, v unsigned: the kernel's defaults) */
-static inline zo_qmap zo__q_map(int k)
+/* The code maps of m and v for `bits`. m: the signed dynamic map. v: for
+ * q4 the unsigned dynamic map without its zero (Li et al. 2023's fix of
+ * the "zero-point problem": with only 14 nonzero levels, the dynamic map
+ * rounds every v below 0.16% of its block's absmax to exactly 0, and the
+ * update of those weights is then rebuilt from one gradient; the finetune
+ * run diverged from it, docs/cpuadam.md). Dynamic without zero rather than
+ * linear without zero ((k + 1) / 16): both fixed the divergence; the
+ * dynamic one keeps small v's precision, which cost nothing on finetune
+ * and was closer to fp32 states on zo-train's two models, where (k + 1) /
+ * 16 cost the small one 2.5% (docs/benchmarks.md). For q8 the unsigned dynamic map, whose
+ * first level (3.25e-7 of absmax) leaves almost nothing at 0 (measured
+ * too). `legacy`: the maps every quantized state used before (both
+ * dynamic): what a checkpoint record without maps means. */
+static inline void zo__q_default_maps(int bits, int legacy, zo_qmap map[ZO_OPTIM_STATE_COUNT])
 {
-    return k == ZO_OPTIM_STATE_EXP_AVG ? ZO_QMAP_DYNAMIC_SIGNED : ZO_QMAP_DYNAMIC_UNSIGNED;
+    map[ZO_OPTIM_STATE_MASTER] = ZO_QMAP_COUNT; /* not quantized */
+    map[ZO_OPTIM_STATE_EXP_AVG] = ZO_QMAP_DYNAMIC_SIGNED;
+    map[ZO_OPTIM_STATE_EXP_AVG_SQ] = bits == 4 && !legacy ? ZO_QMAP_DYNAMIC_UNSIGNED_NZ : ZO_QMAP_DYNAMIC_UNSIGNED;
 }
+
+/* whether og's maps are the legacy ones (the record and the config
+ * fingerprint then leave them out, as before maps could differ) */
+static inline int zo__q_legacy_maps(const zo__og *og)
+{
+    return og->qmap[ZO_OPTIM_STATE_EXP_AVG] == ZO_QMAP_DYNAMIC_SIGNED &&
+           og->qmap[ZO_OPTIM_STATE_EXP_AVG_SQ] == ZO_QMAP_DYNAMIC_UNSIGNED;
+}
+
+/* the code map of state k of group og */
+static inline zo_qmap zo__q_map(const zo__og *og, int k)
+{
+    return og->qmap[k];
+}
+
+/* Test hook: 1 makes zo_optim_create() give quantized groups the legacy
+ * maps, as a library before the zero-free v map did, so tests can write
+ * checkpoints of the old format. */
+extern int zo__optim_legacy_qmaps;
 
 /* Bytes of state k of n elements of group og (its store tensor). */
 static inline uint64_t zo__state_bytes(const zo__og *og, int k, uint64_t n)

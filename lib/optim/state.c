@@ -60,7 +60,7 @@ static int q_io(zo_optim *o, unsigned group, int k, uint64_t lo, uint64_t hi, vo
     zo__og *og = &o->groups[group];
     size_t des = zo_dtype_size(dtype), B = og->qblock;
     int bits = og->qbits;
-    zo_qmap map = zo__q_map(k);
+    zo_qmap map = zo__q_map(og, k);
     uint8_t *codes = malloc(TILE_ELEMS);
     float *scales = malloc(TILE_ELEMS / 64 * 4), *x = malloc(TILE_ELEMS * 4);
     int r = 0;
@@ -422,7 +422,7 @@ int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep
         return ZO_FAIL(&o->err, ZO_ESTATE,
                        "zo_optim_save: gradients accumulated but not applied (save at a step boundary)");
     int skip = o->cfg.no_grad == ZO_OPTIM_NO_GRAD_SKIP;
-    size_t cap = 560 + (size_t)o->ngroups * 184 + (skip ? (size_t)o->nt * 24 : 0) + (user_json ? strlen(user_json) : 4);
+    size_t cap = 560 + (size_t)o->ngroups * 200 + (skip ? (size_t)o->nt * 24 : 0) + (user_json ? strlen(user_json) : 4);
     char *js = malloc(cap);
     if (!js)
         return -ENOMEM;
@@ -439,12 +439,17 @@ int zo_optim_save(zo_optim *o, const char *root, const char *name, unsigned keep
             n += (size_t)snprintf(js + n, cap - n, "%s%" PRId64 "%s", i ? "," : "\"tensor_steps\":[", o->tstep[i],
                                   i + 1 == o->nt ? "]," : "");
     /* what a load into other state types needs: the layout without them,
-     * and each group's state type ("f32", "bf16", "q8/256"...) */
+     * and each group's state type ("f32", "bf16", "q8/256/0/1"...) */
     n += (size_t)snprintf(js + n, cap - n, "\"layout\":\"%016" PRIx64 "\",\"states\":[", o->layout_fingerprint);
     for (unsigned g = 0; g < o->ngroups; g++) {
         const zo__og *og = &o->groups[g];
-        if (og->qbits)
+        /* q<bits>/<block>/<m map>/<v map> (zo_qmap values); "q<bits>/<block>"
+         * alone, as before maps were recorded, means the legacy maps */
+        if (og->qbits && zo__optim_legacy_qmaps) /* the test hook: the old record */
             n += (size_t)snprintf(js + n, cap - n, "%s\"q%d/%zu\"", g ? "," : "", og->qbits, og->qblock);
+        else if (og->qbits)
+            n += (size_t)snprintf(js + n, cap - n, "%s\"q%d/%zu/%d/%d\"", g ? "," : "", og->qbits, og->qblock,
+                                  (int)og->qmap[ZO_OPTIM_STATE_EXP_AVG], (int)og->qmap[ZO_OPTIM_STATE_EXP_AVG_SQ]);
         else
             n += (size_t)snprintf(js + n, cap - n, "%s\"%s\"", g ? "," : "", zo_dtype_name(og->sdt));
     }
@@ -491,19 +496,31 @@ static int parse_states(zo_optim *o, const char *p, const char *end, zo__og *ck)
         return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: the record has no state types");
     p++;
     for (unsigned g = 0; g < o->ngroups; g++) {
-        char nm[16];
-        int used = 0, bits = 0;
+        char nm[32];
+        int used = 0, bits = 0, mm = 0, vm = 0, tail = 0, nf = 0;
         size_t block = 0;
-        if (sscanf(p, g ? ",\"%15[^\"]\"%n" : "\"%15[^\"]\"%n", nm, &used) != 1 || p + used > end)
+        if (sscanf(p, g ? ",\"%31[^\"]\"%n" : "\"%31[^\"]\"%n", nm, &used) != 1 || !used || p + used > end)
             return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: state type of group %u missing", g);
         p += used;
         ck[g] = o->groups[g];
         ck[g].qbits = 0;
-        if (sscanf(nm, "q%d/%zu", &bits, &block) == 2 && (bits == 8 || bits == 4) && block >= 64 &&
-            block <= ZO_QBLOCK_MAX && !(block & (block - 1))) {
+        if (nm[0] == 'q')
+            nf = sscanf(nm, "q%d/%zu%n/%d/%d%n", &bits, &block, &tail, &mm, &vm, &tail);
+        if ((nf == 2 || nf == 4) && !nm[tail] && (bits == 8 || bits == 4) && block >= 64 && block <= ZO_QBLOCK_MAX &&
+            !(block & (block - 1))) {
             ck[g].sdt = ZO_DTYPE_F32;
             ck[g].qbits = bits;
             ck[g].qblock = block;
+            /* a record without maps was written before they could differ: the legacy ones */
+            zo__q_default_maps(bits, 1, ck[g].qmap);
+            if (nf == 4) {
+                if (mm < 0 || mm >= ZO_QMAP_COUNT || vm < 0 || vm >= ZO_QMAP_COUNT || vm == ZO_QMAP_DYNAMIC_SIGNED ||
+                    vm == ZO_QMAP_LINEAR_SIGNED)
+                    return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: group %u state type '%s': unknown code maps",
+                                   g, nm);
+                ck[g].qmap[ZO_OPTIM_STATE_EXP_AVG] = (zo_qmap)mm;
+                ck[g].qmap[ZO_OPTIM_STATE_EXP_AVG_SQ] = (zo_qmap)vm;
+            }
         } else if (zo_dtype_parse(nm, &ck[g].sdt) < 0 || (ck[g].sdt != ZO_DTYPE_F32 && ck[g].sdt != ZO_DTYPE_BF16)) {
             return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: group %u state type '%s' unknown", g, nm);
         }
@@ -635,14 +652,14 @@ static int convert_state(const zo__og *cg, const zo__og *og, int k, uint64_t n, 
                          float *x)
 {
     int r = cg->qbits ? zo_cpuadam_dequantize(src, (const float *)(const void *)(src + zo__q_scale_off(n, cg->qbits)),
-                                              (size_t)n, zo__q_map(k), cg->qbits, cg->qblock, x)
+                                              (size_t)n, zo__q_map(cg, k), cg->qbits, cg->qblock, x)
                       : zo_vec_cast(x, ZO_DTYPE_F32, src, cg->sdt, (size_t)n);
     if (r < 0)
         return r;
     if (!og->qbits)
         return zo_vec_cast(dst, og->sdt, x, ZO_DTYPE_F32, (size_t)n);
     memset(dst, 0, zo__state_bytes(og, k, n)); /* the padding between codes and scales */
-    return zo_cpuadam_quantize(x, (size_t)n, zo__q_map(k), og->qbits, og->qblock, dst,
+    return zo_cpuadam_quantize(x, (size_t)n, zo__q_map(og, k), og->qbits, og->qblock, dst,
                                (float *)(void *)(dst + zo__q_scale_off(n, og->qbits)));
 }
 
@@ -675,7 +692,8 @@ static int restore_converting(zo_optim *o, const char *root, const char *name, c
             if (r == 0 && (r = zo_ckpt_read(rd, at, 0, buf, e.bytes)) < 0)
                 ZO_FAIL(&o->err, r, "zo_optim_load: %s", zo_last_error_detail());
             int same = k == ZO_OPTIM_STATE_MASTER || (cg->qbits == og->qbits && cg->qblock == og->qblock &&
-                                                      cg->sdt == og->sdt);
+                                                      cg->sdt == og->sdt &&
+                                                      (!og->qbits || cg->qmap[k] == og->qmap[k]));
             if (r == 0 && !same && (r = convert_state(cg, og, k, sg->n, buf, out, x)) < 0)
                 ZO_FAIL(&o->err, r, "zo_optim_load: converting '%s': %s", ti.name, zo_last_error_detail());
             if (r == 0 && (r = zo_store_write(o->store, sg->t[k], 0, same ? buf : out, eb)) < 0)

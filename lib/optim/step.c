@@ -196,7 +196,8 @@ static int kernel_call(zo_optim *o, const zo__sg *sg, void *const st[ZO_OPTIM_ST
         zo_cpuadam_qtensors_default(&d);
         const zo_cpuadam_qtensors q = {
             .struct_size = d.struct_size, .n = (size_t)n, .param = st[ZO_OPTIM_STATE_MASTER], .grad = g,
-            .grad_dtype = gdt, .bits = og->qbits, .block = og->qblock, .map_m = d.map_m, .map_v = d.map_v,
+            .grad_dtype = gdt, .bits = og->qbits, .block = og->qblock, .map_m = zo__q_map(og, ZO_OPTIM_STATE_EXP_AVG),
+            .map_v = zo__q_map(og, ZO_OPTIM_STATE_EXP_AVG_SQ),
             .m_codes = st[ZO_OPTIM_STATE_EXP_AVG], .m_absmax = o->qscale[ZO_OPTIM_STATE_EXP_AVG],
             .v_codes = st[ZO_OPTIM_STATE_EXP_AVG_SQ], .v_absmax = o->qscale[ZO_OPTIM_STATE_EXP_AVG_SQ],
             .param_out = out, .out_dtype = o->pdt};

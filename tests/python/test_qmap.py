@@ -2,8 +2,8 @@
 """The quantized-state code maps and quantizer (zo_cpuadam_quantize /
 dequantize / qmap_values) against an independent numpy reference, bit for
 bit: the tables are rebuilt here from their definition (bitsandbytes'
-create_dynamic_map without its zero padding, and the linear maps, in
-double, rounded once to fp32), and blocks are quantized by counting the
+create_dynamic_map without its zero padding, the linear maps, and the
+zero-free unsigned maps for v, in double, rounded once to fp32), and blocks are quantized by counting the
 fp32 midpoints below x / absmax (np.searchsorted), not by the library's
 bucket lookup. Loads the library directly with ctypes."""
 import ctypes
@@ -12,7 +12,9 @@ import os
 import numpy as np
 import pytest
 
-DYN_S, DYN_U, LIN_S, LIN_U = range(4)
+DYN_S, DYN_U, LIN_S, LIN_U, DYN_U_NZ, LIN_U_NZ = range(6)
+ALL_MAPS = [DYN_S, DYN_U, LIN_S, LIN_U, DYN_U_NZ, LIN_U_NZ]
+UNSIGNED = (DYN_U, LIN_U, DYN_U_NZ, LIN_U_NZ)
 P10 = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1e0]
 
 
@@ -59,6 +61,12 @@ def linear_map(signed, bits):
 
 
 def ref_map(m, bits):
+    if m == DYN_U_NZ:  # the unsigned dynamic map less its 0 (Li et al. 2023's zero-point fix)
+        v = dynamic_map(False, bits)
+        assert v[0] == 0
+        return v[1:]
+    if m == LIN_U_NZ:  # (k + 1) / 2^bits
+        return np.array([(k + 1) / 2 ** bits for k in range(2 ** bits)], dtype=np.float64).astype(np.float32)
     return dynamic_map(m == DYN_S, bits) if m in (DYN_S, DYN_U) else linear_map(m == LIN_S, bits)
 
 
@@ -101,7 +109,7 @@ def sample(rng, n, nonneg):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("m", [DYN_S, DYN_U, LIN_S, LIN_U])
+@pytest.mark.parametrize("m", ALL_MAPS)
 def test_tables(lib, m, bits):
     got = np.zeros(2 ** bits, dtype=np.float32)
     assert lib.zo_cpuadam_qmap_values(m, bits, got) == 2 ** bits
@@ -112,11 +120,11 @@ def test_tables(lib, m, bits):
 
 
 @pytest.mark.parametrize("bits", [8, 4])
-@pytest.mark.parametrize("m", [DYN_S, DYN_U, LIN_S, LIN_U])
+@pytest.mark.parametrize("m", ALL_MAPS)
 @pytest.mark.parametrize("n,block", [(1, 64), (255, 64), (1000, 256), (4097, 128), (20001, 2048)])
 def test_quantize_dequantize(lib, m, bits, n, block):
     rng = np.random.default_rng(n * 31 + m * 7 + bits)
-    x = sample(rng, n, m in (DYN_U, LIN_U))
+    x = sample(rng, n, m in UNSIGNED)
     if n > 3 * block:  # an all-zero block and a block with a NaN and an inf
         x[:block] = 0
         x[block + 5] = np.nan
@@ -134,3 +142,49 @@ def test_quantize_dequantize(lib, m, bits, n, block):
     assert np.array_equal(np.isnan(y), np.isnan(wy))
     ok = ~np.isnan(wy)
     assert np.array_equal(y[ok].view(np.uint32), wy[ok].view(np.uint32))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("m", ALL_MAPS)
+def test_midpoints(lib, m, bits):
+    """x / absmax exactly on every midpoint (ties take the lower code), one
+    ulp above and below it, and on every value, in blocks whose absmax is
+    1 (so the quotient is x itself) and 0.75 (quotients rounded)."""
+    v = ref_map(m, bits)
+    mids = ((v[:-1].astype(np.float64) + v[1:].astype(np.float64)) * 0.5).astype(np.float32)
+    pts = np.concatenate([mids, np.nextafter(mids, np.float32(2)), np.nextafter(mids, np.float32(-2)), v])
+    pts = pts[(pts >= (0 if m in UNSIGNED else -1)) & (pts <= 1)]
+    if m not in UNSIGNED:
+        pts = np.concatenate([pts, -pts])
+    block = 64
+    for s in (np.float32(1), np.float32(0.75)):
+        x = (pts * s).astype(np.float32)
+        pad = (-x.size) % block + block
+        x = np.concatenate([x, np.full(pad, s, dtype=np.float32)])  # every block holds its absmax s
+        n = x.size
+        codes = np.zeros(n if bits == 8 else (n + 1) // 2, dtype=np.uint8)
+        scales = np.zeros(n // block, dtype=np.float32)
+        assert lib.zo_cpuadam_quantize(x, n, m, bits, block, codes, scales) == 0
+        wc, ws, _ = ref_quantize(x, m, bits, block)
+        assert np.array_equal(scales.view(np.uint32), ws.view(np.uint32))
+        assert np.array_equal(codes, pack(wc, bits))
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_zero_free(lib, bits):
+    """The zero-free maps: no 0 among the codes in use; a 0 in a block with a
+    positive absmax reads as the smallest entry times absmax, a block of
+    zeros still reads 0."""
+    for m in (DYN_U_NZ, LIN_U_NZ):
+        got = np.zeros(2 ** bits, dtype=np.float32)
+        assert lib.zo_cpuadam_qmap_values(m, bits, got) == 2 ** bits
+        assert got.min() > 0 and got.max() == 1
+        x = np.zeros(128, dtype=np.float32)
+        x[64] = 3.0
+        codes = np.zeros(128 if bits == 8 else 64, dtype=np.uint8)
+        scales = np.zeros(2, dtype=np.float32)
+        assert lib.zo_cpuadam_quantize(x, 128, m, bits, 64, codes, scales) == 0
+        y = np.zeros(128, dtype=np.float32)
+        assert lib.zo_cpuadam_dequantize(codes, scales, 128, m, bits, 64, y) == 0
+        assert np.all(y[:64] == 0)
+        assert y[64] == 3.0 and np.all(y[65:] == np.float32(got[0] * np.float32(3.0)))

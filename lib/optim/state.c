@@ -214,7 +214,7 @@ int zo_optim_get_qstate_info(zo_optim *o, unsigned subgroup, zo_optim_qstate_inf
         in.nscales = zo__q_nscales(sg->n, og->qblock);
         for (int k = 1; k < ZO_OPTIM_STATE_COUNT; k++)
             if (og->used[k])
-                in.map[k] = (int32_t)zo__q_map(k);
+                in.map[k] = (int32_t)zo__q_map(og, k);
     }
     return ZO_STRUCT_OUT(uinfo, &in, sizeof(zo_optim_qstate_info), &o->err, "zo_optim_get_qstate_info");
 }

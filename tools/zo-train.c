@@ -1040,9 +1040,11 @@ static int open_device(train_run *t)
      * activations) and a little slack, never the fp32 masters and states. */
     t->budget = opt->dev_budget ? opt->dev_budget : train_default_device_budget(t->dev_need);
     if (t->use_part && !opt->dev_budget)
-        /* zo_part's flat params and its gradient bucket (at most 25 MiB,
-         * at most the gradients) live on the device too */
-        t->budget += t->nparams * t->pes + u64_min((uint64_t)25 << 20, t->nparams * t->ges);
+        /* zo_part's flat params and its gradient buckets (each at most
+         * 25 MiB, at most the gradients; two with an asynchronous comm,
+         * one filling while the other moves) live on the device too */
+        t->budget += t->nparams * t->pes + (t->dp.comm.reduce_scatter_start ? 2u : 1u) *
+                                               u64_min((uint64_t)25 << 20, t->nparams * t->ges);
     if (dc.kind == ZO_DEV_HOST)
         dc.host_mem_limit = (size_t)t->budget;
     int r = zo_dev_open(&t->dev, &dc);

@@ -442,6 +442,7 @@ typedef struct pcase {
     int mixed;  /* rank 1 hands gradients over in forward order, and tensor 2 gets none in micro-step 1 */
     int async;  /* the asynchronous comm (start/wait callbacks, a comm thread per rank) */
     int dpu;    /* delayed parameter update (one warm-up boundary) */
+    int bits;   /* state_bits of both groups: 0 (fp32 states), 8 or 4 */
 } pcase;
 
 /* Whether tensor i gets a gradient in micro-step ms. */
@@ -504,6 +505,7 @@ static int mdl_init(mdl *m, const pcase *pc, const char *nvme)
         m->grp[g].names = m->names + (g ? NT0 : 0);
         m->grp[g].dev_params = m->dparam + (g ? NT0 : 0);
         m->grp[g].hparams = &m->hp[g];
+        m->grp[g].state_bits = (uint16_t)pc->bits;
     }
     m->cfg.groups = m->grp;
     m->cfg.ngroups = 2;
@@ -1418,6 +1420,215 @@ START_TEST(test_part_commit_crash)
 }
 END_TEST
 
+/* ---- resharding quantized states ----------------------------------------------------- */
+
+/* The result area of a quantized-resharding rank: its shard's three states
+ * exported as fp32 at their global element positions (0 elsewhere), then
+ * the params after training on. */
+typedef struct qres {
+    float st[ZO_OPTIM_STATE_COUNT][TOTAL];
+    float params[TOTAL];
+} qres;
+
+static const uint64_t qgroup_numel[2] = {1000 + 70000 + 3 + 130001, 4097 + 51};
+
+/* Rank r of w's shard of group g (include/zoffload/part.h): [*lo, *lo + *n). */
+static void shard_of(unsigned g, unsigned r, unsigned w, uint64_t *lo, uint64_t *n)
+{
+    uint64_t N = qgroup_numel[g], S = (N + w - 1) / w;
+    S += S & 1;
+    *lo = r * S < N ? r * S : N;
+    *n = ((r + 1) * S < N ? (r + 1) * S : N) - *lo;
+}
+
+/* This rank's states through the public export, as fp32, into q->st. */
+static int export_states(zo_part *p, const zo_comm *comm, qres *q, rank_status *st)
+{
+    memset(q->st, 0, sizeof(q->st));
+    unsigned inner = 0;
+    for (unsigned g = 0; g < 2; g++) {
+        uint64_t lo, n, gbase = g ? qgroup_numel[0] : 0;
+        shard_of(g, comm->rank, comm->world, &lo, &n);
+        if (!n)
+            continue;
+        for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++) {
+            int r = zo_optim_state_export(zo_part_optim(p), inner, (zo_optim_state)k, q->st[k] + gbase + lo,
+                                          ZO_DTYPE_F32, 0, n);
+            if (r)
+                FAILR(st, "rank %u of %u: export group %u state %d: %s (%s)", comm->rank, comm->world, g, k,
+                      zo_strerror(r), zo_optim_errmsg(zo_part_optim(p)));
+        }
+        inner++;
+    }
+    return 0;
+}
+
+/* ta->name NULL: a fresh run to ta->save_at, saved as "ck1" under
+ * ta->ckroot; else checkpoint ta->name of ta->ckroot loaded (saved by
+ * another world size) and saved again as "ck2" under ta->resave (if
+ * given). Then the states exported, training on to pc->steps, the params. */
+static int rank_qrun(zo_comm *comm, char *resb, void *argp, rank_status *st)
+{
+    train_arg *ta = argp;
+    qres *q = (qres *)resb;
+    mdl m;
+    zo_part *p = NULL;
+    if (rank_open(&m, &p, comm, ta, st))
+        return 1;
+    int r = ta->name ? zo_part_load(p, ta->ckroot, ta->name, NULL, 0) : zo_part_init_from_device(p);
+    if (r)
+        FAILR(st, "rank %u of %u: %s: %s (%s)", comm->rank, comm->world, ta->name ? "load" : "init", zo_strerror(r),
+              zo_part_errmsg(p));
+    if (!ta->name && train(p, &m, comm->rank, ta->pc, 0, ta->save_at, NULL, st))
+        return 1;
+    const char *root = ta->name ? ta->resave : ta->ckroot;
+    if (root && (r = zo_part_save(p, root, ta->name ? "ck2" : "ck1", 2, "{\"epoch\": 3}")) != 0)
+        FAILR(st, "rank %u of %u: save: %s (%s)", comm->rank, comm->world, zo_strerror(r), zo_part_errmsg(p));
+    if (export_states(p, comm, q, st) || train(p, &m, comm->rank, ta->pc, ta->save_at, ta->pc->steps, NULL, st))
+        return 1;
+    snapshot(&m, q->params);
+    zo_part_destroy(&p);
+    mdl_free(&m);
+    return 0;
+}
+
+/* What the load must give for state k of one new sub-group from the old
+ * fp32 values x[n]: x itself (masters, fp32 states), or the new layout's
+ * quantize-then-dequantize of its blocks (from the sub-group's start). */
+static void expect_sg(const float *x, uint64_t n, int k, int bits, float *out)
+{
+    if (k == ZO_OPTIM_STATE_MASTER || !bits) {
+        memcpy(out, x, n * 4);
+        return;
+    }
+    size_t B = bits == 4 ? 128 : 256;
+    zo_qmap map = k == ZO_OPTIM_STATE_EXP_AVG ? ZO_QMAP_DYNAMIC_SIGNED
+                  : bits == 4                 ? ZO_QMAP_DYNAMIC_UNSIGNED_NZ
+                                              : ZO_QMAP_DYNAMIC_UNSIGNED;
+    uint8_t *codes = malloc(n);
+    float *sc = malloc((n / B + 1) * 4);
+    ck_assert(codes && sc);
+    ck_assert_int_eq(zo_cpuadam_quantize(x, n, map, bits, B, codes, sc), 0);
+    ck_assert_int_eq(zo_cpuadam_dequantize(codes, sc, n, map, bits, B, out), 0);
+    free(codes);
+    free(sc);
+}
+
+/* Saved at 2 ranks with state_bits sb, loaded at 1 and at 3 with lb (0:
+ * fp32 states). The states after the load: bit for bit the old run's
+ * exported fp32 states (every old rank's, concatenated) put through the
+ * new layout's quantization (sub-groups of SGSIZE from each new shard's
+ * start, blocks from each sub-group's start); masters bit for bit. A load
+ * that imported a new block in pieces from two old ranks would requantize
+ * its first piece with a stale scale and fail this. Then training on stays
+ * finite and close to the uninterrupted run. */
+/* Training on after the round trip, in units of the group's lr: an Adam
+ * step moves a weight by about lr at most, and the requantized m and v
+ * change each update by a fraction of it (measured at most 0.05 lr for q8,
+ * 0.42 lr for q4, whose 16 levels round much more, over the two steps):
+ * three times that for q8; for q4 one step's worth, which still catches
+ * lost or zeroed states (v = 0 makes an update m / eps). */
+#define QRESHARD_TOL(sb, lb) ((sb) == 4 || (lb) == 4 ? 1.0 : 0.15)
+
+static const struct {
+    int sb, lb;
+} qcases[] = {{8, 8}, {4, 4}, {0, 8}, {8, 0}, {4, 8}};
+
+START_TEST(test_part_reshard_quantized)
+{
+    /* every pair on host placement; the same-type ones on NVMe too */
+    int nq = (int)(sizeof(qcases) / sizeof(qcases[0]));
+    int place = _i >= nq;
+    int qc = _i % nq;
+    pcase ps = {2, ZO_DTYPE_F32, place ? ZO_OPTIM_PLACE_NVME : ZO_OPTIM_PLACE_HOST, 1, 4, 64 << 10};
+    pcase pl = ps;
+    ps.bits = qcases[qc].sb;
+    pl.bits = qcases[qc].lb;
+    char dir[4096], ck[4200];
+    zo_test_mkdtemp(dir, sizeof(dir));
+    snprintf(ck, sizeof(ck), "%s/ck", dir);
+    train_arg ta = {.pc = &ps, .nvme = dir, .ckroot = ck, .save_at = 2};
+    run sv;
+    run_ranks(&sv, 2, sizeof(qres), rank_qrun, &ta);
+    qres *s0 = (qres *)run_res(&sv, 0), *s1 = (qres *)run_res(&sv, 1);
+    ck_assert_int_eq(memcmp(s0->params, s1->params, sizeof(s0->params)), 0);
+    /* x: the old states, concatenated from the old shards */
+    float(*x)[TOTAL] = malloc(sizeof(s0->st));
+    float *want = malloc((size_t)SGSIZE * 4);
+    ck_assert(x && want);
+    for (unsigned g = 0; g < 2; g++)
+        for (unsigned r = 0; r < 2; r++) {
+            uint64_t lo, n, gbase = g ? qgroup_numel[0] : 0;
+            shard_of(g, r, 2, &lo, &n);
+            for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++)
+                memcpy(x[k] + gbase + lo, ((qres *)run_res(&sv, r))->st[k] + gbase + lo, n * 4);
+        }
+    for (unsigned w = 1; w <= 3; w += 2) {
+        char ck2[4300];
+        snprintf(ck2, sizeof(ck2), "%s/ck-at-%u", dir, w);
+        train_arg la = ta;
+        la.pc = &pl;
+        la.name = "ck1";
+        la.resave = ck2;
+        run ld;
+        run_ranks(&ld, w, sizeof(qres), rank_qrun, &la);
+        double maxd = 0;
+        for (unsigned r = 0; r < w; r++) {
+            qres *q = (qres *)run_res(&ld, r);
+            for (unsigned g = 0; g < 2; g++) {
+                uint64_t lo, n, gbase = g ? qgroup_numel[0] : 0;
+                shard_of(g, r, w, &lo, &n);
+                for (uint64_t a = 0; a < n; a += SGSIZE) {
+                    uint64_t c = n - a < SGSIZE ? n - a : SGSIZE, e0 = gbase + lo + a;
+                    for (int k = 0; k < ZO_OPTIM_STATE_COUNT; k++) {
+                        expect_sg(x[k] + e0, c, k, pl.bits, want);
+                        for (uint64_t i = 0; i < c; i++)
+                            ck_assert_msg(!memcmp(&want[i], &q->st[k][e0 + i], 4),
+                                          "q%d -> q%d, 2 -> %u ranks, rank %u, group %u, state %d, element %llu: "
+                                          "%a, expected %a (old %a)", ps.bits, pl.bits, w, r, g, k,
+                                          (unsigned long long)(e0 + i), (double)q->st[k][e0 + i], (double)want[i],
+                                          (double)x[k][e0 + i]);
+                    }
+                }
+            }
+            for (uint64_t e = 0; e < TOTAL; e++) /* trained on at w ranks (another gradient: rank-dependent) */
+                ck_assert_msg(isfinite(q->params[e]), "rank %u of %u: param %llu not finite", r, w,
+                              (unsigned long long)e);
+        }
+        run_free(&ld);
+        /* Back at 2 ranks (resharded again) and trained on: the gradients
+         * are the uninterrupted run's again, so the params differ from its
+         * only by what the requantizations (and, between state types, the
+         * quantized training itself) changed in two steps. */
+        train_arg ba = la;
+        ba.ckroot = ck2;
+        ba.name = "ck2";
+        ba.resave = NULL;
+        run bk;
+        run_ranks(&bk, 2, sizeof(qres), rank_qrun, &ba);
+        for (unsigned r = 0; r < 2; r++) {
+            qres *q = (qres *)run_res(&bk, r);
+            for (uint64_t e = 0; e < TOTAL; e++) {
+                double lr = e < qgroup_numel[0] ? 1e-2 : 5e-3, d = fabs((double)q->params[e] - s0->params[e]);
+                ck_assert_msg(isfinite(q->params[e]), "2 -> %u -> 2 ranks, rank %u: param %llu not finite", w, r,
+                              (unsigned long long)e);
+                ck_assert_msg(d <= QRESHARD_TOL(ps.bits, pl.bits) * lr, "q%d -> q%d, 2 -> %u -> 2 ranks, rank %u: param %llu is %a, "
+                              "the uninterrupted run's %a", ps.bits, pl.bits, w, r, (unsigned long long)e,
+                              (double)q->params[e], (double)s0->params[e]);
+                maxd = d / lr > maxd ? d / lr : maxd;
+            }
+        }
+        printf("reshard q%d -> q%d, 2 -> %u -> 2 ranks (%s): trained on, max |param - uninterrupted| = %.3g lr\n",
+               ps.bits, pl.bits, w, place ? "nvme" : "host", maxd);
+        run_free(&bk);
+    }
+    free(x);
+    free(want);
+    run_free(&sv);
+    zo_test_rmtree(dir);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("part");
@@ -1427,6 +1638,10 @@ int main(void)
     tcase_add_loop_test(tc, test_part_checkpoint, 0, 2);
     tcase_add_test(tc, test_part_commit_crash);
     suite_add_tcase(s, tc);
+    TCase *tq = tcase_create("reshard-q");
+    tcase_set_timeout(tq, 300);
+    tcase_add_loop_test(tq, test_part_reshard_quantized, 0, (int)(sizeof(qcases) / sizeof(qcases[0])) + 2);
+    suite_add_tcase(s, tq);
     TCase *tcc = tcase_create("contract");
     tcase_set_timeout(tcc, 120);
     tcase_add_test(tcc, test_part_comm_fails);

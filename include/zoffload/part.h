@@ -303,8 +303,14 @@ ZO_API int zo_part_save(zo_part *p, const char *root, const char *name, unsigned
  * Every old rank's record (<root>/rank<k>/<name>, k < W) is checked first
  * (rank k of W, the same model); then each rank reads the parts of the old
  * shards that overlap its new one (each chunk verified by its checksum)
- * into its masters and states, in the dtype they were saved in (fp32 or
- * bf16: exact), takes the step, counters, loss scaler and hyperparameters
+ * into its masters and states: fp32 and bf16 states widened to fp32,
+ * quantized (q8 / q4) ones dequantized with the old group's bits, block
+ * and code maps; then stored in this engine's state types a tile of whole
+ * blocks of the new layout at a time. Exact when the state types are the
+ * same and not quantized (or fp32 into bf16 when the values were bf16); into
+ * q8 / q4 states the new blocks are requantized, which is lossy: each value
+ * changes by at most the new map's rounding at its new block's scale. It
+ * takes the step, counters, loss scaler and hyperparameters
  * of old rank 0's record, rounds its masters into its params and
  * all-gathers them. Every rank reads about 1/world of the checkpoint.
  * A failure after the checks leaves the engine refusing (ZO_ESTATE) until
@@ -312,8 +318,9 @@ ZO_API int zo_part_save(zo_part *p, const char *root, const char *name, unsigned
  * @return 0; -EINVAL; -ENOENT (no such checkpoint for this rank, and no
  *         rank-0 one either); ZO_EFORMAT (not a zo_part checkpoint,
  *         another rank's, another model; resharding: an old rank's shard
- *         missing or not of this model); ZO_ENOTSUP (resharding states of
- *         another dtype than fp32 / bf16); errors of zo_optim_load() and
+ *         missing or not of this model, or a state tensor that is not
+ *         what its record's state type says); ZO_ENOTSUP (resharding a
+ *         state stored in another dtype than fp32, bf16, q8 or q4); errors of zo_optim_load() and
  *         zo_ckpt_read(); collective errors.
  */
 ZO_API int zo_part_load(zo_part *p, const char *root, const char *name, char *user_json, size_t len);

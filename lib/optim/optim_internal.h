@@ -436,6 +436,10 @@ void zo__masters_all_set(zo_optim *o);
  * from the record's group map[g] (of nrec); every tensor at the step. The
  * caller imports the masters and states. @return 0, ZO_EFORMAT, -ENOMEM. */
 int zo__optim_adopt_record(zo_optim *o, const char *js, unsigned nrec, const unsigned *map);
+/* One group's state type as a checkpoint record writes it ("f32", "bf16",
+ * "q8/256/0/5", legacy "q4/128") into ck's sdt, qbits, qblock and qmap.
+ * 0; -1: unknown type; -2: a q type with unknown code maps. */
+int zo__state_type_parse(const char *nm, zo__og *ck);
 /* an import set n master elements of tensor t */
 void zo__masters_add(zo_optim *o, unsigned t, uint64_t n);
 /* 0, or ZO_ESTATE naming fn and the first tensor whose masters were never set */

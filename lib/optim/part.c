@@ -889,53 +889,145 @@ static void old_shard(const zo_part *p, unsigned g, unsigned r, unsigned ow, uin
     *n = ZO_MIN((uint64_t)(r + 1) * S, N) - *lo;
 }
 
-/* Copy old rank r's part [a, b) (group-local) of state k of group g from its
- * checkpoint `rd` into the inner engine's shard: the old inner engine cut
- * its shard [olo, ...) into sub-groups of gsg[g] elements, named
- * optim.sg<base + j>.<state> (zo_optim's store names). Reads are whole
- * checkpoint chunks (zo_ckpt_read verifies each). */
-static int reshard_copy(zo_part *p, zo_ckpt_reader *rd, unsigned g, unsigned base, uint64_t olo, uint64_t a,
-                        uint64_t b, int k, char *buf, size_t buf_bytes, const char *fn)
+/* Elements of the new shard a resharded load assembles at a time (fp32):
+ * a multiple of every quantization block (powers of two up to
+ * ZO_QBLOCK_MAX). */
+#define RESHARD_TILE ((uint64_t)1 << 20)
+
+/* A growing read buffer of the resharded load. */
+typedef struct rbuf {
+    char *p;
+    size_t cap;
+} rbuf;
+
+/* Bytes [from, to) of checkpoint tensor ti, read as whole chunks
+ * (zo_ckpt_read verifies each) into rb: *at points at byte `from`. */
+static int ck_range(zo_part *p, zo_ckpt_reader *rd, unsigned ti, uint64_t from, uint64_t to, uint64_t bytes,
+                    rbuf *rb, const char **at, const char *tn, const char *fn)
+{
+    size_t chunk = zo_ckpt_chunk_size(rd);
+    uint64_t ra = from / chunk * chunk, rbe = ZO_MIN((to + chunk - 1) / chunk * chunk, bytes);
+    if (rbe - ra > rb->cap) {
+        char *q = realloc(rb->p, (size_t)(rbe - ra));
+        if (!q)
+            return ZO_FAIL(&p->err, -ENOMEM, "%s: %" PRIu64 " bytes to read %s", fn, rbe - ra, tn);
+        rb->p = q;
+        rb->cap = (size_t)(rbe - ra);
+    }
+    int r = zo_ckpt_read(rd, ti, ra, rb->p, (size_t)(rbe - ra));
+    if (r < 0)
+        return ZO_FAIL(&p->err, r, "%s: reading %s of %s: %s", fn, tn, zo_ckpt_name(rd), zo_last_error_detail());
+    *at = rb->p + (from - ra);
+    return 0;
+}
+
+/* The state type of the idx-th group of checkpoint `rd`'s engine record
+ * (its "states": "f32", "bf16", "q8/256/0/5"...) into ck. */
+static int old_state_type(zo_part *p, zo_ckpt_reader *rd, unsigned idx, zo__og *ck, const char *fn)
+{
+    const char *js = zo_ckpt_user_json(rd);
+    const char *rec = js ? strstr(js, "{\"zo_optim\":{") : NULL;
+    const char *end = rec ? strstr(rec, "]},\"user\":") : NULL;
+    const char *q = end ? strstr(rec, "\"states\":[") : NULL;
+    if (!q || q > end)
+        return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: the record of %s has no state types", fn, zo_ckpt_name(rd));
+    q += strlen("\"states\":[");
+    char nm[32];
+    for (unsigned i = 0;; i++) {
+        int used = 0;
+        if (sscanf(q, i ? ",\"%31[^\"]\"%n" : "\"%31[^\"]\"%n", nm, &used) != 1 || !used || q + used > end)
+            return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: the record of %s lacks the state type of its group %u", fn,
+                           zo_ckpt_name(rd), idx);
+        q += used;
+        if (i == idx)
+            break;
+    }
+    memset(ck, 0, sizeof(*ck));
+    if (zo__state_type_parse(nm, ck) < 0)
+        return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: the record of %s: state type '%s' unknown", fn, zo_ckpt_name(rd), nm);
+    return 0;
+}
+
+/* One old rank's shard of group g, as a resharded load reads it. */
+typedef struct oshard {
+    zo_ckpt_reader *rd;
+    unsigned base; /* its store's index of the shard's first sub-group (optim.sg<base>) */
+    uint64_t lo, n; /* the shard, group-local */
+    zo__og ty;      /* its state type (sdt, qbits, qblock, qmap) */
+} oshard;
+
+/* Old part [a, b) (group-local) of state k of group g, from old shard `os`,
+ * into x[0, b - a) as fp32: the old inner engine cut its shard into
+ * sub-groups of gsg[g] elements named optim.sg<base + j>.<state>. A
+ * quantized state (U8: the sub-group's codes, then its fp32 block scales at
+ * zo__q_scale_off) is dequantized with the old group's bits, block and
+ * maps, a block at a time from the sub-group's start, as its engine did.
+ * *absent: the checkpoint has no such state (Lion's v, Adagrad's m). */
+static int reshard_read(zo_part *p, const oshard *os, unsigned g, uint64_t a, uint64_t b, int k, float *x,
+                        float *deq, rbuf *rb, rbuf *rs, int *absent, const char *fn)
 {
     static const char *const suffix[ZO_OPTIM_STATE_COUNT] = {"master", "exp_avg", "exp_avg_sq"};
-    size_t chunk = zo_ckpt_chunk_size(rd);
     uint64_t sg = p->gsg[g];
+    int quant = k != ZO_OPTIM_STATE_MASTER && os->ty.qbits;
+    *absent = 0;
     for (uint64_t e = a; e < b;) {
-        uint64_t j = (e - olo) / sg, q = (e - olo) - j * sg;
+        uint64_t j = (e - os->lo) / sg, qa = (e - os->lo) - j * sg;
+        uint64_t n = ZO_MIN(sg, os->n - j * sg), qb = ZO_MIN(n, qa + (b - e));
         char tn[64];
         unsigned ti;
         zo_ckpt_entry ce;
-        snprintf(tn, sizeof(tn), "optim.sg%" PRIu64 ".%s", base + j, suffix[k]);
-        int r = zo_ckpt_find(rd, tn, &ti);
-        if (r == -ENOENT && k != ZO_OPTIM_STATE_MASTER)
-            return 0; /* a state the optimizer does not keep (Lion's v, Adagrad's m) */
-        if (r < 0 || (r = zo_ckpt_get_entry(rd, ti, &ce)) < 0)
-            return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: checkpoint %s lacks %s", fn, zo_ckpt_name(rd), tn);
-        size_t es = zo_dtype_size(ce.dtype);
-        if (!es || (ce.dtype != ZO_DTYPE_F32 && ce.dtype != ZO_DTYPE_BF16))
-            return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: %s is %s: a resharded load takes fp32 or bf16 states", fn, tn,
-                           zo_dtype_name(ce.dtype));
-        uint64_t cnt = ZO_MIN(b - e, sg - q);
-        cnt = ZO_MIN(cnt, (uint64_t)(buf_bytes - 2 * chunk) / es);
-        uint64_t from = q * es, to = (q + cnt) * es;
-        if (to > ce.bytes)
-            return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: %s holds %" PRIu64 " bytes, the layout needs %" PRIu64, fn, tn,
-                           ce.bytes, to);
-        uint64_t ra = from / chunk * chunk, rb = ZO_MIN((to + chunk - 1) / chunk * chunk, ce.bytes);
-        if ((r = zo_ckpt_read(rd, ti, ra, buf, (size_t)(rb - ra))) < 0)
-            return ZO_FAIL(&p->err, r, "%s: reading %s of %s: %s", fn, tn, zo_ckpt_name(rd), zo_last_error_detail());
-        if ((r = zo_optim_state_import(p->inner, (unsigned)p->ginner[g], (zo_optim_state)k, buf + (from - ra),
-                                       ce.dtype, e - p->slo[g], cnt)) < 0)
-            return ZO_FAIL(&p->err, r, "%s: %s", fn, zo_optim_errmsg(p->inner));
-        e += cnt;
+        const char *src;
+        snprintf(tn, sizeof(tn), "optim.sg%" PRIu64 ".%s", os->base + j, suffix[k]);
+        int r = zo_ckpt_find(os->rd, tn, &ti);
+        if (r == -ENOENT && k != ZO_OPTIM_STATE_MASTER) {
+            *absent = 1;
+            return 0;
+        }
+        if (r < 0 || (r = zo_ckpt_get_entry(os->rd, ti, &ce)) < 0)
+            return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: checkpoint %s lacks %s", fn, zo_ckpt_name(os->rd), tn);
+        if (quant) {
+            int bits = os->ty.qbits;
+            size_t B = os->ty.qblock;
+            uint64_t t0 = qa / B * B, t1 = ZO_MIN((qb + B - 1) / B * B, n);
+            uint64_t coff = zo__q_code_bytes(t0, bits), cb = zo__q_code_bytes(t1 - t0, bits);
+            uint64_t soff = zo__q_scale_off(n, bits) + 4 * (t0 / B), sb = 4 * zo__q_nscales(t1 - t0, B);
+            const char *sc;
+            if (ce.dtype != ZO_DTYPE_U8 || ce.bytes != zo__q_bytes(n, bits, B))
+                return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: %s is %" PRIu64 " bytes of %s; its record's q%d states of %"
+                               PRIu64 " elements are %" PRIu64 " bytes of u8", fn, tn, ce.bytes,
+                               zo_dtype_name(ce.dtype), bits, n, zo__q_bytes(n, bits, B));
+            if ((r = ck_range(p, os->rd, ti, coff, coff + cb, ce.bytes, rb, &src, tn, fn)) < 0 ||
+                (r = ck_range(p, os->rd, ti, soff, soff + sb, ce.bytes, rs, &sc, tn, fn)) < 0)
+                return r;
+            /* the scales start 4-aligned in the read buffer (a chunk and zo__q_scale_off are) */
+            if ((r = zo_cpuadam_dequantize((const uint8_t *)src, (const float *)(const void *)sc, (size_t)(t1 - t0),
+                                           zo__q_map(&os->ty, k), bits, B, deq)) < 0)
+                return ZO_FAIL(&p->err, r, "%s: dequantizing %s: %s", fn, tn, zo_last_error_detail());
+            memcpy(x + (e - a), deq + (qa - t0), (size_t)(qb - qa) * 4);
+        } else {
+            size_t es = zo_dtype_size(ce.dtype);
+            if (ce.dtype != ZO_DTYPE_F32 && ce.dtype != ZO_DTYPE_BF16)
+                return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: %s is %s, its record says %s: a resharded load takes fp32, "
+                               "bf16, q8 or q4 states", fn, tn, zo_dtype_name(ce.dtype),
+                               k == ZO_OPTIM_STATE_MASTER ? "f32" : zo_dtype_name(os->ty.sdt));
+            if (qb * es > ce.bytes)
+                return ZO_FAIL(&p->err, ZO_EFORMAT, "%s: %s holds %" PRIu64 " bytes, the layout needs %" PRIu64, fn,
+                               tn, ce.bytes, qb * es);
+            if ((r = ck_range(p, os->rd, ti, qa * es, qb * es, ce.bytes, rb, &src, tn, fn)) < 0)
+                return r;
+            if ((r = zo_vec_cast(x + (e - a), ZO_DTYPE_F32, src, ce.dtype, (size_t)(qb - qa))) < 0)
+                return ZO_FAIL(&p->err, r, "%s: widening %s: %s", fn, tn, zo_last_error_detail());
+        }
+        e += qb - qa;
     }
     return 0;
 }
 
 /* Checkpoint `cname` saved by ow ranks, loaded by this world: every old
  * rank's record is checked first; then this rank's shard of each group is
- * gathered from the old shards it overlaps (masters and states in the
- * dtype they were saved in), the step, counters, loss scaler and
+ * gathered from the old shards it overlaps (reshard_read(): fp32, bf16,
+ * q8 or q4 states, widened or dequantized to fp32, and imported into this
+ * engine's state types a tile of whole new blocks at a time), the step, counters, loss scaler and
  * hyperparameters taken from old rank 0's record, and the flat params
  * rebuilt from the masters and all-gathered. */
 static int reshard_load(zo_part *p, const char *root, const char *cname, unsigned ow, char *user_json, size_t len,
@@ -946,7 +1038,10 @@ static int reshard_load(zo_part *p, const char *root, const char *cname, unsigne
     size_t buf_bytes = (size_t)8 << 20;
     char *buf = NULL;
     float *mst = NULL;
-    int r = rd && map ? 0 : -ENOMEM;
+    oshard *os = calloc(ow, sizeof(*os));
+    float *x = malloc(RESHARD_TILE * 4), *deq = malloc((RESHARD_TILE + 2 * ZO_QBLOCK_MAX) * 4);
+    rbuf rb = {0}, rs = {0};
+    int r = rd && map && os && x && deq ? 0 : -ENOMEM;
     for (unsigned k = 0; k < ow && r == 0; k++) {
         char dir[4096];
         unsigned rk = 0, wk = 0;
@@ -960,8 +1055,6 @@ static int reshard_load(zo_part *p, const char *root, const char *cname, unsigne
                  lk != layout_fp(p, ow))
             r = ZO_FAIL(&p->err, ZO_EFORMAT, "%s: %s/%s is not rank %u of %u's shard of this model", fn, dir, cname,
                         k, ow);
-        else
-            r = zo_ckpt_chunk_size(rd[k]) * 2 < buf_bytes ? 0 : ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: chunk too large", fn);
     }
     /* old rank 0 owns a piece of every group: its record lists them all */
     for (unsigned g = 0; g < p->ngroups && r == 0; g++) {
@@ -979,20 +1072,56 @@ static int reshard_load(zo_part *p, const char *root, const char *cname, unsigne
     for (unsigned g = 0; g < p->ngroups && r == 0; g++) {
         if (p->ginner[g] < 0)
             continue;
-        uint64_t nlo = p->slo[g], nhi = nlo + p->sn[g];
+        uint64_t nlo = p->slo[g], nhi = nlo + p->sn[g], sg = p->gsg[g];
+        unsigned nos = 0;
         for (unsigned k = 0; k < ow && r == 0; k++) {
-            /* old rank k's sub-groups of groups before g come first in its store */
-            unsigned base = 0;
+            /* old rank k's sub-groups of groups before g come first in its
+             * store, and its record lists the groups it holds a piece of */
+            unsigned base = 0, idx = 0;
             for (unsigned h = 0; h < g; h++) {
                 uint64_t l, n;
                 old_shard(p, h, k, ow, &l, &n);
                 base += (unsigned)((n + p->gsg[h] - 1) / p->gsg[h]);
+                idx += n > 0;
             }
-            uint64_t olo, on;
-            old_shard(p, g, k, ow, &olo, &on);
-            uint64_t a = ZO_MAX(nlo, olo), b = ZO_MIN(nhi, olo + on);
-            for (int s = 0; s < ZO_OPTIM_STATE_COUNT && a < b && r == 0; s++)
-                r = reshard_copy(p, rd[k], g, base, olo, a, b, s, buf, buf_bytes, fn);
+            oshard *o = &os[nos];
+            old_shard(p, g, k, ow, &o->lo, &o->n);
+            if (ZO_MAX(nlo, o->lo) >= ZO_MIN(nhi, o->lo + o->n))
+                continue;
+            o->rd = rd[k];
+            o->base = base;
+            if ((r = old_state_type(p, rd[k], idx, &o->ty, fn)) == 0)
+                nos++;
+        }
+        /* Tiles of the new shard, each whole blocks of the new layout
+         * (RESHARD_TILE is a multiple of every block size, and a tile ends
+         * at its sub-group's end at the latest), filled from every old
+         * shard they overlap and imported once: zo_optim_state_import()
+         * into a quantized state requantizes the whole blocks it touches,
+         * so a block imported in two pieces would be quantized twice, its
+         * first piece with a scale that is not the block's. */
+        for (uint64_t e = nlo; e < nhi && r == 0;) {
+            uint64_t j = (e - nlo) / sg, te = ZO_MIN(ZO_MIN(e + RESHARD_TILE, nlo + (j + 1) * sg), nhi);
+            for (int s = 0; s < ZO_OPTIM_STATE_COUNT && r == 0; s++) {
+                uint64_t got = 0, none = 0;
+                for (unsigned i = 0; i < nos && r == 0; i++) {
+                    uint64_t a = ZO_MAX(e, os[i].lo), b = ZO_MIN(te, os[i].lo + os[i].n);
+                    int absent = 0;
+                    if (a >= b)
+                        continue;
+                    r = reshard_read(p, &os[i], g, a, b, s, x + (a - e), deq, &rb, &rs, &absent, fn);
+                    *(absent ? &none : &got) += b - a;
+                }
+                if (r < 0 || got == 0)
+                    continue; /* a state the optimizer does not keep */
+                if (none)
+                    r = ZO_FAIL(&p->err, ZO_EFORMAT, "%s: checkpoint %s: some old ranks lack state %d of group %u",
+                                fn, cname, s, g);
+                else if ((r = zo_optim_state_import(p->inner, (unsigned)p->ginner[g], (zo_optim_state)s, x,
+                                                    ZO_DTYPE_F32, e - nlo, te - e)) < 0)
+                    r = ZO_FAIL(&p->err, r, "%s: %s", fn, zo_optim_errmsg(p->inner));
+            }
+            e = te;
         }
     }
     if (r == 0 && (r = zo__optim_adopt_record(p->inner, zo_ckpt_user_json(rd[0]), nrec, map)) < 0)
@@ -1038,6 +1167,11 @@ static int reshard_load(zo_part *p, const char *root, const char *cname, unsigne
     free(map);
     free(buf);
     free(mst);
+    free(os);
+    free(x);
+    free(deq);
+    free(rb.p);
+    free(rs.p);
     /* every rank's shard must be in before the params are shared: a rank
      * that failed says so in this all-reduce instead of leaving the others
      * in the all-gather */

@@ -489,6 +489,34 @@ static int parse_hp(const char **p, zo_cpuadam_hparams *hp)
     return 0;
 }
 
+int zo__state_type_parse(const char *nm, zo__og *ck)
+{
+    int bits = 0, mm = 0, vm = 0, tail = 0, nf = 0;
+    size_t block = 0;
+    ck->qbits = 0;
+    if (nm[0] == 'q')
+        nf = sscanf(nm, "q%d/%zu%n/%d/%d%n", &bits, &block, &tail, &mm, &vm, &tail);
+    if ((nf == 2 || nf == 4) && !nm[tail] && (bits == 8 || bits == 4) && block >= 64 && block <= ZO_QBLOCK_MAX &&
+        !(block & (block - 1))) {
+        ck->sdt = ZO_DTYPE_F32;
+        ck->qbits = bits;
+        ck->qblock = block;
+        /* a record without maps was written before they could differ: the legacy ones */
+        zo__q_default_maps(bits, 1, ck->qmap);
+        if (nf == 4) {
+            if (mm < 0 || mm >= ZO_QMAP_COUNT || vm < 0 || vm >= ZO_QMAP_COUNT || vm == ZO_QMAP_DYNAMIC_SIGNED ||
+                vm == ZO_QMAP_LINEAR_SIGNED)
+                return -2;
+            ck->qmap[ZO_OPTIM_STATE_EXP_AVG] = (zo_qmap)mm;
+            ck->qmap[ZO_OPTIM_STATE_EXP_AVG_SQ] = (zo_qmap)vm;
+        }
+        return 0;
+    }
+    if (zo_dtype_parse(nm, &ck->sdt) < 0 || (ck->sdt != ZO_DTYPE_F32 && ck->sdt != ZO_DTYPE_BF16))
+        return -1;
+    return 0;
+}
+
 /* Parse "states" of the record into ck[ngroups] (sdt, qbits, qblock). */
 static int parse_states(zo_optim *o, const char *p, const char *end, zo__og *ck)
 {
@@ -497,33 +525,16 @@ static int parse_states(zo_optim *o, const char *p, const char *end, zo__og *ck)
     p++;
     for (unsigned g = 0; g < o->ngroups; g++) {
         char nm[32];
-        int used = 0, bits = 0, mm = 0, vm = 0, tail = 0, nf = 0;
-        size_t block = 0;
+        int used = 0;
         if (sscanf(p, g ? ",\"%31[^\"]\"%n" : "\"%31[^\"]\"%n", nm, &used) != 1 || !used || p + used > end)
             return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: state type of group %u missing", g);
         p += used;
         ck[g] = o->groups[g];
-        ck[g].qbits = 0;
-        if (nm[0] == 'q')
-            nf = sscanf(nm, "q%d/%zu%n/%d/%d%n", &bits, &block, &tail, &mm, &vm, &tail);
-        if ((nf == 2 || nf == 4) && !nm[tail] && (bits == 8 || bits == 4) && block >= 64 && block <= ZO_QBLOCK_MAX &&
-            !(block & (block - 1))) {
-            ck[g].sdt = ZO_DTYPE_F32;
-            ck[g].qbits = bits;
-            ck[g].qblock = block;
-            /* a record without maps was written before they could differ: the legacy ones */
-            zo__q_default_maps(bits, 1, ck[g].qmap);
-            if (nf == 4) {
-                if (mm < 0 || mm >= ZO_QMAP_COUNT || vm < 0 || vm >= ZO_QMAP_COUNT || vm == ZO_QMAP_DYNAMIC_SIGNED ||
-                    vm == ZO_QMAP_LINEAR_SIGNED)
-                    return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: group %u state type '%s': unknown code maps",
-                                   g, nm);
-                ck[g].qmap[ZO_OPTIM_STATE_EXP_AVG] = (zo_qmap)mm;
-                ck[g].qmap[ZO_OPTIM_STATE_EXP_AVG_SQ] = (zo_qmap)vm;
-            }
-        } else if (zo_dtype_parse(nm, &ck[g].sdt) < 0 || (ck[g].sdt != ZO_DTYPE_F32 && ck[g].sdt != ZO_DTYPE_BF16)) {
+        int r = zo__state_type_parse(nm, &ck[g]);
+        if (r == -2)
+            return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: group %u state type '%s': unknown code maps", g, nm);
+        if (r < 0)
             return ZO_FAIL(&o->err, ZO_EFORMAT, "zo_optim_load: group %u state type '%s' unknown", g, nm);
-        }
     }
     return 0;
 }

@@ -1521,7 +1521,8 @@ static void expect_sg(const float *x, uint64_t n, int k, int bits, float *out)
  * start, blocks from each sub-group's start); masters bit for bit. A load
  * that imported a new block in pieces from two old ranks would requantize
  * its first piece with a stale scale and fail this. Then training on stays
- * finite and close to the uninterrupted run. */
+ * finite and close to the uninterrupted run. A checkpoint of the legacy
+ * record ("q4/128") is read with the legacy maps and stored with today's. */
 /* Training on after the round trip, in units of the group's lr: an Adam
  * step moves a weight by about lr at most, and the requantized m and v
  * change each update by a fraction of it (measured at most 0.05 lr for q8,
@@ -1532,7 +1533,10 @@ static void expect_sg(const float *x, uint64_t n, int k, int bits, float *out)
 
 static const struct {
     int sb, lb;
-} qcases[] = {{8, 8}, {4, 4}, {0, 8}, {8, 0}, {4, 8}};
+    int legacy; /* saved with the legacy maps' record ("q4/128": v's map with a zero) */
+} qcases[] = {{8, 8}, {4, 4}, {0, 8}, {8, 0}, {4, 8}, {4, 4, 1}};
+
+extern int zo__optim_legacy_qmaps;
 
 START_TEST(test_part_reshard_quantized)
 {
@@ -1549,7 +1553,18 @@ START_TEST(test_part_reshard_quantized)
     snprintf(ck, sizeof(ck), "%s/ck", dir);
     train_arg ta = {.pc = &ps, .nvme = dir, .ckroot = ck, .save_at = 2};
     run sv;
+    zo__optim_legacy_qmaps = qcases[qc].legacy; /* the forked ranks inherit it */
     run_ranks(&sv, 2, sizeof(qres), rank_qrun, &ta);
+    zo__optim_legacy_qmaps = 0;
+    if (qcases[qc].legacy) { /* the record is the old one indeed */
+        char r0[4300];
+        zo_ckpt_reader *rd = NULL;
+        snprintf(r0, sizeof(r0), "%s/rank0", ck);
+        ck_assert_int_eq(zo_ckpt_open(&rd, r0, "ck1"), 0);
+        ck_assert_msg(strstr(zo_ckpt_user_json(rd), "\"states\":[\"q4/128\",\"q4/128\"]"), "%s",
+                      zo_ckpt_user_json(rd));
+        zo_ckpt_close(&rd);
+    }
     qres *s0 = (qres *)run_res(&sv, 0), *s1 = (qres *)run_res(&sv, 1);
     ck_assert_int_eq(memcmp(s0->params, s1->params, sizeof(s0->params)), 0);
     /* x: the old states, concatenated from the old shards */
@@ -1618,8 +1633,8 @@ START_TEST(test_part_reshard_quantized)
                 maxd = d / lr > maxd ? d / lr : maxd;
             }
         }
-        printf("reshard q%d -> q%d, 2 -> %u -> 2 ranks (%s): trained on, max |param - uninterrupted| = %.3g lr\n",
-               ps.bits, pl.bits, w, place ? "nvme" : "host", maxd);
+        printf("reshard q%d%s -> q%d, 2 -> %u -> 2 ranks (%s): trained on, max |param - uninterrupted| = %.3g lr\n",
+               ps.bits, qcases[qc].legacy ? " (legacy maps)" : "", pl.bits, w, place ? "nvme" : "host", maxd);
         run_free(&bk);
     }
     free(x);

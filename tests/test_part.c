@@ -1533,10 +1533,12 @@ static void expect_sg(const float *x, uint64_t n, int k, int bits, float *out)
 
 static const struct {
     int sb, lb;
-    int legacy; /* saved with the legacy maps' record ("q4/128": v's map with a zero) */
-} qcases[] = {{8, 8}, {4, 4}, {0, 8}, {8, 0}, {4, 8}, {4, 4, 1}};
+    int legacy;    /* saved with the legacy maps' record ("q4/128": v's map with a zero) */
+    uint64_t tile; /* the load's tile (test hook; 0: the default 2^20, larger than SGSIZE) */
+} qcases[] = {{8, 8}, {4, 4}, {0, 8}, {8, 0}, {4, 8}, {4, 4, 1}, {8, 8, 0, 4096}};
 
 extern int zo__optim_legacy_qmaps;
+extern uint64_t zo__part_reshard_tile;
 
 START_TEST(test_part_reshard_quantized)
 {
@@ -1586,7 +1588,11 @@ START_TEST(test_part_reshard_quantized)
         la.name = "ck1";
         la.resave = ck2;
         run ld;
+        uint64_t tile0 = zo__part_reshard_tile;
+        if (qcases[qc].tile) /* tiles that split the sub-groups (and start inside old shards) */
+            zo__part_reshard_tile = qcases[qc].tile;
         run_ranks(&ld, w, sizeof(qres), rank_qrun, &la);
+        zo__part_reshard_tile = tile0;
         double maxd = 0;
         for (unsigned r = 0; r < w; r++) {
             qres *q = (qres *)run_res(&ld, r);
@@ -1633,8 +1639,9 @@ START_TEST(test_part_reshard_quantized)
                 maxd = d / lr > maxd ? d / lr : maxd;
             }
         }
-        printf("reshard q%d%s -> q%d, 2 -> %u -> 2 ranks (%s): trained on, max |param - uninterrupted| = %.3g lr\n",
-               ps.bits, qcases[qc].legacy ? " (legacy maps)" : "", pl.bits, w, place ? "nvme" : "host", maxd);
+        printf("reshard q%d%s -> q%d, 2 -> %u -> 2 ranks (%s%s): trained on, max |param - uninterrupted| = %.3g "
+               "lr\n", ps.bits, qcases[qc].legacy ? " (legacy maps)" : "", pl.bits, w, place ? "nvme" : "host",
+               qcases[qc].tile ? ", small tiles" : "", maxd);
         run_free(&bk);
     }
     free(x);

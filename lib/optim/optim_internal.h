@@ -129,6 +129,11 @@ static inline zo_qmap zo__q_map(const zo__og *og, int k)
  * checkpoints of the old format. */
 extern int zo__optim_legacy_qmaps;
 
+/* Test hook: the elements a resharded load of zo_part assembles at a time
+ * (default 2^20; a multiple of ZO_QBLOCK_MAX, else the default), so tests
+ * can split sub-groups into several tiles. */
+extern uint64_t zo__part_reshard_tile;
+
 /* Bytes of state k of n elements of group og (its store tensor). */
 static inline uint64_t zo__state_bytes(const zo__og *og, int k, uint64_t n)
 {

@@ -891,8 +891,9 @@ static void old_shard(const zo_part *p, unsigned g, unsigned r, unsigned ow, uin
 
 /* Elements of the new shard a resharded load assembles at a time (fp32):
  * a multiple of every quantization block (powers of two up to
- * ZO_QBLOCK_MAX). */
-#define RESHARD_TILE ((uint64_t)1 << 20)
+ * ZO_QBLOCK_MAX). A test hook (optim_internal.h) makes it smaller, so that
+ * tiles split the test's sub-groups as they split real ones. */
+uint64_t zo__part_reshard_tile = (uint64_t)1 << 20;
 
 /* A growing read buffer of the resharded load. */
 typedef struct rbuf {
@@ -1039,7 +1040,10 @@ static int reshard_load(zo_part *p, const char *root, const char *cname, unsigne
     char *buf = NULL;
     float *mst = NULL;
     oshard *os = calloc(ow, sizeof(*os));
-    float *x = malloc(RESHARD_TILE * 4), *deq = malloc((RESHARD_TILE + 2 * ZO_QBLOCK_MAX) * 4);
+    uint64_t rtile = zo__part_reshard_tile;
+    if (!rtile || rtile % ZO_QBLOCK_MAX)
+        rtile = (uint64_t)1 << 20;
+    float *x = malloc(rtile * 4), *deq = malloc((rtile + 2 * ZO_QBLOCK_MAX) * 4);
     rbuf rb = {0}, rs = {0};
     int r = rd && map && os && x && deq ? 0 : -ENOMEM;
     for (unsigned k = 0; k < ow && r == 0; k++) {
@@ -1094,14 +1098,14 @@ static int reshard_load(zo_part *p, const char *root, const char *cname, unsigne
                 nos++;
         }
         /* Tiles of the new shard, each whole blocks of the new layout
-         * (RESHARD_TILE is a multiple of every block size, and a tile ends
+         * (`rtile` is a multiple of every block size, and a tile ends
          * at its sub-group's end at the latest), filled from every old
          * shard they overlap and imported once: zo_optim_state_import()
          * into a quantized state requantizes the whole blocks it touches,
          * so a block imported in two pieces would be quantized twice, its
          * first piece with a scale that is not the block's. */
         for (uint64_t e = nlo; e < nhi && r == 0;) {
-            uint64_t j = (e - nlo) / sg, te = ZO_MIN(ZO_MIN(e + RESHARD_TILE, nlo + (j + 1) * sg), nhi);
+            uint64_t j = (e - nlo) / sg, te = ZO_MIN(ZO_MIN(e + rtile, nlo + (j + 1) * sg), nhi);
             for (int s = 0; s < ZO_OPTIM_STATE_COUNT && r == 0; s++) {
                 uint64_t got = 0, none = 0;
                 for (unsigned i = 0; i < nos && r == 0; i++) {

@@ -599,6 +599,11 @@ class _EngineBackend(_BackendCommon):
         else:
             t0 = _now()
             res = self._wait_all()
+            if opt.delay_update and not res.get("boundary"):
+                # a DPU warm-up boundary: step_async finished the update
+                # itself (the next forward must see it), so wait() found
+                # nothing in flight; its result (norm, skip) is the last one
+                res = self.engines[0][1].last_result() or res
             self.timings["update"] += _now() - t0
             self.copy_back(self.refresh_steps())
         if res is not None:

@@ -608,7 +608,24 @@ def test_dpu_equals_one_rank(group, tmp_path, warmup):
     o2.wait()
     o4.wait()
     assert _same(torch, m4, m2)
-    for o in (o1, o2, o3, o4):
+    # close() right after a delayed step fences too: the model gets the update
+    _train(torch, o2, m2, 1)
+    _train(torch, o4, m4, 1)
+    assert o4._eb._in_flight
+    o4.close()
+    o2.wait()
+    assert _same(torch, m4, m2) and not o4._hooks
+    # a fence that fails in close() still frees the engine and the hooks
+    _train(torch, o2, m2, 1)
+    pe = o2._eb.pe
+
+    def broken():
+        raise RuntimeError("zo_part_wait: a collective failed (simulated)")
+    pe.wait = broken
+    with pytest.raises(RuntimeError, match="simulated"):
+        o2.close()
+    assert not pe._h and not o2._hooks
+    for o in (o1, o3):
         o.close()
 
 

@@ -675,9 +675,11 @@ static void reference(const pcase *pc, const char *nvme, int steps, rank_res *ou
                 zo_optim_info oi = {.struct_size = sizeof(oi)};
                 zo_optim_get_info(o, &oi);
                 if (r == 0 && a + 1 == pc->accum) {
-                    if (!oi.dpu_active)
-                        r = zo_optim_wait(o, &sr);
-                    else
+                    if (!oi.dpu_active) {
+                        /* a warm-up boundary: step_async collected it; its result is the last */
+                        if ((r = zo_optim_wait(o, &sr)) == 0)
+                            zo_optim_last_result(o, &sr);
+                    } else
                         zo_optim_last_result(o, &sr);
                     sr.boundary = 1;
                 }

@@ -151,9 +151,10 @@ LAI double sd_sum4(SD a0, SD a1, SD a2, SD a3)
  * without searching linearly. Why not the reference's two dependent
  * gathers: on Zen 3 an 8-lane gather costs about 13 cycles, more than the
  * rest of the per-element work together (docs/cpuadam.md).
- *  - 8 bits: dequantize with one gather of the value table; quantize with
- *    one gather of the packed buckets (zo__qcode_packed(), which the map
- *    builder checks against zo__qcode()).
+ *  - 8 bits: dequantize with one lookup of the value table; quantize with
+ *    one lookup of the packed buckets (zo__qcode_packed(), which the map
+ *    builder checks against zo__qcode()). A lookup is eight scalar loads
+ *    inserted into a vector (lut8_bytes(), lut8_idx()), not VGATHERDPS.
  *  - 4 bits: no gathers. The 16 values and the 15 midpoints (+inf after
  *    the last) live in registers: a value is two VPERMPS over the halves
  *    and a blend on bit 3; a code is a 4-step binary search for
@@ -161,6 +162,42 @@ LAI double sd_sum4(SD a0, SD a1, SD a2, SD a3)
  *    register (1, 2, 4, 8 of them). Nibbles are (un)packed 16 codes at a
  *    time.
  * Tails of fewer than 8 elements run the scalar definition. */
+
+/* Eight table entries by scalar loads: t[c byte 0], ..., t[c byte 7]. Why
+ * not VGATHERDPS: on Zen 3 an 8-lane gather from an L1 table took 0.69-0.76
+ * ns per element in a loop of nothing else, eight loads folded into
+ * VINSERTPS 0.51-0.54 ns (docs/cpuadam.md); the loads use the three load
+ * ports, the inserts a shuffle port the step hardly uses. */
+LAI VF lut8_bytes(const float *t, uint64_t c)
+{
+    __m128 a = _mm_load_ss(t + (c & 255));
+    a = _mm_insert_ps(a, _mm_load_ss(t + ((c >> 8) & 255)), 0x10);
+    a = _mm_insert_ps(a, _mm_load_ss(t + ((c >> 16) & 255)), 0x20);
+    a = _mm_insert_ps(a, _mm_load_ss(t + ((c >> 24) & 255)), 0x30);
+    __m128 b = _mm_load_ss(t + ((c >> 32) & 255));
+    b = _mm_insert_ps(b, _mm_load_ss(t + ((c >> 40) & 255)), 0x10);
+    b = _mm_insert_ps(b, _mm_load_ss(t + ((c >> 48) & 255)), 0x20);
+    b = _mm_insert_ps(b, _mm_load_ss(t + (c >> 56)), 0x30);
+    return _mm256_set_m128(b, a);
+}
+
+/* The same for eight 32-bit indices in a vector (entries moved as bits). */
+LAI __m256i lut8_idx(const uint32_t *t, __m256i k)
+{
+    __m128i lo = _mm256_castsi256_si128(k), hi = _mm256_extracti128_si256(k, 1);
+    uint64_t a0 = (uint64_t)_mm_cvtsi128_si64(lo), a1 = (uint64_t)_mm_extract_epi64(lo, 1);
+    uint64_t b0 = (uint64_t)_mm_cvtsi128_si64(hi), b1 = (uint64_t)_mm_extract_epi64(hi, 1);
+    const float *f = (const float *)(const void *)t;
+    __m128 a = _mm_load_ss(f + (uint32_t)a0);
+    a = _mm_insert_ps(a, _mm_load_ss(f + (a0 >> 32)), 0x10);
+    a = _mm_insert_ps(a, _mm_load_ss(f + (uint32_t)a1), 0x20);
+    a = _mm_insert_ps(a, _mm_load_ss(f + (a1 >> 32)), 0x30);
+    __m128 b = _mm_load_ss(f + (uint32_t)b0);
+    b = _mm_insert_ps(b, _mm_load_ss(f + (b0 >> 32)), 0x10);
+    b = _mm_insert_ps(b, _mm_load_ss(f + (uint32_t)b1), 0x20);
+    b = _mm_insert_ps(b, _mm_load_ss(f + (b1 >> 32)), 0x30);
+    return _mm256_castps_si256(_mm256_set_m128(b, a));
+}
 
 /* 4-bit codes of x[i] -> per-element bytes, len even or odd. */
 static void q4_unpack(const uint8_t *codes, size_t len, uint8_t *c)
@@ -198,8 +235,9 @@ static void q_dequant(const uint8_t *codes, int bits, const zo__qmap_tab *t, flo
     size_t i = 0;
     if (bits == 8) {
         for (; i + 8 <= len; i += 8) {
-            __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(codes + i)));
-            _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_i32gather_ps(t->value, k, 4), s));
+            uint64_t c;
+            memcpy(&c, codes + i, 8);
+            _mm256_storeu_ps(x + i, _mm256_mul_ps(lut8_bytes(t->value, c), s));
         }
         zo__qvalues(t, codes, i, len, absmax, x);
         return;
@@ -245,7 +283,7 @@ LAI __m256i q_codes8(const q8keys *q, VF x)
     k = _mm256_min_epi32(_mm256_max_epi32(k, _mm256_setzero_si256()), q->kmax);
     __m256i neg = _mm256_srai_epi32(b, 31);
     k = _mm256_add_epi32(k, _mm256_and_si256(neg, q->nmag));
-    __m256i e = _mm256_i32gather_epi32(q->pb, k, 4);
+    __m256i e = lut8_idx((const uint32_t *)q->pb, k);
     __m256i low = _mm256_and_si256(_mm256_xor_si256(b, neg), q->lowmask);
     /* the compare gives -1 where low > thr: subtracting adds 1 */
     return _mm256_sub_epi32(_mm256_and_si256(e, _mm256_set1_epi32(0xff)),

@@ -163,7 +163,7 @@ ZO_API void zo_part_config_default(zo_part_config *cfg);
  *         rank >= world, a NULL callback with world > 1, bucket_bytes below
  *         4096, a group without dev_params, a model too small for the world:
  *         the last rank would own nothing; what zo_optim_create() refuses);
- *         ZO_ENOTSUP (dpu, speculative clip mode, ZO_OPTIM_NO_GRAD_SKIP);
+ *         ZO_ENOTSUP (dpu_double_buffer, speculative clip mode, ZO_OPTIM_NO_GRAD_SKIP);
  *         -ENOMEM; errors of zo_optim_create() and zo_dev_malloc(). Blocks.
  */
 ZO_API int zo_part_create(zo_part **out, const zo_part_config *cfg);
@@ -222,8 +222,9 @@ ZO_API int zo_part_grad(zo_part *p, unsigned index, const void *dev_grad, struct
  * update of this boundary runs on while the framework's next forward and
  * backward do, and the next boundary's call finishes it and gathers its
  * params (so the forward of step k sees the result of step k - 2); res is
- * then the latest finished update's (boundary 1). zo_part_wait() finishes
- * the last one.
+ * then the latest finished update's (boundary 1); at a warm-up boundary
+ * it is that boundary's own update's. zo_part_wait() finishes the last
+ * one.
  * @return 0; -EINVAL (res->struct_size); ZO_ESTATE (an earlier collective
  *         or update failed); the inner step's errors (ZO_ENONFINITE under
  *         ZO_OPTIM_NONFINITE_ERROR, the same on every rank; store errors);

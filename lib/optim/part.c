@@ -554,9 +554,13 @@ int zo_part_step(zo_part *p, zo_optim_step_result *res)
         zo_optim_info oi = {.struct_size = sizeof(oi)};
         zo_optim_get_info(p->inner, &oi);
         delayed = oi.dpu_active;
-        if (ur == 0 && !delayed)
-            ur = zo_optim_wait(p->inner, &lr);
-        else if (zo_optim_last_result(p->inner, &lr) < 0)
+        if (ur == 0 && !delayed) {
+            /* a warm-up boundary: step_async collected the update itself, so
+             * the wait finds nothing in flight (boundary 0, no norm, never
+             * skipped); the update's own result is the last one */
+            if ((ur = zo_optim_wait(p->inner, &lr)) == 0)
+                (void)zo_optim_last_result(p->inner, &lr);
+        } else if (zo_optim_last_result(p->inner, &lr) < 0)
             lr.step = oi.step; /* no update finished yet: nothing to report but the count */
         lr.boundary = 1;
     } else {

@@ -21,6 +21,7 @@ Example (numpy, host backend)::
 """
 
 import ctypes
+import errno
 
 from . import _lib
 from ._lib import lib, check, c_int, c_uint, c_size_t, c_double, c_u64, c_i64, c_void_p, c_char_p, P
@@ -196,6 +197,8 @@ def _declare():
     d("zo_optim_get_info", c_int, [c_void_p, P(OptimInfo)])
     d("zo_optim_get_timeline", c_int, [c_void_p, P(OptimTimeline)])
     d("zo_optim_timeline_json", c_int, [c_void_p, ctypes.c_char_p, c_size_t])
+    if lib.has("zo_optim_last_result"):
+        d("zo_optim_last_result", c_int, [c_void_p, P(OptimStepResult)])
     if lib.has("zo_optim_set_step"):
         d("zo_optim_set_step", c_int, [c_void_p, c_i64])
     if lib.has("zo_optim_discard_grads"):
@@ -571,6 +574,19 @@ class Engine(_lib.Handle):
         skipped, clipped, rolled_back, grad_norm, clip_coef, loss_scale, nonfinite)."""
         r = _out(OptimStepResult)
         self._c(lib.zo_optim_wait(self._live(), ctypes.byref(r)), "zo_optim_wait")
+        return _result(r)
+
+    def last_result(self):
+        """The result of the latest collected boundary (zo_optim_last_result:
+        also a DPU warm-up boundary's, which zo_optim_step_async collects
+        itself), or None before the first (or in a library without it)."""
+        if not lib.has("zo_optim_last_result"):
+            return None
+        r = _out(OptimStepResult)
+        rc = lib.zo_optim_last_result(self._live(), ctypes.byref(r))
+        if rc == -errno.ENOENT:
+            return None
+        self._c(rc, "zo_optim_last_result")
         return _result(r)
 
     def step(self, global_sumsq=None, global_nonfinite=None):

@@ -85,6 +85,8 @@ def _declare():
     d("zo_part_optim", c_void_p, [c_void_p])
     if lib.has("zo_part_push_params"):
         d("zo_part_push_params", c_int, [c_void_p])
+    if lib.has("zo_part_wait"):
+        d("zo_part_wait", c_int, [c_void_p, P(_optim.OptimStepResult)])
     _declared = True
 
 
@@ -365,6 +367,17 @@ class PartEngine(_lib.Handle):
         result, grad_norm the global norm."""
         r = _optim._out(_optim.OptimStepResult)
         self._c(lib.zo_part_step(self._live(), ctypes.byref(r)), "zo_part_step")
+        return _optim._result(r)
+
+    def wait(self):
+        """Finish the update in flight (the template's `dpu`) and all-gather
+        its params into every rank's tensors (zo_part_wait): collective
+        with dpu, every rank calls it; without dpu nothing is in flight and
+        it returns at once. Its result as step() gives it."""
+        if not lib.has("zo_part_wait"):
+            raise _lib._errors.LibraryNotFound("%s has no zo_part_wait (built before DPU per rank)" % lib.path)
+        r = _optim._out(_optim.OptimStepResult)
+        self._c(lib.zo_part_wait(self._live(), ctypes.byref(r)), "zo_part_wait")
         return _optim._result(r)
 
     def push_params(self):

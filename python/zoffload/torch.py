@@ -46,7 +46,8 @@ What happens:
   forward/backward of step N+1 run with the parameters of step N-1;
   ``step()`` of N+1 first waits for it (the fence) and copies its result
   into the parameters, so the next forward sees them. ``wait()`` is the
-  fence on demand (before evaluation or saving).
+  fence on demand (before evaluation or saving); with ``process_group`` it
+  is collective while an update is in flight (torch_dist).
 
 A parameter without a gradient in a step (``.grad`` None at ``step()`` and
 none handed over since the last one) is skipped as torch.optim skips it:
@@ -599,6 +600,11 @@ class _EngineBackend(_BackendCommon):
         else:
             t0 = _now()
             res = self._wait_all()
+            if opt.delay_update and not res.get("boundary"):
+                # a DPU warm-up boundary: step_async finished the update
+                # itself (the next forward must see it), so wait() found
+                # nothing in flight; its result (norm, skip) is the last one
+                res = self.engines[0][1].last_result() or res
             self.timings["update"] += _now() - t0
             self.copy_back(self.refresh_steps())
         if res is not None:
@@ -1620,14 +1626,18 @@ class OffloadOptimizer(torch.optim.Optimizer):
         return name or self._eb.latest(root)
 
     def close(self):
-        """Finish pending work, remove the gradient hooks and free the engine."""
-        if getattr(self, "_eb", None) is not None and self._eb.engines:
-            self._fence()
-        for h in self._hooks:
-            (h[1] if isinstance(h, tuple) else h).remove()
-        self._hooks = []
-        if getattr(self, "_eb", None) is not None:
-            self._eb.close()
+        """Finish pending work, remove the gradient hooks and free the engine.
+        With process_group and delay_update the fence is collective (every
+        rank closes together); the engine is freed even if it fails."""
+        try:
+            if getattr(self, "_eb", None) is not None and self._eb.engines:
+                self._fence()
+        finally:
+            for h in self._hooks:
+                (h[1] if isinstance(h, tuple) else h).remove()
+            self._hooks = []
+            if getattr(self, "_eb", None) is not None:
+                self._eb.close()
 
     def __del__(self):
         try:

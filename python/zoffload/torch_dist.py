@@ -14,6 +14,13 @@ DeepSpeed average. At step() the global norm and overflow are all-reduced,
 each rank updates its shard, and the updated params are all-gathered into
 every rank's tensors.
 
+With delay_update (DPU) each rank's engine runs the single-rank delayed
+schedule on its shard: step() of N+1 finishes update N, all-gathers it and
+queues N+1 (zo_part_step); wait() is zo_part_wait, collective while an
+update is in flight, and so is every call that fences first (state_dict,
+consolidated_state_dict, save, load, load_state_dict, close). The ranks
+agree on whether one is in flight: they made the same steps.
+
 This module holds the backend OffloadOptimizer drives (_PartBackend, the
 same methods as torch.py's _EngineBackend) and the layout arithmetic the
 state dicts need; torch.py documents the user-facing side.
@@ -68,9 +75,14 @@ class _PartBackend(_BackendCommon):
         import weakref
         self.opt = weakref.proxy(opt)
         name = self._name = type(opt).__name__   # (type() of the proxy would say ProxyType)
-        if opt.delay_update:
-            raise ValueError("%s(process_group=...): delay_update (DPU) is not offered from Python with "
-                             "process_group yet (the C engine zo_part has it: zo_part_wait())" % name)
+        # delay_update (DPU): the inner engine's update of step N runs while
+        # forward/backward of N+1 do; zo_part_step() of N+1 finishes it and
+        # all-gathers its params, zo_part_wait() (collective) on demand
+        self.dpu = bool(opt.delay_update)
+        self._in_flight = False     # a delayed update queued and not yet collected (the same on every rank)
+        if self.dpu and not _part.lib.has("zo_part_wait"):
+            raise NotImplementedError("%s(process_group=..., delay_update=True): %s has no zo_part_wait (built "
+                                      "before DPU per rank)" % (name, _part.lib.path))
         if clip_mode != "two_pass":
             raise ValueError("%s(process_group=...): clip_mode=%r: the partitioned engine needs 'two_pass' (the "
                              "global norm is known only after every rank's gradients)" % (name, clip_mode))
@@ -119,6 +131,9 @@ class _PartBackend(_BackendCommon):
         kw = _engine_kw(opt, self.dtype, offload_device=offload_device, nthreads=nthreads, numa_node=numa_node,
                         pin_memory=pin_memory, no_grad="zero", nvme_path=nvme_path, sub_group_size=sub_group_size,
                         pinned_bytes=pinned_bytes, buffer_count=buffer_count)
+        # as _EngineBackend: the warm-up steps run undelayed (dpu_double_buffer is not offered here,
+        # and zo_part_create refuses it by name)
+        kw.update(dpu=self.dpu, dpu_warmup_steps=opt._dpu_warmup_left)
         self.pe = _part.PartEngine(groups, self.comm, kind=opt._zo_kind_id(), bucket_bytes=bucket_bytes, **kw)
         self.inner = self.pe.inner()
         self.timings = {"launch": 0.0, "update": 0.0, "copy_back": 0.0, "fence": 0.0}
@@ -223,11 +238,28 @@ class _PartBackend(_BackendCommon):
         self.check_in_place()
         self._set_hparams()
         t0 = _now()
+        had = self._in_flight
+        # this call collects the update in flight, or fails (then the engine
+        # refuses until a load, which finishes it itself)
+        self._in_flight = False
         try:
             res = self.pe.step()
         finally:
             self._forget_step()
         self.timings["update"] += _now() - t0
+        if self.dpu and self.inner.info()["dpu_active"]:
+            # delayed: this update runs on while the next forward/backward
+            # do. The call finished the previous one (res is its result,
+            # accounted here as the single-rank fence accounts it) and
+            # gathered its params; like the single-rank path, nothing is
+            # returned for this one, and the groups count it already.
+            self._in_flight = True
+            if had:
+                self._account(res)
+            for g in opt.param_groups:
+                g["step"] = g.get("step", 0) + 1
+            self.refresh_steps()
+            return None
         self._account(res)
         self.refresh_steps()
         return res
@@ -245,7 +277,21 @@ class _PartBackend(_BackendCommon):
         self.refresh_steps()
 
     def wait(self):
-        return None
+        """The DPU fence: finish the update in flight and all-gather its
+        params into every rank's tensors (zo_part_wait). Collective when an
+        update is in flight: every rank calls it at the same point (the
+        ranks agree on that, having made the same steps); a no-op without
+        one, and always without delay_update."""
+        if not self._in_flight:
+            return None
+        self._in_flight = False     # collected, or failed (the engine then refuses until a load)
+        t0 = _now()
+        res = self.pe.wait()
+        self.timings["fence"] += _now() - t0
+        self.refresh_steps()
+        if res.get("boundary"):
+            self._account(res)
+        return res
 
     @property
     def loss_scale(self):
@@ -384,6 +430,7 @@ class _PartBackend(_BackendCommon):
 
     def close(self):
         self.inner = None
+        self._in_flight = False     # an update in flight goes with the engine (zo_part_destroy)
         self.pe.close()
 
 

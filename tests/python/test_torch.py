@@ -279,6 +279,26 @@ def test_dpu_equals_delayed_schedule(warmup):
     assert max((a - b).abs().max().item() for a, b in zip(m3.parameters(), m2.parameters())) > 1e-4
 
 
+def test_dpu_warmup_steps_report_their_result():
+    """A DPU warm-up step finishes its update inside step() (the engine's
+    step_async collects it, so a wait() after it finds nothing): its
+    global norm is reported right away, the undelayed optimizer's."""
+    m1, data = model(), batches(3)
+    m2 = copy.deepcopy(m1)
+    o1 = OffloadAdamW(m1.parameters(), lr=1e-2, max_grad_norm=0.5, delay_update=True, dpu_warmup=2)
+    o2 = OffloadAdamW(m2.parameters(), lr=1e-2, max_grad_norm=0.5)
+    norms = []
+    for b in data:
+        for m, o in ((m1, o1), (m2, o2)):
+            loss_fn(m, b).backward()
+            o.step()
+            o.zero_grad()
+        norms.append((o1.last_grad_norm, o2.last_grad_norm))
+    assert norms[0][0] is not None and norms[0][0] > 0
+    assert [a for a, _ in norms[:2]] == [b for _, b in norms[:2]], norms
+    assert norms[2][0] == norms[1][1]       # delayed: the fence's, the previous update's
+
+
 class Branchy(torch.nn.Module):
     """A trunk, a frozen layer, two heads used on different steps and a
     layer frozen at first and unfrozen later: parameters that get no

@@ -35,6 +35,10 @@ TOL_FULL = 1e-5
 # half a step of the dynamic map times its block's absmax: measured at most 0.018 of the
 # tensor's absmax; twice that (a lost or mis-scaled piece is off by its whole size)
 Q8_RESHARD_TOL = 0.04
+# delay_update runs: 2 undelayed steps, then delayed; after step DPU_MID + 1
+# the states are read (the fence: the next forward sees current params)
+DPU_WARMUP = 2
+DPU_MID = 4
 
 WORKER = r'''
 import json, sys
@@ -42,21 +46,24 @@ import torch
 torch.set_num_threads(1)
 from zoffload.torch import OffloadAdamW
 mode, rank, world, init, place, tmp, out = sys.argv[1:8]
-place, _, pdt = place.partition("-")       # "host", "nvme", "host-bf16": bf16 params
-dtype = torch.bfloat16 if pdt == "bf16" else torch.float32
+place, *flags = place.split("-")          # "host", "nvme", "host-bf16": bf16 params, "host-dpu": delay_update
+dtype = torch.bfloat16 if "bf16" in flags else torch.float32
+dpu = "dpu" in flags
 def mse(out, y):                           # in fp32 (CPU torch has no bf16 mse_loss)
     return torch.nn.functional.mse_loss(out.float(), y)
 rank, world = int(rank), int(world)
 if mode == "ranks":
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-torch.manual_seed(0)
 W = 1024   # 1.1 M parameters: each state array of the weights some MiB, beyond the NVMe extents' rounding
-m = torch.nn.Sequential(torch.nn.Linear(64, W), torch.nn.Tanh(), torch.nn.Linear(W, W), torch.nn.Tanh(),
-                        torch.nn.Linear(W, 1)).to(dtype)
-decay = [p for n, p in m.named_parameters() if n.endswith("weight")]
-no_decay = [p for n, p in m.named_parameters() if n.endswith("bias")]
-groups = [{"params": decay}, {"params": no_decay, "weight_decay": 0.0, "lr": 2e-3}]
+def model(seed=0):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(64, W), torch.nn.Tanh(), torch.nn.Linear(W, W), torch.nn.Tanh(),
+                            torch.nn.Linear(W, 1)).to(dtype)
+    decay = [p for n, p in m.named_parameters() if n.endswith("weight")]
+    no_decay = [p for n, p in m.named_parameters() if n.endswith("bias")]
+    return m, [{"params": decay}, {"params": no_decay, "weight_decay": 0.0, "lr": 2e-3}]
+m, groups = model()
 kw = dict(lr=1e-3, weight_decay=0.1, max_grad_norm=1.0, offload_device="cpu" if place == "host" else "nvme")
 if place == "nvme":
     kw["nvme_path"] = tmp
@@ -64,6 +71,8 @@ if mode == "ranks":
     kw.update(process_group=True, bucket_bytes=64 << 10)
 else:
     kw.update(no_grad="zero")
+if dpu:
+    kw.update(delay_update=True, dpu_warmup=DPU_WARMUP)
 opt = OffloadAdamW(groups, **kw)
 sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 4))
 g = torch.Generator().manual_seed(1)
@@ -96,6 +105,27 @@ for s in range(%(steps)d):
     opt.zero_grad()
     sched.step()
     norms.append(opt.last_grad_norm)
+    if dpu and s == DPU_MID:
+        # the states read right after a delayed step (ranks: state_dict()
+        # fences itself, collectively) against those read after opt.wait()
+        # (one rank): the same update finished either way, and from here on
+        # both runs see the current params in the next forward
+        if mode == "ranks":
+            res_mid = opt.state_dict()["zoffload"]["partition"]
+        else:
+            opt.wait()
+            sd = opt.state_dict()
+            if mode == "accum":
+                # each group's flat masters (fp32 params) and states, as the shards lay them out
+                res_mid, i = {}, 0
+                for gi, grp in enumerate(groups):
+                    idx = range(i, i + len(grp["params"]))
+                    i += len(grp["params"])
+                    res_mid[gi] = {nm: torch.cat([sd["state"][k][nm].reshape(-1) for k in idx])
+                                   for nm in ("exp_avg", "exp_avg_sq")}
+                    res_mid[gi]["master"] = torch.cat([p.detach().reshape(-1).float() for p in grp["params"]])
+        if mode != "full":
+            torch.save(res_mid, out + ".mid")
 mem = opt.memory()
 res = {"losses": losses, "norms": norms, "memory": mem, "lr": [g["lr"] for g in opt.param_groups]}
 if mode != "ranks":
@@ -112,9 +142,41 @@ else:
 if sd is not None:
     torch.save(sd, out + ".sd")
 torch.save([p.detach().clone() for p in m.parameters()], out + ".params")
+if dpu and mode == "ranks":
+    # save() right after a delayed step (it fences, collectively) and load()
+    # into a fresh optimizer over another model: the params come back, and
+    # both go on alike (the checkpoint holds the engine's boundary count:
+    # the loaded one is past its warm-up too, its next update delayed)
+    def one(mm, oo, k):
+        gk = torch.Generator().manual_seed(100 + k)
+        x = torch.randn(B, 64, generator=gk)
+        y = torch.sin(x[:, :1] * 3)
+        h = B // world
+        loss = mse(mm(x[rank * h:(rank + 1) * h].to(dtype)), y[rank * h:(rank + 1) * h])
+        loss.backward()
+        oo.step()
+        oo.zero_grad()
+        return loss.item()
+    one(m, opt, 0)
+    opt.save(tmp + "/ck", "dpu")
+    m2, groups2 = model(seed=5)
+    kw2 = dict(kw)
+    if place == "nvme":
+        kw2["nvme_path"] = tmp + "/second"
+        import os
+        os.makedirs(kw2["nvme_path"], exist_ok=True)
+    opt2 = OffloadAdamW(groups2, **kw2)
+    res["load_name"] = opt2.load(tmp + "/ck")
+    res["load_params_equal"] = all(torch.equal(a, b) for a, b in zip(m2.parameters(), m.parameters()))
+    res["resume_losses"] = [[one(m, opt, k) for k in (1, 2, 3)], [one(m2, opt2, k) for k in (1, 2, 3)]]
+    res["resume_delayed"] = [opt._eb._in_flight, opt2._eb._in_flight]
+    opt.wait()
+    opt2.wait()
+    res["resume_params_equal"] = all(torch.equal(a, b) for a, b in zip(m2.parameters(), m.parameters()))
+    opt2.close()
 json.dump(res, open(out, "w"))
 opt.close()
-'''.replace("%(steps)d", str(STEPS))
+'''.replace("%(steps)d", str(STEPS)).replace("DPU_WARMUP", str(DPU_WARMUP)).replace("DPU_MID", str(DPU_MID))
 
 
 # Two ranks again: loss scaling agrees (rank 1 alone overflows at step 2:
@@ -211,10 +273,11 @@ def _env():
 
 
 def _run(tmp_path, mode, place, world=1):
-    init = "file://" + str(tmp_path / ("rv-" + mode))
-    nv = tmp_path / ("nvme-" + mode)
+    tag = mode + "-" + place               # one run's files (a test may run a mode twice)
+    init = "file://" + str(tmp_path / ("rv-" + tag))
+    nv = tmp_path / ("nvme-" + tag)
     nv.mkdir(exist_ok=True)
-    outs = [str(tmp_path / ("%s-%d.json" % (mode, r))) for r in range(world)]
+    outs = [str(tmp_path / ("%s-%d.json" % (tag, r))) for r in range(world)]
     procs = [subprocess.Popen([sys.executable, "-c", WORKER, mode, str(r), str(world), init, place, str(nv), outs[r]],
                               env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for r in range(world)]
@@ -232,6 +295,7 @@ def _run(tmp_path, mode, place, world=1):
         r = json.load(open(o))
         r["params"] = torch.load(o + ".params")
         r["sd"] = torch.load(o + ".sd") if os.path.exists(o + ".sd") else None
+        r["mid"] = torch.load(o + ".mid") if os.path.exists(o + ".mid") else None
         res.append(r)
     return res
 
@@ -298,6 +362,58 @@ def test_two_ranks_match_one_rank(tmp_path, place):
     print("state bytes (%s): one rank %d, ranks %s; pinned bytes: one rank %d, ranks %s"
           % (key, one, [o["memory"][key] for o in ranks], full["memory"]["pinned_bytes"],
              [o["memory"]["pinned_bytes"] for o in ranks]))
+
+
+@pytest.mark.parametrize("place", ["host", "nvme"])
+def test_two_ranks_dpu_match_one_rank(tmp_path, place):
+    """delay_update=True (dpu_warmup=2) with process_group, 2 ranks, against
+    one rank's OffloadAdamW(delay_update=True) over the same global batch.
+    The delay moves which params a forward sees, the same way in both (the
+    schedule is the single-rank engine's, zo_part_step() finishing the
+    previous update and gathering it), and changes no rounding: so, as
+    for the undelayed runs, bit for bit against the accumulated half
+    batches, and within TOL_FULL (the fp32 reduction order of one matmul
+    over 16 rows against two of 8, nothing DPU adds) of the whole batch.
+    Also: the warm-up steps equal the undelayed run and the first delayed
+    one does not; each rank's state_dict() right after a delayed step (its
+    own fence) holds the one-rank optimizer's states after opt.wait(); a
+    save() right after a delayed step loads into a fresh optimizer that
+    then goes on as the first."""
+    torch = _dist_or_skip()
+    ranks = _run(tmp_path, "ranks", place + "-dpu", world=2)
+    accum = _run(tmp_path, "accum", "host-dpu")[0]
+    full = _run(tmp_path, "full", place + "-dpu")[0]
+    plain = _run(tmp_path, "accum", "host")[0]
+    k = DPU_WARMUP + 1      # the forward of step k + 1 is the first to see a delayed update (k - 1's)
+    assert accum["losses"][:k] == plain["losses"][:k]
+    assert accum["losses"][k] != plain["losses"][k]
+    for r, o in enumerate(ranks):
+        assert o["losses"] == accum["losses"], (r, o["losses"], accum["losses"])
+        assert all(abs(a - b) <= 1e-12 * b for a, b in zip(o["norms"], accum["norms"])), (o["norms"], accum["norms"])
+        for a, b in zip(o["params"], accum["params"]):
+            assert torch.equal(a, b), "rank %d: params differ from the one-rank run's" % r
+        for s, (a, b) in enumerate(zip(o["losses"], full["losses"])):
+            assert abs(a - b) <= TOL_FULL * abs(b), (s, a, b)
+        # the shard read right after a delayed step == the one-rank states after wait()
+        mid = o["mid"]
+        assert mid["step"] == DPU_MID + 1 and mid["rank"] == r, mid["step"]
+        for e in mid["shards"]:
+            ref, lo, n = accum["mid"][e["group"]], e["lo"], e["master"].numel()
+            for nm in ("master", "exp_avg", "exp_avg_sq"):
+                assert torch.equal(e[nm], ref[nm][lo:lo + n]), (r, e["group"], nm)
+        # save / load round trip under DPU
+        assert o["load_name"] == "dpu" and o["load_params_equal"], r
+        assert o["resume_losses"][0] == o["resume_losses"][1], o["resume_losses"]
+        assert o["resume_delayed"] == [True, True] and o["resume_params_equal"], r
+    for gi in range(2):     # the two shards cover each group
+        assert sum(e["master"].numel() for o in ranks for e in o["mid"]["shards"] if e["group"] == gi) == \
+            accum["mid"][gi]["master"].numel()
+    sd, ref = ranks[0]["sd"], accum["sd"]
+    assert sorted(sd["state"]) == sorted(ref["state"])
+    for i, st in ref["state"].items():
+        for key, v in st.items():
+            assert torch.equal(sd["state"][i][key], v), (i, key)
+    assert ranks[0]["rank_sd_step"] == STEPS
 
 
 def test_two_ranks_agree_on_overflow_and_resume(tmp_path):
@@ -460,13 +576,94 @@ def test_state_dicts(group, tmp_path):
         o4.load_state_dict(rank_sd)
 
 
+@pytest.mark.parametrize("warmup", [0, 1, 3])
+def test_dpu_equals_one_rank(group, tmp_path, warmup):
+    """delay_update=True through the partitioned engine (world 1) == the
+    single-rank optimizer with delay_update=True, bit for bit, each warm-up
+    (k <= warmup + 1 sees update k - 1, later k - 2): losses, params, what
+    step() returns (None once delayed), the groups' step, last_grad_norm
+    (the previous update's once delayed, as the single-rank fence reports
+    it); state_dict() right after a delayed step (it fences itself) equals
+    the single-rank one after wait(), and both go on alike; a checkpoint
+    saved right after a delayed step resumes as the uninterrupted run."""
+    import torch
+    (m1, o1), (m2, o2) = _pair(torch, group, delay_update=True, dpu_warmup=warmup)
+    rets = ([], [])
+
+    def log(o, out):
+        def f(s):
+            out.append((o.last_grad_norm, [g["step"] for g in o.param_groups], getattr(o._eb, "_in_flight", None)))
+        return f
+    l1 = _train(torch, o1, m1, 5, between=log(o1, rets[0]))
+    l2 = _train(torch, o2, m2, 5, between=log(o2, rets[1]))
+    assert l1 == l2 and _same(torch, m1, m2)
+    assert [r[:2] for r in rets[0]] == [r[:2] for r in rets[1]]
+    assert [r[2] for r in rets[1]] == [s >= warmup for s in range(5)]   # in flight once past the warm-up
+    assert o2.last_grad_norm is not None and o2.param_groups[0]["step"] == 5
+    # the delay is real: an undelayed run differs from warm-up + 2 on
+    (m3, o3), _ = _pair(torch, group)
+    l3 = _train(torch, o3, m3, 5)
+    assert l3[:warmup + 1] == l1[:warmup + 1] and l3[warmup + 1] != l1[warmup + 1]
+    # the backends' step() (OffloadOptimizer.step's last call) returns None
+    # while its update is delayed
+    x = torch.randn(8, 16)
+    for o, m in ((o1, m1), (o2, m2)):
+        ((m(x) - 1) ** 2).mean().backward()
+        o._collect_step_grads()
+        assert o._eb.step() is None
+        o.zero_grad()
+    # state_dict() right after a delayed step (fenced inside) == after wait()
+    o1.wait()
+    ref = o1.state_dict()
+    assert o2._eb._in_flight
+    full = o2.consolidated_state_dict()
+    assert not o2._eb._in_flight and _same(torch, m1, m2)
+    assert sorted(full["state"]) == sorted(ref["state"])
+    for i in ref["state"]:
+        for k, v in ref["state"][i].items():
+            assert torch.equal(full["state"][i][k], v), (i, k)
+    assert o2.state_dict()["zoffload"]["partition"]["step"] == 6
+    # save() right after a delayed step; load into a fresh optimizer
+    _train(torch, o2, m2, 1)
+    _train(torch, o1, m1, 1)
+    assert o2._eb._in_flight
+    o2.save(tmp_path / "ck", "dpu")
+    o1.wait()
+    assert _same(torch, m1, m2)
+    (_, _), (m4, o4) = _pair(torch, group, delay_update=True, dpu_warmup=warmup)
+    assert o4.load(tmp_path / "ck") == "dpu" and _same(torch, m4, m2)
+    after = _train(torch, o2, m2, 3)
+    assert _train(torch, o4, m4, 3) == after
+    o2.wait()
+    o4.wait()
+    assert _same(torch, m4, m2)
+    # close() right after a delayed step fences too: the model gets the update
+    _train(torch, o2, m2, 1)
+    _train(torch, o4, m4, 1)
+    assert o4._eb._in_flight
+    o4.close()
+    o2.wait()
+    assert _same(torch, m4, m2) and not o4._hooks
+    # a fence that fails in close() still frees the engine and the hooks
+    _train(torch, o2, m2, 1)
+    pe = o2._eb.pe
+
+    def broken():
+        raise RuntimeError("zo_part_wait: a collective failed (simulated)")
+    pe.wait = broken
+    with pytest.raises(RuntimeError, match="simulated"):
+        o2.close()
+    assert not pe._h and not o2._hooks
+    for o in (o1, o3):
+        o.close()
+
+
 def test_refusals(group):
     import torch
     from zoffload.torch import OffloadAdamW
     m = _model(torch)
     p = list(m.parameters())
     cases = [
-        (dict(delay_update=True), ValueError, "DPU"),
         (dict(clip_mode="speculative"), ValueError, "two_pass"),
         (dict(no_grad="skip"), ValueError, "no_grad='zero'"),
     ]
@@ -475,6 +672,13 @@ def test_refusals(group):
             OffloadAdamW(p, process_group=group, **kw)
     with pytest.raises(ValueError, match="process_group"):
         OffloadAdamW(p, bucket_bytes=4096)
+    # DPU is offered (test_dpu_equals_one_rank); its double-buffered device
+    # params are not (OffloadAdamW has no such option): the engine says so
+    from zoffload import part as zpart
+    from zoffload.errors import NotSupported
+    with pytest.raises(NotSupported, match="dpu_double_buffer"):
+        zpart.PartEngine([{"numel": [64], "dev_params": [p[0].data_ptr()]}], zpart.TorchComm(group),
+                         param_dtype="f32", grad_dtype="f32", dpu=True, dpu_double_buffer=True)
     with pytest.raises(ValueError, match="one parameter dtype"):
         OffloadAdamW([p[0], torch.nn.Parameter(torch.zeros(4, dtype=torch.bfloat16))], process_group=group)
     opt = OffloadAdamW(p, process_group=group)

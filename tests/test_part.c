@@ -744,7 +744,9 @@ START_TEST(test_part_matches_single)
     for (unsigned r = 0; r < pc->world; r++) {
         rank_res *rr = (rank_res *)run_res(&rn, r);
         for (int s = 0; s < pc->steps; s++) {
-            ck_assert_int_eq(rr->skipped[s], ref->skipped[s]);
+            ck_assert_msg(rr->skipped[s] == ref->skipped[s], "case %d rank %u step %d: skipped %d, single rank %d (norms "
+                          "%.17g, %.17g; loss scales %g, %g)", _i, r, s, rr->skipped[s], ref->skipped[s],
+                          rr->grad_norm[s], ref->grad_norm[s], rr->loss_scale[s], ref->loss_scale[s]);
             ck_assert_msg(rr->loss_scale[s] == ref->loss_scale[s], "case %d rank %u step %d: loss scale %g, %g", _i, r,
                           s, rr->loss_scale[s], ref->loss_scale[s]);
             nskipped += r == 0 && rr->skipped[s];

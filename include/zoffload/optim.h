@@ -564,8 +564,10 @@ ZO_API int zo_optim_push_params(zo_optim *o);
  * malloc() included: it is read in place), valid once `ready` completes
  * (NULL: already valid). The copy is queued on the engine's device -> host stream behind
  * `ready` and the call returns at once; the device memory must stay valid
- * and unchanged until the copy is done (zo_optim_grads_done() or the next
- * step call). Within one accumulation window the first gradient of a
+ * and unchanged until the copy is done: zo_optim_grads_done() or the step
+ * call that ends the micro-step has returned (zo_optim_step(),
+ * zo_optim_step_async(), also under DPU, where the update itself runs on).
+ * Within one accumulation window the first gradient of a
  * tensor overwrites its accumulator and later ones are added in fp32; a
  * tensor that gets none in a window has a zero gradient.
  * @return 0; -EINVAL (NULL, index out of range); ZO_ESTATE (a step is

@@ -1551,6 +1551,14 @@ static int step_async_impl(zo_optim *o, const zo_optim_step_opts *uopts)
                    .scale = o->win_scale[o->win],
                    .opts = opts,
                    .t_call = t_call};
+    /* The caller may reuse its gradient memory once this call returns
+     * (optim.h, zo_optim_grad()): the copies must have read it. Under DPU
+     * the call returns while the update runs, and the next backward writes
+     * the same buffers: without this wait the window's last copies raced
+     * it (test_part's single-rank DPU reference saw other gradients in 1 of
+     * about 10 runs). The update waits for these copies anyway. */
+    if ((r = zo_optim_grads_done(o)) < 0)
+        return r;
     if ((r = close_window(o)) < 0)
         return ZO_FAIL(&o->err, r, "zo_optim_step_async: %s", zo_dev_errmsg(o->dev));
     pthread_mutex_lock(&o->lock);

@@ -163,40 +163,42 @@ LAI double sd_sum4(SD a0, SD a1, SD a2, SD a3)
  *    time.
  * Tails of fewer than 8 elements run the scalar definition. */
 
-/* Eight table entries by scalar loads: t[c byte 0], ..., t[c byte 7]. Why
- * not VGATHERDPS: on Zen 3 an 8-lane gather from an L1 table took 0.69-0.76
- * ns per element in a loop of nothing else, eight loads folded into
- * VINSERTPS 0.51-0.54 ns (docs/cpuadam.md); the loads use the three load
- * ports, the inserts a shuffle port the step hardly uses. */
-LAI VF lut8_bytes(const float *t, uint64_t c)
+/* Eight 32-bit table entries t[i0..i7] by scalar loads into one vector
+ * (moved as bits). Why not VGATHERDPS: on Zen 3 an 8-lane gather from an
+ * L1 table took 0.55-0.89 ns per element in a loop of nothing else, eight
+ * loads folded into VINSERTPS 0.29-0.52 ns (docs/cpuadam.md); the loads
+ * use the three load ports, the inserts a shuffle port the step hardly
+ * uses. */
+LAI VF lut8(const void *tab, uint64_t i0, uint64_t i1, uint64_t i2, uint64_t i3, uint64_t i4, uint64_t i5,
+            uint64_t i6, uint64_t i7)
 {
-    __m128 a = _mm_load_ss(t + (c & 255));
-    a = _mm_insert_ps(a, _mm_load_ss(t + ((c >> 8) & 255)), 0x10);
-    a = _mm_insert_ps(a, _mm_load_ss(t + ((c >> 16) & 255)), 0x20);
-    a = _mm_insert_ps(a, _mm_load_ss(t + ((c >> 24) & 255)), 0x30);
-    __m128 b = _mm_load_ss(t + ((c >> 32) & 255));
-    b = _mm_insert_ps(b, _mm_load_ss(t + ((c >> 40) & 255)), 0x10);
-    b = _mm_insert_ps(b, _mm_load_ss(t + ((c >> 48) & 255)), 0x20);
-    b = _mm_insert_ps(b, _mm_load_ss(t + (c >> 56)), 0x30);
+    const float *t = (const float *)tab;
+    __m128 a = _mm_load_ss(t + i0);
+    a = _mm_insert_ps(a, _mm_load_ss(t + i1), 0x10);
+    a = _mm_insert_ps(a, _mm_load_ss(t + i2), 0x20);
+    a = _mm_insert_ps(a, _mm_load_ss(t + i3), 0x30);
+    __m128 b = _mm_load_ss(t + i4);
+    b = _mm_insert_ps(b, _mm_load_ss(t + i5), 0x10);
+    b = _mm_insert_ps(b, _mm_load_ss(t + i6), 0x20);
+    b = _mm_insert_ps(b, _mm_load_ss(t + i7), 0x30);
     return _mm256_set_m128(b, a);
 }
 
-/* The same for eight 32-bit indices in a vector (entries moved as bits). */
+/* t[code] for the eight byte codes of c (byte 0 first). */
+LAI VF lut8_bytes(const float *t, uint64_t c)
+{
+    return lut8(t, c & 255, (c >> 8) & 255, (c >> 16) & 255, (c >> 24) & 255, (c >> 32) & 255, (c >> 40) & 255,
+                (c >> 48) & 255, c >> 56);
+}
+
+/* t[k] for the eight 32-bit indices of k. */
 LAI __m256i lut8_idx(const uint32_t *t, __m256i k)
 {
     __m128i lo = _mm256_castsi256_si128(k), hi = _mm256_extracti128_si256(k, 1);
     uint64_t a0 = (uint64_t)_mm_cvtsi128_si64(lo), a1 = (uint64_t)_mm_extract_epi64(lo, 1);
     uint64_t b0 = (uint64_t)_mm_cvtsi128_si64(hi), b1 = (uint64_t)_mm_extract_epi64(hi, 1);
-    const float *f = (const float *)(const void *)t;
-    __m128 a = _mm_load_ss(f + (uint32_t)a0);
-    a = _mm_insert_ps(a, _mm_load_ss(f + (a0 >> 32)), 0x10);
-    a = _mm_insert_ps(a, _mm_load_ss(f + (uint32_t)a1), 0x20);
-    a = _mm_insert_ps(a, _mm_load_ss(f + (a1 >> 32)), 0x30);
-    __m128 b = _mm_load_ss(f + (uint32_t)b0);
-    b = _mm_insert_ps(b, _mm_load_ss(f + (b0 >> 32)), 0x10);
-    b = _mm_insert_ps(b, _mm_load_ss(f + (uint32_t)b1), 0x20);
-    b = _mm_insert_ps(b, _mm_load_ss(f + (b1 >> 32)), 0x30);
-    return _mm256_castps_si256(_mm256_set_m128(b, a));
+    return _mm256_castps_si256(lut8(t, (uint32_t)a0, a0 >> 32, (uint32_t)a1, a1 >> 32, (uint32_t)b0, b0 >> 32,
+                                    (uint32_t)b1, b1 >> 32));
 }
 
 /* 4-bit codes of x[i] -> per-element bytes, len even or odd. */

@@ -210,7 +210,7 @@ START_TEST(test_block_kernels)
     zo_test_rng r = {zo_test_seed() + 5};
     static const size_t lens[] = {1, 7, 8, 9, 15, 16, 17, 63, 64, 255, 256, 4096};
     float *x = malloc(ZO__QBLOCK_MAX * 4), *y0 = malloc(ZO__QBLOCK_MAX * 4), *y1 = malloc(ZO__QBLOCK_MAX * 4);
-    uint8_t c0[ZO__QBLOCK_MAX], c1[ZO__QBLOCK_MAX];
+    uint8_t c0[ZO__QBLOCK_MAX], c1[ZO__QBLOCK_MAX + 1]; /* + a byte that must stay */
     for (size_t v = 1; v < ZO_ARRAY_LEN(variants); v++) {
         unsigned need = 0;
         const zo_cpuadam_dsp *d = zo__cpuadam_dsp_named(variants[v], &need);
@@ -257,6 +257,24 @@ START_TEST(test_block_kernels)
                         d->qdequant(c0, bits, t, s0, y1, len);
                         for (size_t i = 0; i < len; i++)
                             ck_assert_msg(same_f32(y0[i], y1[i]), "%s dequant [%zu]", variants[v], i);
+                    }
+                    /* blocks without a finite nonzero scale: all zeros, an
+                     * inf, a NaN (every code the zero code, odd tails too) */
+                    static const float special[] = {0.0f, INFINITY, NAN};
+                    for (size_t sp = 0; sp < ZO_ARRAY_LEN(special); sp++) {
+                        size_t len = lens[a];
+                        for (size_t i = 0; i < len; i++)
+                            x[i] = sp ? rnd_range(&r, -1.0f, 1.0f) : -0.0f;
+                        x[len / 2] = special[sp];
+                        float s0 = 0, s1 = 0;
+                        memset(c1, 0xa5, sizeof c1);
+                        zo__q_quant_ref(x, len, t, bits, c0, &s0);
+                        d->qquant(x, len, t, bits, c1, &s1);
+                        size_t nb = bits == 8 ? len : (len + 1) / 2;
+                        ck_assert_msg(fbits(s0) == fbits(s1), "%s special %zu scale", variants[v], sp);
+                        ck_assert_msg(memcmp(c0, c1, nb) == 0, "%s special %zu map %d bits %d len %zu",
+                                      variants[v], sp, m, bits, len);
+                        ck_assert_msg(c1[nb] == 0xa5, "%s wrote past the block: special %zu map %d bits %d len %zu", variants[v], sp, m, bits, len);
                     }
                 }
             }

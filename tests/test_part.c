@@ -1664,10 +1664,17 @@ int main(void)
     tcase_add_loop_test(tc, test_part_checkpoint, 0, 2);
     tcase_add_test(tc, test_part_commit_crash);
     suite_add_tcase(s, tc);
+    /* host and NVMe placement apart: tests/meson.build runs them as separate
+     * tests, so the slow builds (sanitizers, qemu) run them side by side */
+    int nq = (int)(sizeof(qcases) / sizeof(qcases[0]));
     TCase *tq = tcase_create("reshard-q");
     tcase_set_timeout(tq, 300);
-    tcase_add_loop_test(tq, test_part_reshard_quantized, 0, (int)(sizeof(qcases) / sizeof(qcases[0])) + 2);
+    tcase_add_loop_test(tq, test_part_reshard_quantized, 0, nq);
     suite_add_tcase(s, tq);
+    TCase *tqn = tcase_create("reshard-q-nvme");
+    tcase_set_timeout(tqn, 300);
+    tcase_add_loop_test(tqn, test_part_reshard_quantized, nq, nq + 2);
+    suite_add_tcase(s, tqn);
     TCase *tcc = tcase_create("contract");
     tcase_set_timeout(tcc, 120);
     tcase_add_test(tcc, test_part_comm_fails);

@@ -27,6 +27,7 @@ typedef struct zo__optim_job {
     int sdt;           /* state type: ZO__T_F32 or ZO__T_BF16 */
     int odt;           /* out type ZO__T_*; ignored when out == NULL */
     int nt_out;        /* non-temporal stores for out */
+    int nt_defer_fence; /* with nt_out: no store fence at the end: a later call on this thread fences */
     float *p;
     const void *g;
     void *m;

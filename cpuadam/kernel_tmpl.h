@@ -177,7 +177,7 @@ AI void step_range(const zo__optim_job *j, size_t i, size_t end, const int K, co
         step_vec(j, &c, i, W, K, G, S, O, 0);
     if (i < end)
         step_vec(j, &c, i, (unsigned)(end - i), K, G, S, O, 0);
-    if (nt)
+    if (nt && !j->nt_defer_fence)
         kt_fence();
 }
 

@@ -1438,6 +1438,11 @@ static int check_cfg(zo_part *p, const zo_part_config *cfg, const zo_optim_confi
     if (oc->no_grad == ZO_OPTIM_NO_GRAD_SKIP)
         return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: ZO_OPTIM_NO_GRAD_SKIP is not supported with partitioning (a shard "
                        "holds pieces of many tensors, updated together)", fn);
+    /* on the whole model: a rank's engine may hold only unquantized groups
+     * (make_inner() then leaves the maps out of its config) */
+    int r = zo__optim_check_maps(oc, &p->err, fn);
+    if (r < 0)
+        return r;
     if (oc->param_dtype == ZO_DTYPE_COUNT || zo_dtype_size(oc->param_dtype) == 0)
         return ZO_FAIL(&p->err, ZO_ECONFIG, "%s: param_dtype is not set", fn);
     for (unsigned g = 0; g < oc->ngroups; g++) {
@@ -1487,6 +1492,14 @@ static int make_inner(zo_part *p, const zo_optim_config *oc, unsigned ninner)
     ic.groups = ig;
     ic.ngroups = ninner;
     ic.grad_dtype = ZO_DTYPE_F32;
+    /* the maps reach every rank's quantized groups; a rank that owns no
+     * shard of them would refuse a map it does not use (checked on the
+     * whole model in check_cfg()) */
+    unsigned users = zo__q_map_users(&ic);
+    if (!(users & 1u << ZO_OPTIM_STATE_EXP_AVG))
+        ic.state_map_m = ZO_QMAP_COUNT;
+    if (!(users & 1u << ZO_OPTIM_STATE_EXP_AVG_SQ))
+        ic.state_map_v = ZO_QMAP_COUNT;
     p->fp.struct_size = sizeof(p->fp);
     zo_optim_estimate(&ic, 0, &p->fp); /* create reports what it refuses */
     if ((r = zo_optim_create(&p->inner, &ic)) < 0)

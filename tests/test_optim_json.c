@@ -156,6 +156,15 @@ START_TEST(test_quantized_states)
 }
 END_TEST
 
+/* Parse `text` and apply it to c and g: both must succeed. */
+static void apply_ok(const char *text, zo_optim_config *c, zo_optim_group *g)
+{
+    zo_optim_json *j = NULL;
+    ck_assert_msg(zo_optim_json_parse(text, strlen(text), &j) == 0, "%s: %s", text, zo_last_error_detail());
+    ck_assert_int_eq(zo_optim_json_apply(j, c, g), 0);
+    zo_optim_json_free(&j);
+}
+
 /* "state_map_m" / "state_map_v" (any case) set the engine's code maps of
  * the quantized moments; left out, the config keeps its maps. */
 START_TEST(test_quantized_state_maps)
@@ -179,26 +188,18 @@ START_TEST(test_quantized_state_maps)
         char t[160];
         snprintf(t, sizeof(t), "{\"zoffload\": {\"state_dtype\": \"q4\", \"state_map_m\": \"%s\", \"state_map_v\": \"%s\"}}",
                  ok[i].m, ok[i].v);
-        zo_optim_json *j = NULL;
-        ck_assert_msg(zo_optim_json_parse(t, strlen(t), &j) == 0, "%s: %s", t, zo_last_error_detail());
-        ck_assert_int_eq(zo_optim_json_apply(j, &c, &g), 0);
+        apply_ok(t, &c, &g);
         ck_assert_uint_eq(g.state_bits, 4);
         ck_assert_int_eq(c.state_map_m, ok[i].wm);
         ck_assert_int_eq(c.state_map_v, ok[i].wv);
-        zo_optim_json_free(&j);
         /* one key alone sets that map only, and a config without them keeps the maps */
-        const char *t2 = "{\"zoffload\": {\"state_dtype\": \"q8\", \"state_map_v\": \"linear\"}}";
-        ck_assert_int_eq(zo_optim_json_parse(t2, strlen(t2), &j), 0);
-        ck_assert_int_eq(zo_optim_json_apply(j, &c, &g), 0);
-        ck_assert_int_eq(c.state_map_m, ok[i].wm);
-        ck_assert_int_eq(c.state_map_v, ZO_QMAP_LINEAR_UNSIGNED);
-        zo_optim_json_free(&j);
-        const char *t3 = "{\"zoffload\": {\"state_dtype\": \"q8\"}}";
-        ck_assert_int_eq(zo_optim_json_parse(t3, strlen(t3), &j), 0);
-        ck_assert_int_eq(zo_optim_json_apply(j, &c, &g), 0);
-        ck_assert_int_eq(c.state_map_m, ok[i].wm);
-        ck_assert_int_eq(c.state_map_v, ZO_QMAP_LINEAR_UNSIGNED);
-        zo_optim_json_free(&j);
+        const char *const more[] = {"{\"zoffload\": {\"state_dtype\": \"q8\", \"state_map_v\": \"linear\"}}",
+                                    "{\"zoffload\": {\"state_dtype\": \"q8\"}}"};
+        for (int k = 0; k < 2; k++) {
+            apply_ok(more[k], &c, &g);
+            ck_assert_int_eq(c.state_map_m, ok[i].wm);
+            ck_assert_int_eq(c.state_map_v, ZO_QMAP_LINEAR_UNSIGNED);
+        }
     }
 }
 END_TEST

@@ -172,6 +172,13 @@ static zo_qmap run_map(const run *r, int k, int bits)
     return k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : vmap(bits);
 }
 
+/* Load checkpoint `name` under root into r's engine; `what` names the load in a failure. */
+static void run_load(run *r, const char *root, const char *name, const char *what)
+{
+    int rc = zo_optim_load(r->o, root, name, NULL, 0);
+    ck_assert_msg(rc == 0, "%s: %s (%s)", what, zo_strerror(rc), zo_optim_errmsg(r->o));
+}
+
 static void run_create(run *r)
 {
     int rc = zo_optim_create(&r->o, &r->cfg);
@@ -537,6 +544,19 @@ static void requantized(const run *r, float **x, int k, int requant, float *flat
     }
 }
 
+/* a: an engine of q8 and q4 groups (NVMe placement with nvme) that took
+ * two steps and saved them as `name` under root; returns its states
+ * (export_all()). */
+static float **trained_saved(run *a, int nvme, const char *root, const char *name)
+{
+    run_init(a, nvme, 8, 4);
+    run_create(a);
+    run_step(a, 1, 1);
+    run_step(a, 2, 1);
+    ck_assert_int_eq(zo_optim_save(a->o, root, name, 0, NULL), 0);
+    return export_all(a);
+}
+
 /* Loads across state types: a q8/q4 checkpoint into fp32 states holds the
  * dequantized moments exactly; saved again and loaded into q8/q4 states,
  * the kernel's quantization of those; into bf16 states, the moments
@@ -546,24 +566,17 @@ START_TEST(test_q_load_across_types)
     char root[256];
     zo_test_mkdtemp(root, sizeof(root));
     run a, f, b, h;
-    run_init(&a, _i, 8, 4);
-    run_create(&a);
-    run_step(&a, 1, 1);
-    run_step(&a, 2, 1);
-    ck_assert_int_eq(zo_optim_save(a.o, root, "q", 0, NULL), 0);
-    float **xa = export_all(&a);
+    float **xa = trained_saved(&a, _i, root, "q");
     run_init(&f, _i, 0, 0);
     run_create(&f);
-    int rc = zo_optim_load(f.o, root, "q", NULL, 0);
-    ck_assert_msg(rc == 0, "q -> f32: %s (%s)", zo_strerror(rc), zo_optim_errmsg(f.o));
+    run_load(&f, root, "q", "q -> f32");
     float **xf = export_all(&f);
     for (int i = 0; i < NT * 3; i++)
         ck_assert_msg(memcmp(xa[i], xf[i], a.numel[i / 3] * 4) == 0, "q -> f32: tensor %d state %d", i / 3, i % 3);
     ck_assert_int_eq(zo_optim_save(f.o, root, "f", 0, NULL), 0);
     run_init(&b, _i, 8, 4);
     run_create(&b);
-    rc = zo_optim_load(b.o, root, "f", NULL, 0);
-    ck_assert_msg(rc == 0, "f32 -> q: %s (%s)", zo_strerror(rc), zo_optim_errmsg(b.o));
+    run_load(&b, root, "f", "f32 -> q");
     /* back in q8/q4: the masters as they were; each moment the kernel's
      * quantization of the dequantized values, per sub-group. v comes back
      * bit for bit (its map holds 1.0, so a block's largest value is its
@@ -588,8 +601,7 @@ START_TEST(test_q_load_across_types)
     run_init(&h, _i, 0, 0);
     h.grp[0].state_dtype = h.grp[1].state_dtype = ZO_DTYPE_BF16;
     run_create(&h);
-    rc = zo_optim_load(h.o, root, "q", NULL, 0);
-    ck_assert_msg(rc == 0, "q -> bf16: %s (%s)", zo_strerror(rc), zo_optim_errmsg(h.o));
+    run_load(&h, root, "q", "q -> bf16");
     for (int i = 0; i < NT; i++) {
         uint16_t *y = malloc(a.numel[i] * 2);
         ck_assert_int_eq(zo_optim_state_export(h.o, (unsigned)i, ZO_OPTIM_STATE_EXP_AVG_SQ, y, ZO_DTYPE_BF16, 0,
@@ -754,17 +766,11 @@ START_TEST(test_q_maps_save_load)
     char root[256];
     zo_test_mkdtemp(root, sizeof(root));
     run a, b, c, d;
-    run_init(&a, _i, 8, 4);
-    run_create(&a);
-    run_step(&a, 1, 1);
-    run_step(&a, 2, 1);
-    ck_assert_int_eq(zo_optim_save(a.o, root, "dflt", 0, NULL), 0);
-    float **xa = export_all(&a);
+    float **xa = trained_saved(&a, _i, root, "dflt");
     run_init(&b, _i, 8, 4);
     run_maps(&b, ZO_QMAP_LINEAR_SIGNED, ZO_QMAP_LINEAR_UNSIGNED_NZ);
     run_create(&b);
-    int rc = zo_optim_load(b.o, root, "dflt", NULL, 0);
-    ck_assert_msg(rc == 0, "default -> linear: %s (%s)", zo_strerror(rc), zo_optim_errmsg(b.o));
+    run_load(&b, root, "dflt", "default -> linear");
     float **xb = export_all(&b);
     float *flat = malloc(a.total * 4), *want = malloc(a.total * 4);
     for (int k = 0; k < 3; k++) {
@@ -795,8 +801,7 @@ START_TEST(test_q_maps_save_load)
     run_init(&c, _i, 8, 4);
     run_maps(&c, ZO_QMAP_LINEAR_SIGNED, ZO_QMAP_LINEAR_UNSIGNED_NZ);
     run_create(&c);
-    rc = zo_optim_load(c.o, root, "lin", NULL, 0);
-    ck_assert_msg(rc == 0, "linear -> linear: %s (%s)", zo_strerror(rc), zo_optim_errmsg(c.o));
+    run_load(&c, root, "lin", "linear -> linear");
     float **xc = export_all(&c);
     for (int i = 0; i < NT * 3; i++)
         ck_assert_msg(memcmp(xb[i], xc[i], a.numel[i / 3] * 4) == 0, "linear -> linear: tensor %d state %d", i / 3,
@@ -814,8 +819,7 @@ START_TEST(test_q_maps_save_load)
     run_init(&d, _i, 8, 4);
     run_create(&d);
     ck_assert_int_eq(zo_optim_save(c.o, root, "lin4", 0, NULL), 0);
-    rc = zo_optim_load(d.o, root, "lin4", NULL, 0);
-    ck_assert_msg(rc == 0, "linear -> default: %s (%s)", zo_strerror(rc), zo_optim_errmsg(d.o));
+    run_load(&d, root, "lin4", "linear -> default");
     float **xd = export_all(&d);
     for (int k = 0; k < 3; k++) {
         requantized(&d, xc, k, k != 0, flat, want);

@@ -1438,11 +1438,6 @@ static int check_cfg(zo_part *p, const zo_part_config *cfg, const zo_optim_confi
     if (oc->no_grad == ZO_OPTIM_NO_GRAD_SKIP)
         return ZO_FAIL(&p->err, ZO_ENOTSUP, "%s: ZO_OPTIM_NO_GRAD_SKIP is not supported with partitioning (a shard "
                        "holds pieces of many tensors, updated together)", fn);
-    /* on the whole model: a rank's engine may hold only unquantized groups
-     * (make_inner() then leaves the maps out of its config) */
-    int r = zo__optim_check_maps(oc, &p->err, fn);
-    if (r < 0)
-        return r;
     if (oc->param_dtype == ZO_DTYPE_COUNT || zo_dtype_size(oc->param_dtype) == 0)
         return ZO_FAIL(&p->err, ZO_ECONFIG, "%s: param_dtype is not set", fn);
     for (unsigned g = 0; g < oc->ngroups; g++) {
@@ -1457,7 +1452,10 @@ static int check_cfg(zo_part *p, const zo_part_config *cfg, const zo_optim_confi
             if (!ug->numel[i] || !ug->dev_params[i])
                 return ZO_FAIL(&p->err, -EINVAL, "%s: group %u tensor %u: numel 0 or dev_params NULL", fn, g, i);
     }
-    return 0;
+    /* on the whole model (the groups checked above): a rank's engine may
+     * hold only unquantized groups, and make_inner() then leaves the maps
+     * out of its config */
+    return zo__optim_check_maps(oc, &p->err, fn);
 }
 
 /* The inner engine: one tensor per group of which this rank owns a shard,

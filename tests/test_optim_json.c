@@ -156,6 +156,54 @@ START_TEST(test_quantized_states)
 }
 END_TEST
 
+/* Parse `text` and apply it to c and g: both must succeed. */
+static void apply_ok(const char *text, zo_optim_config *c, zo_optim_group *g)
+{
+    zo_optim_json *j = NULL;
+    ck_assert_msg(zo_optim_json_parse(text, strlen(text), &j) == 0, "%s: %s", text, zo_last_error_detail());
+    ck_assert_int_eq(zo_optim_json_apply(j, c, g), 0);
+    zo_optim_json_free(&j);
+}
+
+/* "state_map_m" / "state_map_v" (any case) set the engine's code maps of
+ * the quantized moments; left out, the config keeps its maps. */
+START_TEST(test_quantized_state_maps)
+{
+    static const struct {
+        const char *m, *v;
+        zo_qmap wm, wv;
+    } ok[] = {
+        {"dynamic", "dynamic", ZO_QMAP_DYNAMIC_SIGNED, ZO_QMAP_DYNAMIC_UNSIGNED},
+        {"Linear", "LINEAR_NZ", ZO_QMAP_LINEAR_SIGNED, ZO_QMAP_LINEAR_UNSIGNED_NZ},
+        {"linear", "linear", ZO_QMAP_LINEAR_SIGNED, ZO_QMAP_LINEAR_UNSIGNED},
+        {"DYNAMIC", "dynamic_nz", ZO_QMAP_DYNAMIC_SIGNED, ZO_QMAP_DYNAMIC_UNSIGNED_NZ},
+    };
+    for (size_t i = 0; i < sizeof(ok) / sizeof(ok[0]); i++) {
+        zo_optim_config c;
+        zo_optim_config_default(&c);
+        ck_assert_int_eq(c.state_map_m, ZO_QMAP_COUNT);
+        ck_assert_int_eq(c.state_map_v, ZO_QMAP_COUNT);
+        zo_optim_group g;
+        zo_optim_group_default(&g);
+        char t[160];
+        snprintf(t, sizeof(t), "{\"zoffload\": {\"state_dtype\": \"q4\", \"state_map_m\": \"%s\", \"state_map_v\": \"%s\"}}",
+                 ok[i].m, ok[i].v);
+        apply_ok(t, &c, &g);
+        ck_assert_uint_eq(g.state_bits, 4);
+        ck_assert_int_eq(c.state_map_m, ok[i].wm);
+        ck_assert_int_eq(c.state_map_v, ok[i].wv);
+        /* one key alone sets that map only, and a config without them keeps the maps */
+        const char *const more[] = {"{\"zoffload\": {\"state_dtype\": \"q8\", \"state_map_v\": \"linear\"}}",
+                                    "{\"zoffload\": {\"state_dtype\": \"q8\"}}"};
+        for (int k = 0; k < 2; k++) {
+            apply_ok(more[k], &c, &g);
+            ck_assert_int_eq(c.state_map_m, ok[i].wm);
+            ck_assert_int_eq(c.state_map_v, ZO_QMAP_LINEAR_UNSIGNED);
+        }
+    }
+}
+END_TEST
+
 static void expect_bad(const char *text, int code, const char *needle)
 {
     zo_optim_json *j = (zo_optim_json *)0x1;
@@ -209,6 +257,16 @@ START_TEST(test_bad_values)
     expect_bad("{\"zoffload\": {\"state_dtype\": \"q8\", \"state_block\": 384}}", ZO_ECONFIG, "not a power of two");
     expect_bad("{\"zoffload\": {\"state_block\": 256}}", ZO_ECONFIG, "needs state_dtype q8 or q4");
     expect_bad("{\"zoffload\": {\"state_dtype\": \"q8\", \"state_block\": 8192}}", ZO_ECONFIG, "out of range");
+    expect_bad("{\"zoffload\": {\"state_dtype\": \"q8\", \"state_map_m\": \"dynamic_nz\"}}", ZO_ECONFIG,
+               "zoffload.state_map_m: \"dynamic_nz\" is not one of dynamic, linear");
+    expect_bad("{\"zoffload\": {\"state_dtype\": \"q4\", \"state_map_v\": \"signed\"}}", ZO_ECONFIG,
+               "zoffload.state_map_v: \"signed\" is not one of dynamic, dynamic_nz, linear, linear_nz");
+    expect_bad("{\"zoffload\": {\"state_dtype\": \"q8\", \"state_map_v\": 3}}", ZO_ECONFIG,
+               "zoffload.state_map_v: 3 is not");
+    expect_bad("{\"zoffload\": {\"state_map_m\": \"linear\"}}", ZO_ECONFIG,
+               "zoffload.state_map_m: \"linear\": a code map of quantized states: needs state_dtype q8 or q4");
+    expect_bad("{\"zoffload\": {\"state_dtype\": \"bf16\", \"state_map_v\": \"linear\"}}", ZO_ECONFIG,
+               "needs state_dtype q8 or q4");
     expect_bad("{\"gradient_clipping\": 1, \"gradient_clipping\": 2}", ZO_ECONFIG, "appears twice");
     /* not JSON, not an object, trailing bytes */
     expect_bad("{\"fp16\": {", ZO_EFORMAT, "not valid JSON");
@@ -300,6 +358,7 @@ static Suite *json_suite(void)
     tcase_add_test(tc, test_deepspeed_file_maps);
     tcase_add_test(tc, test_partial_and_adam_modes);
     tcase_add_test(tc, test_quantized_states);
+    tcase_add_test(tc, test_quantized_state_maps);
     tcase_add_test(tc, test_typos_name_the_closest_key);
     tcase_add_test(tc, test_bad_values);
     tcase_add_test(tc, test_auto_resolved_and_reported);

@@ -51,6 +51,7 @@ typedef struct run {
     uint64_t numel[NT], off[NT], total, goff[2], gn[2];
     int bits[2];
     zo_cpuadam_hparams hp[2];
+    zo_qmap mm, mv; /* the maps set (zo_optim_config.state_map_m / _v); ZO_QMAP_COUNT: the defaults */
     /* reference */
     float *master;
     void *out;
@@ -84,6 +85,7 @@ static void run_init(run *r, int nvme, int q0, int q1)
     r->pdt = ZO_DTYPE_BF16;
     r->bits[0] = q0;
     r->bits[1] = q1;
+    r->mm = r->mv = ZO_QMAP_COUNT;
     uint64_t off = 0;
     for (int i = 0; i < NT; i++) {
         r->numel[i] = i < NT0 ? g0_numel[i] : g1_numel[i - NT0];
@@ -152,6 +154,29 @@ static void run_init(run *r, int nvme, int q0, int q1)
     }
     r->cfg.groups = r->grp;
     r->cfg.ngroups = 2;
+}
+
+/* Give r's engine (and its reference) the maps m and v. */
+static void run_maps(run *r, zo_qmap m, zo_qmap v)
+{
+    r->cfg.state_map_m = r->mm = m;
+    r->cfg.state_map_v = r->mv = v;
+}
+
+/* The map of r's moment k (1 m, 2 v) at `bits`: the one set, else the default. */
+static zo_qmap run_map(const run *r, int k, int bits)
+{
+    zo_qmap set = k == 1 ? r->mm : r->mv;
+    if (set != ZO_QMAP_COUNT)
+        return set;
+    return k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : vmap(bits);
+}
+
+/* Load checkpoint `name` under root into r's engine; `what` names the load in a failure. */
+static void run_load(run *r, const char *root, const char *name, const char *what)
+{
+    int rc = zo_optim_load(r->o, root, name, NULL, 0);
+    ck_assert_msg(rc == 0, "%s: %s (%s)", what, zo_strerror(rc), zo_optim_errmsg(r->o));
 }
 
 static void run_create(run *r)
@@ -228,7 +253,8 @@ static void run_step(run *r, int s, int eng)
         t.grad = g + q->off * wes;
         t.grad_dtype = wdt;
         t.bits = r->bits[q->g];
-        t.map_v = vmap(t.bits);
+        t.map_m = run_map(r, 1, t.bits);
+        t.map_v = run_map(r, 2, t.bits);
         t.m_codes = q->mc;
         t.m_absmax = q->ms;
         t.v_codes = q->vc;
@@ -250,7 +276,7 @@ static void ref_state(const run *r, int k, uint64_t e0, uint64_t n, float *x)
         int b = r->bits[q->g];
         float *all = malloc(q->n * 4);
         ck_assert_int_eq(zo_cpuadam_dequantize(k == 1 ? q->mc : q->vc, k == 1 ? q->ms : q->vs, q->n,
-                                               k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : vmap(b), b,
+                                               run_map(r, k, b), b,
                                                b == 4 ? 128 : 256, all),
                          0);
         for (uint64_t e = q->off > e0 ? q->off : e0; e < q->off + q->n && e < e0 + n; e++)
@@ -508,7 +534,7 @@ static void requantized(const run *r, float **x, int k, int requant, float *flat
         const qsg *q = &r->sg[j];
         int bits = r->bits[q->g];
         size_t B = bits == 4 ? 128 : 256;
-        zo_qmap map = k == 1 ? ZO_QMAP_DYNAMIC_SIGNED : vmap(bits);
+        zo_qmap map = run_map(r, k, bits);
         uint8_t *c = malloc(q->n);
         float *sc = malloc((q->n / 64 + 1) * 4);
         ck_assert_int_eq(zo_cpuadam_quantize(flat + q->off, q->n, map, bits, B, c, sc), 0);
@@ -516,6 +542,19 @@ static void requantized(const run *r, float **x, int k, int requant, float *flat
         free(c);
         free(sc);
     }
+}
+
+/* a: an engine of q8 and q4 groups (NVMe placement with nvme) that took
+ * two steps and saved them as `name` under root; returns its states
+ * (export_all()). */
+static float **trained_saved(run *a, int nvme, const char *root, const char *name)
+{
+    run_init(a, nvme, 8, 4);
+    run_create(a);
+    run_step(a, 1, 1);
+    run_step(a, 2, 1);
+    ck_assert_int_eq(zo_optim_save(a->o, root, name, 0, NULL), 0);
+    return export_all(a);
 }
 
 /* Loads across state types: a q8/q4 checkpoint into fp32 states holds the
@@ -527,24 +566,17 @@ START_TEST(test_q_load_across_types)
     char root[256];
     zo_test_mkdtemp(root, sizeof(root));
     run a, f, b, h;
-    run_init(&a, _i, 8, 4);
-    run_create(&a);
-    run_step(&a, 1, 1);
-    run_step(&a, 2, 1);
-    ck_assert_int_eq(zo_optim_save(a.o, root, "q", 0, NULL), 0);
-    float **xa = export_all(&a);
+    float **xa = trained_saved(&a, _i, root, "q");
     run_init(&f, _i, 0, 0);
     run_create(&f);
-    int rc = zo_optim_load(f.o, root, "q", NULL, 0);
-    ck_assert_msg(rc == 0, "q -> f32: %s (%s)", zo_strerror(rc), zo_optim_errmsg(f.o));
+    run_load(&f, root, "q", "q -> f32");
     float **xf = export_all(&f);
     for (int i = 0; i < NT * 3; i++)
         ck_assert_msg(memcmp(xa[i], xf[i], a.numel[i / 3] * 4) == 0, "q -> f32: tensor %d state %d", i / 3, i % 3);
     ck_assert_int_eq(zo_optim_save(f.o, root, "f", 0, NULL), 0);
     run_init(&b, _i, 8, 4);
     run_create(&b);
-    rc = zo_optim_load(b.o, root, "f", NULL, 0);
-    ck_assert_msg(rc == 0, "f32 -> q: %s (%s)", zo_strerror(rc), zo_optim_errmsg(b.o));
+    run_load(&b, root, "f", "f32 -> q");
     /* back in q8/q4: the masters as they were; each moment the kernel's
      * quantization of the dequantized values, per sub-group. v comes back
      * bit for bit (its map holds 1.0, so a block's largest value is its
@@ -569,8 +601,7 @@ START_TEST(test_q_load_across_types)
     run_init(&h, _i, 0, 0);
     h.grp[0].state_dtype = h.grp[1].state_dtype = ZO_DTYPE_BF16;
     run_create(&h);
-    rc = zo_optim_load(h.o, root, "q", NULL, 0);
-    ck_assert_msg(rc == 0, "q -> bf16: %s (%s)", zo_strerror(rc), zo_optim_errmsg(h.o));
+    run_load(&h, root, "q", "q -> bf16");
     for (int i = 0; i < NT; i++) {
         uint16_t *y = malloc(a.numel[i] * 2);
         ck_assert_int_eq(zo_optim_state_export(h.o, (unsigned)i, ZO_OPTIM_STATE_EXP_AVG_SQ, y, ZO_DTYPE_BF16, 0,
@@ -682,6 +713,129 @@ START_TEST(test_q_load_legacy_record)
     free_all(xb);
     run_free(&a);
     run_free(&b);
+    zo_test_rmtree(root);
+}
+END_TEST
+
+/* The maps the caller chose (zo_optim_config.state_map_m / _v: the linear
+ * ones) are the kernel's: the engine equals zo_cpuadam_team_qstep() with
+ * those maps bit for bit, and reports them. _i: bit 0 NVMe placement, bit
+ * 1 q4 / q8 swapped. */
+START_TEST(test_q_maps_match_kernel)
+{
+    run r;
+    run_init(&r, _i & 1, _i & 2 ? 4 : 8, _i & 2 ? 8 : 4);
+    run_maps(&r, ZO_QMAP_LINEAR_SIGNED, ZO_QMAP_LINEAR_UNSIGNED_NZ);
+    run_create(&r);
+    zo_optim_qstate_info qi = {.struct_size = sizeof(qi)};
+    ck_assert_int_eq(zo_optim_get_qstate_info(r.o, 0, &qi), 0);
+    ck_assert_int_eq(qi.map[ZO_OPTIM_STATE_EXP_AVG], ZO_QMAP_LINEAR_SIGNED);
+    ck_assert_int_eq(qi.map[ZO_OPTIM_STATE_EXP_AVG_SQ], ZO_QMAP_LINEAR_UNSIGNED_NZ);
+    char when[32];
+    for (int s = 1; s <= 3; s++) {
+        run_step(&r, s, 1);
+        snprintf(when, sizeof(when), "linear maps, step %d", s);
+        compare(&r, when);
+    }
+    /* and the maps matter: the default maps' reference has other moments */
+    run d;
+    run_init(&d, 0, r.bits[0], r.bits[1]);
+    for (int s = 1; s <= 3; s++)
+        run_step(&d, s, 0);
+    uint64_t n = r.numel[3];
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    for (int k = 1; k <= 2; k++) {
+        ref_state(&r, k, r.off[3], n, x);
+        ref_state(&d, k, d.off[3], n, y);
+        ck_assert_msg(memcmp(x, y, n * 4) != 0, "moment %d: the linear maps changed nothing", k);
+    }
+    free(x);
+    free(y);
+    run_free(&d);
+    run_free(&r);
+}
+END_TEST
+
+/* A checkpoint of the default maps loads into an engine of the linear
+ * maps: masters as they were, each moment the kernel's quantization of
+ * the dequantized old one with the new map (close to it); that engine's
+ * checkpoints record its maps, reload bit for bit into an engine of the
+ * same maps and convert back into one of the defaults. Host and NVMe. */
+START_TEST(test_q_maps_save_load)
+{
+    char root[256];
+    zo_test_mkdtemp(root, sizeof(root));
+    run a, b, c, d;
+    float **xa = trained_saved(&a, _i, root, "dflt");
+    run_init(&b, _i, 8, 4);
+    run_maps(&b, ZO_QMAP_LINEAR_SIGNED, ZO_QMAP_LINEAR_UNSIGNED_NZ);
+    run_create(&b);
+    run_load(&b, root, "dflt", "default -> linear");
+    float **xb = export_all(&b);
+    float *flat = malloc(a.total * 4), *want = malloc(a.total * 4);
+    for (int k = 0; k < 3; k++) {
+        requantized(&b, xa, k, k != 0, flat, want);
+        for (int i = 0; i < NT; i++) {
+            ck_assert_msg(memcmp(want + a.off[i], xb[i * 3 + k], a.numel[i] * 4) == 0,
+                          "default -> linear: tensor %d state %d", i, k);
+            /* close to the originals: within a linear step of the block's absmax */
+            for (uint64_t j = 0; j < a.numel[i] && k; j++) {
+                float o = xa[i * 3 + k][j], g = xb[i * 3 + k][j];
+                ZO_EXPECT(fabsf(g - o) <= 0.15f * fabsf(o) + 1e-3f, "tensor %d state %d elem %llu: %g from %g", i,
+                          k, (unsigned long long)j, (double)g, (double)o);
+            }
+        }
+        if (k)
+            ck_assert_msg(memcmp(flat, want, a.total * 4) != 0, "state %d: converted to the same values", k);
+    }
+    run_step(&b, 3, 1);
+    ck_assert_int_eq(zo_optim_save(b.o, root, "lin", 0, NULL), 0);
+    char *st = record_states(root, "lin"), exp[96];
+    snprintf(exp, sizeof(exp), "\"states\":[\"q8/256/%d/%d\",\"q4/128/%d/%d\"]", ZO_QMAP_LINEAR_SIGNED,
+             ZO_QMAP_LINEAR_UNSIGNED_NZ, ZO_QMAP_LINEAR_SIGNED, ZO_QMAP_LINEAR_UNSIGNED_NZ);
+    ck_assert_msg(strcmp(st, exp) == 0, "linear record: %s", st);
+    free(st);
+    free_all(xb);
+    xb = export_all(&b);
+    /* the same maps: bit for bit, and both train on alike */
+    run_init(&c, _i, 8, 4);
+    run_maps(&c, ZO_QMAP_LINEAR_SIGNED, ZO_QMAP_LINEAR_UNSIGNED_NZ);
+    run_create(&c);
+    run_load(&c, root, "lin", "linear -> linear");
+    float **xc = export_all(&c);
+    for (int i = 0; i < NT * 3; i++)
+        ck_assert_msg(memcmp(xb[i], xc[i], a.numel[i / 3] * 4) == 0, "linear -> linear: tensor %d state %d", i / 3,
+                      i % 3);
+    run_step(&b, 4, 1);
+    run_step(&c, 4, 1);
+    free_all(xb);
+    free_all(xc);
+    xb = export_all(&b);
+    xc = export_all(&c);
+    for (int i = 0; i < NT * 3; i++)
+        ck_assert_msg(memcmp(xb[i], xc[i], a.numel[i / 3] * 4) == 0, "step 4: tensor %d state %d", i / 3, i % 3);
+    free_all(xb);
+    /* back into the default maps: converted */
+    run_init(&d, _i, 8, 4);
+    run_create(&d);
+    ck_assert_int_eq(zo_optim_save(c.o, root, "lin4", 0, NULL), 0);
+    run_load(&d, root, "lin4", "linear -> default");
+    float **xd = export_all(&d);
+    for (int k = 0; k < 3; k++) {
+        requantized(&d, xc, k, k != 0, flat, want);
+        for (int i = 0; i < NT; i++)
+            ck_assert_msg(memcmp(want + a.off[i], xd[i * 3 + k], a.numel[i] * 4) == 0,
+                          "linear -> default: tensor %d state %d", i, k);
+    }
+    free(flat);
+    free(want);
+    free_all(xa);
+    free_all(xc);
+    free_all(xd);
+    run_free(&a);
+    run_free(&b);
+    run_free(&c);
+    run_free(&d);
     zo_test_rmtree(root);
 }
 END_TEST
@@ -1139,6 +1293,82 @@ START_TEST(test_q_refusals)
 }
 END_TEST
 
+/* What create (and the estimate) refuse of state_map_m / state_map_v: an
+ * m map not signed, a v map not signed... unsigned, values out of range,
+ * and maps nothing would use (no quantized group; a v map with only Lion,
+ * which keeps no v). The accepted ones create. */
+START_TEST(test_q_maps_refusals)
+{
+    run r;
+    run_init(&r, 0, 8, 4);
+    zo_optim *o = NULL;
+    zo_optim_group g[2];
+    zo_optim_config c;
+    zo_cpuadam_hparams lion;
+    ck_assert_int_eq(zo_cpuadam_hparams_default(&lion, ZO_OPTIM_LION), 0);
+    static const struct {
+        int m, v, q0, q1, lion; /* maps; state_bits of the groups; both groups Lion */
+        const char *needle;
+    } bad[] = {
+        {ZO_QMAP_DYNAMIC_UNSIGNED, ZO_QMAP_COUNT, 8, 4, 0, "state_map_m 1: m is signed"},
+        {ZO_QMAP_LINEAR_UNSIGNED_NZ, ZO_QMAP_COUNT, 8, 4, 0, "state_map_m 5: m is signed"},
+        {ZO_QMAP_COUNT, ZO_QMAP_DYNAMIC_SIGNED, 8, 4, 0, "state_map_v 0: v is unsigned"},
+        {ZO_QMAP_COUNT, ZO_QMAP_LINEAR_SIGNED, 8, 4, 0, "state_map_v 2: v is unsigned"},
+        {ZO_QMAP_COUNT + 1, ZO_QMAP_COUNT, 8, 4, 0, "state_map_m 7"},
+        {-1, ZO_QMAP_COUNT, 8, 4, 0, "state_map_m -1"},
+        {ZO_QMAP_COUNT, 99, 8, 4, 0, "state_map_v 99"},
+        {ZO_QMAP_LINEAR_SIGNED, ZO_QMAP_COUNT, 0, 0, 0, "no group has quantized states"},
+        {ZO_QMAP_COUNT, ZO_QMAP_LINEAR_UNSIGNED, 0, 0, 0, "no group has a quantized v"},
+        {ZO_QMAP_COUNT, ZO_QMAP_LINEAR_UNSIGNED, 8, 4, 1, "no group has a quantized v"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        c = r.cfg;
+        memcpy(g, r.grp, sizeof(g));
+        c.groups = g;
+        c.state_map_m = (zo_qmap)bad[i].m;
+        c.state_map_v = (zo_qmap)bad[i].v;
+        g[0].state_bits = (uint16_t)bad[i].q0;
+        g[1].state_bits = (uint16_t)bad[i].q1;
+        if (bad[i].lion)
+            g[0].hparams = g[1].hparams = &lion;
+        int rc = zo_optim_create(&o, &c);
+        ck_assert_msg(rc == ZO_ECONFIG, "case %zu: rc %d (%s)", i, rc, zo_last_error_detail());
+        ck_assert_msg(strstr(zo_last_error_detail(), bad[i].needle) != NULL, "case %zu: detail: %s", i,
+                      zo_last_error_detail());
+        ck_assert_ptr_null(o);
+        zo_optim_footprint f = {.struct_size = sizeof(f)};
+        ck_assert_int_eq(zo_optim_estimate(&c, ZO_DEV_HOST, &f), ZO_ECONFIG);
+    }
+    /* accepted: an m map with only Lion (its one moment), and every valid pair */
+    c = r.cfg;
+    memcpy(g, r.grp, sizeof(g));
+    c.groups = g;
+    g[0].hparams = g[1].hparams = &lion;
+    c.state_map_m = ZO_QMAP_LINEAR_SIGNED;
+    ck_assert_msg(zo_optim_create(&o, &c) == 0, "Lion with an m map: %s", zo_last_error_detail());
+    zo_optim_destroy(&o);
+    static const zo_qmap ms[] = {ZO_QMAP_DYNAMIC_SIGNED, ZO_QMAP_LINEAR_SIGNED};
+    static const zo_qmap vs[] = {ZO_QMAP_DYNAMIC_UNSIGNED, ZO_QMAP_LINEAR_UNSIGNED, ZO_QMAP_DYNAMIC_UNSIGNED_NZ,
+                                 ZO_QMAP_LINEAR_UNSIGNED_NZ};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            c = r.cfg;
+            c.state_map_m = ms[i];
+            c.state_map_v = vs[j];
+            ck_assert_msg(zo_optim_create(&o, &c) == 0, "maps %d/%d: %s", ms[i], vs[j], zo_last_error_detail());
+            zo_optim_qstate_info qi = {.struct_size = sizeof(qi)};
+            zo_optim_info info = {.struct_size = sizeof(info)};
+            ck_assert_int_eq(zo_optim_get_info(o, &info), 0);
+            ck_assert_int_eq(zo_optim_get_qstate_info(o, info.nsubgroups - 1, &qi), 0); /* group 1's (q4) */
+            ck_assert_int_eq(qi.bits, 4);
+            ck_assert_int_eq(qi.map[ZO_OPTIM_STATE_EXP_AVG], ms[i]);
+            ck_assert_int_eq(qi.map[ZO_OPTIM_STATE_EXP_AVG_SQ], vs[j]);
+            zo_optim_destroy(&o);
+        }
+    run_free(&r);
+}
+END_TEST
+
 /* The estimate knows the quantized bytes, and create makes what it says. */
 START_TEST(test_q_estimate)
 {
@@ -1217,5 +1447,8 @@ int main(int argc, char **argv)
     tcase_add_test(tc, test_q_raw_waits_for_update);
     tcase_add_test(tc, test_q_raw_refusals);
     tcase_add_test(tc, test_q_estimate);
+    tcase_add_loop_test(tc, test_q_maps_match_kernel, 0, 4);
+    tcase_add_loop_test(tc, test_q_maps_save_load, 0, 2);
+    tcase_add_test(tc, test_q_maps_refusals);
     return zo_test_run(s);
 }

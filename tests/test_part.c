@@ -1139,6 +1139,65 @@ START_TEST(test_part_bad_config)
 }
 END_TEST
 
+/* The code maps of quantized states (zo_optim_config.state_map_m / _v):
+ * checked on the whole model (refused where no group would use them), and
+ * reaching every rank's quantized groups; a rank that owns no shard of the
+ * quantized group still creates (its engine would refuse maps it does not
+ * use), while its neighbours' engines take them. */
+START_TEST(test_part_state_maps)
+{
+    mdl m;
+    fake f;
+    zo_comm c;
+    zo_part_config pcfg;
+    fake_setup(&m, &one, NULL, &f, &c, &pcfg);
+    zo_part *p = NULL;
+    m.cfg.state_map_m = ZO_QMAP_LINEAR_SIGNED; /* no group has state_bits */
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ECONFIG);
+    ck_assert_msg(strstr(zo_last_error_detail(), "zo_part_create: state_map_m 2 is set but no group"), "%s",
+                  zo_last_error_detail());
+    m.grp[0].state_bits = m.grp[1].state_bits = 8;
+    m.cfg.state_map_v = ZO_QMAP_LINEAR_SIGNED;
+    ck_assert_int_eq(zo_part_create(&p, &pcfg), ZO_ECONFIG);
+    ck_assert_msg(strstr(zo_last_error_detail(), "state_map_v 2: v is unsigned"), "%s", zo_last_error_detail());
+    ck_assert_ptr_null(p);
+    /* group 0: q8, 2 elements (shards are even: at 3 ranks rank 0 owns both, ranks 1 and 2 none);
+     * group 1: fp32 states */
+    static const uint64_t two[] = {2}, rest[] = {3001};
+    zo_optim_group tg[2];
+    for (int g = 0; g < 2; g++) {
+        zo_optim_group_default(&tg[g]);
+        tg[g].ntensors = 1;
+        tg[g].numel = g ? rest : two;
+        tg[g].dev_params = m.dparam + g;
+    }
+    tg[0].state_bits = 8;
+    m.cfg.groups = tg;
+    m.cfg.ngroups = 2;
+    m.cfg.state_map_v = ZO_QMAP_LINEAR_UNSIGNED_NZ;
+    for (unsigned r = 0; r < 3; r++) {
+        fake_comm(&c, &f, r, 3);
+        int rc = zo_part_create(&p, &pcfg);
+        ck_assert_msg(rc == 0, "rank %u: %s (%s)", r, zo_strerror(rc), zo_last_error_detail());
+        zo_optim_info info = {.struct_size = sizeof(info)};
+        ck_assert_int_eq(zo_optim_get_info(zo_part_optim(p), &info), 0);
+        unsigned nq = 0;
+        for (unsigned k = 0; k < info.nsubgroups; k++) {
+            zo_optim_qstate_info qi = {.struct_size = sizeof(qi)};
+            ck_assert_int_eq(zo_optim_get_qstate_info(zo_part_optim(p), k, &qi), 0);
+            if (!qi.bits)
+                continue;
+            nq++;
+            ck_assert_int_eq(qi.map[ZO_OPTIM_STATE_EXP_AVG], ZO_QMAP_LINEAR_SIGNED);
+            ck_assert_int_eq(qi.map[ZO_OPTIM_STATE_EXP_AVG_SQ], ZO_QMAP_LINEAR_UNSIGNED_NZ);
+        }
+        ck_assert_msg(nq == (r == 0), "rank %u: %u quantized sub-groups", r, nq); /* its shard of group 0, if any */
+        zo_part_destroy(&p);
+    }
+    mdl_free(&m);
+}
+END_TEST
+
 /* ---- checkpoints -------------------------------------------------------------------- */
 
 /* Train save_at steps, save, train to `steps` (params A); then a new
@@ -1680,6 +1739,7 @@ int main(void)
     tcase_add_test(tcc, test_part_comm_fails);
     tcase_add_test(tcc, test_part_async_comm_fails);
     tcase_add_test(tcc, test_part_bad_config);
+    tcase_add_test(tcc, test_part_state_maps);
     suite_add_tcase(s, tcc);
     return zo_test_run(s);
 }

@@ -324,6 +324,18 @@ typedef struct zo_optim_config {
                                       call (zo_optim_param_device()); no copy at the step call. Default 0 */
     zo_optim_no_grad no_grad;    /**< tensors without a gradient in a window: ZO_OPTIM_NO_GRAD_ZERO (default)
                                       or ZO_OPTIM_NO_GRAD_SKIP (see "Tensors without a gradient") */
+
+    /* ---- added later: the struct grew; callers built before pass the shorter struct and get the defaults ---- */
+    zo_qmap state_map_m;         /**< code map of m in the groups with state_bits: ZO_QMAP_DYNAMIC_SIGNED or
+                                      ZO_QMAP_LINEAR_SIGNED (m is signed). ZO_QMAP_COUNT (default): the per-width
+                                      default, ZO_QMAP_DYNAMIC_SIGNED. Set without any quantized group: ZO_ECONFIG
+                                      (it would be ignored) */
+    zo_qmap state_map_v;         /**< code map of v in the groups with state_bits: ZO_QMAP_DYNAMIC_UNSIGNED,
+                                      ZO_QMAP_LINEAR_UNSIGNED, ZO_QMAP_DYNAMIC_UNSIGNED_NZ or
+                                      ZO_QMAP_LINEAR_UNSIGNED_NZ (v >= 0). ZO_QMAP_COUNT (default): the per-width
+                                      default, DYNAMIC_UNSIGNED for q8 and DYNAMIC_UNSIGNED_NZ for q4 (see
+                                      "Quantized states" in docs/optim.md). Lion keeps no v: set when no quantized
+                                      group has a v (none, or only Lion ones): ZO_ECONFIG (it would be ignored) */
 } zo_optim_config;
 
 /** Fill *cfg with the defaults listed above. NULL ignored. */
@@ -348,7 +360,9 @@ ZO_API void zo_optim_config_default(zo_optim_config *cfg);
  *         buffer_count, hyperparameters, speculative mode with Adagrad/Lion/bf16 states,
  *         NVMe placement without nvme_path or swap; state_bits not 0/8/4,
  *         state_block not a power of two in [64, 4096], state_bits with bf16
- *         state_dtype, the speculative step or ZO_OPTIM_NO_GRAD_SKIP...; the
+ *         state_dtype, the speculative step or ZO_OPTIM_NO_GRAD_SKIP; a
+ *         state_map_m not signed, a state_map_v not unsigned, or either set
+ *         without a quantized group that has that state...; the
  *         detail names the field); -EEXIST (two tensors with one name);
  *         ZO_EBUDGET (pinned_bytes cannot hold what the placement needs: the
  *         detail says how much); ZO_ENOTSUP (a feature not available in this

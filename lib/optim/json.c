@@ -37,7 +37,7 @@ enum vid {
     V_OFF_DEVICE, V_NVME_PATH, V_PIN, V_BUFCNT,
     V_AIO_BS, V_AIO_QD, V_AIO_THREADS, V_AIO_SS, V_AIO_OE, V_AIO_GDS,
     V_PINNED_BYTES, V_STAGING, V_CLIP_MODE, V_NONFINITE, V_NO_GRAD, V_DPU, V_DPU_WARMUP, V_DPU_DOUBLE, V_NTHREADS, V_NUMA,
-    V_STATE_DTYPE, V_GRAD_DTYPE, V_STATE_BLOCK,
+    V_STATE_DTYPE, V_GRAD_DTYPE, V_STATE_BLOCK, V_STATE_MAP_M, V_STATE_MAP_V,
     V_COUNT
 };
 
@@ -181,6 +181,8 @@ static const keydef k_ours[] = {
     {"numa_node", T_INT, V_NUMA, -1, 4095, NULL},
     {"state_dtype", T_STR, V_STATE_DTYPE, 0, 0, NULL},
     {"state_block", T_INT, V_STATE_BLOCK, 64, 4096, NULL},
+    {"state_map_m", T_STR, V_STATE_MAP_M, 0, 0, NULL},
+    {"state_map_v", T_STR, V_STATE_MAP_V, 0, 0, NULL},
     {"grad_dtype", T_STR, V_GRAD_DTYPE, 0, 0, NULL},
     {NULL, 0, V_NONE, 0, 0, NULL},
 };
@@ -475,6 +477,14 @@ static int state_type(const char *str, zo_dtype *dt, int *bits)
     return zo_dtype_parse(str, dt) < 0 || (*dt != ZO_DTYPE_F32 && *dt != ZO_DTYPE_BF16) ? -EINVAL : 0;
 }
 
+/* zoffload.state_map_m / state_map_v: the names and the zo_qmap each means
+ * (m is signed, v unsigned; "_nz": the map without its zero) */
+static const char *const k_map_m_names[] = {"dynamic", "linear"};
+static const zo_qmap k_map_m[] = {ZO_QMAP_DYNAMIC_SIGNED, ZO_QMAP_LINEAR_SIGNED};
+static const char *const k_map_v_names[] = {"dynamic", "dynamic_nz", "linear", "linear_nz"};
+static const zo_qmap k_map_v[] = {ZO_QMAP_DYNAMIC_UNSIGNED, ZO_QMAP_DYNAMIC_UNSIGNED_NZ, ZO_QMAP_LINEAR_UNSIGNED,
+                                  ZO_QMAP_LINEAR_UNSIGNED_NZ};
+
 static int str_choice(const jval *v, const char *const *names, unsigned n, const char *const *also, unsigned *out)
 {
     for (unsigned i = 0; i < n; i++)
@@ -545,6 +555,17 @@ static int validate(zo_optim_json *j)
     if (v[V_STATE_BLOCK].set && (!bits || ((uint64_t)v[V_STATE_BLOCK].num & ((uint64_t)v[V_STATE_BLOCK].num - 1))))
         return ZO_FAIL(NULL, ZO_ECONFIG, "zoffload.state_block: %g: %s", v[V_STATE_BLOCK].num,
                        bits ? "not a power of two" : "a block of quantized states: needs state_dtype q8 or q4");
+    for (int s = V_STATE_MAP_M; s <= V_STATE_MAP_V; s++) {
+        if (!v[s].set)
+            continue;
+        if (s == V_STATE_MAP_M)
+            ZO_CHECK(str_choice(&v[s], k_map_m_names, ZO_ARRAY_LEN(k_map_m_names), NULL, &dummy));
+        else
+            ZO_CHECK(str_choice(&v[s], k_map_v_names, ZO_ARRAY_LEN(k_map_v_names), NULL, &dummy));
+        if (!bits)
+            return ZO_FAIL(NULL, ZO_ECONFIG, "%s: \"%s\": a code map of quantized states: needs state_dtype q8 or q4",
+                           v[s].path, esc(v[s].str, (char[ESC_LEN]){0}));
+    }
     if (v[V_GRAD_DTYPE].set && (zo_dtype_parse(v[V_GRAD_DTYPE].str, &dt) < 0 ||
                                 (dt != ZO_DTYPE_F32 && dt != ZO_DTYPE_BF16 && dt != ZO_DTYPE_F16)))
         return ZO_FAIL(NULL, ZO_ECONFIG, "zoffload.grad_dtype: \"%s\" is not fp32, fp16 or bf16",
@@ -904,6 +925,14 @@ ZO_API int zo_optim_json_apply(zo_optim_json *j, zo_optim_config *cfg, zo_optim_
     } else if (!group && v[V_STATE_DTYPE].set) {
         REPORT("note: zoffload.state_dtype is a group setting: pass a group to zo_optim_json_apply to use it\n");
     }
+    /* engine settings (every quantized group's), validated with state_dtype */
+    unsigned mi;
+    if (v[V_STATE_MAP_M].set &&
+        str_choice(&v[V_STATE_MAP_M], k_map_m_names, ZO_ARRAY_LEN(k_map_m_names), NULL, &mi) == 0)
+        c.state_map_m = k_map_m[mi];
+    if (v[V_STATE_MAP_V].set &&
+        str_choice(&v[V_STATE_MAP_V], k_map_v_names, ZO_ARRAY_LEN(k_map_v_names), NULL, &mi) == 0)
+        c.state_map_v = k_map_v[mi];
 
     if (j->unused)
         REPORT("%s", j->unused);

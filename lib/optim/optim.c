@@ -67,6 +67,8 @@ void zo_optim_config_default(zo_optim_config *cfg)
     cfg->clip_mode = ZO_OPTIM_CLIP_TWO_PASS;
     cfg->nonfinite = ZO_OPTIM_NONFINITE_ERROR;
     cfg->no_grad = ZO_OPTIM_NO_GRAD_ZERO;
+    cfg->state_map_m = ZO_QMAP_COUNT; /* the per-width default (zo__q_default_maps()) */
+    cfg->state_map_v = ZO_QMAP_COUNT;
     cfg->dpu_warmup_steps = 1;
     cfg->numa_node = -1;
 }
@@ -148,6 +150,51 @@ static void states_used(zo_optim_kind k, int used[ZO_OPTIM_STATE_COUNT])
     used[ZO_OPTIM_STATE_MASTER] = 1;
     used[ZO_OPTIM_STATE_EXP_AVG] = k != ZO_OPTIM_ADAGRAD;
     used[ZO_OPTIM_STATE_EXP_AVG_SQ] = k != ZO_OPTIM_LION;
+}
+
+unsigned zo__q_map_users(const zo_optim_config *cfg)
+{
+    unsigned u = 0;
+    for (unsigned g = 0; g < cfg->ngroups; g++) {
+        const zo_optim_group *ug = &cfg->groups[g];
+        int used[ZO_OPTIM_STATE_COUNT];
+        if (!ug->state_bits)
+            continue;
+        states_used(ug->hparams ? ug->hparams->kind : cfg->hparams.kind, used);
+        for (int k = ZO_OPTIM_STATE_EXP_AVG; k <= ZO_OPTIM_STATE_EXP_AVG_SQ; k++)
+            if (used[k])
+                u |= 1u << k;
+    }
+    return u;
+}
+
+int zo__optim_check_maps(const zo_optim_config *cfg, zo_errbuf *eb, const char *fn)
+{
+    zo_qmap m = cfg->state_map_m, v = cfg->state_map_v;
+    /* the kernel takes any map for either state, but a signed map spends
+     * half its codes on negative v's that never occur, and an unsigned one
+     * cannot hold a negative m */
+    if (m != ZO_QMAP_COUNT && m != ZO_QMAP_DYNAMIC_SIGNED && m != ZO_QMAP_LINEAR_SIGNED)
+        return ZO_FAIL(eb, ZO_ECONFIG, "%s: state_map_m %d: m is signed: ZO_QMAP_DYNAMIC_SIGNED (%d), "
+                       "ZO_QMAP_LINEAR_SIGNED (%d), or ZO_QMAP_COUNT (%d) for the default", fn, (int)m,
+                       (int)ZO_QMAP_DYNAMIC_SIGNED, (int)ZO_QMAP_LINEAR_SIGNED, (int)ZO_QMAP_COUNT);
+    if (v != ZO_QMAP_COUNT && v != ZO_QMAP_DYNAMIC_UNSIGNED && v != ZO_QMAP_LINEAR_UNSIGNED &&
+        v != ZO_QMAP_DYNAMIC_UNSIGNED_NZ && v != ZO_QMAP_LINEAR_UNSIGNED_NZ)
+        return ZO_FAIL(eb, ZO_ECONFIG, "%s: state_map_v %d: v is unsigned: ZO_QMAP_DYNAMIC_UNSIGNED (%d), "
+                       "ZO_QMAP_LINEAR_UNSIGNED (%d), ZO_QMAP_DYNAMIC_UNSIGNED_NZ (%d), ZO_QMAP_LINEAR_UNSIGNED_NZ "
+                       "(%d), or ZO_QMAP_COUNT (%d) for the default", fn, (int)v, (int)ZO_QMAP_DYNAMIC_UNSIGNED,
+                       (int)ZO_QMAP_LINEAR_UNSIGNED, (int)ZO_QMAP_DYNAMIC_UNSIGNED_NZ,
+                       (int)ZO_QMAP_LINEAR_UNSIGNED_NZ, (int)ZO_QMAP_COUNT);
+    /* a map nothing uses would be ignored without a word: the caller
+     * meant some state to be quantized with it */
+    unsigned u = zo__q_map_users(cfg);
+    if (m != ZO_QMAP_COUNT && !(u & 1u << ZO_OPTIM_STATE_EXP_AVG))
+        return ZO_FAIL(eb, ZO_ECONFIG, "%s: state_map_m %d is set but no group has quantized states (state_bits 8 "
+                       "or 4): it would be ignored; leave it ZO_QMAP_COUNT", fn, (int)m);
+    if (v != ZO_QMAP_COUNT && !(u & 1u << ZO_OPTIM_STATE_EXP_AVG_SQ))
+        return ZO_FAIL(eb, ZO_ECONFIG, "%s: state_map_v %d is set but no group has a quantized v (state_bits 8 or "
+                       "4, and not Lion, which keeps no v): it would be ignored; leave it ZO_QMAP_COUNT", fn, (int)v);
+    return 0;
 }
 
 /* step, grad_scale and clip_coef belong to the engine (its update count,
@@ -315,6 +362,9 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: more than 2^24 tensors");
         nt += ug->ntensors;
     }
+    int r = zo__optim_check_maps(cfg, &o->err, "zo_optim_create");
+    if (r < 0)
+        return r;
     o->groups = calloc(cfg->ngroups, sizeof(*o->groups));
     o->tensors = calloc(nt, sizeof(*o->tensors));
     if (!o->groups || !o->tensors)
@@ -341,6 +391,14 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
         og->qbits = ug->state_bits;
         og->qblock = ug->state_block ? ug->state_block : ug->state_bits == 4 ? 128 : 256;
         zo__q_default_maps(og->qbits, zo__optim_legacy_qmaps, og->qmap);
+        /* the caller's maps (checked above); the legacy hook, which makes
+         * old-format checkpoints in tests, still wins */
+        if (og->qbits && !zo__optim_legacy_qmaps) {
+            if (cfg->state_map_m != ZO_QMAP_COUNT)
+                og->qmap[ZO_OPTIM_STATE_EXP_AVG] = cfg->state_map_m;
+            if (cfg->state_map_v != ZO_QMAP_COUNT)
+                og->qmap[ZO_OPTIM_STATE_EXP_AVG_SQ] = cfg->state_map_v;
+        }
         if (og->qbits != 0 && og->qbits != 8 && og->qbits != 4)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u state_bits %d (0: state_dtype, 8: q8, 4: q4)",
                            g, og->qbits);
@@ -355,7 +413,7 @@ static int layout(zo_optim *o, const zo_optim_config *cfg, int with_sgs)
         if (og->hp.struct_size != sizeof(zo_cpuadam_hparams) || og->hp.kind < 0 || og->hp.kind >= ZO_OPTIM_KIND_COUNT)
             return ZO_FAIL(&o->err, ZO_ECONFIG, "zo_optim_create: group %u hparams not filled by "
                            "zo_cpuadam_hparams_default()", g);
-        int r = check_engine_fields(o, &og->hp, g, "zo_optim_create");
+        r = check_engine_fields(o, &og->hp, g, "zo_optim_create");
         if (r < 0)
             return r;
         r = check_hparams(o, &og->hp, g, og->sdt);

@@ -63,7 +63,8 @@ typedef struct zo__og {
      * so a sub-group's state is one extent (one read, one write). */
     int qbits;
     size_t qblock;
-    zo_qmap qmap[ZO_OPTIM_STATE_COUNT]; /* with qbits: the code map of m and v (zo__q_default_maps()) */
+    zo_qmap qmap[ZO_OPTIM_STATE_COUNT]; /* with qbits: the code map of m and v (zo__q_default_maps(), or
+                                           zo_optim_config's state_map_m / state_map_v) */
     unsigned first_tensor, ntensors;
     unsigned first_sg, nsg;
     uint64_t off, numel;
@@ -109,6 +110,17 @@ static inline void zo__q_default_maps(int bits, int legacy, zo_qmap map[ZO_OPTIM
     map[ZO_OPTIM_STATE_EXP_AVG] = ZO_QMAP_DYNAMIC_SIGNED;
     map[ZO_OPTIM_STATE_EXP_AVG_SQ] = bits == 4 && !legacy ? ZO_QMAP_DYNAMIC_UNSIGNED_NZ : ZO_QMAP_DYNAMIC_UNSIGNED;
 }
+
+/* Which states zo_optim_config's state_map_m / state_map_v apply to: bit
+ * 1 << ZO_OPTIM_STATE_EXP_AVG when a group with state_bits keeps m, 1 <<
+ * ZO_OPTIM_STATE_EXP_AVG_SQ when one keeps v (Lion keeps no v). */
+unsigned zo__q_map_users(const zo_optim_config *cfg);
+
+/* cfg's state_map_m / state_map_v: in range, of their state's sign, and
+ * set only where a quantized group uses them; else ZO_ECONFIG naming `fn`.
+ * Also the partitioned engine's, on the whole model: a rank may own only
+ * unquantized groups. */
+int zo__optim_check_maps(const zo_optim_config *cfg, zo_errbuf *eb, const char *fn);
 
 /* whether og's maps are the legacy ones (the record and the config
  * fingerprint then leave them out, as before maps could differ) */

@@ -1452,7 +1452,10 @@ static int check_cfg(zo_part *p, const zo_part_config *cfg, const zo_optim_confi
             if (!ug->numel[i] || !ug->dev_params[i])
                 return ZO_FAIL(&p->err, -EINVAL, "%s: group %u tensor %u: numel 0 or dev_params NULL", fn, g, i);
     }
-    return 0;
+    /* on the whole model (the groups checked above): a rank's engine may
+     * hold only unquantized groups, and make_inner() then leaves the maps
+     * out of its config */
+    return zo__optim_check_maps(oc, &p->err, fn);
 }
 
 /* The inner engine: one tensor per group of which this rank owns a shard,
@@ -1487,6 +1490,14 @@ static int make_inner(zo_part *p, const zo_optim_config *oc, unsigned ninner)
     ic.groups = ig;
     ic.ngroups = ninner;
     ic.grad_dtype = ZO_DTYPE_F32;
+    /* the maps reach every rank's quantized groups; a rank that owns no
+     * shard of them would refuse a map it does not use (checked on the
+     * whole model in check_cfg()) */
+    unsigned users = zo__q_map_users(&ic);
+    if (!(users & 1u << ZO_OPTIM_STATE_EXP_AVG))
+        ic.state_map_m = ZO_QMAP_COUNT;
+    if (!(users & 1u << ZO_OPTIM_STATE_EXP_AVG_SQ))
+        ic.state_map_v = ZO_QMAP_COUNT;
     p->fp.struct_size = sizeof(p->fp);
     zo_optim_estimate(&ic, 0, &p->fp); /* create reports what it refuses */
     if ((r = zo_optim_create(&p->inner, &ic)) < 0)

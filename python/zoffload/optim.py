@@ -39,6 +39,27 @@ STATES = {"master": STATE_MASTER, "exp_avg": STATE_EXP_AVG, "exp_avg_sq": STATE_
 ZO_DTYPE_COUNT = 6
 # block-wise quantized moments (zo_optim_group.state_bits): q8 and q4
 QSTATES = {"q8": 8, "q4": 4}
+# their code maps (zo_qmap; zo_optim_config.state_map_m / state_map_v, JSON's
+# names): m is signed, v unsigned ("_nz": without a zero). QMAP_DEFAULT
+# (ZO_QMAP_COUNT): the per-width default, dynamic m, v dynamic (q8) or
+# dynamic_nz (q4)
+QMAPS_M = {"dynamic": 0, "linear": 2}
+QMAPS_V = {"dynamic": 1, "linear": 3, "dynamic_nz": 4, "linear_nz": 5}
+QMAP_DEFAULT = 6
+
+
+def qmap_id(which, v):
+    """The zo_qmap id of a state_map_m (which "m") or state_map_v ("v")
+    value: a name of QMAPS_M / QMAPS_V (any case), an int (passed on: the
+    engine checks it), or None: QMAP_DEFAULT. Other names: ValueError."""
+    if v is None:
+        return QMAP_DEFAULT
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v
+    names = QMAPS_M if which == "m" else QMAPS_V
+    if isinstance(v, str) and v.lower() in names:
+        return names[v.lower()]
+    raise ValueError("state_map_%s %r: one of %s (or a zo_qmap id)" % (which, v, ", ".join(names)))
 _DT = {"f32": arrays.F32, "float32": arrays.F32, "f16": arrays.F16, "float16": arrays.F16,
        "bf16": arrays.BF16, "bfloat16": arrays.BF16}
 
@@ -76,7 +97,9 @@ class OptimConfig(ctypes.Structure):
                 ("max_grad_norm", c_double), ("grad_accum_steps", c_uint), ("clip_mode", c_int),
                 ("nonfinite", c_int), ("dpu", c_int), ("dpu_warmup_steps", c_uint),
                 ("nthreads", c_int), ("numa_node", c_int), ("dpu_double_buffer", c_int),
-                ("no_grad", c_int)]
+                ("no_grad", c_int),
+                # appended later (optim.h): the code maps of quantized moments
+                ("state_map_m", c_int), ("state_map_v", c_int)]
 
 
 class OptimStepOpts(ctypes.Structure):
@@ -280,6 +303,8 @@ def _config(groups, dev_handle, kind, kw, who):
             v = {"error": NONFINITE_ERROR, "skip": NONFINITE_SKIP}[v]
         elif k == "no_grad" and isinstance(v, str):
             v = {"zero": NO_GRAD_ZERO, "skip": NO_GRAD_SKIP}[v]
+        elif k in ("state_map_m", "state_map_v"):
+            v = qmap_id(k[-1], v)
         elif k in ("dev", "groups", "ngroups", "hparams", "struct_size", "swap"):
             raise TypeError(who + ": %r is set by the bindings" % k)
         if not hasattr(cfg, k) or k.startswith("_"):
@@ -412,7 +437,10 @@ class Engine(_lib.Handle):
     loss_scale, initial_scale_power, loss_scale_window, hysteresis,
     consecutive_hysteresis, min_loss_scale, max_grad_norm, grad_accum_steps,
     clip_mode, nonfinite, dpu, dpu_warmup_steps, nthreads, numa_node,
-    dpu_double_buffer, no_grad: "zero" or "skip", see optim.h), and
+    dpu_double_buffer, no_grad: "zero" or "skip", state_map_m: "dynamic" or
+    "linear", state_map_v: "dynamic", "dynamic_nz", "linear" or "linear_nz"
+    (the code maps of every q8/q4 group's m and v, or zo_qmap ids; None:
+    the default; see optim.h), and
     the default hyperparameters (kind, lr, betas, eps, weight_decay,
     bias_correction). `device` is a :class:`Device` (default: a host one).
     """

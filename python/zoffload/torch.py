@@ -363,6 +363,10 @@ def _engine_kw(opt, dt, *, offload_device, nthreads, numa_node, pin_memory, no_g
         kw["pinned_bytes"] = int(pinned_bytes)
     if buffer_count:
         kw["buffer_count"] = int(buffer_count)
+    # the code maps of q8/q4 moments, only when chosen (None: the engine's defaults)
+    for k in ("state_map_m", "state_map_v"):
+        if getattr(opt, k, None) is not None:
+            kw[k] = getattr(opt, k)
     kw.update(opt._scaler_cfg)
     return kw
 
@@ -948,6 +952,11 @@ class OffloadOptimizer(torch.optim.Optimizer):
                      bit); save() keeps them as they are too (docs/pytorch.md)
     state_block:     with "q8"/"q4": elements per absmax scale, a power of
                      two in [64, 4096] (default 256 for q8, 128 for q4)
+    state_map_m, state_map_v: with "q8"/"q4": the code maps of m ("dynamic",
+                     "linear") and v ("dynamic", "dynamic_nz", "linear",
+                     "linear_nz"; not with Lion, which keeps no v). None
+                     (default): dynamic m, v "dynamic" for q8 and
+                     "dynamic_nz" for q4 (docs/optim.md "Quantized states")
     nthreads:        CPU threads of the update (default: the CPUs this process may use)
     numa_node:       NUMA node for the pinned buffers (-1: the engine's choice)
     offload_device:  "cpu" (pinned host memory) or "nvme"
@@ -991,7 +1000,7 @@ class OffloadOptimizer(torch.optim.Optimizer):
                  sub_group_size=None, pinned_bytes=None, pin_memory=True,
                  buffer_count=None, clip_mode="two_pass", no_grad=None, maximize=False,
                  foreach=None, fused=None, capturable=False, differentiable=False,
-                 process_group=None, bucket_bytes=None, state_block=None):
+                 process_group=None, bucket_bytes=None, state_block=None, state_map_m=None, state_map_v=None):
         defaults = dict(defaults, maximize=bool(maximize), foreach=foreach, fused=fused,
                         capturable=capturable, differentiable=differentiable)
         self._built = False
@@ -1004,8 +1013,14 @@ class OffloadOptimizer(torch.optim.Optimizer):
         quant = isinstance(state_dtype, str)
         if quant:
             self._check_qstate(state_dtype, state_block, clip_mode, no_grad)
-        elif state_block is not None:
-            raise ValueError("state_block is the block of quantized states: it needs state_dtype='q8' or 'q4'")
+            self._check_qmaps(state_map_m, state_map_v)
+        else:
+            for k, v in (("state_block", state_block), ("state_map_m", state_map_m), ("state_map_v", state_map_v)):
+                if v is not None:
+                    raise ValueError("%s is a setting of quantized states: it needs state_dtype='q8' or 'q4'" % k)
+        # the code maps (None: the engine's per-width defaults); _engine_kw() passes them on
+        self.state_map_m = state_map_m.lower() if isinstance(state_map_m, str) else state_map_m
+        self.state_map_v = state_map_v.lower() if isinstance(state_map_v, str) else state_map_v
         if no_grad is None:
             # the engine's quantized step updates every element (no_grad "zero" only)
             no_grad = "zero" if many or quant else "skip"
@@ -1101,6 +1116,22 @@ class OffloadOptimizer(torch.optim.Optimizer):
             if b != state_block or b < 64 or b > 4096 or b & (b - 1):
                 raise ValueError("%s: state_block must be a power of two in [64, 4096], not %r"
                                  % (name, state_block))
+
+    def _check_qmaps(self, state_map_m, state_map_v):
+        """Refuse, by name, maps the engine would refuse: unknown names, and
+        a v map for Lion (it keeps no v: the map would be ignored)."""
+        from . import optim as _optim
+        name = type(self).__name__
+        for which, v in (("m", state_map_m), ("v", state_map_v)):
+            if v is None:
+                continue
+            try:
+                _optim.qmap_id(which, v)
+            except ValueError as e:
+                raise ValueError("%s: %s" % (name, e)) from None
+        if state_map_v is not None and "exp_avg_sq" not in self._state_names:
+            raise ValueError("%s: state_map_v=%r: %s keeps no v (only m is quantized): leave it None"
+                             % (name, state_map_v, name))
 
     def _check_group_flags(self, g):
         """torch.optim's keywords this optimizer does not implement, refused
@@ -1765,7 +1796,7 @@ def from_deepspeed_config(params, config):
     "optimizer" {type, params}, "gradient_clipping", "fp16" (loss scaling)
     and "zero_optimization"."offload_optimizer" {device, pin_memory, ...},
     and zoffload's own "zoffload" {"state_dtype": "fp32"/"bf16"/"q8"/"q4",
-    "state_block"}. Keys that do not apply to one device are ignored; unknown optimizer
+    "state_block", "state_map_m", "state_map_v"}. Keys that do not apply to one device are ignored; unknown optimizer
     types and an unusable offload device raise ValueError."""
     if not isinstance(config, dict):
         with open(config) as f:
@@ -1819,5 +1850,9 @@ def from_deepspeed_config(params, config):
         kw["state_dtype"] = states[sd]
     if zo.get("state_block"):
         kw["state_block"] = int(zo["state_block"])
+    # the code maps of q8/q4 moments (names as in JSON: the optimizer checks them)
+    for k in ("state_map_m", "state_map_v"):
+        if zo.get(k) is not None:
+            kw[k] = str(zo[k])
     return cls(params, **hp, **kw)
 

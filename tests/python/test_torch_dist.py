@@ -755,13 +755,17 @@ def test_pytorch_md_torchrun_example_runs(tmp_path):
     assert len(ck["optimizer"]["state"]) == 4 and ck["optimizer"]["state"][0]["step"].item() == 100
 
 
-@pytest.mark.parametrize("q", ["q8", "q4"])
-def test_quantized_states_equal_one_rank(group, q):
+@pytest.mark.parametrize("q,maps", [("q8", {}), ("q4", {}),
+                                    ("q4", dict(state_map_m="linear", state_map_v="linear_nz"))])
+def test_quantized_states_equal_one_rank(group, q, maps):
     """state_dtype="q8"/"q4" through the partitioned engine (world 1) ==
-    the single-rank engine with the same q states, bit for bit; the
-    consolidated state dict holds the dequantized moments."""
+    the single-rank engine with the same q states (and code maps), bit for
+    bit; the consolidated state dict holds the dequantized moments."""
     import torch
-    (m1, o1), (m2, o2) = _pair(torch, group, state_dtype=q)
+    (m1, o1), (m2, o2) = _pair(torch, group, state_dtype=q, **maps)
+    if maps:
+        # the maps reach the rank's engine through zo_part_create's template
+        assert o2._eb.inner.qstate_info(0)["maps"] == {"exp_avg": 2, "exp_avg_sq": 5}
     assert _train(torch, o1, m1, 4) == _train(torch, o2, m2, 4)
     assert _same(torch, m1, m2)
     ref, full = o1.state_dict()["state"], o2.consolidated_state_dict()["state"]

@@ -81,17 +81,21 @@ def test_engine_refuses_bad_block():
         optim.estimate([{"numel": [1000], "state_dtype": "q8", "state_block": 100}], param_dtype="f32")
 
 
-@pytest.mark.parametrize("q", ["q8", "q4"])
-def test_equals_engine_driven_directly(q):
+LINEAR_MAPS = dict(state_map_m="linear", state_map_v="linear_nz")
+
+
+@pytest.mark.parametrize("q,maps", [("q8", {}), ("q4", {}), ("q8", LINEAR_MAPS), ("q4", LINEAR_MAPS)])
+def test_equals_engine_driven_directly(q, maps):
     # the torch wrapper adds nothing to the engine's arithmetic: the same
     # gradients through optim.Engine give the same parameters, bit for bit
+    # (with the maps chosen: the optimizer hands them to its engine)
     m1, data = model(), batches(15)
     m2 = copy.deepcopy(m1)
-    opt = OffloadAdamW(m1.parameters(), state_dtype=q, nthreads=2, **HP)
+    opt = OffloadAdamW(m1.parameters(), state_dtype=q, nthreads=2, **maps, **HP)
     assert opt.no_grad == "zero"
     e = optim.Engine([{"numel": [p.numel() for p in m2.parameters()], "state_dtype": q}],
                      param_dtype="f32", kind="adamw", lr=HP["lr"], betas=HP["betas"],
-                     weight_decay=HP["weight_decay"], nthreads=2, no_grad="zero")
+                     weight_decay=HP["weight_decay"], nthreads=2, no_grad="zero", **maps)
     for i, p in enumerate(m2.parameters()):
         e.import_state(i, "master", p.detach().reshape(-1).numpy().copy())
         for nm in ("exp_avg", "exp_avg_sq"):
@@ -449,3 +453,109 @@ def test_quantized_state_dict_engine_calls():
     with pytest.raises(ZoError, match="code bytes"):
         e.qstate_export(1, "exp_avg", torch.empty(72, dtype=torch.uint8), torch.empty(2))
     e.close()
+
+
+# ------------------------------------------------- the code maps (state_map_m / state_map_v)
+
+def _maps_of(o):
+    """The maps o's engine uses (zo_optim_get_qstate_info of sub-group 0)."""
+    return o._eb.engines[0][1].qstate_info(0)["maps"]
+
+
+def test_state_maps_reach_the_engine():
+    # names (any case) and ids land in zo_optim_config's fields at their offsets
+    n = [1000, 300]
+    for kw, want in ((dict(), {"exp_avg": 0, "exp_avg_sq": 4}),
+                     (dict(state_map_m="LINEAR", state_map_v="linear_nz"), {"exp_avg": 2, "exp_avg_sq": 5}),
+                     (dict(state_map_m=2, state_map_v=3), {"exp_avg": 2, "exp_avg_sq": 3}),
+                     (dict(state_map_v="dynamic"), {"exp_avg": 0, "exp_avg_sq": 1})):
+        e = optim.Engine([{"numel": n, "state_dtype": "q4"}], param_dtype="f32", nthreads=2, **kw)
+        assert e.qstate_info(0)["maps"] == want, kw
+        e.close()
+    fields = [f for f, _ in optim.OptimConfig._fields_]
+    assert fields[-2:] == ["state_map_m", "state_map_v"]
+    cfg = optim._lib.new_struct("zo_optim_config")
+    assert cfg.state_map_m == cfg.state_map_v == optim.QMAP_DEFAULT
+
+
+def test_engine_refuses_bad_maps():
+    q8 = [{"numel": [1000], "state_dtype": "q8"}]
+    with pytest.raises(ValueError, match="dynamic, linear"):
+        optim.estimate(q8, param_dtype="f32", state_map_m="dynamic_nz")
+    with pytest.raises(ValueError, match="linear_nz"):
+        optim.estimate(q8, param_dtype="f32", state_map_v="signed")
+    # ids the engine refuses: an unsigned m map, a signed v map, no quantized group
+    with pytest.raises(Exception, match="m is signed"):
+        optim.estimate(q8, param_dtype="f32", state_map_m=1)
+    with pytest.raises(Exception, match="v is unsigned"):
+        optim.estimate(q8, param_dtype="f32", state_map_v=2)
+    with pytest.raises(Exception, match="no group has quantized states"):
+        optim.estimate([{"numel": [1000]}], param_dtype="f32", state_map_m="linear")
+
+
+@pytest.mark.parametrize("q", ["q8", "q4"])
+def test_state_maps_train_and_change_the_states(q):
+    data = batches(12)
+    m1, m2 = model(), model()
+    o1 = _qopt(m1, q)
+    o2 = _qopt(m2, q, **LINEAR_MAPS)
+    assert _maps_of(o2) == {"exp_avg": 2, "exp_avg_sq": 5}
+    l1, l2 = train(m1, o1, data), train(m2, o2, data)
+    assert all(x == x for x in l2) and l2[-1] < l2[0]
+    s1, s2 = o1.state_dict()["state"], o2.state_dict()["state"]
+    for nm in ("exp_avg", "exp_avg_sq"):
+        assert any(not torch.equal(s1[i][nm], s2[i][nm]) for i in s1), nm
+    # state_dict(quantized=True) carries the chosen maps' ids and tables
+    z = o2.state_dict(quantized=True)["zoffload"]["qstate"]
+    bits = 8 if q == "q8" else 4
+    for nm, mid in (("exp_avg", 2), ("exp_avg_sq", 5)):
+        assert z["maps"][nm]["id"] == mid
+        assert torch.equal(z["maps"][nm]["values"], torch.tensor(optim.qmap_values(mid, bits)))
+
+
+def test_state_maps_quantized_state_dict_round_trips():
+    # into the same maps: bit for bit; into the default maps: converted,
+    # exactly as loading the dequantized dict
+    m1, o1 = _trained("q8", **LINEAR_MAPS)
+    sd, plain = o1.state_dict(quantized=True), o1.state_dict()
+    o2 = _qopt(copy.deepcopy(m1), "q8", **LINEAR_MAPS)
+    o2.load_state_dict(copy.deepcopy(sd))
+    _tensors_equal(o2.state_dict(quantized=True)["state"], sd["state"])
+    got, want = [], []
+    for d in (sd, plain):
+        o3 = _qopt(copy.deepcopy(m1), "q8")
+        o3.load_state_dict(copy.deepcopy(d))
+        (got if d is sd else want).append(o3.state_dict(quantized=True))
+    _tensors_equal(got[0]["state"], want[0]["state"])
+    assert got[0]["zoffload"]["qstate"]["maps"]["exp_avg"]["id"] == 0
+
+
+def test_state_maps_refusals():
+    p = list(model().parameters())
+    for kw in (dict(state_map_m="linear"), dict(state_map_v="linear"),
+               dict(state_dtype=torch.bfloat16, state_map_v="linear")):
+        with pytest.raises(ValueError, match="needs state_dtype='q8' or 'q4'"):
+            OffloadAdamW(p, **kw)
+    with pytest.raises(ValueError, match="dynamic, linear"):
+        OffloadAdamW(p, state_dtype="q8", state_map_m="dynamic_nz")
+    with pytest.raises(ValueError, match="linear_nz"):
+        OffloadAdamW(p, state_dtype="q4", state_map_v="log")
+    with pytest.raises(ValueError, match="keeps no v"):
+        OffloadLion(p, state_dtype="q8", state_map_v="linear")
+    # Lion's one moment takes an m map
+    m = model()
+    o = OffloadLion(m.parameters(), lr=1e-3, state_dtype="q8", state_map_m="linear", nthreads=2)
+    assert _maps_of(o)["exp_avg"] == 2
+    assert all(x == x for x in train(m, o, batches(4)))
+
+
+def test_deepspeed_config_state_maps():
+    p = list(model().parameters())
+    cfg = {"optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+           "zoffload": {"state_dtype": "q4", "state_map_m": "Linear", "state_map_v": "dynamic"}}
+    o = from_deepspeed_config(p, cfg)
+    assert o.state_map_m == "linear" and o.state_map_v == "dynamic"
+    assert _maps_of(o) == {"exp_avg": 2, "exp_avg_sq": 1}
+    cfg["zoffload"] = {"state_dtype": "fp32", "state_map_m": "linear"}
+    with pytest.raises(ValueError, match="needs state_dtype"):
+        from_deepspeed_config(p, cfg)

@@ -255,17 +255,24 @@ static int finish_bucket(zo_part *p, const char *fn)
         src = p->stage;
     }
     /* the mean: the sum divided by world in fp32 (one rounding after the
-     * sum; exact for a power-of-two world) */
+     * sum; exact for a power-of-two world). For a power of two, 1/world is
+     * exact and s * (1/world) is the same real number as s / world, rounded
+     * once either way: the same bits, at a multiply's cost instead of a
+     * scalar division's (this loop runs over the whole shard every step) */
     float *d = p->sgrad + p->sgoff[g] + (bk->lo + off - p->slo[g]);
     float w = (float)p->comm.world;
-    if (p->gdt == ZO_DTYPE_F32) {
-        const float *s = src;
+    const float *s = src;
+    if (p->gdt != ZO_DTYPE_F32) {
+        zo_vec_cast(d, ZO_DTYPE_F32, src, p->gdt, (size_t)c);
+        s = d;
+    }
+    if ((p->comm.world & (p->comm.world - 1)) == 0) {
+        float inv = 1.0f / w;
+        for (uint64_t i = 0; i < c; i++)
+            d[i] = s[i] * inv;
+    } else {
         for (uint64_t i = 0; i < c; i++)
             d[i] = s[i] / w;
-    } else {
-        zo_vec_cast(d, ZO_DTYPE_F32, src, p->gdt, (size_t)c);
-        for (uint64_t i = 0; i < c; i++)
-            d[i] = d[i] / w;
     }
     if (++p->ghave[g] == p->gneed[g]) {
         r = zo_optim_grad_host(p->inner, (unsigned)p->ginner[g], p->sgrad + p->sgoff[g], ZO_DTYPE_F32);

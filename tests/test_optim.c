@@ -2519,6 +2519,117 @@ START_TEST(test_optim_nvme_full_disk_reserved)
 }
 END_TEST
 
+/* ---- the framework moves its params (torch: module.to(), p.data = ...) ----------------- */
+
+/* Give every tensor's device params a new buffer (the same bits), tell the
+ * engine, and poison the old one, kept in old[] (never written again). */
+static void move_params(eng *e, void **old)
+{
+    size_t pes = zo_dtype_size(e->m->pdt);
+    for (int i = 0; i < NT; i++) {
+        size_t n = e->m->numel[i] * pes;
+        void *nb = NULL;
+        ck_assert_int_eq(zo_dev_malloc(e->dev, &nb, n), 0);
+        memcpy(nb, e->dparam[i], n);
+        int rc = zo_optim_set_dev_param(e->o, (unsigned)i, nb);
+        ck_assert_msg(rc == 0, "set_dev_param: %s (%s)", zo_strerror(rc), zo_optim_errmsg(e->o));
+        memset(e->dparam[i], 0xA5, n);
+        old[i] = e->dparam[i];
+        e->dparam[i] = nb;
+    }
+}
+
+static void old_untouched(eng *e, void **old)
+{
+    size_t pes = zo_dtype_size(e->m->pdt);
+    for (int i = 0; i < NT; i++) {
+        const unsigned char *b = old[i];
+        for (size_t j = 0; j < e->m->numel[i] * pes; j++)
+            ck_assert_msg(b[j] == 0xA5, "tensor %d: the old device params were written at byte %zu", i, j);
+        zo_dev_free(e->dev, old[i]);
+    }
+}
+
+START_TEST(test_optim_move_params)
+{
+    /* _i: 0 the kernel writes the device params itself (host backend), 1
+     * through the parameter buffer and copies (a GPU's path), 2 DPU (the
+     * copy at the step call) */
+    zo__optim_force_copy = _i == 1;
+    model m;
+    ref r;
+    eng e;
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    e.cfg.max_grad_norm = 1.0;
+    e.cfg.dpu = _i == 2;
+    e.cfg.dpu_warmup_steps = 0;
+    eng_create(&e);
+    void *old[2][NT];
+    int moves = 0;
+    for (int s = 1; s <= 4; s++) {
+        double scale = zo_optim_loss_scale(e.o);
+        for (int i = NT - 1; i >= 0; i--) {
+            fill_grad(&e, i, s, scale);
+            ref_grad(&r, i, e.dgrad[i]);
+            ck_assert_int_eq(zo_optim_grad(e.o, (unsigned)i, e.dgrad[i], NULL), 0);
+        }
+        zo_optim_step_result res = {.struct_size = sizeof(res)};
+        if (_i == 2) {
+            ck_assert_int_eq(zo_optim_step_async(e.o, NULL), 0);
+            /* the update is in flight: refused, nothing changed */
+            void *dummy = e.dparam[0];
+            ck_assert_int_eq(zo_optim_set_dev_param(e.o, 0, dummy), ZO_ESTATE);
+            ck_assert(strstr(zo_optim_errmsg(e.o), "zo_optim_wait") != NULL);
+            ck_assert_int_eq(zo_optim_wait(e.o, &res), 0);
+        } else {
+            ck_assert_int_eq(zo_optim_step(e.o, NULL, &res), 0);
+        }
+        double norm = 0;
+        ck_assert_int_eq(ref_step(&r, scale, 1.0, &norm), 1);
+        char when[48];
+        snprintf(when, sizeof(when), "step %d, after %d moves", s, moves);
+        compare(&e, &r, when);
+        if (s == 1 || s == 2) /* moved twice: the second from the first new buffer */
+            move_params(&e, old[moves++]);
+    }
+    for (int k = 0; k < moves; k++)
+        old_untouched(&e, old[k]);
+    /* init_from_device reads the masters from the new address (bf16 params
+     * widened exactly: the masters become those values) */
+    ck_assert_int_eq(zo_optim_init_from_device(e.o), 0);
+    for (int i = 0; i < NT; i++) {
+        uint64_t n = m.numel[i];
+        float *buf = malloc(n * 4);
+        ck_assert_ptr_nonnull(buf);
+        ck_assert_int_eq(zo_optim_state_export(e.o, (unsigned)i, ZO_OPTIM_STATE_MASTER, buf, ZO_DTYPE_F32, 0, n), 0);
+        const uint16_t *d = e.dparam[i];
+        for (uint64_t j = 0; j < n; j++) {
+            uint32_t bits = (uint32_t)d[j] << 16, got;
+            memcpy(&got, &buf[j], 4);
+            ck_assert_msg(got == bits, "init_from_device: tensor %d elem %llu: %08x != %08x", i,
+                          (unsigned long long)j, got, bits);
+        }
+        free(buf);
+    }
+    /* refusals */
+    ck_assert_int_eq(zo_optim_set_dev_param(NULL, 0, e.dparam[0]), -EINVAL);
+    ck_assert_int_eq(zo_optim_set_dev_param(e.o, NT, e.dparam[0]), -EINVAL);
+    ck_assert_int_eq(zo_optim_set_dev_param(e.o, 0, NULL), -EINVAL);
+    eng_free(&e);
+    ref_free(&r);
+    zo__optim_force_copy = 0;
+    /* dpu_double_buffer: the engine's buffer pairs with the framework's */
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    e.cfg.dpu = 1;
+    e.cfg.dpu_double_buffer = 1;
+    eng_create(&e);
+    ck_assert_int_eq(zo_optim_set_dev_param(e.o, 0, e.dparam[0]), ZO_ENOTSUP);
+    ck_assert(strstr(zo_optim_errmsg(e.o), "dpu_double_buffer") != NULL);
+    eng_free(&e);
+    ref_free(&r);
+}
+END_TEST
+
 int main(void)
 {
     Suite *s = suite_create("optim");
@@ -2554,6 +2665,7 @@ int main(void)
     tcase_add_test(tcc, test_optim_host_malloc);
     tcase_add_test(tcc, test_optim_discard_grads);
     tcase_add_test(tcc, test_optim_nvme_killed_reclaimed);
+    tcase_add_loop_test(tcc, test_optim_move_params, 0, 3);
     suite_add_tcase(s, tcc);
     return zo_test_run(s);
 }

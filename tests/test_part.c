@@ -942,6 +942,61 @@ START_TEST(test_part_comm_fails)
 }
 END_TEST
 
+/* The framework moves its params (torch: module.to(), p.data = ...): after
+ * zo_part_set_dev_param() the gathers land at the new addresses, never the
+ * old ones, and the run goes on as one that never moved. */
+START_TEST(test_part_move_params)
+{
+    mdl a, b;
+    fake fa, fb;
+    zo_comm ca, cb;
+    zo_part_config pa, pb;
+    fake_setup(&a, &one, NULL, &fa, &ca, &pa);
+    fake_setup(&b, &one, NULL, &fb, &cb, &pb);
+    zo_part *A = NULL, *B = NULL;
+    ck_assert_int_eq(zo_part_create(&A, &pa), 0);
+    ck_assert_int_eq(zo_part_create(&B, &pb), 0);
+    ck_assert_int_eq(zo_part_init_from_device(A), 0);
+    ck_assert_int_eq(zo_part_init_from_device(B), 0);
+    size_t pes = zo_dtype_size(b.pdt);
+    void *old[NT];
+    for (int s = 0; s < 3; s++) {
+        ck_assert_int_eq(hand_all(A, &a), 0);
+        ck_assert_int_eq(hand_all(B, &b), 0);
+        ck_assert_int_eq(zo_part_step(A, NULL), 0);
+        ck_assert_int_eq(zo_part_step(B, NULL), 0);
+        if (s == 0) {
+            for (int i = 0; i < NT; i++) {
+                size_t n = numel_of(i) * pes;
+                void *nb = NULL;
+                ck_assert_int_eq(zo_dev_malloc(b.dev, &nb, n), 0);
+                memcpy(nb, b.dparam[i], n);
+                ck_assert_int_eq(zo_part_set_dev_param(B, (unsigned)i, nb), 0);
+                memset(b.dparam[i], 0xA5, n);
+                old[i] = b.dparam[i];
+                b.dparam[i] = nb;
+            }
+        }
+        for (int i = 0; i < NT; i++)
+            ck_assert_msg(memcmp(a.dparam[i], b.dparam[i], numel_of(i) * pes) == 0,
+                          "step %d: tensor %d's params at the new address differ from the unmoved run's", s, i);
+    }
+    for (int i = 0; i < NT; i++) {
+        const unsigned char *o = old[i];
+        for (size_t j = 0; j < numel_of(i) * pes; j++)
+            ck_assert_msg(o[j] == 0xA5, "tensor %d: the old address was written at byte %zu", i, j);
+        zo_dev_free(b.dev, old[i]);
+    }
+    ck_assert_int_eq(zo_part_set_dev_param(NULL, 0, b.dparam[0]), -EINVAL);
+    ck_assert_int_eq(zo_part_set_dev_param(B, NT, b.dparam[0]), -EINVAL);
+    ck_assert_int_eq(zo_part_set_dev_param(B, 0, NULL), -EINVAL);
+    zo_part_destroy(&A);
+    zo_part_destroy(&B);
+    mdl_free(&a);
+    mdl_free(&b);
+}
+END_TEST
+
 /* The asynchronous callbacks of a fake comm: requests are numbered in
  * start order; wait checks that order, counts, and fails where told. */
 typedef struct afake {
@@ -1737,6 +1792,7 @@ int main(void)
     TCase *tcc = tcase_create("contract");
     tcase_set_timeout(tcc, 120);
     tcase_add_test(tcc, test_part_comm_fails);
+    tcase_add_test(tcc, test_part_move_params);
     tcase_add_test(tcc, test_part_async_comm_fails);
     tcase_add_test(tcc, test_part_bad_config);
     tcase_add_test(tcc, test_part_state_maps);

@@ -850,6 +850,23 @@ ZO_API int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
  */
 ZO_API int zo_optim_param_device(zo_optim *o, unsigned index, void **dev, struct zo_event **ready);
 
+/**
+ * The framework moved tensor `index`'s device params to `dev_param` (a new
+ * buffer of the same numel and param_dtype, on the engine's device: a
+ * framework that reallocates a parameter, as torch's module.to() or
+ * `p.data = ...` do): from now on the engine writes the updated params
+ * there, and zo_optim_init_from_device() reads them from there. The old
+ * address is never touched again (the framework may have freed it). Only
+ * between updates: nothing in flight or waiting to be collected. Not with
+ * `dpu_double_buffer` (the engine's second buffer takes turns with the
+ * framework's: a new address would break the pairing). Caller's thread.
+ * @return 0; -EINVAL (NULL o or dev_param, index out of range); -ENOENT
+ *         (the tensor's group has no dev_params); ZO_ESTATE (an update in
+ *         flight or not collected: zo_optim_wait() first); ZO_ENOTSUP
+ *         (dpu_double_buffer).
+ */
+ZO_API int zo_optim_set_dev_param(zo_optim *o, unsigned index, void *dev_param);
+
 /* ---- save / load ----------------------------------------------------------------------- */
 
 /**

@@ -262,6 +262,17 @@ ZO_API int zo_part_wait(zo_part *p, zo_optim_step_result *res);
  */
 ZO_API int zo_part_push_params(zo_part *p);
 
+/**
+ * The framework moved tensor `index`'s params (its index over all groups,
+ * as zo_part_grad() counts) to `dev_param`: a new buffer of the same numel
+ * and param dtype on the engine's device. The all-gathers from now on copy
+ * the params there (an update in flight under DPU included: its params are
+ * gathered into the new address), zo_part_init_from_device() reads them
+ * from there. Local, not collective: each rank re-points its own tensors.
+ * @return 0; -EINVAL (NULL p or dev_param, index out of range).
+ */
+ZO_API int zo_part_set_dev_param(zo_part *p, unsigned index, void *dev_param);
+
 /** zo_optim_set_lr() of group `group` (a template group index). @return as zo_optim_set_lr(). */
 ZO_API int zo_part_set_lr(zo_part *p, unsigned group, double lr);
 

@@ -1892,6 +1892,31 @@ int zo_optim_set_tensor_step(zo_optim *o, unsigned index, int64_t step)
     return 0;
 }
 
+int zo_optim_set_dev_param(zo_optim *o, unsigned index, void *dev_param)
+{
+    zo__enter(o);
+    if (!o || !dev_param || index >= o->nt)
+        return ZO_FAIL(o ? &o->err : NULL, -EINVAL, "zo_optim_set_dev_param: %s",
+                       !o || !dev_param ? "NULL argument" : "index out of range");
+    zo__ot *t = &o->tensors[index];
+    if (!t->dev)
+        return ZO_FAIL(&o->err, -ENOENT, "zo_optim_set_dev_param: tensor %u (%s) has no dev_params", index, t->name);
+    if (o->dbl)
+        return ZO_FAIL(&o->err, ZO_ENOTSUP, "zo_optim_set_dev_param: dpu_double_buffer: the engine's second buffer "
+                       "takes turns with the framework's, whose address is fixed at create");
+    /* the worker reads devb[] while it writes an update's params out (and a
+     * collected DPU update's push reads it): only between updates */
+    pthread_mutex_lock(&o->lock);
+    int busy = o->ws != ZO__W_IDLE || o->push_pending;
+    if (!busy)
+        t->dev = t->devb[0] = t->devb[1] = dev_param;
+    pthread_mutex_unlock(&o->lock);
+    if (busy)
+        return ZO_FAIL(&o->err, ZO_ESTATE, "zo_optim_set_dev_param: an update is in flight or not collected: call "
+                       "zo_optim_wait() first");
+    return 0;
+}
+
 int zo_optim_param_buffer(zo_optim *o, unsigned index, const void **host)
 {
     zo__enter(o);

@@ -633,6 +633,19 @@ int zo_part_push_params(zo_part *p)
     return gather_params(p, fn);
 }
 
+int zo_part_set_dev_param(zo_part *p, unsigned index, void *dev_param)
+{
+    enter(p);
+    if (!p || !dev_param || index >= p->nt)
+        return ZO_FAIL(p ? &p->err : NULL, -EINVAL, "zo_part_set_dev_param: %s",
+                       !p || !dev_param ? "NULL argument" : "tensor index out of range");
+    /* read only by gather_params() and zo_part_init_from_device(), both in
+     * the caller's thread: the inner engine's update in flight writes the
+     * flat shard, never these */
+    p->tdev[index] = dev_param;
+    return 0;
+}
+
 int zo_part_set_lr(zo_part *p, unsigned group, double lr)
 {
     enter(p);

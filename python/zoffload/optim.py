@@ -226,6 +226,8 @@ def _declare():
         d("zo_optim_set_step", c_int, [c_void_p, c_i64])
     if lib.has("zo_optim_discard_grads"):
         d("zo_optim_discard_grads", c_int, [c_void_p])
+    if lib.has("zo_optim_set_dev_param"):
+        d("zo_optim_set_dev_param", c_int, [c_void_p, c_uint, c_void_p])
     if lib.has("zo_optim_tensor_step"):
         d("zo_optim_tensor_step", c_int, [c_void_p, c_uint, P(c_i64)])
         d("zo_optim_set_tensor_step", c_int, [c_void_p, c_uint, c_i64])
@@ -550,6 +552,14 @@ class Engine(_lib.Handle):
 
     def push_params(self):
         self._c(lib.zo_optim_push_params(self._live()), "zo_optim_push_params")
+
+    def set_dev_param(self, i, addr):
+        """Tensor i's device params moved to `addr` (same numel and dtype):
+        the engine writes and reads them there from now on
+        (zo_optim_set_dev_param; between updates only)."""
+        if not lib.has("zo_optim_set_dev_param"):
+            raise _lib._errors.LibraryNotFound("%s has no zo_optim_set_dev_param (built before it)" % lib.path)
+        self._c(lib.zo_optim_set_dev_param(self._live(), int(i), c_void_p(int(addr))), "zo_optim_set_dev_param")
 
     # -------------------------------------------------------------- gradients
     def grad_host(self, i, grad):

@@ -87,6 +87,8 @@ def _declare():
         d("zo_part_push_params", c_int, [c_void_p])
     if lib.has("zo_part_wait"):
         d("zo_part_wait", c_int, [c_void_p, P(_optim.OptimStepResult)])
+    if lib.has("zo_part_set_dev_param"):
+        d("zo_part_set_dev_param", c_int, [c_void_p, c_uint, c_void_p])
     _declared = True
 
 
@@ -386,6 +388,13 @@ class PartEngine(_lib.Handle):
         if not lib.has("zo_part_push_params"):
             raise _lib._errors.LibraryNotFound("%s has no zo_part_push_params (built before it)" % lib.path)
         self._c(lib.zo_part_push_params(self._live()), "zo_part_push_params")
+
+    def set_dev_param(self, i, addr):
+        """Tensor i's params moved to `addr` (same numel and dtype): the
+        gathers copy them there from now on (zo_part_set_dev_param; local)."""
+        if not lib.has("zo_part_set_dev_param"):
+            raise _lib._errors.LibraryNotFound("%s has no zo_part_set_dev_param (built before it)" % lib.path)
+        self._c(lib.zo_part_set_dev_param(self._live(), int(i), c_void_p(int(addr))), "zo_part_set_dev_param")
 
     def inner(self):
         """The inner engine of this rank's shards (zo_part_optim) as an

@@ -79,6 +79,7 @@ import torch
 from . import arrays
 from . import ckpt as _ckpt
 from . import cpuadam as _ca
+from . import errors as _lib_errors
 # parameter offload and the tiled linear live in their own modules (neither
 # imports this one at load time) and are part of zoffload.torch
 from .torch_params import offload_parameters, restore_parameters, ParamOffload, ParamBudgetError
@@ -390,6 +391,44 @@ class _BackendCommon:
             self.handed_idx.add(i)
             p.grad = None
 
+    def _follow_params(self, repoint):
+        """Parameters whose storage moved since the engine took their
+        addresses (self._ptrs: (index, address)): torch's module.to() and
+        `p.data = ...` give a parameter new memory and free the old, and
+        Hugging Face's Trainer (accelerate) does so under torchrun after the
+        optimizer was built. torch's optimizers follow the Parameter object;
+        this one follows it too: repoint(i, address) tells the engine, which
+        writes (and reads) the new address from then on, never the old. A
+        parameter whose numel, dtype or device changed, or that is no longer
+        contiguous, is refused: the engine writes numel contiguous elements
+        of the dtype it was built for."""
+        for k, (i, addr) in enumerate(self._ptrs):
+            p = self.opt._plist[i][1]
+            a = p.data_ptr()
+            if a == addr:
+                continue
+            numel, dtype = self._pmeta[i]
+            what = None
+            if p.device.type != "cpu":
+                what = "moved to %s" % p.device
+            elif p.dtype != dtype:
+                what = "changed dtype from %s to %s" % (dtype, p.dtype)
+            elif p.numel() != numel:
+                what = "changed size from %d to %d elements" % (numel, p.numel())
+            elif not p.is_contiguous():
+                what = "is no longer contiguous"
+            if what is not None:
+                raise RuntimeError(
+                    "%s: parameter %d %s since the optimizer was created: the engine updates it in place as it "
+                    "was; create the optimizer after model.to(...)" % (type(self.opt).__name__, i, what))
+            try:
+                repoint(i, a)
+            except _lib_errors.LibraryNotFound as e:
+                raise RuntimeError(
+                    "%s: parameter %d moved since the optimizer was created (p.data was replaced) and %s; create "
+                    "the optimizer after model.to(...)" % (type(self.opt).__name__, i, e)) from e
+            self._ptrs[k] = (i, a)
+
     def _account(self, res):
         """A step's result into the optimizer: skipped count, the norm, the
         groups' step."""
@@ -438,6 +477,7 @@ class _EngineBackend(_BackendCommon):
         self._hp_sent = False
         self.engines = []           # [(dtype, Engine, {torch group: engine group}, [param idx])]
         self._ptrs = []             # direct: (param idx, address the engine writes)
+        self._pmeta = {}            # direct: param idx -> (numel, dtype) the engine was built for
         self.where = [None] * len(opt._plist)     # param index -> (engine no, tensor index)
         # seconds spent in: step_async (launch), waiting for undelayed updates
         # (update), copying parameters back (copy_back), DPU fences (fence)
@@ -462,6 +502,7 @@ class _EngineBackend(_BackendCommon):
                 if self.direct:
                     grp["dev_params"] = [opt._plist[i][1].data_ptr() for i in mine]
                     self._ptrs.extend((i, opt._plist[i][1].data_ptr()) for i in mine)
+                    self._pmeta.update((i, (opt._plist[i][1].numel(), dt)) for i in mine)
                 groups.append(grp)
                 idx.extend(mine)
             kw = _engine_kw(opt, dt, offload_device=offload_device, nthreads=nthreads, numa_node=numa_node,
@@ -494,6 +535,7 @@ class _EngineBackend(_BackendCommon):
     def _params_from_torch(self):
         if self.direct:
             # widened from the parameters' own memory, without a parameter buffer
+            self.follow_params()
             for _, e, _, _ in self.engines:
                 e.init_from_device()
             return
@@ -510,6 +552,7 @@ class _EngineBackend(_BackendCommon):
         if self.direct:
             # the kernel wrote the params; after an import of masters the
             # engine copies its buffer (no-op otherwise)
+            self.follow_params()
             for _, e, _, _ in self.engines:
                 e.push_params()
             self.timings["copy_back"] += _now() - t0
@@ -525,7 +568,7 @@ class _EngineBackend(_BackendCommon):
     # -- gradients
     def take_grad(self, i, p, free):
         if self.speculative and not self._hp_sent:
-            self.check_in_place()
+            self.follow_params()
             # the speculative step starts with this step's first gradient:
             # its hyperparameters (LR schedule) must be in before
             self._set_hparams()
@@ -557,22 +600,18 @@ class _EngineBackend(_BackendCommon):
         self.handed_idx.clear()
 
     # -- step
-    def check_in_place(self):
-        """Direct mode: the engine writes the addresses the parameters had at
-        creation; refuse to update if one has moved (p.data replaced), where
-        the write would land in memory torch may have freed."""
-        for i, addr in self._ptrs:
-            p = self.opt._plist[i][1]
-            if p.data_ptr() != addr:
-                raise RuntimeError(
-                    "OffloadAdamW: parameter %d moved since the optimizer was created (p.data was "
-                    "replaced); the engine updates CPU parameters in place at their addresses: "
-                    "create the optimizer after model.to(...) and after anything that swaps "
-                    "p.data (zoffload.torch.offload_parameters() takes care of this itself)" % i)
+    def follow_params(self):
+        """Direct mode: the engine writes the parameters at their addresses;
+        one that moved (p.data replaced) is re-pointed before the engine
+        touches it again (_follow_params)."""
+        def repoint(i, addr):
+            no, t = self.where[i]
+            self.engines[no][1].set_dev_param(t, addr)
+        self._follow_params(repoint)
 
     def step(self):
         opt = self.opt
-        self.check_in_place()
+        self.follow_params()
         if opt.delay_update:
             # The fence: finish the update of the previous step and put its
             # parameters into the model (the forward of the next step uses

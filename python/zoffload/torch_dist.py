@@ -128,6 +128,7 @@ class _PartBackend(_BackendCommon):
             grp.update(_engine_state(state_dtype, state_block))
             groups.append(grp)
         self._ptrs = [(i, p.data_ptr()) for i, (_, p) in enumerate(opt._plist)]
+        self._pmeta = {i: (p.numel(), p.dtype) for i, (_, p) in enumerate(opt._plist)}
         kw = _engine_kw(opt, self.dtype, offload_device=offload_device, nthreads=nthreads, numa_node=numa_node,
                         pin_memory=pin_memory, no_grad="zero", nvme_path=nvme_path, sub_group_size=sub_group_size,
                         pinned_bytes=pinned_bytes, buffer_count=buffer_count)
@@ -174,17 +175,17 @@ class _PartBackend(_BackendCommon):
             h.step = 1  # the engine counts its updates itself
             self.inner.set_hparams(k, h)
 
-    def check_in_place(self):
-        for i, addr in self._ptrs:
-            if self.opt._plist[i][1].data_ptr() != addr:
-                raise RuntimeError(
-                    "%s(process_group=...): parameter %d moved since the optimizer was created (p.data was "
-                    "replaced); the partitioned engine all-gathers the updated params into the addresses they "
-                    "had: create the optimizer after model.to(...) (offload_parameters() is not supported with "
-                    "process_group)" % (self._name, i))
+    def follow_params(self):
+        """The engine all-gathers the updated params into the tensors'
+        addresses; one that moved (p.data replaced: module.to(), Hugging
+        Face's Trainer under torchrun) is re-pointed first (local, each rank
+        its own; _follow_params). offload_parameters() is not supported
+        with process_group."""
+        self._follow_params(self.pe.set_dev_param)
 
     def copy_back(self, only=None):
         """Every rank's params from the masters (collective)."""
+        self.follow_params()
         t0 = _now()
         self.pe.push_params()
         self.timings["copy_back"] += _now() - t0
@@ -196,7 +197,10 @@ class _PartBackend(_BackendCommon):
                 "%s(process_group=...): parameter %d's gradient was already handed to the partitioned engine "
                 "in this step (its bucket may be averaged across the ranks already): a second backward before "
                 "step() needs `with opt.no_sync():` around all but the last backward (as DDP's no_sync), or "
-                "grad_hooks='step'" % (self._name, i))
+                "grad_hooks='step'. A model wrapped in DistributedDataParallel (Hugging Face's Trainer wraps it "
+                "under torchrun) does this too: DDP writes its averaged .grad after the hook took the gradient; "
+                "with process_group the optimizer averages the gradients itself, so leave the model unwrapped, "
+                "or use grad_hooks='step'" % (self._name, i))
         g = p.grad.detach()
         if g.device.type != "cpu":
             raise RuntimeError("gradient on %s: the partitioned engine takes CPU gradients" % g.device)
@@ -235,7 +239,7 @@ class _PartBackend(_BackendCommon):
     # -- step
     def step(self):
         opt = self.opt
-        self.check_in_place()
+        self.follow_params()
         self._set_hparams()
         t0 = _now()
         had = self._in_flight
@@ -284,6 +288,7 @@ class _PartBackend(_BackendCommon):
         one, and always without delay_update."""
         if not self._in_flight:
             return None
+        self.follow_params()        # the gather writes the params
         self._in_flight = False     # collected, or failed (the engine then refuses until a load)
         t0 = _now()
         res = self.pe.wait()
@@ -417,10 +422,12 @@ class _PartBackend(_BackendCommon):
     # -- checkpoints (every rank its own shard, part.h)
     def save(self, root, name, keep_last, user):
         import json
+        self.follow_params()        # a save fences an update in flight: its gather writes the params
         self.pe.save(root, name, keep_last, json.dumps(user))
 
     def load(self, root, name):
         import json
+        self.follow_params()        # the load gathers the loaded params
         txt = self.pe.load(root, name)
         return json.loads(txt) if txt else None
 

@@ -126,3 +126,87 @@ def test_llama_offload_parameters(dtype):
             else:
                 torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=n)
     off.restore()
+
+
+# ------------------------------------------------- Trainer data-parallel (torchrun's environment)
+
+TRAINER_RANK = r'''
+import json, os, sys
+import torch
+import transformers
+transformers.logging.set_verbosity_error()
+torch.set_num_threads(1)
+sys.path.insert(0, sys.argv[3])
+import test_hf_trainer as t
+from zoffload.torch import OffloadAdamW
+which, out = sys.argv[1], sys.argv[2]
+model = t.llama()
+if which == "torch":
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+elif which == "zoffload":
+    opt = OffloadAdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+else:
+    # each rank its shard of the states; the Trainer wraps the model in DDP,
+    # which averages .grad first; grad_hooks="step" takes them at step()
+    # (after the Trainer's clipping), averaged once more: the same values
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    opt = OffloadAdamW(model.parameters(), lr=1e-2, weight_decay=0.01, process_group=True, grad_hooks="step")
+addr = {id(p): p.data_ptr() for p in model.parameters()}
+args = transformers.TrainingArguments(
+    output_dir=out, per_device_train_batch_size=2, max_grad_norm=0.5, max_steps=4, logging_steps=1,
+    report_to=[], use_cpu=True, seed=1, dataloader_num_workers=0, disable_tqdm=True, save_strategy="no",
+    ddp_backend="gloo")
+tr = transformers.Trainer(model=model, args=args, train_dataset=t.Tokens(), optimizers=(opt, None))
+tr.train()
+moved = sum(p.data_ptr() != addr[id(p)] for p in model.parameters())
+if int(os.environ["RANK"]) == 0:
+    logs = [(h["step"], h["loss"], h["grad_norm"]) for h in tr.state.log_history if "loss" in h]
+    json.dump({"logs": logs, "moved": moved, "wrapped": type(tr.model_wrapped).__name__,
+               "params": [p.detach().tolist() for p in model.parameters()][:3]}, open(out + ".json", "w"))
+'''
+
+
+def _trainer_ranks(tmp_path, which, world=2):
+    import socket
+    import subprocess
+    import sys
+    from conftest import SRC
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = str(tmp_path / which)
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
+               LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.path.join(SRC, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen([sys.executable, "-c", TRAINER_RANK, which, out, here],
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for r in range(world)]
+    res = [p.communicate(timeout=600) for p in procs]
+    for p, (_, e) in zip(procs, res):
+        assert p.returncode == 0, "%s: rank exited %d: %s" % (which, p.returncode, e[-3000:])
+    import json
+    return json.load(open(out + ".json"))
+
+
+def test_trainer_two_ranks(tmp_path):
+    """The Trainer under torchrun's environment (2 ranks, gloo; it wraps
+    the model in DDP): it moves the parameters to new memory (model.to()
+    in Trainer and in accelerate's prepare_model) after the optimizer was
+    built. OffloadAdamW follows them (it re-points the engine: before, it
+    wrote the old, freed addresses and the run died of heap corruption),
+    alone per rank or with process_group=True, and logs torch AdamW's
+    losses and grad norms."""
+    ref = _trainer_ranks(tmp_path, "torch")
+    assert ref["wrapped"] == "DistributedDataParallel"
+    for which in ("zoffload", "zoffload-pg"):
+        zo = _trainer_ranks(tmp_path, which)
+        assert zo["moved"] > 0, which       # the case this test exists for
+        assert [s for s, _, _ in zo["logs"]] == [1, 2, 3, 4], which
+        for (s, l1, n1), (_, l2, n2) in zip(ref["logs"], zo["logs"]):
+            assert l2 == pytest.approx(l1, rel=1e-5, abs=1e-4), (which, s)
+            assert n2 == pytest.approx(n1, rel=1e-5), (which, s)
+        for a, b in zip(ref["params"], zo["params"]):
+            torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-5, atol=1e-6)

@@ -650,6 +650,45 @@ def test_dpu_equals_one_rank(group, tmp_path, warmup):
         o.close()
 
 
+@pytest.mark.parametrize("dpu", [False, True])
+def test_moved_params_followed(group, dpu):
+    """module.to() / _apply() give the parameters new memory after the
+    optimizer exists (Hugging Face's Trainer does under torchrun,
+    test_hf_trainer.py): the partitioned engine's gathers follow them, an
+    update in flight under DPU included, bit for bit as the run that never
+    moved; the old memory (kept alive, poisoned) is never written."""
+    import torch
+    kw = dict(delay_update=True, dpu_warmup=1) if dpu else {}
+    (m1, o1), (m2, o2) = _pair(torch, group, **kw)
+    old = []
+
+    def move(s):
+        if s in (1, 3):
+            old.extend(p.data for p in m2.parameters())
+            m2._apply(lambda t: t.clone())
+            for o in old:
+                o.fill_(float("nan"))
+    assert _train(torch, o1, m1, 6) == _train(torch, o2, m2, 6, between=move)
+    o1.wait()
+    o2.wait()
+    assert _same(torch, m1, m2)
+    # load_state_dict after a move (accelerate's prepare_optimizer: state_dict, then load)
+    sd = o2.state_dict()
+    move(1)
+    o2.load_state_dict(sd)
+    assert _same(torch, m1, m2)
+    assert all(bool(torch.isnan(o).all()) for o in old)
+    # a change of dtype is refused, nothing written
+    p0 = next(m2.parameters())
+    keep = p0.data
+    p0.data = keep.double()
+    with pytest.raises(RuntimeError, match="changed dtype"):
+        o2.step()
+    p0.data = keep
+    for o in (o1, o2):
+        o.close()
+
+
 PEER_DIED = r'''
 import datetime, os, sys, time
 import torch

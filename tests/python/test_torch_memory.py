@@ -165,25 +165,64 @@ def test_finetune_big_model_path(tmp_path):
     assert not os.listdir(str(tmp_path)) or all(not f.startswith("finetune-fio") for f in os.listdir(str(tmp_path)))
 
 
-def test_moved_params_refused_not_written():
-    """The engine writes CPU params at the addresses they had at creation: a
-    parameter whose p.data was replaced afterwards makes step() raise (the
-    write would land in memory torch may have freed), and the new tensor is
-    left as it was. offload_parameters() marks its parameters so that an
-    optimizer made after it, or attached to it, never writes in place."""
-    m = model(torch.float32)
-    opt = OffloadAdamW(m.parameters())
+def test_moved_params_followed():
+    """The engine writes CPU params at their addresses (direct mode). torch
+    gives a parameter new memory in module.to() / _apply() and `p.data =
+    ...` (Hugging Face's Trainer does it after the optimizer exists, see
+    test_hf_trainer.py): the optimizer follows the Parameter as torch's
+    do, re-pointing the engine before it touches the params again. The run
+    equals one that never moved, bit for bit, and the old memory (kept
+    alive here, poisoned) is never written. A change of dtype, size or
+    layout is refused before anything is written."""
+    ref, m = model(torch.float32), model(torch.float32)
+    oref, opt = OffloadAdamW(ref.parameters(), lr=1e-2), OffloadAdamW(m.parameters(), lr=1e-2)
     assert opt._eb.direct
+    old = []
+    for step, b in enumerate(batches(4, dtype=torch.float32)):
+        for mm, o in ((ref, oref), (m, opt)):
+            loss_fn(mm, b).backward()
+            o.step()
+            o.zero_grad()
+        if step == 0:          # every parameter, the way module.to() copies
+            old += [p.data for p in m.parameters()]
+            m._apply(lambda t: t.clone())
+        elif step == 1:        # one parameter, by hand
+            p0 = next(m.parameters())
+            old.append(p0.data)
+            p0.data = p0.data.clone()
+        for o in old:
+            o.fill_(float("nan"))
+        for a, c in zip(ref.parameters(), m.parameters()):
+            assert torch.equal(a, c), step
+    assert all(bool(torch.isnan(o).all()) for o in old)
+    # load_state_dict writes the params too (accelerate's prepare_optimizer
+    # does state_dict() then load_state_dict() after moving the model)
+    sd = opt.state_dict()
+    old = [p.data for p in m.parameters()]
+    m._apply(lambda t: t.clone())
+    for o in old:
+        o.fill_(float("nan"))
+    opt.load_state_dict(sd)
+    for a, c in zip(ref.parameters(), m.parameters()):
+        assert torch.equal(a, c)
+    assert all(bool(torch.isnan(o).all()) for o in old)
+    # refused: dtype, size, layout; nothing written
     b = batches(1, dtype=torch.float32)[0]
-    loss_fn(m, b).backward()
-    p0 = next(m.parameters())
-    moved = p0.detach().clone()
-    p0.data = moved
-    before = moved.clone()
-    with pytest.raises(RuntimeError, match="moved since the optimizer was created"):
-        opt.step()
-    assert torch.equal(p0.data, before)
+    for change, msg in ((lambda t: t.double(), "changed dtype"),
+                        (lambda t: t.reshape(-1)[:-1].clone(), "changed size"),
+                        (lambda t: t.t().contiguous().t() if t.dim() == 2 else t, "no longer contiguous")):
+        loss_fn(m, b).backward()
+        p0 = next(m.parameters())
+        keep = p0.data
+        p0.data = change(keep.detach().clone())
+        before = p0.data.clone()
+        with pytest.raises(RuntimeError, match=msg):
+            opt.step()
+        assert torch.equal(p0.data, before)
+        p0.data = keep
+        opt.zero_grad()
     opt.close()
+    oref.close()
     # marked parameters: no direct mode
     m2 = model(torch.float32)
     for p in m2.parameters():

@@ -574,6 +574,15 @@ def test_state_dicts(group, tmp_path):
     (_, _), (m4, o4) = _pair(torch, None)
     with pytest.raises(ValueError, match="shard"):
         o4.load_state_dict(rank_sd)
+    # another rank's shard (what every rank loads when a framework saved
+    # rank 0's state_dict() alone, as Hugging Face's Trainer does) is refused
+    import copy
+    other = copy.deepcopy(rank_sd)
+    other["zoffload"]["partition"]["rank"] = 1
+    (_, _), (m5, o5) = _pair(torch, group)
+    with pytest.raises(ValueError, match="rank 1 of 1's shard; this optimizer is rank 0 of 1.*Trainer"):
+        o5.load_state_dict(other)
+    o5.close()
 
 
 @pytest.mark.parametrize("warmup", [0, 1, 3])

@@ -56,7 +56,8 @@ def train(which, out, resume=None, **opt_kw):
     args = transformers.TrainingArguments(
         output_dir=out, per_device_train_batch_size=2, gradient_accumulation_steps=2,
         max_grad_norm=0.5, max_steps=6, logging_steps=1, save_steps=3, report_to=[],
-        use_cpu=True, seed=1, dataloader_num_workers=0, save_safetensors=False, disable_tqdm=True)
+        use_cpu=True, seed=1, dataloader_num_workers=0, disable_tqdm=True,
+        **({"save_safetensors": False} if "save_safetensors" in transformers.TrainingArguments.__dataclass_fields__ else {}))
     tr = transformers.Trainer(model=model, args=args, train_dataset=Tokens(), optimizers=(opt, sched))
     tr.train(resume_from_checkpoint=resume)
     logs = [(h["step"], h["loss"], h["grad_norm"]) for h in tr.state.log_history if "loss" in h]

@@ -806,6 +806,7 @@ void zo_tool_cleanup_drop(const char *path)
  * prints (zo_fio_cmdline) is the one zo_fio_run runs. */
 typedef struct fio_args {
     char file[16400], size[64], bs[64], qd[64], jobs[64], rw[64], mix[64], loops[64], direct[32], inc[64], iomem[80];
+    char runtime[64];
     char name[32];
     const char *argv[32];
 } fio_args;
@@ -840,6 +841,11 @@ static int fio_argv(const zo_fio_job *jb, fio_args *a, char *err, size_t errlen)
         argv[n++] = a->mix;
     if (jb->loops)
         argv[n++] = a->loops;
+    if (jb->runtime_ms) {
+        snprintf(a->runtime, sizeof(a->runtime), "--runtime=%llums", (unsigned long long)jb->runtime_ms);
+        argv[n++] = "--time_based";
+        argv[n++] = a->runtime;
+    }
     argv[n++] = a->direct;
     argv[n++] = "--ioengine=io_uring";
     if (jb->fixedbufs)

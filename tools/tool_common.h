@@ -197,6 +197,7 @@ typedef struct zo_fio_job {
     const char *rw;            /* --rw: "read", "write", "rw"... */
     unsigned rwmixread;        /* --rwmixread with rw "rw" (0: not given) */
     unsigned loops;            /* --loops (0: not given) */
+    uint64_t runtime_ms;       /* --time_based --runtime=N ms: over the file as often as that takes (0: one pass) */
     int direct;                /* --direct */
     int fixedbufs, sqpoll;     /* --fixedbufs, --sqthread_poll=1 */
     const char *iomem;         /* --iomem (NULL: fio's default, malloc) */

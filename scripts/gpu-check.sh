@@ -540,7 +540,7 @@ if [ $rehearsal -eq 1 ]; then
     be=host
     optim_host=(--params 16M --tensor-elems 4M --vs-bound --pairs 2)
     optim_dpu=(--params 16M --tensor-elems 4M --dpu --compute-ms 20 --vs-bound --pairs 2)
-    optim_nvme=(--placement nvme --params 16M --tensor-elems 4M --pairs 2)
+    optim_nvme=(--placement nvme --params 16M --tensor-elems 4M --pairs 2 --fio-runtime once)
     tile_a=(--batch 16 --out 512 --in 512 --pairs 2 --fio-size 8M)
     tile_b=(--batch 4 --out 1024 --in 1024 --pairs 2 --fio-size 8M)
     train_host=(--layers 3 --width 256 --batch 16 --steps 4 --offload host --dpu on)
@@ -554,7 +554,7 @@ else
     optim_dpu=(--params 1G --dpu --compute-ms 300 --vs-bound --pairs 5)
     # NVMe: 256M parameters, 3 GiB of state read and written per step,
     # against fio on the same disk (4 GiB cap on fio's file)
-    optim_nvme=(--placement nvme --params 256M --pairs 3)
+    optim_nvme=(--placement nvme --params 256M --pairs 3 --fio-runtime once)
     # issue 13's shapes (docs/benchmarks.md): tiles copied to the GPU
     tile_a=(--batch 512 --out 4096 --in 4096 --pairs 5)
     tile_b=(--batch 16 --out 8192 --in 8192 --pairs 5)

@@ -545,14 +545,16 @@ class _EngineBackend(_BackendCommon):
                 e = self.engines[no][1]
                 e.import_state(t, "master", p.detach().to("cpu", torch.float32).reshape(-1))
 
-    def copy_back(self, only=None):
+    def copy_back(self, only=None, followed=False):
         """The engines' parameters into the model's (all, or the indices in
-        `only`: those an update changed)."""
+        `only`: those an update changed); `followed`: the caller re-pointed
+        moved parameters already (step() does before its update)."""
         t0 = _now()
         if self.direct:
             # the kernel wrote the params; after an import of masters the
             # engine copies its buffer (no-op otherwise)
-            self.follow_params()
+            if not followed:
+                self.follow_params()
             for _, e, _, _ in self.engines:
                 e.push_params()
             self.timings["copy_back"] += _now() - t0
@@ -649,7 +651,7 @@ class _EngineBackend(_BackendCommon):
                 # nothing in flight; its result (norm, skip) is the last one
                 res = self.engines[0][1].last_result() or res
             self.timings["update"] += _now() - t0
-            self.copy_back(self.refresh_steps())
+            self.copy_back(self.refresh_steps(), followed=True)
         if res is not None:
             self._account(res)
         return res

@@ -1500,6 +1500,12 @@ class OffloadOptimizer(torch.optim.Optimizer):
         master from the parameter), as in torch. Everything is checked
         before anything is changed."""
         self._fence()
+        if (state_dict.get("zoffload") or {}).get("format") == "zoffload.hf.stub/1":
+            raise ValueError("this state dict is zoffload.hf's stub: the optimizer's state is in the engine "
+                             "checkpoint %r beside the file it came from; resume the Trainer with "
+                             "zoffload.hf.attach(trainer), or call opt.load(<checkpoint>/%s)"
+                             % (state_dict["zoffload"].get("checkpoint_dir"),
+                                state_dict["zoffload"].get("checkpoint_dir")))
         part = (state_dict.get("zoffload") or {}).get("partition")
         if part is not None and not getattr(self._eb, "partitioned", False):
             raise ValueError("this state dict is one rank's shard (rank %s of %s) of a process_group optimizer: "

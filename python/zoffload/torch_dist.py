@@ -382,8 +382,8 @@ class _PartBackend(_BackendCommon):
                              "consolidated_state_dict() to change the world size). A framework that saves "
                              "optimizer.state_dict() on rank 0 only and loads that file on every rank (Hugging "
                              "Face's Trainer does) keeps rank 0's shard alone: with process_group save with "
-                             "opt.save(root) on every rank (or consolidated_state_dict()), or under the Trainer "
-                             "use the optimizer without process_group (docs/pytorch.md, \"Many ranks\")"
+                             "opt.save(root) on every rank (or consolidated_state_dict()); under the Trainer "
+                             "call zoffload.hf.attach(trainer) before train() (docs/pytorch.md, \"Many ranks\")"
                              % (part["rank"], part["world"], self.rank, self.world))
         if list(part["group_numel"]) != [g[0] for g in self.glayout]:
             raise ValueError("this state dict holds another model (group sizes %s, this optimizer's %s)"

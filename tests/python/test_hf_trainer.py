@@ -44,9 +44,10 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.x[i], "labels": self.x[i]}
 
 
-def train(which, out, resume=None, **opt_kw):
+def train(which, out, resume=None, attach=False, **opt_kw):
     """Six optimizer steps of two micro-batches each, clipped at 0.5, a
-    checkpoint every 3; returns (step, loss, grad_norm) logged and the model."""
+    checkpoint every 3; returns (step, loss, grad_norm) logged and the model.
+    attach: the optimizer's checkpoints go through zoffload.hf.attach."""
     model = llama()
     if which == "torch":
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
@@ -59,6 +60,9 @@ def train(which, out, resume=None, **opt_kw):
         use_cpu=True, seed=1, dataloader_num_workers=0, disable_tqdm=True,
         **({"save_safetensors": False} if "save_safetensors" in transformers.TrainingArguments.__dataclass_fields__ else {}))
     tr = transformers.Trainer(model=model, args=args, train_dataset=Tokens(), optimizers=(opt, sched))
+    if attach:
+        from zoffload.hf import attach as hf_attach
+        hf_attach(tr)
     tr.train(resume_from_checkpoint=resume)
     logs = [(h["step"], h["loss"], h["grad_norm"]) for h in tr.state.log_history if "loss" in h]
     return logs, model
@@ -81,6 +85,24 @@ def test_trainer_offload_adamw_equals_torch_adamw(tmp_path):
     assert again[3:] == zo[3:]
     for (n, a), b in zip(mzo.named_parameters(), magain.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=n)
+
+
+def test_trainer_attach_checkpoints(tmp_path):
+    """zoffload.hf.attach: the Trainer's checkpoint holds the engine's own
+    (checkpoint-3/zoffload_optimizer) and a stub optimizer.pt; resuming
+    from it gives the uninterrupted run's last three steps and parameters.
+    The stub loaded without attach is refused by name."""
+    zo, mzo = train("zoffload", str(tmp_path / "zo"), attach=True)
+    ck = tmp_path / "zo" / "checkpoint-3"
+    assert (ck / "zoffload_optimizer").is_dir()
+    stub = torch.load(str(ck / "optimizer.pt"))
+    assert stub["state"] == {} and stub["zoffload"]["checkpoint_dir"] == "zoffload_optimizer"
+    again, magain = train("zoffload", str(tmp_path / "zo"), resume=str(ck), attach=True)
+    assert again[3:] == zo[3:]
+    for (n, a), b in zip(mzo.named_parameters(), magain.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=n)
+    with pytest.raises(ValueError, match="zoffload.hf.attach"):
+        train("zoffload", str(tmp_path / "zo"), resume=str(ck))
 
 
 def test_trainer_clipping_refused_with_backward_hooks(tmp_path):
@@ -141,6 +163,7 @@ sys.path.insert(0, sys.argv[3])
 import test_hf_trainer as t
 from zoffload.torch import OffloadAdamW
 which, out = sys.argv[1], sys.argv[2]
+o = json.loads(sys.argv[4]) if len(sys.argv) > 4 else {}
 model = t.llama()
 if which == "torch":
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
@@ -157,10 +180,16 @@ else:
 addr = {id(p): p.data_ptr() for p in model.parameters()}
 args = transformers.TrainingArguments(
     output_dir=out, per_device_train_batch_size=2, max_grad_norm=0.5, max_steps=4, logging_steps=1,
-    report_to=[], use_cpu=True, seed=1, dataloader_num_workers=0, disable_tqdm=True, save_strategy="no",
-    ddp_backend="gloo")
+    report_to=[], use_cpu=True, seed=1, dataloader_num_workers=0, disable_tqdm=True,
+    ddp_backend="gloo", **({"save_strategy": "steps", "save_steps": o["save_steps"]} if o.get("save_steps")
+                          else {"save_strategy": "no"}),
+    **({"save_safetensors": False} if "save_safetensors" in transformers.TrainingArguments.__dataclass_fields__
+       else {}))
 tr = transformers.Trainer(model=model, args=args, train_dataset=t.Tokens(), optimizers=(opt, None))
-tr.train()
+if o.get("attach"):
+    from zoffload.hf import attach
+    attach(tr)
+tr.train(resume_from_checkpoint=o.get("resume"))
 moved = sum(p.data_ptr() != addr[id(p)] for p in model.parameters())
 if int(os.environ["RANK"]) == 0:
     logs = [(h["step"], h["loss"], h["grad_norm"]) for h in tr.state.log_history if "loss" in h]
@@ -169,7 +198,8 @@ if int(os.environ["RANK"]) == 0:
 '''
 
 
-def _trainer_ranks(tmp_path, which, world=2):
+def _trainer_ranks(tmp_path, which, world=2, out=None, **opts):
+    import json
     import socket
     import subprocess
     import sys
@@ -177,18 +207,17 @@ def _trainer_ranks(tmp_path, which, world=2):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    out = str(tmp_path / which)
+    out = str(tmp_path / (out or which))
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world),
                LOCAL_WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
                PYTHONPATH=os.path.join(SRC, "python") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [subprocess.Popen([sys.executable, "-c", TRAINER_RANK, which, out, here],
+    procs = [subprocess.Popen([sys.executable, "-c", TRAINER_RANK, which, out, here, json.dumps(opts)],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for r in range(world)]
     res = [p.communicate(timeout=600) for p in procs]
     for p, (_, e) in zip(procs, res):
         assert p.returncode == 0, "%s: rank exited %d: %s" % (which, p.returncode, e[-3000:])
-    import json
     return json.load(open(out + ".json"))
 
 
@@ -211,3 +240,27 @@ def test_trainer_two_ranks(tmp_path):
             assert n2 == pytest.approx(n1, rel=1e-5), (which, s)
         for a, b in zip(ref["params"], zo["params"]):
             torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-5, atol=1e-6)
+
+
+def test_trainer_two_ranks_checkpoint(tmp_path):
+    """process_group under the Trainer with zoffload.hf.attach: a checkpoint
+    at step 2 holds every rank's shard (the engine's world commit), not
+    rank 0's alone; resuming from it on 2 ranks gives the uninterrupted
+    run's steps 3-4 and parameters. Without attach the Trainer's rank-0
+    file holds one shard and the resume is refused by name."""
+    full = _trainer_ranks(tmp_path, "zoffload-pg", out="pg", save_steps=2, attach=True)
+    ck = tmp_path / "pg" / "checkpoint-2"
+    assert (ck / "zoffload_optimizer").is_dir()
+    again = _trainer_ranks(tmp_path, "zoffload-pg", out="pg", save_steps=2, attach=True, resume=str(ck))
+    # steps 1-2 of the log come back from trainer_state.json; 3-4 ran again
+    assert [s for s, _, _ in again["logs"]] == [1, 2, 3, 4]
+    assert again["logs"][2:] == full["logs"][2:]
+    for a, b in zip(full["params"], again["params"]):
+        assert a == b
+    # without attach: the Trainer's optimizer.pt is rank 0's shard alone
+    # (its load on rank 1 is refused, test_torch_dist.py); and transformers
+    # 4.40 with torch 1.13 cannot even read it at 2 ranks (map_location
+    # "cpu:0"), which the stub, holding no tensor, does not meet
+    _trainer_ranks(tmp_path, "zoffload-pg", out="plain", save_steps=2)
+    sd = torch.load(str(tmp_path / "plain" / "checkpoint-2" / "optimizer.pt"), map_location="cpu")
+    assert (sd["zoffload"]["partition"]["rank"], sd["zoffload"]["partition"]["world"]) == (0, 2)

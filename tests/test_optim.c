@@ -2618,6 +2618,18 @@ START_TEST(test_optim_move_params)
     eng_free(&e);
     ref_free(&r);
     zo__optim_force_copy = 0;
+    /* a group without device params: its tensors have nothing to re-point */
+    setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
+    e.grp[1].dev_params = NULL;
+    {
+        int rc = zo_optim_create(&e.o, &e.cfg);
+        ck_assert_msg(rc == 0, "create: %s (%s)", zo_strerror(rc), zo_last_error_detail());
+    }
+    ck_assert_int_eq(zo_optim_set_dev_param(e.o, NT0, e.dparam[NT0]), -ENOENT);
+    ck_assert(strstr(zo_optim_errmsg(e.o), "has no dev_params") != NULL);
+    ck_assert_int_eq(zo_optim_set_dev_param(e.o, 0, e.dparam[0]), 0);
+    eng_free(&e);
+    ref_free(&r);
     /* dpu_double_buffer: the engine's buffer pairs with the framework's */
     setup(&m, &r, &e, ZO_DTYPE_BF16, ZO_DTYPE_BF16);
     e.cfg.dpu = 1;

@@ -1449,16 +1449,15 @@ class OffloadOptimizer(torch.optim.Optimizer):
         'qpieces' (int64 [pieces, 3]: lead, numel, codes per sub-group it
         crosses); 'zoffload'/'qstate' has the format, bits, block and each
         state's code map (id and table). load_state_dict() of it into the
-        same setting restores the codes bit for bit (docs/pytorch.md)."""
+        same setting restores the codes bit for bit (docs/pytorch.md).
+        With process_group the blocks start at this rank's shard, not at a
+        parameter: 'zoffload'/'partition' then holds the shard's masters
+        and, per sub-group of its engine, the codes and scales as stored
+        ('qsub'); loadable on the same rank of the same world with the same
+        state_dtype, state_block and sub_group_size, bit for bit."""
         if quantized and self.state_format not in _QSTATES:
             raise ValueError("%s.state_dict(quantized=True): the states are %s, not quantized (q8/q4 states "
                              "only)" % (type(self).__name__, self.state_format))
-        if quantized and getattr(self._eb, "partitioned", False):
-            raise NotImplementedError(
-                "%s.state_dict(quantized=True) with process_group: each rank's engine starts its blocks at its "
-                "own shard, so its raw codes do not form one parameter's state; use opt.save(root) / "
-                "opt.load(root) (zo_part checkpoints keep the codes and scales as they are, bit for bit), or "
-                "state_dict() / consolidated_state_dict() (dequantized)" % type(self).__name__)
         self._fence()
         self._write_back_live()
         sd = super().state_dict()
@@ -1467,7 +1466,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
             sd["zoffload"] = {"format": _FORMAT, "kind": self._kind,
                               "scaler": self.scaler.state_dict() if self.scaler else None,
                               "loss_scale": self.loss_scale, "scaler_states": self._eb.scaler_states(),
-                              "partition": self._eb.rank_state()}
+                              "partition": self._eb.rank_state(quantized=quantized)}
+            if quantized:
+                sd["zoffload"]["qstate"] = self._eb.qstate_meta()
             return sd
         state = {}
         raw = self._eb.export_qstate() if quantized and any(self._eb.tsteps) else None
@@ -1534,6 +1535,24 @@ class OffloadOptimizer(torch.optim.Optimizer):
         if qz is not None and qz.get("format") != _QFORMAT:
             raise ValueError("state dict: quantized states of format %r (this version reads %r)"
                              % (qz.get("format"), _QFORMAT))
+        if part is not None and qz is not None and self.state_format not in _QSTATES:
+            raise ValueError("state dict: this rank's shard holds %s states as raw codes "
+                             "(state_dict(quantized=True)); this optimizer keeps %s states: load it into the same "
+                             "state_dtype, or save state_dict() (dequantized)" % (qz.get("state_format"),
+                                                                                 self.state_format))
+        if part is not None and qz is not None and part.get("qsub"):
+            mine = self._eb.qstate_meta()
+            for key in ("bits", "block"):
+                if mine[key] is not None and qz.get(key) != mine[key]:
+                    raise ValueError("state dict: raw %s states with %s %s, this optimizer's are %s (state_dtype "
+                                     "and state_block must match to load codes as stored)"
+                                     % (qz.get("state_format"), "state_block" if key == "block" else "bits",
+                                        qz.get(key), mine[key]))
+            ids_q = {nm: (m or {}).get("id") for nm, m in (qz.get("maps") or {}).items()}
+            ids_mine = {nm: m["id"] for nm, m in mine["maps"].items()}
+            if mine["maps"] and ids_q != ids_mine:
+                raise ValueError("state dict: raw states coded with maps %s, this optimizer's are %s (state_map_m "
+                                 "/ state_map_v)" % (ids_q, ids_mine))
         for sid, i in zip(ids, order):
             s = st.get(sid)
             if s is None:

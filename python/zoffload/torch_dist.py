@@ -360,19 +360,47 @@ class _PartBackend(_BackendCommon):
             self.inner.import_state(k, name, torch.full((n,), float(value)), ioff)
 
     # -- state dicts
-    def rank_state(self):
+    def rank_state(self, quantized=False):
         """This rank's shards: [{group, lo, master, <states>}] (fp32 copies;
-        states in state_dtype)."""
+        states in state_dtype). quantized: the moments as stored instead,
+        per sub-group of the inner engine ("qsub": [{group, offset, numel,
+        <state>_codes, <state>_absmax}]), the shards' masters only."""
         out = []
         for gi, (n, s, lo, hi, k) in enumerate(self.glayout):
             if k is None:
                 continue
             e = {"group": gi, "lo": lo, "master": self.inner.export_state(k, "master", torch.empty(hi - lo))}
-            for nm in self.opt._state_names:
-                e[nm] = self.inner.export_state(k, nm, torch.empty(hi - lo, dtype=self.opt.state_dtype))
+            if not quantized:
+                for nm in self.opt._state_names:
+                    e[nm] = self.inner.export_state(k, nm, torch.empty(hi - lo, dtype=self.opt.state_dtype))
             out.append(e)
-        return {"format": _STATE_FMT, "rank": self.rank, "world": self.world,
-                "group_numel": [g[0] for g in self.glayout], "step": self.inner.info()["step"], "shards": out}
+        st = {"format": _STATE_FMT, "rank": self.rank, "world": self.world,
+              "group_numel": [g[0] for g in self.glayout], "step": self.inner.info()["step"], "shards": out}
+        if quantized:
+            st["qsub"] = [self._qsub(k) for k in range(self.inner.info()["nsubgroups"])]
+        return st
+
+    def _qsub(self, k):
+        qi = self.inner.qstate_info(k)
+        e = {"group": qi["group"], "offset": qi["offset"], "numel": qi["numel"]}
+        for nm in self.opt._state_names:
+            e[nm + "_codes"], e[nm + "_absmax"] = self.inner.qstate_export(
+                k, nm, torch.empty(qi["code_bytes"], dtype=torch.uint8), torch.empty(qi["nscales"], dtype=torch.float32))
+        return e
+
+    def qstate_meta(self):
+        """state_dict(quantized=True)'s "qstate" record (as torch.py's):
+        bits, block and each state's map, from this rank's engine."""
+        from . import optim as _optim
+        from .torch import _QFORMAT
+        fmt = self.opt.state_format
+        if not self.inner.info()["nsubgroups"]:     # a rank whose shards are all empty
+            return {"format": _QFORMAT, "state_format": fmt, "bits": None, "block": None, "maps": {}}
+        info = self.inner.qstate_info(0)
+        maps = {nm: {"id": info["maps"][nm], "values": torch.tensor(_optim.qmap_values(info["maps"][nm], info["bits"]),
+                                                                    dtype=torch.float32)}
+                for nm in self.opt._state_names}
+        return {"format": _QFORMAT, "state_format": fmt, "bits": info["bits"], "block": info["block"], "maps": maps}
 
     def load_rank_state(self, part):
         if part.get("format") != _STATE_FMT:
@@ -396,13 +424,37 @@ class _PartBackend(_BackendCommon):
             if e["lo"] != lo or e["master"].numel() != hi - lo:
                 raise ValueError("group %d's shard is [%d, %d) here, the state dict's starts at %d with %d elements"
                                  % (gi, lo, hi, e["lo"], e["master"].numel()))
+        qsub = part.get("qsub")
+        if qsub is not None:
+            # raw codes: the same engine layout, sub-group by sub-group
+            nsg = self.inner.info()["nsubgroups"]
+            if len(qsub) != nsg:
+                raise ValueError("this state dict's raw states have %d sub-groups, this rank's engine %d (the same "
+                                 "state_dtype, state_block and sub_group_size are needed; or load a state_dict() "
+                                 "saved without quantized=True)" % (len(qsub), nsg))
+            for k, e in enumerate(qsub):
+                qi = self.inner.qstate_info(k)
+                for key in ("group", "offset", "numel"):
+                    if int(e[key]) != qi[key]:
+                        raise ValueError("raw states: sub-group %d's %s is %d here, %d in the state dict (another "
+                                         "sub_group_size or layout)" % (k, key, qi[key], int(e[key])))
+                for nm in self.opt._state_names:
+                    c, a = e[nm + "_codes"], e[nm + "_absmax"]
+                    if c.numel() != qi["code_bytes"] or a.numel() != qi["nscales"]:
+                        raise ValueError("raw states: sub-group %d's %s has %d code bytes and %d scales, this "
+                                         "engine stores %d and %d (another state_dtype or state_block)"
+                                         % (k, nm, c.numel(), a.numel(), qi["code_bytes"], qi["nscales"]))
         for gi, (n, s, lo, hi, k) in enumerate(self.glayout):
             if k is None:
                 continue
             e = shards[gi]
-            for nm in self.opt._state_names:
-                self.inner.import_state(k, nm, e[nm].contiguous())
+            if qsub is None:
+                for nm in self.opt._state_names:
+                    self.inner.import_state(k, nm, e[nm].contiguous())
             self.inner.import_state(k, "master", e["master"].float().contiguous())
+        for k, e in enumerate(qsub or ()):
+            for nm in self.opt._state_names:
+                self.inner.qstate_import(k, nm, e[nm + "_codes"].contiguous(), e[nm + "_absmax"].contiguous())
         self.set_steps([int(part["step"])] * len(self.tsteps))
 
     def consolidated(self, to_rank):

@@ -873,15 +873,40 @@ def test_quantized_states_equal_one_rank(group, q, maps):
 
 
 def test_quantized_state_dict_partitioned(group):
-    """state_dict(quantized=True) with process_group is refused, naming the
-    alternatives (each rank's blocks start at its shard); a quantized state
-    dict of one rank loads into the partitioned optimizer dequantized: the
-    same as loading the dequantized dict."""
+    """state_dict(quantized=True) with process_group: this rank's shard with
+    the codes and scales per sub-group as stored; loaded into a fresh
+    partitioned optimizer with the same settings, its raw state dict is
+    the same bit for bit and training goes on as the original's. Another
+    state_dtype or state_block is refused by name. A quantized state dict
+    of one rank loads into the partitioned optimizer dequantized: the same
+    as loading the dequantized dict."""
     import torch
-    (m1, o1), (m2, o2) = _pair(torch, group, state_dtype="q8")
+    (m1, o1), (m2, o2) = _pair(torch, group, state_dtype="q8", sub_group_size=64)
     _train(torch, o1, m1, 3)
-    with pytest.raises(NotImplementedError, match="opt.save"):
-        o2.state_dict(quantized=True)
+    _train(torch, o2, m2, 3)
+    sd = o2.state_dict(quantized=True)
+    qsub = sd["zoffload"]["partition"]["qsub"]
+    assert len(qsub) == o2._eb.inner.info()["nsubgroups"] > 1
+    assert qsub[0]["exp_avg_codes"].dtype == torch.uint8 and sd["zoffload"]["qstate"]["bits"] == 8
+    assert "exp_avg" not in sd["zoffload"]["partition"]["shards"][0]
+    (_, _), (m3, o3) = _pair(torch, group, state_dtype="q8", sub_group_size=64)
+    with torch.no_grad():
+        for a, b in zip(m3.parameters(), m2.parameters()):
+            a.copy_(b)
+    o3.load_state_dict(sd)
+    again = o3.state_dict(quantized=True)["zoffload"]["partition"]
+    for e1, e2 in zip(qsub, again["qsub"]):
+        for k in e1:
+            assert torch.equal(torch.as_tensor(e1[k]), torch.as_tensor(e2[k])), k
+    assert _train(torch, o3, m3, 2) == _train(torch, o2, m2, 2)
+    assert _same(torch, m2, m3)
+    for kw, what in ((dict(state_dtype=torch.float32), "state_dtype"), (dict(state_dtype="q8", state_block=128,
+                                                                      sub_group_size=64), "state_block"),
+                     (dict(state_dtype="q4", sub_group_size=64), "state_dtype"),
+                     (dict(state_dtype="q8", sub_group_size=64, state_map_m="linear"), "state_map_m")):
+        (_, _), (m4, o4) = _pair(torch, group, **kw)
+        with pytest.raises(ValueError, match=what):
+            o4.load_state_dict(sd)
     q, plain = o1.state_dict(quantized=True), o1.state_dict()
     got = []
     for d in (q, plain):

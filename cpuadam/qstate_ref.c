@@ -241,7 +241,7 @@ void zo__q_quant_ref(const float *x, size_t len, const zo__qmap_tab *t, int bits
     uint8_t c[ZO__QBLOCK_MAX];
     unsigned z = 0;
     if (zo__qscale(t, zo__qamax(x, 0, len, 0), absmax, &z)) {
-        zo__qcodes(t, x, 0, len, *absmax, c);
+        zo__qcodes(t, x, 0, len, zo__qdiv_of(*absmax), c);
     } else {
         memset(c, (int)z, len);
     }

@@ -202,7 +202,7 @@ START_TEST(test_quantize_plain)
 END_TEST
 
 /* Every variant's block kernels against the reference ones on inputs
- * whose quotients x / absmax land on a midpoint, next to one, on a value,
+ * whose quotients x / absmax (zo__qquot) land on a midpoint, next to one, on a value,
  * and anywhere: the code search is the part each ISA does its own way
  * (bucket gathers, packed buckets, in-register binary search). */
 START_TEST(test_block_kernels)
@@ -222,10 +222,13 @@ START_TEST(test_block_kernels)
                 ck_assert_ptr_nonnull(t);
                 int nonneg = !map_signed(m);
                 for (size_t a = 0; a < ZO_ARRAY_LEN(lens); a++) {
-                    for (int rep = 0; rep < 4; rep++) {
+                    for (int rep = 0; rep < 7; rep++) {
                         size_t len = lens[a];
-                        /* rep 0, 1: absmax 1 (quotient = x); 2, 3: a random scale */
-                        float sc = rep < 2 ? 1.0f : rnd_wide(&r, 1);
+                        /* rep 0, 1: absmax 1 (quotient = x); 2, 3: a random scale;
+                         * 4-6: where zo__qquot() divides instead of multiplying by
+                         * 1 / absmax (a subnormal absmax, 2^125, 3e38) */
+                        static const float edge[] = {1e-39f, 0x1p125f, 3e38f};
+                        float sc = rep < 2 ? 1.0f : rep < 4 ? rnd_wide(&r, 1) : edge[rep - 4];
                         for (size_t i = 0; i < len; i++) {
                             int k = (int)(zo_test_uniform(&r) * (t->ncodes - 1));
                             float q = t->mid[k];

@@ -97,9 +97,9 @@ LAI double sd_sum4(SD a0, SD a1, SD a2, SD a3)
 
 /* ---- quantized states: block dequantize / quantize -------------------------
  * The same operations as zo__q_dequant_ref / zo__q_quant_ref: one multiply
- * per element out; one division and zo__qcode()'s bucket lookup in. NEON
+ * per element out; one multiply (zo__qquot) and zo__qcode()'s bucket lookup in. NEON
  * has no gather, so the two table reads per lane are lane loads; the
- * division, key arithmetic and compare are vector. Tails of fewer than 4
+ * quotient, key arithmetic and compare are vector. Tails of fewer than 4
  * elements run the scalar definition. */
 LAI VF q_lookup4(const float *tab, uint32x4_t k)
 {
@@ -138,11 +138,12 @@ static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits,
     if (!zo__qscale(t, amax, absmax, &z)) {
         memset(dst, (int)z, len);
     } else {
-        const VF s = vdupq_n_f32(*absmax);
+        const zo__qdiv d = zo__qdiv_of(*absmax);
+        const VF s = vdupq_n_f32(d.s);
         const int32x4_t sh = vdupq_n_s32(-(int32_t)t->shift), kb = vdupq_n_s32(t->kbias),
                         top = vdupq_n_s32(t->nmag - 1), nm = vdupq_n_s32(t->nmag);
         for (i = 0; i + 4 <= len; i += 4) {
-            VF v = vdivq_f32(vld1q_f32(x + i), s);
+            VF v = d.recip ? vmulq_f32(vld1q_f32(x + i), s) : vdivq_f32(vld1q_f32(x + i), s);
             uint32x4_t b = vreinterpretq_u32_f32(v);
             int32x4_t k = vsubq_s32(vreinterpretq_s32_u32(vshlq_u32(vandq_u32(b, abs), sh)), kb);
             k = vminq_s32(vmaxq_s32(k, vdupq_n_s32(0)), top);
@@ -157,7 +158,7 @@ static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits,
             uint32_t w = vget_lane_u32(vreinterpret_u32_u8(bq), 0);
             memcpy(dst + i, &w, 4); /* codes need no alignment */
         }
-        zo__qcodes(t, x, i, len, *absmax, dst);
+        zo__qcodes(t, x, i, len, d, dst);
     }
     if (bits != 8)
         zo__qpack(c, len, bits, codes);

@@ -147,7 +147,7 @@ LAI double sd_sum4(SD a0, SD a1, SD a2, SD a3)
 
 /* ---- quantized states: block dequantize / quantize -------------------------
  * The same operations as zo__q_dequant_ref / zo__q_quant_ref: one multiply
- * per element out, one division and a code search in, the code found
+ * per element out, one multiply (zo__qquot) and a code search in, the code found
  * without searching linearly. Why not the reference's two dependent
  * gathers: on Zen 3 an 8-lane gather costs about 13 cycles, more than the
  * rest of the per-element work together (docs/cpuadam.md).
@@ -323,6 +323,12 @@ LAI __m256i q_codes4(const q4mids *q, VF x)
     return _mm256_sub_epi32(c, _mm256_castps_si256(gt));
 }
 
+/* zo__qquot() of 8 lanes: s is zo__qdiv's s broadcast. */
+LAI VF qquot(zo__qdiv d, VF x, VF s)
+{
+    return d.recip ? _mm256_mul_ps(x, s) : _mm256_div_ps(x, s);
+}
+
 /* 8 x 32-bit codes (< 256) -> 8 bytes at dst */
 LAI void q_store8(uint8_t *dst, __m256i q)
 {
@@ -350,17 +356,19 @@ static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits,
     if (!zo__qscale(t, amax, absmax, &z)) {
         memset(dst, (int)z, len);
     } else if (bits == 8) {
-        const VF s = _mm256_set1_ps(*absmax);
+        const zo__qdiv d = zo__qdiv_of(*absmax);
+        const VF s = _mm256_set1_ps(d.s);
         const q8keys q = q8keys_load(t);
         for (i = 0; i + 8 <= len; i += 8)
-            q_store8(dst + i, q_codes8(&q, _mm256_div_ps(_mm256_loadu_ps(x + i), s)));
-        zo__qcodes(t, x, i, len, *absmax, dst);
+            q_store8(dst + i, q_codes8(&q, qquot(d, _mm256_loadu_ps(x + i), s)));
+        zo__qcodes(t, x, i, len, d, dst);
     } else {
-        const VF s = _mm256_set1_ps(*absmax);
+        const zo__qdiv d = zo__qdiv_of(*absmax);
+        const VF s = _mm256_set1_ps(d.s);
         const q4mids q = q4mids_load(t);
         for (i = 0; i + 8 <= len; i += 8)
-            q_store8(dst + i, q_codes4(&q, _mm256_div_ps(_mm256_loadu_ps(x + i), s)));
-        zo__qcodes(t, x, i, len, *absmax, dst);
+            q_store8(dst + i, q_codes4(&q, qquot(d, _mm256_loadu_ps(x + i), s)));
+        zo__qcodes(t, x, i, len, d, dst);
     }
     if (bits != 8)
         q4_pack(c, len, codes);

@@ -9,7 +9,7 @@
 
 /* ---- quantized states: block dequantize / quantize -------------------------
  * The same operations as zo__q_dequant_ref / zo__q_quant_ref (one multiply
- * per element out; one division and a code search in), 16 lanes, masked
+ * per element out; one multiply (zo__qquot) and a code search in), 16 lanes, masked
  * for the block's tail. The avx512bf16 variant inherits these.
  *  - 8 bits: dequantize with one gather of the value table; quantize with
  *    one gather of the packed buckets (zo__qcode_packed(), which the map
@@ -95,6 +95,13 @@ LAI __m512i q_codes8(const q8keys *q, VF x, __mmask16 m)
                                  _mm512_and_si512(e, _mm512_set1_epi32(0xff)), _mm512_set1_epi32(1));
 }
 
+/* zo__qquot() of 16 lanes: s is zo__qdiv's s broadcast. (Masked-off lanes
+ * are 0: 0 / absmax is no fault.) */
+LAI VF qquot(zo__qdiv d, VF x, VF s)
+{
+    return d.recip ? _mm512_mul_ps(x, s) : _mm512_div_ps(x, s);
+}
+
 /* #{k : x > mid[k]} over the sorted mid[0..15] (mid[15] and up are +inf),
  * as c += s where x > mid[c + s - 1] for s = 8, 4, 2, 1. x is finite (a
  * block with inf or NaN takes zo__qscale()'s path). */
@@ -124,17 +131,18 @@ static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits,
             codes[len / 2] = (uint8_t)z; /* an odd tail's high nibble is 0 */
         return;
     }
-    const VF s = _mm512_set1_ps(*absmax);
+    const zo__qdiv d = zo__qdiv_of(*absmax);
+    const VF s = _mm512_set1_ps(d.s);
     if (bits == 8) {
         const q8keys q = q8keys_load(t);
         size_t i = 0;
         for (; i + 16 <= len; i += 16) {
-            __m512i c = q_codes8(&q, _mm512_div_ps(_mm512_loadu_ps(x + i), s), (__mmask16)0xffff);
+            __m512i c = q_codes8(&q, qquot(d, _mm512_loadu_ps(x + i), s), (__mmask16)0xffff);
             _mm_storeu_si128((__m128i *)(codes + i), _mm512_cvtepi32_epi8(c));
         }
         if (i < len) {
             __mmask16 m = kmask((unsigned)(len - i));
-            __m512i c = q_codes8(&q, _mm512_div_ps(_mm512_maskz_loadu_ps(m, x + i), s), m);
+            __m512i c = q_codes8(&q, qquot(d, _mm512_maskz_loadu_ps(m, x + i), s), m);
             _mm_mask_storeu_epi8(codes + i, m, _mm512_cvtepi32_epi8(c));
         }
         return;
@@ -142,7 +150,7 @@ static void q_quant(const float *x, size_t len, const zo__qmap_tab *t, int bits,
     const VF mids = _mm512_load_ps(t->mid);
     for (size_t i = 0; i < len; i += 16) { /* i even: whole bytes */
         unsigned k = len - i >= 16 ? 16u : (unsigned)(len - i);
-        __m512i c = _mm512_maskz_mov_epi32(kmask(k), q_codes4(mids, _mm512_div_ps(_mm512_maskz_loadu_ps(kmask(k), x + i), s)));
+        __m512i c = _mm512_maskz_mov_epi32(kmask(k), q_codes4(mids, qquot(d, _mm512_maskz_loadu_ps(kmask(k), x + i), s)));
         /* lane pair (2j, 2j+1) -> byte j = c[2j] | c[2j+1] << 4 */
         __m512i p = _mm512_or_si512(c, _mm512_srli_epi64(c, 28));
         _mm_mask_storeu_epi8(codes + i / 2, (__mmask16)((1u << ((k + 1) / 2)) - 1u), _mm512_cvtepi64_epi8(p));

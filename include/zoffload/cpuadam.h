@@ -348,8 +348,10 @@ ZO_API int zo_cpuadam_qtensors_default(zo_cpuadam_qtensors *t);
  * variant.
  *
  * Quantizing x in a block with absmax s: code = the number of the map's
- * fp32 midpoints mid_k = fp32((map[k] + map[k+1]) / 2) with x / s > mid_k
- * (nearest code; a value exactly on a midpoint takes the lower code).
+ * fp32 midpoints mid_k = fp32((map[k] + map[k+1]) / 2) with q > mid_k,
+ * q = fl(x * fl(1 / s)) (fl(x / s) where 1 / s is not a normal number:
+ * s < 2^-126 or s >= 2^125) (nearest code; a quotient exactly on a
+ * midpoint takes the lower code).
  * A block whose new moment holds inf or NaN gets absmax NaN and the codes
  * of 0: every element of it then reads as NaN (skip steps on overflow with
  * zo_cpuadam_grad_stats()); an all-zero block gets absmax 0.

@@ -4,7 +4,7 @@ dequantize / qmap_values) against an independent numpy reference, bit for
 bit: the tables are rebuilt here from their definition (bitsandbytes'
 create_dynamic_map without its zero padding, the linear maps, and the
 zero-free unsigned maps for v, in double, rounded once to fp32), and blocks are quantized by counting the
-fp32 midpoints below x / absmax (np.searchsorted), not by the library's
+fp32 midpoints below x * fl(1 / absmax) (np.searchsorted), not by the library's
 bucket lookup. Loads the library directly with ctypes."""
 import ctypes
 import os
@@ -89,9 +89,18 @@ def ref_quantize(x, m, bits, block):
         else:
             s = a.max()
             scales.append(s)
-            # number of midpoints strictly below x / s: the nearest code, ties down
-            codes[i0:i0 + block] = np.searchsorted(mids, (xb / s).astype(np.float32), side="left")
+            # number of midpoints strictly below the quotient: the nearest code, ties down
+            codes[i0:i0 + block] = np.searchsorted(mids, quotient(xb, s), side="left")
     return codes, np.array(scales, dtype=np.float32), v
+
+
+def quotient(x, s):
+    """x / s as the library takes it: x * fl(1 / s) in fp32 where 1 / s is a
+    normal number (s in [2^-126, 2^125)), else the fp32 division."""
+    s = np.float32(s)
+    if np.float32(2.0 ** -126) <= s < np.float32(2.0 ** 125):
+        return (x.astype(np.float32) * (np.float32(1) / s)).astype(np.float32)
+    return (x.astype(np.float32) / s).astype(np.float32)
 
 
 def pack(codes, bits):
@@ -149,7 +158,10 @@ def test_quantize_dequantize(lib, m, bits, n, block):
 def test_midpoints(lib, m, bits):
     """x / absmax exactly on every midpoint (ties take the lower code), one
     ulp above and below it, and on every value, in blocks whose absmax is
-    1 (so the quotient is x itself) and 0.75 (quotients rounded)."""
+    1 (so the quotient is x itself) and 0.75 (quotients rounded); and with
+    absmax at the edges of the reciprocal's range (2^-126 and just under
+    2^125 multiply by 1 / absmax; 2^125, 3e38 and a subnormal 1e-39
+    divide)."""
     v = ref_map(m, bits)
     mids = ((v[:-1].astype(np.float64) + v[1:].astype(np.float64)) * 0.5).astype(np.float32)
     pts = np.concatenate([mids, np.nextafter(mids, np.float32(2)), np.nextafter(mids, np.float32(-2)), v])
@@ -157,7 +169,8 @@ def test_midpoints(lib, m, bits):
     if m not in UNSIGNED:
         pts = np.concatenate([pts, -pts])
     block = 64
-    for s in (np.float32(1), np.float32(0.75)):
+    edges = [2.0 ** -126, np.nextafter(np.float32(2.0 ** 125), np.float32(0)), 2.0 ** 125, 3e38, 1e-39]
+    for s in [np.float32(1), np.float32(0.75)] + [np.float32(e) for e in edges]:
         x = (pts * s).astype(np.float32)
         pad = (-x.size) % block + block
         x = np.concatenate([x, np.full(pad, s, dtype=np.float32)])  # every block holds its absmax s

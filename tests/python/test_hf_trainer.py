@@ -179,21 +179,46 @@ else:
     opt = OffloadAdamW(model.parameters(), lr=1e-2, weight_decay=0.01, process_group=True, grad_hooks="step")
 addr = {id(p): p.data_ptr() for p in model.parameters()}
 args = transformers.TrainingArguments(
-    output_dir=out, per_device_train_batch_size=2, max_grad_norm=0.5, max_steps=4, logging_steps=1,
+    output_dir=out, per_device_train_batch_size=2, max_grad_norm=0.5, max_steps=o.get("max_steps", 4),
+    logging_steps=1, gradient_accumulation_steps=o.get("accum", 1),
     report_to=[], use_cpu=True, seed=1, dataloader_num_workers=0, disable_tqdm=True,
     ddp_backend="gloo", **({"save_strategy": "steps", "save_steps": o["save_steps"]} if o.get("save_steps")
                           else {"save_strategy": "no"}),
     **({"save_safetensors": False} if "save_safetensors" in transformers.TrainingArguments.__dataclass_fields__
        else {}))
-tr = transformers.Trainer(model=model, args=args, train_dataset=t.Tokens(), optimizers=(opt, None))
+
+
+def dump_state():
+    """The whole optimizer state (collective: rank 0 gets it) and the first
+    parameters, as lists."""
+    sd = opt.consolidated_state_dict()
+    if sd is None:
+        return None
+    return {"state": {str(i): {k: v.reshape(-1).tolist() for k, v in e.items() if k != "step"}
+                      for i, e in sd["state"].items()},
+            "params": [p.detach().tolist() for p in model.parameters()][:3]}
+
+
+class AtBegin(transformers.TrainerCallback):
+    """The state right after the Trainer loaded its checkpoint (on_train_begin
+    follows _load_optimizer_and_scheduler), before any step."""
+    got = None
+
+    def on_train_begin(self, args, state, control, **kw):
+        AtBegin.got = dump_state()
+
+
+tr = transformers.Trainer(model=model, args=args, train_dataset=t.Tokens(), optimizers=(opt, None),
+                          callbacks=[AtBegin()] if o.get("dump") == "begin" else None)
 if o.get("attach"):
     from zoffload.hf import attach
     attach(tr)
 tr.train(resume_from_checkpoint=o.get("resume"))
 moved = sum(p.data_ptr() != addr[id(p)] for p in model.parameters())
+state = AtBegin.got if o.get("dump") == "begin" else dump_state() if o.get("dump") else None
 if int(os.environ["RANK"]) == 0:
     logs = [(h["step"], h["loss"], h["grad_norm"]) for h in tr.state.log_history if "loss" in h]
-    json.dump({"logs": logs, "moved": moved, "wrapped": type(tr.model_wrapped).__name__,
+    json.dump({"logs": logs, "moved": moved, "wrapped": type(tr.model_wrapped).__name__, "state": state,
                "params": [p.detach().tolist() for p in model.parameters()][:3]}, open(out + ".json", "w"))
 '''
 
@@ -264,3 +289,34 @@ def test_trainer_two_ranks_checkpoint(tmp_path):
     _trainer_ranks(tmp_path, "zoffload-pg", out="plain", save_steps=2)
     sd = torch.load(str(tmp_path / "plain" / "checkpoint-2" / "optimizer.pt"), map_location="cpu")
     assert (sd["zoffload"]["partition"]["rank"], sd["zoffload"]["partition"]["world"]) == (0, 2)
+
+
+def test_trainer_two_ranks_checkpoint_loads_at_one_rank(tmp_path):
+    """A 2-rank process_group checkpoint saved through attach resumes under
+    a one-rank Trainer: opt.load() reshards the world's shards at load.
+    Right after the load (on_train_begin) the whole optimizer state and the
+    parameters are the 2-rank run's at its save, bit for bit."""
+    two = _trainer_ranks(tmp_path, "zoffload-pg", out="w2", max_steps=2, save_steps=2, attach=True, dump="end")
+    one = _trainer_ranks(tmp_path, "zoffload-pg", world=1, out="w2", max_steps=3, attach=True, dump="begin",
+                         resume=str(tmp_path / "w2" / "checkpoint-2"))
+    assert [s for s, _, _ in one["logs"]] == [1, 2, 3]      # and it trains on
+    two, one = two["state"], one["state"]
+    assert two["state"] and one["state"].keys() == two["state"].keys()
+    for i, e in two["state"].items():
+        for k, v in e.items():
+            assert one["state"][i][k] == v, (i, k)
+    assert one["params"] == two["params"]
+
+
+def test_trainer_two_ranks_accumulation(tmp_path):
+    """Gradient accumulation under the Trainer at 2 ranks (DDP's no_sync on
+    the first micro-batch): OffloadAdamW(process_group=True,
+    grad_hooks="step") logs torch AdamW's losses and grad norms."""
+    ref = _trainer_ranks(tmp_path, "torch", out="acc-torch", accum=2)
+    zo = _trainer_ranks(tmp_path, "zoffload-pg", out="acc-pg", accum=2)
+    assert [s for s, _, _ in zo["logs"]] == [1, 2, 3, 4]
+    for (s, l1, n1), (_, l2, n2) in zip(ref["logs"], zo["logs"]):
+        assert l2 == pytest.approx(l1, rel=1e-5, abs=1e-4), s
+        assert n2 == pytest.approx(n1, rel=1e-5), s
+    for a, b in zip(ref["params"], zo["params"]):
+        torch.testing.assert_close(torch.tensor(b), torch.tensor(a), rtol=1e-5, atol=1e-6)

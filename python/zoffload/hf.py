@@ -61,20 +61,16 @@ def _global_rank0(group):
 
 
 def stub_state_dict(opt, dirname=DIRNAME):
-    """What the Trainer's optimizer.pt holds under attach(): torch's keys
-    (no per-parameter state) and where the engine's checkpoint is."""
-    groups = []
-    idx = 0
-    for g in opt.param_groups:
-        e = {k: v for k, v in g.items() if k != "params"}
-        e["params"] = list(range(idx, idx + len(g["params"])))
-        idx += len(g["params"])
-        groups.append(e)
-    sd = {"state": {}, "param_groups": groups,
-          "zoffload": {"format": _STUB, "checkpoint_dir": dirname, "kind": opt._kind,
-                       "partition": None if not getattr(opt._eb, "partitioned", False)
-                       else {"world": opt._eb.world}}}
-    return sd
+    """What the Trainer's optimizer.pt holds under attach(): where the
+    engine's checkpoint is, and no "param_groups" on purpose: a torch
+    optimizer given this file (the run switched optimizers) fails on the
+    missing key instead of loading an empty state and starting its moments
+    afresh without a word; OffloadOptimizer.load_state_dict() names
+    attach."""
+    return {"state": {},
+            "zoffload": {"format": _STUB, "checkpoint_dir": dirname, "kind": opt._kind,
+                         "partition": None if not getattr(opt._eb, "partitioned", False)
+                         else {"world": opt._eb.world}}}
 
 
 def is_stub(state_dict):

@@ -7,7 +7,7 @@ decoder), data (each rank its slice of one global batch) and seed; per
 step the global loss (the ranks' mean), then tokens/s over the steps after
 the warm-up.
 
-    benchmarks/ds_zero2_2rank.py [--ranks 2] [--dim 256 --layers 4 ...] [--json out.json]
+    benchmarks/ds_zero2_2rank.py [--ranks 2] [--dim 256 --layers 4 ...] [--rounds N] [--json out.json]
 
 Both sides run in the peers' venv (benchmarks/setup_peer_venv.sh of
 ../shared/peers, default ~/.cache/zoffload/peers-venv, --venv): the same
@@ -181,6 +181,8 @@ def rank_main(args):
     if rank == 0:
         with open(args.out, "w") as f:
             json.dump(res, f)
+    if dist.is_initialized():     # gloo's threads joined before exit (else a rare SIGABRT at exit)
+        dist.destroy_process_group()
 
 
 def free_port():
@@ -238,38 +240,57 @@ def main():
     ap.add_argument("--profile", action="store_true",
                     help="time the collectives and optimizer pieces per step on every rank (printed, in --json)")
     ap.add_argument("--only", choices=["zoffload", "deepspeed"], default=None)
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="run both N times, alternating which goes first; the ratio printed is the median "
+                    "of the rounds' ratios (each round's in --json)")
     ap.add_argument("--rank-worker", choices=["zoffload", "deepspeed"], default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.rank_worker:
         args.impl = args.rank_worker
         return rank_main(args)
+    if args.rounds < 1:
+        raise SystemExit("ds_zero2_2rank: --rounds %d: at least 1" % args.rounds)
     if not os.path.exists(os.path.join(args.venv, "bin", "python")):
         raise SystemExit("ds_zero2_2rank: no venv at %s (../shared/peers/setup_peer_venv.sh makes it; --venv)"
                          % args.venv)
-    res = {}
+    impls = [i for i in ("zoffload", "deepspeed") if args.only in (None, i)]
+    rounds = []
     with tempfile.TemporaryDirectory() as d:
-        for impl in ("zoffload", "deepspeed"):
-            if args.only in (None, impl):
+        for rnd in range(args.rounds):
+            # alternated order (zoffload first in even rounds): a drift of
+            # the machine's speed through the run falls on both sides
+            res = {}
+            for impl in (impls if rnd % 2 == 0 else impls[::-1]):
                 res[impl] = launch(args, impl, os.path.join(d, impl + ".json"))
                 r = res[impl]
-                print("%s: %.1f tokens/s (rank 0 ms per step: %s), losses %s"
-                      % (r["describe"], r["tokens_per_s"],
+                print("%s%s: %.1f tokens/s (rank 0 ms per step: %s), losses %s"
+                      % ("round %d, " % (rnd + 1) if args.rounds > 1 else "", r["describe"], r["tokens_per_s"],
                          ", ".join("%s %.0f" % kv for kv in r["ms_per_step"].items()),
                          " ".join("%.4f" % v for v in r["losses"])), flush=True)
                 for rk, pr in enumerate(r.get("profile_per_rank") or []):
                     print("  rank %d ms per step: %s" % (rk, ", ".join("%s %.0f" % kv for kv in pr["phases"].items())))
                     for k, v in pr["calls"].items():
                         print("    %-34s %8.1f ms  %5.1f calls" % (k, v["ms"], v["calls"]))
-    out = {"args": {k: v for k, v in vars(args).items() if k not in ("rank_worker", "out")}, "runs": res}
-    if len(res) == 2:
-        z, ds = res["zoffload"], res["deepspeed"]
-        diff = max(abs(a - b) for a, b in zip(z["losses"], ds["losses"]))
+            rounds.append(res)
+    out = {"args": {k: v for k, v in vars(args).items() if k not in ("rank_worker", "out")},
+           "runs": rounds[0] if args.rounds == 1 else rounds}
+    if len(impls) == 2:
+        diffs, ratios = [], []
+        for res in rounds:
+            z, ds = res["zoffload"], res["deepspeed"]
+            diffs.append(max(abs(a - b) for a, b in zip(z["losses"], ds["losses"])))
+            ratios.append(z["tokens_per_s"] / ds["tokens_per_s"])
+        diff = max(diffs)
         out["max_loss_diff"] = diff
-        out["tokens_per_s_ratio"] = z["tokens_per_s"] / ds["tokens_per_s"]
-        print("max |loss difference| %.2e (tolerance %.0e: %s); tokens/s zoffload / DeepSpeed = %.2f"
+        out["tokens_per_s_ratio"] = sorted(ratios)[len(ratios) // 2] if len(ratios) % 2 else \
+            0.5 * sum(sorted(ratios)[len(ratios) // 2 - 1:len(ratios) // 2 + 1])
+        out["tokens_per_s_ratios"] = ratios
+        print("max |loss difference| %.2e (tolerance %.0e: %s); tokens/s zoffload / DeepSpeed = %.2f%s"
               % (diff, args.loss_tol, "within" if diff <= args.loss_tol else "NOT within",
-                 out["tokens_per_s_ratio"]))
+                 out["tokens_per_s_ratio"],
+                 " (median of %d alternated rounds: %s)" % (len(ratios), " ".join("%.2f" % x for x in ratios))
+                 if len(ratios) > 1 else ""))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(out, f, indent=1)

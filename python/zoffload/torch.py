@@ -300,6 +300,21 @@ def _code_bytes(n, bits):
     return n if bits == 8 else (n + 1) // 2
 
 
+def _qstate_record(opt, info):
+    """state_dict(quantized=True)'s "qstate" record from one sub-group's
+    zo_optim_qstate_info (None: the engine has no sub-group, then bits,
+    block and maps are unknown): format, bits, block and each state's map
+    (zo_qmap id and its fp32 table)."""
+    from . import optim as _optim
+    if info is None:
+        return {"format": _QFORMAT, "state_format": opt.state_format, "bits": None, "block": None, "maps": {}}
+    maps = {nm: {"id": info["maps"][nm],
+                 "values": torch.tensor(_optim.qmap_values(info["maps"][nm], info["bits"]), dtype=torch.float32)}
+            for nm in opt._state_names}
+    return {"format": _QFORMAT, "state_format": opt.state_format, "bits": info["bits"], "block": info["block"],
+            "maps": maps}
+
+
 def _qpieces(toff, tn, sgs, block):
     """The pieces of a tensor at [toff, toff + tn) of its group's flat space
     over the group's sub-groups sgs ([(k, offset, numel)], in order): for
@@ -804,20 +819,12 @@ class _EngineBackend(_BackendCommon):
     def qstate_meta(self):
         """The dict's "qstate" record: format, bits, block, and each
         state's map (zo_qmap id and its fp32 table)."""
-        from . import optim as _optim
-        opt = self.opt
         info = None
         for _, e, _, _ in self.engines:
             if e.info()["nsubgroups"]:
                 info = e.qstate_info(0)
                 break
-        maps = {}
-        for nm in opt._state_names:
-            mid = info["maps"][nm]
-            maps[nm] = {"id": mid, "values": torch.tensor(_optim.qmap_values(mid, info["bits"]),
-                                                          dtype=torch.float32)}
-        return {"format": _QFORMAT, "state_format": opt.state_format, "bits": info["bits"],
-                "block": info["block"], "maps": maps}
+        return _qstate_record(self.opt, info)
 
     def export_qstate(self):
         """{param index: {"<state>_codes", "<state>_absmax", "qpieces"}}:

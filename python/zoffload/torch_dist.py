@@ -389,18 +389,10 @@ class _PartBackend(_BackendCommon):
         return e
 
     def qstate_meta(self):
-        """state_dict(quantized=True)'s "qstate" record (as torch.py's):
-        bits, block and each state's map, from this rank's engine."""
-        from . import optim as _optim
-        from .torch import _QFORMAT
-        fmt = self.opt.state_format
-        if not self.inner.info()["nsubgroups"]:     # a rank whose shards are all empty
-            return {"format": _QFORMAT, "state_format": fmt, "bits": None, "block": None, "maps": {}}
-        info = self.inner.qstate_info(0)
-        maps = {nm: {"id": info["maps"][nm], "values": torch.tensor(_optim.qmap_values(info["maps"][nm], info["bits"]),
-                                                                    dtype=torch.float32)}
-                for nm in self.opt._state_names}
-        return {"format": _QFORMAT, "state_format": fmt, "bits": info["bits"], "block": info["block"], "maps": maps}
+        """state_dict(quantized=True)'s "qstate" record (torch.py's), from
+        this rank's engine."""
+        from .torch import _qstate_record
+        return _qstate_record(self.opt, self.inner.qstate_info(0) if self.inner.info()["nsubgroups"] else None)
 
     def load_rank_state(self, part):
         if part.get("format") != _STATE_FMT:
@@ -432,7 +424,13 @@ class _PartBackend(_BackendCommon):
                 raise ValueError("this state dict's raw states have %d sub-groups, this rank's engine %d (the same "
                                  "state_dtype, state_block and sub_group_size are needed; or load a state_dict() "
                                  "saved without quantized=True)" % (len(qsub), nsg))
+            need = ["group", "offset", "numel"] + [nm + k for nm in self.opt._state_names
+                                                   for k in ("_codes", "_absmax")]
             for k, e in enumerate(qsub):
+                miss = [key for key in need if key not in e]
+                if miss:
+                    raise ValueError("raw states: sub-group %d lacks %s (state_dict(quantized=True) with "
+                                     "process_group gives %s)" % (k, ", ".join(miss), ", ".join(need)))
                 qi = self.inner.qstate_info(k)
                 for key in ("group", "offset", "numel"):
                     if int(e[key]) != qi[key]:

@@ -914,6 +914,16 @@ def test_quantized_state_dict_partitioned(group):
         (_, _), (m4, o4) = _pair(torch, group, **kw)
         with pytest.raises(ValueError, match=what):
             o4.load_state_dict(sd)
+    # a damaged dict: refused by name before anything is loaded
+    import copy
+    bad = copy.deepcopy(sd)
+    del bad["zoffload"]["partition"]["qsub"][1]["exp_avg_sq_absmax"]
+    before = o3.state_dict(quantized=True)["zoffload"]["partition"]["qsub"]
+    with pytest.raises(ValueError, match="sub-group 1 lacks exp_avg_sq_absmax"):
+        o3.load_state_dict(bad)
+    for e1, e2 in zip(before, o3.state_dict(quantized=True)["zoffload"]["partition"]["qsub"]):
+        for k in e1:
+            assert torch.equal(torch.as_tensor(e1[k]), torch.as_tensor(e2[k])), k
     q, plain = o1.state_dict(quantized=True), o1.state_dict()
     got = []
     for d in (q, plain):

@@ -111,14 +111,15 @@ def attach(trainer, dirname=DIRNAME):
         opt = _offload_opt(trainer.optimizer)
         if opt is None:
             return orig_save(output_dir)
-        # before the Trainer's files, the engine's commit: with process_group
+        # Before the Trainer's files, the engine's commit: with process_group
         # on every rank (each writes its shard, then one world manifest);
         # without, the ranks' optimizers are replicas and the Trainer's saving
-        # rank(s) write one copy (two ranks writing one directory would race)
-        # A name of its own each time: a run resumed into the same output_dir
-        # saves checkpoint-N again, and the engine never overwrites a
-        # checkpoint; keep_last=2 keeps at most the previous one beside it
-        # (zo_part_save refuses 1: a crash could then leave no whole one).
+        # rank(s) write one copy (two ranks writing one directory would race).
+        #
+        # A name of its own each time (rank 0's, broadcast): a run resumed into
+        # the same output_dir saves checkpoint-N again, and the engine never
+        # overwrites a checkpoint; keep_last=2 keeps at most the previous one
+        # beside it (zo_part_save refuses 1: a crash could leave no whole one).
         name = "opt-%d" % time.time_ns()
         if getattr(opt._eb, "partitioned", False):
             import torch.distributed as dist

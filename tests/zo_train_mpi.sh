@@ -115,6 +115,20 @@ signal)
         [ -f "$scratch/ck/rank1/step-$step/manifest.json" ] ||
         { echo "no whole checkpoint:"; cat "$scratch/out"; ls -R "$scratch/ck"; exit 1; }
     echo "one rank signalled: both stopped and saved step-$step" ;;
+signal-late)
+    # rank 0's SIGTERM lands just after its 3rd stop-flag all-reduce returned (a test hook: on a
+    # real run, a signal while the rank waits there for a slower one): the agreement at that
+    # boundary was "go on", so both ranks train step 3 and stop together at the next boundary
+    # (a rank that stopped at once left the other in step 3's collectives: hang or MPI error)
+    ZO_TRAIN_TEST_SIGNAL_AFTER_STOP_REDUCE=3 timeout 60 "$mpirun" -np 2 "$train" $model --steps 20 \
+        --save "$scratch/ck" >"$scratch/out" 2>"$scratch/err"
+    rc=$?
+    [ "$rc" -eq 0 ] || { echo "late-signalled job exit $rc"; cat "$scratch/out" "$scratch/err"; exit 1; }
+    grep -q '^interrupted (SIGTERM)' "$scratch/out" || { echo "not interrupted:"; cat "$scratch/out"; exit 1; }
+    [ "$(steps_out)" -eq 3 ] && [ -f "$scratch/ck/rank0/step-3/manifest.json" ] &&
+        [ -f "$scratch/ck/rank1/step-3/manifest.json" ] ||
+        { echo "expected 3 steps and a whole step-3 checkpoint:"; cat "$scratch/out"; ls -R "$scratch/ck"; exit 1; }
+    echo "a signal after the stop all-reduce: both ranks trained step 3 and saved step-3" ;;
 dead-rank)
     # kill -9 of one rank mid-run: the others must not hang; the launcher ends the job with an
     # error within 30 s (Open MPI terminates the job when a rank dies without MPI_Finalize)

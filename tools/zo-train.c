@@ -160,6 +160,24 @@ static void test_micro_delay(void)
     }
 }
 
+/* Test hook: ZO_TRAIN_TEST_SIGNAL_AFTER_STOP_REDUCE=N makes rank 0 raise
+ * SIGTERM just after its N-th all-reduce of the stop flag has returned: a
+ * signal that lands while the ranks' agreement for this boundary is already
+ * made (on a real run, while a rank waits in that all-reduce for a slower
+ * one). The ranks must still stop together, at the next boundary. */
+static void test_signal_after_stop_reduce(unsigned rank)
+{
+    static long n = -1, seen;
+    if (n < 0) {
+        const char *e = getenv("ZO_TRAIN_TEST_SIGNAL_AFTER_STOP_REDUCE");
+        n = e ? strtol(e, NULL, 10) : 0;
+        if (n < 0)
+            n = 0;
+    }
+    if (n && rank == 0 && ++seen == n)
+        raise(SIGTERM);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -1658,19 +1676,26 @@ static int train_loop(train_run *t)
     zo_optim_get_info(t->o, &info);
     t->step0 = info.step;
     for (unsigned s = 0; s < t->opt.steps; s++) {
+        int stop_now = g_stop != 0;
         if (t->part) {
             /* a signal reaches the ranks at different moments: they stop
-             * together, at the first step boundary where any has one */
+             * together, at the first step boundary where any has one. The
+             * decision is the reduced flag alone: a signal that lands after
+             * this rank's value went in (while it waits for a slower rank)
+             * is for the next boundary, else this rank would stop while the
+             * others go on into the next step's collectives. */
             double stop = g_stop;
             int r = dp_reduce(t, &stop, 1, ZO_COMM_MAX);
             if (r < 0) {
                 fprintf(stderr, "zo-train: all-reduce of the stop flag: %s\n", zo_strerror(r));
                 return 1;
             }
-            if (stop > 0 && !g_stop)
+            test_signal_after_stop_reduce(t->dp.rank);
+            stop_now = stop > 0;
+            if (stop_now && !g_stop)
                 g_stop = (sig_atomic_t)stop;
         }
-        if (g_stop)
+        if (stop_now)
             break;
         double t0 = now_s();
         window w = {.scale = t->part ? zo_part_loss_scale(t->part) : zo_optim_loss_scale(t->o)};

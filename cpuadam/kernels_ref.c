@@ -17,6 +17,7 @@
  */
 #define ZO_MODULE "cpuadam"
 #include "core/internal.h"
+#include "core/dispatch.h"
 #include "core/vec_ref.h"
 #include "cpuadam/cpuadam_internal.h"
 
@@ -159,13 +160,12 @@ static const zo_cpuadam_dsp c_table = {
 
 /* The variants from slowest to fastest, each needing what its predecessors
  * need. The usable table of variant v is built here, in baseline code, by
- * laying the constant tables 0..v over each other: only addresses are
- * copied, so every table can be built on any CPU, and zo__cpuadam_dsp_for()
- * keeps a table the CPU cannot run from being handed out. */
-static const struct {
-    unsigned need;
-    const zo_cpuadam_dsp *over;
-} variants[] = {
+ * laying the constant tables 0..v over each other (core/dispatch.h): only
+ * addresses are copied, so every table can be built on any CPU, and
+ * zo__variant_pick() keeps a table the CPU cannot run from being handed
+ * out. */
+ZO_DISPATCH_TABLE_CHECK(zo_cpuadam_dsp);
+static const zo__variant variants[] = {
     {0, &c_table},
 #if defined(__x86_64__)
     {ZO_CPU_LEVEL_AVX2, &zo__cpuadam_avx2},
@@ -181,34 +181,13 @@ static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
 static void tables_init(void)
 {
-    for (size_t v = 0; v < V_COUNT; v++) {
-        const zo_cpuadam_dsp *o = variants[v].over;
-        zo_cpuadam_dsp *d = &tables[v];
-        *d = v ? tables[v - 1] : c_table;
-        d->name = o->name;
-        if (o->step)
-            d->step = o->step;
-        if (o->rollback)
-            d->rollback = o->rollback;
-        if (o->grad_stats)
-            d->grad_stats = o->grad_stats;
-        if (o->stream_bound)
-            d->stream_bound = o->stream_bound;
-        if (o->qdequant)
-            d->qdequant = o->qdequant;
-        if (o->qquant)
-            d->qquant = o->qquant;
-    }
+    zo__variant_overlay(tables, sizeof(tables[0]), variants, V_COUNT);
 }
 
 const zo_cpuadam_dsp *zo__cpuadam_dsp_for(unsigned flags)
 {
     pthread_once(&tables_once, tables_init);
-    flags &= zo_cpu_detected(); /* never hand out a table the CPU cannot run */
-    for (size_t v = V_COUNT - 1; v > 0; v--)
-        if ((flags & variants[v].need) == variants[v].need)
-            return &tables[v];
-    return &tables[0];
+    return &tables[zo__variant_pick(variants, V_COUNT, flags)];
 }
 
 const zo_cpuadam_dsp *zo__cpuadam_dsp(void)
@@ -222,7 +201,7 @@ const char *zo__cpuadam_variant_at(unsigned i, unsigned *need)
         return NULL;
     if (need)
         *need = variants[i].need;
-    return variants[i].over->name;
+    return zo__variant_name(&variants[i]);
 }
 
 const zo_cpuadam_dsp *zo__cpuadam_dsp_named(const char *name, unsigned *need)

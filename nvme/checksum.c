@@ -4,6 +4,7 @@
  * XXH3 through libxxhash when the build has it. */
 #define ZO_MODULE "nvme"
 #include "core/internal.h"
+#include "core/dispatch.h"
 #include "nvme/nvme_internal.h"
 
 #include <pthread.h>
@@ -122,10 +123,8 @@ static const zo__crc_dsp crc_ref = {"scalar", zo__crc32c_ref};
 
 /* The variants from slowest to fastest, each needing what its predecessors
  * need; a variant is a whole kernel, so there is nothing to lay over. */
-static const struct {
-    unsigned need;
-    const zo__crc_dsp *dsp;
-} variants[] = {
+ZO_DISPATCH_TABLE_CHECK(zo__crc_dsp);
+static const zo__variant variants[] = {
     {0, &crc_ref},
 #if defined(__x86_64__)
     {ZO_CPU_SSE42, &zo__crc_sse42},
@@ -143,11 +142,7 @@ static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 const zo__crc_dsp *zo__crc_dsp_for(unsigned flags)
 {
     pthread_once(&tables_once, crc_tables_init);
-    flags &= zo_cpu_detected(); /* never hand out a kernel the CPU cannot run */
-    for (size_t v = ZO_ARRAY_LEN(variants) - 1; v > 0; v--)
-        if ((flags & variants[v].need) == variants[v].need)
-            return variants[v].dsp;
-    return &crc_ref;
+    return (const zo__crc_dsp *)variants[zo__variant_pick(variants, ZO_ARRAY_LEN(variants), flags)].table;
 }
 
 const zo__crc_dsp *zo__crc_dsp_cur(void)
@@ -168,7 +163,7 @@ ZO_API const char *zo_crc32c_variant_at(unsigned i, unsigned *needs)
         return NULL;
     if (needs)
         *needs = variants[i].need;
-    return variants[i].dsp->name;
+    return zo__variant_name(&variants[i]);
 }
 
 ZO_API const char *zo_crc32c_variant(void)

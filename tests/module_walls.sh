@@ -6,7 +6,8 @@
 # that module's declared doors:
 #   core (the base every module builds on): internal.h, list.h, extent.h,
 #       fp_convert.h, vec_ref.h and arm/neon_cvt.h (the CPU kernels'
-#       conversions); pin_hooks.h for dev alone (core/pin_hooks.h says why)
+#       conversions), dispatch.h (the kernel families' variant tables);
+#       pin_hooks.h for dev alone (core/pin_hooks.h says why)
 #   dev: fence.h, for the store's mover
 # and lib/core includes no other module at all, public headers of the
 # device, store, optimizer, aio, swap, cpuadam and tiling layers included
@@ -18,7 +19,7 @@ cd "$1"
 modules=(lib/core lib/dev lib/store lib/optim aio cpuadam nvme tiling)
 door() {  # door MODULE HEADER: may MODULE include HEADER of another module?
     case "$2" in
-    core/internal.h|core/list.h|core/extent.h|core/fp_convert.h|core/vec_ref.h|core/arm/neon_cvt.h) return 0 ;;
+    core/internal.h|core/list.h|core/extent.h|core/fp_convert.h|core/vec_ref.h|core/arm/neon_cvt.h|core/dispatch.h) return 0 ;;
     core/pin_hooks.h) [ "$1" = lib/dev ] ;;
     dev/fence.h) [ "$1" = lib/store ] ;;
     *) return 1 ;;

@@ -9,6 +9,7 @@
 #include "zo_test.h"
 
 #include "core/internal.h"
+#include "core/dispatch.h"
 #include "core/list.h"
 #include "core/vec_ref.h"
 #include "store/store_internal.h"
@@ -842,6 +843,46 @@ END_TEST
  * and the one picked now is the last the current flags allow. A variant
  * that needs what the CPU lacks is listed but never picked: the tables are
  * built from data on any CPU and only handed out after the CPU check. */
+/* core/dispatch.h, the one pick and overlay of the kernel families: a
+ * NULL member keeps the level below's, a name always comes from the
+ * variant itself, and a variant whose flags this CPU lacks is never
+ * picked, whatever flags the caller asks for. */
+typedef struct fake_dsp {
+    const char *name;
+    int (*a)(void);
+    int (*b)(void);
+} fake_dsp;
+ZO_DISPATCH_TABLE_CHECK(fake_dsp);
+static int fake1(void) { return 1; }
+static int fake2(void) { return 2; }
+static int fake3(void) { return 3; }
+
+START_TEST(test_dispatch_overlay_and_pick)
+{
+    static const fake_dsp t0 = {"base", fake1, fake1}, t1 = {"mid", NULL, fake2}, t2 = {"top", fake3, NULL};
+    /* top needs a flag no CPU has (above ZO_CPU_ALL) */
+    const zo__variant v[] = {{0, &t0}, {0, &t1}, {ZO_CPU_ALL + 1u, &t2}};
+    fake_dsp tables[3];
+    memset(tables, 0xa5, sizeof(tables));
+    zo__variant_overlay(tables, sizeof(tables[0]), v, 3);
+    ck_assert_str_eq(tables[0].name, "base");
+    ck_assert(tables[0].a == fake1 && tables[0].b == fake1);
+    ck_assert_str_eq(tables[1].name, "mid");
+    ck_assert(tables[1].a == fake1 && tables[1].b == fake2);
+    ck_assert_str_eq(tables[2].name, "top");
+    ck_assert(tables[2].a == fake3 && tables[2].b == fake2);
+    ck_assert_int_eq(tables[2].a() + tables[2].b(), 5);
+    ck_assert_str_eq(zo__variant_name(&v[2]), "top");
+    /* asked for everything: never the variant the CPU cannot run */
+    ck_assert_uint_eq(zo__variant_pick(v, 3, ~0u), 1);
+    ck_assert_uint_eq(zo__variant_pick(v, 1, ~0u), 0);
+    /* a variant needing a flag not asked for: the one below */
+    const zo__variant w[] = {{0, &t0}, {ZO_CPU_SSE42 | ZO_CPU_NEON, &t1}};
+    ck_assert_uint_eq(zo__variant_pick(w, 2, 0), 0);
+    ck_assert_uint_eq(zo__variant_pick(w, 2, ~0u), 0); /* no CPU has both */
+}
+END_TEST
+
 START_TEST(test_kernel_variant_lists)
 {
     const char *(*const at[])(unsigned, unsigned *) = {zo_vec_variant_at, zo_crc32c_variant_at,
@@ -901,6 +942,7 @@ static Suite *core_suite(void)
     tcase_add_test(tc, test_cpu_parse_mask);
     tcase_add_test(tc, test_cpu_flags_consistent);
     tcase_add_test(tc, test_kernel_variant_lists);
+    tcase_add_test(tc, test_dispatch_overlay_and_pick);
     tcase_add_test(tc, test_cpu_mask_env_bounds_dispatch);
     tcase_add_test(tc, test_cpu_set_mask_lowers_dispatch);
     suite_add_tcase(s, tc);

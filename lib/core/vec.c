@@ -2,6 +2,7 @@
 /* Vector primitives: C reference kernels, run-time dispatch, public API. */
 #define ZO_MODULE "vec"
 #include "core/internal.h"
+#include "core/dispatch.h"
 #include "core/vec_ref.h"
 
 #include <pthread.h>
@@ -93,13 +94,11 @@ static const zo_vec_dsp c_table = {
 /* The variants from slowest to fastest, each needing all its predecessors
  * need. Each ISA file gives a constant table (data, no code runs); the
  * usable table of variant v is built here, in baseline code, by laying
- * variants 0..v over each other. Building touches only addresses, so all
- * tables can be built on any CPU; zo__vec_dsp_for() is what keeps a table
- * the CPU cannot run from being handed out. */
-static const struct {
-    unsigned need;
-    const zo_vec_dsp *over;
-} variants[] = {
+ * variants 0..v over each other (core/dispatch.h). Building touches only
+ * addresses, so all tables can be built on any CPU; zo__variant_pick()
+ * is what keeps a table the CPU cannot run from being handed out. */
+ZO_DISPATCH_TABLE_CHECK(zo_vec_dsp);
+static const zo__variant variants[] = {
     {0, &c_table},
 #if defined(__x86_64__)
     {ZO_CPU_LEVEL_AVX2, &zo__vec_avx2},
@@ -113,38 +112,15 @@ static const struct {
 static zo_vec_dsp tables[V_COUNT];
 static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
 
-static void overlay(zo_vec_dsp *d, const zo_vec_dsp *o)
-{
-#define OVER(f) if (o->f) d->f = o->f
-    OVER(name);
-    OVER(f32_to_bf16);
-    OVER(f32_to_f16);
-    OVER(bf16_to_f32);
-    OVER(f16_to_f32);
-    OVER(sumsq_f32);
-    OVER(sumsq_bf16);
-    OVER(sumsq_f16);
-    OVER(nonfinite_f32);
-    OVER(nonfinite_16);
-#undef OVER
-}
-
 static void tables_init(void)
 {
-    for (size_t v = 0; v < V_COUNT; v++) {
-        tables[v] = v ? tables[v - 1] : c_table;
-        overlay(&tables[v], variants[v].over);
-    }
+    zo__variant_overlay(tables, sizeof(tables[0]), variants, V_COUNT);
 }
 
 const zo_vec_dsp *zo__vec_dsp_for(unsigned flags)
 {
     pthread_once(&tables_once, tables_init);
-    flags &= zo_cpu_detected(); /* never hand out a table the CPU cannot run */
-    for (size_t v = V_COUNT - 1; v > 0; v--)
-        if ((flags & variants[v].need) == variants[v].need)
-            return &tables[v];
-    return &tables[0];
+    return &tables[zo__variant_pick(variants, V_COUNT, flags)];
 }
 
 const zo_vec_dsp *zo__vec_dsp(void)
@@ -158,7 +134,7 @@ ZO_API const char *zo_vec_variant_at(unsigned i, unsigned *needs)
         return NULL;
     if (needs)
         *needs = variants[i].need;
-    return variants[i].over->name;
+    return zo__variant_name(&variants[i]);
 }
 
 ZO_API const char *zo_vec_variant(void)

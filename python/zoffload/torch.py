@@ -1049,6 +1049,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
                  buffer_count=None, clip_mode="two_pass", no_grad=None, maximize=False,
                  foreach=None, fused=None, capturable=False, differentiable=False,
                  process_group=None, bucket_bytes=None, state_block=None, state_map_m=None, state_map_v=None):
+        if type(self)._hparams is OffloadOptimizer._hparams:
+            raise TypeError("%s is a base class: use OffloadAdamW, OffloadAdam, OffloadAdagrad or OffloadLion"
+                            % type(self).__name__)
         defaults = dict(defaults, maximize=bool(maximize), foreach=foreach, fused=fused,
                         capturable=capturable, differentiable=differentiable)
         self._built = False
@@ -1291,7 +1294,9 @@ class OffloadOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------ the step
     def _hparams(self, group, step):
-        raise NotImplementedError
+        """The engine's hyperparameters of a param group: each optimizer
+        class gives its own (__init__ refuses a class without one)."""
+        raise TypeError("%s defines no _hparams" % type(self).__name__)
 
     def _fence(self):
         """Wait for a delayed update and put its result into the params."""

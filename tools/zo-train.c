@@ -144,15 +144,19 @@ static void on_signal(int sig)
  * much longer (a stand-in for a long forward/backward), so the tests can
  * signal a run inside a micro-step or an accumulation window. Signals do
  * not shorten it. */
+/* A test hook's count from the environment: 0 when unset, garbage or negative. */
+static long test_hook_env(const char *name)
+{
+    const char *e = getenv(name);
+    long v = e ? strtol(e, NULL, 10) : 0;
+    return v > 0 ? v : 0;
+}
+
 static void test_micro_delay(void)
 {
     static long ms = -1;
-    if (ms < 0) {
-        const char *e = getenv("ZO_TRAIN_TEST_MICRO_DELAY_MS");
-        ms = e ? strtol(e, NULL, 10) : 0;
-        if (ms < 0)
-            ms = 0;
-    }
+    if (ms < 0)
+        ms = test_hook_env("ZO_TRAIN_TEST_MICRO_DELAY_MS");
     if (!ms)
         return;
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (ms % 1000) * 1000000L};
@@ -168,12 +172,8 @@ static void test_micro_delay(void)
 static void test_signal_after_stop_reduce(unsigned rank)
 {
     static long n = -1, seen;
-    if (n < 0) {
-        const char *e = getenv("ZO_TRAIN_TEST_SIGNAL_AFTER_STOP_REDUCE");
-        n = e ? strtol(e, NULL, 10) : 0;
-        if (n < 0)
-            n = 0;
-    }
+    if (n < 0)
+        n = test_hook_env("ZO_TRAIN_TEST_SIGNAL_AFTER_STOP_REDUCE");
     if (n && rank == 0 && ++seen == n)
         raise(SIGTERM);
 }

@@ -430,6 +430,38 @@ START_TEST(test_group_readahead)
 END_TEST
 
 /* ---- the layout at the defaults (numbers docs/store.md quotes) ------------------------- */
+/* Open a sweep and check its layout: pieces of 1 Mi elements (the default
+ * slots at these sizes), the depth, frames and slots given. */
+static zo_store_sweep *open_layout(zo_store *st, const zo_store_sweep_desc *d, unsigned depth, unsigned frames,
+                                   unsigned slots)
+{
+    zo_store_sweep *sw = NULL;
+    ck_assert_int_eq(zo_store_sweep_open(st, d, &sw), 0);
+    zo_store_sweep_info info;
+    zo_store_sweep_get_info(sw, &info);
+    ck_assert_uint_eq(info.piece_elems, 1u << 20);
+    ck_assert_uint_eq(info.depth, depth);
+    ck_assert_uint_eq(info.frames, frames);
+    ck_assert_uint_eq(info.slots, slots);
+    return sw;
+}
+
+/* Walk a sweep of never-written tensors to its end (every piece reads as
+ * zeros, sampled) and close it. */
+static void walk_zeros_close(zo_store_sweep **sw, int ntensors)
+{
+    zo_store_sweep_piece p;
+    int r;
+    while ((r = zo_store_sweep_next(*sw, &p)) == 0 && p.nelem) {
+        for (int k = 0; k < ntensors; k++)
+            for (uint64_t i = 0; i < p.nelem; i += 4099)
+                ck_assert_uint_eq(((uint8_t *)p.ptr[k])[i], 0);
+        ck_assert_int_eq(zo_store_sweep_done(*sw, &p), 0);
+    }
+    ck_assert_int_eq(r, 0);
+    ck_assert_int_eq(zo_store_sweep_close(sw), 0);
+}
+
 START_TEST(test_group_default_layout)
 {
     env e;
@@ -456,24 +488,8 @@ START_TEST(test_group_default_layout)
         d.ntensors = 3;
         d.ngroups = 1;
         d.tensors = t[g];
-        zo_store_sweep *sw;
-        ck_assert_int_eq(zo_store_sweep_open(e.st, &d, &sw), 0);
-        zo_store_sweep_info info;
-        zo_store_sweep_get_info(sw, &info);
-        ck_assert_uint_eq(info.piece_elems, 1u << 20);
-        ck_assert_uint_eq(info.depth, want_depth[g]);
-        ck_assert_uint_eq(info.frames, want_frames[g]);
-        ck_assert_uint_eq(info.slots, want_slots[g]);
-        zo_store_sweep_piece p;
-        int r;
-        while ((r = zo_store_sweep_next(sw, &p)) == 0 && p.nelem) {
-            for (int k = 0; k < 3; k++)
-                for (uint64_t i = 0; i < p.nelem; i += 4099)
-                    ck_assert_uint_eq(((uint8_t *)p.ptr[k])[i], 0);
-            ck_assert_int_eq(zo_store_sweep_done(sw, &p), 0);
-        }
-        ck_assert_int_eq(r, 0);
-        ck_assert_int_eq(zo_store_sweep_close(&sw), 0);
+        zo_store_sweep *sw = open_layout(e.st, &d, want_depth[g], want_frames[g], want_slots[g]);
+        walk_zeros_close(&sw, 3);
     }
     /* when the slots do not allow the deeper layout with pieces as large,
      * the caller's depth stands: 8 slots hold 4 mixed frames of 1 Mi */
@@ -483,15 +499,30 @@ START_TEST(test_group_default_layout)
     d.ngroups = 1;
     d.tensors = t[0];
     d.max_slots = 8;
-    zo_store_sweep *sw;
-    ck_assert_int_eq(zo_store_sweep_open(e.st, &d, &sw), 0);
-    zo_store_sweep_info info;
-    zo_store_sweep_get_info(sw, &info);
-    ck_assert_uint_eq(info.piece_elems, 1u << 20);
-    ck_assert_uint_eq(info.depth, 2);
-    ck_assert_uint_eq(info.frames, 4);
-    ck_assert_uint_eq(info.slots, 8);
+    zo_store_sweep *sw = open_layout(e.st, &d, 2, 4, 8);
     ck_assert_int_eq(zo_store_sweep_close(&sw), 0);
+    /* depth_elem_bytes: a master-only sweep (the optimizer's, with quantized
+     * m and v read beside it) counted in an fp32 master + m + v element's 12
+     * bytes reads 6 pieces of 4 MiB ahead (24 MiB, as the full sweep's 2 of
+     * 12) with 3 writing back: 10 frames in 10 slots, at most the full
+     * sweep's 12; at most the positions' own bytes (4, or 0) it changes
+     * nothing; garbage is refused */
+    const unsigned ebytes[3] = {12, 4, 0}, edepth[3] = {6, 2, 2}, eframes[3] = {10, 4, 4};
+    for (int c = 0; c < 3; c++) {
+        zo_store_sweep_desc_default(&d);
+        d.ngroups = 1;
+        d.tensors = &t[1][0];
+        d.depth_elem_bytes = ebytes[c];
+        sw = open_layout(e.st, &d, edepth[c], eframes[c], eframes[c]);
+        walk_zeros_close(&sw, 1);
+    }
+    zo_store_sweep_desc_default(&d);
+    d.ngroups = 1;
+    d.tensors = &t[1][0];
+    d.depth_elem_bytes = 1000;
+    ck_assert_int_eq(zo_store_sweep_open(e.st, &d, &sw), -EINVAL);
+    ck_assert_ptr_null(sw);
+    ck_assert_ptr_nonnull(strstr(zo_store_errmsg(e.st), "depth_elem_bytes 1000"));
     /* a step's worth of sweeps back to back: the pool comes back each time */
     check_pool_idle(e.st);
     env_close(&e);

@@ -363,6 +363,13 @@ typedef struct zo_store_sweep_desc {
                                            reservation allows (>= 1 MiB per tensor piece when it can) */
     unsigned max_slots;               /**< most pool slots to reserve; 0 (default): what the layout
                                            needs, at most the unreserved slots less one */
+    unsigned depth_elem_bytes;        /**< bytes of one element that `depth` is counted in; 0 (default):
+                                           the widest position's size times the slot-backed positions.
+                                           A caller that moves part of each element outside the sweep
+                                           (the optimizer's quantized m and v beside a master-only
+                                           sweep) passes the bytes a full sweep would carry (12: fp32
+                                           master, m and v), so as many bytes are in flight as there
+                                           (depth by bytes, under the same slot limits) */
 } zo_store_sweep_desc;
 
 /** Fill *d with the defaults above. NULL is ignored. */

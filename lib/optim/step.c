@@ -450,6 +450,18 @@ static int walk_group(zo_optim *o, unsigned g, const unsigned *list, unsigned n,
     d.ngroups = n;
     d.tensors = ts;
     d.depth = o->cfg.buffer_count - 2;
+    if (og->qbits) {
+        /* the sweep carries the masters alone (4 bytes an element of the 6
+         * that move with q8 states): count its depth in the bytes an fp32
+         * master + m + v sweep carries, so as many bytes are queued at the
+         * disk as there. At the plain depth the disk saw 4-8 requests and
+         * moved 0.8 GB/s each way between the sub-groups' state bursts
+         * (docs/benchmarks.md, eleventh stop). */
+        unsigned eb = 4;
+        for (int k = 1; k < ZO_OPTIM_STATE_COUNT; k++)
+            eb += og->used[k] ? 4u : 0u;
+        d.depth_elem_bytes = eb;
+    }
     zo_store_sweep *sw = NULL;
     int r = zo_store_sweep_open(o->store, &d, &sw);
     free(ts);

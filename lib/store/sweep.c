@@ -29,6 +29,9 @@
 /* frames: the depth, the one held, those writing back (up to 8: a write-back
  * window scaled by bytes, see plan()) */
 #define SW_MAX_FRAMES (SW_MAX_DEPTH + 1u + 8u)
+/* Most bytes per element a caller may count its depth in (depth_elem_bytes):
+ * eight fp32 positions */
+#define SW_MAX_ELEM_BYTES (4u * ZO_SWEEP_MAX_TENSORS)
 /* Per-tensor piece size aimed at when the slots allow: large disk requests */
 #define SW_DEFAULT_HOST_ELEMS (1u << 20)
 
@@ -254,8 +257,12 @@ static int plan(zo_store *s, zo_store_sweep *sw, const zo_store_sweep_desc *d, u
             wide += emax;
             narrow += esz[k];
         }
+    /* the caller's element may be wider than the positions here (part of it
+     * moves outside the sweep): count the depth in its bytes */
+    if (d->depth_elem_bytes > wide)
+        wide = d->depth_elem_bytes;
     if (narrow < wide && r == 0 && d->depth < SW_MAX_DEPTH) {
-        unsigned wb = writing ? (unsigned)((writing * wide + narrow - 1) / narrow) : 0;
+        unsigned wb = writing ? (unsigned)ZO_MIN(8u, (writing * wide + narrow - 1) / narrow) : 0;
         unsigned depth = (unsigned)ZO_MIN((uint64_t)(SW_MAX_DEPTH + 1 - wb), (d->depth * wide + narrow - 1) / narrow);
         unsigned cap = (d->depth + 1 + writing) * (unsigned)(wide / emax); /* an all-widest sweep's slots */
         uint64_t ne2 = 0;
@@ -511,6 +518,9 @@ static int check_desc(zo_store *s, const zo_store_sweep_desc *d, zo_store_sweep 
         return ZO_FAIL(&s->err, -EINVAL, "%s: ngroups %zu is absurd", fn, d->ngroups);
     if (d->depth == 0 || d->depth > SW_MAX_DEPTH)
         return ZO_FAIL(&s->err, -EINVAL, "%s: depth %u (1..%u)", fn, d->depth, SW_MAX_DEPTH);
+    if (d->depth_elem_bytes > SW_MAX_ELEM_BYTES)
+        return ZO_FAIL(&s->err, -EINVAL, "%s: depth_elem_bytes %u (0..%u)", fn, d->depth_elem_bytes,
+                       SW_MAX_ELEM_BYTES);
     for (unsigned k = 0; k < d->ntensors; k++)
         if (!d->mode[k] || (d->mode[k] & ~(unsigned)(ZO_STREAM_READ | ZO_STREAM_WRITE)))
             return ZO_FAIL(&s->err, -EINVAL, "%s: mode[%u] 0x%x is not READ and/or WRITE", fn, k, d->mode[k]);

@@ -21,8 +21,10 @@
  * Build and run (2 threads, n = 1e8, 5 pairs; the ratio is the bound's time
  * scaled to q8's 16 bytes per parameter over the step's, as zo-adam-bench
  * reports for --state q8):
- *   gcc -O2 -march=sapphirerapids -fopenmp benchmarks/q8_gatherfree_proto.c -o /tmp/q8proto
+ *   gcc -O2 -fopenmp benchmarks/q8_gatherfree_proto.c -o /tmp/q8proto
  *   OMP_NUM_THREADS=2 /tmp/q8proto 1e8 5
+ * Only the kernels are compiled for AVX-512 (the pragma below); main()
+ * checks the CPU first and refuses, exit 77, where it lacks AVX-512.
  */
 #include <immintrin.h>
 #include <omp.h>
@@ -33,6 +35,8 @@
 #include <time.h>
 #define BLK 256
 static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec+t.tv_nsec*1e-9;}
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,fma")
 typedef __m512 VF;
 /* code -> value (times scale) */
 static inline VF dec_m(__m512i c, VF s){
@@ -103,11 +107,23 @@ static void bound(float*a,float*b,float*c,const float*d,size_t i0,size_t i1){
   for(size_t i=i0;i<i1;i+=16){VF x=_mm512_mul_ps(al,_mm512_loadu_ps(d+i));
     _mm512_storeu_ps(a+i,_mm512_add_ps(_mm512_loadu_ps(a+i),x));_mm512_storeu_ps(b+i,_mm512_add_ps(_mm512_loadu_ps(b+i),x));_mm512_storeu_ps(c+i,_mm512_add_ps(_mm512_loadu_ps(c+i),x));}
 }
+#pragma GCC pop_options
 int main(int argc,char**argv){
+  __builtin_cpu_init();
+  if(!__builtin_cpu_supports("avx512f")||!__builtin_cpu_supports("avx512bw")||!__builtin_cpu_supports("avx512vl")||
+     !__builtin_cpu_supports("avx512dq")){
+    fprintf(stderr,"q8_gatherfree_proto: this CPU lacks AVX-512 (F/BW/VL/DQ); the prototype's kernels need it\n");
+    return 77;
+  }
   size_t n=argc>1?(size_t)atof(argv[1]):100000000; int pairs=argc>2?atoi(argv[2]):5;
+  if(n<(size_t)BLK*64||n>((size_t)1<<32)||pairs<1||pairs>64){
+    fprintf(stderr,"usage: q8_gatherfree_proto [N (%d .. 2^32 elements; default 1e8)] [PAIRS (1..64; default 5)]\n",BLK*64);
+    return 2;
+  }
   n=n/BLK*BLK; size_t nb=n/BLK;
   float*p=aligned_alloc(64,n*4),*g=aligned_alloc(64,n*4),*m=aligned_alloc(64,n*4),*v=aligned_alloc(64,n*4);
   uint8_t*mc=aligned_alloc(64,n),*vc=aligned_alloc(64,n); float*ms=malloc(nb*4),*vs=malloc(nb*4);
+  if(!p||!g||!m||!v||!mc||!vc||!ms||!vs){fprintf(stderr,"q8_gatherfree_proto: out of memory for n = %zu\n",n);return 1;}
   #pragma omp parallel for
   for(size_t i=0;i<n;i++){p[i]=1e-3f*(i%1000);g[i]=1e-4f*(float)((long)((i*7)%1000)-500);m[i]=v[i]=0;mc[i]=vc[i]=0;}
   for(size_t b=0;b<nb;b++) ms[b]=vs[b]=0;
